@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# deps.sh: install the Debian packages sluice builds and tests with, if any are missing.
+# Sourced or run by scripts/run.sh and scripts/test.sh; safe to run again (installs only what
+# is absent). Needs root on Debian 12 (bookworm).
+set -euo pipefail
+
+SLUICE_BUILD_PACKAGES=(
+  cmake ninja-build g++ ccache pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
+  nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libfmt-dev
+)
+
+sluice_missing_packages() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+  done
+}
+
+sluice_install_packages() {
+  local missing
+  missing=$(sluice_missing_packages "$@")
+  [ -z "$missing" ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps.sh: missing packages (run as root to install them): $missing" >&2
+    return 1
+  fi
+  echo "deps.sh: installing:" $missing
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  sluice_install_packages "${SLUICE_BUILD_PACKAGES[@]}"
+fi

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# test.sh: the whole test suite, from a fresh Debian 12 machine (run as root).
+#
+# Installs missing packages, then builds and runs ctest in three configurations:
+#   default  RelWithDebInfo: unit, property, stress, install/consumer and benchmark-smoke tests
+#   asan     AddressSanitizer + UndefinedBehaviorSanitizer
+#   tsan     ThreadSanitizer
+# Prints one summary line per configuration and a closing "N passed, N failed" line; exits
+# non-zero if anything failed to build or pass. SLUICE_SUITES="default" (space-separated)
+# selects configurations; extra arguments are passed to ctest (e.g. -R Semaphore).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=deps.sh
+source "$root/scripts/deps.sh"
+sluice_install_packages "${SLUICE_BUILD_PACKAGES[@]}" || exit 1
+
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+suites=${SLUICE_SUITES:-default asan tsan}
+jobs=$(nproc)
+total_pass=0 total_fail=0 status=0
+
+suite_flags() {
+  case $1 in
+    default) echo "-DCMAKE_BUILD_TYPE=RelWithDebInfo" ;;
+    asan) echo "-DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=address,undefined -DSLUICE_BUILD_BENCH=OFF -DSLUICE_BUILD_APPS=OFF" ;;
+    tsan) echo "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_SANITIZE=thread -DSLUICE_BUILD_BENCH=OFF -DSLUICE_BUILD_APPS=OFF" ;;
+    *) echo "test.sh: unknown suite '$1'" >&2; return 1 ;;
+  esac
+}
+
+run_suite() {
+  local name=$1; shift
+  local dir="$root/build/test-$name" flags log
+  flags=$(suite_flags "$name") || return 1
+  echo "=== $name: configure + build ($dir)"
+  # shellcheck disable=SC2086
+  if ! cmake -S "$root" -B "$dir" -G Ninja $flags >"$dir.configure.log" 2>&1; then
+    cat "$dir.configure.log"; echo "=== $name: configure FAILED"; return 1
+  fi
+  if ! cmake --build "$dir" -j "$jobs" >"$dir.build.log" 2>&1; then
+    tail -n 60 "$dir.build.log"; echo "=== $name: build FAILED"; return 1
+  fi
+  echo "=== $name: ctest"
+  log="$dir.ctest.log"
+  (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+     ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]} line pass fail
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  if [ -n "$line" ]; then
+    fail=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+    pass=$(( $(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line") - fail ))
+    total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
+  fi
+  return "$rc"
+}
+
+mkdir -p "$root/build"
+for s in $suites; do
+  if ! run_suite "$s" "$@"; then
+    status=1; echo "=== $s: FAILED"
+  fi
+done
+echo "suites: $suites"
+[ "$status" = 0 ] || echo "some suite failed to build or pass (see above)"
+echo "tests: $total_pass passed, $total_fail failed"
+exit "$status"

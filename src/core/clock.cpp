@@ -1,0 +1,21 @@
+#include "sluice/clock.h"
+
+namespace sluice {
+
+Nanos SteadyClock::now() const noexcept {
+  return std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+const SteadyClock& SteadyClock::instance() noexcept {
+  static const SteadyClock clock;
+  return clock;
+}
+
+void ManualClock::set(Nanos t) noexcept {
+  std::int64_t cur = now_ns_.load(std::memory_order_relaxed);
+  while (cur < t.count() &&
+         !now_ns_.compare_exchange_weak(cur, t.count(), std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace sluice
