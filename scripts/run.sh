@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# run.sh: the main job, from a fresh Debian 12 machine (run as root).
+#
+# Installs missing packages, builds the sluice executable (Release, in build/release) and runs
+# it on the embedded default (no external server). Until the server lands, the main job is
+# `sluice demo`: it drives the gateway limits (tenant -> upstream -> route) with concurrent
+# callers and prints what each level admitted and refused. Arguments are passed to sluice demo.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=deps.sh
+source "$root/scripts/deps.sh"
+sluice_install_packages "${SLUICE_BUILD_PACKAGES[@]}"
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+build="$root/build/release"
+mkdir -p "$root/build"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCH=OFF >"$root/build/release.configure.log" 2>&1 \
+  || { cat "$root/build/release.configure.log"; exit 1; }
+cmake --build "$build" --target sluice_cli -j "$(nproc)" >"$root/build/release.build.log" 2>&1 \
+  || { tail -n 60 "$root/build/release.build.log"; exit 1; }
+exec "$build/apps/sluice/sluice" demo "$@"
