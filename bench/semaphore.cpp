@@ -1,8 +1,8 @@
 // Semaphore acquire+release against the floor (an atomic fetch_add/fetch_sub pair), on one
 // thread and with 2 threads contending on one semaphore (and on one floor counter).
+#include "sluice/semaphore.h"
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/semaphore.h"
 
 namespace {
 

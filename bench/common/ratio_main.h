@@ -61,7 +61,8 @@ inline int ratio_main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   std::string reps = "--benchmark_repetitions=5";
   std::string only_aggregates = "--benchmark_report_aggregates_only=true";
-  if (!has_flag(argc, argv, "--benchmark_repetitions") && !has_flag(argc, argv, "--benchmark_min_time")) {
+  if (!has_flag(argc, argv, "--benchmark_repetitions") &&
+      !has_flag(argc, argv, "--benchmark_min_time")) {
     args.push_back(reps.data());
     args.push_back(only_aggregates.data());
   }
@@ -75,15 +76,16 @@ inline int ratio_main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
-  std::printf("\n%-58s %10s %10s %8s %8s\n", "ratio (median ns/op)", "subject", "floor", "ratio", "target");
+  std::printf("\n%-58s %10s %10s %8s %8s\n", "ratio (median ns/op)", "subject", "floor", "ratio",
+              "target");
   for (const Ratio& r : ratios()) {
     const auto s = reporter.times().find(r.subject);
     const auto f = reporter.times().find(r.floor);
     if (s == reporter.times().end() || f == reporter.times().end() || f->second <= 0) continue;
     const double q = s->second / f->second;
     const std::string verdict = r.target <= 0 ? "report" : (q <= r.target ? "met" : "MISSED");
-    std::printf("%-58s %10.2f %10.2f %7.2fx %7.2fx %s\n", (r.subject + " / " + r.floor).c_str(), s->second,
-                f->second, q, r.target, verdict.c_str());
+    std::printf("%-58s %10.2f %10.2f %7.2fx %7.2fx %s\n", (r.subject + " / " + r.floor).c_str(),
+                s->second, f->second, q, r.target, verdict.c_str());
   }
   return 0;
 }
@@ -92,8 +94,8 @@ inline int ratio_main(int argc, char** argv) {
 
 #define SLUICE_BENCH_CAT2(a, b) a##b
 #define SLUICE_BENCH_CAT(a, b) SLUICE_BENCH_CAT2(a, b)
-#define SLUICE_BENCH_RATIO(subject, floor, target)                                              \
-  [[maybe_unused]] static const bool SLUICE_BENCH_CAT(sluice_bench_ratio_, __LINE__) =           \
+#define SLUICE_BENCH_RATIO(subject, floor, target)                                     \
+  [[maybe_unused]] static const bool SLUICE_BENCH_CAT(sluice_bench_ratio_, __LINE__) = \
       ::sluice::bench::declare_ratio(subject, floor, target)
 #define SLUICE_BENCH_MAIN() \
   int main(int argc, char** argv) { return ::sluice::bench::ratio_main(argc, argv); }

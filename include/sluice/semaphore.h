@@ -55,7 +55,8 @@ class Semaphore {
   // true if one unit was taken. Each true must be matched by exactly one release_unit().
   [[nodiscard]] bool try_acquire_unit() noexcept {
     const std::uint64_t before = word_.fetch_add(1, std::memory_order_acquire);
-    if (in_flight_of(before) < limit_of(before)) [[likely]] return true;
+    if (in_flight_of(before) < limit_of(before)) [[likely]]
+      return true;
     word_.fetch_sub(1, std::memory_order_relaxed);  // refused: nothing was admitted
     return false;
   }

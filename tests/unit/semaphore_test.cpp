@@ -93,7 +93,7 @@ TEST(Semaphore, LoweringTheLimitDrainsWithoutRevoking) {
   EXPECT_EQ(sem.in_flight(), 2u);
   EXPECT_FALSE(sem.try_acquire());  // at the new limit
   held.pop_back();
-  EXPECT_TRUE(sem.try_acquire());   // below it again
+  EXPECT_TRUE(sem.try_acquire());  // below it again
 }
 
 TEST(Semaphore, RaisingTheLimitAdmitsMore) {
