@@ -1,0 +1,7 @@
+#include "sluice/fixed_limit.h"
+
+namespace sluice {
+
+std::uint32_t FixedLimit::update(const LimitSample& /*sample*/) noexcept { return limit_; }
+
+}  // namespace sluice
