@@ -1,0 +1,118 @@
+// gateway.h: concurrency limits of a multi-tenant gateway (tenant, upstream, route levels).
+//
+// What it is: every state the config describes is built once, up front (a semaphore per
+// tenant, per upstream pool, per stricter binding, per (tenant, upstream) with per_tenant_max,
+// per limited route). A call resolves its (tenant, upstream, route) names to a Target once and
+// then acquires on it:
+//
+//   tenant global -> upstream pool (shared, or a private binding's own) -> binding (a
+//   descendant's stricter limit) -> per-tenant-on-upstream -> route
+//
+// All levels or none: a level that refuses gives back the units taken before it, and the
+// Rejection names that level. Each level is a sluice::Semaphore, so a level is never pushed
+// past its max, under any interleaving, not even for an instant (admission is one atomic
+// read-modify-write per level, never check-then-act). Sharing semantics: gateway_merge.h.
+//
+// Strategy queue: an upstream pool with strategy kQueue keeps a bounded FIFO of waiters.
+// A waiter holds its tenant unit while it waits. Releasing a pool unit while waiters exist hands
+// it straight to the head waiter (FIFO, one waiter woken per unit, and arrivals never barge
+// ahead of waiters). A waiter leaves the queue when served, cancelled, or expired by tick(now).
+// No lost wake-up: an arrival announces itself in the pool's `waiters` counter and then retries
+// the semaphore; a releaser gives the unit back and then reads `waiters`; a seq_cst fence sits
+// between the two steps on both sides, so at least one of them sees the other. The pool's mutex
+// is taken only on that slow path (someone waits, or may be about to).
+//
+// Thread-safety: every member function is safe to call concurrently. try_acquire() takes no
+// lock and allocates nothing, on admit and on reject. Callbacks of acquire_async() run exactly
+// once (unless cancel() returned true: then never), on the thread that decided: the caller of
+// acquire_async() when decided at once, the releaser of a permit when a unit is handed over,
+// the caller of tick() on expiry. Callbacks must not throw and must not block on another
+// permit of the same pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include "sluice/clock.h"
+#include "sluice/gateway_admission.h"
+#include "sluice/gateway_config.h"
+#include "sluice/gateway_validation.h"
+
+namespace sluice {
+
+namespace gateway_detail {
+struct State;
+struct Pool;
+}  // namespace gateway_detail
+
+class GatewayMetrics;
+struct GatewayBuild;
+
+// Called once with the outcome of acquire_async: a permit or a rejection.
+using AcquireCallback = std::function<void(Admission)>;
+
+// A call waiting in an upstream's queue. Empty when acquire_async decided at once.
+class AcquireTicket {
+ public:
+  AcquireTicket() noexcept = default;
+  // True if the call was still waiting: it leaves the queue, gives back its tenant unit, and its
+  // callback is never called. False if it was already decided (its callback has run or is
+  // running) or never queued.
+  bool cancel() noexcept;
+  // Whether acquire_async queued the call (it may have been decided since).
+  [[nodiscard]] bool queued() const noexcept { return pool_ != nullptr; }
+
+ private:
+  friend class Gateway;
+  AcquireTicket(gateway_detail::Pool* pool, std::uint64_t id) noexcept : pool_(pool), id_(id) {}
+  gateway_detail::Pool* pool_ = nullptr;
+  std::uint64_t id_ = 0;
+};
+
+class Gateway {
+ public:
+  // Validates `config` and, if it has no errors, builds every level's state. The report holds
+  // the warnings either way.
+  [[nodiscard]] static GatewayBuild create(GatewayConfig config);
+  // Precondition: no permit or ticket of this gateway outlives it. Any call still queued is
+  // rejected (kQueueTimeout), so every callback runs exactly once.
+  ~Gateway();
+  Gateway(const Gateway&) = delete;
+  Gateway& operator=(const Gateway&) = delete;
+
+  // Names -> Target. An empty `route` means the call names no route. No allocation on success.
+  [[nodiscard]] Resolution resolve(std::string_view tenant, std::string_view upstream,
+                                   std::string_view route = {}) const;
+
+  // The hot path. Never waits: on a queue-strategy upstream it refuses while calls are queued
+  // (they are ahead of it). Precondition: `target` came from this Gateway's resolve().
+  [[nodiscard]] Admission try_acquire(const Target& target) noexcept;
+  // resolve() + try_acquire(); an unknown name yields an Admission holding a ResolveError.
+  [[nodiscard]] Admission try_acquire(std::string_view tenant, std::string_view upstream,
+                                      std::string_view route = {});
+
+  // As try_acquire, but a call finding a queue-strategy upstream full waits in its queue (until
+  // now + queue timeout, enforced by tick). `callback` gets the outcome exactly once.
+  AcquireTicket acquire_async(const Target& target, Nanos now, AcquireCallback callback);
+  // Rejects every waiter whose deadline is <= now; returns how many. Timers call this.
+  std::size_t tick(Nanos now);
+  // Blocking convenience on the real clock: waits up to min(timeout, queue timeout).
+  [[nodiscard]] Admission acquire_wait(const Target& target, Nanos timeout);
+
+  [[nodiscard]] const GatewayConfig& config() const noexcept;
+
+ private:
+  friend class GatewayMetrics;
+  explicit Gateway(std::unique_ptr<gateway_detail::State> state) noexcept;
+  std::unique_ptr<gateway_detail::State> state_;
+};
+
+struct GatewayBuild {
+  std::unique_ptr<Gateway> gateway;  // null when report.errors is not empty
+  ValidationReport report;
+};
+
+}  // namespace sluice

@@ -1,0 +1,438 @@
+#include "sluice/gateway.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "local/gateway_state.h"
+#include "sluice/gateway_merge.h"
+
+namespace sluice {
+namespace gateway_detail {
+
+// The one place that sees inside Target and GatewayPermit.
+struct Chain {
+  static Target target(Access* access, RouteState* route) noexcept { return {access, route}; }
+  static Access& access(const Target& t) noexcept { return *t.access_; }
+  static RouteState* route(const Target& t) noexcept { return t.route_; }
+  static GatewayPermit permit(const Target& t) noexcept { return GatewayPermit(t); }
+};
+
+namespace {
+
+struct Refusal {
+  LimitLevel kind;
+  const Level* level;
+};
+
+void release_tenant(const Access& a) noexcept {
+  if (a.tenant->global != nullptr) a.tenant->global->sem.release_unit();
+}
+
+// Takes the levels after the pool (binding, per-tenant, route). On refusal gives back the ones
+// it took and says which refused.
+bool take_tail(const Access& a, RouteState* r, Refusal& why) noexcept {
+  if (a.binding != nullptr && !a.binding->sem.try_acquire_unit()) {
+    why = {LimitLevel::kBinding, a.binding};
+    return false;
+  }
+  if (a.per_tenant != nullptr && !a.per_tenant->sem.try_acquire_unit()) {
+    if (a.binding != nullptr) a.binding->sem.release_unit();
+    why = {LimitLevel::kPerTenant, a.per_tenant};
+    return false;
+  }
+  if (r != nullptr && r->limited && !r->level.sem.try_acquire_unit()) {
+    if (a.per_tenant != nullptr) a.per_tenant->sem.release_unit();
+    if (a.binding != nullptr) a.binding->sem.release_unit();
+    why = {LimitLevel::kRoute, &r->level};
+    return false;
+  }
+  return true;
+}
+
+void release_tail(const Access& a, RouteState* r) noexcept {
+  if (r != nullptr && r->limited) r->level.sem.release_unit();
+  if (a.per_tenant != nullptr) a.per_tenant->sem.release_unit();
+  if (a.binding != nullptr) a.binding->sem.release_unit();
+}
+
+Rejection make_rejection(const State& s, const Access& a, const RouteState* r, Refusal why,
+                         RejectReason reason) noexcept {
+  a.upstream->exceeded[static_cast<std::size_t>(why.kind)].fetch_add(1, std::memory_order_relaxed);
+  Rejection out;
+  out.level = why.kind;
+  out.reason = reason;
+  out.type = s.config.problem.type;
+  out.title = s.config.problem.title;
+  out.status = s.config.problem.status;
+  out.retry_after_seconds = s.config.problem.retry_after_seconds;
+  out.upstream_id = a.upstream->id;
+  out.host = a.upstream->host;
+  out.tenant_id = a.tenant->id;
+  if (r != nullptr) out.route_id = r->id;
+  // The raw count may include refused acquirers mid-rollback for an instant: report at most
+  // the max, which is what a full level holds.
+  out.current_in_flight = std::min(why.level->sem.in_flight(), why.level->max);
+  out.max_concurrent = why.level->max;
+  return out;
+}
+
+using Decided = std::vector<std::pair<AcquireCallback, Admission>>;
+
+// Hands free pool units to the head waiters, FIFO, while both exist. Runs the callbacks after
+// dropping the lock (a callback may release a permit of this pool).
+void drain(const State& s, Pool& p) {
+  Decided decided;
+  {
+    const std::lock_guard lock(p.mu);
+    while (!p.queue.empty() && p.level.sem.try_acquire_unit()) {
+      Waiter w = std::move(p.queue.front());
+      p.queue.pop_front();
+      p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+      const Access& a = Chain::access(w.target);
+      RouteState* r = Chain::route(w.target);
+      Refusal why{};
+      if (take_tail(a, r, why)) {
+        decided.emplace_back(std::move(w.callback), Admission(Chain::permit(w.target)));
+      } else {
+        p.level.sem.release_unit();  // the loop offers it to the next waiter
+        release_tenant(a);
+        decided.emplace_back(std::move(w.callback),
+                             Admission(make_rejection(s, a, r, why, RejectReason::kLimitReached)));
+      }
+    }
+  }
+  for (auto& [callback, admission] : decided) callback(std::move(admission));
+}
+
+void release_pool(const State& s, Pool& p) noexcept {
+  p.level.sem.release_unit();
+  if (!p.queued) return;
+  // Pairs with the fence in an arrival's slow path: either it sees this unit, or this sees it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (p.waiters.load(std::memory_order_relaxed) == 0) return;
+  try {
+    drain(s, p);
+  } catch (...) {
+    // Only allocation can throw here (the decided list); the units stay with the queue and
+    // the next release drains it.
+  }
+}
+
+// Pool unit held: take the rest, or give everything back.
+Admission finish(const State& s, Pool& p, const Target& t) noexcept {
+  const Access& a = Chain::access(t);
+  RouteState* r = Chain::route(t);
+  Refusal why{};
+  if (take_tail(a, r, why)) [[likely]]
+    return Chain::permit(t);
+  release_pool(s, p);
+  release_tenant(a);
+  return make_rejection(s, a, r, why, RejectReason::kLimitReached);
+}
+
+}  // namespace
+
+void release_chain(Access& access, RouteState* route) noexcept {
+  release_tail(access, route);
+  // The state outlives its permits; reach it through the pool's upstream.
+  Pool& p = *access.pool;
+  if (p.queued) {
+    release_pool(*p.state, p);
+  } else {
+    p.level.sem.release_unit();
+  }
+  release_tenant(access);
+}
+
+}  // namespace gateway_detail
+
+using gateway_detail::Access;
+using gateway_detail::Chain;
+using gateway_detail::Level;
+using gateway_detail::Pool;
+using gateway_detail::Refusal;
+using gateway_detail::RouteState;
+using gateway_detail::State;
+using gateway_detail::TenantState;
+using gateway_detail::UpstreamState;
+
+std::string ResolveError::message() const {
+  switch (code) {
+    case Code::kUnknownTenant:
+      return "unknown tenant '" + id + "'";
+    case Code::kUnknownUpstream:
+      return "unknown upstream '" + id + "'";
+    case Code::kUnknownRoute:
+      return "unknown route '" + id + "'";
+    case Code::kNotBound:
+      return "tenant '" + tenant + "' may not call upstream '" + id +
+             "': it neither owns it nor has a binding to it";
+  }
+  return "unresolved call";
+}
+
+GatewayBuild Gateway::create(GatewayConfig config) {
+  GatewayBuild out;
+  out.report = validate(config);
+  if (!out.report.ok()) return out;
+
+  auto st = std::make_unique<State>();
+  st->config = std::move(config);
+  const GatewayConfig& c = st->config;
+
+  for (const TenantConfig& tc : c.tenants) {
+    TenantState& t = st->tenants.emplace_back();
+    t.id = tc.id;
+    if (tc.global_concurrency_limit) {
+      t.global = &st->levels.emplace_back(*tc.global_concurrency_limit);
+      t.global_limited = true;
+    } else if (c.metrics.per_tenant) {
+      t.global = &st->levels.emplace_back(Semaphore::kMaxLimit);
+    }
+    st->tenant_index.emplace(t.id, &t);
+  }
+
+  auto add_access = [&](TenantState& t, UpstreamState& u, Pool& pool, Level* binding,
+                        std::optional<std::uint32_t> per_tenant_max, bool owner) {
+    Access& a = st->accesses.emplace_back();
+    a.tenant = &t;
+    a.upstream = &u;
+    a.pool = &pool;
+    a.binding = binding;
+    // A per-tenant cap no stricter than the pool's own max can never refuse: skip it.
+    if (per_tenant_max && (!pool.limited || *per_tenant_max < pool.level.max))
+      a.per_tenant = &st->levels.emplace_back(*per_tenant_max);
+    a.owner = owner;
+    t.accesses.emplace_back(u.id, &a);
+  };
+  auto add_pool = [&](UpstreamState& u, const EffectiveLimit& e, bool is_private) -> Pool& {
+    Pool& p =
+        st->pools.emplace_back(st.get(), &u, e.max_concurrent, e.strategy, e.queue, is_private);
+    if (p.queued) st->queued_pools.push_back(&p);
+    return p;
+  };
+
+  for (const UpstreamConfig& uc : c.upstreams) {
+    UpstreamState& u = st->upstreams.emplace_back();
+    u.id = uc.id;
+    u.host = uc.host;
+    const EffectiveLimit own = owner_limit(uc.concurrency_limit);
+    u.shared = &add_pool(u, own, false);
+    for (const RouteConfig& rc : uc.routes) {
+      RouteState& r = u.routes.emplace_back(&u, rc.id, rc.max_concurrent);
+      u.route_index.emplace(r.id, &r);
+    }
+    st->upstream_index.emplace(u.id, &u);
+    add_access(*st->tenant_index.find(uc.owner)->second, u, *u.shared, nullptr, own.per_tenant_max,
+               true);
+  }
+
+  for (const BindingConfig& bc : c.bindings) {
+    UpstreamState& u = *st->upstream_index.find(bc.upstream)->second;
+    TenantState& t = *st->tenant_index.find(bc.tenant)->second;
+    const UpstreamConfig& uc =
+        *std::find_if(c.upstreams.begin(), c.upstreams.end(),
+                      [&](const UpstreamConfig& x) { return x.id == bc.upstream; });
+    const EffectiveLimit e = *merge_binding(uc.concurrency_limit, bc.concurrency_limit);
+    if (e.private_pool) {
+      add_access(t, u, add_pool(u, e, true), nullptr, e.per_tenant_max, false);
+      continue;
+    }
+    Pool& shared = *u.shared;
+    Level* binding = nullptr;
+    if (e.max_concurrent && (!shared.limited || *e.max_concurrent < shared.level.max))
+      binding = &st->levels.emplace_back(*e.max_concurrent);
+    add_access(t, u, shared, binding, e.per_tenant_max, false);
+  }
+
+  for (TenantState& t : st->tenants)
+    std::sort(t.accesses.begin(), t.accesses.end(),
+              [](const auto& x, const auto& y) { return x.first < y.first; });
+
+  out.gateway.reset(new Gateway(std::move(st)));
+  return out;
+}
+
+Gateway::Gateway(std::unique_ptr<State> state) noexcept : state_(std::move(state)) {}
+
+Gateway::~Gateway() {
+  // No call may wait on a gateway that is going away: every waiter is rejected (its callback
+  // runs once, as promised).
+  tick(Nanos::max());
+}
+
+const GatewayConfig& Gateway::config() const noexcept { return state_->config; }
+
+Resolution Gateway::resolve(std::string_view tenant, std::string_view upstream,
+                            std::string_view route) const {
+  const auto t = state_->tenant_index.find(tenant);
+  if (t == state_->tenant_index.end())
+    return ResolveError{ResolveError::Code::kUnknownTenant, std::string(tenant),
+                        std::string(tenant)};
+  const auto& acc = t->second->accesses;
+  const auto it = std::lower_bound(acc.begin(), acc.end(), upstream,
+                                   [](const auto& x, std::string_view id) { return x.first < id; });
+  if (it == acc.end() || it->first != upstream) {
+    const bool known = state_->upstream_index.find(upstream) != state_->upstream_index.end();
+    return ResolveError{
+        known ? ResolveError::Code::kNotBound : ResolveError::Code::kUnknownUpstream,
+        std::string(upstream), std::string(tenant)};
+  }
+  Access* a = it->second;
+  RouteState* r = nullptr;
+  if (!route.empty()) {
+    const auto ri = a->upstream->route_index.find(route);
+    if (ri == a->upstream->route_index.end())
+      return ResolveError{ResolveError::Code::kUnknownRoute, std::string(route),
+                          std::string(tenant)};
+    r = ri->second;
+  }
+  return Chain::target(a, r);
+}
+
+Admission Gateway::try_acquire(const Target& target) noexcept {
+  const State& s = *state_;
+  const Access& a = Chain::access(target);
+  Level* global = a.tenant->global;
+  if (global != nullptr && !global->sem.try_acquire_unit())
+    return gateway_detail::make_rejection(s, a, Chain::route(target), {LimitLevel::kTenant, global},
+                                          RejectReason::kLimitReached);
+  Pool& p = *a.pool;
+  // A queue-strategy pool with waiters is full for everyone who does not queue: no barging.
+  const bool pool_ok = (!p.queued || p.waiters.load(std::memory_order_seq_cst) == 0) &&
+                       p.level.sem.try_acquire_unit();
+  if (!pool_ok) [[unlikely]] {
+    gateway_detail::release_tenant(a);
+    return gateway_detail::make_rejection(
+        s, a, Chain::route(target), {LimitLevel::kUpstream, &p.level}, RejectReason::kLimitReached);
+  }
+  return gateway_detail::finish(s, p, target);
+}
+
+Admission Gateway::try_acquire(std::string_view tenant, std::string_view upstream,
+                               std::string_view route) {
+  Resolution res = resolve(tenant, upstream, route);
+  if (!res.ok()) return *res.error();
+  return try_acquire(res.target());
+}
+
+AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCallback callback) {
+  const State& s = *state_;
+  const Access& a = Chain::access(target);
+  Pool& p = *a.pool;
+  if (!p.queued) {
+    callback(try_acquire(target));
+    return {};
+  }
+  RouteState* r = Chain::route(target);
+  Level* global = a.tenant->global;
+  if (global != nullptr && !global->sem.try_acquire_unit()) {
+    callback(gateway_detail::make_rejection(s, a, r, {LimitLevel::kTenant, global},
+                                            RejectReason::kLimitReached));
+    return {};
+  }
+  if (p.waiters.load(std::memory_order_seq_cst) == 0 && p.level.sem.try_acquire_unit()) {
+    callback(gateway_detail::finish(s, p, target));
+    return {};
+  }
+  std::unique_lock lock(p.mu);
+  p.waiters.fetch_add(1, std::memory_order_seq_cst);
+  // Pairs with the fence in release_pool: a unit released before this point is seen below.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (p.queue.empty() && p.level.sem.try_acquire_unit()) {
+    p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    lock.unlock();
+    callback(gateway_detail::finish(s, p, target));
+    return {};
+  }
+  if (p.queue.size() >= p.queue_options.max_depth) {
+    p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    lock.unlock();
+    gateway_detail::release_tenant(a);
+    callback(gateway_detail::make_rejection(s, a, r, {LimitLevel::kUpstream, &p.level},
+                                            RejectReason::kQueueFull));
+    return {};
+  }
+  const std::uint64_t id = p.next_id++;
+  p.queue.push_back({id, now + p.queue_options.timeout, target, std::move(callback)});
+  return AcquireTicket(&p, id);
+}
+
+std::size_t Gateway::tick(Nanos now) {
+  const State& s = *state_;
+  std::size_t expired = 0;
+  for (Pool* p : s.queued_pools) {
+    std::vector<gateway_detail::Waiter> out;
+    {
+      const std::lock_guard lock(p->mu);
+      auto keep = std::stable_partition(p->queue.begin(), p->queue.end(),
+                                        [&](const auto& w) { return w.deadline > now; });
+      std::move(keep, p->queue.end(), std::back_inserter(out));
+      p->queue.erase(keep, p->queue.end());
+      p->waiters.fetch_sub(static_cast<std::uint32_t>(out.size()), std::memory_order_seq_cst);
+    }
+    for (auto& w : out) {
+      const Access& a = Chain::access(w.target);
+      gateway_detail::release_tenant(a);
+      w.callback(gateway_detail::make_rejection(s, a, Chain::route(w.target),
+                                                {LimitLevel::kUpstream, &p->level},
+                                                RejectReason::kQueueTimeout));
+    }
+    expired += out.size();
+  }
+  return expired;
+}
+
+Admission Gateway::acquire_wait(const Target& target, Nanos timeout) {
+  struct Slot {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<Admission> result;
+  };
+  auto slot = std::make_shared<Slot>();
+  const Pool& p = *Chain::access(target).pool;
+  AcquireTicket ticket = acquire_async(target, SteadyClock::instance().now(), [slot](Admission a) {
+    const std::lock_guard lock(slot->mu);
+    slot->result.emplace(std::move(a));
+    slot->cv.notify_all();
+  });
+  std::unique_lock lock(slot->mu);
+  const Nanos wait = std::min(timeout, p.queue_options.timeout);
+  if (!slot->cv.wait_for(lock, wait, [&] { return slot->result.has_value(); })) {
+    lock.unlock();
+    if (ticket.cancel()) {
+      const Access& a = Chain::access(target);
+      return gateway_detail::make_rejection(*state_, a, Chain::route(target),
+                                            {LimitLevel::kUpstream, &p.level},
+                                            RejectReason::kQueueTimeout);
+    }
+    lock.lock();  // decided meanwhile: its callback is delivering the result
+    slot->cv.wait(lock, [&] { return slot->result.has_value(); });
+  }
+  return std::move(*slot->result);
+}
+
+bool AcquireTicket::cancel() noexcept {
+  Pool* p = std::exchange(pool_, nullptr);
+  if (p == nullptr) return false;
+  std::optional<gateway_detail::Waiter> removed;
+  {
+    const std::lock_guard lock(p->mu);
+    const auto it =
+        std::find_if(p->queue.begin(), p->queue.end(), [&](const auto& w) { return w.id == id_; });
+    if (it == p->queue.end()) return false;
+    removed.emplace(std::move(*it));
+    p->queue.erase(it);
+    p->waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  gateway_detail::release_tenant(Chain::access(removed->target));
+  return true;
+}
+
+}  // namespace sluice

@@ -1,0 +1,122 @@
+#include "sluice/gateway_rejection.h"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+
+namespace sluice {
+namespace {
+
+std::string counts(const Rejection& r) {
+  return "(" + std::to_string(r.current_in_flight) + "/" + std::to_string(r.max_concurrent) + ")";
+}
+
+std::string limit_detail(const Rejection& r) {
+  const std::string host(r.host);
+  const std::string tenant(r.tenant_id);
+  switch (r.level) {
+    case LimitLevel::kTenant:
+      return "Tenant " + tenant + " has reached max concurrent requests " + counts(r);
+    case LimitLevel::kUpstream:
+      return "Upstream " + host + " has reached max concurrent requests " + counts(r);
+    case LimitLevel::kBinding:
+      return "Tenant " + tenant + " has reached its max concurrent requests to upstream " + host +
+             " " + counts(r);
+    case LimitLevel::kPerTenant:
+      return "Tenant " + tenant + " has reached max concurrent requests per tenant on upstream " +
+             host + " " + counts(r);
+    case LimitLevel::kRoute:
+      return "Route " + std::string(r.route_id) + " of upstream " + host +
+             " has reached max concurrent requests " + counts(r);
+  }
+  return {};
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) ==
+           std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+}  // namespace
+
+std::string_view to_string(LimitLevel level) noexcept {
+  switch (level) {
+    case LimitLevel::kTenant:
+      return "tenant";
+    case LimitLevel::kUpstream:
+      return "upstream";
+    case LimitLevel::kBinding:
+      return "binding";
+    case LimitLevel::kPerTenant:
+      return "per_tenant";
+    case LimitLevel::kRoute:
+      return "route";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(RejectReason reason) noexcept {
+  switch (reason) {
+    case RejectReason::kLimitReached:
+      return "limit_reached";
+    case RejectReason::kQueueFull:
+      return "queue_full";
+    case RejectReason::kQueueTimeout:
+      return "queue_timeout";
+  }
+  return "unknown";
+}
+
+std::string Rejection::detail() const {
+  const std::string host(this->host);
+  switch (reason) {
+    case RejectReason::kLimitReached:
+      return limit_detail(*this);
+    case RejectReason::kQueueFull:
+      return "Upstream " + host + " has reached max concurrent requests " + counts(*this) +
+             " and its queue is full";
+    case RejectReason::kQueueTimeout:
+      return "Upstream " + host + " has reached max concurrent requests " + counts(*this) +
+             " and the wait in its queue timed out";
+  }
+  return {};
+}
+
+std::string problem_json(const Rejection& r) {
+  nlohmann::json j = {{"type", r.type},
+                      {"title", r.title},
+                      {"status", r.status},
+                      {"detail", r.detail()},
+                      {"upstream_id", r.upstream_id},
+                      {"host", r.host},
+                      {"limit_type", to_string(r.level)},
+                      {"reason", to_string(r.reason)},
+                      {"current_in_flight", r.current_in_flight},
+                      {"max_concurrent", r.max_concurrent},
+                      {"retry_after_seconds", r.retry_after_seconds}};
+  if (r.instance) j["instance"] = *r.instance;
+  if (r.trace_id) j["trace_id"] = *r.trace_id;
+  if (!r.tenant_id.empty()) j["tenant_id"] = r.tenant_id;
+  if (!r.route_id.empty()) j["route_id"] = r.route_id;
+  return j.dump();
+}
+
+HttpResponse to_http_response(const Rejection& r) {
+  HttpResponse out;
+  out.status = r.status;
+  out.headers = {{"Content-Type", "application/problem+json"},
+                 {"Retry-After", std::to_string(r.retry_after_seconds)},
+                 {"X-Sluice-Error-Source", "gateway"}};
+  out.body = problem_json(r);
+  return out;
+}
+
+std::string_view HttpResponse::header(std::string_view name) const noexcept {
+  for (const HttpHeader& h : headers)
+    if (iequals(h.name, name)) return h.value;
+  return {};
+}
+
+}  // namespace sluice
