@@ -1,6 +1,9 @@
 // sluice: the command-line entry point (the project's only main()).
 #include <fmt/core.h>
+
 #include <CLI/CLI.hpp>
+
+#include "demo.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluice: admission control for shared backends"};
@@ -8,6 +11,18 @@ int main(int argc, char** argv) {
   app.add_subcommand("version", "print the version")->callback([] {
     fmt::print("sluice 0.1.0\n");
   });
+
+  sluice::cli::DemoOptions demo;
+  int exit_code = 0;
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo", "drive the gateway limits with concurrent callers and print what each level did");
+  demo_cmd->add_option("--threads", demo.threads, "concurrent callers")
+      ->check(CLI::Range(1u, 256u));
+  demo_cmd->add_option("--seconds", demo.seconds, "how long to run")
+      ->check(CLI::Range(0.01, 3600.0));
+  demo_cmd->add_option("--seed", demo.seed, "seed of the callers' random choices");
+  demo_cmd->callback([&] { exit_code = sluice::cli::run_demo(demo); });
+
   CLI11_PARSE(app, argc, argv);
-  return 0;
+  return exit_code;
 }

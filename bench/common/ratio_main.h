@@ -7,6 +7,7 @@
 // quotient, next to the target (0 = report only). Nothing is asserted: the figures are read,
 // recorded in bench/README.md, and never turned into a timed test. Unless the command line says
 // otherwise, each benchmark runs 5 repetitions and the medians are compared.
+// SLUICE_BENCH_BUDGET(subject, ns) adds an absolute budget from a document to the table.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -31,6 +32,23 @@ inline std::vector<Ratio>& ratios() {
 
 inline bool declare_ratio(std::string subject, std::string floor, double target) {
   ratios().push_back({std::move(subject), std::move(floor), target});
+  return true;
+}
+
+// An absolute budget a document sets (e.g. the gateway ADR's 100 ns per request), printed next
+// to the ratios; as with them, nothing is asserted.
+struct Budget {
+  std::string subject;
+  double ns;
+};
+
+inline std::vector<Budget>& budgets() {
+  static std::vector<Budget> b;
+  return b;
+}
+
+inline bool declare_budget(std::string subject, double ns) {
+  budgets().push_back({std::move(subject), ns});
   return true;
 }
 
@@ -87,6 +105,14 @@ inline int ratio_main(int argc, char** argv) {
     std::printf("%-58s %10.2f %10.2f %7.2fx %7.2fx %s\n", (r.subject + " / " + r.floor).c_str(),
                 s->second, f->second, q, r.target, verdict.c_str());
   }
+  if (!budgets().empty())
+    std::printf("\n%-58s %10s %10s\n", "budget (median ns/op)", "subject", "budget");
+  for (const Budget& b : budgets()) {
+    const auto s = reporter.times().find(b.subject);
+    if (s == reporter.times().end()) continue;
+    std::printf("%-58s %10.2f %10.2f %s\n", b.subject.c_str(), s->second, b.ns,
+                s->second <= b.ns ? "met" : "MISSED");
+  }
   return 0;
 }
 
@@ -97,5 +123,8 @@ inline int ratio_main(int argc, char** argv) {
 #define SLUICE_BENCH_RATIO(subject, floor, target)                                     \
   [[maybe_unused]] static const bool SLUICE_BENCH_CAT(sluice_bench_ratio_, __LINE__) = \
       ::sluice::bench::declare_ratio(subject, floor, target)
+#define SLUICE_BENCH_BUDGET(subject, ns)                                                \
+  [[maybe_unused]] static const bool SLUICE_BENCH_CAT(sluice_bench_budget_, __LINE__) = \
+      ::sluice::bench::declare_budget(subject, ns)
 #define SLUICE_BENCH_MAIN() \
   int main(int argc, char** argv) { return ::sluice::bench::ratio_main(argc, argv); }

@@ -18,9 +18,9 @@
 // it straight to the head waiter (FIFO, one waiter woken per unit, and arrivals never barge
 // ahead of waiters). A waiter leaves the queue when served, cancelled, or expired by tick(now).
 // No lost wake-up: an arrival announces itself in the pool's `waiters` counter and then retries
-// the semaphore; a releaser gives the unit back and then reads `waiters`; a seq_cst fence sits
-// between the two steps on both sides, so at least one of them sees the other. The pool's mutex
-// is taken only on that slow path (someone waits, or may be about to).
+// the semaphore; a releaser gives the unit back and then reads `waiters`; all four steps are
+// seq_cst atomics, so in their single total order at least one side sees the other. The pool's
+// mutex is taken only on that slow path (someone waits, or may be about to).
 //
 // Thread-safety: every member function is safe to call concurrently. try_acquire() takes no
 // lock and allocates nothing, on admit and on reject. Callbacks of acquire_async() run exactly

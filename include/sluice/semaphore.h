@@ -53,15 +53,20 @@ class Semaphore {
 
   // Low-level form for composites that own the release themselves (guards, gateway chains):
   // true if one unit was taken. Each true must be matched by exactly one release_unit().
-  [[nodiscard]] bool try_acquire_unit() noexcept {
-    const std::uint64_t before = word_.fetch_add(1, std::memory_order_acquire);
+  // `order` (acquire by default) lets a composite put the admission into the seq_cst total
+  // order when it pairs the semaphore with another atomic (the gateway's queue handoff).
+  [[nodiscard]] bool try_acquire_unit(
+      std::memory_order order = std::memory_order_acquire) noexcept {
+    const std::uint64_t before = word_.fetch_add(1, order);
     if (in_flight_of(before) < limit_of(before)) [[likely]]
       return true;
     word_.fetch_sub(1, std::memory_order_relaxed);  // refused: nothing was admitted
     return false;
   }
   // Gives one unit back. Precondition: a unit taken by try_acquire_unit() is outstanding.
-  void release_unit() noexcept { word_.fetch_sub(1, std::memory_order_release); }
+  void release_unit(std::memory_order order = std::memory_order_release) noexcept {
+    word_.fetch_sub(1, order);
+  }
 
   // Changes the limit at run time (clamped to kMaxLimit). Held permits are never revoked.
   void set_limit(std::uint32_t limit) noexcept;

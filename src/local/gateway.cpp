@@ -17,7 +17,10 @@ namespace gateway_detail {
 
 // The one place that sees inside Target and GatewayPermit.
 struct Chain {
-  static Target target(Access* access, RouteState* route) noexcept { return {access, route}; }
+  static Target target(Access* access, RouteState* route) noexcept {
+    return {access, route, access->global};
+  }
+  static Level* tenant_level(const Target& t) noexcept { return t.tenant_; }
   static Access& access(const Target& t) noexcept { return *t.access_; }
   static RouteState* route(const Target& t) noexcept { return t.route_; }
   static GatewayPermit permit(const Target& t) noexcept { return GatewayPermit(t); }
@@ -31,7 +34,7 @@ struct Refusal {
 };
 
 void release_tenant(const Access& a) noexcept {
-  if (a.tenant->global != nullptr) a.tenant->global->sem.release_unit();
+  if (a.global != nullptr) a.global->sem.release_unit();
 }
 
 // Takes the levels after the pool (binding, per-tenant, route). On refusal gives back the ones
@@ -111,11 +114,16 @@ void drain(const State& s, Pool& p) {
 }
 
 void release_pool(const State& s, Pool& p) noexcept {
-  p.level.sem.release_unit();
-  if (!p.queued) return;
-  // Pairs with the fence in an arrival's slow path: either it sees this unit, or this sees it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (p.waiters.load(std::memory_order_relaxed) == 0) return;
+  if (!p.queued) {
+    p.level.sem.release_unit();
+    return;
+  }
+  // The release and the read of `waiters` are both seq_cst, as are an arrival's increment of
+  // `waiters` and its retry of the semaphore: in their single total order, either the
+  // arrival's retry comes after this release (and takes the unit), or this read comes after
+  // its increment (and drains the queue, under the mutex the arrival holds until it queued).
+  p.level.sem.release_unit(std::memory_order_seq_cst);
+  if (p.waiters.load(std::memory_order_seq_cst) == 0) return;
   try {
     drain(s, p);
   } catch (...) {
@@ -142,11 +150,7 @@ void release_chain(Access& access, RouteState* route) noexcept {
   release_tail(access, route);
   // The state outlives its permits; reach it through the pool's upstream.
   Pool& p = *access.pool;
-  if (p.queued) {
-    release_pool(*p.state, p);
-  } else {
-    p.level.sem.release_unit();
-  }
+  release_pool(*p.state, p);
   release_tenant(access);
 }
 
@@ -204,10 +208,11 @@ GatewayBuild Gateway::create(GatewayConfig config) {
     a.tenant = &t;
     a.upstream = &u;
     a.pool = &pool;
+    a.global = t.global;
     a.binding = binding;
     // A per-tenant cap no stricter than the pool's own max can never refuse: skip it.
     if (per_tenant_max && (!pool.limited || *per_tenant_max < pool.level.max))
-      a.per_tenant = &st->levels.emplace_back(*per_tenant_max);
+      a.per_tenant = &a.own_per_tenant.emplace(*per_tenant_max);
     a.owner = owner;
     t.accesses.emplace_back(u.id, &a);
   };
@@ -299,7 +304,7 @@ Resolution Gateway::resolve(std::string_view tenant, std::string_view upstream,
 Admission Gateway::try_acquire(const Target& target) noexcept {
   const State& s = *state_;
   const Access& a = Chain::access(target);
-  Level* global = a.tenant->global;
+  Level* global = Chain::tenant_level(target);
   if (global != nullptr && !global->sem.try_acquire_unit())
     return gateway_detail::make_rejection(s, a, Chain::route(target), {LimitLevel::kTenant, global},
                                           RejectReason::kLimitReached);
@@ -331,7 +336,7 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
     return {};
   }
   RouteState* r = Chain::route(target);
-  Level* global = a.tenant->global;
+  Level* global = a.global;
   if (global != nullptr && !global->sem.try_acquire_unit()) {
     callback(gateway_detail::make_rejection(s, a, r, {LimitLevel::kTenant, global},
                                             RejectReason::kLimitReached));
@@ -343,9 +348,8 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
   }
   std::unique_lock lock(p.mu);
   p.waiters.fetch_add(1, std::memory_order_seq_cst);
-  // Pairs with the fence in release_pool: a unit released before this point is seen below.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (p.queue.empty() && p.level.sem.try_acquire_unit()) {
+  // seq_cst, paired with release_pool: a unit released before the increment is seen here.
+  if (p.queue.empty() && p.level.sem.try_acquire_unit(std::memory_order_seq_cst)) {
     p.waiters.fetch_sub(1, std::memory_order_seq_cst);
     lock.unlock();
     callback(gateway_detail::finish(s, p, target));

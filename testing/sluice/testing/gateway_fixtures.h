@@ -8,6 +8,8 @@
 #pragma once
 
 #include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/metric_type.h>
 
 #include <cstdint>
 #include <optional>
