@@ -214,7 +214,6 @@ GatewayBuild Gateway::create(GatewayConfig config) {
     if (per_tenant_max && (!pool.limited || *per_tenant_max < pool.level.max))
       a.per_tenant = &a.own_per_tenant.emplace(*per_tenant_max);
     a.owner = owner;
-    t.accesses.emplace_back(u.id, &a);
   };
   auto add_pool = [&](UpstreamState& u, const EffectiveLimit& e, bool is_private) -> Pool& {
     Pool& p =
@@ -256,9 +255,10 @@ GatewayBuild Gateway::create(GatewayConfig config) {
     add_access(t, u, shared, binding, e.per_tenant_max, false);
   }
 
-  for (TenantState& t : st->tenants)
-    std::sort(t.accesses.begin(), t.accesses.end(),
-              [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<Access*> all;
+  all.reserve(st->accesses.size());
+  for (Access& a : st->accesses) all.push_back(&a);
+  st->access_index.build(all);
 
   out.gateway.reset(new Gateway(std::move(st)));
   return out;
@@ -276,20 +276,15 @@ const GatewayConfig& Gateway::config() const noexcept { return state_->config; }
 
 Resolution Gateway::resolve(std::string_view tenant, std::string_view upstream,
                             std::string_view route) const {
-  const auto t = state_->tenant_index.find(tenant);
-  if (t == state_->tenant_index.end())
-    return ResolveError{ResolveError::Code::kUnknownTenant, std::string(tenant),
-                        std::string(tenant)};
-  const auto& acc = t->second->accesses;
-  const auto it = std::lower_bound(acc.begin(), acc.end(), upstream,
-                                   [](const auto& x, std::string_view id) { return x.first < id; });
-  if (it == acc.end() || it->first != upstream) {
+  Access* a = state_->access_index.find(tenant, upstream);
+  if (a == nullptr) [[unlikely]] {
+    using Code = ResolveError::Code;
+    if (state_->tenant_index.find(tenant) == state_->tenant_index.end())
+      return ResolveError{Code::kUnknownTenant, std::string(tenant), std::string(tenant)};
     const bool known = state_->upstream_index.find(upstream) != state_->upstream_index.end();
-    return ResolveError{
-        known ? ResolveError::Code::kNotBound : ResolveError::Code::kUnknownUpstream,
-        std::string(upstream), std::string(tenant)};
+    return ResolveError{known ? Code::kNotBound : Code::kUnknownUpstream, std::string(upstream),
+                        std::string(tenant)};
   }
-  Access* a = it->second;
   RouteState* r = nullptr;
   if (!route.empty()) {
     const auto ri = a->upstream->route_index.find(route);

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "local/access_index.h"
 #include "sluice/gateway.h"
 #include "sluice/semaphore.h"
 
@@ -53,8 +54,6 @@ struct TenantState {
   // without a limit gets an unlimited Level so its in-flight calls are counted.
   Level* global = nullptr;
   bool global_limited = false;
-  // The upstreams this tenant may call, sorted by upstream id (resolve: binary search).
-  std::vector<std::pair<std::string_view, Access*>> accesses;
 };
 
 struct Waiter {
@@ -128,6 +127,9 @@ struct UpstreamState {
   std::array<std::atomic<std::uint64_t>, kLimitLevelCount> exceeded{};
 };
 
+// The ids an Access is found by.
+inline std::pair<std::string_view, std::string_view> access_keys(Access* a) noexcept;
+
 struct State {
   GatewayConfig config;
   std::deque<TenantState> tenants;
@@ -137,7 +139,13 @@ struct State {
   std::deque<Level> levels;  // tenant global, binding and per-tenant levels
   NameMap<TenantState*> tenant_index;
   NameMap<UpstreamState*> upstream_index;
+  // Every (tenant, upstream) a call may name: resolve()'s one lookup.
+  AccessIndex<Access*, decltype(&access_keys)> access_index{&access_keys};
   std::vector<Pool*> queued_pools;
 };
+
+inline std::pair<std::string_view, std::string_view> access_keys(Access* a) noexcept {
+  return {a->tenant->id, a->upstream->id};
+}
 
 }  // namespace sluice::gateway_detail
