@@ -7,7 +7,7 @@ set -euo pipefail
 SLUICE_BUILD_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config git clang-format
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
-  nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libfmt-dev
+  nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libfmt-dev spin
 )
 
 sluice_missing_packages() {

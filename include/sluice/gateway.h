@@ -17,16 +17,21 @@
 // A waiter holds its tenant unit while it waits. Releasing a pool unit while waiters exist hands
 // it straight to the head waiter (FIFO, one waiter woken per unit, and arrivals never barge
 // ahead of waiters). A waiter leaves the queue when served, cancelled, or expired by tick(now).
-// No lost wake-up: an arrival announces itself in the pool's `waiters` counter and then retries
-// the semaphore; a releaser gives the unit back and then reads `waiters`; all four steps are
-// seq_cst atomics, so in their single total order at least one side sees the other. The pool's
-// mutex is taken only on that slow path (someone waits, or may be about to).
+// No lost wake-up: every decrement of a queue pool's count (a release, or the rollback of a
+// refused claim) is followed by a read of its `waiters` counter and, if that is non-zero, a
+// drain under the pool's mutex; an arrival that may queue increments `waiters` under the mutex,
+// retries, and drains before unlocking. All of these are seq_cst, so in their total order one
+// side always sees the other (gateway.cpp has the argument; spec/gateway_queue.pml and an
+// exhaustive search in the tests check it). The mutex is taken only on that slow path.
 //
 // Thread-safety: every member function is safe to call concurrently. try_acquire() takes no
-// lock and allocates nothing, on admit and on reject. Callbacks of acquire_async() run exactly
+// lock and allocates nothing, on admit and on reject (on a queue-strategy upstream, a refused
+// claim that finds calls waiting drains the queue for them under its mutex: that is the
+// protocol, and the only exception). Callbacks of acquire_async() run exactly
 // once (unless cancel() returned true: then never), on the thread that decided: the caller of
-// acquire_async() when decided at once, the releaser of a permit when a unit is handed over,
-// the caller of tick() on expiry. Callbacks must not throw and must not block on another
+// acquire_async() when decided at once, otherwise whichever thread handed it a unit (a releaser
+// of a permit, a refused caller rolling back, an arrival draining before it unlocks) or the
+// caller of tick() on expiry. Callbacks must not throw and must not block on another
 // permit of the same pool.
 #pragma once
 

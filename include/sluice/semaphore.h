@@ -63,6 +63,14 @@ class Semaphore {
     word_.fetch_sub(1, std::memory_order_relaxed);  // refused: nothing was admitted
     return false;
   }
+  // As try_acquire_unit(), but a refusal leaves its increment in place: on false the caller
+  // must give it back with release_unit() itself. For composites that must act after every
+  // decrement of the count (the gateway's queue reads its waiters then, so that a refused
+  // acquirer's transient increment cannot hide a free unit from a waiter).
+  [[nodiscard]] bool try_claim_unit(std::memory_order order) noexcept {
+    const std::uint64_t before = word_.fetch_add(1, order);
+    return in_flight_of(before) < limit_of(before);
+  }
   // Gives one unit back. Precondition: a unit taken by try_acquire_unit() is outstanding.
   void release_unit(std::memory_order order = std::memory_order_release) noexcept {
     word_.fetch_sub(1, order);

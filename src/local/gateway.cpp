@@ -87,30 +87,65 @@ Rejection make_rejection(const State& s, const Access& a, const RouteState* r, R
 
 using Decided = std::vector<std::pair<AcquireCallback, Admission>>;
 
-// Hands free pool units to the head waiters, FIFO, while both exist. Runs the callbacks after
-// dropping the lock (a callback may release a permit of this pool).
-void drain(const State& s, Pool& p) {
-  Decided decided;
-  {
-    const std::lock_guard lock(p.mu);
-    while (!p.queue.empty() && p.level.sem.try_acquire_unit()) {
-      Waiter w = std::move(p.queue.front());
-      p.queue.pop_front();
-      p.waiters.fetch_sub(1, std::memory_order_seq_cst);
-      const Access& a = Chain::access(w.target);
-      RouteState* r = Chain::route(w.target);
-      Refusal why{};
-      if (take_tail(a, r, why)) {
-        decided.emplace_back(std::move(w.callback), Admission(Chain::permit(w.target)));
-      } else {
-        p.level.sem.release_unit();  // the loop offers it to the next waiter
-        release_tenant(a);
-        decided.emplace_back(std::move(w.callback),
-                             Admission(make_rejection(s, a, r, why, RejectReason::kLimitReached)));
-      }
+// The queue protocol (a queue-strategy pool; spec/gateway_queue.pml is its model):
+//   - every decrement of the pool's count, a release or the rollback of a refused claim made
+//     outside the mutex, is seq_cst and is followed by a seq_cst read of `waiters`; if that is
+//     non-zero the decrementer drains the queue under the mutex;
+//   - an arrival that may queue takes the mutex, increments `waiters` (seq_cst), retries the
+//     pool (seq_cst) if the queue is empty, and drains before it unlocks (its own rollback is
+//     covered by that drain);
+//   - a drain hands free units to head waiters in order, and stops at the first refused claim
+//     (whoever holds the count up, a holder or a refused acquirer mid-rollback, decrements it
+//     later and drains then).
+// In the single total order of the seq_cst operations, a waiter's increment either precedes a
+// decrementer's read (which then drains, after the waiter queued: it held the mutex) or
+// follows it (and the waiter's retry sees the decrement). No waiter is stranded next to a free
+// unit; the exhaustive search in tests/unit/gateway_model_test.cpp and spin both check it.
+
+// Under p.mu: hands free pool units to the head waiters, FIFO, while both exist.
+void drain_locked(const State& s, Pool& p, Decided& decided) {
+  while (!p.queue.empty()) {
+    if (!p.level.sem.try_claim_unit(std::memory_order_seq_cst)) {
+      p.level.sem.release_unit(std::memory_order_seq_cst);
+      return;
+    }
+    Waiter w = std::move(p.queue.front());
+    p.queue.pop_front();
+    p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    const Access& a = Chain::access(w.target);
+    RouteState* r = Chain::route(w.target);
+    Refusal why{};
+    if (take_tail(a, r, why)) {
+      decided.emplace_back(std::move(w.callback), Admission(Chain::permit(w.target)));
+    } else {
+      p.level.sem.release_unit(std::memory_order_seq_cst);  // offered to the next waiter
+      release_tenant(a);
+      decided.emplace_back(std::move(w.callback),
+                           Admission(make_rejection(s, a, r, why, RejectReason::kLimitReached)));
     }
   }
+}
+
+// Runs the callbacks of waiters a drain decided, outside the mutex (a callback may release a
+// permit of this pool).
+void deliver(Decided& decided) {
   for (auto& [callback, admission] : decided) callback(std::move(admission));
+}
+
+// After a seq_cst decrement of a queue pool's count: the other half of the protocol.
+void after_decrement(const State& s, Pool& p) noexcept {
+  if (p.waiters.load(std::memory_order_seq_cst) == 0) return;
+  try {
+    Decided decided;
+    {
+      const std::lock_guard lock(p.mu);
+      drain_locked(s, p, decided);
+    }
+    deliver(decided);
+  } catch (...) {
+    // Only allocation can throw (the decided list); units stay with the queue and the next
+    // decrement drains it.
+  }
 }
 
 void release_pool(const State& s, Pool& p) noexcept {
@@ -118,18 +153,19 @@ void release_pool(const State& s, Pool& p) noexcept {
     p.level.sem.release_unit();
     return;
   }
-  // The release and the read of `waiters` are both seq_cst, as are an arrival's increment of
-  // `waiters` and its retry of the semaphore: in their single total order, either the
-  // arrival's retry comes after this release (and takes the unit), or this read comes after
-  // its increment (and drains the queue, under the mutex the arrival holds until it queued).
   p.level.sem.release_unit(std::memory_order_seq_cst);
-  if (p.waiters.load(std::memory_order_seq_cst) == 0) return;
-  try {
-    drain(s, p);
-  } catch (...) {
-    // Only allocation can throw here (the decided list); the units stay with the queue and
-    // the next release drains it.
-  }
+  after_decrement(s, p);
+}
+
+// One claim on the pool by a call that will not queue for it now: false if refused (the
+// refusal is rolled back). A queue pool with waiters refuses outright: they are ahead.
+bool claim_pool(const State& s, Pool& p) noexcept {
+  if (!p.queued) return p.level.sem.try_acquire_unit();
+  if (p.waiters.load(std::memory_order_seq_cst) != 0) return false;
+  if (p.level.sem.try_claim_unit(std::memory_order_seq_cst)) return true;
+  p.level.sem.release_unit(std::memory_order_seq_cst);
+  after_decrement(s, p);
+  return false;
 }
 
 // Pool unit held: take the rest, or give everything back.
@@ -304,10 +340,7 @@ Admission Gateway::try_acquire(const Target& target) noexcept {
     return gateway_detail::make_rejection(s, a, Chain::route(target), {LimitLevel::kTenant, global},
                                           RejectReason::kLimitReached);
   Pool& p = *a.pool;
-  // A queue-strategy pool with waiters is full for everyone who does not queue: no barging.
-  const bool pool_ok = (!p.queued || p.waiters.load(std::memory_order_seq_cst) == 0) &&
-                       p.level.sem.try_acquire_unit();
-  if (!pool_ok) [[unlikely]] {
+  if (!gateway_detail::claim_pool(s, p)) [[unlikely]] {
     gateway_detail::release_tenant(a);
     return gateway_detail::make_rejection(
         s, a, Chain::route(target), {LimitLevel::kUpstream, &p.level}, RejectReason::kLimitReached);
@@ -337,22 +370,27 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
                                             RejectReason::kLimitReached));
     return {};
   }
-  if (p.waiters.load(std::memory_order_seq_cst) == 0 && p.level.sem.try_acquire_unit()) {
+  if (gateway_detail::claim_pool(s, p)) {
     callback(gateway_detail::finish(s, p, target));
     return {};
   }
+  gateway_detail::Decided decided;
   std::unique_lock lock(p.mu);
   p.waiters.fetch_add(1, std::memory_order_seq_cst);
-  // seq_cst, paired with release_pool: a unit released before the increment is seen here.
-  if (p.queue.empty() && p.level.sem.try_acquire_unit(std::memory_order_seq_cst)) {
-    p.waiters.fetch_sub(1, std::memory_order_seq_cst);
-    lock.unlock();
-    callback(gateway_detail::finish(s, p, target));
-    return {};
+  if (p.queue.empty()) {
+    if (p.level.sem.try_claim_unit(std::memory_order_seq_cst)) {
+      p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+      lock.unlock();
+      callback(gateway_detail::finish(s, p, target));
+      return {};
+    }
+    p.level.sem.release_unit(std::memory_order_seq_cst);  // the drain below covers it
   }
   if (p.queue.size() >= p.queue_options.max_depth) {
     p.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    gateway_detail::drain_locked(s, p, decided);
     lock.unlock();
+    gateway_detail::deliver(decided);
     gateway_detail::release_tenant(a);
     callback(gateway_detail::make_rejection(s, a, r, {LimitLevel::kUpstream, &p.level},
                                             RejectReason::kQueueFull));
@@ -360,6 +398,9 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
   }
   const std::uint64_t id = p.next_id++;
   p.queue.push_back({id, now + p.queue_options.timeout, target, std::move(callback)});
+  gateway_detail::drain_locked(s, p, decided);  // may serve this very call
+  lock.unlock();
+  gateway_detail::deliver(decided);
   return AcquireTicket(&p, id);
 }
 
