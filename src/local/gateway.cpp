@@ -102,8 +102,10 @@ using Decided = std::vector<std::pair<AcquireCallback, Admission>>;
 // follows it (and the waiter's retry sees the decrement). No waiter is stranded next to a free
 // unit; the exhaustive search in tests/unit/gateway_model_test.cpp and spin both check it.
 
-// Under p.mu: hands free pool units to the head waiters, FIFO, while both exist.
+// Under p.mu: hands free pool units to the head waiters, FIFO, while both exist. Allocates
+// (may throw) only before it touches the queue: nothing taken out of it can be lost.
 void drain_locked(const State& s, Pool& p, Decided& decided) {
+  decided.reserve(decided.size() + p.queue.size());
   while (!p.queue.empty()) {
     if (!p.level.sem.try_claim_unit(std::memory_order_seq_cst)) {
       p.level.sem.release_unit(std::memory_order_seq_cst);
@@ -143,8 +145,8 @@ void after_decrement(const State& s, Pool& p) noexcept {
     }
     deliver(decided);
   } catch (...) {
-    // Only allocation can throw (the decided list); units stay with the queue and the next
-    // decrement drains it.
+    // Only the decided list's allocation can throw, before any waiter left the queue; the
+    // waiters stay queued and the next decrement (or their timeout) decides them.
   }
 }
 
@@ -184,7 +186,7 @@ Admission finish(const State& s, Pool& p, const Target& t) noexcept {
 
 void release_chain(Access& access, RouteState* route) noexcept {
   release_tail(access, route);
-  // The state outlives its permits; reach it through the pool's upstream.
+  // The state outlives its permits; the pool knows it.
   Pool& p = *access.pool;
   release_pool(*p.state, p);
   release_tenant(access);
