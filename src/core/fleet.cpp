@@ -1,0 +1,119 @@
+#include "sluice/fleet.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace sluice {
+namespace {
+
+std::vector<FleetNode>::iterator find_node(std::vector<FleetNode>& nodes, std::string_view id) {
+  return std::lower_bound(nodes.begin(), nodes.end(), id,
+                          [](const FleetNode& n, std::string_view key) { return n.id < key; });
+}
+
+std::uint32_t reserve(const FleetNode& n, bool handoff) {
+  std::uint32_t r = std::max(n.share, n.in_flight);
+  if (handoff)
+    for (const IssuedGrant& g : n.unacked) r = std::max(r, g.share);
+  return r;
+}
+
+// Equal split of `budget` over `count` nodes: the node at `rank` (0-based, id order).
+std::uint32_t split(std::uint64_t budget, std::uint64_t count, std::uint64_t rank) {
+  if (count == 0) return 0;
+  return static_cast<std::uint32_t>(budget / count + (rank < budget % count ? 1 : 0));
+}
+
+// The target of nodes[self] under the configured allocation.
+std::uint32_t target_of(const std::vector<FleetNode>& nodes, std::size_t self, std::uint32_t limit,
+                        Allocation allocation) {
+  if (allocation == Allocation::kEqualSplit) return split(limit, nodes.size(), self);
+  auto satisfied = [](const FleetNode& n) { return n.in_flight < n.share; };
+  std::uint64_t probes = 0, hungry = 0, hungry_rank = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (satisfied(nodes[i])) {
+      ++probes;
+    } else {
+      if (i < self) ++hungry_rank;
+      ++hungry;
+    }
+  }
+  if (satisfied(nodes[self])) return 1;
+  const std::uint64_t pool = limit > probes ? limit - probes : 0;
+  return split(pool, hungry, hungry_rank);
+}
+
+}  // namespace
+
+std::string_view to_string(Aggregate a) noexcept { return a == Aggregate::kMin ? "min" : "median"; }
+
+std::string_view to_string(Allocation a) noexcept {
+  return a == Allocation::kDemandProportional ? "demand-proportional" : "equal-split";
+}
+
+std::string validate(const NodeReport& r) {
+  if (r.node_id.empty()) return "node_id must not be empty";
+  if (r.lease_ttl <= Nanos{0}) return "lease_ttl must be > 0";
+  return {};
+}
+
+std::uint32_t aggregate_limit(const FleetState& state, Aggregate aggregate) {
+  if (state.nodes.empty()) return 0;
+  std::vector<std::uint32_t> v;
+  v.reserve(state.nodes.size());
+  for (const FleetNode& n : state.nodes) v.push_back(n.l_local);
+  if (aggregate == Aggregate::kMin) return *std::min_element(v.begin(), v.end());
+  // The lower median: index (n - 1) / 2 of the sorted values.
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>((v.size() - 1) / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
+                const CoordinatorConfig& config) {
+  // 1. Upsert the reporter.
+  auto it = find_node(state.nodes, report.node_id);
+  if (it == state.nodes.end() || it->id != report.node_id) {
+    it = state.nodes.insert(it, FleetNode{});
+    it->id = report.node_id;
+  }
+  it->l_local = report.l_local;
+  it->in_flight = report.in_flight;
+  it->expires_at = now + report.lease_ttl;
+  it->acked_generation = std::max(it->acked_generation, report.acked_generation);
+  const std::uint64_t acked = it->acked_generation;
+  std::erase_if(it->unacked, [&](const IssuedGrant& g) { return g.generation < acked; });
+
+  // 2. Evict every other node whose lease expired.
+  const std::string self_id = report.node_id;
+  std::erase_if(state.nodes,
+                [&](const FleetNode& n) { return n.id != self_id && n.expires_at <= now; });
+  it = find_node(state.nodes, self_id);
+  const auto self = static_cast<std::size_t>(it - state.nodes.begin());
+
+  // 3. The fleet's ceiling.
+  const std::uint32_t limit = aggregate_limit(state, config.aggregate);
+
+  // 4-5. Target, capped by what the others hold.
+  const std::uint32_t target = target_of(state.nodes, self, limit, config.allocation);
+  std::uint64_t others = 0;
+  for (std::size_t i = 0; i < state.nodes.size(); ++i)
+    if (i != self) others += reserve(state.nodes[i], config.acknowledged_handoff);
+  const std::uint64_t room = limit > others ? limit - others : 0;
+  const auto share = static_cast<std::uint32_t>(std::min<std::uint64_t>(target, room));
+
+  // 6. Issue.
+  state.generation = std::max(state.generation, acked) + 1;
+  it->share = share;
+  if (config.acknowledged_handoff) it->unacked.push_back({state.generation, share});
+  return Grant{share, limit, static_cast<std::uint32_t>(state.nodes.size()), state.generation};
+}
+
+bool leave(FleetState& state, std::string_view node_id) {
+  const auto it = find_node(state.nodes, node_id);
+  if (it == state.nodes.end() || it->id != node_id) return false;
+  state.nodes.erase(it);
+  return true;
+}
+
+}  // namespace sluice
