@@ -1,0 +1,172 @@
+// fleet_guard.h: a concurrency guard whose ceiling is one share of a fleet-wide L_global.
+//
+// What it is: an AdaptiveGuard (the fast loop: synchronous acquire(), RTT samples infer this
+// node's L_local) whose cap is the share a ConcurrencyCoordinator grants (the slow loop: every
+// `heartbeat` the node reports L_local, its in-flight count and the generation it enforces, and
+// applies the grant). The effective ceiling is min(share, L_local): a local RTT spike lowers it
+// at once, without waiting for a heartbeat.
+//
+//   phase      cap applied to the local guard
+//   starting   fail-closed: 0; local-only: none (L_local) - until the first grant
+//   active     the granted share
+//   outage     fail-closed: 0; local-only: none (L_local) - after a heartbeat error
+//   fenced     0 - fail-closed with self_fence, when the last successful beat's lease is about
+//              to run out (sent_at + lease_ttl - fence_safety_margin); on_fenced runs once
+//   closed     0 - after close() (the node left the fleet)
+//
+// Timers only deliver tick(now): the guard is an explicit state machine, and FleetGuardRunner
+// (or a test with a ManualClock) calls tick at the times it asks for. The first beat is due at
+// the first tick. With eager_handoff, off-cycle beats (debounced by min_heartbeat) fire when
+// this node is capped below its fair share (budget is coming), when it applied a lowered grant
+// (to confirm it), and when its in-flight has drained to a lowered share (budget is freed).
+// Every coordinator call is bounded by call_timeout and, when fencing, by the fence deadline,
+// so a hanging coordinator (a partition) never keeps a node admitting past its lease.
+//
+// Thread-safety: acquire(), stats() and the permits are safe from any thread and never block.
+// tick(), heartbeat() and close() must be called by one thread at a time (the runner's).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sluice/adaptive_guard.h"
+#include "sluice/coordinator.h"
+
+namespace sluice {
+
+enum class OutageMode : std::uint8_t {
+  kFailClosed,  // share -> 0 while the coordinator is unreachable: never overshoots
+  kLocalOnly,   // share -> L_local: stays up; the fleet may overshoot (fan-out regime)
+};
+
+enum class FleetPhase : std::uint8_t { kStarting, kActive, kOutage, kFenced, kClosed };
+
+[[nodiscard]] std::string_view to_string(FleetPhase phase) noexcept;
+
+struct FleetGuardOptions {
+  std::string node_id;  // required: unique per process
+  std::string key;      // required: every node fronting the same backend uses the same key
+  // Heartbeat period; > 0. Default 1 s.
+  Nanos heartbeat = std::chrono::seconds(1);
+  // Lease of this node's record at the coordinator; > heartbeat. Default 2 x heartbeat.
+  std::optional<Nanos> lease_ttl;
+  // Default kFailClosed.
+  OutageMode outage = OutageMode::kFailClosed;
+  // Stop admitting before the coordinator could reclaim our share (fail-closed only).
+  // Default on.
+  bool self_fence = true;
+  // How long before the lease's end the node fences; covers node/coordinator clock skew;
+  // >= 0 and < lease_ttl. Default heartbeat / 4.
+  std::optional<Nanos> fence_safety_margin;
+  // Off-cycle beats when the allocation is stale. Default off.
+  bool eager_handoff = false;
+  // Least time between two beats (debounce of off-cycle beats); > 0. Default heartbeat / 10.
+  std::optional<Nanos> min_heartbeat;
+  // Longest a coordinator call may take; > 0. Default = heartbeat.
+  std::optional<Nanos> call_timeout;
+  // Runs once each time the node fences (e.g. to abort in-flight calls). Must not block.
+  std::function<void()> on_fenced;
+  // The private adaptive guard's windows.
+  AdaptiveGuardOptions local;
+
+  // Empty when valid, else what is wrong, naming the field.
+  [[nodiscard]] std::string validate() const;
+};
+
+struct FleetGuardStats {
+  AdaptiveGuardStats local;  // in_flight, limit (the effective ceiling), algorithm_limit, ...
+  FleetPhase phase = FleetPhase::kStarting;
+  std::uint32_t share = 0;     // last granted
+  std::uint32_t l_global = 0;  // last granted
+  std::uint32_t nodes = 0;     // last granted
+  std::uint64_t generation = 0;
+  bool fenced = false;
+  std::uint64_t heartbeats = 0;        // successful
+  std::uint64_t heartbeat_errors = 0;  // failed (outage)
+  std::uint64_t off_cycle_beats = 0;   // eager handoff
+  std::uint64_t fences = 0;            // times the node fenced
+};
+
+class FleetGuard {
+ public:
+  // `coordinator` and `clock` must outlive the guard. Precondition: options.validate() is empty
+  // (use create() to get the error instead).
+  FleetGuard(ConcurrencyCoordinator& coordinator, std::unique_ptr<LimitAlgorithm> algorithm,
+             const Clock& clock, FleetGuardOptions options);
+  // Validates the options first.
+  [[nodiscard]] static StatusOr<std::unique_ptr<FleetGuard>> create(
+      ConcurrencyCoordinator& coordinator, std::unique_ptr<LimitAlgorithm> algorithm,
+      const Clock& clock, FleetGuardOptions options);
+  FleetGuard(const FleetGuard&) = delete;
+  FleetGuard& operator=(const FleetGuard&) = delete;
+  // Leaves the fleet if close() was not called.
+  ~FleetGuard();
+
+  // Admits while in_flight < min(share, L_local). Never blocks.
+  [[nodiscard]] std::optional<GuardPermit> acquire() noexcept { return local_.acquire(); }
+
+  // One heartbeat now: report, then apply the grant (or the outage mode). Never throws.
+  Status heartbeat() noexcept;
+  // Runs what is due at `now` (a beat, an off-cycle beat, the fence) and returns when tick
+  // should run next.
+  Nanos tick(Nanos now) noexcept;
+  // Stops admitting and leaves the fleet. Idempotent.
+  void close() noexcept;
+
+  [[nodiscard]] FleetGuardStats stats() const noexcept;
+  [[nodiscard]] const FleetGuardOptions& options() const noexcept { return options_; }
+
+ private:
+  void apply_cap(std::uint32_t cap) noexcept;
+  void apply_grant(const Grant& grant, Nanos sent_at) noexcept;
+  void enter_outage() noexcept;
+  void fence() noexcept;
+  [[nodiscard]] std::uint32_t fair_share() const noexcept;
+  [[nodiscard]] Nanos next_due() const noexcept;
+  Status beat(Nanos now, bool off_cycle) noexcept;
+
+  ConcurrencyCoordinator& coordinator_;
+  const Clock& clock_;
+  const FleetGuardOptions options_;
+  AdaptiveGuard local_;
+
+  // Written by the ticking thread; read by stats() from any thread (relaxed: each is one
+  // self-contained value, and stats are a snapshot of independently observable counters).
+  std::atomic<FleetPhase> phase_{FleetPhase::kStarting};
+  std::atomic<std::uint32_t> share_{0};
+  std::atomic<std::uint32_t> l_global_{0};
+  std::atomic<std::uint32_t> nodes_{0};
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::uint64_t> heartbeats_{0};
+  std::atomic<std::uint64_t> heartbeat_errors_{0};
+  std::atomic<std::uint64_t> off_cycle_beats_{0};
+  std::atomic<std::uint64_t> fences_{0};
+
+  // Ticking thread only.
+  bool beat_due_now_ = true;       // the first beat: at the first tick
+  Nanos last_beat_{0};             // when the last beat was sent
+  std::optional<Nanos> fence_at_;  // from the last successful beat
+  bool eager_pending_ = false;     // an off-cycle beat is wanted
+  bool draining_ = false;          // in_flight > a lowered share: beat once drained
+};
+
+// Drives a FleetGuard's tick() on the guard's clock from a thread of its own. Stops (and joins)
+// on destruction; does not close the guard.
+class FleetGuardRunner {
+ public:
+  explicit FleetGuardRunner(FleetGuard& guard, const Clock& clock);
+  ~FleetGuardRunner();
+  FleetGuardRunner(const FleetGuardRunner&) = delete;
+  FleetGuardRunner& operator=(const FleetGuardRunner&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,264 @@
+#include "sluice/fleet_guard.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace sluice {
+namespace {
+
+Nanos lease_of(const FleetGuardOptions& o) { return o.lease_ttl.value_or(2 * o.heartbeat); }
+Nanos margin_of(const FleetGuardOptions& o) {
+  return o.fence_safety_margin.value_or(o.heartbeat / 4);
+}
+Nanos min_heartbeat_of(const FleetGuardOptions& o) {
+  return o.min_heartbeat.value_or(o.heartbeat / 10);
+}
+Nanos call_timeout_of(const FleetGuardOptions& o) { return o.call_timeout.value_or(o.heartbeat); }
+
+}  // namespace
+
+std::string_view to_string(FleetPhase phase) noexcept {
+  switch (phase) {
+    case FleetPhase::kStarting:
+      return "starting";
+    case FleetPhase::kActive:
+      return "active";
+    case FleetPhase::kOutage:
+      return "outage";
+    case FleetPhase::kFenced:
+      return "fenced";
+    case FleetPhase::kClosed:
+      return "closed";
+  }
+  return "unknown";
+}
+
+std::string FleetGuardOptions::validate() const {
+  if (node_id.empty()) return "node_id must not be empty";
+  if (key.empty()) return "key must not be empty";
+  if (heartbeat <= Nanos{0}) return "heartbeat must be > 0";
+  if (lease_of(*this) <= heartbeat) return "lease_ttl must be > heartbeat";
+  if (margin_of(*this) < Nanos{0} || margin_of(*this) >= lease_of(*this))
+    return "fence_safety_margin must be >= 0 and < lease_ttl";
+  if (min_heartbeat_of(*this) <= Nanos{0} || min_heartbeat_of(*this) > heartbeat)
+    return "min_heartbeat must be > 0 and <= heartbeat";
+  if (call_timeout_of(*this) <= Nanos{0}) return "call_timeout must be > 0";
+  if (const std::string_view why = local.validate(); !why.empty())
+    return "local: " + std::string(why);
+  return {};
+}
+
+FleetGuard::FleetGuard(ConcurrencyCoordinator& coordinator,
+                       std::unique_ptr<LimitAlgorithm> algorithm, const Clock& clock,
+                       FleetGuardOptions options)
+    : coordinator_(coordinator),
+      clock_(clock),
+      options_(std::move(options)),
+      local_(std::move(algorithm), clock, options_.local) {
+  // Before the first grant: fail-closed admits nothing, local-only admits up to L_local.
+  apply_cap(options_.outage == OutageMode::kFailClosed ? 0 : AdaptiveGuard::kNoCap);
+}
+
+StatusOr<std::unique_ptr<FleetGuard>> FleetGuard::create(ConcurrencyCoordinator& coordinator,
+                                                         std::unique_ptr<LimitAlgorithm> algorithm,
+                                                         const Clock& clock,
+                                                         FleetGuardOptions options) {
+  if (std::string why = options.validate(); !why.empty())
+    return Status(StatusCode::kInvalidArgument, "fleet guard: " + why);
+  if (algorithm == nullptr)
+    return Status(StatusCode::kInvalidArgument, "fleet guard: algorithm must not be null");
+  return std::make_unique<FleetGuard>(coordinator, std::move(algorithm), clock, std::move(options));
+}
+
+FleetGuard::~FleetGuard() { close(); }
+
+void FleetGuard::apply_cap(std::uint32_t cap) noexcept { local_.set_cap(cap); }
+
+std::uint32_t FleetGuard::fair_share() const noexcept {
+  const std::uint32_t n = nodes_.load(std::memory_order_relaxed);
+  return n == 0 ? 0 : l_global_.load(std::memory_order_relaxed) / n;
+}
+
+void FleetGuard::apply_grant(const Grant& grant, Nanos sent_at) noexcept {
+  const std::uint32_t before = share_.load(std::memory_order_relaxed);
+  const bool was_active = phase_.load(std::memory_order_relaxed) == FleetPhase::kActive;
+  apply_cap(grant.share);
+  share_.store(grant.share, std::memory_order_relaxed);
+  l_global_.store(grant.l_global, std::memory_order_relaxed);
+  nodes_.store(grant.nodes, std::memory_order_relaxed);
+  // Published after the cap it stands for: the next report reads it, then in_flight.
+  generation_.store(grant.generation, std::memory_order_release);
+  phase_.store(FleetPhase::kActive, std::memory_order_relaxed);
+  fence_at_ = sent_at + lease_of(options_) - margin_of(options_);
+  if (!options_.eager_handoff) return;
+  const std::uint32_t in_flight = local_.in_flight();
+  if (was_active && grant.share < before) {
+    eager_pending_ = true;                // confirm the lowered grant promptly
+    draining_ = in_flight > grant.share;  // and report again once drained to it
+  } else if (grant.share < fair_share() && in_flight >= grant.share) {
+    eager_pending_ = true;  // capped below fair share: budget is coming
+  }
+}
+
+void FleetGuard::enter_outage() noexcept {
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed) return;
+  if (phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced)
+    phase_.store(FleetPhase::kOutage, std::memory_order_relaxed);
+  if (options_.outage == OutageMode::kFailClosed) {
+    share_.store(0, std::memory_order_relaxed);
+    apply_cap(0);
+  } else {
+    apply_cap(AdaptiveGuard::kNoCap);
+  }
+}
+
+void FleetGuard::fence() noexcept {
+  phase_.store(FleetPhase::kFenced, std::memory_order_relaxed);
+  share_.store(0, std::memory_order_relaxed);
+  apply_cap(0);
+  fences_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.on_fenced) {
+    try {
+      options_.on_fenced();
+    } catch (...) {
+      // A hook must not throw; the node is fenced either way.
+    }
+  }
+}
+
+Status FleetGuard::beat(Nanos now, bool off_cycle) noexcept {
+  const bool fencing = options_.outage == OutageMode::kFailClosed && options_.self_fence &&
+                       fence_at_.has_value() &&
+                       phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced;
+  Nanos timeout = call_timeout_of(options_);
+  if (fencing) timeout = std::clamp(*fence_at_ - now, Nanos{1}, timeout);
+  NodeReport report;
+  try {
+    report.node_id = options_.node_id;
+  } catch (...) {
+    return Status(StatusCode::kInternal, "out of memory");
+  }
+  report.l_local = local_.algorithm_limit();
+  report.acked_generation = generation_.load(std::memory_order_acquire);
+  report.in_flight = local_.in_flight();  // read after the generation it is enforced under
+  report.lease_ttl = lease_of(options_);
+  last_beat_ = now;
+  StatusOr<Grant> grant = coordinator_.heartbeat(options_.key, report, timeout);
+  if (!grant.ok()) {
+    heartbeat_errors_.fetch_add(1, std::memory_order_relaxed);
+    enter_outage();
+    return grant.status();
+  }
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed) return {};
+  heartbeats_.fetch_add(1, std::memory_order_relaxed);
+  if (off_cycle) off_cycle_beats_.fetch_add(1, std::memory_order_relaxed);
+  apply_grant(grant.value(), now);
+  return {};
+}
+
+Status FleetGuard::heartbeat() noexcept {
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed)
+    return Status(StatusCode::kInvalidArgument, "fleet guard is closed");
+  beat_due_now_ = false;
+  eager_pending_ = false;
+  return beat(clock_.now(), false);
+}
+
+Nanos FleetGuard::next_due() const noexcept {
+  Nanos next = last_beat_ + options_.heartbeat;
+  if (eager_pending_) next = std::min(next, last_beat_ + min_heartbeat_of(options_));
+  if (draining_) next = std::min(next, clock_.now() + min_heartbeat_of(options_));
+  const bool fencing = options_.outage == OutageMode::kFailClosed && options_.self_fence &&
+                       phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced;
+  if (fencing && fence_at_) next = std::min(next, *fence_at_);
+  return next;
+}
+
+Nanos FleetGuard::tick(Nanos now) noexcept {
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed)
+    return now + options_.heartbeat;
+  auto fence_if_due = [&](Nanos t) {
+    if (options_.outage == OutageMode::kFailClosed && options_.self_fence && fence_at_ &&
+        t >= *fence_at_ && phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced)
+      fence();
+  };
+  fence_if_due(now);
+  if (draining_ && local_.in_flight() <= share_.load(std::memory_order_relaxed)) {
+    draining_ = false;
+    eager_pending_ = true;  // budget is freed: tell the coordinator
+  }
+  const bool periodic = beat_due_now_ || now >= last_beat_ + options_.heartbeat;
+  const bool eager =
+      options_.eager_handoff && eager_pending_ && now >= last_beat_ + min_heartbeat_of(options_);
+  if (periodic || eager) {
+    beat_due_now_ = false;
+    eager_pending_ = false;
+    (void)beat(now, !periodic);
+    fence_if_due(clock_.now());  // the call may have taken until the fence deadline
+  }
+  return next_due();
+}
+
+void FleetGuard::close() noexcept {
+  if (phase_.exchange(FleetPhase::kClosed, std::memory_order_relaxed) == FleetPhase::kClosed)
+    return;
+  share_.store(0, std::memory_order_relaxed);
+  apply_cap(0);
+  (void)coordinator_.leave(options_.key, options_.node_id, call_timeout_of(options_));
+}
+
+FleetGuardStats FleetGuard::stats() const noexcept {
+  FleetGuardStats s;
+  s.local = local_.stats();
+  s.phase = phase_.load(std::memory_order_relaxed);
+  s.share = share_.load(std::memory_order_relaxed);
+  s.l_global = l_global_.load(std::memory_order_relaxed);
+  s.nodes = nodes_.load(std::memory_order_relaxed);
+  s.generation = generation_.load(std::memory_order_relaxed);
+  s.fenced = s.phase == FleetPhase::kFenced;
+  s.heartbeats = heartbeats_.load(std::memory_order_relaxed);
+  s.heartbeat_errors = heartbeat_errors_.load(std::memory_order_relaxed);
+  s.off_cycle_beats = off_cycle_beats_.load(std::memory_order_relaxed);
+  s.fences = fences_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---- runner ----
+
+struct FleetGuardRunner::Impl {
+  FleetGuard& guard;
+  const Clock& clock;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
+
+  void run() {
+    std::unique_lock lock(mu);
+    while (!stop) {
+      lock.unlock();
+      const Nanos next = guard.tick(clock.now());
+      lock.lock();
+      const Nanos wait = std::max(next - clock.now(), Nanos{0});
+      cv.wait_for(lock, wait, [&] { return stop; });
+    }
+  }
+};
+
+FleetGuardRunner::FleetGuardRunner(FleetGuard& guard, const Clock& clock)
+    : impl_(new Impl{guard, clock, {}, {}, false, {}}) {
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+FleetGuardRunner::~FleetGuardRunner() {
+  {
+    const std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+}  // namespace sluice
