@@ -2,6 +2,9 @@
 find_package(Threads REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)                      # nlohmann_json::nlohmann_json
 find_package(prometheus-cpp CONFIG REQUIRED COMPONENTS core)    # prometheus-cpp::core
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)      # PkgConfig::HIREDIS (Redis)
+find_package(PostgreSQL REQUIRED)                                # PostgreSQL::PostgreSQL (libpq)
 
 if(SLUICE_BUILD_APPS)
   find_package(CLI11 CONFIG REQUIRED)                            # CLI11::CLI11

@@ -8,6 +8,7 @@
 //   kUnavailable       the backend is unreachable: retry (with backoff)
 //   kDeadlineExceeded  the call took too long (possibly a partition): retry
 //   kAborted           lost a race (e.g. a transaction conflict): redo
+//   kPermissionDenied  the backend refused the credentials: fix them
 //   kInternal          a bug or a broken invariant: report it
 // StatusOr<T> holds a T or a non-ok Status.
 //
@@ -29,6 +30,7 @@ enum class StatusCode : std::uint8_t {
   kUnavailable,
   kDeadlineExceeded,
   kAborted,
+  kPermissionDenied,
   kInternal,
 };
 

@@ -16,6 +16,8 @@ std::string_view to_string(StatusCode code) noexcept {
       return "deadline exceeded";
     case StatusCode::kAborted:
       return "aborted";
+    case StatusCode::kPermissionDenied:
+      return "permission denied";
     case StatusCode::kInternal:
       return "internal";
   }

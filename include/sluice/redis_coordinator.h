@@ -1,0 +1,63 @@
+// redis_coordinator.h: a ConcurrencyCoordinator on Redis (hiredis).
+//
+// What it is: each heartbeat is one EVALSHA of a Lua script that does upsert-evict-aggregate-
+// split atomically on the server; the script transcribes the heartbeat core of sluice/fleet.h
+// rule for rule and the conformance test replays one sequence through it and through the C++
+// core. All of a key's data is one hash, "<prefix>{<key>}", so it lives in one hash slot
+// (Redis Cluster-compatible). The script is loaded once and run by its SHA; on NOSCRIPT (a
+// restarted or flushed server) it is loaded again and the call retried once. Coordinator time
+// is Redis TIME (microseconds), or the caller's Clock in test mode. AUTH (password, or ACL user
+// and password) and SELECT are sent on every (re)connect. Debian's hiredis 0.14 has no TLS:
+// reach a remote Redis through a TLS tunnel (stunnel, a service mesh).
+//
+// Connection: one hiredis connection per coordinator, guarded by a mutex; a broken connection
+// is re-established on the next call. Every call is bounded by its timeout (the socket
+// timeout): a hanging server yields kDeadlineExceeded, an unreachable one kUnavailable.
+//
+// Thread-safety: every member is safe to call concurrently (calls are serialised).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "sluice/coordinator.h"
+
+namespace sluice {
+
+struct RedisOptions {
+  std::string host = "127.0.0.1";                   // default 127.0.0.1
+  int port = 6379;                                  // default 6379
+  std::string username;                             // ACL user; empty: AUTH with the password alone
+  std::string password;                             // empty: no AUTH
+  int database = 0;                                 // SELECT; default 0
+  Nanos connect_timeout = std::chrono::seconds(1);  // default 1 s
+  std::string key_prefix = "sluice:fleet:";         // default "sluice:fleet:"
+};
+
+class RedisCoordinator final : public ConcurrencyCoordinator {
+ public:
+  // Connects, authenticates and loads the script. `caller_clock` non-null: test mode.
+  [[nodiscard]] static StatusOr<std::unique_ptr<RedisCoordinator>> connect(
+      RedisOptions options, CoordinatorConfig config, const Clock* caller_clock = nullptr);
+  ~RedisCoordinator() override;
+
+  [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
+                                          Nanos timeout) noexcept override;
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+                             Nanos timeout) noexcept override;
+  [[nodiscard]] const CoordinatorConfig& config() const noexcept override;
+  [[nodiscard]] std::string_view backend() const noexcept override { return "redis"; }
+
+  // The heartbeat script (Lua) and its SHA1, e.g. for redis-benchmark in the same run.
+  [[nodiscard]] static const std::string& script();
+  [[nodiscard]] std::string script_sha() const;
+
+  struct Impl;
+
+ private:
+  explicit RedisCoordinator(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,174 @@
+// The Redis heartbeat script: sluice/fleet.h's heartbeat core, transcribed rule for rule.
+//
+// KEYS[1]  the key's hash: field "g" = generation, field "n:<node id>" = the node's record
+//          "l_local:in_flight:share:expires_us:acked:unacked" (unacked = "gen/share,...").
+// ARGV     node_id, l_local, in_flight, acked_generation, lease_us, aggregate (0 median,
+//          1 min), allocation (0 equal split, 1 demand-proportional), handoff (0/1),
+//          now_us (-1: Redis TIME), key_ttl_ms (the hash expires when every lease is long gone).
+// Returns  {share, l_global, nodes, generation}.
+//
+// Numbers are Lua doubles: microsecond times and generations stay below 2^53, and every value
+// is written with %.0f (tostring would switch to exponent notation). Node ids are ordered by
+// bytes (Lua's < on strings follows the server's locale).
+#include "backends/redis/heartbeat_script.h"
+
+namespace sluice::redis_detail {
+
+const std::string& heartbeat_script() {
+  static const std::string script = R"lua(
+local key = KEYS[1]
+local self_id = ARGV[1]
+local l_local = tonumber(ARGV[2])
+local in_flight = tonumber(ARGV[3])
+local acked_in = tonumber(ARGV[4])
+local lease = tonumber(ARGV[5])
+local agg_min = ARGV[6] == '1'
+local demand = ARGV[7] == '1'
+local handoff = ARGV[8] == '1'
+local now = tonumber(ARGV[9])
+local key_ttl = tonumber(ARGV[10])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function num(x) return string.format('%.0f', x) end
+
+local function bytes_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function split_list(s, sep)
+  local out = {}
+  if s == nil or s == '' then return out end
+  for part in string.gmatch(s, '([^' .. sep .. ']+)') do out[#out + 1] = part end
+  return out
+end
+
+-- Read the state.
+local gen = 0
+local nodes = {}
+local raw = redis.call('HGETALL', key)
+for i = 1, #raw, 2 do
+  local f, v = raw[i], raw[i + 1]
+  if f == 'g' then
+    gen = tonumber(v)
+  elseif string.sub(f, 1, 2) == 'n:' then
+    local p = split_list(v, ':')
+    local n = { id = string.sub(f, 3), l_local = tonumber(p[1]), in_flight = tonumber(p[2]),
+                share = tonumber(p[3]), expires = tonumber(p[4]), acked = tonumber(p[5]),
+                unacked = {} }
+    for _, g in ipairs(split_list(p[6], ',')) do
+      local gs = split_list(g, '/')
+      n.unacked[#n.unacked + 1] = { gen = tonumber(gs[1]), share = tonumber(gs[2]) }
+    end
+    nodes[#nodes + 1] = n
+  end
+end
+
+-- 1. Upsert the reporter.
+local me = nil
+for _, n in ipairs(nodes) do if n.id == self_id then me = n end end
+if me == nil then
+  me = { id = self_id, share = 0, acked = 0, unacked = {} }
+  nodes[#nodes + 1] = me
+end
+me.l_local = l_local
+me.in_flight = in_flight
+me.expires = now + lease
+me.acked = math.max(me.acked, acked_in)
+local kept = {}
+for _, g in ipairs(me.unacked) do if g.gen >= me.acked then kept[#kept + 1] = g end end
+me.unacked = kept
+
+-- 2. Evict every other node whose lease expired.
+local live = {}
+local evicted = {}
+for _, n in ipairs(nodes) do
+  if n.id ~= self_id and n.expires <= now then
+    evicted[#evicted + 1] = 'n:' .. n.id
+  else
+    live[#live + 1] = n
+  end
+end
+table.sort(live, function(a, b) return bytes_less(a.id, b.id) end)
+local self_rank = 0
+for i, n in ipairs(live) do if n.id == self_id then self_rank = i - 1 end end
+
+-- 3. Aggregate: lower median or min, never a sum.
+local values = {}
+for _, n in ipairs(live) do values[#values + 1] = n.l_local end
+table.sort(values)
+local limit = 0
+if #values > 0 then
+  if agg_min then limit = values[1] else limit = values[math.floor((#values - 1) / 2) + 1] end
+end
+
+-- 4. Target.
+local function split(budget, count, rank)
+  if count == 0 then return 0 end
+  local t = math.floor(budget / count)
+  if rank < budget % count then t = t + 1 end
+  return t
+end
+local target
+if not demand then
+  target = split(limit, #live, self_rank)
+else
+  local probes, hungry, hungry_rank = 0, 0, 0
+  for i, n in ipairs(live) do
+    if n.in_flight < n.share then
+      probes = probes + 1
+    else
+      if i - 1 < self_rank then hungry_rank = hungry_rank + 1 end
+      hungry = hungry + 1
+    end
+  end
+  if me.in_flight < me.share then
+    target = 1
+  else
+    local pool = 0
+    if limit > probes then pool = limit - probes end
+    target = split(pool, hungry, hungry_rank)
+  end
+end
+
+-- 5. Cap by what the others reserve.
+local others = 0
+for _, n in ipairs(live) do
+  if n.id ~= self_id then
+    local r = math.max(n.share, n.in_flight)
+    if handoff then
+      for _, g in ipairs(n.unacked) do r = math.max(r, g.share) end
+    end
+    others = others + r
+  end
+end
+local room = 0
+if limit > others then room = limit - others end
+local share = math.min(target, room)
+
+-- 6. Issue.
+gen = math.max(gen, me.acked) + 1
+me.share = share
+if handoff then me.unacked[#me.unacked + 1] = { gen = gen, share = share } end
+
+-- Write back.
+local list = {}
+for _, g in ipairs(me.unacked) do list[#list + 1] = num(g.gen) .. '/' .. num(g.share) end
+redis.call('HSET', key, 'g', num(gen), 'n:' .. self_id,
+  num(me.l_local) .. ':' .. num(me.in_flight) .. ':' .. num(me.share) .. ':' ..
+  num(me.expires) .. ':' .. num(me.acked) .. ':' .. table.concat(list, ','))
+if #evicted > 0 then redis.call('HDEL', key, unpack(evicted)) end
+redis.call('PEXPIRE', key, key_ttl)
+return { share, limit, #live, gen }
+)lua";
+  return script;
+}
+
+}  // namespace sluice::redis_detail

@@ -1,0 +1,239 @@
+#include "sluice/testing/servers.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace sluice::testing {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kPgBin = "/usr/lib/postgresql/15/bin";
+
+std::string make_temp_dir(const char* stem) {
+  std::string pattern = (fs::temp_directory_path() / (std::string(stem) + "-XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) return {};
+  return pattern;
+}
+
+std::string tail(const std::string& path, std::size_t max = 2000) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > max ? s.substr(s.size() - max) : s;
+}
+
+// Starts argv[0] (looked up on PATH) with stdout and stderr appended to `log`; the child's pid.
+pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return rc == 0 ? pid : -1;
+}
+
+// Runs a command to completion; its exit code (or -1).
+int run(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = spawn(args, log);
+  if (pid < 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+bool port_accepts(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+bool alive(pid_t pid) { return pid > 0 && ::kill(pid, 0) == 0; }
+
+// Signals `pid` and waits up to 10 s for it to go; reaps it if it is our child.
+void stop_pid(pid_t pid, int sig) {
+  if (pid <= 0) return;
+  ::kill(pid, sig);
+  for (int i = 0; i < 1000; ++i) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid || !alive(pid)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// ---- Redis ----
+
+RedisServer::~RedisServer() { stop(); }
+
+Status RedisServer::start(std::string password) {
+  dir_ = make_temp_dir("sluice-redis");
+  if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for redis");
+  password_ = std::move(password);
+  const std::string log = dir_ + "/redis.log";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    port_ = free_port();
+    std::vector<std::string> args = {"redis-server",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_,
+                                     "--daemonize",
+                                     "no"};
+    if (!password_.empty()) {
+      args.push_back("--requirepass");
+      args.push_back(password_);
+    }
+    pid_ = spawn(args, log);
+    if (pid_ < 0) return Status(StatusCode::kUnavailable, "cannot run redis-server (installed?)");
+    for (int i = 0; i < 500 && alive(pid_); ++i) {
+      if (port_accepts(port_)) return {};
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    stop_pid(pid_, SIGKILL);
+    pid_ = -1;
+  }
+  return Status(StatusCode::kUnavailable, "redis-server did not start: " + tail(log));
+}
+
+void RedisServer::stop() {
+  if (pid_ > 0) stop_pid(pid_, SIGTERM);
+  pid_ = -1;
+  if (!dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    dir_.clear();
+  }
+}
+
+// ---- PostgreSQL ----
+
+PostgresServer::~PostgresServer() { stop(); }
+
+std::string PostgresServer::conninfo() const {
+  return "host=127.0.0.1 port=" + std::to_string(port_) + " user=" + user_ +
+         " dbname=postgres connect_timeout=5";
+}
+
+Status PostgresServer::start() {
+  dir_ = make_temp_dir("sluice-pg");
+  if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for postgres");
+  const bool root = ::geteuid() == 0;
+  std::vector<std::string> as;  // prefix running a command as the server's user
+  if (root) {
+    const passwd* pw = ::getpwnam("postgres");
+    if (pw == nullptr) return Status(StatusCode::kUnavailable, "no postgres user (installed?)");
+    ::chmod(dir_.c_str(), 0755);
+    if (::chown(dir_.c_str(), pw->pw_uid, pw->pw_gid) != 0)
+      return Status(StatusCode::kInternal, "cannot chown the postgres temp dir");
+    as = {"runuser", "-u", "postgres", "--"};
+    user_ = "postgres";
+  } else {
+    const passwd* pw = ::getpwuid(::geteuid());
+    user_ = pw != nullptr ? pw->pw_name : "postgres";
+  }
+  auto cmd = [&](std::vector<std::string> args) {
+    std::vector<std::string> full = as;
+    full.insert(full.end(), args.begin(), args.end());
+    return full;
+  };
+  const std::string data = dir_ + "/data", log = dir_ + "/server.log";
+  const std::string init_log = dir_ + "/initdb.log";
+  if (root) {
+    // The logs are written by the postgres user.
+    for (const std::string& f : {log, init_log}) {
+      std::ofstream(f).flush();
+      const passwd* pw = ::getpwnam("postgres");
+      if (::chown(f.c_str(), pw->pw_uid, pw->pw_gid) != 0)
+        return Status(StatusCode::kInternal, "cannot chown " + f);
+    }
+  }
+  if (run(cmd({std::string(kPgBin) + "/initdb", "-D", data, "-U", user_, "--auth=trust", "-E",
+               "UTF8", "--locale=C.UTF-8"}),
+          init_log) != 0)
+    return Status(StatusCode::kUnavailable, "initdb failed: " + tail(init_log));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    port_ = free_port();
+    const std::string opts = "-p " + std::to_string(port_) +
+                             " -c listen_addresses=127.0.0.1 -c unix_socket_directories=" + dir_ +
+                             " -c fsync=off -c synchronous_commit=off -c full_page_writes=off";
+    if (run(cmd({std::string(kPgBin) + "/pg_ctl", "-D", data, "-l", log, "-w", "-t", "30", "-o",
+                 opts, "start"}),
+            dir_ + "/pg_ctl.log") == 0) {
+      std::ifstream pidfile(data + "/postmaster.pid");
+      pidfile >> pid_;
+      if (pid_ > 0 && port_accepts(port_)) return {};
+    }
+    if (pid_ > 0) stop_pid(pid_, SIGINT);
+    pid_ = -1;
+  }
+  return Status(StatusCode::kUnavailable, "postgres did not start: " + tail(log));
+}
+
+void PostgresServer::stop() {
+  if (pid_ > 0) stop_pid(pid_, SIGINT);  // fast shutdown
+  pid_ = -1;
+  if (!dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    dir_.clear();
+  }
+}
+
+}  // namespace sluice::testing

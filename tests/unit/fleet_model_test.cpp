@@ -1,0 +1,594 @@
+// Exhaustive state-space search of the fleet guard protocol (the "BFS twin" of
+// src/core/fleet.cpp): the coordinator is the real sluice::heartbeat / sluice::leave; the
+// guards and the network between them are modelled here.
+//
+// Up to 3 nodes ("a", "b", "c") share one key; every node reports l_local = L (constant
+// L_global), so a guard's gate min(share, L_local) is its share. A node is fresh (not joined),
+// running or stopped, and holds in_flight calls, the share it enforces and the generation of the
+// grant it enforces (echoed as acked_generation in its next report, read together with its
+// in_flight). Actions, in every interleaving:
+//   heartbeat  a fresh node's first heartbeat is its join;
+//   acquire    iff in_flight < enforced share;   release  iff in_flight > 0;
+//   leave      graceful, only with in_flight == 0: sluice::leave, the node stops;
+//   crash      the node stops, its in-flight calls vanish, its record stays in the coordinator;
+//   expire     a stopped node's record is removed (the lease expiry; modelled with sluice::leave:
+//              the core runs with now = 0 and a huge lease_ttl so it never evicts by itself).
+// In the synchronous model a heartbeat is one atomic step (report, core, the node applies the
+// grant). In the asynchronous model it is three: send (the report is snapshotted into a transit
+// slot; at most one heartbeat outstanding per node), process (the core runs on the snapshot:
+// the node's in-flight may have changed since) and deliver (the node applies share and
+// generation); anything else may interleave between them. A report still in transit when its
+// node stops is processed all the same (it may re-create a record that only expiry removes); a
+// grant still in transit to a stopped node is lost.
+//
+// Finite space without bounding the heartbeats: generations only ever meet the core through
+// order comparisons (acked < issued, max) and "next = max issued + 1", and the guard never
+// compares them, so after every step all the generations the state mentions (the key's counter,
+// the records' acks and unacknowledged grants, the nodes' enforced generations, the ones in
+// transit) are renumbered 1..k in order (0, "none", stays 0). The renumbered state behaves exactly
+// like the original (a bisimulation), so the search covers unboundedly many heartbeats. Shares
+// and in-flight counts are bounded by L, the other fields by the protocol (checked).
+//
+// Invariants, in every reachable state:
+//   GlobalCap    the shares of the records in the coordinator's FleetState sum to <= L;
+//   InflightCap  the nodes' in-flight calls sum to <= L (synchronous model; asynchronous model
+//                with acknowledged handoff). Without handoff the asynchronous fleet has a bounded
+//                residual: the search measures the largest sum of in-flight calls instead.
+// A deliberately broken core (a stateless floor(L/N) split without the cap) must be caught.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "sluice/fleet.h"
+
+namespace sluice {
+namespace {
+
+constexpr int kMaxNodes = 3;
+constexpr int kMaxUnacked = 3;
+constexpr std::array<std::string_view, kMaxNodes> kIds = {"a", "b", "c"};
+constexpr Nanos kNow{0};
+constexpr Nanos kLeaseTtl = std::chrono::hours(24 * 365);  // the core never evicts by itself
+
+enum class Core { kReal, kStatelessSplit };
+
+struct Config {
+  int nodes = 2;
+  std::uint32_t limit = 2;  // every node's l_local, hence L_global
+  bool async = false;
+  CoordinatorConfig coordinator;
+  Core core = Core::kReal;
+  bool inflight_cap = true;  // check InflightCap in every state
+};
+
+enum Phase : std::uint8_t { kFresh, kRunning, kStopped };
+
+// The coordinator's FleetNode for one node, minus its constants (l_local = L, expires_at).
+struct Record {
+  std::uint8_t present;
+  std::uint8_t in_flight;
+  std::uint8_t share;
+  std::uint8_t acked;
+  std::uint8_t unacked;  // entries used below, oldest first
+  std::array<std::uint8_t, kMaxUnacked> unacked_gen;
+  std::array<std::uint8_t, kMaxUnacked> unacked_share;
+};
+
+struct Node {
+  std::uint8_t phase;
+  std::uint8_t in_flight;
+  std::uint8_t share;   // the share it enforces
+  std::uint8_t gen;     // the generation of the grant it enforces
+  std::uint8_t report;  // 1: a report is in transit (asynchronous model)
+  std::uint8_t report_in_flight;
+  std::uint8_t report_gen;
+  std::uint8_t grant;  // 1: a grant reply is in transit (asynchronous model)
+  std::uint8_t grant_share;
+  std::uint8_t grant_gen;
+};
+
+struct State {
+  std::array<Record, kMaxNodes> rec;
+  std::array<Node, kMaxNodes> node;
+  std::uint8_t generation;  // the key's last issued generation
+};
+static_assert(std::is_trivially_copyable_v<State>);
+static_assert(std::has_unique_object_representations_v<State>);  // compared and hashed as bytes
+
+enum Action : std::uint8_t {
+  kHeartbeat,  // synchronous model
+  kSend,       // asynchronous model: send, process, deliver
+  kProcess,
+  kDeliver,
+  kAcquire,
+  kRelease,
+  kLeave,
+  kCrash,
+  kExpire,
+  kActions,
+};
+constexpr std::array<const char*, kActions> kActionNames = {
+    "heartbeat", "send", "process", "deliver", "acquire", "release", "leave", "crash", "expire"};
+
+std::uint64_t hash_of(const State& s) {
+  std::array<std::uint64_t, (sizeof(State) + 7) / 8> words{};
+  std::memcpy(words.data(), &s, sizeof(State));
+  std::uint64_t h = 0x9E37'79B9'7F4A'7C15ull;
+  for (std::uint64_t w : words) {
+    h = (h ^ w) * 0xBF58'476D'1CE4'E5B9ull;
+    h ^= h >> 29;
+  }
+  h *= 0x94D0'49BB'1331'11EBull;
+  return h ^ (h >> 32);
+}
+
+// The broken core: upsert the reporter, then a stateless floor(L/N) split (+1 for the first
+// L mod N ids), no cap, no reserve.
+Grant stateless_split(FleetState& state, const NodeReport& report) {
+  auto it = std::lower_bound(state.nodes.begin(), state.nodes.end(), report.node_id,
+                             [](const FleetNode& n, const std::string& key) { return n.id < key; });
+  if (it == state.nodes.end() || it->id != report.node_id) {
+    it = state.nodes.insert(it, FleetNode{});
+    it->id = report.node_id;
+  }
+  it->l_local = report.l_local;
+  it->in_flight = report.in_flight;
+  it->expires_at = kNow + report.lease_ttl;
+  const auto count = static_cast<std::uint32_t>(state.nodes.size());
+  const auto rank = static_cast<std::uint32_t>(it - state.nodes.begin());
+  it->share = report.l_local / count + (rank < report.l_local % count ? 1 : 0);
+  ++state.generation;
+  return Grant{it->share, report.l_local, count, state.generation};
+}
+
+struct Result {
+  std::size_t states = 0;
+  std::string violation;  // empty: every invariant held in every state
+  std::string trace;      // the actions leading to the violation (or to the largest in-flight)
+  std::uint32_t max_in_flight = 0;  // the largest sum of in-flight calls reached
+  std::uint32_t max_shares = 0;     // the largest sum of the coordinator's shares reached
+  bool all_busy = false;            // some state has every node holding a call at once
+};
+
+class Explorer {
+ public:
+  explicit Explorer(Config c) : c_(c) {}
+
+  Result run() {
+    State init;
+    std::memset(static_cast<void*>(&init), 0, sizeof(init));
+    for (int i = c_.nodes; i < kMaxNodes; ++i) init.node[i].phase = kStopped;
+    Result r;
+    std::size_t max_in_flight_at = 0;
+    insert(init, 0, 0, 0);
+    for (std::size_t at = 0; at < entries_.size(); ++at) {
+      const State s = entries_[at].state;
+      ++r.states;
+      std::uint32_t shares = 0, in_flight = 0;
+      bool busy = true;
+      for (int i = 0; i < c_.nodes; ++i) {
+        if (s.rec[i].present) shares += s.rec[i].share;
+        in_flight += s.node[i].in_flight;
+        busy = busy && s.node[i].in_flight > 0;
+      }
+      r.max_shares = std::max(r.max_shares, shares);
+      if (in_flight > r.max_in_flight) {
+        r.max_in_flight = in_flight;
+        max_in_flight_at = at;
+      }
+      r.all_busy = r.all_busy || busy;
+      if (shares > c_.limit)
+        r.violation = "GlobalCap: shares sum to " + std::to_string(shares);
+      else if (c_.inflight_cap && in_flight > c_.limit)
+        r.violation = "InflightCap: in-flight calls sum to " + std::to_string(in_flight);
+      if (!r.violation.empty()) {
+        r.trace = trace_to(at);
+        return r;
+      }
+      for (int i = 0; i < c_.nodes; ++i) {
+        for (std::uint8_t a = 0; a < kActions; ++a) {
+          State n = s;
+          if (!step(n, i, static_cast<Action>(a))) continue;
+          if (!harness_error_.empty()) {
+            r.violation = "Harness: " + harness_error_;
+            r.trace = trace_to(at);
+            return r;
+          }
+          insert(n, static_cast<std::uint32_t>(at), a, static_cast<std::uint8_t>(i));
+        }
+      }
+    }
+    r.trace = trace_to(max_in_flight_at);
+    return r;
+  }
+
+ private:
+  struct Entry {
+    State state;
+    std::uint32_t parent;
+    std::uint8_t action;
+    std::uint8_t node;
+  };
+
+  // The visited set: an open-addressing table of (hash tag << 32 | index + 1) into entries_,
+  // which is also the BFS queue (every state is stored once). The tag spares most mismatching
+  // probes a visit to entries_.
+  void insert(const State& s, std::uint32_t parent, std::uint8_t action, std::uint8_t node) {
+    if ((entries_.size() + 1) * 2 > table_.size()) grow();
+    const std::size_t mask = table_.size() - 1;
+    const std::uint64_t h = hash_of(s);
+    const std::uint64_t tag = h >> 32;
+    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
+      const std::uint64_t held = table_[slot];
+      if (held == 0) {
+        entries_.push_back({s, parent, action, node});
+        table_[slot] = tag << 32 | entries_.size();
+        return;
+      }
+      if ((held >> 32) == tag &&
+          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
+        return;
+    }
+  }
+
+  void grow() {
+    std::vector<std::uint64_t> table(std::max<std::size_t>(1024, table_.size() * 2), 0);
+    const std::size_t mask = table.size() - 1;
+    for (std::uint64_t held : table_) {
+      if (held == 0) continue;
+      std::size_t slot = hash_of(entries_[(held & 0xFFFF'FFFFu) - 1].state) & mask;
+      while (table[slot] != 0) slot = (slot + 1) & mask;
+      table[slot] = held;
+    }
+    table_.swap(table);
+  }
+
+  FleetState to_fleet(const State& s) const {
+    FleetState f;
+    f.generation = s.generation;
+    for (int i = 0; i < kMaxNodes; ++i) {
+      const Record& r = s.rec[i];
+      if (!r.present) continue;
+      FleetNode n;
+      n.id = std::string(kIds[i]);
+      n.l_local = c_.limit;
+      n.in_flight = r.in_flight;
+      n.share = r.share;
+      n.expires_at = kNow + kLeaseTtl;
+      n.acked_generation = r.acked;
+      for (int k = 0; k < r.unacked; ++k)
+        n.unacked.push_back({r.unacked_gen[k], r.unacked_share[k]});
+      f.nodes.push_back(std::move(n));
+    }
+    return f;
+  }
+
+  void from_fleet(const FleetState& f, State& s) {
+    auto small = [&](std::uint64_t v, const char* what) {
+      if (v > 250 && harness_error_.empty()) harness_error_ = std::string(what) + " out of range";
+      return static_cast<std::uint8_t>(v);
+    };
+    for (Record& r : s.rec) std::memset(static_cast<void*>(&r), 0, sizeof(r));
+    s.generation = small(f.generation, "generation");
+    for (const FleetNode& n : f.nodes) {
+      const auto i = std::find(kIds.begin(), kIds.end(), n.id) - kIds.begin();
+      if (i == kMaxNodes || n.l_local != c_.limit || n.expires_at != kNow + kLeaseTtl ||
+          n.unacked.size() > kMaxUnacked) {
+        harness_error_ = "unexpected record for node '" + n.id + "' (" +
+                         std::to_string(n.unacked.size()) + " unacknowledged grants)";
+        return;
+      }
+      Record& r = s.rec[i];
+      r.present = 1;
+      r.in_flight = small(n.in_flight, "in_flight");
+      r.share = small(n.share, "share");
+      r.acked = small(n.acked_generation, "acked_generation");
+      r.unacked = static_cast<std::uint8_t>(n.unacked.size());
+      for (std::size_t k = 0; k < n.unacked.size(); ++k) {
+        r.unacked_gen[k] = small(n.unacked[k].generation, "generation");
+        r.unacked_share[k] = small(n.unacked[k].share, "share");
+      }
+    }
+  }
+
+  // The coordinator handles node i's report; the state's records follow the core's FleetState.
+  Grant coordinate(State& s, int i, std::uint8_t in_flight, std::uint8_t acked) {
+    FleetState f = to_fleet(s);
+    NodeReport report;
+    report.node_id = std::string(kIds[i]);
+    report.l_local = c_.limit;
+    report.in_flight = in_flight;
+    report.acked_generation = acked;
+    report.lease_ttl = kLeaseTtl;
+    const Grant g = c_.core == Core::kReal ? heartbeat(f, report, kNow, c_.coordinator)
+                                           : stateless_split(f, report);
+    from_fleet(f, s);
+    if (g.share > c_.limit || g.generation > 250) harness_error_ = "grant out of range";
+    return g;
+  }
+
+  void remove_record(State& s, int i) {
+    FleetState f = to_fleet(s);
+    if (!leave(f, kIds[i])) harness_error_ = "leave found no record";
+    from_fleet(f, s);
+  }
+
+  // The node stops: it never acts again, holds nothing, and a grant in transit to it is lost.
+  // A report it sent may still reach the coordinator.
+  static void stop(Node& n) {
+    n.phase = kStopped;
+    n.in_flight = n.share = n.gen = 0;
+    n.grant = n.grant_share = n.grant_gen = 0;
+  }
+
+  // Order-preserving renumbering of every generation in the state to 1..k (see the top).
+  static void normalise(State& s) {
+    std::array<std::uint8_t, 256> rank{};
+    auto mark = [&](std::uint8_t g) {
+      if (g != 0) rank[g] = 1;
+    };
+    mark(s.generation);
+    for (const Record& r : s.rec) {
+      mark(r.acked);
+      for (int k = 0; k < r.unacked; ++k) mark(r.unacked_gen[k]);
+    }
+    for (const Node& n : s.node) {
+      mark(n.gen);
+      mark(n.report_gen);
+      mark(n.grant_gen);
+    }
+    std::uint8_t next = 0;
+    for (std::uint8_t& v : rank)
+      if (v != 0) v = ++next;
+    s.generation = rank[s.generation];
+    for (Record& r : s.rec) {
+      r.acked = rank[r.acked];
+      for (int k = 0; k < r.unacked; ++k) r.unacked_gen[k] = rank[r.unacked_gen[k]];
+    }
+    for (Node& n : s.node) {
+      n.gen = rank[n.gen];
+      n.report_gen = rank[n.report_gen];
+      n.grant_gen = rank[n.grant_gen];
+    }
+  }
+
+  // One atomic step of node i; false if the action is not enabled.
+  bool step(State& s, int i, Action a) {
+    Node& n = s.node[i];
+    const bool live = n.phase != kStopped;
+    switch (a) {
+      case kHeartbeat: {
+        if (c_.async || !live) return false;
+        const Grant g = coordinate(s, i, n.in_flight, n.gen);
+        n.phase = kRunning;
+        n.share = static_cast<std::uint8_t>(g.share);
+        n.gen = static_cast<std::uint8_t>(g.generation);
+        break;
+      }
+      case kSend:
+        if (!c_.async || !live || n.report || n.grant) return false;
+        n.phase = kRunning;
+        n.report = 1;
+        n.report_in_flight = n.in_flight;
+        n.report_gen = n.gen;
+        break;
+      case kProcess: {
+        if (!n.report) return false;
+        const Grant g = coordinate(s, i, n.report_in_flight, n.report_gen);
+        n.report = n.report_in_flight = n.report_gen = 0;
+        if (n.phase != kStopped) {
+          n.grant = 1;
+          n.grant_share = static_cast<std::uint8_t>(g.share);
+          n.grant_gen = static_cast<std::uint8_t>(g.generation);
+        }
+        break;
+      }
+      case kDeliver:
+        if (!n.grant) return false;
+        n.share = n.grant_share;
+        n.gen = n.grant_gen;
+        n.grant = n.grant_share = n.grant_gen = 0;
+        break;
+      case kAcquire:
+        if (n.phase != kRunning || n.in_flight >= n.share) return false;
+        ++n.in_flight;
+        break;
+      case kRelease:
+        if (n.in_flight == 0) return false;
+        --n.in_flight;
+        break;
+      case kLeave:
+        if (n.phase != kRunning || n.in_flight != 0) return false;
+        // With a report still in transit the record may be absent (first report) or re-created
+        // later; leave is idempotent for the guard.
+        if (s.rec[i].present) remove_record(s, i);
+        stop(n);
+        break;
+      case kCrash:
+        if (n.phase != kRunning) return false;
+        stop(n);
+        break;
+      case kExpire:
+        if (n.phase != kStopped || !s.rec[i].present) return false;
+        remove_record(s, i);
+        break;
+      default:
+        return false;
+    }
+    normalise(s);
+    return true;
+  }
+
+  std::string describe(const State& s) const {
+    std::string out;
+    std::uint32_t in_flight = 0, shares = 0;
+    for (int i = 0; i < c_.nodes; ++i) {
+      const Node& n = s.node[i];
+      in_flight += n.in_flight;
+      out += std::string(kIds[i]) + "[" +
+             (n.phase == kFresh     ? "fresh"
+              : n.phase == kRunning ? "run"
+                                    : "stop") +
+             " if=" + std::to_string(n.in_flight) + " sh=" + std::to_string(n.share) +
+             " g=" + std::to_string(n.gen);
+      if (n.report)
+        out += " report(if=" + std::to_string(n.report_in_flight) +
+               ",ack=" + std::to_string(n.report_gen) + ")";
+      if (n.grant)
+        out += " grant(sh=" + std::to_string(n.grant_share) + ",g=" + std::to_string(n.grant_gen) +
+               ")";
+      out += "] ";
+    }
+    out += "| coord";
+    for (int i = 0; i < c_.nodes; ++i) {
+      const Record& r = s.rec[i];
+      if (!r.present) continue;
+      shares += r.share;
+      out += " " + std::string(kIds[i]) + "{if=" + std::to_string(r.in_flight) +
+             " sh=" + std::to_string(r.share) + " ack=" + std::to_string(r.acked);
+      if (r.unacked != 0) {
+        out += " unacked=";
+        for (int k = 0; k < r.unacked; ++k)
+          out += (k ? "," : "") + std::to_string(r.unacked_gen[k]) + ":" +
+                 std::to_string(r.unacked_share[k]);
+      }
+      out += "}";
+    }
+    return out + " | sum sh=" + std::to_string(shares) + " if=" + std::to_string(in_flight);
+  }
+
+  // The actions from the initial state to entries_[at], each with the state it leads to.
+  std::string trace_to(std::size_t at) const {
+    std::vector<std::size_t> path;
+    for (std::size_t k = at; k != 0; k = entries_[k].parent) path.push_back(k);
+    std::string out;
+    int step_no = 0;
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      const Entry& e = entries_[*it];
+      out += "  " + std::to_string(++step_no) + ". " + std::string(kIds[e.node]) + "." +
+             kActionNames[e.action] + "  ->  " + describe(e.state) + "\n";
+    }
+    return out;
+  }
+
+  Config c_;
+  std::vector<Entry> entries_;
+  std::vector<std::uint64_t> table_;
+  std::string harness_error_;
+};
+
+Result explore(const Config& c) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = Explorer(c).run();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "[model] %s nodes=%d L=%u %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
+      "max sum(shares)=%u, %.0f ms%s\n",
+      c.async ? "async" : "sync", c.nodes, c.limit,
+      std::string(to_string(c.coordinator.allocation)).c_str(),
+      c.coordinator.acknowledged_handoff ? 1 : 0,
+      c.core == Core::kReal ? "real" : "stateless-split", r.states, r.max_in_flight, r.max_shares,
+      ms, r.violation.empty() ? "" : (" -> " + r.violation).c_str());
+  return r;
+}
+
+struct Size {
+  int nodes;
+  std::uint32_t limit;
+};
+
+// The synchronous sizes: 2 and 3 nodes, L from below N up to 4.
+constexpr std::array<Size, 4> kSyncSizes = {Size{2, 2}, Size{2, 4}, Size{3, 2}, Size{3, 3}};
+
+Config make(Size size, bool async, Allocation allocation, bool handoff) {
+  Config c;
+  c.nodes = size.nodes;
+  c.limit = size.limit;
+  c.async = async;
+  c.coordinator.aggregate = Aggregate::kMedian;
+  c.coordinator.allocation = allocation;
+  c.coordinator.acknowledged_handoff = handoff;
+  return c;
+}
+
+constexpr std::array<Allocation, 2> kAllocations = {Allocation::kEqualSplit,
+                                                    Allocation::kDemandProportional};
+
+TEST(FleetModel, SyncGlobalAndInflightCap) {
+  for (const Size size : kSyncSizes)
+    for (const Allocation allocation : kAllocations)
+      for (const bool handoff : {false, true}) {
+        const Result r = explore(make(size, false, allocation, handoff));
+        EXPECT_EQ(r.violation, "") << r.trace;
+        EXPECT_GT(r.states, 500u);
+        // The caps are tight: the fleet can use the whole budget, every node at once.
+        EXPECT_EQ(r.max_shares, size.limit);
+        EXPECT_EQ(r.max_in_flight, size.limit);
+        EXPECT_TRUE(r.all_busy || size.limit < static_cast<std::uint32_t>(size.nodes));
+      }
+}
+
+void check_async_handoff(Size size) {
+  for (const Allocation allocation : kAllocations) {
+    const Result r = explore(make(size, true, allocation, true));
+    EXPECT_EQ(r.violation, "") << r.trace;
+    EXPECT_GT(r.states, 10'000u);
+    EXPECT_EQ(r.max_shares, size.limit);
+    EXPECT_EQ(r.max_in_flight, size.limit);
+    EXPECT_TRUE(r.all_busy || size.limit < static_cast<std::uint32_t>(size.nodes));
+  }
+}
+
+void check_async_residual(Size size) {
+  for (const Allocation allocation : kAllocations) {
+    Config c = make(size, true, allocation, false);
+    c.inflight_cap = false;  // the document's bounded residual: measured, not asserted
+    const Result r = explore(c);
+    EXPECT_EQ(r.violation, "") << r.trace;  // GlobalCap still holds in every state
+    EXPECT_GT(r.states, 10'000u);
+    EXPECT_EQ(r.max_shares, size.limit);
+    std::printf("[model]   residual: max sum(in_flight) = %u for L = %u (%.2fx)\n", r.max_in_flight,
+                size.limit, static_cast<double>(r.max_in_flight) / size.limit);
+    EXPECT_GT(r.max_in_flight, size.limit) << "no residual: the asynchronous model is vacuous";
+    EXPECT_LE(r.max_in_flight, 2 * size.limit) << r.trace;
+  }
+}
+
+// Two nodes, L = 2 and 3, in one test; three nodes (about five million states each, half a
+// minute) in their own tests so that ctest runs them side by side.
+TEST(FleetModel, AsyncHandoffKeepsInflightCap) {
+  for (const Size size : {Size{2, 2}, Size{2, 3}}) check_async_handoff(size);
+}
+TEST(FleetModel, AsyncHandoffKeepsInflightCapThreeNodes) { check_async_handoff(Size{3, 2}); }
+
+TEST(FleetModel, AsyncWithoutHandoffResidualIsBounded) {
+  for (const Size size : {Size{2, 2}, Size{2, 3}}) check_async_residual(size);
+}
+TEST(FleetModel, AsyncWithoutHandoffResidualIsBoundedThreeNodes) {
+  check_async_residual(Size{3, 2});
+}
+
+TEST(FleetModel, BrokenStatelessSplitIsCaught) {
+  for (const bool async : {false, true})
+    for (const Size size : {Size{2, 2}, Size{3, 3}}) {
+      Config c = make(size, async, Allocation::kEqualSplit, false);
+      c.core = Core::kStatelessSplit;
+      c.inflight_cap = false;  // GlobalCap alone must catch it
+      const Result r = explore(c);
+      EXPECT_EQ(r.violation.rfind("GlobalCap", 0), 0u) << r.violation;
+      std::printf("[model]   counterexample:\n%s", r.trace.c_str());
+    }
+}
+
+}  // namespace
+}  // namespace sluice
