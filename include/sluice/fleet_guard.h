@@ -113,8 +113,24 @@ class FleetGuard {
   // One heartbeat now: report, then apply the grant (or the outage mode). Never throws.
   Status heartbeat() noexcept;
   // Runs what is due at `now` (a beat, an off-cycle beat, the fence) and returns when tick
-  // should run next.
+  // should run next. tick = poll, then the coordinator call, then complete.
   Nanos tick(Nanos now) noexcept;
+
+  // A heartbeat in two halves, for a transport that does not block (and for the simulator,
+  // which delays reports and grant replies): poll(now) fences if due and, when a beat is due
+  // and none is outstanding, returns the report to send (read now: the generation this node
+  // enforces, then its in-flight) and the longest the call may take; complete() applies the
+  // reply. At most one beat is outstanding; a reply that comes after close() is dropped.
+  struct Beat {
+    NodeReport report;
+    Nanos sent_at{0};
+    Nanos timeout{0};
+    bool off_cycle = false;
+  };
+  [[nodiscard]] std::optional<Beat> poll(Nanos now) noexcept;
+  void complete(const Beat& beat, const StatusOr<Grant>& reply) noexcept;
+  // When poll should run next (a periodic or off-cycle beat, the fence).
+  [[nodiscard]] Nanos next_due() const noexcept;
   // Stops admitting and leaves the fleet. Idempotent.
   void close() noexcept;
 
@@ -127,8 +143,10 @@ class FleetGuard {
   void enter_outage() noexcept;
   void fence() noexcept;
   [[nodiscard]] std::uint32_t fair_share() const noexcept;
-  [[nodiscard]] Nanos next_due() const noexcept;
-  Status beat(Nanos now, bool off_cycle) noexcept;
+  [[nodiscard]] bool fencing() const noexcept;
+  void fence_if_due(Nanos now) noexcept;
+  std::optional<Beat> make_beat(Nanos now, bool off_cycle) noexcept;
+  Status call(const Beat& beat) noexcept;
 
   ConcurrencyCoordinator& coordinator_;
   const Clock& clock_;
@@ -153,6 +171,7 @@ class FleetGuard {
   std::optional<Nanos> fence_at_;  // from the last successful beat
   bool eager_pending_ = false;     // an off-cycle beat is wanted
   bool draining_ = false;          // in_flight > a lowered share: beat once drained
+  bool outstanding_ = false;       // a beat was polled and not yet completed
 };
 
 // Drives a FleetGuard's tick() on the guard's clock from a thread of its own. Stops (and joins)

@@ -128,34 +128,61 @@ void FleetGuard::fence() noexcept {
   }
 }
 
-Status FleetGuard::beat(Nanos now, bool off_cycle) noexcept {
-  const bool fencing = options_.outage == OutageMode::kFailClosed && options_.self_fence &&
-                       fence_at_.has_value() &&
-                       phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced;
-  Nanos timeout = call_timeout_of(options_);
-  if (fencing) timeout = std::clamp(*fence_at_ - now, Nanos{1}, timeout);
-  NodeReport report;
+bool FleetGuard::fencing() const noexcept {
+  return options_.outage == OutageMode::kFailClosed && options_.self_fence &&
+         fence_at_.has_value() && phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced &&
+         phase_.load(std::memory_order_relaxed) != FleetPhase::kClosed;
+}
+
+void FleetGuard::fence_if_due(Nanos now) noexcept {
+  if (fencing() && now >= *fence_at_) fence();
+}
+
+std::optional<FleetGuard::Beat> FleetGuard::make_beat(Nanos now, bool off_cycle) noexcept {
+  Beat b;
   try {
-    report.node_id = options_.node_id;
+    b.report.node_id = options_.node_id;
   } catch (...) {
-    return Status(StatusCode::kInternal, "out of memory");
+    return std::nullopt;  // out of memory: the beat is skipped, the fence still runs
   }
-  report.l_local = local_.algorithm_limit();
-  report.acked_generation = generation_.load(std::memory_order_acquire);
-  report.in_flight = local_.in_flight();  // read after the generation it is enforced under
-  report.lease_ttl = lease_of(options_);
+  b.report.l_local = local_.algorithm_limit();
+  b.report.acked_generation = generation_.load(std::memory_order_acquire);
+  b.report.in_flight = local_.in_flight();  // read after the generation it is enforced under
+  b.report.lease_ttl = lease_of(options_);
+  b.sent_at = now;
+  b.off_cycle = off_cycle;
+  b.timeout = call_timeout_of(options_);
+  // A call must not keep the node admitting past its fence.
+  if (fencing()) b.timeout = std::clamp(*fence_at_ - now, Nanos{1}, b.timeout);
   last_beat_ = now;
-  StatusOr<Grant> grant = coordinator_.heartbeat(options_.key, report, timeout);
-  if (!grant.ok()) {
+  outstanding_ = true;
+  return b;
+}
+
+void FleetGuard::complete(const Beat& beat, const StatusOr<Grant>& reply) noexcept {
+  outstanding_ = false;
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed) return;
+  if (!reply.ok()) {
     heartbeat_errors_.fetch_add(1, std::memory_order_relaxed);
     enter_outage();
-    return grant.status();
+    return;
   }
-  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed) return {};
+  const bool self_fencing = options_.outage == OutageMode::kFailClosed && options_.self_fence;
+  if (self_fencing && clock_.now() >= beat.sent_at + lease_of(options_) - margin_of(options_)) {
+    // The reply came after the fence deadline of its own beat: its lease may be gone.
+    heartbeat_errors_.fetch_add(1, std::memory_order_relaxed);
+    enter_outage();
+    return;
+  }
   heartbeats_.fetch_add(1, std::memory_order_relaxed);
-  if (off_cycle) off_cycle_beats_.fetch_add(1, std::memory_order_relaxed);
-  apply_grant(grant.value(), now);
-  return {};
+  if (beat.off_cycle) off_cycle_beats_.fetch_add(1, std::memory_order_relaxed);
+  apply_grant(reply.value(), beat.sent_at);
+}
+
+Status FleetGuard::call(const Beat& beat) noexcept {
+  StatusOr<Grant> reply = coordinator_.heartbeat(options_.key, beat.report, beat.timeout);
+  complete(beat, reply);
+  return reply.ok() ? Status{} : reply.status();
 }
 
 Status FleetGuard::heartbeat() noexcept {
@@ -163,28 +190,28 @@ Status FleetGuard::heartbeat() noexcept {
     return Status(StatusCode::kInvalidArgument, "fleet guard is closed");
   beat_due_now_ = false;
   eager_pending_ = false;
-  return beat(clock_.now(), false);
+  const std::optional<Beat> b = make_beat(clock_.now(), false);
+  if (!b) return Status(StatusCode::kInternal, "out of memory");
+  return call(*b);
 }
 
 Nanos FleetGuard::next_due() const noexcept {
-  Nanos next = last_beat_ + options_.heartbeat;
-  if (eager_pending_) next = std::min(next, last_beat_ + min_heartbeat_of(options_));
-  if (draining_) next = std::min(next, clock_.now() + min_heartbeat_of(options_));
-  const bool fencing = options_.outage == OutageMode::kFailClosed && options_.self_fence &&
-                       phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced;
-  if (fencing && fence_at_) next = std::min(next, *fence_at_);
+  Nanos next = Nanos::max();
+  if (!outstanding_) {
+    next = last_beat_ + options_.heartbeat;
+    if (beat_due_now_) next = last_beat_;
+    if (eager_pending_) next = std::min(next, last_beat_ + min_heartbeat_of(options_));
+    if (draining_) next = std::min(next, clock_.now() + min_heartbeat_of(options_));
+  }
+  if (fencing()) next = std::min(next, *fence_at_);
+  if (next == Nanos::max()) next = clock_.now() + options_.heartbeat;
   return next;
 }
 
-Nanos FleetGuard::tick(Nanos now) noexcept {
-  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed)
-    return now + options_.heartbeat;
-  auto fence_if_due = [&](Nanos t) {
-    if (options_.outage == OutageMode::kFailClosed && options_.self_fence && fence_at_ &&
-        t >= *fence_at_ && phase_.load(std::memory_order_relaxed) != FleetPhase::kFenced)
-      fence();
-  };
+std::optional<FleetGuard::Beat> FleetGuard::poll(Nanos now) noexcept {
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed) return std::nullopt;
   fence_if_due(now);
+  if (outstanding_) return std::nullopt;
   if (draining_ && local_.in_flight() <= share_.load(std::memory_order_relaxed)) {
     draining_ = false;
     eager_pending_ = true;  // budget is freed: tell the coordinator
@@ -192,10 +219,17 @@ Nanos FleetGuard::tick(Nanos now) noexcept {
   const bool periodic = beat_due_now_ || now >= last_beat_ + options_.heartbeat;
   const bool eager =
       options_.eager_handoff && eager_pending_ && now >= last_beat_ + min_heartbeat_of(options_);
-  if (periodic || eager) {
-    beat_due_now_ = false;
-    eager_pending_ = false;
-    (void)beat(now, !periodic);
+  if (!periodic && !eager) return std::nullopt;
+  beat_due_now_ = false;
+  eager_pending_ = false;
+  return make_beat(now, !periodic);
+}
+
+Nanos FleetGuard::tick(Nanos now) noexcept {
+  if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed)
+    return now + options_.heartbeat;
+  if (const std::optional<Beat> b = poll(now)) {
+    (void)call(*b);
     fence_if_due(clock_.now());  // the call may have taken until the fence deadline
   }
   return next_due();

@@ -315,3 +315,65 @@ TEST(FleetGuardRunner, BeatsOnItsOwnThread) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// The split beat (poll, then complete) that a non-blocking transport and the simulator use.
+TEST(FleetGuardSplitBeat, AtMostOneBeatIsOutstandingAndTheReplyIsAppliedOnCompletion) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(6), w.clock, options("a"));
+  std::optional<FleetGuard::Beat> b = g.poll(w.clock.now());
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->report.node_id, "a");
+  EXPECT_EQ(b->report.l_local, 6u);
+  EXPECT_EQ(b->report.acked_generation, 0u);
+  EXPECT_EQ(b->timeout, seconds(1));    // call_timeout defaults to the heartbeat
+  w.clock.advance(milliseconds(1500));  // past the next periodic beat, before the fence
+  EXPECT_FALSE(g.poll(w.clock.now()).has_value()) << "a second beat while one is outstanding";
+  EXPECT_FALSE(g.acquire());  // nothing granted yet
+  g.complete(*b, w.memory.heartbeat("backend", b->report, seconds(1)));
+  EXPECT_EQ(g.stats().share, 6u);
+  const std::vector<GuardPermit> held = fill(g);
+  EXPECT_EQ(held.size(), 6u);
+  EXPECT_EQ(g.next_due(), b->sent_at + seconds(1));  // overdue: poll beats at once
+  const std::optional<FleetGuard::Beat> next = g.poll(w.clock.now());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->report.in_flight, 6u);
+  EXPECT_EQ(next->report.acked_generation, 1u);
+}
+
+TEST(FleetGuardSplitBeat, ReplyArrivingAfterItsFenceDeadlineDoesNotReactivate) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(4), w.clock, options("a"));
+  (void)g.tick(w.clock.now());  // active, lease 2 s, margin 250 ms
+  ASSERT_EQ(g.stats().phase, FleetPhase::kActive);
+  w.clock.advance(seconds(1));
+  const std::optional<FleetGuard::Beat> b = g.poll(w.clock.now());
+  ASSERT_TRUE(b.has_value());
+  EXPECT_LE(b->timeout, seconds(1));
+  const StatusOr<Grant> reply = w.memory.heartbeat("backend", b->report, seconds(1));
+  w.clock.advance(seconds(2));  // the reply is late: past sent_at + 2 s - 250 ms
+  (void)g.poll(w.clock.now());  // the previous lease's fence falls due meanwhile
+  EXPECT_EQ(g.stats().phase, FleetPhase::kFenced);
+  g.complete(*b, reply);
+  EXPECT_NE(g.stats().phase, FleetPhase::kActive);
+  EXPECT_FALSE(g.acquire());
+  EXPECT_EQ(g.stats().heartbeat_errors, 1u);
+}
+
+TEST(FleetGuardSplitBeat, ReplyAfterCloseIsDropped) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(4), w.clock, options("a"));
+  const std::optional<FleetGuard::Beat> b = g.poll(w.clock.now());
+  ASSERT_TRUE(b.has_value());
+  const StatusOr<Grant> reply = w.memory.heartbeat("backend", b->report, seconds(1));
+  g.close();
+  g.complete(*b, reply);
+  EXPECT_EQ(g.stats().phase, FleetPhase::kClosed);
+  EXPECT_FALSE(g.acquire());
+  EXPECT_FALSE(g.poll(w.clock.now()).has_value());
+}
+
+}  // namespace
+}  // namespace sluice
