@@ -1,0 +1,163 @@
+// Conformance: the memory, Redis and PostgreSQL coordinators give identical grants, step by
+// step, for one long randomized sequence of joins, heartbeats, leaves and lease expiries, in
+// each of the eight fleet configurations (median/min x equal/demand-proportional x acknowledged
+// handoff off/on). Redis and PostgreSQL are real servers the test starts on loopback; every
+// backend takes its time from one ManualClock (test mode), moved in whole milliseconds so that
+// Redis's microsecond arithmetic is exact.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sluice/memory_coordinator.h"
+#include "sluice/postgres_coordinator.h"
+#include "sluice/redis_coordinator.h"
+#include "sluice/testing/servers.h"
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr Nanos kTimeout = seconds(5);
+constexpr int kSteps = 600;  // per configuration
+
+// Ids whose byte order differs from a naive numeric or case-folded order.
+const std::vector<std::string> kIds = {"n-10", "n-9", "N1", "a.b", "z", "node:7", "0"};
+const std::vector<std::string> kKeys = {"checkout", "search"};
+
+struct Backends {
+  ManualClock clock{seconds(1'000'000)};
+  std::vector<std::unique_ptr<ConcurrencyCoordinator>> all;
+};
+
+class CoordinatorConformance : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    redis_ = new testing::RedisServer();
+    postgres_ = new testing::PostgresServer();
+    const Status r = redis_->start();
+    ASSERT_TRUE(r.ok()) << r.to_string();
+    const Status p = postgres_->start();
+    ASSERT_TRUE(p.ok()) << p.to_string();
+  }
+  static void TearDownTestSuite() {
+    delete redis_;
+    delete postgres_;
+    redis_ = nullptr;
+    postgres_ = nullptr;
+  }
+
+  // The three backends for one configuration; Redis keys and Postgres tables of their own.
+  static void make(Backends& b, const CoordinatorConfig& config, int config_no) {
+    b.all.push_back(std::make_unique<MemoryCoordinator>(b.clock, config));
+    RedisOptions ro;
+    ro.port = redis_->port();
+    ro.key_prefix = "conformance" + std::to_string(config_no) + ":";
+    auto redis = RedisCoordinator::connect(ro, config, &b.clock);
+    ASSERT_TRUE(redis.ok()) << redis.status().to_string();
+    b.all.push_back(std::move(redis.value()));
+    PostgresOptions po;
+    po.conninfo = postgres_->conninfo();
+    po.table_prefix = "conformance" + std::to_string(config_no);
+    auto postgres = PostgresCoordinator::connect(po, config, &b.clock);
+    ASSERT_TRUE(postgres.ok()) << postgres.status().to_string();
+    b.all.push_back(std::move(postgres.value()));
+  }
+
+  static testing::RedisServer* redis_;
+  static testing::PostgresServer* postgres_;
+};
+testing::RedisServer* CoordinatorConformance::redis_ = nullptr;
+testing::PostgresServer* CoordinatorConformance::postgres_ = nullptr;
+
+struct Tally {
+  int heartbeats = 0, leaves = 0, expiries = 0, capped = 0, zero_shares = 0, max_nodes = 0;
+};
+
+TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend) {
+  int config_no = 0;
+  Tally tally;
+  for (const Aggregate aggregate : {Aggregate::kMedian, Aggregate::kMin})
+    for (const Allocation allocation : {Allocation::kEqualSplit, Allocation::kDemandProportional})
+      for (const bool handoff : {false, true}) {
+        const CoordinatorConfig config{aggregate, allocation, handoff};
+        const std::string name = std::string(to_string(aggregate)) + "/" +
+                                 std::string(to_string(allocation)) +
+                                 (handoff ? "/handoff" : "/no-handoff");
+        Backends b;
+        make(b, config, config_no);
+        ASSERT_EQ(b.all.size(), 3u);
+        std::mt19937_64 rng(20261123 + static_cast<unsigned>(config_no));
+        ++config_no;
+        auto pick = [&](std::uint64_t n) { return rng() % n; };
+        // What each node enforces (its last grant) per key: the source of its next report.
+        std::map<std::string, Grant> enforced;
+        for (int step = 0; step < kSteps; ++step) {
+          const std::string& key = kKeys[pick(kKeys.size())];
+          const std::string& id = kIds[pick(kIds.size())];
+          const std::string slot = key + "/" + id;
+          const std::uint64_t action = pick(100);
+          if (action < 8) {  // a graceful leave (the node may not be there)
+            for (auto& c : b.all)
+              ASSERT_TRUE(c->leave(key, id, kTimeout).ok()) << c->backend() << " step " << step;
+            enforced.erase(slot);
+            ++tally.leaves;
+            continue;
+          }
+          if (action < 16) {  // time passes; leases of 0.5..3 s start expiring
+            b.clock.advance(milliseconds(1 + pick(2500)));
+            ++tally.expiries;
+            continue;
+          }
+          const Grant last = enforced[slot];
+          NodeReport r;
+          r.node_id = id;
+          r.l_local = static_cast<std::uint32_t>(pick(5) == 0 ? pick(3) : 4 + pick(40));
+          // In flight: mostly within the enforced share, sometimes above it (a lowered grant not
+          // yet drained), sometimes a stale acknowledgement (a delayed report).
+          r.in_flight = static_cast<std::uint32_t>(pick(last.share + 4));
+          r.acked_generation =
+              pick(6) == 0 && last.generation > 3 ? last.generation - 3 : last.generation;
+          r.lease_ttl = milliseconds(500 + 100 * pick(26));
+          std::vector<Grant> grants;
+          for (auto& c : b.all) {
+            const auto g = c->heartbeat(key, r, kTimeout);
+            ASSERT_TRUE(g.ok()) << c->backend() << " step " << step << ": "
+                                << g.status().to_string();
+            grants.push_back(g.value());
+          }
+          for (std::size_t i = 1; i < grants.size(); ++i)
+            ASSERT_EQ(grants[i], grants[0])
+                << b.all[i]->backend() << " differs from memory at step " << step << " (" << name
+                << ", key " << key << ", node " << id << "): share " << grants[i].share << " vs "
+                << grants[0].share << ", l_global " << grants[i].l_global << " vs "
+                << grants[0].l_global << ", nodes " << grants[i].nodes << " vs " << grants[0].nodes
+                << ", generation " << grants[i].generation << " vs " << grants[0].generation;
+          enforced[slot] = grants[0];
+          ++tally.heartbeats;
+          if (grants[0].share == 0) ++tally.zero_shares;
+          if (grants[0].nodes > 1 && grants[0].share * grants[0].nodes < grants[0].l_global)
+            ++tally.capped;
+          tally.max_nodes = std::max(tally.max_nodes, static_cast<int>(grants[0].nodes));
+        }
+      }
+  std::printf(
+      "[conformance] 8 configs x %d steps: %d heartbeats, %d leaves, %d clock moves; "
+      "%d grants below an equal share, %d zero shares, up to %d nodes live\n",
+      kSteps, tally.heartbeats, tally.leaves, tally.expiries, tally.capped, tally.zero_shares,
+      tally.max_nodes);
+  // The sequence reached the interesting regions (joins, caps, evictions), not a quiet corner.
+  EXPECT_GT(tally.capped, 100);
+  EXPECT_GT(tally.zero_shares, 20);
+  EXPECT_GE(tally.max_nodes, 5);
+}
+
+}  // namespace
+}  // namespace sluice
