@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "demo.h"
+#include "sim.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluice: admission control for shared backends"};
@@ -22,6 +23,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 3600.0));
   demo_cmd->add_option("--seed", demo.seed, "seed of the callers' random choices");
   demo_cmd->callback([&] { exit_code = sluice::cli::run_demo(demo); });
+
+  sluice::cli::SimOptions sim;
+  CLI::App* sim_cmd = app.add_subcommand("sim", "deterministic simulations");
+  sim_cmd->require_subcommand(1);
+  CLI::App* sim_fleet = sim_cmd->add_subcommand(
+      "fleet", "the fleet guard's scenarios: a table per scenario, CSV and SVG with --out");
+  sim_fleet->add_option("--scenario", sim.scenario, "fan-out, join-ramp, partition, skew or all")
+      ->check(CLI::IsMember({"fan-out", "join-ramp", "partition", "skew", "all"}));
+  sim_fleet->add_option("--out", sim.out_dir, "directory for the CSV and SVG files");
+  sim_fleet->add_option("--scale", sim.scale, "shorten every run (0.05..1)")
+      ->check(CLI::Range(0.05, 1.0));
+  sim_fleet->callback([&] { exit_code = sluice::cli::run_sim_fleet(sim); });
 
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -10,6 +10,10 @@
 //
 //   ceiling = min(cap, algorithm limit)      (cap: set_cap(), e.g. a fleet share; default none)
 //
+// Under a cap below the algorithm's limit, the sample's in-flight count is scaled by
+// limit / cap: a capped guard is not application-limited, and the algorithm must see it using
+// the same fraction of its limit as it uses of the cap (else L_local could never grow).
+//
 // Windows (after the reference "windowed limit"; defaults identical): a window completes when
 // at least `window_size` RTT samples have arrived AND `min_window_time`..`max_window_time` has
 // elapsed (the next window lasts clamp(2 * smallest RTT seen, min, max)). Its RTT is the
@@ -146,6 +150,7 @@ class AdaptiveGuard {
   // Reads the clock; closes the window if its time is up and the try-lock is free.
   void try_close_window() noexcept;
   void close_window_locked(Nanos now) noexcept;
+  [[nodiscard]] std::uint32_t demand_locked(std::uint32_t max_in_flight) const noexcept;
   [[nodiscard]] std::int64_t window_rtt_locked(std::uint64_t first, std::uint64_t end,
                                                std::uint64_t sum) noexcept;
   void publish_ceiling_locked() noexcept;

@@ -166,12 +166,13 @@ class FleetGuard {
   std::atomic<std::uint64_t> fences_{0};
 
   // Ticking thread only.
-  bool beat_due_now_ = true;       // the first beat: at the first tick
-  Nanos last_beat_{0};             // when the last beat was sent
-  std::optional<Nanos> fence_at_;  // from the last successful beat
-  bool eager_pending_ = false;     // an off-cycle beat is wanted
-  bool draining_ = false;          // in_flight > a lowered share: beat once drained
-  bool outstanding_ = false;       // a beat was polled and not yet completed
+  bool beat_due_now_ = true;                 // the first beat: at the first tick
+  Nanos last_beat_{0};                       // when the last beat was sent
+  std::optional<Nanos> fence_at_;            // from the last successful beat
+  bool eager_pending_ = false;               // an off-cycle beat is wanted
+  bool draining_ = false;                    // in_flight > a lowered share: beat once drained
+  bool outstanding_ = false;                 // a beat was polled and not yet completed
+  std::uint64_t rejected_at_last_beat_ = 0;  // the local guard's rejections at the last beat
 };
 
 // Drives a FleetGuard's tick() on the guard's clock from a thread of its own. Stops (and joins)

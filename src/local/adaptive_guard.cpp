@@ -93,6 +93,18 @@ void AdaptiveGuard::try_close_window() noexcept {
   closing_.clear(std::memory_order_release);
 }
 
+// A guard held below its algorithm's limit by a cap (a fleet share) is capped, not idle: the
+// algorithms' application-limited test ("were at least half of the limit's calls in flight?")
+// must see the same fraction of the limit as the calls were of the cap. Unscaled, a fleet node
+// whose share is a fraction of L_local could never raise L_local however loaded the backend.
+std::uint32_t AdaptiveGuard::demand_locked(std::uint32_t max_in_flight) const noexcept {
+  const std::uint32_t cap = cap_.load(std::memory_order_relaxed);
+  const std::uint32_t limit = algorithm_limit_.load(std::memory_order_relaxed);
+  if (cap == kNoCap || cap == 0 || cap >= limit) return max_in_flight;
+  const std::uint64_t scaled = std::uint64_t{max_in_flight} * limit / cap;
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(scaled, limit));
+}
+
 void AdaptiveGuard::close_window_locked(Nanos now) noexcept {
   // Re-check under the flag: another closer may have just started a new window.
   if (now.count() < deadline_ns_.load(std::memory_order_relaxed)) return;
@@ -109,8 +121,9 @@ void AdaptiveGuard::close_window_locked(Nanos now) noexcept {
   window_first_.store(end, std::memory_order_relaxed);
 
   const std::int64_t rtt = n == 0 ? 0 : window_rtt_locked(first, end, sum);
-  algorithm_limit_.store(algorithm_->update(LimitSample{Nanos{rtt}, max_in_flight, dropped}),
-                         std::memory_order_relaxed);
+  algorithm_limit_.store(
+      algorithm_->update(LimitSample{Nanos{rtt}, demand_locked(max_in_flight), dropped}),
+      std::memory_order_relaxed);
   publish_ceiling_locked();
   counters_.windows.fetch_add(1, std::memory_order_relaxed);
   deadline_ns_.store((now + next_window_length(min_rtt, options_)).count(),

@@ -148,6 +148,13 @@ std::optional<FleetGuard::Beat> FleetGuard::make_beat(Nanos now, bool off_cycle)
   b.report.l_local = local_.algorithm_limit();
   b.report.acked_generation = generation_.load(std::memory_order_acquire);
   b.report.in_flight = local_.in_flight();  // read after the generation it is enforced under
+  // A node that turned calls away since its last beat is using all of its share: it says so
+  // (its demand-proportional target stays "hungry" even if a call just finished). Reporting
+  // more than it holds only makes the coordinator's reserve for it more conservative.
+  const std::uint64_t rejected = local_.stats().rejected;
+  if (rejected != rejected_at_last_beat_)
+    b.report.in_flight = std::max(b.report.in_flight, share_.load(std::memory_order_relaxed));
+  rejected_at_last_beat_ = rejected;
   b.report.lease_ttl = lease_of(options_);
   b.sent_at = now;
   b.off_cycle = off_cycle;

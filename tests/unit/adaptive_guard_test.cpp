@@ -308,6 +308,28 @@ TEST_F(AdaptiveGuardTest, CapBoundsTheCeiling) {
   EXPECT_FALSE(g.acquire().has_value());
 }
 
+// A guard held at its cap (a fleet share) is not application-limited: the algorithm sees the
+// calls in flight scaled by limit / cap, so "half the limit in flight" means half the cap used.
+TEST_F(AdaptiveGuardTest, CappedGuardReportsItsUseOfTheCapScaledToTheLimit) {
+  AdaptiveGuard g = recording_guard({}, 100);
+  g.set_cap(10);
+  std::vector<GuardPermit> held;
+  for (int i = 0; i < 8; ++i) held.push_back(*g.acquire());  // 8 of the cap's 10
+  for (auto& p : held) p.release(Outcome::kSuccess, milliseconds(2));
+  held.clear();
+  clock_.advance(seconds(1));
+  succeed(g, milliseconds(2), 2);
+  ASSERT_EQ(log_.size(), 1u);
+  EXPECT_EQ(log_[0].in_flight, 80u);  // 8 / 10 of the cap -> 80 / 100 of the limit
+  g.set_cap(AdaptiveGuard::kNoCap);   // uncapped: as counted
+  for (int i = 0; i < 8; ++i) held.push_back(*g.acquire());
+  for (auto& p : held) p.release(Outcome::kSuccess, milliseconds(2));
+  clock_.advance(seconds(1));
+  succeed(g, milliseconds(2), 2);
+  ASSERT_EQ(log_.size(), 2u);
+  EXPECT_EQ(log_[1].in_flight, 8u);
+}
+
 TEST_F(AdaptiveGuardTest, CapStillBindsAfterTheAlgorithmMoves) {
   AdaptiveGuard g(std::make_unique<AimdLimit>(AimdOptions{.initial_limit = 20, .min_limit = 1}),
                   clock_);

@@ -1,0 +1,57 @@
+#include "sim.h"
+
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "sluice/sim/scenarios.h"
+
+namespace sluice::cli {
+
+int run_sim_fleet(const SimOptions& options) {
+  std::vector<std::string> names;
+  if (options.scenario == "all") {
+    names = sim::scenario_names();
+  } else {
+    names.push_back(options.scenario);
+  }
+  if (!options.out_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.out_dir, ec);
+    if (ec) {
+      fmt::print(stderr, "sluice sim fleet: --out {}: {}\n", options.out_dir, ec.message());
+      return 2;
+    }
+  }
+  int failed = 0;
+  for (const std::string& name : names) {
+    const sim::ScenarioOutput out = sim::run_scenario(name, options.scale);
+    if (out.table.empty()) {
+      for (const std::string& f : out.failed_claims)
+        fmt::print(stderr, "sluice sim fleet: {}\n", f);
+      return 2;
+    }
+    fmt::print("## {}\n\n{}\n", name, out.table);
+    for (const auto& [file, content] : out.files) {
+      if (options.out_dir.empty()) continue;
+      const std::filesystem::path path = std::filesystem::path(options.out_dir) / file;
+      std::ofstream f(path);
+      f << content;
+      if (!f) {
+        fmt::print(stderr, "sluice sim fleet: cannot write {}\n", path.string());
+        return 2;
+      }
+    }
+    if (out.failed_claims.empty()) {
+      fmt::print("claims: all held\n\n");
+    } else {
+      for (const std::string& f : out.failed_claims) fmt::print("claim FAILED: {}\n", f);
+      fmt::print("\n");
+      ++failed;
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,17 @@
+// sim.h: `sluice sim fleet`: the fleet guard's simulation scenarios (sim/).
+#pragma once
+
+#include <string>
+
+namespace sluice::cli {
+
+struct SimOptions {
+  std::string scenario = "all";  // fan-out, join-ramp, partition, skew, all
+  std::string out_dir;           // where CSV and SVG files go; empty: none written
+  double scale = 1.0;            // < 1 shortens every run
+};
+
+// Prints each scenario's table; exit code 1 if a claim did not hold, 2 on bad options.
+int run_sim_fleet(const SimOptions& options);
+
+}  // namespace sluice::cli

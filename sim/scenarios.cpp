@@ -1,0 +1,364 @@
+#include "sluice/sim/scenarios.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "sluice/sim/fleet_sim.h"
+
+namespace sluice::sim {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+Nanos scaled(Nanos d, double scale) {
+  return Nanos{static_cast<std::int64_t>(static_cast<double>(d.count()) * scale)};
+}
+
+// A plot series of at most ~1000 points: each point is the largest value of its stride (peaks,
+// which the plots are about, survive the thinning).
+std::vector<std::pair<double, double>> series(const FleetSimResult& r, auto value,
+                                              Nanos from = Nanos{0}, Nanos to = Nanos::max()) {
+  std::vector<const Sample*> in;
+  for (const Sample& s : r.samples)
+    if (s.t >= from && s.t <= to) in.push_back(&s);
+  std::vector<std::pair<double, double>> out;
+  const std::size_t stride = std::max<std::size_t>(1, in.size() / 1000);
+  for (std::size_t i = 0; i < in.size(); i += stride) {
+    double peak = 0;
+    for (std::size_t j = i; j < std::min(i + stride, in.size()); ++j)
+      peak = std::max(peak, static_cast<double>(value(*in[j])));
+    out.emplace_back(std::chrono::duration<double>(in[i]->t).count(), peak);
+  }
+  return out;
+}
+
+// A horizontal reference line over the span of `like`.
+PlotSeries reference(const std::string& label, double y, const PlotSeries& like) {
+  PlotSeries s{label, "#000000", {}, true};
+  if (!like.points.empty())
+    s.points = {{like.points.front().first, y}, {like.points.back().first, y}};
+  return s;
+}
+
+// Nodes with L_local fixed at the backend's capacity C = 40 (so L_global = C at all times).
+FleetSimConfig fixed_fleet(int nodes, double load) {
+  FleetSimConfig c;
+  c.nodes = nodes;
+  c.capacity = 40;
+  c.fixed_limit = 40;
+  c.algorithm = AlgorithmKind::kFixed;
+  c.load = load;
+  return c;
+}
+
+void claim(ScenarioOutput& out, bool holds, const std::string& what) {
+  if (!holds) out.failed_claims.push_back(what);
+}
+
+// ---- fan-out ----
+
+ScenarioOutput fan_out(double scale) {
+  ScenarioOutput out{"fan-out", {}, {}, {}};
+  struct Row {
+    std::string label;
+    GuardKind guard;
+    AlgorithmKind algorithm;
+    bool handoff;
+    Nanos one_way = milliseconds(2);
+  };
+  const std::vector<Row> rows = {
+      {"independent, fixed limit C per node", GuardKind::kIndependent, AlgorithmKind::kFixed,
+       false},
+      {"independent, Vegas", GuardKind::kIndependent, AlgorithmKind::kVegas, false},
+      {"independent, Gradient2", GuardKind::kIndependent, AlgorithmKind::kGradient2, false},
+      {"independent, AIMD", GuardKind::kIndependent, AlgorithmKind::kAimd, false},
+      {"fleet guard, fixed L_local = C, default", GuardKind::kFleet, AlgorithmKind::kFixed, false},
+      {"fleet guard, fixed L_local = C, handoff", GuardKind::kFleet, AlgorithmKind::kFixed, true},
+      {"fleet guard, Vegas, default", GuardKind::kFleet, AlgorithmKind::kVegas, false},
+      {"fleet guard, Vegas, handoff", GuardKind::kFleet, AlgorithmKind::kVegas, true},
+      {"fleet guard, fixed L_local = C, default, staggered joins, 30 ms one-way", GuardKind::kFleet,
+       AlgorithmKind::kFixed, false, milliseconds(30)},
+      {"fleet guard, fixed L_local = C, handoff, staggered joins, 30 ms one-way", GuardKind::kFleet,
+       AlgorithmKind::kFixed, true, milliseconds(30)},
+      {"fleet guard, Vegas, handoff, staggered joins, 30 ms one-way", GuardKind::kFleet,
+       AlgorithmKind::kVegas, true, milliseconds(30)},
+  };
+  out.table =
+      "N = 8 nodes, backend C = 40, base latency 10 ms, caller timeout 40 ms, offered load 4.0x "
+      "the backend's ideal throughput, heartbeat 100 ms, node-coordinator one-way delay 2 ms.\n\n"
+      "| guards | max Σ in-flight / C | mean Σ in-flight / C | max Σ in-flight / L_global | "
+      "samples over L_global | goodput (of C / b) | timeouts |\n"
+      "|---|---|---|---|---|---|---|\n";
+  std::vector<PlotSeries> plot;
+  const std::vector<std::string> colors = {"#d62728", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
+                                           "#1f77b4", "#bcbd22", "#2ca02c", "#9467bd", "#17becf"};
+  std::size_t k = 0;
+  for (const Row& row : rows) {
+    FleetSimConfig c;
+    c.nodes = 8;
+    c.capacity = 40;
+    c.fixed_limit = 40;
+    c.load = 4.0;
+    c.guard = row.guard;
+    c.algorithm = row.algorithm;
+    c.coordinator.acknowledged_handoff = row.handoff;
+    c.one_way = row.one_way;
+    if (row.one_way > milliseconds(2)) {
+      // Membership changes while the budget is re-split: node i joins at 5 s + i * 0.9 s.
+      c.join_at.assign(8, Nanos{0});
+      for (int i = 1; i < 8; ++i)
+        c.join_at[static_cast<std::size_t>(i)] =
+            scaled(seconds(5), scale) + scaled(milliseconds(900), scale) * i;
+    }
+    c.duration = scaled(seconds(20), scale);
+    c.warmup = scaled(seconds(5), scale);
+    const FleetSimResult r = run_fleet_sim(c);
+    const bool fleet = row.guard == GuardKind::kFleet;
+    out.table += "| " + row.label + " | " + fmt("%.2f", r.max_over_capacity) + " | " +
+                 fmt("%.2f", r.mean_over_capacity) + " | " +
+                 (fleet ? fmt("%.3f", r.max_over_l_global) : "-") + " | " +
+                 (fleet ? std::to_string(r.samples_over_l_global) : "-") + " | " +
+                 fmt("%.1f%%", 100 * r.goodput) + " | " + std::to_string(r.timeouts) + " |\n";
+    const std::string file = "fan-out-" + std::to_string(k) + ".csv";
+    out.files.emplace_back(file, to_csv(r));
+    const bool plotted =
+        (row.guard == GuardKind::kIndependent &&
+         (row.algorithm == AlgorithmKind::kFixed || row.algorithm == AlgorithmKind::kVegas)) ||
+        (fleet && row.handoff);
+    if (plotted)
+      plot.push_back({row.label, colors[k % colors.size()],
+                      series(r, [](const Sample& s) { return s.in_flight / 40.0; }), false});
+    if (row.guard == GuardKind::kIndependent && row.algorithm == AlgorithmKind::kFixed)
+      claim(out, r.max_over_capacity >= 6.0,
+            "independent guards with L = C should overshoot to ~N x C, measured " +
+                fmt("%.2f", r.max_over_capacity));
+    const bool staggered = row.one_way > milliseconds(2);
+    // The bound is against a constant L_global: with Vegas, a joiner's cold estimate lowers the
+    // median and calls already admitted drain down to it (reported, not claimed).
+    if (fleet && row.handoff && !(staggered && row.algorithm != AlgorithmKind::kFixed))
+      claim(out, r.max_over_l_global <= 1.0,
+            row.label + ": sum(in_flight) / L_global must stay <= 1.0, measured " +
+                fmt("%.3f", r.max_over_l_global));
+    if (fleet && row.algorithm != AlgorithmKind::kFixed && !staggered)
+      claim(
+          out, r.goodput >= 0.95,
+          row.label + ": goodput must be >= 95% of C, measured " + fmt("%.1f%%", 100 * r.goodput));
+    if (fleet && !row.handoff)
+      claim(out, r.max_over_l_global <= 2.0,
+            row.label + ": the default mode's residual must stay bounded (<= 2x), measured " +
+                fmt("%.3f", r.max_over_l_global));
+    ++k;
+  }
+  plot.push_back(reference("C (the backend's capacity)", 1.0, plot.front()));
+  out.files.emplace_back("fan-out.svg", svg_plot("Fan-out: 8 nodes, one backend (C = 40)",
+                                                 "sum(in_flight) / C", plot));
+  return out;
+}
+
+// ---- join ramp ----
+
+ScenarioOutput join_ramp(double scale) {
+  ScenarioOutput out{"join-ramp", {}, {}, {}};
+  struct Row {
+    std::string label;
+    bool handoff;
+    bool eager;
+  };
+  const std::vector<Row> rows = {{"default (occupancy cap)", false, false},
+                                 {"acknowledged handoff", true, false},
+                                 {"acknowledged handoff + eager handoff", true, true}};
+  const Nanos join = scaled(seconds(5), scale) + milliseconds(37);
+  out.table =
+      "4 busy nodes (fixed L_local = C = 40, offered load 2.0x), a fifth joins at t = " +
+      fmt("%.3f", std::chrono::duration<double>(join).count()) +
+      " s; heartbeat 100 ms (debounce 10 ms), one-way delay 2 ms. Ramp: from the join until the "
+      "joiner's share reaches floor(L_global / 5) = 8. The floor is what the document calls "
+      "physical: the incumbents learn of the joiner at their next periodic beat (eager handoff "
+      "is guard-side only: up to one heartbeat), then drain (one call latency) and a round trip "
+      "carries the freed budget.\n\n"
+      "| mode | ramp (ms) | ramp (heartbeats) | max Σ in-flight / L_global after the join | "
+      "off-cycle beats |\n|---|---|---|---|---|\n";
+  std::vector<PlotSeries> plot;
+  const std::vector<std::string> colors = {"#d62728", "#1f77b4", "#2ca02c"};
+  std::vector<double> ramps;
+  std::size_t k = 0;
+  for (const Row& row : rows) {
+    FleetSimConfig c = fixed_fleet(5, 2.0);
+    c.join_at = {Nanos{0}, Nanos{0}, Nanos{0}, Nanos{0}, join};
+    c.coordinator.acknowledged_handoff = row.handoff;
+    c.eager_handoff = row.eager;
+    c.duration = join + seconds(3);
+    c.warmup = join;
+    c.sample_every = milliseconds(1);
+    const FleetSimResult r = run_fleet_sim(c);
+    const auto& at = r.fair_share_at.back();
+    const double ramp_ms = at ? std::chrono::duration<double, std::milli>(*at).count() : -1;
+    ramps.push_back(ramp_ms);
+    out.table += "| " + row.label + " | " + (at ? fmt("%.0f", ramp_ms) : "never") + " | " +
+                 (at ? fmt("%.2f", ramp_ms / 100.0) : "-") + " | " +
+                 fmt("%.3f", r.max_over_l_global) + " | " + std::to_string(r.off_cycle_beats) +
+                 " |\n";
+    out.files.emplace_back("join-ramp-" + std::to_string(k) + ".csv", to_csv(r));
+    plot.push_back({row.label + ": joiner's share", colors[k],
+                    series(
+                        r, [](const Sample& s) { return double(s.node_share.back()); },
+                        join - milliseconds(100), join + milliseconds(400)),
+                    false});
+    claim(out, at.has_value(), row.label + ": the joiner never reached its fair share");
+    if (row.handoff)
+      claim(out, r.max_over_l_global <= 1.0,
+            row.label + ": sum(in_flight) / L_global must stay <= 1.0, measured " +
+                fmt("%.3f", r.max_over_l_global));
+    ++k;
+  }
+  // Eager handoff: near the floor (at most one heartbeat to notice, then drain + round trip,
+  // plus the 10 ms debounce), and faster than handoff without it.
+  claim(out, ramps[2] >= 0 && ramps[2] <= 100 + 10 + 2 * 4 + 10,
+        "eager handoff's ramp must be within one heartbeat + drain + round trip + debounce, "
+        "measured " +
+            fmt("%.0f ms", ramps[2]));
+  claim(out, ramps[2] >= 0 && ramps[1] >= 0 && ramps[2] < ramps[1],
+        "eager handoff must ramp faster than acknowledged handoff alone");
+  plot.push_back(reference("fair share", 8.0, plot.front()));
+  out.files.emplace_back("join-ramp.svg",
+                         svg_plot("Join ramp: the joiner's share (fair share 8)", "share", plot));
+  return out;
+}
+
+// ---- partition ----
+
+ScenarioOutput partition(double scale) {
+  ScenarioOutput out{"partition", {}, {}, {}};
+  const Nanos start = scaled(seconds(5), scale), end = start + scaled(seconds(5), scale);
+  out.table =
+      "4 busy nodes (fixed L_local = C = 40, offered load 2.0x), heartbeat 100 ms, lease 200 ms, "
+      "fail-closed; node 0's heartbeats hang (no error, no reply) from t = " +
+      fmt("%.1f", std::chrono::duration<double>(start).count()) + " s to " +
+      fmt("%.1f", std::chrono::duration<double>(end).count()) +
+      " s; the coordinator call timeout is 10 s (longer than the partition), so only the fence "
+      "bounds the stale share. With self-fencing the node stops admitting at its lease's end "
+      "minus the 25 ms margin and on_fenced aborts its in-flight calls.\n\n"
+      "| mode | max Σ in-flight / L_global | samples over L_global | node 0 fenced | aborted "
+      "calls |\n|---|---|---|---|---|\n";
+  std::vector<PlotSeries> plot;
+  for (const bool fence : {false, true}) {
+    FleetSimConfig c = fixed_fleet(4, 2.0);
+    c.coordinator.acknowledged_handoff = true;
+    c.self_fence = fence;
+    c.call_timeout_coordinator = seconds(10);
+    c.partitions = {Partition{0, start, end}};
+    c.duration = end + scaled(seconds(3), scale);
+    c.warmup = scaled(seconds(2), scale);
+    c.sample_every = milliseconds(2);
+    const FleetSimResult r = run_fleet_sim(c);
+    const std::string label = fence ? "self-fencing" : "no self-fencing";
+    out.table += "| " + label + " | " + fmt("%.3f", r.max_over_l_global) + " | " +
+                 std::to_string(r.samples_over_l_global) + " | " + (r.fences > 0 ? "yes" : "no") +
+                 " | " + std::to_string(r.aborted) + " |\n";
+    out.files.emplace_back(std::string("partition-") + (fence ? "fenced" : "unfenced") + ".csv",
+                           to_csv(r));
+    plot.push_back({label, fence ? "#2ca02c" : "#d62728",
+                    series(r,
+                           [](const Sample& s) {
+                             return s.l_global ? double(s.in_flight) / s.l_global : 0.0;
+                           }),
+                    false});
+    if (fence)
+      claim(out, r.max_over_l_global <= 1.0,
+            "with self-fencing sum(in_flight) / L_global must stay <= 1.0, measured " +
+                fmt("%.3f", r.max_over_l_global));
+    else
+      claim(out, r.max_over_l_global > 1.0,
+            "without self-fencing the partition should show the overshoot, measured " +
+                fmt("%.3f", r.max_over_l_global));
+  }
+  plot.push_back(reference("L_global", 1.0, plot.front()));
+  out.files.emplace_back("partition.svg", svg_plot("Partition of node 0: sum(in_flight) / L_global",
+                                                   "sum(in_flight) / L_global", plot));
+  return out;
+}
+
+// ---- skew ----
+
+ScenarioOutput skew(double scale) {
+  ScenarioOutput out{"skew", {}, {}, {}};
+  out.table =
+      "4 nodes (fixed L_local = C = 40), two busy ones (weight 1 each; offered load 1.5x in all, "
+      "so the busy pair alone wants ~1.5 C) and two quiet ones (weight w each); heartbeat "
+      "100 ms, acknowledged handoff. Utilization: mean Σ in-flight / L_global.\n\n"
+      "| quiet nodes' weight w | equal-split | demand-proportional | gain (points) | "
+      "max Σ in-flight / L_global |\n|---|---|---|---|---|\n";
+  std::vector<PlotSeries> plot;
+  const std::vector<std::string> colors = {"#d62728", "#2ca02c"};
+  for (const double w : {0.0, 0.01, 0.05}) {
+    double util[2] = {0, 0}, worst = 0;
+    int k = 0;
+    for (const Allocation a : {Allocation::kEqualSplit, Allocation::kDemandProportional}) {
+      // The busy pair's load stays 1.5x whatever w is.
+      FleetSimConfig c = fixed_fleet(4, 1.5 * (2 + 2 * w) / 2);
+      c.weights = {1, 1, w, w};
+      c.coordinator.allocation = a;
+      c.coordinator.acknowledged_handoff = true;
+      c.duration = scaled(seconds(20), scale);
+      c.warmup = scaled(seconds(5), scale);
+      const FleetSimResult r = run_fleet_sim(c);
+      util[k] = r.utilization;
+      worst = std::max(worst, r.max_over_l_global);
+      const std::string name = std::string(to_string(a)) + "-w" + fmt("%.2f", w);
+      out.files.emplace_back("skew-" + name + ".csv", to_csv(r));
+      if (w == 0.0)
+        plot.push_back({std::string(to_string(a)), colors[static_cast<std::size_t>(k)],
+                        series(r,
+                               [](const Sample& s) {
+                                 return s.l_global ? double(s.in_flight) / s.l_global : 0.0;
+                               }),
+                        false});
+      claim(out, r.max_over_l_global <= 1.0, name + ": sum(in_flight) / L_global must stay <= 1.0");
+      ++k;
+    }
+    out.table += "| " + fmt("%.2f", w) + " | " + fmt("%.1f%%", 100 * util[0]) + " | " +
+                 fmt("%.1f%%", 100 * util[1]) + " | " + fmt("%+.1f", 100 * (util[1] - util[0])) +
+                 " | " + fmt("%.3f", worst) + " |\n";
+    if (w == 0.0)
+      claim(out, util[1] - util[0] >= 0.25,
+            "with idle quiet nodes demand-proportional must gain >= 25 points, measured " +
+                fmt("%.1f", 100 * (util[1] - util[0])));
+  }
+  out.table +=
+      "\nThe document claims +25 to +50 points. The gain needs quiet nodes that are quiet at "
+      "their beats: a node holding even one call when it reports (in_flight >= its 1-slot probe) "
+      "counts as hungry and takes an equal part of the pool again, so the gain shrinks as the "
+      "quiet nodes' traffic grows.\n";
+  out.files.emplace_back("skew.svg", svg_plot("Skew (quiet nodes idle): utilization of L_global",
+                                              "sum(in_flight) / L_global", plot));
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& scenario_names() {
+  static const std::vector<std::string> names = {"fan-out", "join-ramp", "partition", "skew"};
+  return names;
+}
+
+ScenarioOutput run_scenario(std::string_view name, double scale) {
+  if (name == "fan-out") return fan_out(scale);
+  if (name == "join-ramp") return join_ramp(scale);
+  if (name == "partition") return partition(scale);
+  if (name == "skew") return skew(scale);
+  return ScenarioOutput{
+      std::string(name),
+      {},
+      {},
+      {"unknown scenario '" + std::string(name) + "' (fan-out, join-ramp, partition, skew)"}};
+}
+
+}  // namespace sluice::sim
