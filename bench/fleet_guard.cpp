@@ -1,0 +1,74 @@
+// FleetGuard acquire + release against the plain AdaptiveGuard it wraps (the target:
+// <= 2x), both with Vegas on the steady clock. The fleet guard holds a fresh share: a
+// FleetGuardRunner heartbeats a MemoryCoordinator every 100 ms on its own thread while the
+// benchmark loop admits, so the cap it enforces is being re-applied as the loop runs.
+#include <chrono>
+#include <memory>
+
+#include "common/floor.h"
+#include "common/ratio_main.h"
+#include "sluice/adaptive_guard.h"
+#include "sluice/fleet_guard.h"
+#include "sluice/memory_coordinator.h"
+#include "sluice/vegas_limit.h"
+
+namespace {
+
+using sluice::Outcome;
+
+std::unique_ptr<sluice::LimitAlgorithm> vegas() {
+  return std::make_unique<sluice::VegasLimit>(
+      sluice::VegasOptions{.initial_limit = 1000, .max_limit = 1000});
+}
+
+const sluice::Nanos kRtt = std::chrono::milliseconds(2);
+
+void BM_AdaptiveGuard_Vegas(benchmark::State& state) {
+  sluice::AdaptiveGuard guard(vegas(), sluice::SteadyClock::instance());
+  for (auto _ : state) {
+    auto permit = guard.acquire();
+    benchmark::DoNotOptimize(permit);
+    if (permit) permit->release(Outcome::kSuccess, kRtt);
+  }
+  state.counters["limit"] = guard.limit();
+}
+
+// The runner is declared last so it stops before the guard goes.
+struct Fleet {
+  sluice::MemoryCoordinator coordinator{sluice::SteadyClock::instance()};
+  std::unique_ptr<sluice::FleetGuard> guard;
+  std::unique_ptr<sluice::FleetGuardRunner> runner;
+  Fleet() {
+    sluice::FleetGuardOptions o;
+    o.node_id = "bench";
+    o.key = "backend";
+    o.heartbeat = std::chrono::milliseconds(100);
+    guard = std::make_unique<sluice::FleetGuard>(coordinator, vegas(),
+                                                 sluice::SteadyClock::instance(), o);
+    (void)guard->heartbeat();  // a share before the first admission
+    runner = std::make_unique<sluice::FleetGuardRunner>(*guard, sluice::SteadyClock::instance());
+  }
+};
+
+void BM_FleetGuard_Vegas(benchmark::State& state) {
+  Fleet fleet;
+  sluice::FleetGuard& guard = *fleet.guard;
+  for (auto _ : state) {
+    auto permit = guard.acquire();
+    benchmark::DoNotOptimize(permit);
+    if (permit) permit->release(Outcome::kSuccess, kRtt);
+  }
+  state.counters["share"] = guard.stats().share;
+}
+
+}  // namespace
+
+using sluice::bench::BM_Floor_FetchAddSub;
+BENCHMARK(BM_Floor_FetchAddSub);
+BENCHMARK(BM_AdaptiveGuard_Vegas);
+BENCHMARK(BM_FleetGuard_Vegas);
+
+SLUICE_BENCH_RATIO("BM_AdaptiveGuard_Vegas", "BM_Floor_FetchAddSub", 0);
+SLUICE_BENCH_RATIO("BM_FleetGuard_Vegas", "BM_AdaptiveGuard_Vegas", 2.0);
+
+SLUICE_BENCH_MAIN()
