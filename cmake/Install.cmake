@@ -1,10 +1,19 @@
 # Installs libsluice with a CMake package config, so a user's project can
 #   find_package(sluice CONFIG REQUIRED)
-#   target_link_libraries(app PRIVATE sluice::sluice)
+#   target_link_libraries(app PRIVATE sluice::sluice)        # + sluice::redis, sluice::postgres
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS sluice EXPORT sluiceTargets
+# The coordinator backends install as sluice::redis (hiredis) and sluice::postgres (libpq).
+set(SLUICE_INSTALLED_TARGETS sluice)
+foreach(backend redis postgres)
+  if(TARGET sluice_${backend})
+    set_target_properties(sluice_${backend} PROPERTIES EXPORT_NAME ${backend})
+    list(APPEND SLUICE_INSTALLED_TARGETS sluice_${backend})
+  endif()
+endforeach()
+
+install(TARGETS ${SLUICE_INSTALLED_TARGETS} EXPORT sluiceTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

@@ -1,10 +1,16 @@
 // Uses the installed headers and library the way a user's program would; exits non-zero if
-// the semaphore or the gateway does not behave.
+// the semaphore, the gateway, the fleet guard or the coordinators do not behave.
+#include <sluice/fixed_limit.h>
+#include <sluice/fleet_guard.h>
 #include <sluice/gateway.h>
 #include <sluice/gateway_metrics.h>
+#include <sluice/memory_coordinator.h>
+#include <sluice/postgres_coordinator.h>
+#include <sluice/redis_coordinator.h>
 #include <sluice/semaphore.h>
 
 #include <cstdio>
+#include <memory>
 
 int main() {
   sluice::Semaphore sem(1);
@@ -30,6 +36,29 @@ int main() {
   if (!a || b || b.rejection() == nullptr) return 4;
   if (sluice::to_http_response(*b.rejection()).status != 503) return 5;
   if (sluice::GatewayMetrics(*built.gateway).Collect().empty()) return 6;
-  std::puts("consumer: sluice::sluice found and working");
+
+  sluice::ManualClock clock;
+  sluice::MemoryCoordinator memory(clock);
+  sluice::FleetGuardOptions fleet;
+  fleet.node_id = "consumer";
+  fleet.key = "backend";
+  auto guard = sluice::FleetGuard::create(
+      memory, std::make_unique<sluice::FixedLimit>(sluice::FixedLimitOptions{.limit = 2}), clock,
+      fleet);
+  if (!guard.ok() || !guard.value()->heartbeat().ok() || guard.value()->stats().share != 2)
+    return 7;
+
+  // Linked and callable; nothing listens on port 1, so both report the backend unreachable.
+  sluice::RedisOptions redis;
+  redis.port = 1;
+  if (sluice::RedisCoordinator::connect(redis, {}).status().code() !=
+      sluice::StatusCode::kUnavailable)
+    return 8;
+  sluice::PostgresOptions postgres;
+  postgres.conninfo = "host=127.0.0.1 port=1 connect_timeout=2";
+  if (sluice::PostgresCoordinator::connect(postgres, {}).status().code() !=
+      sluice::StatusCode::kUnavailable)
+    return 9;
+  std::puts("consumer: sluice::sluice, sluice::redis and sluice::postgres found and working");
   return 0;
 }
