@@ -35,6 +35,8 @@
 #include <system_error>
 #include <vector>
 
+#include "backends/call_gate.h"
+
 namespace sluice {
 namespace {
 
@@ -266,8 +268,8 @@ struct PostgresCoordinator::Impl {
   CoordinatorConfig config;
   const Clock* caller_clock = nullptr;
   std::string keys_table, nodes_table;
-  std::timed_mutex mu;
-  Conn conn;  // guarded by mu; null when disconnected
+  backend_detail::CallGate gate;  // one call at a time; waiting counts against its deadline
+  Conn conn;                      // guarded by gate; null when disconnected
 
   // Runs `body(deadline)` with the mutex held, the whole call within `timeout`. Nothing throws
   // out of it; an exception drops the connection (it may be mid-protocol).
@@ -275,10 +277,8 @@ struct PostgresCoordinator::Impl {
   R serialized(Nanos timeout, F&& body) noexcept {
     try {
       const Nanos deadline = deadline_after(timeout);
-      std::unique_lock lock(mu, std::defer_lock);
-      if (deadline == kNoDeadline)
-        lock.lock();
-      else if (!lock.try_lock_for(timeout))
+      const backend_detail::CallGate::Hold hold(gate, timeout);
+      if (!hold.held())
         return Status(StatusCode::kDeadlineExceeded,
                       "postgres: the connection stayed busy for the whole timeout");
       try {

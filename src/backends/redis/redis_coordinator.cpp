@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/call_gate.h"
 #include "backends/redis/heartbeat_script.h"
 
 namespace sluice {
@@ -65,9 +66,10 @@ struct RedisCoordinator::Impl {
   RedisOptions options;
   CoordinatorConfig config;
   const Clock* caller_clock = nullptr;
-  std::timed_mutex mu;  // held for one call; waiting for it counts against the call's deadline
-  Context ctx;          // guarded by mu; null when disconnected
-  std::string sha;      // guarded by mu
+  backend_detail::CallGate gate;  // one call at a time; waiting counts against its deadline
+  Context ctx;                    // guarded by gate; null when disconnected
+  mutable std::mutex sha_mu;
+  std::string sha;  // written under gate and sha_mu; read under either
 
   // Sends one command (argv form) and returns its reply; on I/O failure drops the connection.
   StatusOr<Reply> command(const std::vector<std::string>& args, Deadline deadline) {
@@ -140,6 +142,7 @@ struct RedisCoordinator::Impl {
     if (!r.ok()) return r.status();
     if (r.value()->type != REDIS_REPLY_STRING)
       return Status(StatusCode::kInternal, "redis: SCRIPT LOAD did not return a SHA");
+    const std::lock_guard lock(sha_mu);
     sha.assign(r.value()->str, r.value()->len);
     return {};
   }
@@ -155,7 +158,7 @@ RedisCoordinator::~RedisCoordinator() = default;
 const std::string& RedisCoordinator::script() { return redis_detail::heartbeat_script(); }
 
 std::string RedisCoordinator::script_sha() const {
-  const std::lock_guard lock(impl_->mu);
+  const std::lock_guard lock(impl_->sha_mu);
   return impl_->sha;
 }
 
@@ -179,7 +182,7 @@ StatusOr<std::unique_ptr<RedisCoordinator>> RedisCoordinator::connect(RedisOptio
   impl->config = config;
   impl->caller_clock = caller_clock;
   {
-    const std::lock_guard lock(impl->mu);
+    const backend_detail::CallGate::Hold hold(impl->gate, impl->options.connect_timeout);
     if (Status s = impl->connect_locked(deadline_after(impl->options.connect_timeout)); !s.ok())
       return s;
   }
@@ -195,8 +198,8 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
   try {
     const Deadline deadline = deadline_after(timeout);
     Impl& m = *impl_;
-    const std::unique_lock lock(m.mu, deadline);
-    if (!lock.owns_lock()) return busy();
+    const backend_detail::CallGate::Hold hold(m.gate, timeout);
+    if (!hold.held()) return busy();
     const std::int64_t now_us = m.caller_clock != nullptr ? to_us(m.caller_clock->now()) : -1;
     const std::int64_t lease_us = std::max<std::int64_t>(to_us(report.lease_ttl), 1);
     // The hash outlives every lease in it by far; an abandoned key then disappears.
@@ -255,8 +258,8 @@ Status RedisCoordinator::leave(std::string_view key, std::string_view node_id,
   try {
     const Deadline deadline = deadline_after(timeout);
     Impl& m = *impl_;
-    const std::unique_lock lock(m.mu, deadline);
-    if (!lock.owns_lock()) return busy();
+    const backend_detail::CallGate::Hold hold(m.gate, timeout);
+    if (!hold.held()) return busy();
     auto r = m.command({"HDEL", m.hash_key(key), "n:" + std::string(node_id)}, deadline);
     if (!r.ok()) return r.status();
     if (r.value()->type == REDIS_REPLY_ERROR)
