@@ -63,6 +63,7 @@ struct Node {
   std::uint64_t beat_token = 0;
   std::optional<StatusOr<Grant>> reply;  // computed by the coordinator, in transit
   std::optional<Nanos> fair_share_at;
+  std::optional<Nanos> noticed_at;  // incumbents: first grant counting the last joiner
 };
 
 std::unique_ptr<LimitAlgorithm> make_algorithm(const FleetSimConfig& c, int node) {
@@ -102,6 +103,7 @@ class Simulation {
     AdaptiveGuardOptions local;
     local.min_window_time = milliseconds(250);
     local.max_window_time = milliseconds(250);
+    for (const Nanos t : c_.join_at) last_join_ = std::max(last_join_, t);
     for (int i = 0; i < c_.nodes; ++i) {
       Node& n = nodes_.emplace_back();
       n.rng.seed(c_.seed * 7919 + static_cast<std::uint64_t>(i));
@@ -286,6 +288,10 @@ class Simulation {
         if (!n.fair_share_at && s.t >= n.join_at && s.l_global > 0 && live > 0 &&
             st.share >= s.l_global / live && st.phase == FleetPhase::kActive)
           n.fair_share_at = s.t - n.join_at;
+        // An incumbent has noticed the last joiner once it enforces a grant counting it.
+        if (!n.noticed_at && n.join_at < last_join_ && s.t >= last_join_ &&
+            st.nodes >= static_cast<std::uint32_t>(c_.nodes))
+          n.noticed_at = s.t;
       } else {
         s.node_share.push_back(n.local->stats().limit);
       }
@@ -327,8 +333,16 @@ class Simulation {
     r.goodput = seconds > 0 ? static_cast<double>(r.completed) / seconds / ideal : 0;
     r.mean_latency_ms =
         r.completed > 0 ? latency_sum_ns_ / static_cast<double>(r.completed) / 1e6 : 0;
+    int incumbents = 0;
+    bool all_noticed = true;
+    Nanos noticed{0};
     for (Node& n : nodes_) {
       r.fair_share_at.push_back(n.fair_share_at);
+      if (n.join_at < last_join_) {
+        ++incumbents;
+        all_noticed = all_noticed && n.noticed_at.has_value();
+        if (n.noticed_at) noticed = std::max(noticed, *n.noticed_at - last_join_);
+      }
       if (n.fleet) {
         const FleetGuardStats st = n.fleet->stats();
         r.heartbeats += st.heartbeats;
@@ -336,6 +350,7 @@ class Simulation {
         r.fences += st.fences;
       }
     }
+    if (incumbents > 0 && all_noticed) r.incumbents_noticed_after = noticed;
     // Calls still in flight at the end go back before the guards do.
     for (Node& n : nodes_) n.calls.clear();
     return r;
@@ -350,6 +365,7 @@ class Simulation {
   std::uint64_t next_call_ = 1;
   std::uint32_t in_flight_ = 0;
   double latency_sum_ns_ = 0;
+  Nanos last_join_{0};
   FleetSimResult result_;
 };
 

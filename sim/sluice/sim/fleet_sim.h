@@ -99,6 +99,9 @@ struct FleetSimResult {
   // Per node: when its enforced share first reached its fair share floor(L_global / nodes)
   // after it joined (nullopt: never).
   std::vector<std::optional<Nanos>> fair_share_at;
+  // When the last node joins after the others: how long until every earlier node enforced a
+  // grant that counts it (nullopt: some never did, or no node joined late).
+  std::optional<Nanos> incumbents_noticed_after;
 };
 
 // Runs one simulation. Precondition: config.validate() is empty.
