@@ -1,0 +1,84 @@
+// rate_strategy.h: the rate strategies' decisions on one key, as pure functions.
+//
+// What it is: the three strategies a RateLimiter (sluice/rate_limiter.h) runs per key, each a
+// function of (the key's state, the rule, hits, now) that returns the decision and updates the
+// state only when the hits are admitted. Time is a parameter; nothing here reads a clock.
+//
+//   fixed window    windows aligned on multiples of `period`; admits while count + hits <=
+//                   limit. State: 16 bytes (window start, count).
+//   sliding window  the weighted previous-window counter: estimate = previous * (1 - elapsed /
+//                   period) + current, admits while estimate + hits <= limit. State: 24 bytes.
+//   GCRA            the generic cell rate algorithm (a token bucket as one timestamp): each hit
+//                   costs period / limit; admits while the theoretical arrival time after the
+//                   hits is within `burst` hits' worth of now. State: 8 bytes.
+//
+// Every decision carries what an HTTP 429 needs: limit, remaining (after this request),
+// reset_after (until the key is back to its full allowance) and retry_after (0 when allowed;
+// when refused, the earliest time the same request could pass; Nanos::max() when it never can,
+// i.e. hits > limit, or > burst for GCRA).
+//
+// A state that decides exactly like a fresh one is "idle" (is_idle): the limiter may forget it
+// without changing any future decision, which is how memory stays bounded under key churn.
+//
+// Thread-safety: pure functions on caller-owned values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "sluice/clock.h"
+
+namespace sluice {
+
+enum class RateStrategy : std::uint8_t { kFixedWindow, kSlidingWindow, kGcra };
+
+[[nodiscard]] std::string_view to_string(RateStrategy s) noexcept;
+
+struct RateRule {
+  RateStrategy strategy = RateStrategy::kGcra;
+  std::uint64_t limit = 100;               // hits per period; >= 1
+  Nanos period = std::chrono::seconds(1);  // > 0
+  // GCRA only: hits admitted at once from idle; 0 means `limit`. Default 0.
+  std::uint64_t burst = 0;
+
+  // Empty when valid, else what is wrong, naming the field.
+  [[nodiscard]] std::string validate() const;
+};
+
+struct RateDecision {
+  bool allowed = false;
+  std::uint64_t limit = 0;
+  std::uint64_t remaining = 0;
+  Nanos reset_after{0};
+  Nanos retry_after{0};
+  friend bool operator==(const RateDecision&, const RateDecision&) = default;
+};
+
+// One key's state: the fields each strategy uses (a limiter stores only its strategy's).
+struct FixedWindowState {
+  std::int64_t window_start = INT64_MIN;  // ns; INT64_MIN: never used
+  std::uint64_t count = 0;
+};
+struct SlidingWindowState {
+  std::int64_t window_start = INT64_MIN;
+  std::uint64_t current = 0;
+  std::uint64_t previous = 0;
+};
+struct GcraState {
+  std::int64_t tat = INT64_MIN;  // theoretical arrival time, ns
+};
+
+// `commit` false: the decision a request would get, the state untouched (a peek).
+RateDecision decide(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
+                    bool commit = true) noexcept;
+RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
+                    bool commit = true) noexcept;
+RateDecision decide(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
+                    bool commit = true) noexcept;
+
+[[nodiscard]] bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept;
+[[nodiscard]] bool is_idle(const SlidingWindowState& s, const RateRule& rule, Nanos now) noexcept;
+[[nodiscard]] bool is_idle(const GcraState& s, const RateRule& rule, Nanos now) noexcept;
+
+}  // namespace sluice

@@ -1,0 +1,225 @@
+// Rate strategies (sluice/rate_strategy.h) and the sharded local limiter (sluice/rate_limiter.h):
+// each strategy's rule, exact retry_after, no over-admission over random arrivals, peek, bad
+// input, bounded memory under key churn, and a hot key shared by threads.
+#include "sluice/rate_limiter.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+RateRule rule(RateStrategy s, std::uint64_t limit, Nanos period = seconds(1),
+              std::uint64_t burst = 0) {
+  RateRule r;
+  r.strategy = s;
+  r.limit = limit;
+  r.period = period;
+  r.burst = burst;
+  return r;
+}
+
+std::unique_ptr<RateLimiter> limiter(const RateRule& r, const Clock& clock,
+                                     std::size_t shards = 64) {
+  auto l = make_rate_limiter(RateLimiterOptions{r, shards}, clock);
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  return std::move(l.value());
+}
+
+const std::vector<RateStrategy> kStrategies = {RateStrategy::kFixedWindow,
+                                               RateStrategy::kSlidingWindow, RateStrategy::kGcra};
+
+TEST(RateStrategy, FixedWindowCountsPerAlignedWindow) {
+  ManualClock clock(seconds(100) + milliseconds(250));
+  auto l = limiter(rule(RateStrategy::kFixedWindow, 3), clock);
+  for (int i = 0; i < 3; ++i) {
+    const RateDecision d = l->check("k");
+    EXPECT_TRUE(d.allowed);
+    EXPECT_EQ(d.remaining, 2u - static_cast<unsigned>(i));
+    EXPECT_EQ(d.reset_after, milliseconds(750));
+  }
+  const RateDecision no = l->check("k");
+  EXPECT_FALSE(no.allowed);
+  EXPECT_EQ(no.retry_after, milliseconds(750));  // the window ends at 101 s
+  clock.advance(milliseconds(750));
+  EXPECT_TRUE(l->check("k").allowed);
+  EXPECT_EQ(l->check("k", 2).remaining, 0u);
+  EXPECT_TRUE(l->check("other").allowed);  // keys are independent
+}
+
+TEST(RateStrategy, SlidingWindowWeighsThePreviousWindow) {
+  ManualClock clock(seconds(10));
+  auto l = limiter(rule(RateStrategy::kSlidingWindow, 10), clock);
+  EXPECT_TRUE(l->check("k", 10).allowed);
+  EXPECT_FALSE(l->check("k").allowed);
+  clock.advance(milliseconds(1500));  // previous = 10 at weight 0.5: estimate 5
+  const RateDecision five = l->check("k", 5);
+  EXPECT_TRUE(five.allowed);
+  EXPECT_EQ(five.remaining, 0u);
+  const RateDecision no = l->check("k");
+  EXPECT_FALSE(no.allowed);
+  // 10 * (1 - e) + 5 + 1 <= 10  =>  e >= 0.6: 100 ms from now.
+  EXPECT_EQ(no.retry_after, milliseconds(100));
+  clock.advance(milliseconds(100));
+  EXPECT_TRUE(l->check("k").allowed);
+}
+
+TEST(RateStrategy, GcraAdmitsABurstThenTheRate) {
+  ManualClock clock(seconds(10));
+  auto l = limiter(rule(RateStrategy::kGcra, 10, seconds(1), 5), clock);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(l->check("k").allowed) << i;
+  const RateDecision no = l->check("k");
+  EXPECT_FALSE(no.allowed);
+  EXPECT_EQ(no.limit, 5u);
+  EXPECT_EQ(no.retry_after, milliseconds(100));  // one emission interval
+  EXPECT_EQ(no.reset_after, milliseconds(500));
+  clock.advance(milliseconds(100));
+  EXPECT_TRUE(l->check("k").allowed);
+  EXPECT_FALSE(l->check("k").allowed);
+}
+
+TEST(RateStrategy, MoreHitsThanTheLimitNeverPassAndZeroHitsConsumeNothing) {
+  ManualClock clock(seconds(10));
+  for (const RateStrategy s : kStrategies) {
+    auto l = limiter(rule(s, 4), clock);
+    const RateDecision big = l->check("k", 5);
+    EXPECT_FALSE(big.allowed) << to_string(s);
+    EXPECT_EQ(big.retry_after, Nanos::max()) << to_string(s);
+    const RateDecision zero = l->check("k", 0);
+    EXPECT_TRUE(zero.allowed);
+    EXPECT_EQ(zero.remaining, 4u) << to_string(s);
+    EXPECT_EQ(l->keys(), 0u) << to_string(s) << ": nothing to remember";
+    EXPECT_TRUE(l->check("k", 4).allowed) << to_string(s);
+  }
+}
+
+TEST(RateStrategy, PeekDecidesWithoutConsuming) {
+  ManualClock clock(seconds(10));
+  for (const RateStrategy s : kStrategies) {
+    auto l = limiter(rule(s, 2), clock);
+    EXPECT_TRUE(l->check("k").allowed);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(l->peek("k", 1, clock.now()).allowed);
+    EXPECT_FALSE(l->peek("k", 2, clock.now()).allowed);
+    EXPECT_TRUE(l->check("k").allowed) << to_string(s);
+    EXPECT_FALSE(l->peek("k", 1, clock.now()).allowed) << to_string(s);
+    EXPECT_FALSE(l->peek("absent", 3, clock.now()).allowed);
+    EXPECT_TRUE(l->peek("absent", 2, clock.now()).allowed);
+  }
+}
+
+// Random arrivals on one key: never more than the strategy's bound, and every finite
+// retry_after is exact: the same request passes at now + retry_after and not a nanosecond
+// earlier.
+TEST(RateStrategy, RandomArrivalsNeverOverAdmitAndRetryAfterIsExact) {
+  for (const RateStrategy s : kStrategies) {
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+      std::mt19937_64 rng(seed);
+      const std::uint64_t limit = 1 + rng() % 20;
+      const Nanos period = milliseconds(1 + rng() % 1000);
+      const RateRule r = rule(s, limit, period);
+      ManualClock clock(seconds(1000) + Nanos{static_cast<std::int64_t>(rng() % 1'000'000'000)});
+      auto l = limiter(r, clock);
+      std::vector<std::pair<std::int64_t, std::uint64_t>> admitted;  // (time, hits)
+      for (int step = 0; step < 400; ++step) {
+        clock.advance(Nanos{static_cast<std::int64_t>(rng() % (2 * period.count() / limit + 1))});
+        const std::uint64_t hits = 1 + rng() % std::min<std::uint64_t>(limit, 3);
+        const RateDecision d = l->check("k", hits, clock.now());
+        if (d.allowed) {
+          admitted.emplace_back(clock.now().count(), hits);
+          continue;
+        }
+        ASSERT_NE(d.retry_after, Nanos::max());
+        ASSERT_GT(d.retry_after, Nanos{0});
+        EXPECT_FALSE(l->peek("k", hits, clock.now() + d.retry_after - Nanos{1}).allowed)
+            << to_string(s) << " seed " << seed << ": retry_after is not the earliest time";
+        EXPECT_TRUE(l->peek("k", hits, clock.now() + d.retry_after).allowed)
+            << to_string(s) << " seed " << seed << ": retry_after is too early";
+      }
+      // The bound: per aligned window (windows), or within any span t (GCRA, burst = limit).
+      const std::int64_t p = period.count();
+      for (std::size_t i = 0; i < admitted.size(); ++i) {
+        std::uint64_t sum = 0;
+        for (std::size_t j = i; j < admitted.size(); ++j) {
+          const std::int64_t span = admitted[j].first - admitted[i].first;
+          sum += admitted[j].second;
+          if (s == RateStrategy::kGcra) {
+            const auto bound = static_cast<std::uint64_t>(
+                static_cast<long double>(limit) + static_cast<long double>(span) * limit / p);
+            ASSERT_LE(sum, bound) << "gcra seed " << seed;
+          } else if (admitted[j].first / p == admitted[i].first / p) {
+            ASSERT_LE(sum, limit) << to_string(s) << " seed " << seed;
+          }
+        }
+      }
+      EXPECT_FALSE(admitted.empty());
+    }
+  }
+}
+
+TEST(RateLimiter, BadOptionsNameTheField) {
+  ManualClock clock;
+  RateLimiterOptions o;
+  o.rule.limit = 0;
+  EXPECT_NE(make_rate_limiter(o, clock).status().message().find("limit"), std::string::npos);
+  o = {};
+  o.rule.period = Nanos{0};
+  EXPECT_NE(make_rate_limiter(o, clock).status().message().find("period"), std::string::npos);
+  o = {};
+  o.shards = 3;
+  EXPECT_NE(make_rate_limiter(o, clock).status().message().find("shards"), std::string::npos);
+  o = {};
+  o.rule.strategy = RateStrategy::kFixedWindow;
+  o.rule.burst = 5;
+  EXPECT_NE(make_rate_limiter(o, clock).status().message().find("burst"), std::string::npos);
+  EXPECT_EQ(state_bytes(RateStrategy::kGcra), 8u);
+  EXPECT_EQ(state_bytes(RateStrategy::kFixedWindow), 16u);
+  EXPECT_EQ(state_bytes(RateStrategy::kSlidingWindow), 24u);
+}
+
+// A million distinct keys, each used once, 1,000 per millisecond with a 10 ms period: the keys
+// held stay near the ones that still count, never the million.
+TEST(RateLimiter, MemoryFollowsActiveKeysUnderChurn) {
+  for (const RateStrategy s : kStrategies) {
+    ManualClock clock(seconds(1));
+    auto l = limiter(rule(s, 5, milliseconds(10)), clock, 16);
+    std::size_t most = 0;
+    for (int i = 0; i < 1'000'000; ++i) {
+      if (i % 1000 == 0) clock.advance(milliseconds(1));
+      ASSERT_TRUE(l->check("user-" + std::to_string(i)).allowed);
+      if (i % 10'000 == 0) most = std::max(most, l->keys());
+    }
+    EXPECT_LE(most, 60'000u) << to_string(s);  // <= 2x (3 periods of keys) + sweep slack
+    // A key is remembered while it still counts: a window's keys for a period (10,000), a GCRA
+    // key for the one hit's cost, period / limit = 2 ms (2,000).
+    EXPECT_GE(most, s == RateStrategy::kGcra ? 2'000u : 10'000u) << to_string(s);
+  }
+}
+
+TEST(RateLimiter, HotKeyFromFourThreadsAdmitsExactlyTheLimit) {
+  ManualClock clock(seconds(5));  // time stands still: one window, a bucket that never refills
+  for (const RateStrategy s : kStrategies) {
+    auto l = limiter(rule(s, 1000, seconds(10)), clock);
+    std::atomic<std::uint64_t> admitted{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&] {
+        for (int i = 0; i < 2000; ++i)
+          if (l->check("hot").allowed) admitted.fetch_add(1, std::memory_order_relaxed);
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(admitted.load(), 1000u) << to_string(s);
+  }
+}
+
+}  // namespace
+}  // namespace sluice
