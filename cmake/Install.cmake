@@ -4,8 +4,11 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-# The coordinator backends install as sluice::redis (hiredis) and sluice::postgres (libpq).
+# The config loader installs as sluice::config (yaml-cpp), the coordinator backends as
+# sluice::redis (hiredis) and sluice::postgres (libpq).
 set(SLUICE_INSTALLED_TARGETS sluice)
+set_target_properties(sluice_config PROPERTIES EXPORT_NAME config)
+list(APPEND SLUICE_INSTALLED_TARGETS sluice_config)
 foreach(backend redis postgres)
   if(TARGET sluice_${backend})
     set_target_properties(sluice_${backend} PROPERTIES EXPORT_NAME ${backend})

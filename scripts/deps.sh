@@ -8,7 +8,7 @@ SLUICE_BUILD_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config git clang-format
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libfmt-dev spin
-  libhiredis-dev redis-server redis-tools libpq-dev postgresql postgresql-client
+  libhiredis-dev redis-server redis-tools libpq-dev postgresql postgresql-client libyaml-cpp-dev
 )
 
 sluice_missing_packages() {

@@ -5,6 +5,7 @@
 
 #include "demo.h"
 #include "sim.h"
+#include "sluice/config.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluice: admission control for shared backends"};
@@ -35,6 +36,25 @@ int main(int argc, char** argv) {
   sim_fleet->add_option("--scale", sim.scale, "shorten every run (0.05..1)")
       ->check(CLI::Range(0.05, 1.0));
   sim_fleet->callback([&] { exit_code = sluice::cli::run_sim_fleet(sim); });
+
+  std::string config_path;
+  CLI::App* validate_cmd = app.add_subcommand(
+      "validate", "check a config file: every error with its line and column; exit 1 if any");
+  validate_cmd->add_option("config", config_path, "the YAML config file")->required();
+  validate_cmd->callback([&] {
+    const sluice::ConfigLoad load = sluice::load_config_file(config_path);
+    for (const sluice::ConfigError& e : load.warnings)
+      fmt::print(stderr, "warning: {}\n", e.to_string(config_path));
+    for (const sluice::ConfigError& e : load.errors)
+      fmt::print(stderr, "error: {}\n", e.to_string(config_path));
+    if (!load.config) {
+      fmt::print(stderr, "{}: {} error(s)\n", config_path, load.errors.size());
+      exit_code = 1;
+      return;
+    }
+    fmt::print("{}: ok ({} policies, {} coordinators)\n", config_path, load.config->policies.size(),
+               load.config->coordinators.size());
+  });
 
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -1,5 +1,6 @@
 // Uses the installed headers and library the way a user's program would; exits non-zero if
 // the semaphore, the gateway, the fleet guard or the coordinators do not behave.
+#include <sluice/config.h>
 #include <sluice/fixed_limit.h>
 #include <sluice/fleet_guard.h>
 #include <sluice/gateway.h>
@@ -59,6 +60,11 @@ int main() {
   if (sluice::PostgresCoordinator::connect(postgres, {}).status().code() !=
       sluice::StatusCode::kUnavailable)
     return 9;
-  std::puts("consumer: sluice::sluice, sluice::redis and sluice::postgres found and working");
+  const sluice::ConfigLoad load =
+      sluice::load_config("policies:\n  api:\n    kind: rate\n    limit: 5\n");
+  if (!load.config || load.config->policies.size() != 1) return 10;
+  std::puts(
+      "consumer: sluice::sluice, sluice::config, sluice::redis and sluice::postgres found "
+      "and working");
   return 0;
 }

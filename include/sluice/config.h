@@ -1,0 +1,133 @@
+// config.h: sluice's configuration file (YAML): coordinators and named policies.
+//
+// What it is: load_config() parses and checks a whole file and returns either a SluiceConfig or
+// every problem found, each with its YAML line and column and the field's path
+// (`policies.checkout.limit`). Unknown keys are errors (a typo must not silently become a
+// default). The schema:
+//
+//   server:                      # optional
+//     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070
+//     http: 127.0.0.1:8080       # host:port; default 127.0.0.1:8080
+//     admin_token: "..."         # bearer token for state-changing endpoints; default none
+//   coordinators:                # optional; "memory" (embedded) always exists
+//     <name>:
+//       kind: memory | redis | postgres
+//       # redis:    address (host:port, default 127.0.0.1:6379), username, password,
+//       #           database (default 0), key_prefix (default "sluice:fleet:")
+//       # postgres: conninfo (libpq; sslmode passes through), table_prefix (default sluice_fleet)
+//       aggregate: median | min                                  # default median
+//       allocation: equal-split | demand-proportional            # default equal-split
+//       acknowledged_handoff: true | false                       # default false
+//   policies:
+//     <name>:
+//       kind: rate | adaptive | fleet | concurrency | federated
+//       # rate:        strategy (fixed-window | sliding-window | gcra, default gcra), limit,
+//       #              period (e.g. 1s, 100ms; default 1s), burst (gcra only)
+//       # adaptive:    algorithm (fixed | aimd | vegas | gradient2, default gradient2),
+//       #              limit (fixed), initial_limit, min_limit, max_limit
+//       # fleet:       the adaptive fields, plus coordinator (default memory), key (default the
+//       #              policy's name), heartbeat (default 1s), lease_ttl (default 2 x heartbeat),
+//       #              outage (fail-closed | local-only), self_fence, fence_safety_margin,
+//       #              eager_handoff, min_heartbeat, call_timeout
+//       # concurrency: tenants, upstreams, bindings, problem, metrics (sluice/gateway_config.h;
+//       #              checked by the gateway's own validation, its issues mapped to lines)
+//       # federated:   not built yet: an error, never a silent no-op
+//
+// Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "sluice/clock.h"
+#include "sluice/fleet.h"
+#include "sluice/fleet_guard.h"
+#include "sluice/gateway_config.h"
+#include "sluice/limit_algorithm.h"
+#include "sluice/postgres_coordinator.h"
+#include "sluice/rate_strategy.h"
+#include "sluice/redis_coordinator.h"
+
+namespace sluice {
+
+struct ServerSettings {
+  std::string grpc = "127.0.0.1:7070";
+  std::string http = "127.0.0.1:8080";
+  std::string admin_token;  // empty: admin endpoints need no token
+};
+
+struct CoordinatorSpec {
+  enum class Kind : std::uint8_t { kMemory, kRedis, kPostgres };
+  Kind kind = Kind::kMemory;
+  CoordinatorConfig rules;
+  RedisOptions redis;
+  PostgresOptions postgres;
+};
+
+struct AlgorithmSpec {
+  enum class Kind : std::uint8_t { kFixed, kAimd, kVegas, kGradient2 };
+  Kind kind = Kind::kGradient2;
+  std::optional<std::uint32_t> limit;  // fixed
+  std::optional<std::uint32_t> initial_limit, min_limit, max_limit;
+};
+
+// A fresh algorithm as the spec says (the algorithms' own defaults for unset fields).
+[[nodiscard]] std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& spec);
+
+struct RatePolicy {
+  RateRule rule;
+};
+struct AdaptivePolicy {
+  AlgorithmSpec algorithm;
+};
+struct FleetPolicy {
+  AlgorithmSpec algorithm;
+  std::string coordinator = "memory";
+  FleetGuardOptions guard;  // node_id is left empty: the server fills in its own
+};
+struct ConcurrencyPolicy {
+  GatewayConfig gateway;
+};
+
+struct PolicySpec {
+  std::variant<RatePolicy, AdaptivePolicy, FleetPolicy, ConcurrencyPolicy> body;
+  [[nodiscard]] std::string_view kind() const noexcept;
+};
+
+struct SluiceConfig {
+  ServerSettings server;
+  std::map<std::string, CoordinatorSpec> coordinators;  // "memory" always present
+  std::map<std::string, PolicySpec> policies;
+};
+
+struct ConfigError {
+  std::string path;  // e.g. "policies.checkout.limit"
+  int line = 0;      // 1-based; 0 when unknown
+  int column = 0;    // 1-based; 0 when unknown
+  std::string message;
+  // "<source>:<line>:<column>: <path>: <message>"
+  [[nodiscard]] std::string to_string(std::string_view source) const;
+};
+
+struct ConfigLoad {
+  std::optional<SluiceConfig> config;  // set iff errors is empty
+  std::vector<ConfigError> errors;
+  std::vector<ConfigError> warnings;
+};
+
+// Parses and checks YAML text. Never throws.
+[[nodiscard]] ConfigLoad load_config(std::string_view yaml);
+// Reads a file first; a missing or unreadable file is one error (line 0).
+[[nodiscard]] ConfigLoad load_config_file(const std::string& path);
+
+// Parses "250ms", "2s", ...: nullopt when malformed.
+[[nodiscard]] std::optional<Nanos> parse_duration(std::string_view text);
+
+}  // namespace sluice

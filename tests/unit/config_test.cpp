@@ -1,0 +1,219 @@
+// The configuration file: every kind of policy and coordinator read into values, and every
+// problem reported with its line, column and field path, all at once.
+#include "sluice/config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr const char* kFull = R"yaml(
+server:
+  grpc: 0.0.0.0:7070
+  http: 127.0.0.1:9090
+  admin_token: s3cret
+coordinators:
+  main:
+    kind: redis
+    address: redis.internal:6380
+    password: pw
+    database: 2
+    aggregate: min
+    allocation: demand-proportional
+    acknowledged_handoff: true
+  pg:
+    kind: postgres
+    conninfo: "host=db sslmode=require"
+policies:
+  api-rate:
+    kind: rate
+    strategy: sliding-window
+    limit: 100
+    period: 250ms
+  burst:
+    kind: rate
+    limit: 10
+    burst: 30
+  llm:
+    kind: adaptive
+    algorithm: vegas
+    max_limit: 500
+  backend:
+    kind: fleet
+    coordinator: main
+    algorithm: fixed
+    limit: 40
+    heartbeat: 100ms
+    eager_handoff: true
+  gateway:
+    kind: concurrency
+    tenants:
+      - id: acme
+        global_concurrency_limit: 100
+    upstreams:
+      - id: llm
+        host: llm.internal
+        owner: acme
+        concurrency_limit:
+          max_concurrent: 20
+          per_tenant_max: 10
+          strategy: queue
+          queue: {max_depth: 5, timeout: 2s}
+        routes:
+          - {id: chat, max_concurrent: 5}
+    problem:
+      status: 429
+)yaml";
+
+TEST(Config, ReadsEveryKindOfPolicyAndCoordinator) {
+  const ConfigLoad load = load_config(kFull);
+  ASSERT_TRUE(load.config.has_value());
+  for (const ConfigError& e : load.errors) ADD_FAILURE() << e.to_string("full");
+  const SluiceConfig& c = *load.config;
+  EXPECT_EQ(c.server.grpc, "0.0.0.0:7070");
+  EXPECT_EQ(c.server.admin_token, "s3cret");
+  ASSERT_EQ(c.coordinators.size(), 3u);  // main, pg and the embedded memory one
+  const CoordinatorSpec& main = c.coordinators.at("main");
+  EXPECT_EQ(main.kind, CoordinatorSpec::Kind::kRedis);
+  EXPECT_EQ(main.redis.host, "redis.internal");
+  EXPECT_EQ(main.redis.port, 6380);
+  EXPECT_EQ(main.redis.database, 2);
+  EXPECT_EQ(main.rules.aggregate, Aggregate::kMin);
+  EXPECT_EQ(main.rules.allocation, Allocation::kDemandProportional);
+  EXPECT_TRUE(main.rules.acknowledged_handoff);
+  EXPECT_EQ(c.coordinators.at("pg").postgres.conninfo, "host=db sslmode=require");
+
+  const auto& rate = std::get<RatePolicy>(c.policies.at("api-rate").body);
+  EXPECT_EQ(rate.rule.strategy, RateStrategy::kSlidingWindow);
+  EXPECT_EQ(rate.rule.limit, 100u);
+  EXPECT_EQ(rate.rule.period, milliseconds(250));
+  const auto& gcra = std::get<RatePolicy>(c.policies.at("burst").body);
+  EXPECT_EQ(gcra.rule.strategy, RateStrategy::kGcra);
+  EXPECT_EQ(gcra.rule.burst, 30u);
+  EXPECT_EQ(gcra.rule.period, seconds(1));
+  const auto& llm = std::get<AdaptivePolicy>(c.policies.at("llm").body);
+  EXPECT_EQ(llm.algorithm.kind, AlgorithmSpec::Kind::kVegas);
+  EXPECT_EQ(make_algorithm(llm.algorithm)->name(), "vegas");
+  const auto& fleet = std::get<FleetPolicy>(c.policies.at("backend").body);
+  EXPECT_EQ(fleet.coordinator, "main");
+  EXPECT_EQ(fleet.guard.key, "backend");
+  EXPECT_EQ(fleet.guard.heartbeat, milliseconds(100));
+  EXPECT_TRUE(fleet.guard.eager_handoff);
+  EXPECT_EQ(make_algorithm(fleet.algorithm)->limit(), 40u);
+  const auto& gw = std::get<ConcurrencyPolicy>(c.policies.at("gateway").body).gateway;
+  ASSERT_EQ(gw.upstreams.size(), 1u);
+  EXPECT_EQ(gw.upstreams[0].concurrency_limit->strategy, Strategy::kQueue);
+  EXPECT_EQ(gw.upstreams[0].concurrency_limit->queue.timeout, seconds(2));
+  EXPECT_EQ(gw.upstreams[0].routes[0].max_concurrent, 5u);
+  EXPECT_EQ(gw.problem.status, 429);
+  EXPECT_EQ(c.policies.at("gateway").kind(), "concurrency");
+}
+
+TEST(Config, EmptyFileIsTheEmbeddedDefaults) {
+  const ConfigLoad load = load_config("");
+  ASSERT_TRUE(load.config.has_value());
+  EXPECT_TRUE(load.config->policies.empty());
+  EXPECT_EQ(load.config->coordinators.count("memory"), 1u);
+}
+
+// Every problem at once, each at its line and column.
+TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
+  const ConfigLoad load = load_config(R"yaml(policies:
+  a:
+    kind: rate
+    limt: 5
+  b:
+    kind: rate
+    limit: -3
+    period: soon
+  c:
+    kind: fleet
+    coordinator: nowhere
+    heartbeat: 1s
+    lease_ttl: 500ms
+  d:
+    kind: federated
+  e:
+    kind: teleport
+  f:
+    kind: concurrency
+    upstreams:
+      - id: llm
+        owner: ghost
+        concurrency_limit: {max_concurrent: 4, per_tenant_max: 9}
+)yaml");
+  EXPECT_FALSE(load.config.has_value());
+  auto find = [&](const std::string& path) -> const ConfigError* {
+    for (const ConfigError& e : load.errors)
+      if (e.path == path) return &e;
+    return nullptr;
+  };
+  const ConfigError* typo = find("policies.a.limt");
+  ASSERT_NE(typo, nullptr);
+  EXPECT_EQ(typo->line, 4);
+  EXPECT_EQ(typo->column, 5);
+  EXPECT_NE(typo->message.find("unknown key"), std::string::npos);
+  ASSERT_NE(find("policies.a.limit"), nullptr);  // required
+  const ConfigError* negative = find("policies.b.limit");
+  ASSERT_NE(negative, nullptr);
+  EXPECT_EQ(negative->line, 7);
+  EXPECT_NE(negative->message.find("-3"), std::string::npos);
+  ASSERT_NE(find("policies.b.period"), nullptr);
+  EXPECT_EQ(find("policies.b.period")->line, 8);
+  const ConfigError* coordinator = find("policies.c.coordinator");
+  ASSERT_NE(coordinator, nullptr);
+  EXPECT_EQ(coordinator->line, 11);
+  EXPECT_NE(coordinator->message.find("nowhere"), std::string::npos);
+  const ConfigError* lease = find("policies.c");
+  ASSERT_NE(lease, nullptr);
+  EXPECT_NE(lease->message.find("lease_ttl"), std::string::npos);
+  const ConfigError* federated = find("policies.d.kind");
+  ASSERT_NE(federated, nullptr);
+  EXPECT_EQ(federated->line, 15);
+  EXPECT_NE(federated->message.find("not built"), std::string::npos);
+  ASSERT_NE(find("policies.e.kind"), nullptr);
+  // The gateway's own validation, placed at the fields it names.
+  const ConfigError* owner = find("policies.f.upstreams[0].owner");
+  ASSERT_NE(owner, nullptr) << [&] {
+    std::string all;
+    for (const ConfigError& e : load.errors) all += e.to_string("t") + "\n";
+    return all;
+  }();
+  EXPECT_EQ(owner->line, 22);
+  const ConfigError* per_tenant = find("policies.f.upstreams[0].concurrency_limit.per_tenant_max");
+  ASSERT_NE(per_tenant, nullptr);
+  EXPECT_EQ(per_tenant->line, 23);
+  EXPECT_EQ(per_tenant->to_string("x.yaml").rfind("x.yaml:23:", 0), 0u);
+}
+
+TEST(Config, SyntaxErrorsAndMissingFilesAreOneClearError) {
+  const ConfigLoad bad = load_config("policies:\n  a: [unclosed\n");
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_NE(bad.errors[0].message.find("YAML syntax"), std::string::npos);
+  EXPECT_GT(bad.errors[0].line, 0);
+  const ConfigLoad missing = load_config_file("/nonexistent/sluice.yaml");
+  ASSERT_EQ(missing.errors.size(), 1u);
+  EXPECT_NE(missing.errors[0].message.find("/nonexistent/sluice.yaml"), std::string::npos);
+  const ConfigLoad list = load_config("- a\n- b\n");
+  ASSERT_EQ(list.errors.size(), 1u);
+  EXPECT_NE(list.errors[0].message.find("mapping"), std::string::npos);
+}
+
+TEST(Config, DurationsNeedAUnit) {
+  EXPECT_EQ(parse_duration("250ms"), milliseconds(250));
+  EXPECT_EQ(parse_duration("2s"), seconds(2));
+  EXPECT_EQ(parse_duration("3m"), seconds(180));
+  EXPECT_EQ(parse_duration("7us"), std::chrono::microseconds(7));
+  EXPECT_FALSE(parse_duration("250").has_value());
+  EXPECT_FALSE(parse_duration("ms").has_value());
+  EXPECT_FALSE(parse_duration("-1s").has_value());
+  EXPECT_FALSE(parse_duration("99999999999999h").has_value());
+}
+
+}  // namespace
+}  // namespace sluice
