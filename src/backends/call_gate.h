@@ -1,4 +1,5 @@
-// call_gate.h (private): one call at a time on a coordinator's connection, waited for with a
+// call_gate.h (private): the coordinator backends' call timing: deadlines on the steady clock
+// (the project's one time seam), and one call at a time on a connection, waited for with a
 // timeout that counts against the call's own deadline.
 //
 // A mutex plus a condition variable rather than std::timed_mutex: glibc implements
@@ -10,7 +11,19 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "sluice/clock.h"
+
 namespace sluice::backend_detail {
+
+// A deadline that never comes (a timeout too large to add to now).
+constexpr Nanos kNoDeadline = Nanos::max();
+
+inline Nanos mono_now() { return SteadyClock::instance().now(); }
+
+inline Nanos deadline_after(Nanos timeout) {
+  const Nanos now = mono_now();
+  return timeout >= kNoDeadline - now ? kNoDeadline : now + timeout;
+}
 
 class CallGate {
  public:

@@ -280,7 +280,7 @@ void read_algorithm(Reader& r, const YAML::Node& n, const std::string& path, Alg
   out.initial_limit = r.u32(n, "initial_limit", path, 1);
   out.min_limit = r.u32(n, "min_limit", path, 1);
   out.max_limit = r.u32(n, "max_limit", path, 1);
-  if (out.kind == AlgorithmSpec::Kind::kFixed && !out.limit && n["limit"].IsDefined() == false)
+  if (out.kind == AlgorithmSpec::Kind::kFixed && !n["limit"].IsDefined())
     r.error(n, path + ".limit", "is required for the fixed algorithm");
   if (out.kind != AlgorithmSpec::Kind::kFixed && n["limit"].IsDefined())
     r.error(n["limit"], path + ".limit",
@@ -519,31 +519,30 @@ std::string ConfigError::to_string(std::string_view source) const {
   return out + message;
 }
 
+namespace {
+
+// The algorithm's options with the spec's limits over the algorithm's own defaults.
+template <class Options>
+Options with_limits(const AlgorithmSpec& s) {
+  Options o;
+  o.initial_limit = s.initial_limit.value_or(o.initial_limit);
+  o.min_limit = s.min_limit.value_or(o.min_limit);
+  o.max_limit = s.max_limit.value_or(o.max_limit);
+  return o;
+}
+
+}  // namespace
+
 std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s) {
   switch (s.kind) {
     case AlgorithmSpec::Kind::kFixed:
       return std::make_unique<FixedLimit>(FixedLimitOptions{.limit = s.limit.value_or(20)});
-    case AlgorithmSpec::Kind::kAimd: {
-      AimdOptions o;
-      o.initial_limit = s.initial_limit.value_or(o.initial_limit);
-      o.min_limit = s.min_limit.value_or(o.min_limit);
-      o.max_limit = s.max_limit.value_or(o.max_limit);
-      return std::make_unique<AimdLimit>(o);
-    }
-    case AlgorithmSpec::Kind::kVegas: {
-      VegasOptions o;
-      o.initial_limit = s.initial_limit.value_or(o.initial_limit);
-      o.min_limit = s.min_limit.value_or(o.min_limit);
-      o.max_limit = s.max_limit.value_or(o.max_limit);
-      return std::make_unique<VegasLimit>(o);
-    }
-    case AlgorithmSpec::Kind::kGradient2: {
-      Gradient2Options o;
-      o.initial_limit = s.initial_limit.value_or(o.initial_limit);
-      o.min_limit = s.min_limit.value_or(o.min_limit);
-      o.max_limit = s.max_limit.value_or(o.max_limit);
-      return std::make_unique<Gradient2Limit>(o);
-    }
+    case AlgorithmSpec::Kind::kAimd:
+      return std::make_unique<AimdLimit>(with_limits<AimdOptions>(s));
+    case AlgorithmSpec::Kind::kVegas:
+      return std::make_unique<VegasLimit>(with_limits<VegasOptions>(s));
+    case AlgorithmSpec::Kind::kGradient2:
+      return std::make_unique<Gradient2Limit>(with_limits<Gradient2Options>(s));
   }
   return nullptr;
 }

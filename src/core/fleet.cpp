@@ -85,10 +85,9 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
   std::erase_if(it->unacked, [&](const IssuedGrant& g) { return g.generation < acked; });
 
   // 2. Evict every other node whose lease expired.
-  const std::string self_id = report.node_id;
   std::erase_if(state.nodes,
-                [&](const FleetNode& n) { return n.id != self_id && n.expires_at <= now; });
-  it = find_node(state.nodes, self_id);
+                [&](const FleetNode& n) { return n.id != report.node_id && n.expires_at <= now; });
+  it = find_node(state.nodes, report.node_id);
   const auto self = static_cast<std::size_t>(it - state.nodes.begin());
 
   // 3. The fleet's ceiling.

@@ -51,17 +51,12 @@ struct ResultDeleter {
 using Result = std::unique_ptr<PGresult, ResultDeleter>;
 using Results = std::vector<Result>;
 
-constexpr Nanos kNoDeadline = Nanos::max();
 constexpr Nanos kDefaultConnectTimeout = std::chrono::seconds(10);
 constexpr std::size_t kMaxPrefix = 57;  // + "_nodes" stays within PostgreSQL's 63-byte names
 
-// Monotonic deadlines: SteadyClock is the one clock seam.
-Nanos mono_now() { return SteadyClock::instance().now(); }
-
-Nanos deadline_after(Nanos timeout) {
-  const Nanos now = mono_now();
-  return timeout >= kNoDeadline - now ? kNoDeadline : now + timeout;
-}
+using backend_detail::deadline_after;
+using backend_detail::kNoDeadline;
+using backend_detail::mono_now;
 
 std::int64_t ceil_ms(Nanos d) { return std::chrono::ceil<std::chrono::milliseconds>(d).count(); }
 

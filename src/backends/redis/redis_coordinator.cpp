@@ -26,9 +26,9 @@ struct ContextDeleter {
 };
 using Context = std::unique_ptr<redisContext, ContextDeleter>;
 
-using Deadline = std::chrono::steady_clock::time_point;
-
-Deadline deadline_after(Nanos d) { return std::chrono::steady_clock::now() + d; }
+using backend_detail::deadline_after;
+using backend_detail::mono_now;
+using Deadline = Nanos;  // on the steady clock
 
 // What is left of a deadline, as a socket timeout (at least 1 ms: 0 would mean "no timeout").
 timeval to_timeval(Nanos d) {
@@ -76,7 +76,7 @@ struct RedisCoordinator::Impl {
     if (!ctx) {
       if (Status s = connect_locked(deadline); !s.ok()) return s;
     }
-    const Nanos left = deadline - std::chrono::steady_clock::now();
+    const Nanos left = deadline - mono_now();
     if (left <= Nanos{0})
       return Status(StatusCode::kDeadlineExceeded, "redis: no time left for the call");
     const timeval tv = to_timeval(left);
@@ -102,7 +102,7 @@ struct RedisCoordinator::Impl {
   // the call.
   Status connect_locked(Deadline deadline) {
     deadline = std::min(deadline, deadline_after(options.connect_timeout));
-    const Nanos left = deadline - std::chrono::steady_clock::now();
+    const Nanos left = deadline - mono_now();
     if (left <= Nanos{0})
       return Status(StatusCode::kDeadlineExceeded, "redis: no time left to connect");
     const timeval tv = to_timeval(left);
