@@ -40,18 +40,16 @@ struct Backends {
 class CoordinatorConformance : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    redis_ = new testing::RedisServer();
-    postgres_ = new testing::PostgresServer();
-    const Status r = redis_->start();
-    ASSERT_TRUE(r.ok()) << r.to_string();
-    const Status p = postgres_->start();
-    ASSERT_TRUE(p.ok()) << p.to_string();
+    redis_.start();
+    postgres_.start();
   }
   static void TearDownTestSuite() {
-    delete redis_;
-    delete postgres_;
-    redis_ = nullptr;
-    postgres_ = nullptr;
+    redis_.stop();
+    postgres_.stop();
+  }
+  void SetUp() override {
+    ASSERT_TRUE(redis_.ok()) << redis_.status().to_string();
+    ASSERT_TRUE(postgres_.ok()) << postgres_.status().to_string();
   }
 
   // The three backends for one configuration; Redis keys and Postgres tables of their own.
@@ -71,11 +69,11 @@ class CoordinatorConformance : public ::testing::Test {
     b.all.push_back(std::move(postgres.value()));
   }
 
-  static testing::RedisServer* redis_;
-  static testing::PostgresServer* postgres_;
+  static testing::SuiteServer<testing::RedisServer> redis_;
+  static testing::SuiteServer<testing::PostgresServer> postgres_;
 };
-testing::RedisServer* CoordinatorConformance::redis_ = nullptr;
-testing::PostgresServer* CoordinatorConformance::postgres_ = nullptr;
+testing::SuiteServer<testing::RedisServer> CoordinatorConformance::redis_;
+testing::SuiteServer<testing::PostgresServer> CoordinatorConformance::postgres_;
 
 struct Tally {
   int heartbeats = 0, leaves = 0, expiries = 0, capped = 0, zero_shares = 0, max_nodes = 0;

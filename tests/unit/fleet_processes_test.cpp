@@ -164,17 +164,11 @@ CommandStats command_stats(int port) {
 
 class FleetProcesses : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    server_ = new testing::RedisServer();
-    const Status s = server_->start();
-    ASSERT_TRUE(s.ok()) << s.to_string();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
+  static void SetUpTestSuite() { server_.start(); }
+  static void TearDownTestSuite() { server_.stop(); }
 
   void SetUp() override {
+    ASSERT_TRUE(server_.ok()) << server_.status().to_string();
 #ifndef SLUICE_FLEET_WORKER
     GTEST_SKIP() << "sluice_fleet_worker is not built (no Redis backend)";
 #endif
@@ -268,10 +262,10 @@ class FleetProcesses : public ::testing::Test {
     // line above prints it; bench/README.md records it against the >= 0.9 target.
   }
 
-  static testing::RedisServer* server_;
+  static testing::SuiteServer<testing::RedisServer> server_;
   std::string dir_;
 };
-testing::RedisServer* FleetProcesses::server_ = nullptr;
+testing::SuiteServer<testing::RedisServer> FleetProcesses::server_;
 
 TEST_F(FleetProcesses, AcknowledgedHandoffNeverAdmitsAboveTheGlobalLimit) {
   Report r;

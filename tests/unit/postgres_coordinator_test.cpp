@@ -84,17 +84,9 @@ std::vector<CoordinatorConfig> all_configs() {
 // The suite's fixture; the class under test is sluice::PostgresCoordinator.
 class PostgresCoordinatorTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    server_ = new testing::PostgresServer();
-    start_ = new Status(server_->start());
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete start_;
-    server_ = nullptr;
-    start_ = nullptr;
-  }
-  void SetUp() override { ASSERT_TRUE(start_->ok()) << start_->to_string(); }
+  static void SetUpTestSuite() { server_.start(); }
+  static void TearDownTestSuite() { server_.stop(); }
+  void SetUp() override { ASSERT_TRUE(server_.ok()) << server_.status().to_string(); }
 
   static PostgresOptions options(std::string prefix) {
     PostgresOptions o;
@@ -112,11 +104,9 @@ class PostgresCoordinatorTest : public ::testing::Test {
     return std::move(c.value());
   }
 
-  static testing::PostgresServer* server_;
-  static Status* start_;
+  static testing::SuiteServer<testing::PostgresServer> server_;
 };
-testing::PostgresServer* PostgresCoordinatorTest::server_ = nullptr;
-Status* PostgresCoordinatorTest::start_ = nullptr;
+testing::SuiteServer<testing::PostgresServer> PostgresCoordinatorTest::server_;
 
 // Replays one script through the memory coordinator and a PostgresCoordinator on the same
 // ManualClock and compares every grant.

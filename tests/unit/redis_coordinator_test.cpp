@@ -50,15 +50,9 @@ NodeReport report(std::string id, std::uint32_t l_local, std::uint32_t in_flight
 
 class RedisCoordinatorTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    server_ = new testing::RedisServer();
-    const Status s = server_->start();
-    ASSERT_TRUE(s.ok()) << s.to_string();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
+  static void SetUpTestSuite() { server_.start(); }
+  static void TearDownTestSuite() { server_.stop(); }
+  void SetUp() override { ASSERT_TRUE(server_.ok()) << server_.status().to_string(); }
 
   static RedisOptions options() {
     RedisOptions o;
@@ -74,9 +68,9 @@ class RedisCoordinatorTest : public ::testing::Test {
     return std::move(c.value());
   }
 
-  static testing::RedisServer* server_;
+  static testing::SuiteServer<testing::RedisServer> server_;
 };
-testing::RedisServer* RedisCoordinatorTest::server_ = nullptr;
+testing::SuiteServer<testing::RedisServer> RedisCoordinatorTest::server_;
 
 TEST_F(RedisCoordinatorTest, ScriptedFleetMatchesTheMemoryCoordinatorInEveryConfig) {
   int config_no = 0;

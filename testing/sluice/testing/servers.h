@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 
 #include "sluice/status.h"
@@ -63,6 +64,26 @@ class PostgresServer {
   std::string user_;
   int port_ = 0;
   pid_t pid_ = -1;
+};
+
+// One server shared by a gtest suite: start() in SetUpTestSuite, stop() in TearDownTestSuite,
+// and `ASSERT_TRUE(server.ok()) << server.status().to_string();` in SetUp, so that a server
+// that failed to start fails every test with its log instead of crashing them.
+template <class Server>
+class SuiteServer {
+ public:
+  void start() {
+    server_ = std::make_unique<Server>();
+    status_ = server_->start();
+  }
+  void stop() { server_.reset(); }
+  [[nodiscard]] bool ok() const noexcept { return server_ != nullptr && status_.ok(); }
+  [[nodiscard]] const Status& status() const noexcept { return status_; }
+  Server* operator->() const noexcept { return server_.get(); }
+
+ private:
+  std::unique_ptr<Server> server_;
+  Status status_;
 };
 
 }  // namespace sluice::testing
