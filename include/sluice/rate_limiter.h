@@ -40,6 +40,10 @@ class RateLimiter {
   // The decision `check` would give, without consuming anything.
   [[nodiscard]] virtual RateDecision peek(std::string_view key, std::uint64_t hits,
                                           Nanos now) const = 0;
+  // Gives back `hits` a check of `key` admitted (sluice/rate_strategy.h: refund). A caller
+  // rolling back an all-or-nothing batch uses it; between the check and the refund, other
+  // callers see the hits as spent (they may be refused, never over-admitted).
+  virtual void refund(std::string_view key, std::uint64_t hits, Nanos now) = 0;
   [[nodiscard]] virtual const RateRule& rule() const noexcept = 0;
   // Keys held now (idle ones not yet swept included).
   [[nodiscard]] virtual std::size_t keys() const = 0;

@@ -77,6 +77,13 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
 RateDecision decide(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
                     bool commit = true) noexcept;
 
+// Gives back `hits` that a committed decision at or before `now` admitted (the rollback of an
+// all-or-nothing batch). Never makes a key more permissive than it was before those hits: hits
+// whose window has closed since are not given back (they no longer count anyway).
+void refund(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
+void refund(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
+void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
+
 [[nodiscard]] bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept;
 [[nodiscard]] bool is_idle(const SlidingWindowState& s, const RateRule& rule, Nanos now) noexcept;
 [[nodiscard]] bool is_idle(const GcraState& s, const RateRule& rule, Nanos now) noexcept;

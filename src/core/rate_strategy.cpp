@@ -164,6 +164,27 @@ RateDecision decide(GcraState& s, const RateRule& rule, std::uint64_t hits, Nano
   return d;
 }
 
+void refund(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept {
+  const std::int64_t p = rule.period.count();
+  if (s.window_start == floor_div(now.count(), p) * p) s.count -= std::min(hits, s.count);
+}
+
+void refund(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept {
+  const std::int64_t p = rule.period.count();
+  const std::int64_t start = floor_div(now.count(), p) * p;
+  // The hits are in the state's current window, whether that is still current or has become
+  // the previous one (then they count with their weight, and giving them back undoes that).
+  if (s.window_start == start || s.window_start == start - p)
+    s.current -= std::min(hits, s.current);
+}
+
+void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos /*now*/) noexcept {
+  // The admission moved tat from max(tat0, then) by cost(hits); moving it back lands on or
+  // after tat0, and a tat in the past decides like any other.
+  if (s.tat == INT64_MIN) return;
+  s.tat = clamp64(static_cast<i128>(s.tat) - cost(rule, hits));
+}
+
 bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept {
   const std::int64_t p = rule.period.count();
   return s.count == 0 || s.window_start != floor_div(now.count(), p) * p;

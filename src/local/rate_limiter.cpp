@@ -58,6 +58,13 @@ class ShardedLimiter final : public RateLimiter {
     return decide(s, rule_, hits, now, /*commit=*/false);
   }
 
+  void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
+    Shard& shard = shards_[shard_of(KeyHash{}(key))];
+    const std::lock_guard lock(shard.mu);
+    if (auto it = shard.map.find(key); it != shard.map.end())
+      sluice::refund(it->second, rule_, hits, now);
+  }
+
   const RateRule& rule() const noexcept override { return rule_; }
 
   std::size_t keys() const override {

@@ -117,6 +117,42 @@ TEST(RateStrategy, PeekDecidesWithoutConsuming) {
   }
 }
 
+// A refunded check leaves the key deciding exactly like a twin that never saw it, whether the
+// refund comes at once or after time passed (a window may have rolled in between).
+TEST(RateStrategy, RefundUndoesAnAdmittedCheck) {
+  for (const RateStrategy s : kStrategies) {
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+      std::mt19937_64 rng(seed);
+      const std::uint64_t limit = 2 + rng() % 10;
+      const Nanos period = milliseconds(1 + rng() % 100);
+      const RateRule r = rule(s, limit, period);
+      ManualClock clock(seconds(100));
+      auto with = limiter(r, clock);
+      auto twin = limiter(r, clock);
+      int refunded = 0;
+      for (int step = 0; step < 300; ++step) {
+        clock.advance(Nanos{static_cast<std::int64_t>(rng() % (period.count() / 2 + 1))});
+        const std::uint64_t hits = 1 + rng() % 2;
+        if (rng() % 3 == 0) {  // a batch member admitted, then rolled back
+          if (with->check("k", hits, clock.now()).allowed) {
+            clock.advance(
+                Nanos{static_cast<std::int64_t>(rng() % 3 == 0 ? rng() % period.count() : 0)});
+            with->refund("k", hits, clock.now());
+            ++refunded;
+          }
+          continue;
+        }
+        const RateDecision a = with->check("k", hits, clock.now());
+        const RateDecision b = twin->check("k", hits, clock.now());
+        ASSERT_EQ(a.allowed, b.allowed) << to_string(s) << " seed " << seed << " step " << step;
+        ASSERT_EQ(a.remaining, b.remaining) << to_string(s) << " seed " << seed;
+        ASSERT_EQ(a.retry_after, b.retry_after) << to_string(s) << " seed " << seed;
+      }
+      EXPECT_GT(refunded, 0);
+    }
+  }
+}
+
 // Random arrivals on one key: never more than the strategy's bound, and every finite
 // retry_after is exact: the same request passes at now + retry_after and not a nanosecond
 // earlier.
