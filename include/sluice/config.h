@@ -8,7 +8,11 @@
 //   server:                      # optional
 //     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070
 //     http: 127.0.0.1:8080       # host:port; default 127.0.0.1:8080
-//     admin_token: "..."         # bearer token for state-changing endpoints; default none
+//     admin_token: "..."         # bearer token for admin endpoints (reload); default none
+//     node_id: gw-1              # this server's id in fleets; default hostname-pid-random
+//     lease_ttl: 30s             # an Admit's lease when the call asks for none
+//     max_lease_ttl: 10m         # the longest lease a call may ask for
+//     shutdown_grace: 10s        # SIGTERM: how long in-flight calls may finish
 //   coordinators:                # optional; "memory" (embedded) always exists
 //     <name>:
 //       kind: memory | redis | postgres
@@ -32,6 +36,8 @@
 //       # concurrency: tenants, upstreams, bindings, problem, metrics (sluice/gateway_config.h;
 //       #              checked by the gateway's own validation, its issues mapped to lines)
 //       # federated:   not built yet: an error, never a silent no-op
+//       # adaptive, fleet and concurrency also take `rate: <rate policy>`: a call passes that
+//       # rate policy first (429 when over, no permit taken), then the concurrency limit (503).
 //
 // Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").
 //
@@ -60,7 +66,11 @@ namespace sluice {
 struct ServerSettings {
   std::string grpc = "127.0.0.1:7070";
   std::string http = "127.0.0.1:8080";
-  std::string admin_token;  // empty: admin endpoints need no token
+  std::string admin_token;                     // empty: admin endpoints need no token
+  std::string node_id;                         // this server in fleets; empty: hostname-pid-random
+  Nanos lease_ttl = std::chrono::seconds(30);  // an Admit's lease when the call names none
+  Nanos max_lease_ttl = std::chrono::minutes(10);   // the longest lease a call may ask for
+  Nanos shutdown_grace = std::chrono::seconds(10);  // SIGTERM: how long in-flight calls may finish
 };
 
 struct CoordinatorSpec {
@@ -69,6 +79,7 @@ struct CoordinatorSpec {
   CoordinatorConfig rules;
   RedisOptions redis;
   PostgresOptions postgres;
+  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
 };
 
 struct AlgorithmSpec {
@@ -98,6 +109,9 @@ struct ConcurrencyPolicy {
 
 struct PolicySpec {
   std::variant<RatePolicy, AdaptivePolicy, FleetPolicy, ConcurrencyPolicy> body;
+  // Concurrency kinds: the rate policy a call passes first (429, no permit taken); empty: none.
+  std::string rate;
+  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
   [[nodiscard]] std::string_view kind() const noexcept;
 };
 

@@ -9,6 +9,8 @@
 //   kDeadlineExceeded  the call took too long (possibly a partition): retry
 //   kAborted           lost a race (e.g. a transaction conflict): redo
 //   kPermissionDenied  the backend refused the credentials: fix them
+//   kFailedPrecondition  the call does not fit the target's state or kind (e.g. Check on a
+//                      concurrency policy): do not retry unchanged
 //   kInternal          a bug or a broken invariant: report it
 // StatusOr<T> holds a T or a non-ok Status.
 //
@@ -31,6 +33,7 @@ enum class StatusCode : std::uint8_t {
   kDeadlineExceeded,
   kAborted,
   kPermissionDenied,
+  kFailedPrecondition,
   kInternal,
 };
 

@@ -210,7 +210,9 @@ bool parse_host_port(const std::string& s, std::string& host, int& port) {
 
 void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
-  r.keys(n, "server", {"grpc", "http", "admin_token"});
+  r.keys(
+      n, "server",
+      {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace"});
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
@@ -224,6 +226,13 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
     }
   }
   if (auto s = r.str(n, "admin_token", "server")) out.admin_token = *s;
+  if (auto s = r.str(n, "node_id", "server")) out.node_id = *s;
+  if (auto d = r.duration(n, "lease_ttl", "server")) out.lease_ttl = *d;
+  if (auto d = r.duration(n, "max_lease_ttl", "server")) out.max_lease_ttl = *d;
+  if (auto d = r.duration(n, "shutdown_grace", "server")) out.shutdown_grace = *d;
+  if (out.lease_ttl > out.max_lease_ttl)
+    r.error(n["lease_ttl"].IsDefined() ? n["lease_ttl"] : n, "server.lease_ttl",
+            "must not exceed server.max_lease_ttl");
 }
 
 void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
@@ -425,7 +434,8 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
     }
     cfg.policies[name].body = p;
   } else if (*kind == "adaptive") {
-    r.keys(n, path, {"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit"});
+    r.keys(n, path,
+           {"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "rate"});
     AdaptivePolicy p;
     read_algorithm(r, n, path, p.algorithm);
     cfg.policies[name].body = p;
@@ -433,12 +443,12 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
     r.keys(n, path,
            {"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "coordinator",
             "key", "heartbeat", "lease_ttl", "outage", "self_fence", "fence_safety_margin",
-            "eager_handoff", "min_heartbeat", "call_timeout"});
+            "eager_handoff", "min_heartbeat", "call_timeout", "rate"});
     FleetPolicy p;
     read_fleet(r, n, path, name, p);
     cfg.policies[name].body = p;
   } else if (*kind == "concurrency") {
-    r.keys(n, path, {"kind", "tenants", "upstreams", "bindings", "problem", "metrics"});
+    r.keys(n, path, {"kind", "tenants", "upstreams", "bindings", "problem", "metrics", "rate"});
     ConcurrencyPolicy p;
     read_gateway(r, n, path, p.gateway);
     cfg.policies[name].body = p;
@@ -449,6 +459,13 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
   } else {
     r.error(kind_node, path + ".kind",
             "must be one of rate, adaptive, fleet, concurrency, federated, not '" + *kind + "'");
+  }
+  if (auto it = cfg.policies.find(name); it != cfg.policies.end()) {
+    PolicySpec& spec = it->second;
+    if (*kind != "rate") {
+      if (auto s = r.str(n, "rate", path)) spec.rate = *s;
+    }
+    spec.fingerprint = YAML::Dump(n);
   }
 }
 
@@ -468,6 +485,7 @@ ConfigLoad read(const YAML::Node& root) {
         const std::string path = "coordinators." + name;
         if (name.empty()) r.error(it->first, path, "a coordinator needs a name");
         read_coordinator(r, it->second, path, cfg.coordinators[name]);
+        cfg.coordinators[name].fingerprint = YAML::Dump(it->second);
       }
     }
     const YAML::Node ps = root["policies"];
@@ -480,6 +498,15 @@ ConfigLoad read(const YAML::Node& root) {
     }
     // Cross-references.
     for (const auto& [name, p] : cfg.policies) {
+      if (!p.rate.empty()) {
+        const std::string path = "policies." + name + ".rate";
+        const auto at = r.marks.find(path);
+        const auto chained = cfg.policies.find(p.rate);
+        if (chained == cfg.policies.end() || chained->second.kind() != "rate")
+          r.error_at(
+              at != r.marks.end() ? at->second : YAML::Mark::null_mark(), path,
+              "no rate policy named '" + p.rate + "' (rate must name a policy of kind rate)");
+      }
       if (const auto* f = std::get_if<FleetPolicy>(&p.body);
           f != nullptr && !cfg.coordinators.contains(f->coordinator)) {
         const std::string path = "policies." + name + ".coordinator";

@@ -18,6 +18,8 @@ std::string_view to_string(StatusCode code) noexcept {
       return "aborted";
     case StatusCode::kPermissionDenied:
       return "permission denied";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
     case StatusCode::kInternal:
       return "internal";
   }

@@ -191,6 +191,45 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
   EXPECT_EQ(per_tenant->to_string("x.yaml").rfind("x.yaml:23:", 0), 0u);
 }
 
+// `rate:` chains a rate policy in front of a concurrency kind: it must name one, and a rate
+// policy cannot chain another. Server lease settings are read and checked against each other.
+TEST(Config, RateChainingAndServerLeaseSettings) {
+  const ConfigLoad ok = load_config(R"yaml(server:
+  lease_ttl: 5s
+  max_lease_ttl: 1m
+  shutdown_grace: 2s
+  node_id: gw-1
+policies:
+  r: {kind: rate, limit: 5}
+  a: {kind: adaptive, rate: r}
+)yaml");
+  ASSERT_TRUE(ok.config.has_value()) << ok.errors[0].to_string("x");
+  EXPECT_EQ(ok.config->policies.at("a").rate, "r");
+  EXPECT_EQ(ok.config->server.lease_ttl, std::chrono::seconds(5));
+  EXPECT_EQ(ok.config->server.max_lease_ttl, std::chrono::minutes(1));
+  EXPECT_EQ(ok.config->server.shutdown_grace, std::chrono::seconds(2));
+  EXPECT_EQ(ok.config->server.node_id, "gw-1");
+  EXPECT_FALSE(ok.config->policies.at("a").fingerprint.empty());
+  EXPECT_NE(ok.config->policies.at("a").fingerprint, ok.config->policies.at("r").fingerprint);
+
+  const ConfigLoad bad = load_config(R"yaml(server:
+  lease_ttl: 5m
+  max_lease_ttl: 1m
+policies:
+  r: {kind: rate, limit: 5, rate: r}
+  a: {kind: adaptive, rate: missing}
+  b: {kind: adaptive, rate: a}
+)yaml");
+  ASSERT_FALSE(bad.config.has_value());
+  std::map<std::string, int> lines;
+  for (const ConfigError& e : bad.errors) lines[e.path] = e.line;
+  EXPECT_EQ(lines["server.lease_ttl"], 2);
+  EXPECT_EQ(lines["policies.r.rate"], 5);
+  EXPECT_EQ(lines["policies.a.rate"], 6);
+  EXPECT_EQ(lines["policies.b.rate"], 7);
+  EXPECT_EQ(bad.errors.size(), 4u);
+}
+
 TEST(Config, SyntaxErrorsAndMissingFilesAreOneClearError) {
   const ConfigLoad bad = load_config("policies:\n  a: [unclosed\n");
   ASSERT_EQ(bad.errors.size(), 1u);
