@@ -9,6 +9,8 @@ SLUICE_BUILD_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libfmt-dev spin
   libhiredis-dev redis-server redis-tools libpq-dev postgresql postgresql-client libyaml-cpp-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libboost-dev
+  python3-grpcio python3-protobuf python3-pytest wrk curl
 )
 
 sluice_missing_packages() {

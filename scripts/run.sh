@@ -2,9 +2,9 @@
 # run.sh: the main job, from a fresh Debian 12 machine (run as root).
 #
 # Installs missing packages, builds the sluice executable (Release, in build/release) and runs
-# it on the embedded default (no external server). Until the server lands, the main job is
-# `sluice demo`: it drives the gateway limits (tenant -> upstream -> route) with concurrent
-# callers and prints what each level admitted and refused. Arguments are passed to sluice demo.
+# the server, `sluice serve`, on the embedded default config (config/default.yaml; no external
+# server): gRPC on 127.0.0.1:7070, HTTP on 127.0.0.1:8080, until Ctrl-C or SIGTERM. Arguments
+# are passed to sluice serve (e.g. --config FILE, --grpc HOST:PORT, --http HOST:PORT).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=deps.sh
@@ -18,4 +18,4 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   || { cat "$root/build/release.configure.log"; exit 1; }
 cmake --build "$build" --target sluice_cli -j "$(nproc)" >"$root/build/release.build.log" 2>&1 \
   || { tail -n 60 "$root/build/release.build.log"; exit 1; }
-exec "$build/apps/sluice/sluice" demo "$@"
+exec "$build/apps/sluice/sluice" serve "$@"

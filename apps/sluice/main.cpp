@@ -2,8 +2,12 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <string_view>
 
+#include "client.h"
 #include "demo.h"
+#include "serve.h"
 #include "sim.h"
 #include "sluice/config.h"
 
@@ -55,6 +59,78 @@ int main(int argc, char** argv) {
     fmt::print("{}: ok ({} policies, {} coordinators)\n", config_path, load.config->policies.size(),
                load.config->coordinators.size());
   });
+
+  sluice::cli::ServeOptions serve;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "run the server (gRPC + HTTP); SIGHUP reloads the config, SIGTERM drains and stops");
+  serve_cmd->add_option("--config,-c", serve.config,
+                        "YAML config file (default: the embedded default, config/default.yaml)");
+  serve_cmd->add_option("--grpc", serve.grpc,
+                        "gRPC listen address host:port (overrides the config)");
+  serve_cmd->add_option("--http", serve.http,
+                        "HTTP listen address host:port (overrides the config)");
+  serve_cmd->add_option("--http-threads", serve.http_threads, "HTTP threads")
+      ->check(CLI::Range(1, 64));
+  serve_cmd->callback([&] { exit_code = sluice::cli::run_serve(serve); });
+
+  app.add_subcommand("default-config", "print the embedded default config")->callback([] {
+    fmt::print("{}", sluice::cli::default_config_yaml());
+  });
+
+  // Clients of a running server.
+  sluice::cli::ClientOptions client;
+  if (const char* env = std::getenv("SLUICE_SERVER")) client.server = env;
+  const auto client_flags = [&](CLI::App* c) {
+    c->add_option("--server,-s", client.server,
+                  "the server's gRPC address host:port (default $SLUICE_SERVER or 127.0.0.1:7070)");
+    c->add_option("--timeout", client.timeout_seconds, "seconds to wait for the reply")
+        ->check(CLI::Range(0.001, 3600.0));
+    c->add_flag("--json", client.json, "print the reply as JSON");
+  };
+  sluice::cli::CheckArgs check;
+  for (const char* name : {"check", "peek"}) {
+    const bool peek = std::string_view(name) == "peek";
+    CLI::App* c = app.add_subcommand(
+        name, peek ? "the decision a check would get, consuming nothing"
+                   : "check a key against a rate policy (exit 0 allowed, 1 denied, 2 error)");
+    c->add_option("policy", check.policy, "a rate policy")->required();
+    c->add_option("key", check.key, "the key (user, API key, ...)")->required();
+    c->add_option("--hits,-n", check.hits, "hits to take (default 1)");
+    client_flags(c);
+    c->callback([&, peek] {
+      check.peek = peek;
+      exit_code = sluice::cli::run_check(client, check);
+    });
+  }
+  sluice::cli::AdmitArgs admit;
+  CLI::App* admit_cmd = app.add_subcommand(
+      "admit", "admit one call; prints its lease id (exit 0 admitted, 1 refused, 2 error)");
+  admit_cmd->add_option("policy", admit.policy, "an adaptive, fleet or concurrency policy")
+      ->required();
+  admit_cmd->add_option("--key,-k", admit.key, "the caller's key (for a chained rate policy)");
+  admit_cmd->add_option("--tenant,-t", admit.tenant, "concurrency policies: the tenant");
+  admit_cmd->add_option("--upstream,-u", admit.upstream, "concurrency policies: the upstream");
+  admit_cmd->add_option("--route,-r", admit.route, "concurrency policies: the route");
+  admit_cmd->add_option("--ttl", admit.ttl, "the lease's TTL, e.g. 30s (default: the server's)");
+  client_flags(admit_cmd);
+  admit_cmd->callback([&] { exit_code = sluice::cli::run_admit(client, admit); });
+  sluice::cli::ReleaseArgs release;
+  CLI::App* release_cmd = app.add_subcommand("release", "release a lease");
+  release_cmd->add_option("lease_id", release.lease_id, "the lease id Admit returned")->required();
+  release_cmd->add_option("--outcome", release.outcome, "success, dropped or ignored");
+  release_cmd->add_option("--rtt", release.rtt, "the call's RTT, e.g. 20ms (default: time held)");
+  client_flags(release_cmd);
+  release_cmd->callback([&] { exit_code = sluice::cli::run_release(client, release); });
+  std::string heartbeat_lease, heartbeat_ttl;
+  CLI::App* heartbeat_cmd = app.add_subcommand("heartbeat", "extend a lease");
+  heartbeat_cmd->add_option("lease_id", heartbeat_lease, "the lease id")->required();
+  heartbeat_cmd->add_option("--ttl", heartbeat_ttl, "the new TTL (default: the lease's)");
+  client_flags(heartbeat_cmd);
+  heartbeat_cmd->callback(
+      [&] { exit_code = sluice::cli::run_heartbeat(client, heartbeat_lease, heartbeat_ttl); });
+  CLI::App* policies_cmd = app.add_subcommand("policies", "list a running server's policies");
+  client_flags(policies_cmd);
+  policies_cmd->callback([&] { exit_code = sluice::cli::run_policies(client); });
 
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -1,0 +1,191 @@
+#include "client.h"
+
+#include <fmt/core.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "sluice/config.h"
+#include "sluice/v1/sluice.grpc.pb.h"
+
+namespace sluice::cli {
+namespace {
+
+namespace pb = sluice::v1;
+using nlohmann::json;
+
+double seconds(const google::protobuf::Duration& d) {
+  return static_cast<double>(d.seconds()) + d.nanos() / 1e9;
+}
+
+void set_duration(google::protobuf::Duration* d, Nanos n) {
+  d->set_seconds(n.count() / 1'000'000'000);
+  d->set_nanos(static_cast<std::int32_t>(n.count() % 1'000'000'000));
+}
+
+std::unique_ptr<pb::Sluice::Stub> stub(const ClientOptions& o) {
+  return pb::Sluice::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
+}
+
+void deadline(grpc::ClientContext& ctx, const ClientOptions& o) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::microseconds(static_cast<std::int64_t>(o.timeout_seconds * 1e6)));
+}
+
+int failed(const grpc::Status& s, const ClientOptions& o) {
+  fmt::print(stderr, "sluice: {} ({}): {}\n", o.server, static_cast<int>(s.error_code()),
+             s.error_message());
+  return 2;
+}
+
+// A duration option ("250ms", "30s"); empty: unset.
+bool duration_arg(const std::string& text, const char* name, google::protobuf::Duration* out) {
+  if (text.empty()) return true;
+  const auto d = parse_duration(text);
+  if (!d) {
+    fmt::print(stderr, "sluice: --{}: '{}' is not a duration (e.g. 250ms, 30s)\n", name, text);
+    return false;
+  }
+  set_duration(out, *d);
+  return true;
+}
+
+json decision_json(const pb::Decision& d) {
+  return {{"allowed", d.allowed()},
+          {"limit", d.limit()},
+          {"remaining", d.remaining()},
+          {"reset_after_seconds", seconds(d.reset_after())},
+          {"retry_after_seconds", seconds(d.retry_after())}};
+}
+
+}  // namespace
+
+int run_check(const ClientOptions& o, const CheckArgs& a) {
+  pb::CheckRequest req;
+  req.set_policy(a.policy);
+  req.set_key(a.key);
+  req.set_hits(a.hits);
+  pb::CheckResponse resp;
+  grpc::ClientContext ctx;
+  deadline(ctx, o);
+  const grpc::Status s =
+      a.peek ? stub(o)->Peek(&ctx, req, &resp) : stub(o)->Check(&ctx, req, &resp);
+  if (!s.ok()) return failed(s, o);
+  const pb::Decision& d = resp.decision();
+  if (o.json) {
+    fmt::print("{}\n", decision_json(d).dump());
+  } else if (d.allowed()) {
+    fmt::print("allowed: {} of {} remaining (full again in {:.3f}s)\n", d.remaining(), d.limit(),
+               seconds(d.reset_after()));
+  } else if (d.retry_after().seconds() >= 315'576'000'000) {
+    fmt::print("denied: {} hits can never pass (the limit is {})\n", a.hits, d.limit());
+  } else {
+    fmt::print("denied: {} of {} remaining; retry after {:.3f}s\n", d.remaining(), d.limit(),
+               seconds(d.retry_after()));
+  }
+  return d.allowed() ? 0 : 1;
+}
+
+int run_admit(const ClientOptions& o, const AdmitArgs& a) {
+  pb::AdmitRequest req;
+  req.set_policy(a.policy);
+  req.set_key(a.key);
+  req.set_tenant(a.tenant);
+  req.set_upstream(a.upstream);
+  req.set_route(a.route);
+  if (!duration_arg(a.ttl, "ttl", req.mutable_ttl())) return 2;
+  if (a.ttl.empty()) req.clear_ttl();
+  pb::AdmitResponse resp;
+  grpc::ClientContext ctx;
+  deadline(ctx, o);
+  const grpc::Status s = stub(o)->Admit(&ctx, req, &resp);
+  if (!s.ok()) return failed(s, o);
+  if (o.json) {
+    json j = {{"admitted", resp.admitted()}};
+    if (resp.admitted()) {
+      j["lease_id"] = resp.lease_id();
+      j["ttl_seconds"] = seconds(resp.ttl());
+    } else {
+      j["rejection"] = json::parse(resp.rejection().problem_json(), nullptr, false);
+    }
+    fmt::print("{}\n", j.dump());
+  } else if (resp.admitted()) {
+    fmt::print("{}\n", resp.lease_id());
+    fmt::print(stderr, "admitted: lease {} for {:.3f}s (release it with: sluice release {})\n",
+               resp.lease_id(), seconds(resp.ttl()), resp.lease_id());
+  } else {
+    const pb::Rejection& r = resp.rejection();
+    fmt::print("refused ({} {}): {}; retry after {:.3f}s\n", r.status(), r.title(), r.detail(),
+               seconds(r.retry_after()));
+  }
+  return resp.admitted() ? 0 : 1;
+}
+
+int run_release(const ClientOptions& o, const ReleaseArgs& a) {
+  pb::ReleaseRequest req;
+  req.set_lease_id(a.lease_id);
+  if (a.outcome == "success") {
+    req.set_outcome(pb::OUTCOME_SUCCESS);
+  } else if (a.outcome == "dropped") {
+    req.set_outcome(pb::OUTCOME_DROPPED);
+  } else if (a.outcome == "ignored") {
+    req.set_outcome(pb::OUTCOME_IGNORED);
+  } else {
+    fmt::print(stderr, "sluice: --outcome: must be success, dropped or ignored, not '{}'\n",
+               a.outcome);
+    return 2;
+  }
+  if (!duration_arg(a.rtt, "rtt", req.mutable_rtt())) return 2;
+  if (a.rtt.empty()) req.clear_rtt();
+  pb::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  deadline(ctx, o);
+  const grpc::Status s = stub(o)->Release(&ctx, req, &resp);
+  if (!s.ok()) return failed(s, o);
+  if (o.json)
+    fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds(resp.held())}}.dump());
+  else
+    fmt::print("released after {:.3f}s\n", seconds(resp.held()));
+  return 0;
+}
+
+int run_heartbeat(const ClientOptions& o, const std::string& lease_id, const std::string& ttl) {
+  pb::HeartbeatRequest req;
+  req.set_lease_id(lease_id);
+  if (!duration_arg(ttl, "ttl", req.mutable_ttl())) return 2;
+  if (ttl.empty()) req.clear_ttl();
+  pb::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  deadline(ctx, o);
+  const grpc::Status s = stub(o)->Heartbeat(&ctx, req, &resp);
+  if (!s.ok()) return failed(s, o);
+  fmt::print("lease extended: expires in {:.3f}s\n", seconds(resp.ttl()));
+  return 0;
+}
+
+int run_policies(const ClientOptions& o) {
+  pb::ListPoliciesResponse resp;
+  grpc::ClientContext ctx;
+  deadline(ctx, o);
+  const grpc::Status s = stub(o)->ListPolicies(&ctx, pb::ListPoliciesRequest{}, &resp);
+  if (!s.ok()) return failed(s, o);
+  if (o.json) {
+    json ps = json::array();
+    for (const auto& p : resp.policies()) ps.push_back(json::parse(p.state_json(), nullptr, false));
+    fmt::print("{}\n", json{{"generation", resp.config_generation()},
+                            {"leases", resp.leases()},
+                            {"policies", std::move(ps)}}
+                           .dump());
+    return 0;
+  }
+  fmt::print("{:<20} {:<12} {:>10} {:>10}  {}\n", "POLICY", "KIND", "IN_FLIGHT", "LIMIT", "RATE");
+  for (const auto& p : resp.policies())
+    fmt::print("{:<20} {:<12} {:>10} {:>10}  {}\n", p.name(), p.kind(),
+               p.kind() == "rate" ? std::string("-") : std::to_string(p.in_flight()), p.limit(),
+               p.rate().empty() ? "-" : p.rate());
+  fmt::print("config generation {}, {} lease(s) held\n", resp.config_generation(), resp.leases());
+  return 0;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,35 @@
+// client.h: `sluice check|peek|admit|release|heartbeat|policies`: talk to a running server
+// over gRPC.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace sluice::cli {
+
+struct ClientOptions {
+  std::string server = "127.0.0.1:7070";  // host:port of `sluice serve`'s gRPC listener
+  double timeout_seconds = 5;
+  bool json = false;  // print the reply as one JSON object
+};
+
+struct CheckArgs {
+  std::string policy, key;
+  std::int64_t hits = 1;
+  bool peek = false;
+};
+struct AdmitArgs {
+  std::string policy, key, tenant, upstream, route, ttl;
+};
+struct ReleaseArgs {
+  std::string lease_id, outcome = "success", rtt;
+};
+
+// Exit codes: 0 allowed / admitted / done, 1 denied / refused, 2 error (printed).
+int run_check(const ClientOptions& o, const CheckArgs& a);
+int run_admit(const ClientOptions& o, const AdmitArgs& a);
+int run_release(const ClientOptions& o, const ReleaseArgs& a);
+int run_heartbeat(const ClientOptions& o, const std::string& lease_id, const std::string& ttl);
+int run_policies(const ClientOptions& o);
+
+}  // namespace sluice::cli

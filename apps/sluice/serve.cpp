@@ -1,0 +1,194 @@
+#include "serve.h"
+
+#include <fmt/core.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <mutex>
+#include <thread>
+
+#include "server/engine.h"
+#include "server/grpc_service.h"
+#include "server/http_server.h"
+#include "sluice/config.h"
+
+namespace sluice::cli {
+namespace {
+
+void log(const std::string& line) {
+  const std::time_t t = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  fmt::print(stderr, "{} sluice: {}\n", stamp, line);
+  std::fflush(stderr);
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out.empty() ? "-" : out;
+}
+
+// Loads the file or the embedded default; prints every error.
+std::optional<SluiceConfig> load(const std::string& path) {
+  const ConfigLoad l = path.empty() ? load_config(default_config_yaml()) : load_config_file(path);
+  const std::string source = path.empty() ? "<embedded default>" : path;
+  for (const ConfigError& e : l.warnings) log("warning: " + e.to_string(source));
+  for (const ConfigError& e : l.errors) log("error: " + e.to_string(source));
+  return l.config;
+}
+
+// Runs the lease sweeper until stopped.
+class Sweeper {
+ public:
+  explicit Sweeper(server::Engine& engine) : engine_(engine), thread_([this] { run(); }) {}
+  ~Sweeper() { stop(); }
+  void stop() {
+    {
+      const std::lock_guard lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      const std::size_t n = engine_.expire_leases();
+      if (n > 0) log(fmt::format("expired {} lease(s) whose client stopped heartbeating", n));
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; });
+    }
+  }
+  server::Engine& engine_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+int run_serve(const ServeOptions& options) {
+  // Signals go to sigwait below, never to a handler on a random thread: block them before any
+  // thread starts (threads inherit the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::optional<SluiceConfig> config = load(options.config);
+  if (!config) {
+    log("the config has errors; not starting");
+    return 1;
+  }
+  if (!options.grpc.empty()) config->server.grpc = options.grpc;
+  if (!options.http.empty()) config->server.http = options.http;
+  const SteadyClock& clock = SteadyClock::instance();
+  auto created = server::Engine::create(*config, clock);
+  if (!created.ok()) {
+    log("cannot start: " + created.status().message());
+    return 1;
+  }
+  server::Engine& engine = *created.value();
+
+  std::mutex reload_mu;
+  const auto reload = [&]() -> server::ReloadOutcome {
+    const std::lock_guard lock(reload_mu);
+    if (options.config.empty()) {
+      log("reload: serving the embedded default config: there is no file to reload");
+      return {false, "serving the embedded default config: there is no file to reload"};
+    }
+    std::optional<SluiceConfig> next = load(options.config);
+    if (!next) {
+      engine.note_reload_failure();
+      log("reload rejected: the config has errors (above); the old config keeps serving");
+      return {false, "the config has errors (see the server log); the old config keeps serving"};
+    }
+    auto r = engine.reload(*next);
+    if (!r.ok()) {
+      log("reload rejected: " + r.status().message() + "; the old config keeps serving");
+      return {false, r.status().message() + "; the old config keeps serving"};
+    }
+    const server::ReloadSummary& s = r.value();
+    const std::string msg = fmt::format(
+        "reloaded (generation {}): added {}, changed {}, removed {}, kept {}", s.generation,
+        joined(s.added), joined(s.changed), joined(s.removed), joined(s.kept));
+    log(msg);
+    return {true, msg};
+  };
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server::GrpcService service(engine);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(config->server.grpc, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (!grpc_server || grpc_port == 0) {
+    log("cannot listen for gRPC on " + config->server.grpc);
+    return 1;
+  }
+  grpc_server->GetHealthCheckService()->SetServingStatus(true);
+
+  server::HttpServer http(engine, reload);
+  auto http_port = http.start(config->server.http, options.http_threads);
+  if (!http_port.ok()) {
+    log("cannot start: " + http_port.status().message());
+    grpc_server->Shutdown(std::chrono::system_clock::now());
+    return 1;
+  }
+  Sweeper sweeper(engine);
+  const auto host = [](const std::string& a) { return a.substr(0, a.rfind(':')); };
+  log(fmt::format("serving {} policies ({}) as node {}: grpc {}:{}, http {}:{}",
+                  config->policies.size(),
+                  options.config.empty() ? "embedded default config" : options.config,
+                  engine.settings().node_id, host(config->server.grpc), grpc_port,
+                  host(config->server.http), http_port.value()));
+
+  while (true) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig == SIGHUP) {
+      log("SIGHUP: reloading " +
+          (options.config.empty() ? std::string("(embedded default)") : options.config));
+      (void)reload();
+      continue;
+    }
+    break;
+  }
+
+  // Graceful shutdown: refuse new work, let leased calls finish (up to the grace period), then
+  // stop the listeners and leave every fleet.
+  const auto grace = engine.settings().shutdown_grace;
+  log(fmt::format("shutting down: refusing new calls; waiting up to {}s for {} lease(s)",
+                  std::chrono::duration<double>(grace).count(), engine.leases()));
+  engine.drain();
+  grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  const auto until = std::chrono::steady_clock::now() + grace;
+  while (engine.leases() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::size_t left = engine.leases();
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  http.stop();
+  sweeper.stop();
+  engine.close();
+  log(fmt::format("stopped ({} lease(s) were still held and have been released; fleets left)",
+                  left));
+  return 0;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# serve_roundtrip.sh SLUICE: the README's first command (`sluice serve`, the embedded default
+# config, no external server) starts, the CLI gets decisions from it, and SIGTERM stops it
+# cleanly. The server binds 127.0.0.1 on free ports and is stopped by its pid.
+set -uo pipefail
+sluice=$1
+dir=$(mktemp -d /tmp/sluice-serve.XXXXXX)
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+grpc=$(free_port); http=$(free_port)
+"$sluice" serve --grpc "127.0.0.1:$grpc" --http "127.0.0.1:$http" 2>"$dir/log" &
+pid=$!
+fail() { echo "FAIL: $*"; echo "--- server log"; cat "$dir/log"; kill -KILL "$pid" 2>/dev/null; rm -rf "$dir"; exit 1; }
+for _ in $(seq 1 200); do grep -q "serving" "$dir/log" && break; kill -0 "$pid" 2>/dev/null || fail "server exited"; sleep 0.05; done
+grep -q "embedded default config" "$dir/log" || fail "not serving the embedded default"
+export SLUICE_SERVER=127.0.0.1:$grpc
+
+# Rate: per-minute allows 1000 per key per minute; api-rate bursts of 20.
+out=$("$sluice" check per-minute alice -n 1000) || fail "check: exit $?: $out"
+[[ $out == allowed:* ]] || fail "check said: $out"
+"$sluice" check per-minute alice >"$dir/out"; rc=$?
+[ "$rc" = 1 ] && grep -q "^denied: 0 of 1000 remaining; retry after" "$dir/out" || fail "the 1001st hit: rc $rc, $(cat "$dir/out")"
+"$sluice" check api-rate alice -n 21 >"$dir/out"; rc=$?
+[ "$rc" = 1 ] && grep -q "can never pass" "$dir/out" || fail "21 hits over a burst of 20: rc $rc, $(cat "$dir/out")"
+"$sluice" peek api-rate bob -n 20 >/dev/null || fail "peek of a fresh key"
+"$sluice" check nope alice 2>"$dir/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "policy: no policy named 'nope'" "$dir/err" || fail "unknown policy: rc $rc, $(cat "$dir/err")"
+
+# Concurrency: small allows 10 in flight.
+leases=()
+for i in $(seq 1 10); do leases+=("$("$sluice" admit small 2>/dev/null)") || fail "admit $i"; done
+"$sluice" admit small >"$dir/out" 2>&1; rc=$?
+[ "$rc" = 1 ] && grep -q "refused (503" "$dir/out" || fail "11th admit: rc $rc, $(cat "$dir/out")"
+"$sluice" policies | grep -Eq "^small +adaptive +10 +10" || fail "policies: $("$sluice" policies)"
+"$sluice" release "${leases[0]}" --outcome dropped --rtt 20ms >/dev/null || fail "release"
+"$sluice" release "${leases[0]}" 2>/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "a second release must fail, got $rc"
+leases[0]=$("$sluice" admit small 2>/dev/null) || fail "admit after a release"
+json=$("$sluice" admit gateway -t acme-team -u llm -r chat --json) || fail "gateway admit"
+grep -q '"admitted":true' <<<"$json" || fail "gateway admit: $json"
+leases+=("$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["lease_id"])' <<<"$json")")
+leases+=("$("$sluice" admit gateway -t acme -u llm 2>/dev/null)") || fail "gateway admit"
+"$sluice" policies --json | grep -q '"leases":12' || fail "lease count: $("$sluice" policies --json)"
+
+# HTTP: metrics and readiness.
+curl -sf "http://127.0.0.1:$http/metrics" | grep -q '^sluice_fleet_l_global{policy="inventory"}' || fail "metrics"
+curl -sf "http://127.0.0.1:$http/healthz" >/dev/null || fail "healthz"
+
+# SIGHUP with no file: logged, still serving.
+kill -HUP "$pid"
+for _ in $(seq 1 100); do grep -q "no file to reload" "$dir/log" && break; sleep 0.05; done
+grep -q "no file to reload" "$dir/log" || fail "SIGHUP not handled"
+"$sluice" check api-rate carol >/dev/null || fail "serving after SIGHUP"
+
+# SIGTERM: drains while leases are held (Check is refused, Release still works) and exits 0
+# as soon as the last lease is released.
+kill -TERM "$pid"
+for _ in $(seq 1 100); do grep -q "shutting down" "$dir/log" && break; sleep 0.05; done
+"$sluice" check api-rate dave 2>"$dir/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "shutting down" "$dir/err" || fail "check while draining: rc $rc"
+for l in "${leases[@]}"; do "$sluice" release "$l" >/dev/null || fail "release while draining"; done
+wait "$pid"; rc=$?
+[ "$rc" = 0 ] || fail "exit code $rc after SIGTERM"
+grep -q "stopped" "$dir/log" || fail "no stop line"
+echo "--- server log"; cat "$dir/log"
+rm -rf "$dir"
+echo "serve roundtrip: ok"

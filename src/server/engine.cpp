@@ -1,0 +1,492 @@
+#include "server/engine.h"
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <utility>
+
+#include "server/policy.h"
+#include "sluice/gateway.h"
+
+namespace sluice::server {
+
+using nlohmann::json;
+
+namespace {
+
+double seconds_of(Nanos d) { return std::chrono::duration<double>(d).count(); }
+
+Status invalid(std::string field, std::string_view why) {
+  return Status(StatusCode::kInvalidArgument, field + ": " + std::string(why));
+}
+
+Status check_name(std::string_view field, std::string_view v) {
+  if (v.empty()) return invalid(std::string(field), "must not be empty");
+  if (v.size() > kMaxNameBytes)
+    return invalid(std::string(field), "is " + std::to_string(v.size()) + " bytes; at most " +
+                                           std::to_string(kMaxNameBytes));
+  return {};
+}
+
+Status check_key(std::string_view field, std::string_view v, bool required) {
+  if (v.empty()) return required ? invalid(std::string(field), "must not be empty") : Status{};
+  if (v.size() > kMaxKeyBytes)
+    return invalid(std::string(field), "is " + std::to_string(v.size()) + " bytes; at most " +
+                                           std::to_string(kMaxKeyBytes));
+  return {};
+}
+
+std::string node_id_default() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host[0] != '\0' ? host : "sluice") + "-" + std::to_string(getpid()) + "-" +
+         new_lease_id().substr(0, 8);
+}
+
+std::string rate_problem(const std::string& policy, std::string_view key, const RateDecision& d,
+                         const RateRule& rule, Refusal& r) {
+  r.status = 429;
+  r.type = "urn:sluice:problem:rate-limit-exceeded";
+  r.title = "Rate Limit Exceeded";
+  std::ostringstream detail;
+  detail << "Rate policy " << policy << " allows " << rule.limit << " per "
+         << seconds_of(rule.period) << "s for key '" << key << "'";
+  if (d.retry_after != Nanos::max()) detail << "; retry after " << seconds_of(d.retry_after) << "s";
+  r.detail = detail.str();
+  r.retry_after = d.retry_after;
+  r.policy = policy;
+  r.level = "rate";
+  r.current = d.limit - std::min(d.limit, d.remaining);
+  r.limit = d.limit;
+  json j = {{"type", r.type},     {"title", r.title},        {"status", r.status},
+            {"detail", r.detail}, {"policy", policy},        {"limit_type", "rate"},
+            {"limit", d.limit},   {"remaining", d.remaining}};
+  if (d.retry_after != Nanos::max())
+    j["retry_after_seconds"] =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds_of(d.retry_after))));
+  return j.dump();
+}
+
+}  // namespace
+
+// ---- the policy set ----
+
+class PolicySet {
+ public:
+  ServerSettings settings;
+  std::uint64_t generation = 1;
+  std::map<std::string, std::shared_ptr<Policy>, std::less<>> policies;
+  std::map<std::string, std::shared_ptr<CoordinatorSlot>, std::less<>> coordinators;
+
+  [[nodiscard]] Policy* find(std::string_view name) const {
+    auto it = policies.find(name);
+    return it == policies.end() ? nullptr : it->second.get();
+  }
+  [[nodiscard]] std::shared_ptr<Policy> find_shared(std::string_view name) const {
+    auto it = policies.find(name);
+    return it == policies.end() ? nullptr : it->second;
+  }
+};
+
+namespace {
+
+// Builds `config` into a set, reusing from `old` (may be null) every coordinator and policy
+// whose spec is unchanged.
+StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
+                                           const PolicySet* old, const std::string& node_id) {
+  auto set = std::make_shared<PolicySet>();
+  set->settings = config.server;
+  set->settings.node_id = node_id;
+  // Coordinators that some fleet policy uses.
+  for (const auto& [name, spec] : config.policies) {
+    const auto* f = std::get_if<FleetPolicy>(&spec.body);
+    if (f == nullptr || set->coordinators.contains(f->coordinator)) continue;
+    const CoordinatorSpec& cs = config.coordinators.at(f->coordinator);
+    if (old != nullptr) {
+      auto it = old->coordinators.find(f->coordinator);
+      if (it != old->coordinators.end() && it->second->fingerprint == cs.fingerprint) {
+        set->coordinators.emplace(f->coordinator, it->second);
+        continue;
+      }
+    }
+    auto slot = make_coordinator(f->coordinator, cs, clock);
+    if (!slot.ok()) return slot.status();
+    set->coordinators.emplace(f->coordinator, std::move(slot.value()));
+  }
+  for (const auto& [name, spec] : config.policies) {
+    std::string identity = spec.fingerprint;
+    std::shared_ptr<CoordinatorSlot> slot;
+    if (const auto* f = std::get_if<FleetPolicy>(&spec.body)) {
+      slot = set->coordinators.at(f->coordinator);
+      identity += "\n#coordinator " + f->coordinator + "\n" + slot->fingerprint;
+    }
+    if (old != nullptr) {
+      auto it = old->policies.find(name);
+      if (it != old->policies.end() && it->second->identity() == identity) {
+        set->policies.emplace(name, it->second);
+        continue;
+      }
+    }
+    auto p = Policy::create(name, spec, std::move(identity), std::move(slot), node_id, clock);
+    if (!p.ok()) return p.status();
+    set->policies.emplace(name, std::move(p.value()));
+  }
+  return set;
+}
+
+}  // namespace
+
+// ---- the engine ----
+
+StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, const Clock& clock) {
+  const std::string node_id =
+      config.server.node_id.empty() ? node_id_default() : config.server.node_id;
+  auto set = build(config, clock, nullptr, node_id);
+  if (!set.ok()) return set.status();
+  return std::unique_ptr<Engine>(new Engine(clock, std::move(set.value())));
+}
+
+Engine::Engine(const Clock& clock, std::shared_ptr<const PolicySet> set)
+    : clock_(clock), set_(std::move(set)) {}
+
+Engine::~Engine() { close(); }
+
+std::shared_ptr<const PolicySet> Engine::current() const {
+  return set_.load(std::memory_order_acquire);
+}
+
+Status Engine::usable() const {
+  if (draining()) return Status(StatusCode::kUnavailable, "the server is shutting down");
+  return {};
+}
+
+namespace {
+
+StatusOr<Policy*> rate_policy(const PolicySet& set, std::string_view name) {
+  if (Status s = check_name("policy", name); !s.ok()) return s;
+  Policy* p = set.find(name);
+  if (p == nullptr)
+    return Status(StatusCode::kNotFound, "policy: no policy named '" + std::string(name) + "'");
+  if (p->kind() != PolicyKind::kRate)
+    return Status(StatusCode::kFailedPrecondition,
+                  "policy: '" + std::string(name) + "' is a " + std::string(p->kind_name()) +
+                      " policy; Check and Peek take a rate policy (use Admit)");
+  return p;
+}
+
+Status check_call(const CheckCall& c) {
+  if (Status s = check_key("key", c.key, true); !s.ok()) return s;
+  if (c.hits < 1) return invalid("hits", "must be >= 1, not " + std::to_string(c.hits));
+  if (c.hits > kMaxHits)
+    return invalid("hits",
+                   "must be <= " + std::to_string(kMaxHits) + ", not " + std::to_string(c.hits));
+  return {};
+}
+
+}  // namespace
+
+StatusOr<RateDecision> Engine::check(const CheckCall& call) {
+  if (Status s = usable(); !s.ok()) return s;
+  const auto set = current();
+  auto p = rate_policy(*set, call.policy);
+  if (!p.ok()) return p.status();
+  if (Status s = check_call(call); !s.ok()) return s;
+  return p.value()->check(call.key, static_cast<std::uint64_t>(call.hits), clock_.now());
+}
+
+StatusOr<RateDecision> Engine::peek(const CheckCall& call) const {
+  if (Status s = usable(); !s.ok()) return s;
+  const auto set = current();
+  auto p = rate_policy(*set, call.policy);
+  if (!p.ok()) return p.status();
+  if (Status s = check_call(call); !s.ok()) return s;
+  return p.value()->peek(call.key, static_cast<std::uint64_t>(call.hits), clock_.now());
+}
+
+StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
+  if (Status s = usable(); !s.ok()) return s;
+  if (calls.empty()) return invalid("checks", "must not be empty");
+  if (calls.size() > kMaxBatch)
+    return invalid("checks", "has " + std::to_string(calls.size()) + " entries; at most " +
+                                 std::to_string(kMaxBatch));
+  const auto set = current();
+  // Validate everything before debiting anything.
+  std::vector<Policy*> ps;
+  ps.reserve(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    auto p = rate_policy(*set, calls[i].policy);
+    Status s = p.ok() ? check_call(calls[i]) : p.status();
+    if (!s.ok()) return Status(s.code(), "checks[" + std::to_string(i) + "]." + s.message());
+    ps.push_back(p.value());
+  }
+  const Nanos now = clock_.now();
+  CheckManyResult out;
+  out.decisions.reserve(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const auto hits = static_cast<std::uint64_t>(calls[i].hits);
+    out.decisions.push_back(ps[i]->check(calls[i].key, hits, now));
+    if (!out.decisions.back().allowed) {
+      out.denied_index = static_cast<int>(i);
+      for (std::size_t j = 0; j < i; ++j)
+        ps[j]->refund(calls[j].key, static_cast<std::uint64_t>(calls[j].hits), now);
+      return out;
+    }
+  }
+  out.allowed = true;
+  return out;
+}
+
+StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
+  if (Status s = usable(); !s.ok()) return s;
+  const auto set = current();
+  if (Status s = check_name("policy", call.policy); !s.ok()) return s;
+  std::shared_ptr<Policy> p = set->find_shared(call.policy);
+  if (p == nullptr)
+    return Status(StatusCode::kNotFound,
+                  "policy: no policy named '" + std::string(call.policy) + "'");
+  if (p->kind() == PolicyKind::kRate)
+    return Status(StatusCode::kFailedPrecondition,
+                  "policy: '" + std::string(call.policy) +
+                      "' is a rate policy; Admit takes an adaptive, fleet or concurrency policy "
+                      "(use Check)");
+  if (Status s = check_key("key", call.key, false); !s.ok()) return s;
+  for (auto [field, v] : {std::pair<const char*, std::string_view>{"tenant", call.tenant},
+                          {"upstream", call.upstream},
+                          {"route", call.route}})
+    if (v.size() > kMaxNameBytes)
+      return invalid(field, "is " + std::to_string(v.size()) + " bytes; at most " +
+                                std::to_string(kMaxNameBytes));
+  if (p->kind() == PolicyKind::kConcurrency) {
+    if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
+    if (call.upstream.empty())
+      return invalid("upstream", "must not be empty for a concurrency policy");
+  }
+  const Nanos ttl = call.ttl.value_or(set->settings.lease_ttl);
+  if (ttl <= Nanos{0}) return invalid("ttl", "must be > 0");
+  if (ttl > set->settings.max_lease_ttl)
+    return invalid("ttl", "must be at most the server's max_lease_ttl (" +
+                              std::to_string(seconds_of(set->settings.max_lease_ttl)) + "s)");
+
+  // The chained rate policy first: a refusal there takes no permit.
+  Policy* rate = nullptr;
+  std::string_view rate_key;
+  if (!p->rate_name().empty()) {
+    rate = set->find(p->rate_name());
+    rate_key = call.key.empty() ? call.tenant : call.key;
+    if (rate_key.empty())
+      return invalid("key", "must not be empty: policy '" + std::string(call.policy) +
+                                "' chains rate policy '" + p->rate_name() + "', keyed by it");
+  }
+  const Nanos now = clock_.now();
+  // Resolve the concurrency target before debiting the rate (an unknown tenant is an error,
+  // and an error must cost nothing).
+  Target target;
+  if (p->kind() == PolicyKind::kConcurrency) {
+    Resolution r = p->gateway().resolve(call.tenant, call.upstream, call.route);
+    if (!r.ok()) return Status(StatusCode::kNotFound, r.error()->message());
+    target = r.target();
+  }
+  AdmitResult out;
+  if (rate != nullptr) {
+    const RateDecision d = rate->check(rate_key, 1, now);
+    if (!d.allowed) {
+      p->count_rate_refusal();
+      out.refusal.problem_json = rate_problem(rate->name(), rate_key, d, rate->rule(), out.refusal);
+      return out;
+    }
+  }
+  auto permit = p->acquire(target, out.refusal);
+  if (!permit) {
+    // The rate hit stays spent: the call was attempted (as in the gateway's order, where the
+    // rate limiter counts every request it lets through to the concurrency check).
+    return out;
+  }
+  p->lease_began();
+  Lease lease{p, std::move(*permit), now, ttl, now + ttl};
+  out.admitted = true;
+  out.ttl = ttl;
+  out.lease_id = leases_.insert(std::move(lease));
+  return out;
+}
+
+StatusOr<Nanos> Engine::release(std::string_view lease_id, Outcome outcome,
+                                std::optional<Nanos> rtt) {
+  if (lease_id.empty()) return invalid("lease_id", "must not be empty");
+  if (!well_formed_lease_id(lease_id)) return invalid("lease_id", "must be 32 hex digits");
+  if (rtt && *rtt < Nanos{0}) return invalid("rtt", "must not be negative");
+  const Nanos now = clock_.now();
+  std::optional<Lease> lease = leases_.take(lease_id, now);
+  if (!lease)
+    return Status(StatusCode::kNotFound,
+                  "lease_id: no such lease (never issued, already released, or expired)");
+  const Nanos held = now - lease->admitted_at;
+  lease->finish(outcome, rtt.value_or(held));
+  lease->policy->count_release();
+  return held;
+}
+
+StatusOr<Nanos> Engine::heartbeat(std::string_view lease_id, std::optional<Nanos> ttl) {
+  if (lease_id.empty()) return invalid("lease_id", "must not be empty");
+  if (!well_formed_lease_id(lease_id)) return invalid("lease_id", "must be 32 hex digits");
+  const ServerSettings s = settings();
+  if (ttl && *ttl <= Nanos{0}) return invalid("ttl", "must be > 0");
+  if (ttl && *ttl > s.max_lease_ttl)
+    return invalid("ttl", "must be at most the server's max_lease_ttl (" +
+                              std::to_string(seconds_of(s.max_lease_ttl)) + "s)");
+  const Nanos now = clock_.now();
+  const std::optional<Nanos> applied = leases_.extend(lease_id, ttl, now);
+  if (!applied)
+    return Status(StatusCode::kNotFound,
+                  "lease_id: no such lease (never issued, already released, or expired)");
+  return *applied;
+}
+
+std::size_t Engine::expire_leases() { return leases_.expire(clock_.now()); }
+
+ServerSettings Engine::settings() const { return current()->settings; }
+std::uint64_t Engine::generation() const { return current()->generation; }
+
+std::vector<PolicyInfo> Engine::policies() const {
+  const auto set = current();
+  std::vector<PolicyInfo> out;
+  for (const auto& [name, p] : set->policies) out.push_back(p->info());
+  return out;
+}
+
+std::string Engine::policies_json() const {
+  const auto set = current();
+  json j = json::object();
+  j["generation"] = set->generation;
+  j["node_id"] = set->settings.node_id;
+  j["leases"] = leases_.size();
+  j["draining"] = draining();
+  json ps = json::array();
+  for (const auto& [name, p] : set->policies) ps.push_back(json::parse(p->info().state_json));
+  j["policies"] = std::move(ps);
+  return j.dump();
+}
+
+Readiness Engine::readiness() const {
+  Readiness r;
+  if (draining()) r.problems.push_back("the server is shutting down");
+  const auto set = current();
+  for (const auto& [name, p] : set->policies)
+    if (std::string why = p->not_ready(); !why.empty())
+      r.problems.push_back("policy " + name + ": " + why);
+  r.ready = r.problems.empty();
+  return r;
+}
+
+StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
+  const std::lock_guard lock(reload_mu_);
+  const auto old = current();
+  // The node id stays: fleets know this server by it.
+  auto next = build(config, clock_, old.get(), old->settings.node_id);
+  if (!next.ok()) {
+    reload_failures_.fetch_add(1, std::memory_order_relaxed);
+    return next.status();
+  }
+  std::shared_ptr<PolicySet> set = std::move(next.value());
+  set->generation = old->generation + 1;
+  ReloadSummary summary;
+  summary.generation = set->generation;
+  for (const auto& [name, p] : set->policies) {
+    auto it = old->policies.find(name);
+    if (it == old->policies.end())
+      summary.added.push_back(name);
+    else if (it->second == p)
+      summary.kept.push_back(name);
+    else
+      summary.changed.push_back(name);
+  }
+  for (const auto& [name, p] : old->policies) {
+    auto it = set->policies.find(name);
+    if (it == set->policies.end()) summary.removed.push_back(name);
+    if (it == set->policies.end() || it->second != p) p->retire();
+  }
+  set_.store(std::move(set), std::memory_order_release);
+  reloads_.fetch_add(1, std::memory_order_relaxed);
+  return summary;
+}
+
+void Engine::close() {
+  draining_.store(true, std::memory_order_relaxed);
+  leases_.clear();
+  const auto set = current();
+  for (const auto& [name, p] : set->policies) p->retire();
+}
+
+// ---- metrics ----
+
+namespace {
+
+class Families {
+ public:
+  void add(const std::string& name, const std::string& help, prometheus::MetricType type,
+           std::vector<prometheus::ClientMetric::Label> labels, double value) {
+    prometheus::MetricFamily& f = family(name, help, type);
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    if (type == prometheus::MetricType::Counter)
+      m.counter.value = value;
+    else
+      m.gauge.value = value;
+    f.metric.push_back(std::move(m));
+  }
+  prometheus::MetricFamily& family(const std::string& name, const std::string& help,
+                                   prometheus::MetricType type) {
+    auto it = index_.find(name);
+    if (it != index_.end()) return out_[it->second];
+    index_.emplace(name, out_.size());
+    out_.push_back(prometheus::MetricFamily{name, help, type, {}});
+    return out_.back();
+  }
+  // Folds in families from a collectable, each series labelled with the policy.
+  void merge(std::vector<prometheus::MetricFamily> fams, const std::string& label,
+             const std::string& value) {
+    for (auto& f : fams) {
+      prometheus::MetricFamily& into = family(f.name, f.help, f.type);
+      for (auto& m : f.metric) {
+        m.label.insert(m.label.begin(), prometheus::ClientMetric::Label{label, value});
+        into.metric.push_back(std::move(m));
+      }
+    }
+  }
+  std::vector<prometheus::MetricFamily>& out() { return out_; }
+
+ private:
+  std::vector<prometheus::MetricFamily> out_;
+  std::map<std::string, std::size_t> index_;
+};
+
+}  // namespace
+
+std::string Engine::metrics_text() const {
+  const auto set = current();
+  Families f;
+  using prometheus::MetricType;
+  f.add("sluice_config_generation", "Generation of the config in force (1 at start, +1 per reload)",
+        MetricType::Gauge, {}, static_cast<double>(set->generation));
+  f.add("sluice_config_reloads_total", "Config reloads by result", MetricType::Counter,
+        {{"result", "ok"}}, static_cast<double>(reloads_.load(std::memory_order_relaxed)));
+  f.add("sluice_config_reloads_total", "Config reloads by result", MetricType::Counter,
+        {{"result", "error"}},
+        static_cast<double>(reload_failures_.load(std::memory_order_relaxed)));
+  f.add("sluice_leases", "Leases held now (admitted calls not yet released or expired)",
+        MetricType::Gauge, {}, static_cast<double>(leases_.size()));
+  f.add("sluice_leases_expired_total", "Leases that expired (their client stopped heartbeating)",
+        MetricType::Counter, {}, static_cast<double>(leases_.expired_total()));
+  f.add("sluice_draining", "1 while the server shuts down", MetricType::Gauge, {},
+        draining() ? 1 : 0);
+  for (const auto& [name, slot] : set->coordinators) f.merge(slot->collect(), "coordinator", name);
+  for (const auto& [name, p] : set->policies) f.merge(p->collect(), "policy", name);
+  return prometheus::TextSerializer().Serialize(f.out());
+}
+
+}  // namespace sluice::server

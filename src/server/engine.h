@@ -1,0 +1,168 @@
+// engine.h: what `sluice serve` decides with, apart from any transport.
+//
+// What it is: the live policies of one config (rate limiters, adaptive guards, fleet guards with
+// their coordinators, gateway limits), the lease table, and the calls both wire APIs (gRPC and
+// HTTP) map onto: check / check_many / peek on rate policies; admit / release / heartbeat on
+// concurrency policies; state, metrics, readiness; reload. Every input is checked here, so both
+// transports refuse the same things with the same messages (each names its field).
+//
+// Policy chaining (the gateway document's order): a concurrency policy with `rate: R` checks R
+// first, for the call's key (or its tenant when it names no key). Over the rate: a 429 refusal
+// and no permit is taken. Then the concurrency limit: a 503 refusal, or a permit held by a lease.
+//
+// Reload: the new config's policies are built next to the old ones; a policy whose spec (and,
+// for a fleet policy, its coordinator's spec) is unchanged is carried over as the same object,
+// so its in-flight permits, rate state and fleet membership survive. If anything fails to
+// build, nothing changes. A policy that is gone or changed stops admitting (a fleet policy
+// leaves its fleet); leases on it keep their permit until released or expired.
+//
+// Thread-safety: every member is safe to call concurrently. Calls read the current policy set
+// through an atomic shared pointer; reload() swaps it (one reload at a time).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/leases.h"
+#include "sluice/adaptive_guard.h"
+#include "sluice/clock.h"
+#include "sluice/config.h"
+#include "sluice/rate_strategy.h"
+#include "sluice/status.h"
+
+namespace sluice::server {
+
+// Limits on request fields.
+inline constexpr std::size_t kMaxKeyBytes = 1024;
+inline constexpr std::size_t kMaxNameBytes = 256;
+inline constexpr std::int64_t kMaxHits = 1'000'000'000;
+inline constexpr std::size_t kMaxBatch = 128;
+
+struct CheckCall {
+  std::string_view policy;
+  std::string_view key;
+  std::int64_t hits = 1;
+};
+
+struct CheckManyResult {
+  bool allowed = false;
+  std::vector<RateDecision> decisions;  // up to and including the first denial
+  int denied_index = -1;
+};
+
+struct AdmitCall {
+  std::string_view policy;
+  std::string_view key;
+  std::string_view tenant;
+  std::string_view upstream;
+  std::string_view route;
+  std::optional<Nanos> ttl;
+};
+
+// Why a call was not admitted (the problem+json document and what refused it).
+struct Refusal {
+  std::uint16_t status = 503;  // 429: a rate policy; 503: a concurrency limit
+  std::string type;
+  std::string title;
+  std::string detail;
+  Nanos retry_after{0};
+  std::string policy;
+  std::string level;  // "rate", or the gateway level, or "limit" for adaptive/fleet
+  std::uint64_t current = 0;
+  std::uint64_t limit = 0;
+  std::string problem_json;
+};
+
+struct AdmitResult {
+  bool admitted = false;
+  std::string lease_id;
+  Nanos ttl{0};
+  Refusal refusal;  // when !admitted
+};
+
+struct PolicyInfo {
+  std::string name;
+  std::string kind;
+  std::string rate;
+  std::uint64_t in_flight = 0;
+  std::uint64_t limit = 0;
+  std::string state_json;  // one JSON object
+};
+
+struct ReloadSummary {
+  std::vector<std::string> added, changed, removed, kept;
+  std::uint64_t generation = 0;
+};
+
+struct Readiness {
+  bool ready = false;
+  std::vector<std::string> problems;  // why not
+};
+
+class PolicySet;
+
+class Engine {
+ public:
+  // Builds every policy of `config` (connecting to the coordinators its fleet policies use).
+  // `clock` must outlive the engine. An error names the policy or coordinator that failed.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Engine>> create(const SluiceConfig& config,
+                                                                const Clock& clock);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  [[nodiscard]] StatusOr<RateDecision> check(const CheckCall& call);
+  [[nodiscard]] StatusOr<RateDecision> peek(const CheckCall& call) const;
+  // All or nothing: a denial refunds the checks admitted before it.
+  [[nodiscard]] StatusOr<CheckManyResult> check_many(std::span<const CheckCall> calls);
+
+  [[nodiscard]] StatusOr<AdmitResult> admit(const AdmitCall& call);
+  // Returns how long the lease was held. `rtt` unset: that time.
+  [[nodiscard]] StatusOr<Nanos> release(std::string_view lease_id, Outcome outcome,
+                                        std::optional<Nanos> rtt);
+  // Returns the lease's TTL from now.
+  [[nodiscard]] StatusOr<Nanos> heartbeat(std::string_view lease_id, std::optional<Nanos> ttl);
+  // Expires leases past their deadline (the server's sweeper calls it); returns how many.
+  std::size_t expire_leases();
+  [[nodiscard]] std::size_t leases() const { return leases_.size(); }
+
+  [[nodiscard]] std::vector<PolicyInfo> policies() const;
+  [[nodiscard]] std::string policies_json() const;
+  [[nodiscard]] std::string metrics_text() const;
+  [[nodiscard]] Readiness readiness() const;
+  [[nodiscard]] ServerSettings settings() const;
+  [[nodiscard]] std::uint64_t generation() const;
+
+  // Swaps in `config`'s policies (see above). On error nothing changed.
+  [[nodiscard]] StatusOr<ReloadSummary> reload(const SluiceConfig& config);
+  // Counts a reload that failed before reaching the engine (a config with errors).
+  void note_reload_failure() noexcept { reload_failures_.fetch_add(1, std::memory_order_relaxed); }
+
+  // Shutdown, first half: Check and Admit answer UNAVAILABLE; Release and Heartbeat still work.
+  void drain() noexcept { draining_.store(true, std::memory_order_relaxed); }
+  [[nodiscard]] bool draining() const noexcept { return draining_.load(std::memory_order_relaxed); }
+  // Shutdown, second half: releases every lease and closes every policy (fleets are left).
+  void close();
+
+ private:
+  Engine(const Clock& clock, std::shared_ptr<const PolicySet> set);
+  [[nodiscard]] std::shared_ptr<const PolicySet> current() const;
+  [[nodiscard]] Status usable() const;
+
+  const Clock& clock_;
+  std::atomic<std::shared_ptr<const PolicySet>> set_;
+  std::mutex reload_mu_;
+  LeaseTable leases_;
+  std::atomic<bool> draining_{false};
+  std::atomic<std::uint64_t> reloads_{0};
+  std::atomic<std::uint64_t> reload_failures_{0};
+};
+
+}  // namespace sluice::server

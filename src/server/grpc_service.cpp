@@ -1,0 +1,182 @@
+#include "server/grpc_service.h"
+
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace sluice::server {
+namespace {
+
+namespace pb = sluice::v1;
+
+void set_duration(google::protobuf::Duration* d, Nanos n) {
+  if (n == Nanos::max()) {  // "never" (more hits than the limit): the largest Duration
+    d->set_seconds(315'576'000'000);
+    d->set_nanos(0);
+    return;
+  }
+  d->set_seconds(n.count() / 1'000'000'000);
+  d->set_nanos(static_cast<std::int32_t>(n.count() % 1'000'000'000));
+}
+
+// A Duration field as Nanos; an error names the field when it is out of range.
+StatusOr<std::optional<Nanos>> get_duration(bool has, const google::protobuf::Duration& d,
+                                            const char* field) {
+  if (!has) return std::optional<Nanos>();
+  constexpr std::int64_t kMaxSeconds = std::numeric_limits<std::int64_t>::max() / 1'000'000'000 - 1;
+  if (d.seconds() < 0 || d.nanos() < 0 || d.nanos() > 999'999'999 || d.seconds() > kMaxSeconds)
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(field) + ": must be a non-negative duration");
+  return std::optional<Nanos>(Nanos{d.seconds() * 1'000'000'000 + d.nanos()});
+}
+
+void fill(pb::Decision* out, const RateDecision& d) {
+  out->set_allowed(d.allowed);
+  out->set_limit(d.limit);
+  out->set_remaining(d.remaining);
+  set_duration(out->mutable_reset_after(), d.reset_after);
+  set_duration(out->mutable_retry_after(), d.retry_after);
+}
+
+CheckCall call_of(const pb::CheckRequest& r) {
+  return CheckCall{r.policy(), r.key(), r.has_hits() ? r.hits() : 1};
+}
+
+Outcome outcome_of(pb::Outcome o) {
+  switch (o) {
+    case pb::OUTCOME_DROPPED:
+      return Outcome::kDropped;
+    case pb::OUTCOME_IGNORED:
+      return Outcome::kIgnored;
+    default:
+      return Outcome::kSuccess;
+  }
+}
+
+grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(s);
+  return r;
+}
+
+}  // namespace
+
+grpc::Status to_grpc(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return grpc::Status::OK;
+    case StatusCode::kInvalidArgument:
+      return {grpc::StatusCode::INVALID_ARGUMENT, s.message()};
+    case StatusCode::kNotFound:
+      return {grpc::StatusCode::NOT_FOUND, s.message()};
+    case StatusCode::kUnavailable:
+      return {grpc::StatusCode::UNAVAILABLE, s.message()};
+    case StatusCode::kDeadlineExceeded:
+      return {grpc::StatusCode::DEADLINE_EXCEEDED, s.message()};
+    case StatusCode::kAborted:
+      return {grpc::StatusCode::ABORTED, s.message()};
+    case StatusCode::kPermissionDenied:
+      return {grpc::StatusCode::PERMISSION_DENIED, s.message()};
+    case StatusCode::kFailedPrecondition:
+      return {grpc::StatusCode::FAILED_PRECONDITION, s.message()};
+    case StatusCode::kInternal:
+      break;
+  }
+  return {grpc::StatusCode::INTERNAL, s.message()};
+}
+
+grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* ctx,
+                                             const pb::CheckRequest* req, pb::CheckResponse* resp) {
+  auto d = engine_.check(call_of(*req));
+  if (d.ok()) fill(resp->mutable_decision(), d.value());
+  return finish(ctx, to_grpc(d.status()));
+}
+
+grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* ctx,
+                                            const pb::CheckRequest* req, pb::CheckResponse* resp) {
+  auto d = engine_.peek(call_of(*req));
+  if (d.ok()) fill(resp->mutable_decision(), d.value());
+  return finish(ctx, to_grpc(d.status()));
+}
+
+grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* ctx,
+                                                 const pb::CheckManyRequest* req,
+                                                 pb::CheckManyResponse* resp) {
+  std::vector<CheckCall> calls;
+  calls.reserve(static_cast<std::size_t>(req->checks_size()));
+  for (const auto& c : req->checks()) calls.push_back(call_of(c));
+  auto r = engine_.check_many(calls);
+  if (r.ok()) {
+    resp->set_allowed(r.value().allowed);
+    resp->set_denied_index(r.value().denied_index);
+    for (const RateDecision& d : r.value().decisions) fill(resp->add_decisions(), d);
+  }
+  return finish(ctx, to_grpc(r.status()));
+}
+
+grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx,
+                                             const pb::AdmitRequest* req, pb::AdmitResponse* resp) {
+  auto ttl = get_duration(req->has_ttl(), req->ttl(), "ttl");
+  if (!ttl.ok()) return finish(ctx, to_grpc(ttl.status()));
+  auto r = engine_.admit(AdmitCall{req->policy(), req->key(), req->tenant(), req->upstream(),
+                                   req->route(), ttl.value()});
+  if (!r.ok()) return finish(ctx, to_grpc(r.status()));
+  const AdmitResult& a = r.value();
+  resp->set_admitted(a.admitted);
+  if (a.admitted) {
+    resp->set_lease_id(a.lease_id);
+    set_duration(resp->mutable_ttl(), a.ttl);
+  } else {
+    pb::Rejection* j = resp->mutable_rejection();
+    j->set_status(a.refusal.status);
+    j->set_type(a.refusal.type);
+    j->set_title(a.refusal.title);
+    j->set_detail(a.refusal.detail);
+    set_duration(j->mutable_retry_after(), a.refusal.retry_after);
+    j->set_policy(a.refusal.policy);
+    j->set_level(a.refusal.level);
+    j->set_current(a.refusal.current);
+    j->set_limit(a.refusal.limit);
+    j->set_problem_json(a.refusal.problem_json);
+  }
+  return finish(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
+                                               const pb::ReleaseRequest* req,
+                                               pb::ReleaseResponse* resp) {
+  auto rtt = get_duration(req->has_rtt(), req->rtt(), "rtt");
+  if (!rtt.ok()) return finish(ctx, to_grpc(rtt.status()));
+  auto held = engine_.release(req->lease_id(), outcome_of(req->outcome()), rtt.value());
+  if (held.ok()) set_duration(resp->mutable_held(), held.value());
+  return finish(ctx, to_grpc(held.status()));
+}
+
+grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                 const pb::HeartbeatRequest* req,
+                                                 pb::HeartbeatResponse* resp) {
+  auto ttl = get_duration(req->has_ttl(), req->ttl(), "ttl");
+  if (!ttl.ok()) return finish(ctx, to_grpc(ttl.status()));
+  auto applied = engine_.heartbeat(req->lease_id(), ttl.value());
+  if (applied.ok()) set_duration(resp->mutable_ttl(), applied.value());
+  return finish(ctx, to_grpc(applied.status()));
+}
+
+grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext* ctx,
+                                                    const pb::ListPoliciesRequest* /*req*/,
+                                                    pb::ListPoliciesResponse* resp) {
+  for (const PolicyInfo& p : engine_.policies()) {
+    pb::PolicyState* s = resp->add_policies();
+    s->set_name(p.name);
+    s->set_kind(p.kind);
+    s->set_rate(p.rate);
+    s->set_in_flight(p.in_flight);
+    s->set_limit(p.limit);
+    s->set_state_json(p.state_json);
+  }
+  resp->set_leases(engine_.leases());
+  resp->set_config_generation(engine_.generation());
+  return finish(ctx, grpc::Status::OK);
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,67 @@
+// http_server.h: the server's HTTP side (Boost.Beast on Asio coroutines).
+//
+// Endpoints:
+//   GET  /metrics          Prometheus text exposition (Engine::metrics_text)
+//   GET  /healthz          200 while the process serves
+//   GET  /readyz           200 when every policy can decide (fleet guards reached their
+//                          coordinator) and the server is not draining; else 503 with the reasons
+//   GET  /v1/policies      JSON state of every policy
+//   POST /v1/check, /v1/peek, /v1/check_many, /v1/admit, /v1/release, /v1/heartbeat
+//                          JSON mirrors of the gRPC calls (field names as in the proto; durations
+//                          as *_ms numbers). A denied check is 429 with Retry-After; a refused
+//                          admit is the refusal's status (429 or 503) with its problem+json body.
+//   POST /admin/reload     reloads the config file; needs `Authorization: Bearer <admin_token>`
+//                          when the config sets one
+// Bad input is 400 with {"error": {"code", "message"}}, the message naming the field.
+//
+// Thread-safety: start() and stop() from one thread; handlers run on the server's own threads.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "server/engine.h"
+#include "sluice/status.h"
+
+namespace sluice::server {
+
+struct ReloadOutcome {
+  bool ok = false;
+  std::string message;  // a summary, or every error (one per line)
+};
+
+class HttpServer {
+ public:
+  // `reload`: what POST /admin/reload runs (null: the endpoint answers 501).
+  HttpServer(Engine& engine, std::function<ReloadOutcome()> reload);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port and starts `threads` threads. Returns the bound port (port 0: any free one).
+  [[nodiscard]] StatusOr<int> start(const std::string& address, int threads = 1);
+  // Stops accepting, closes connections and joins the threads. Idempotent.
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One request to one response, without a socket (the tests drive it directly).
+struct HttpExchange {
+  std::string method;
+  std::string target;
+  std::string body;
+  std::string authorization;
+  // Out:
+  unsigned status = 200;
+  std::string content_type;
+  std::string response;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x);
+
+}  // namespace sluice::server

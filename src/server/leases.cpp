@@ -1,0 +1,146 @@
+#include "server/leases.h"
+
+#include "server/policy.h"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <functional>
+#include <stdexcept>
+
+namespace sluice::server {
+
+void Lease::finish(Outcome outcome, Nanos rtt) noexcept {
+  if (auto* g = std::get_if<GuardPermit>(&permit)) {
+    g->release(outcome, rtt);
+  } else {
+    std::get<GatewayPermit>(permit).release();
+  }
+  if (policy) policy->lease_ended();
+}
+
+std::string new_lease_id() {
+  unsigned char bytes[16];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("getrandom failed");
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  for (std::size_t i = 0; i < sizeof bytes; ++i) {
+    id[2 * i] = kHex[bytes[i] >> 4];
+    id[2 * i + 1] = kHex[bytes[i] & 0xf];
+  }
+  return id;
+}
+
+bool well_formed_lease_id(std::string_view id) noexcept {
+  if (id.size() != 32) return false;
+  for (const char c : id)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+LeaseTable::Shard& LeaseTable::shard_of(std::string_view id) noexcept {
+  return shards_[std::hash<std::string_view>{}(id) % kShards];
+}
+
+std::string LeaseTable::insert(Lease lease) {
+  while (true) {
+    std::string id = new_lease_id();
+    Shard& s = shard_of(id);
+    const std::lock_guard lock(s.mu);
+    if (s.leases.contains(id)) continue;  // 2^-128: but never overwrite a live lease
+    s.due.push(Due{lease.expires_at, id});
+    s.leases.emplace(id, std::move(lease));
+    return id;
+  }
+}
+
+std::optional<Lease> LeaseTable::take(std::string_view id, Nanos now) {
+  std::optional<Lease> out;
+  {
+    Shard& s = shard_of(id);
+    const std::lock_guard lock(s.mu);
+    auto it = s.leases.find(std::string(id));
+    if (it == s.leases.end()) return std::nullopt;
+    out.emplace(std::move(it->second));
+    s.leases.erase(it);
+  }
+  if (out->expires_at > now) return out;
+  out->finish(Outcome::kIgnored, Nanos{0});
+  expired_.fetch_add(1, std::memory_order_relaxed);
+  return std::nullopt;
+}
+
+std::optional<Nanos> LeaseTable::extend(std::string_view id, std::optional<Nanos> ttl, Nanos now) {
+  Shard& s = shard_of(id);
+  const std::lock_guard lock(s.mu);
+  auto it = s.leases.find(std::string(id));
+  if (it == s.leases.end() || it->second.expires_at <= now) return std::nullopt;
+  if (ttl) it->second.ttl = *ttl;
+  it->second.expires_at = now + it->second.ttl;
+  s.due.push(Due{it->second.expires_at, it->first});
+  return it->second.ttl;
+}
+
+std::size_t LeaseTable::expire(Nanos now) {
+  std::size_t n = 0;
+  std::vector<Lease> done;
+  for (Shard& s : shards_) {
+    {
+      const std::lock_guard lock(s.mu);
+      while (!s.due.empty() && s.due.top().at <= now) {
+        const Due d = s.due.top();
+        s.due.pop();
+        auto it = s.leases.find(d.id);
+        // Stale entries: released, or extended (a later entry carries the new deadline).
+        if (it == s.leases.end() || it->second.expires_at > now) continue;
+        done.push_back(std::move(it->second));
+        s.leases.erase(it);
+      }
+      // Heartbeats leave stale entries behind; rebuild when they dominate.
+      if (s.due.size() > 64 && s.due.size() > 4 * s.leases.size()) {
+        decltype(s.due) fresh;
+        for (const auto& [id, lease] : s.leases) fresh.push(Due{lease.expires_at, id});
+        s.due.swap(fresh);
+      }
+    }
+    for (Lease& l : done) l.finish(Outcome::kIgnored, Nanos{0});
+    n += done.size();
+    done.clear();
+  }
+  expired_.fetch_add(n, std::memory_order_relaxed);
+  return n;
+}
+
+std::size_t LeaseTable::clear() {
+  std::size_t n = 0;
+  for (Shard& s : shards_) {
+    std::unordered_map<std::string, Lease> taken;
+    {
+      const std::lock_guard lock(s.mu);
+      taken.swap(s.leases);
+      s.due = {};
+    }
+    for (auto& [id, l] : taken) l.finish(Outcome::kIgnored, Nanos{0});
+    n += taken.size();
+  }
+  return n;
+}
+
+std::size_t LeaseTable::size() const {
+  std::size_t n = 0;
+  for (const Shard& s : shards_) {
+    const std::lock_guard lock(s.mu);
+    n += s.leases.size();
+  }
+  return n;
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,93 @@
+// leases.h: the server's table of admitted calls (leases), each holding its permit.
+//
+// What it is: Admit turns a permit into a lease with a random 128-bit id (32 hex digits, from
+// the kernel's CSPRNG: a client cannot guess another client's lease) and a deadline. Release
+// takes the lease out and gives its permit back; Heartbeat moves its deadline; expire(now)
+// takes out every lease past its deadline, so a client that vanished frees its slot one TTL
+// later. The table is sharded by id, each shard a hash map plus a min-heap of deadlines
+// (stale heap entries, from heartbeats and releases, are skipped when they surface).
+//
+// Invariants: a lease is taken out exactly once (release, expiry or clear), and its permit is
+// released exactly then; the permit's policy outlives it (the lease holds a reference).
+//
+// Thread-safety: every member is safe to call concurrently. Permits are released outside the
+// shard's lock.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "sluice/adaptive_guard.h"
+#include "sluice/clock.h"
+#include "sluice/gateway_permit.h"
+
+namespace sluice::server {
+
+class Policy;
+
+struct Lease {
+  std::shared_ptr<Policy> policy;
+  std::variant<GuardPermit, GatewayPermit> permit;
+  Nanos admitted_at{0};
+  Nanos ttl{0};
+  Nanos expires_at{0};
+
+  // Gives the permit back (a guard permit records `outcome` and `rtt`).
+  void finish(Outcome outcome, Nanos rtt) noexcept;
+};
+
+// 32 lowercase hex digits from getrandom(2).
+[[nodiscard]] std::string new_lease_id();
+// Whether `id` has the shape new_lease_id() makes.
+[[nodiscard]] bool well_formed_lease_id(std::string_view id) noexcept;
+
+class LeaseTable {
+ public:
+  // Stores `lease` under a fresh id and returns the id.
+  std::string insert(Lease lease);
+  // Takes the lease out (nullopt: no such lease, or it was released, or its deadline is <= now:
+  // then it is expired here, as the sweeper would have).
+  [[nodiscard]] std::optional<Lease> take(std::string_view id, Nanos now);
+  // Moves a live lease's deadline to now + ttl (unset: its current TTL) and returns that TTL;
+  // nullopt when there is no such lease or its deadline is <= now (too late: it stays expired).
+  std::optional<Nanos> extend(std::string_view id, std::optional<Nanos> ttl, Nanos now);
+  // Takes out every lease whose deadline is <= now and finishes it (Outcome::kIgnored: the
+  // client said nothing about the call). Returns how many.
+  std::size_t expire(Nanos now);
+  // Takes out and finishes every lease (shutdown). Returns how many.
+  std::size_t clear();
+  [[nodiscard]] std::size_t size() const;
+  [[nodiscard]] std::uint64_t expired_total() const noexcept {
+    return expired_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  struct Due {
+    Nanos at;
+    std::string id;
+    friend bool operator>(const Due& a, const Due& b) noexcept { return a.at > b.at; }
+  };
+  struct alignas(64) Shard {
+    mutable std::mutex mu;
+    std::unordered_map<std::string, Lease> leases;
+    std::priority_queue<Due, std::vector<Due>, std::greater<>> due;
+  };
+  static constexpr std::size_t kShards = 16;
+  Shard& shard_of(std::string_view id) noexcept;
+
+  std::array<Shard, kShards> shards_;
+  std::atomic<std::uint64_t> expired_{0};
+};
+
+}  // namespace sluice::server

@@ -1,0 +1,392 @@
+#include "server/policy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "sluice/gateway_metrics.h"
+#include "sluice/memory_coordinator.h"
+#include "sluice/postgres_coordinator.h"
+#include "sluice/redis_coordinator.h"
+
+namespace sluice::server {
+
+using nlohmann::json;
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+namespace {
+
+double seconds_of(Nanos d) { return std::chrono::duration<double>(d).count(); }
+
+MetricFamily one(const std::string& name, const std::string& help, MetricType type, double value,
+                 std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter)
+    m.counter.value = value;
+  else
+    m.gauge.value = value;
+  return MetricFamily{name, help, type, {std::move(m)}};
+}
+
+}  // namespace
+
+// ---- CoordinatorSlot ----
+
+void CoordinatorSlot::record(Nanos took, bool ok) noexcept {
+  const double s = seconds_of(took);
+  std::size_t i = 0;
+  while (i < kBounds.size() && s > kBounds[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, took.count())),
+                    std::memory_order_relaxed);
+  if (!ok) errors_.fetch_add(1, std::memory_order_relaxed);
+}
+
+StatusOr<Grant> CoordinatorSlot::heartbeat(std::string_view key, const NodeReport& report,
+                                           Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  StatusOr<Grant> g = inner_->heartbeat(key, report, timeout);
+  record(clock_.now() - t0, g.ok());
+  return g;
+}
+
+Status CoordinatorSlot::leave(std::string_view key, std::string_view node_id,
+                              Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  Status s = inner_->leave(key, node_id, timeout);
+  record(clock_.now() - t0, s.ok());
+  return s;
+}
+
+std::vector<MetricFamily> CoordinatorSlot::collect() const {
+  MetricFamily h{"sluice_coordinator_call_seconds",
+                 "Latency of coordinator calls (heartbeats and leaves)",
+                 MetricType::Histogram,
+                 {}};
+  ClientMetric m;
+  m.label = {{"backend", std::string(backend())}};
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < kBounds.size(); ++i) {
+    cumulative += buckets_[i].load(std::memory_order_relaxed);
+    m.histogram.bucket.push_back(ClientMetric::Bucket{cumulative, kBounds[i]});
+  }
+  cumulative += buckets_[kBounds.size()].load(std::memory_order_relaxed);
+  m.histogram.bucket.push_back(
+      ClientMetric::Bucket{cumulative, std::numeric_limits<double>::infinity()});
+  m.histogram.sample_count = cumulative;
+  m.histogram.sample_sum = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
+  h.metric.push_back(std::move(m));
+  std::vector<MetricFamily> out;
+  out.push_back(std::move(h));
+  out.push_back(one("sluice_coordinator_errors_total", "Coordinator calls that failed",
+                    MetricType::Counter,
+                    static_cast<double>(errors_.load(std::memory_order_relaxed)),
+                    {{"backend", std::string(backend())}}));
+  return out;
+}
+
+StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(const std::string& name,
+                                                            const CoordinatorSpec& spec,
+                                                            const Clock& clock) {
+  std::unique_ptr<ConcurrencyCoordinator> inner;
+  switch (spec.kind) {
+    case CoordinatorSpec::Kind::kMemory:
+      inner = std::make_unique<MemoryCoordinator>(clock, spec.rules);
+      break;
+    case CoordinatorSpec::Kind::kRedis: {
+      auto c = RedisCoordinator::connect(spec.redis, spec.rules);
+      if (!c.ok())
+        return Status(c.status().code(), "coordinator " + name + ": " + c.status().message());
+      inner = std::move(c.value());
+      break;
+    }
+    case CoordinatorSpec::Kind::kPostgres: {
+      auto c = PostgresCoordinator::connect(spec.postgres, spec.rules);
+      if (!c.ok())
+        return Status(c.status().code(), "coordinator " + name + ": " + c.status().message());
+      inner = std::move(c.value());
+      break;
+    }
+  }
+  return std::make_shared<CoordinatorSlot>(std::move(inner), spec.fingerprint, clock);
+}
+
+// ---- Policy ----
+
+StatusOr<std::shared_ptr<Policy>> Policy::create(const std::string& name, const PolicySpec& spec,
+                                                 std::string identity,
+                                                 std::shared_ptr<CoordinatorSlot> coordinator,
+                                                 const std::string& node_id, const Clock& clock) {
+  const auto fail = [&](const Status& s) {
+    return Status(s.code(), "policy " + name + ": " + s.message());
+  };
+  PolicyKind kind = PolicyKind::kRate;
+  if (std::holds_alternative<AdaptivePolicy>(spec.body)) kind = PolicyKind::kAdaptive;
+  if (std::holds_alternative<FleetPolicy>(spec.body)) kind = PolicyKind::kFleet;
+  if (std::holds_alternative<ConcurrencyPolicy>(spec.body)) kind = PolicyKind::kConcurrency;
+  std::shared_ptr<Policy> p(new Policy(name, kind, spec, std::move(identity)));
+  if (const auto* r = std::get_if<RatePolicy>(&spec.body)) {
+    auto l = make_rate_limiter(RateLimiterOptions{r->rule, 64}, clock);
+    if (!l.ok()) return fail(l.status());
+    p->limiter_ = std::move(l.value());
+  } else if (const auto* a = std::get_if<AdaptivePolicy>(&spec.body)) {
+    p->adaptive_ = std::make_unique<AdaptiveGuard>(make_algorithm(a->algorithm), clock);
+  } else if (const auto* f = std::get_if<FleetPolicy>(&spec.body)) {
+    FleetGuardOptions o = f->guard;
+    o.node_id = node_id;
+    p->coordinator_ = std::move(coordinator);
+    auto g = FleetGuard::create(*p->coordinator_, make_algorithm(f->algorithm), clock, o);
+    if (!g.ok()) return fail(g.status());
+    p->fleet_ = std::move(g.value());
+    p->runner_ = std::make_unique<FleetGuardRunner>(*p->fleet_, clock);
+  } else if (const auto* c = std::get_if<ConcurrencyPolicy>(&spec.body)) {
+    GatewayBuild b = Gateway::create(c->gateway);
+    if (!b.gateway) {
+      std::string why;
+      for (const auto& e : b.report.errors) why += (why.empty() ? "" : "; ") + e.message;
+      return fail(Status(StatusCode::kInvalidArgument, why));
+    }
+    p->gateway_ = std::move(b.gateway);
+  }
+  return p;
+}
+
+Policy::~Policy() { retire(); }
+
+std::string_view Policy::kind_name() const noexcept { return spec_.kind(); }
+
+void Policy::retire() noexcept {
+  if (retired_.exchange(true, std::memory_order_acq_rel)) return;
+  runner_.reset();
+  if (fleet_) fleet_->close();
+}
+
+RateDecision Policy::check(std::string_view key, std::uint64_t hits, Nanos now) {
+  RateDecision d = limiter_->check(key, hits, now);
+  (d.allowed ? allowed_ : denied_).fetch_add(1, std::memory_order_relaxed);
+  return d;
+}
+
+RateDecision Policy::peek(std::string_view key, std::uint64_t hits, Nanos now) const {
+  return limiter_->peek(key, hits, now);
+}
+
+void Policy::refund(std::string_view key, std::uint64_t hits, Nanos now) {
+  limiter_->refund(key, hits, now);
+}
+
+std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Target& target,
+                                                                        Refusal& refusal) {
+  if (kind_ == PolicyKind::kConcurrency) {
+    Admission a = gateway_->try_acquire(target);
+    if (a.admitted()) {
+      admitted_.fetch_add(1, std::memory_order_relaxed);
+      return std::variant<GuardPermit, GatewayPermit>(std::move(a.permit()));
+    }
+    limit_refused_.fetch_add(1, std::memory_order_relaxed);
+    Rejection& r = *a.rejection();
+    refusal.status = r.status;
+    refusal.type = std::string(r.type);
+    refusal.title = std::string(r.title);
+    refusal.detail = r.detail();
+    refusal.retry_after = std::chrono::seconds(r.retry_after_seconds);
+    refusal.policy = name_;
+    refusal.level = std::string(to_string(r.level));
+    refusal.current = r.current_in_flight;
+    refusal.limit = r.max_concurrent;
+    refusal.problem_json = problem_json(r);
+    return std::nullopt;
+  }
+  std::optional<GuardPermit> permit;
+  if (!retired_.load(std::memory_order_relaxed))
+    permit = adaptive_ ? adaptive_->acquire() : fleet_->acquire();
+  if (permit) {
+    admitted_.fetch_add(1, std::memory_order_relaxed);
+    return std::variant<GuardPermit, GatewayPermit>(std::move(*permit));
+  }
+  limit_refused_.fetch_add(1, std::memory_order_relaxed);
+  const AdaptiveGuardStats s = adaptive_ ? adaptive_->stats() : fleet_->stats().local;
+  refusal.status = 503;
+  refusal.type = "urn:sluice:problem:concurrency-limit-exceeded";
+  refusal.title = "Concurrency Limit Exceeded";
+  refusal.policy = name_;
+  refusal.level = "limit";
+  refusal.current = s.in_flight;
+  refusal.limit = s.limit;
+  refusal.retry_after = std::chrono::seconds(1);
+  refusal.detail = "Policy " + name_ + " has reached its concurrency limit (" +
+                   std::to_string(s.in_flight) + "/" + std::to_string(s.limit) + ")";
+  if (kind_ == PolicyKind::kFleet) {
+    const FleetGuardStats fs = fleet_->stats();
+    refusal.detail += "; fleet share " + std::to_string(fs.share) + " of L_global " +
+                      std::to_string(fs.l_global) + " (" + std::string(to_string(fs.phase)) + ")";
+  }
+  refusal.problem_json = json{
+      {"type", refusal.type},
+      {"title", refusal.title},
+      {"status", refusal.status},
+      {"detail", refusal.detail},
+      {"policy", name_},
+      {"limit_type", "limit"},
+      {"current_in_flight", refusal.current},
+      {"max_concurrent", refusal.limit},
+      {"retry_after_seconds",
+       1}}.dump();
+  return std::nullopt;
+}
+
+PolicyInfo Policy::info() const {
+  PolicyInfo i;
+  i.name = name_;
+  i.kind = std::string(kind_name());
+  i.rate = spec_.rate;
+  json j = {{"name", name_}, {"kind", i.kind}};
+  if (!spec_.rate.empty()) j["rate"] = spec_.rate;
+  const auto guard_json = [&](const AdaptiveGuardStats& s) {
+    i.in_flight = s.in_flight;
+    i.limit = s.limit;
+    j["in_flight"] = s.in_flight;
+    j["limit"] = s.limit;
+    j["algorithm_limit"] = s.algorithm_limit;
+    j["accepted"] = s.accepted;
+    j["rejected"] = s.rejected;
+    j["dropped"] = s.dropped;
+  };
+  switch (kind_) {
+    case PolicyKind::kRate: {
+      const RateRule& r = limiter_->rule();
+      i.limit = r.limit;
+      j["strategy"] = std::string(to_string(r.strategy));
+      j["limit"] = r.limit;
+      j["period_seconds"] = seconds_of(r.period);
+      if (r.burst != 0) j["burst"] = r.burst;
+      j["keys"] = limiter_->keys();
+      j["allowed"] = allowed_.load(std::memory_order_relaxed);
+      j["denied"] = denied_.load(std::memory_order_relaxed);
+      break;
+    }
+    case PolicyKind::kAdaptive:
+      j["algorithm"] = std::string(adaptive_->algorithm_name());
+      guard_json(adaptive_->stats());
+      break;
+    case PolicyKind::kFleet: {
+      const FleetGuardStats s = fleet_->stats();
+      guard_json(s.local);
+      j["phase"] = std::string(to_string(s.phase));
+      j["share"] = s.share;
+      j["l_global"] = s.l_global;
+      j["nodes"] = s.nodes;
+      j["generation"] = s.generation;
+      j["fenced"] = s.fenced;
+      j["heartbeats"] = s.heartbeats;
+      j["heartbeat_errors"] = s.heartbeat_errors;
+      j["coordinator"] = std::string(coordinator_->backend());
+      j["key"] = fleet_->options().key;
+      break;
+    }
+    case PolicyKind::kConcurrency: {
+      json ups = json::array();
+      for (const auto& u : gateway_->config().upstreams) ups.push_back(u.id);
+      json ts = json::array();
+      for (const auto& t : gateway_->config().tenants) ts.push_back(t.id);
+      j["upstreams"] = std::move(ups);
+      j["tenants"] = std::move(ts);
+      break;
+    }
+  }
+  if (kind_ != PolicyKind::kRate) {
+    j["admitted"] = admitted_.load(std::memory_order_relaxed);
+    j["refused_by_limit"] = limit_refused_.load(std::memory_order_relaxed);
+    j["refused_by_rate"] = rate_refused_.load(std::memory_order_relaxed);
+    j["released"] = released_.load(std::memory_order_relaxed);
+    j["leases"] = leases_.load(std::memory_order_relaxed);
+    if (kind_ == PolicyKind::kConcurrency) {
+      i.in_flight = leases_.load(std::memory_order_relaxed);
+      j["in_flight"] = i.in_flight;
+    }
+  }
+  j["retired"] = retired_.load(std::memory_order_relaxed);
+  i.state_json = j.dump();
+  return i;
+}
+
+std::vector<MetricFamily> Policy::collect() const {
+  std::vector<MetricFamily> out;
+  const std::string kind(kind_name());
+  out.push_back(one("sluice_policy_info", "Policies in force (value 1), by kind", MetricType::Gauge,
+                    1, {{"kind", kind}}));
+  if (kind_ == PolicyKind::kRate) {
+    MetricFamily d{
+        "sluice_rate_decisions_total", "Rate checks by decision", MetricType::Counter, {}};
+    for (auto [label, v] : {std::pair<const char*, std::uint64_t>{"allowed", allowed_.load()},
+                            {"denied", denied_.load()}}) {
+      ClientMetric m;
+      m.label = {{"decision", label}};
+      m.counter.value = static_cast<double>(v);
+      d.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(d));
+    out.push_back(one("sluice_rate_keys", "Keys the rate policy holds state for", MetricType::Gauge,
+                      static_cast<double>(limiter_->keys())));
+    out.push_back(one("sluice_rate_limit", "Hits per period", MetricType::Gauge,
+                      static_cast<double>(limiter_->rule().limit)));
+    return out;
+  }
+  MetricFamily a{"sluice_admissions_total", "Admit calls by decision", MetricType::Counter, {}};
+  for (auto [label, v] : {std::pair<const char*, std::uint64_t>{"admitted", admitted_.load()},
+                          {"refused_by_rate", rate_refused_.load()},
+                          {"refused_by_limit", limit_refused_.load()}}) {
+    ClientMetric m;
+    m.label = {{"decision", label}};
+    m.counter.value = static_cast<double>(v);
+    a.metric.push_back(std::move(m));
+  }
+  out.push_back(std::move(a));
+  out.push_back(one("sluice_releases_total", "Leases released by their client", MetricType::Counter,
+                    static_cast<double>(released_.load())));
+  out.push_back(one("sluice_policy_leases", "Leases held on the policy", MetricType::Gauge,
+                    static_cast<double>(leases_.load())));
+  if (kind_ == PolicyKind::kConcurrency) {
+    for (MetricFamily& f : GatewayMetrics(*gateway_).Collect()) out.push_back(std::move(f));
+    return out;
+  }
+  const AdaptiveGuardStats s = adaptive_ ? adaptive_->stats() : fleet_->stats().local;
+  out.push_back(
+      one("sluice_policy_in_flight", "Calls holding a permit", MetricType::Gauge, s.in_flight));
+  out.push_back(
+      one("sluice_policy_limit", "Concurrency ceiling in force", MetricType::Gauge, s.limit));
+  out.push_back(one("sluice_policy_algorithm_limit", "The limit algorithm's own limit (L_local)",
+                    MetricType::Gauge, s.algorithm_limit));
+  if (kind_ == PolicyKind::kFleet) {
+    const FleetGuardStats f = fleet_->stats();
+    out.push_back(
+        one("sluice_fleet_share", "This node's share of L_global", MetricType::Gauge, f.share));
+    out.push_back(one("sluice_fleet_l_global", "The fleet's global limit (L_global)",
+                      MetricType::Gauge, f.l_global));
+    out.push_back(one("sluice_fleet_nodes", "Live nodes in the fleet", MetricType::Gauge, f.nodes));
+    out.push_back(one("sluice_fleet_fenced", "1 while this node is fenced", MetricType::Gauge,
+                      f.fenced ? 1 : 0));
+    out.push_back(one("sluice_fleet_heartbeats_total", "Heartbeats by result", MetricType::Counter,
+                      static_cast<double>(f.heartbeats), {{"result", "ok"}}));
+    out.back().metric.push_back(out.back().metric.front());
+    out.back().metric.back().label = {{"result", "error"}};
+    out.back().metric.back().counter.value = static_cast<double>(f.heartbeat_errors);
+    out.push_back(one("sluice_fleet_phase", "The fleet guard's phase (value 1)", MetricType::Gauge,
+                      1, {{"phase", std::string(to_string(f.phase))}}));
+  }
+  return out;
+}
+
+std::string Policy::not_ready() const {
+  if (kind_ != PolicyKind::kFleet) return {};
+  const FleetGuardStats s = fleet_->stats();
+  if (s.phase == FleetPhase::kActive) return {};
+  return "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
+         std::string(coordinator_->backend()) + " not reached)";
+}
+
+}  // namespace sluice::server

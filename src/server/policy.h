@@ -1,0 +1,141 @@
+// policy.h: one live policy of the server (its kind's engine and its counters), and the
+// coordinators fleet policies share.
+//
+// What it is: Policy wraps what a PolicySpec builds: a RateLimiter (rate), an AdaptiveGuard
+// (adaptive), a FleetGuard driven by its own runner thread (fleet) or a Gateway (concurrency),
+// with the counters the metrics show. CoordinatorSlot holds one coordinator, timing every call
+// it makes (the coordinator latency metric).
+//
+// Invariants: retire() stops admitting for good (a fleet policy leaves its fleet); permits
+// already held stay valid until released. A Policy outlives every lease on it (leases hold it).
+//
+// Thread-safety: every member is safe to call concurrently, except create().
+#pragma once
+
+#include <prometheus/metric_family.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "server/engine.h"
+#include "sluice/adaptive_guard.h"
+#include "sluice/config.h"
+#include "sluice/coordinator.h"
+#include "sluice/fleet_guard.h"
+#include "sluice/gateway.h"
+#include "sluice/rate_limiter.h"
+
+namespace sluice::server {
+
+class CoordinatorSlot final : public ConcurrencyCoordinator {
+ public:
+  CoordinatorSlot(std::unique_ptr<ConcurrencyCoordinator> inner, std::string fingerprint,
+                  const Clock& clock)
+      : fingerprint(std::move(fingerprint)), inner_(std::move(inner)), clock_(clock) {}
+
+  [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
+                                          Nanos timeout) noexcept override;
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+                             Nanos timeout) noexcept override;
+  [[nodiscard]] const CoordinatorConfig& config() const noexcept override {
+    return inner_->config();
+  }
+  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
+
+  // sluice_coordinator_call_seconds (histogram) and sluice_coordinator_errors_total.
+  [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const;
+
+  const std::string fingerprint;
+
+ private:
+  static constexpr std::array<double, 12> kBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                     0.01,   0.025,   0.05,   0.1,   0.25,   1.0};
+  void record(Nanos took, bool ok) noexcept;
+
+  std::unique_ptr<ConcurrencyCoordinator> inner_;
+  const Clock& clock_;
+  std::array<std::atomic<std::uint64_t>, kBounds.size() + 1> buckets_{};
+  std::atomic<std::uint64_t> count_{0}, sum_ns_{0}, errors_{0};
+};
+
+// Connects the coordinator `spec` describes. An error names it.
+[[nodiscard]] StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(
+    const std::string& name, const CoordinatorSpec& spec, const Clock& clock);
+
+enum class PolicyKind : std::uint8_t { kRate, kAdaptive, kFleet, kConcurrency };
+
+class Policy {
+ public:
+  // `coordinator`: the fleet policy's (null for other kinds).
+  [[nodiscard]] static StatusOr<std::shared_ptr<Policy>> create(
+      const std::string& name, const PolicySpec& spec, std::string identity,
+      std::shared_ptr<CoordinatorSlot> coordinator, const std::string& node_id, const Clock& clock);
+  ~Policy();
+  Policy(const Policy&) = delete;
+  Policy& operator=(const Policy&) = delete;
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] PolicyKind kind() const noexcept { return kind_; }
+  [[nodiscard]] std::string_view kind_name() const noexcept;
+  // The spec's fingerprint (plus its coordinator's): equal means the policy is unchanged.
+  [[nodiscard]] const std::string& identity() const noexcept { return identity_; }
+  [[nodiscard]] const std::string& rate_name() const noexcept { return spec_.rate; }
+
+  // Rate kind.
+  [[nodiscard]] RateDecision check(std::string_view key, std::uint64_t hits, Nanos now);
+  [[nodiscard]] RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const;
+  void refund(std::string_view key, std::uint64_t hits, Nanos now);
+  [[nodiscard]] const RateRule& rule() const noexcept { return limiter_->rule(); }
+
+  // Concurrency kinds: a permit, or nullopt with `refusal` filled in. `target`: concurrency
+  // kind only (resolved by gateway()).
+  [[nodiscard]] std::optional<std::variant<GuardPermit, GatewayPermit>> acquire(
+      const Target& target, Refusal& refusal);
+  [[nodiscard]] Gateway& gateway() noexcept { return *gateway_; }
+  void count_rate_refusal() noexcept { rate_refused_.fetch_add(1, std::memory_order_relaxed); }
+  void count_release() noexcept { released_.fetch_add(1, std::memory_order_relaxed); }
+  // A lease on this policy began / ended (released, expired or cleared).
+  void lease_began() noexcept { leases_.fetch_add(1, std::memory_order_relaxed); }
+  void lease_ended() noexcept { leases_.fetch_sub(1, std::memory_order_relaxed); }
+
+  // Stops admitting (a fleet policy closes its guard: it leaves the fleet). Idempotent.
+  void retire() noexcept;
+
+  [[nodiscard]] PolicyInfo info() const;
+  [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const;
+  // Empty when ready; else why not (a fleet policy that has not reached its coordinator).
+  [[nodiscard]] std::string not_ready() const;
+
+ private:
+  Policy(std::string name, PolicyKind kind, PolicySpec spec, std::string identity)
+      : name_(std::move(name)),
+        kind_(kind),
+        spec_(std::move(spec)),
+        identity_(std::move(identity)) {}
+
+  const std::string name_;
+  const PolicyKind kind_;
+  const PolicySpec spec_;
+  const std::string identity_;
+
+  std::unique_ptr<RateLimiter> limiter_;          // rate
+  std::unique_ptr<AdaptiveGuard> adaptive_;       // adaptive
+  std::shared_ptr<CoordinatorSlot> coordinator_;  // fleet (declared before its users)
+  std::unique_ptr<FleetGuard> fleet_;             // fleet
+  std::unique_ptr<FleetGuardRunner> runner_;      // fleet
+  std::unique_ptr<Gateway> gateway_;              // concurrency
+
+  std::atomic<bool> retired_{false};
+  std::atomic<std::uint64_t> allowed_{0}, denied_{0};  // rate checks
+  std::atomic<std::uint64_t> admitted_{0}, limit_refused_{0}, rate_refused_{0}, released_{0};
+  std::atomic<std::uint64_t> leases_{0};
+};
+
+}  // namespace sluice::server

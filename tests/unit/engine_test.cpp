@@ -1,0 +1,385 @@
+// The server's engine (src/server/engine.h), without a transport: policy chaining (a rate refusal
+// takes no permit), CheckMany's all-or-nothing, bad input named by field, leases (expiry,
+// heartbeat, unguessable ids), reload (unchanged policies keep their permits; a failed reload
+// changes nothing), drain, metrics, and leaving a fleet on close (over a real Redis).
+#include "server/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "sluice/config.h"
+#include "sluice/redis_coordinator.h"
+#include "sluice/testing/servers.h"
+
+namespace sluice::server {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+SluiceConfig config_of(const std::string& yaml) {
+  ConfigLoad l = load_config(yaml);
+  EXPECT_TRUE(l.config.has_value()) << (l.errors.empty() ? "" : l.errors[0].to_string("test"));
+  return l.config.value_or(SluiceConfig{});
+}
+
+const char* kBase = R"(
+server:
+  lease_ttl: 10s
+  max_lease_ttl: 1m
+policies:
+  per-key:
+    kind: rate
+    strategy: fixed-window
+    limit: 2
+    period: 1s
+  other:
+    kind: rate
+    strategy: gcra
+    limit: 5
+    period: 1s
+  two:
+    kind: adaptive
+    algorithm: fixed
+    limit: 2
+  chained:
+    kind: adaptive
+    algorithm: fixed
+    limit: 1
+    rate: per-key
+  gw:
+    kind: concurrency
+    rate: per-key
+    tenants:
+      - id: acme
+        global_concurrency_limit: 1
+    upstreams:
+      - id: llm
+        host: llm.internal
+        owner: acme
+        concurrency_limit:
+          max_concurrent: 5
+)";
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = Engine::create(config_of(kBase), clock_);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    engine_ = std::move(e.value());
+  }
+  AdmitResult admit(std::string_view policy, std::string_view key = "k") {
+    auto r = engine_->admit(AdmitCall{policy, key, {}, {}, {}, std::nullopt});
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r.value() : AdmitResult{};
+  }
+  std::uint64_t in_flight(std::string_view policy) {
+    for (const PolicyInfo& p : engine_->policies())
+      if (p.name == policy) return p.in_flight;
+    ADD_FAILURE() << "no policy " << policy;
+    return 0;
+  }
+  static void expect_error(const Status& s, StatusCode code, std::string_view field) {
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_EQ(s.message().find(field), 0u)
+        << "the message must start with the field: " << s.message();
+  }
+
+  ManualClock clock_{seconds(100)};
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, ARateRefusalTakesNoPermit) {
+  // per-key allows 2 per second; chained's concurrency limit is 1.
+  const AdmitResult a = admit("chained", "alice");
+  ASSERT_TRUE(a.admitted);
+  EXPECT_EQ(in_flight("chained"), 1u);
+  // Rate passes (2nd hit), concurrency refuses: 503.
+  const AdmitResult b = admit("chained", "alice");
+  ASSERT_FALSE(b.admitted);
+  EXPECT_EQ(b.refusal.status, 503);
+  EXPECT_EQ(b.refusal.level, "limit");
+  // Release: concurrency is free again, but the rate is spent: 429, and no permit was taken.
+  ASSERT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  const AdmitResult c = admit("chained", "alice");
+  ASSERT_FALSE(c.admitted);
+  EXPECT_EQ(c.refusal.status, 429);
+  EXPECT_EQ(c.refusal.policy, "per-key");
+  EXPECT_EQ(c.refusal.level, "rate");
+  EXPECT_GT(c.refusal.retry_after, Nanos{0});
+  EXPECT_NE(c.refusal.problem_json.find("\"status\":429"), std::string::npos);
+  EXPECT_EQ(in_flight("chained"), 0u);
+  // Another key has its own rate.
+  EXPECT_TRUE(admit("chained", "bob").admitted);
+  // The next second, alice passes again.
+  clock_.advance(seconds(1));
+  const AdmitResult d = admit("chained", "carol");
+  EXPECT_FALSE(d.admitted);  // bob holds the only slot
+  EXPECT_EQ(d.refusal.status, 503);
+}
+
+TEST_F(EngineTest, AConcurrencyPolicyIsKeyedByItsTenantAndRefusesAtItsLevel) {
+  auto call = [&](std::string_view tenant) {
+    return engine_->admit(AdmitCall{"gw", {}, tenant, "llm", {}, std::nullopt});
+  };
+  auto a = call("acme");
+  ASSERT_TRUE(a.ok() && a.value().admitted) << a.status().to_string();
+  auto b = call("acme");  // the tenant's global limit is 1
+  ASSERT_TRUE(b.ok());
+  ASSERT_FALSE(b.value().admitted);
+  EXPECT_EQ(b.value().refusal.status, 503);
+  EXPECT_EQ(b.value().refusal.level, "tenant");
+  EXPECT_EQ(in_flight("gw"), 1u);
+  // The rate (2 per second per tenant) is now spent: 429 before the gateway is asked.
+  auto c = call("acme");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c.value().refusal.status, 429);
+  // An unknown tenant is an error that costs nothing.
+  auto d = call("nobody");
+  EXPECT_EQ(d.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(d.status().message().find("nobody"), std::string::npos);
+  expect_error(engine_->admit(AdmitCall{"gw", {}, {}, "llm", {}, std::nullopt}).status(),
+               StatusCode::kInvalidArgument, "tenant");
+}
+
+TEST_F(EngineTest, CheckManyIsAllOrNothing) {
+  // per-key: 2 per window. A batch whose second check cannot pass debits nothing.
+  const std::vector<CheckCall> batch = {{"other", "x", 3}, {"per-key", "y", 3}};
+  auto r = engine_->check_many(batch);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r.value().allowed);
+  EXPECT_EQ(r.value().denied_index, 1);
+  auto peek = engine_->peek(CheckCall{"other", "x", 5});
+  ASSERT_TRUE(peek.ok());
+  EXPECT_TRUE(peek.value().allowed) << "the first check's 3 hits were not given back";
+  // A batch that passes debits every check.
+  auto ok = engine_->check_many(std::vector<CheckCall>{{"other", "x", 3}, {"per-key", "y", 2}});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok.value().allowed);
+  EXPECT_EQ(ok.value().decisions.size(), 2u);
+  EXPECT_FALSE(engine_->check(CheckCall{"per-key", "y", 1}).value().allowed);
+  EXPECT_EQ(engine_->check(CheckCall{"other", "x", 3}).value().allowed, false);
+  // A bad entry is an error naming its index, before anything is debited.
+  auto bad = engine_->check_many(std::vector<CheckCall>{{"other", "z", 1}, {"per-key", "", 1}});
+  expect_error(bad.status(), StatusCode::kInvalidArgument, "checks[1].key");
+  EXPECT_EQ(engine_->peek(CheckCall{"other", "z", 5}).value().allowed, true);
+  expect_error(engine_->check_many({}).status(), StatusCode::kInvalidArgument, "checks");
+}
+
+TEST_F(EngineTest, BadInputIsNamedAndCostsNothing) {
+  expect_error(engine_->check(CheckCall{"", "k", 1}).status(), StatusCode::kInvalidArgument,
+               "policy");
+  expect_error(engine_->check(CheckCall{"nope", "k", 1}).status(), StatusCode::kNotFound, "policy");
+  expect_error(engine_->check(CheckCall{"per-key", "", 1}).status(), StatusCode::kInvalidArgument,
+               "key");
+  expect_error(engine_->check(CheckCall{"per-key", std::string(kMaxKeyBytes + 1, 'k'), 1}).status(),
+               StatusCode::kInvalidArgument, "key");
+  for (const std::int64_t hits : {std::int64_t{0}, std::int64_t{-1}, kMaxHits + 1})
+    expect_error(engine_->check(CheckCall{"per-key", "k", hits}).status(),
+                 StatusCode::kInvalidArgument, "hits");
+  expect_error(engine_->check(CheckCall{"two", "k", 1}).status(), StatusCode::kFailedPrecondition,
+               "policy");
+  expect_error(engine_->admit(AdmitCall{"per-key", "k", {}, {}, {}, std::nullopt}).status(),
+               StatusCode::kFailedPrecondition, "policy");
+  expect_error(engine_->admit(AdmitCall{"two", "k", {}, {}, {}, Nanos{0}}).status(),
+               StatusCode::kInvalidArgument, "ttl");
+  expect_error(engine_->admit(AdmitCall{"two", "k", {}, {}, {}, std::chrono::minutes(2)}).status(),
+               StatusCode::kInvalidArgument, "ttl");
+  expect_error(engine_->admit(AdmitCall{"chained", "", {}, {}, {}, std::nullopt}).status(),
+               StatusCode::kInvalidArgument, "key");
+  expect_error(engine_->release("", Outcome::kSuccess, std::nullopt).status(),
+               StatusCode::kInvalidArgument, "lease_id");
+  expect_error(engine_->release("not-a-lease", Outcome::kSuccess, std::nullopt).status(),
+               StatusCode::kInvalidArgument, "lease_id");
+  expect_error(engine_->release(std::string(32, 'a'), Outcome::kSuccess, std::nullopt).status(),
+               StatusCode::kNotFound, "lease_id");
+  expect_error(engine_->heartbeat(std::string(32, 'b'), std::nullopt).status(),
+               StatusCode::kNotFound, "lease_id");
+  // None of that took a permit or a hit.
+  EXPECT_EQ(in_flight("two"), 0u);
+  EXPECT_EQ(in_flight("chained"), 0u);
+  EXPECT_EQ(engine_->peek(CheckCall{"per-key", "k", 2}).value().allowed, true);
+  EXPECT_EQ(engine_->leases(), 0u);
+}
+
+TEST_F(EngineTest, LeaseIdsAreUnguessableAndReleasedOnce) {
+  std::set<std::string> ids;
+  for (int i = 0; i < 200; ++i) {
+    const AdmitResult a = admit("two");
+    ASSERT_TRUE(a.admitted);
+    EXPECT_EQ(a.lease_id.size(), 32u);
+    EXPECT_TRUE(ids.insert(a.lease_id).second) << "lease id repeated: " << a.lease_id;
+    auto held = engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt);
+    ASSERT_TRUE(held.ok());
+    EXPECT_EQ(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).status().code(),
+              StatusCode::kNotFound);
+  }
+  // Ids share no fixed prefix: 200 random ids use every hex digit in their first position.
+  std::set<char> first;
+  for (const std::string& id : ids) first.insert(id[0]);
+  EXPECT_EQ(first.size(), 16u);
+}
+
+TEST_F(EngineTest, ALeaseExpiresAfterItsTtlUnlessHeartbeated) {
+  const AdmitResult a = admit("two");
+  const AdmitResult b = admit("two");
+  ASSERT_TRUE(a.admitted && b.admitted);
+  EXPECT_FALSE(admit("two").admitted);
+  clock_.advance(seconds(6));
+  auto ttl = engine_->heartbeat(b.lease_id, seconds(20));
+  ASSERT_TRUE(ttl.ok()) << ttl.status().to_string();
+  EXPECT_EQ(ttl.value(), seconds(20));
+  clock_.advance(seconds(4));  // a: 10 s old, its TTL; b: extended
+  EXPECT_EQ(engine_->expire_leases(), 1u);
+  EXPECT_EQ(in_flight("two"), 1u);
+  EXPECT_EQ(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).status().code(),
+            StatusCode::kNotFound);
+  const AdmitResult c = admit("two");
+  EXPECT_TRUE(c.admitted) << "the expired lease's slot was not freed";
+  // A lease past its deadline cannot be heartbeated back to life, even before the sweep.
+  clock_.advance(seconds(16));
+  EXPECT_EQ(engine_->heartbeat(b.lease_id, std::nullopt).status().code(), StatusCode::kNotFound);
+  // ... nor released (it is expired on the spot, and its slot freed).
+  EXPECT_EQ(engine_->release(c.lease_id, Outcome::kSuccess, std::nullopt).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(in_flight("two"), 1u);  // b, until the sweep
+  EXPECT_EQ(engine_->expire_leases(), 1u);
+  EXPECT_EQ(in_flight("two"), 0u);
+  EXPECT_EQ(engine_->leases(), 0u);
+  EXPECT_NE(engine_->metrics_text().find("sluice_leases_expired_total 3"), std::string::npos);
+}
+
+TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {
+  const AdmitResult a = admit("two");
+  const AdmitResult b = admit("chained", "alice");
+  ASSERT_TRUE(a.admitted && b.admitted);
+  ASSERT_TRUE(engine_->check(CheckCall{"other", "x", 5}).value().allowed);
+  // Same file, `chained` changed (limit 1 -> 3), `gw` removed, one policy added.
+  std::string next = kBase;
+  next = next.substr(0, next.find("  gw:"));
+  next.replace(next.find("limit: 1\n    rate"), 8, "limit: 3");
+  next += "  added:\n    kind: rate\n    limit: 1\n";
+  auto r = engine_->reload(config_of(next));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().generation, 2u);
+  EXPECT_EQ(r.value().added, std::vector<std::string>{"added"});
+  EXPECT_EQ(r.value().changed, std::vector<std::string>{"chained"});
+  EXPECT_EQ(r.value().removed, std::vector<std::string>{"gw"});
+  // The unchanged policy kept its permit and its count; the rate state survived too.
+  EXPECT_EQ(in_flight("two"), 1u);
+  EXPECT_TRUE(admit("two").admitted);
+  EXPECT_FALSE(admit("two").admitted);
+  EXPECT_FALSE(engine_->check(CheckCall{"other", "x", 1}).value().allowed);
+  // The changed policy starts afresh at its new limit; the old lease still releases.
+  EXPECT_EQ(in_flight("chained"), 0u);
+  ASSERT_TRUE(engine_->release(b.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  ASSERT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  EXPECT_EQ(in_flight("two"), 1u);
+  EXPECT_EQ(engine_->admit(AdmitCall{"gw", {}, "acme", "llm", {}, std::nullopt}).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(EngineTest, AReloadThatFailsChangesNothing) {
+  const AdmitResult a = admit("two");
+  ASSERT_TRUE(a.admitted);
+  // A fleet policy on a Redis nobody listens on: the coordinator cannot connect.
+  std::string next = kBase;
+  next.replace(next.find("policies:"), 9,
+               "coordinators:\n  r:\n    kind: redis\n    address: 127.0.0.1:" +
+                   std::to_string(testing::free_port()) +
+                   "\npolicies:\n  f:\n    kind: fleet\n    coordinator: r\n");
+  auto r = engine_->reload(config_of(next));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("coordinator r"), std::string::npos) << r.status().message();
+  EXPECT_EQ(engine_->generation(), 1u);
+  EXPECT_EQ(in_flight("two"), 1u);
+  EXPECT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  EXPECT_NE(engine_->metrics_text().find("sluice_config_reloads_total{result=\"error\"} 1"),
+            std::string::npos);
+}
+
+TEST_F(EngineTest, DrainRefusesNewWorkButReleasesHeldLeases) {
+  const AdmitResult a = admit("two");
+  ASSERT_TRUE(a.admitted);
+  engine_->drain();
+  EXPECT_EQ(engine_->check(CheckCall{"per-key", "k", 1}).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->admit(AdmitCall{"two", "k", {}, {}, {}, std::nullopt}).status().code(),
+            StatusCode::kUnavailable);
+  EXPECT_FALSE(engine_->readiness().ready);
+  EXPECT_TRUE(engine_->heartbeat(a.lease_id, std::nullopt).ok());
+  EXPECT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  EXPECT_EQ(in_flight("two"), 0u);
+}
+
+TEST(EngineMetrics, ShowEveryKindIncludingTheFleetShare) {
+  const SteadyClock& clock = SteadyClock::instance();
+  auto e = Engine::create(config_of(R"(
+policies:
+  r:
+    kind: rate
+    limit: 1
+  f:
+    kind: fleet
+    algorithm: fixed
+    limit: 4
+    heartbeat: 20ms
+)"),
+                          clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& engine = *e.value();
+  ASSERT_TRUE(engine.check(CheckCall{"r", "k", 1}).value().allowed);
+  ASSERT_FALSE(engine.check(CheckCall{"r", "k", 1}).value().allowed);
+  // The fleet guard's first beat comes from its runner thread.
+  const auto until = std::chrono::steady_clock::now() + seconds(10);
+  while (!engine.readiness().ready && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(engine.readiness().ready);
+  const std::string m = engine.metrics_text();
+  for (const char* series :
+       {"sluice_rate_decisions_total{policy=\"r\",decision=\"allowed\"} 1",
+        "sluice_rate_decisions_total{policy=\"r\",decision=\"denied\"} 1",
+        "sluice_fleet_l_global{policy=\"f\"} 4", "sluice_fleet_share{policy=\"f\"} 4",
+        "sluice_fleet_nodes{policy=\"f\"} 1", "sluice_policy_limit{policy=\"f\"} 4",
+        "sluice_coordinator_call_seconds_count{coordinator=\"memory\",backend=\"memory\"}"})
+    EXPECT_NE(m.find(series), std::string::npos) << series << "\n" << m;
+}
+
+// Closing the engine leaves every fleet: another node on the same Redis key sees the fleet shrink
+// at once, not a lease TTL later.
+TEST(EngineFleet, CloseLeavesTheFleet) {
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.start().ok());
+  const std::string yaml =
+      "server:\n  node_id: engine-node\ncoordinators:\n  r:\n    kind: redis\n"
+      "    address: 127.0.0.1:" +
+      std::to_string(redis.port()) +
+      "\npolicies:\n  f:\n    kind: fleet\n    coordinator: r\n"
+      "    algorithm: fixed\n    limit: 6\n    heartbeat: 20ms\n"
+      "    lease_ttl: 60s\n";
+  const SteadyClock& clock = SteadyClock::instance();
+  auto e = Engine::create(config_of(yaml), clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  const auto until = std::chrono::steady_clock::now() + seconds(10);
+  while (!e.value()->readiness().ready && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(e.value()->readiness().ready);
+  RedisOptions o;
+  o.port = redis.port();
+  auto other = RedisCoordinator::connect(o, {});
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  NodeReport report{"observer", 6, 0, 0, seconds(60)};
+  auto before = other.value()->heartbeat("f", report, seconds(2));
+  ASSERT_TRUE(before.ok()) << before.status().to_string();
+  EXPECT_EQ(before.value().nodes, 2u);
+  e.value()->close();
+  auto after = other.value()->heartbeat("f", report, seconds(2));
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after.value().nodes, 1u) << "the closed engine is still a member of the fleet";
+}
+
+}  // namespace
+}  // namespace sluice::server
