@@ -96,13 +96,20 @@ class PolicySet {
 
 namespace {
 
-// Builds `config` into a set, reusing from `old` (may be null) every coordinator and policy
-// whose spec is unchanged.
+// Builds `config` into a set of generation `generation`, reusing from `old` (may be null) every
+// coordinator and policy whose spec is unchanged.
 StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
-                                           const PolicySet* old, const std::string& node_id) {
+                                           const PolicySet* old, const std::string& node_id,
+                                           std::uint64_t generation) {
   auto set = std::make_shared<PolicySet>();
   set->settings = config.server;
   set->settings.node_id = node_id;
+  set->generation = generation;
+  // A fleet guard built by a reload joins under an id of its own: the guard it replaces is
+  // still a member until it leaves, and its leave must not take the new guard's record (and
+  // share) with it. While both are members the fleet splits among one node more: safe.
+  const std::string fleet_node =
+      generation == 1 ? node_id : node_id + "/" + std::to_string(generation);
   // Coordinators that some fleet policy uses.
   for (const auto& [name, spec] : config.policies) {
     const auto* f = std::get_if<FleetPolicy>(&spec.body);
@@ -133,7 +140,7 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
         continue;
       }
     }
-    auto p = Policy::create(name, spec, std::move(identity), std::move(slot), node_id, clock);
+    auto p = Policy::create(name, spec, std::move(identity), std::move(slot), fleet_node, clock);
     if (!p.ok()) return p.status();
     set->policies.emplace(name, std::move(p.value()));
   }
@@ -147,7 +154,7 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
 StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, const Clock& clock) {
   const std::string node_id =
       config.server.node_id.empty() ? node_id_default() : config.server.node_id;
-  auto set = build(config, clock, nullptr, node_id);
+  auto set = build(config, clock, nullptr, node_id, 1);
   if (!set.ok()) return set.status();
   return std::unique_ptr<Engine>(new Engine(clock, std::move(set.value())));
 }
@@ -387,13 +394,12 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   const std::lock_guard lock(reload_mu_);
   const auto old = current();
   // The node id stays: fleets know this server by it.
-  auto next = build(config, clock_, old.get(), old->settings.node_id);
+  auto next = build(config, clock_, old.get(), old->settings.node_id, old->generation + 1);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();
   }
   std::shared_ptr<PolicySet> set = std::move(next.value());
-  set->generation = old->generation + 1;
   ReloadSummary summary;
   summary.generation = set->generation;
   for (const auto& [name, p] : set->policies) {

@@ -375,6 +375,20 @@ TEST(EngineFleet, CloseLeavesTheFleet) {
   auto before = other.value()->heartbeat("f", report, seconds(2));
   ASSERT_TRUE(before.ok()) << before.status().to_string();
   EXPECT_EQ(before.value().nodes, 2u);
+  // A reload that changes the fleet policy: the old guard leaves, the new one joins under an id
+  // of its own, so the fleet stays at two members (never a window where this server holds a
+  // share the coordinator has reclaimed).
+  std::string changed = yaml;
+  changed.replace(changed.find("limit: 6"), 8, "limit: 8");
+  auto r = e.value()->reload(config_of(changed));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().changed, std::vector<std::string>{"f"});
+  const auto until2 = std::chrono::steady_clock::now() + seconds(10);
+  while (!e.value()->readiness().ready && std::chrono::steady_clock::now() < until2)
+    std::this_thread::sleep_for(milliseconds(5));
+  auto during = other.value()->heartbeat("f", report, seconds(2));
+  ASSERT_TRUE(during.ok());
+  EXPECT_EQ(during.value().nodes, 2u);
   e.value()->close();
   auto after = other.value()->heartbeat("f", report, seconds(2));
   ASSERT_TRUE(after.ok());
