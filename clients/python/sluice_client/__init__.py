@@ -1,0 +1,52 @@
+"""sluice_client: a small Python client for ``sluice serve`` (gRPC API ``sluice.v1.Sluice``).
+
+::
+
+    from sluice_client import Client, Refused
+
+    with Client("127.0.0.1:7070", timeout=2.0) as client:
+        d = client.check("api-rate", key="user-42")          # rate: a Decision
+        if not d.allowed:
+            print("slow down; retry in", d.retry_after, "s")  # None: never passes
+
+        try:
+            with client.lease("search", key="user-42"):        # concurrency: admit ... release
+                call_the_backend()
+        except Refused as r:                                   # 429 (rate) or 503 (limit)
+            print(r.status, r.detail, r.retry_after)
+
+The generated stubs (``sluice.v1.sluice_pb2`` and ``sluice_pb2_grpc``) must be importable; they
+are generated at build time from ``proto/sluice/v1/sluice.proto`` (see the README).
+"""
+
+from .client import Client, Seconds
+from .errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Refused,
+    SluiceError,
+    Unavailable,
+)
+from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
+
+__all__ = [
+    "Client",
+    "Seconds",
+    "Decision",
+    "CheckManyResult",
+    "Lease",
+    "PolicyState",
+    "Policies",
+    "OUTCOMES",
+    "SluiceError",
+    "InvalidArgument",
+    "NotFound",
+    "FailedPrecondition",
+    "PermissionDenied",
+    "Unavailable",
+    "DeadlineExceeded",
+    "Refused",
+]

@@ -1,0 +1,284 @@
+"""The synchronous gRPC client for ``sluice serve``."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import time
+from typing import Iterable, Iterator, Optional, Sequence, Tuple, Union
+
+import grpc
+from google.protobuf import duration_pb2
+
+from .errors import Refused, SluiceError, Unavailable, from_rpc_error
+from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
+
+try:
+    from sluice.v1 import sluice_pb2, sluice_pb2_grpc
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "sluice_client needs the generated stubs 'sluice.v1.sluice_pb2' and 'sluice_pb2_grpc' on "
+        "sys.path (they are generated at build time, never committed). Generate them with\n"
+        "  protoc -I proto --python_out=OUT --pyi_out=OUT --grpc_python_out=OUT "
+        "--plugin=protoc-gen-grpc_python=$(which grpc_python_plugin) proto/sluice/v1/sluice.proto\n"
+        "and put OUT on PYTHONPATH (see clients/python/README.md)."
+    ) from exc
+
+__all__ = ["Client", "Seconds"]
+
+Seconds = Union[float, int, datetime.timedelta]
+
+# The server encodes "never" (a request that can never pass) as the largest Duration.
+_NEVER_SECONDS = 315_576_000_000
+
+_OUTCOME_ENUM = {
+    "success": sluice_pb2.OUTCOME_SUCCESS,
+    "dropped": sluice_pb2.OUTCOME_DROPPED,
+    "ignored": sluice_pb2.OUTCOME_IGNORED,
+}
+
+
+def _seconds(d) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def _seconds_or_never(d) -> Optional[float]:
+    return None if d.seconds >= _NEVER_SECONDS else _seconds(d)
+
+
+def _duration(value: Seconds, name: str):
+    """A Duration message for `value` (seconds or a timedelta). The server checks the range."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: must be seconds (int, float) or a timedelta, not {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be a finite number of seconds, not {value!r}")
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(value * 1e9)))
+    return d
+
+
+def _decision(d) -> Decision:
+    return Decision(
+        allowed=d.allowed,
+        limit=d.limit,
+        remaining=d.remaining,
+        reset_after=_seconds(d.reset_after),
+        retry_after=_seconds_or_never(d.retry_after) if not d.allowed else 0.0,
+    )
+
+
+def _check_request(policy: str, key: str, hits: int):
+    if isinstance(hits, bool) or not isinstance(hits, int):
+        raise TypeError(f"hits: must be an int, not {hits!r}")
+    # hits is always sent (the field is optional on the wire): 0 must reach the server as 0.
+    return sluice_pb2.CheckRequest(policy=policy, key=key, hits=hits)
+
+
+def _outcome_for(exc: Optional[BaseException]) -> str:
+    """The outcome a lease block reports: success, or dropped after a timeout, else ignored."""
+    if exc is None:
+        return "success"
+    if isinstance(exc, TimeoutError):
+        return "dropped"
+    return "ignored"
+
+
+class Client:
+    """A client of one sluice server's gRPC API.
+
+    ``Client(target="127.0.0.1:7070", timeout=5.0)`` opens an insecure channel (or a secure
+    one with ``credentials``); every call has a deadline of ``timeout`` seconds. Use it as a
+    context manager, or call :meth:`close`. A client is safe to share between threads.
+
+    Errors: a failed call raises a :class:`~sluice_client.SluiceError` subclass
+    (:class:`~sluice_client.InvalidArgument`, :class:`~sluice_client.NotFound`, ...). A
+    refused admission raises :class:`~sluice_client.Refused`. A denied check is a
+    :class:`~sluice_client.Decision` with ``allowed=False``, not an exception.
+    """
+
+    def __init__(self, target: str = "127.0.0.1:7070", timeout: float = 5.0, *,
+                 credentials: Optional[grpc.ChannelCredentials] = None,
+                 options: Sequence[Tuple[str, object]] = ()):
+        self.target = target
+        self.timeout = timeout
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=list(options))
+        else:
+            self._channel = grpc.secure_channel(target, credentials, options=list(options))
+        self._stub = sluice_pb2_grpc.SluiceStub(self._channel)
+
+    # ---- lifecycle ----
+
+    def close(self) -> None:
+        """Closes the channel. Calls after this fail."""
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Blocks until the channel is connected; raises Unavailable after `timeout` seconds."""
+        try:
+            grpc.channel_ready_future(self._channel).result(
+                timeout=self.timeout if timeout is None else timeout)
+        except grpc.FutureTimeoutError:
+            raise Unavailable(f"{self.target}: not reachable") from None
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    # ---- rate policies ----
+
+    def check(self, policy: str, key: str, hits: int = 1) -> Decision:
+        """Spends `hits` for `key` on rate policy `policy` if all of them are allowed now.
+
+        A denial spends nothing and is returned (``allowed=False``), not raised.
+        """
+        return _decision(self._call(self._stub.Check, _check_request(policy, key, hits)).decision)
+
+    def peek(self, policy: str, key: str, hits: int = 1) -> Decision:
+        """The decision :meth:`check` would give now, spending nothing."""
+        return _decision(self._call(self._stub.Peek, _check_request(policy, key, hits)).decision)
+
+    def check_many(self, checks: Iterable[Sequence]) -> CheckManyResult:
+        """Several checks, all or nothing: ``[(policy, key), (policy, key, hits), ...]``.
+
+        If any is denied, none is debited. Returns ``(allowed, decisions, denied_index)``.
+        """
+        req = sluice_pb2.CheckManyRequest()
+        for c in checks:
+            if len(c) not in (2, 3):
+                raise ValueError(f"checks: each must be (policy, key) or (policy, key, hits), "
+                                 f"not {c!r}")
+            req.checks.append(_check_request(c[0], c[1], c[2] if len(c) == 3 else 1))
+        resp = self._call(self._stub.CheckMany, req)
+        return CheckManyResult(
+            allowed=resp.allowed,
+            decisions=[_decision(d) for d in resp.decisions],
+            denied_index=None if resp.allowed else resp.denied_index,
+        )
+
+    # ---- concurrency policies ----
+
+    def admit(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
+              route: str = "", ttl: Optional[Seconds] = None) -> Lease:
+        """Admits one call on an adaptive, fleet or concurrency policy and returns its lease.
+
+        `key` keys a chained rate policy (a concurrency policy falls back to `tenant`);
+        `tenant`, `upstream` and `route` address a concurrency policy's limits. `ttl`: the
+        lease's lifetime without a heartbeat (``None``: the server's ``lease_ttl``).
+
+        Raises :class:`~sluice_client.Refused` (status 429 or 503) when not admitted.
+        """
+        req = sluice_pb2.AdmitRequest(policy=policy, key=key, tenant=tenant, upstream=upstream,
+                                      route=route)
+        if ttl is not None:
+            req.ttl.CopyFrom(_duration(ttl, "ttl"))
+        resp = self._call(self._stub.Admit, req)
+        if resp.admitted:
+            return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy)
+        r = resp.rejection
+        raise Refused(
+            r.status, title=r.title, type=r.type, detail=r.detail,
+            retry_after=_seconds_or_never(r.retry_after), policy=r.policy, level=r.level,
+            current=r.current, limit=r.limit, problem_json=r.problem_json)
+
+    def release(self, lease: Union[Lease, str], outcome: str = "success",
+                rtt: Optional[Seconds] = None) -> float:
+        """Ends a lease and frees its slot; returns how long it was held (seconds).
+
+        `outcome`: ``"success"`` (the call completed; `rtt` is latency evidence),
+        ``"dropped"`` (timed out / overloaded: the limit should come down) or ``"ignored"``
+        (says nothing about the backend). `rtt`: the call's latency; ``None``: the time the
+        lease was held. Raises :class:`~sluice_client.NotFound` when the lease is unknown,
+        already released or expired.
+        """
+        if outcome not in _OUTCOME_ENUM:
+            raise ValueError(f"outcome: must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+        lease_id = lease.lease_id if isinstance(lease, Lease) else lease
+        req = sluice_pb2.ReleaseRequest(lease_id=lease_id, outcome=_OUTCOME_ENUM[outcome])
+        if rtt is not None:
+            req.rtt.CopyFrom(_duration(rtt, "rtt"))
+        resp = self._call(self._stub.Release, req)
+        if isinstance(lease, Lease):
+            lease.released = True
+        return _seconds(resp.held)
+
+    def heartbeat(self, lease: Union[Lease, str], ttl: Optional[Seconds] = None) -> float:
+        """Extends a live lease to `ttl` from now (``None``: its current TTL); returns the TTL.
+
+        Raises :class:`~sluice_client.NotFound` when the lease already expired.
+        """
+        lease_id = lease.lease_id if isinstance(lease, Lease) else lease
+        req = sluice_pb2.HeartbeatRequest(lease_id=lease_id)
+        if ttl is not None:
+            req.ttl.CopyFrom(_duration(ttl, "ttl"))
+        applied = _seconds(self._call(self._stub.Heartbeat, req).ttl)
+        if isinstance(lease, Lease):
+            lease.ttl = applied
+        return applied
+
+    @contextlib.contextmanager
+    def lease(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
+              route: str = "", ttl: Optional[Seconds] = None) -> Iterator[Lease]:
+        """Admits on entry (raising :class:`~sluice_client.Refused` if not admitted) and
+        releases on exit, with the time since admission as the RTT::
+
+            with client.lease("search", key=user) as lease:
+                call_the_backend()
+
+        The outcome reported at release:
+
+        * the block finished: ``"success"``;
+        * it raised a :class:`TimeoutError` (socket timeouts, ``asyncio.TimeoutError``,
+          :class:`~sluice_client.DeadlineExceeded`...): ``"dropped"`` -- the backend is slow,
+          the limit should come down;
+        * it raised anything else (including ``KeyboardInterrupt``): ``"ignored"`` -- the
+          failure says nothing about the backend's latency.
+
+        Set ``lease.outcome`` inside the block to override (e.g. ``"dropped"`` on an HTTP 503
+        from the backend). A lease released inside the block is not released again.
+
+        If the block raised, an error while releasing is swallowed and the block's exception
+        propagates (the lease then expires on the server after its TTL). If the block finished,
+        a failed release raises (e.g. :class:`~sluice_client.NotFound` when the lease expired
+        because the block outlived its TTL without a heartbeat).
+        """
+        lease = self.admit(policy, key=key, tenant=tenant, upstream=upstream, route=route,
+                           ttl=ttl)
+        try:
+            yield lease
+        except BaseException as exc:
+            if not lease.released:
+                with contextlib.suppress(SluiceError):
+                    self.release(lease, lease.outcome or _outcome_for(exc),
+                                 rtt=time.monotonic() - lease.admitted_at)
+            raise
+        if not lease.released:
+            self.release(lease, lease.outcome or "success",
+                         rtt=time.monotonic() - lease.admitted_at)
+
+    # ---- state ----
+
+    def policies(self) -> Policies:
+        """Every policy's state, the number of leases held and the config generation."""
+        resp = self._call(self._stub.ListPolicies, sluice_pb2.ListPoliciesRequest())
+        return Policies(
+            by_name={
+                p.name: PolicyState._from_json(p.name, p.kind, p.rate, p.in_flight, p.limit,
+                                               p.state_json)
+                for p in resp.policies
+            },
+            leases=resp.leases,
+            config_generation=resp.config_generation,
+        )
+

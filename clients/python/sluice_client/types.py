@@ -1,0 +1,136 @@
+"""The values :class:`sluice_client.Client` returns. Durations are float seconds."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional
+
+__all__ = ["Decision", "CheckManyResult", "Lease", "PolicyState", "Policies", "OUTCOMES"]
+
+# How a leased call ended (the server's Outcome enum):
+#   "success"  it completed; its RTT is latency evidence for adaptive limits
+#   "dropped"  it timed out or the backend refused it as overloaded: the limit should come down
+#   "ignored"  it says nothing about the backend (cancelled, a client-side error)
+OUTCOMES = ("success", "dropped", "ignored")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A rate policy's answer for one key.
+
+    Attributes:
+        allowed: whether the hits were allowed (and, for :meth:`Client.check`, debited).
+        limit: the most hits the key may spend at once (for GCRA, the burst).
+        remaining: hits still allowed now, after this request.
+        reset_after: seconds until the key's allowance is whole again.
+        retry_after: 0.0 when allowed; when denied, seconds until the same request would pass,
+            or ``None`` when it never can (more hits than the policy allows at once).
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: Optional[float]
+
+
+class CheckManyResult(NamedTuple):
+    """The answer to :meth:`Client.check_many`; unpacks as ``allowed, decisions, denied_index``.
+
+    Attributes:
+        allowed: every check passed, and all were debited. If not, none was.
+        decisions: one per check, in order, up to and including the first denial.
+        denied_index: the index of the first denied check, ``None`` when allowed.
+    """
+
+    allowed: bool
+    decisions: List[Decision]
+    denied_index: Optional[int]
+
+
+@dataclass
+class Lease:
+    """An admitted call. Release it (or let the :meth:`Client.lease` block do it).
+
+    Attributes:
+        lease_id: 32 hex digits; whoever knows it can release or extend the lease.
+        ttl: seconds the lease lives without a heartbeat.
+        policy: the policy that admitted it.
+        admitted_at: :func:`time.monotonic` when the admission returned.
+        outcome: inside a :meth:`Client.lease` block, set it to ``"success"``, ``"dropped"`` or
+            ``"ignored"`` to choose the outcome reported at release; ``None``: decided on exit.
+        released: set once the lease was released through the client.
+    """
+
+    lease_id: str
+    ttl: float
+    policy: str = ""
+    admitted_at: float = field(default_factory=time.monotonic)
+    outcome: Optional[str] = None
+    released: bool = False
+
+    def __str__(self) -> str:
+        return self.lease_id
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """One policy as :meth:`Client.policies` reports it.
+
+    Attributes:
+        name, kind: the policy's name and kind (``rate``, ``adaptive``, ``fleet``,
+            ``concurrency``).
+        rate: the chained rate policy's name, or ``""``.
+        in_flight: concurrency kinds: calls holding a permit (leases included).
+        limit: rate: hits per period; adaptive/fleet: the concurrency ceiling in force.
+        state: every other detail (counters, fleet share...), as ``GET /v1/policies`` shows it.
+    """
+
+    name: str
+    kind: str
+    rate: str
+    in_flight: int
+    limit: int
+    state: Dict[str, Any]
+
+    @classmethod
+    def _from_json(cls, name: str, kind: str, rate: str, in_flight: int, limit: int,
+                   state_json: str) -> "PolicyState":
+        try:
+            state = json.loads(state_json) if state_json else {}
+        except ValueError:
+            state = {}
+        return cls(name, kind, rate, in_flight, limit, state if isinstance(state, dict) else {})
+
+
+@dataclass(frozen=True)
+class Policies:
+    """Every policy of the server, by name, plus the lease count and the config generation.
+
+    Behaves as a read-only mapping: ``"api-rate" in ps``, ``ps["small"].in_flight``, ``len(ps)``,
+    ``for name in ps``.
+    """
+
+    by_name: Dict[str, PolicyState]
+    leases: int
+    config_generation: int
+
+    def __getitem__(self, name: str) -> PolicyState:
+        return self.by_name[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.by_name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_name)
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def get(self, name: str, default: Optional[PolicyState] = None) -> Optional[PolicyState]:
+        return self.by_name.get(name, default)
+
+    def names(self) -> List[str]:
+        return sorted(self.by_name)

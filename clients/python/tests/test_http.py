@@ -1,0 +1,228 @@
+"""The HTTP JSON mirror, metrics, health endpoints and the admin token."""
+
+import re
+import textwrap
+
+import pytest
+
+from conftest import metric, wait_until
+
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+DEFAULT_POLICIES = {"api-rate", "per-minute", "search", "small", "inventory", "gateway"}
+
+
+def test_check_200_then_429_with_retry_after(server, key):
+    k = key()
+    r = server.http("POST", "/v1/check", {"policy": "per-minute", "key": k, "hits": 1000})
+    assert r.status == 200, r
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["allowed"] is True and body["remaining"] == 0 and body["limit"] == 1000
+    assert r.headers["ratelimit-limit"] == "1000"
+    assert r.headers["ratelimit-remaining"] == "0"
+    assert "retry-after" not in r.headers
+
+    r = server.http("POST", "/v1/check", {"policy": "per-minute", "key": k})
+    assert r.status == 429, r
+    body = r.json()
+    assert body["allowed"] is False
+    assert body["retry_after_ms"] > 1000
+    assert int(r.headers["retry-after"]) >= 1
+    assert int(r.headers["retry-after"]) * 1000 >= body["retry_after_ms"]  # rounded up
+    assert r.headers["ratelimit-remaining"] == "0"
+
+
+def test_check_that_can_never_pass(server, key):
+    r = server.http("POST", "/v1/check", {"policy": "api-rate", "key": key(), "hits": 21})
+    assert r.status == 429
+    assert r.json()["retry_after_ms"] is None
+    assert "retry-after" not in r.headers  # there is no time to wait for
+
+
+def test_peek_and_check_many(server, key):
+    k, exhausted = key(), key()
+    for _ in range(3):
+        r = server.http("POST", "/v1/peek", {"policy": "per-minute", "key": k, "hits": 10})
+        assert r.status == 200 and r.json()["remaining"] == 990
+    assert server.http("POST", "/v1/check", {"policy": "per-minute", "key": exhausted,
+                                             "hits": 1000}).status == 200
+    r = server.http("POST", "/v1/check_many", {"checks": [
+        {"policy": "per-minute", "key": k, "hits": 10},
+        {"policy": "per-minute", "key": exhausted}]})
+    assert r.status == 429, r
+    body = r.json()
+    assert body["allowed"] is False and body["denied_index"] == 1
+    assert len(body["decisions"]) == 2
+    r = server.http("POST", "/v1/peek", {"policy": "per-minute", "key": k})
+    assert r.json()["remaining"] == 999  # refunded
+
+
+def test_admit_release_heartbeat(server):
+    r = server.http("POST", "/v1/admit", {"policy": "small", "ttl_ms": 5000})
+    assert r.status == 200, r
+    body = r.json()
+    assert body["admitted"] is True and HEX32.match(body["lease_id"])
+    assert body["ttl_ms"] == 5000
+    lease_id = body["lease_id"]
+
+    def small():
+        ps = server.http("GET", "/v1/policies").json()["policies"]
+        return next(p for p in ps if p["name"] == "small")
+
+    assert small()["in_flight"] == 1
+
+    r = server.http("POST", "/v1/heartbeat", {"lease_id": lease_id, "ttl_ms": 2000})
+    assert r.status == 200 and r.json()["ttl_ms"] == 2000
+
+    r = server.http("POST", "/v1/release", {"lease_id": lease_id, "outcome": "dropped",
+                                            "rtt_ms": 12.5})
+    assert r.status == 200, r
+    assert r.json()["released"] is True and r.json()["held_ms"] >= 0
+    state = small()
+    assert state["in_flight"] == 0 and state["dropped"] == 1
+
+    r = server.http("POST", "/v1/release", {"lease_id": lease_id})
+    assert r.status == 404
+    assert r.json()["error"]["message"].startswith("lease_id:")
+
+
+def test_admit_refusal_is_problem_json(server, client):
+    leases = [client.admit("small") for _ in range(10)]
+    try:
+        r = server.http("POST", "/v1/admit", {"policy": "small"})
+        assert r.status == 503, r
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.headers["retry-after"] == "1"
+        problem = r.json()
+        assert problem["status"] == 503 and problem["policy"] == "small"
+        assert problem["type"] == "urn:sluice:problem:concurrency-limit-exceeded"
+    finally:
+        for lease in leases:
+            client.release(lease)
+
+
+def test_bad_input_is_400_naming_the_field(server):
+    r = server.http("POST", "/v1/check", "{not json")
+    assert r.status == 400
+    err = r.json()["error"]
+    assert err["code"] == "invalid_argument"
+    assert "JSON" in err["message"]
+
+    cases = [
+        ("/v1/check", {"policy": "api-rate", "key": "k", "hits": "many"}, "hits:"),
+        ("/v1/check", {"policy": "api-rate", "key": "k", "hits": 0}, "hits:"),
+        ("/v1/check", {"policy": "api-rate", "key": ""}, "key:"),
+        ("/v1/check", [1, 2], "body:"),
+        ("/v1/check_many", {"checks": {}}, "checks:"),
+        ("/v1/admit", {"policy": "small", "ttl_ms": -5}, "ttl_ms:"),
+        ("/v1/release", {"lease_id": "0" * 32, "outcome": "crashed"}, "outcome:"),
+        ("/v1/release", {"lease_id": "xyz"}, "lease_id:"),
+    ]
+    for path, body, field in cases:
+        r = server.http("POST", path, body)
+        assert r.status == 400, (path, body, r)
+        assert r.json()["error"]["message"].startswith(field), (path, body, r)
+
+    r = server.http("POST", "/v1/check", {"policy": "nope", "key": "k"})
+    assert r.status == 404 and r.json()["error"]["message"].startswith("policy:")
+    r = server.http("POST", "/v1/check", {"policy": "small", "key": "k"})
+    assert r.status == 409
+    r = server.http("GET", "/v1/check")
+    assert r.status == 405 and r.headers["allow"] == "POST"
+    assert server.http("GET", "/no/such/endpoint").status == 404
+
+
+def test_metrics(server, client, key):
+    assert client.check("api-rate", key()).allowed
+    assert not client.check("api-rate", key(), hits=21).allowed
+    with client.lease("small"):
+        samples = server.metrics()
+    assert metric(samples, "sluice_rate_decisions_total", policy="api-rate",
+                  decision="allowed") == 1
+    assert metric(samples, "sluice_rate_decisions_total", policy="api-rate",
+                  decision="denied") == 1
+    assert metric(samples, "sluice_rate_decisions_total", policy="per-minute",
+                  decision="allowed") == 0
+    assert metric(samples, "sluice_fleet_l_global", policy="inventory") > 0
+    assert metric(samples, "sluice_fleet_share", policy="inventory") > 0
+    assert metric(samples, "sluice_leases") == 1
+    assert metric(samples, "sluice_policy_in_flight", policy="small") == 1
+    assert metric(samples, "sluice_config_generation") == 1
+    assert metric(samples, "sluice_draining") == 0
+    text = server.http("GET", "/metrics").text
+    assert "# TYPE sluice_rate_decisions_total counter" in text
+
+
+def test_health_ready_and_policies(server):
+    r = server.http("GET", "/healthz")
+    assert r.status == 200 and r.text == "ok\n"
+    # Ready once the fleet policy's guard reached its (embedded) coordinator.
+    r = wait_until(lambda: (lambda r: r if r.status == 200 else None)(
+        server.http("GET", "/readyz")), timeout=5, what="/readyz 200")
+    assert r.text == "ready\n"
+
+    r = server.http("GET", "/v1/policies")
+    assert r.status == 200
+    body = r.json()
+    assert {p["name"] for p in body["policies"]} == DEFAULT_POLICIES
+    assert body["generation"] == 1 and body["draining"] is False and body["leases"] == 0
+    kinds = {p["name"]: p["kind"] for p in body["policies"]}
+    assert kinds == {"api-rate": "rate", "per-minute": "rate", "search": "adaptive",
+                     "small": "adaptive", "inventory": "fleet", "gateway": "concurrency"}
+
+
+def test_grpc_policies_match_http(client):
+    ps = client.policies()
+    assert set(ps) == DEFAULT_POLICIES
+    assert ps["gateway"].rate == "api-rate" and ps["search"].rate == "api-rate"
+    assert ps["small"].limit == 10
+    assert ps["api-rate"].limit == 100  # hits per period
+    assert ps["inventory"].state["phase"] == "active"
+    assert ps.config_generation == 1 and ps.leases == 0
+
+
+ADMIN_CONFIG = textwrap.dedent("""\
+    server:
+      admin_token: "s3cret-token"
+    policies:
+      r:
+        kind: rate
+        limit: 5
+""")
+
+
+def test_admin_reload_needs_the_token(start_server):
+    server = start_server(ADMIN_CONFIG)
+    for headers in ({}, {"Authorization": "Bearer wrong-token!"},
+                    {"Authorization": "s3cret-token"}, {"Authorization": "Basic s3cret-token"}):
+        r = server.http("POST", "/admin/reload", headers=headers)
+        assert r.status == 401, (headers, r)
+        assert r.headers.get("www-authenticate") == "Bearer"
+        assert r.json()["error"]["message"].startswith("authorization:")
+    assert server.client().policies().config_generation == 1  # nothing reloaded
+
+    r = server.http("POST", "/admin/reload", headers={"Authorization": "Bearer s3cret-token"})
+    assert r.status == 200, r
+    body = r.json()
+    assert body["reloaded"] is True and body["generation"] == 2
+    assert "kept r" in body["message"]
+    assert server.client().policies().config_generation == 2
+    assert server.http("GET", "/admin/reload").status == 405
+
+
+def test_admin_reload_without_token_configured(start_server):
+    server = start_server(ADMIN_CONFIG.replace('  admin_token: "s3cret-token"\n', "  lease_ttl: 5s\n"))
+    r = server.http("POST", "/admin/reload")
+    assert r.status == 200 and r.json()["reloaded"] is True
+
+
+def test_check_many_entry_that_is_not_an_object(server):
+    r = server.http("POST", "/v1/check_many", {"checks": [5]})
+    assert r.status == 400
+    assert r.json()["error"]["message"] == "checks[0]: must be an object"
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/v1/policies"])
+def test_get_endpoints_refuse_post(server, path):
+    r = server.http("POST", path, "{}")
+    assert r.status == 405

@@ -1,0 +1,214 @@
+"""The server's lifecycle: SIGHUP reload, graceful SIGTERM, gRPC health and reflection."""
+
+import re
+import signal
+import subprocess
+import textwrap
+import time
+
+import grpc
+import pytest
+
+from conftest import metric, wait_until
+from sluice_client import NotFound, Unavailable
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"
+
+
+def raw_unary(channel, method):
+    return channel.unary_unary(method, request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+
+
+def health(target, service=b""):
+    """The raw HealthCheckResponse for `service` (b"": the server as a whole)."""
+    with grpc.insecure_channel(target) as channel:
+        request = b"\x0a" + bytes([len(service)]) + service if service else b""
+        return raw_unary(channel, HEALTH_CHECK)(request, timeout=5)
+
+
+def test_grpc_health(server):
+    assert health(server.grpc_target) == SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        health(server.grpc_target, b"no.such.Service")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_grpc_reflection_lists_the_service(server):
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        call = channel.stream_stream(REFLECTION, request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        responses = list(call(iter([b"\x3a\x00"]), timeout=5))  # list_services: ""
+    assert len(responses) == 1
+    assert b"sluice.v1.Sluice" in responses[0]
+    assert b"grpc.health.v1.Health" in responses[0]
+
+
+BASE = textwrap.dedent("""\
+    server:
+      lease_ttl: 30s
+    policies:
+      pool:
+        kind: adaptive
+        algorithm: fixed
+        limit: 5
+""")
+
+WITH_NEW_RATE = BASE + """\
+  added-rate:
+    kind: rate
+    limit: 7
+    period: 1s
+"""
+
+BROKEN = WITH_NEW_RATE.replace("limit: 5", "limit: -3")
+
+
+def test_sighup_reload_keeps_leases_and_rejects_a_broken_file(start_server):
+    server = start_server(BASE)
+    client = server.client()
+    ps = client.policies()
+    assert set(ps) == {"pool"} and ps.config_generation == 1
+    lease = client.admit("pool")
+    assert client.policies()["pool"].in_flight == 1
+
+    # A new policy next to the unchanged one.
+    server.write_config(WITH_NEW_RATE)
+    server.signal(signal.SIGHUP)
+    ps = wait_until(lambda: (lambda p: p if "added-rate" in p else None)(client.policies()),
+                    timeout=5, what="added-rate to appear after SIGHUP")
+    assert ps.config_generation == 2
+    assert ps["added-rate"].kind == "rate" and ps["added-rate"].limit == 7
+    assert ps["pool"].in_flight == 1  # carried over: the same policy object, its permit held
+    assert ps["pool"].state["retired"] is False
+    assert client.check("added-rate", "k").allowed
+    assert client.release(lease) >= 0
+    assert client.policies()["pool"].in_flight == 0
+    assert "reloaded (generation 2): added added-rate, changed -, removed -, kept pool" \
+        in server.log()
+
+    # A broken file: rejected, logged with its line, and the old config keeps serving.
+    server.write_config(BROKEN)
+    server.signal(signal.SIGHUP)
+    wait_until(lambda: "reload rejected" in server.log(), timeout=5,
+               what="the rejected reload in the log")
+    log = server.log()
+    error_lines = [line for line in log.splitlines() if "policies.pool.limit" in line]
+    assert error_lines, log
+    assert re.search(r"\.yaml:\d+:\d+: policies\.pool\.limit", error_lines[0]), error_lines[0]
+    assert "old config keeps serving" in log
+    ps = client.policies()
+    assert set(ps) == {"pool", "added-rate"} and ps.config_generation == 2
+    assert ps["pool"].limit == 5
+    with client.lease("pool"):
+        assert client.policies()["pool"].in_flight == 1
+    assert client.check("added-rate", "k2").allowed
+    samples = server.metrics()
+    assert metric(samples, "sluice_config_reloads_total", result="ok") == 1
+    assert metric(samples, "sluice_config_reloads_total", result="error") == 1
+    assert server.running()
+
+
+def test_reload_that_changes_and_removes_policies(start_server):
+    extra = "  extra:\n    kind: adaptive\n    algorithm: fixed\n    limit: 1\n"
+    server = start_server(WITH_NEW_RATE + extra)
+    client = server.client()
+    on_pool, on_extra = client.admit("pool"), client.admit("extra")
+    server.write_config(WITH_NEW_RATE.replace("limit: 5", "limit: 6"))  # pool changed, extra gone
+    server.signal(signal.SIGHUP)
+    wait_until(lambda: client.policies().config_generation == 2, timeout=5, what="the reload")
+    ps = client.policies()
+    assert set(ps) == {"pool", "added-rate"}
+    assert ps["pool"].limit == 6 and ps["pool"].in_flight == 0  # a new policy object
+    assert ps.leases == 2  # the old leases keep their permits
+    assert "changed pool, removed extra, kept added-rate" in server.log()
+    with pytest.raises(NotFound):
+        client.admit("extra")
+    # Leases on the replaced and the removed policy still release.
+    assert client.release(on_pool) >= 0
+    assert client.release(on_extra) >= 0
+    assert client.policies().leases == 0
+
+    server.write_config(BASE)
+    server.signal(signal.SIGHUP)
+    wait_until(lambda: "added-rate" not in client.policies(), timeout=5,
+               what="added-rate to go")
+    with pytest.raises(NotFound):
+        client.check("added-rate", "k")
+
+
+DRAIN_CONFIG = textwrap.dedent("""\
+    server:
+      shutdown_grace: 8s
+    policies:
+      r:
+        kind: rate
+        limit: 100
+      pool:
+        kind: adaptive
+        algorithm: fixed
+        limit: 5
+""")
+
+
+def test_graceful_sigterm_drains_then_exits_0(start_server):
+    server = start_server(DRAIN_CONFIG)
+    client = server.client()
+    lease = client.admit("pool")
+    assert client.check("r", "k").allowed
+    server.signal(signal.SIGTERM)
+
+    def refused():
+        try:
+            client.check("r", "k")
+        except Unavailable as e:
+            return e
+        return None
+
+    err = wait_until(refused, timeout=5, what="Check to answer UNAVAILABLE")
+    assert "shutting down" in err.message
+    with pytest.raises(Unavailable):
+        client.admit("pool")
+    assert server.running(), "exited while a lease was still held"
+    assert health(server.grpc_target) == NOT_SERVING
+    r = server.http("GET", "/readyz")
+    assert r.status == 503 and "shutting down" in r.text
+    r = server.http("POST", "/v1/check", {"policy": "r", "key": "k"})
+    assert r.status == 503 and r.json()["error"]["code"] == "unavailable"
+    with pytest.raises(Unavailable):
+        client.peek("r", "k")
+    with pytest.raises(Unavailable):
+        client.check_many([("r", "k")])
+    assert client.policies()["pool"].in_flight == 1  # state is still readable
+    assert client.heartbeat(lease) > 0  # heartbeat still works while draining
+
+    released_at = time.monotonic()
+    assert client.release(lease) >= 0  # release still works
+    try:
+        code = server.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server did not exit after its last lease was released")
+    assert code == 0
+    assert time.monotonic() - released_at < 4  # well before the 8 s grace
+    log = server.log()
+    assert "shutting down" in log and "stopped (0 lease(s) were still held" in log
+
+
+def test_sigterm_without_leases_exits_at_once(server):
+    start = time.monotonic()
+    server.signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=5) == 0
+    assert time.monotonic() - start < 3
+
+
+def test_sigterm_gives_up_on_held_leases_after_the_grace(start_server):
+    server = start_server(DRAIN_CONFIG.replace("shutdown_grace: 8s", "shutdown_grace: 1s"))
+    client = server.client()
+    client.admit("pool")  # never released
+    start = time.monotonic()
+    server.signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=6) == 0
+    assert 0.9 <= time.monotonic() - start < 4
+    assert "stopped (1 lease(s) were still held" in server.log()
