@@ -182,7 +182,9 @@ StatusOr<Policy*> rate_policy(const PolicySet& set, std::string_view name) {
     return Status(StatusCode::kNotFound, "policy: no policy named '" + std::string(name) + "'");
   if (p->kind() != PolicyKind::kRate)
     return Status(StatusCode::kFailedPrecondition,
-                  "policy: '" + std::string(name) + "' is a " + std::string(p->kind_name()) +
+                  "policy: '" + std::string(name) + "' is " +
+                      (p->kind() == PolicyKind::kAdaptive ? "an " : "a ") +
+                      std::string(p->kind_name()) +
                       " policy; Check and Peek take a rate policy (use Admit)");
   return p;
 }

@@ -173,7 +173,8 @@ void do_check_many(Engine& engine, HttpExchange& x) {
     const json& e = (*it)[i];
     const std::string prefix = "checks[" + std::to_string(i) + "].";
     if (!e.is_object())
-      return error(x, Status(StatusCode::kInvalidArgument, prefix + ": must be an object"));
+      return error(x, Status(StatusCode::kInvalidArgument,
+                             "checks[" + std::to_string(i) + "]: must be an object"));
     Fields f(e, prefix);
     auto c = check_call(f);
     if (!c) return error(x, f.status());
@@ -261,9 +262,11 @@ void do_reload(Engine& engine, const std::function<ReloadOutcome()>& reload, Htt
     if (auth.substr(0, kBearer.size()) != kBearer ||
         !same_token(auth.substr(kBearer.size()), token)) {
       x.headers.emplace_back("WWW-Authenticate", "Bearer");
-      return error(x, Status(StatusCode::kPermissionDenied,
-                             "authorization: admin endpoints need 'Authorization: Bearer "
-                             "<server.admin_token>'"));
+      error(x, Status(StatusCode::kPermissionDenied,
+                      "authorization: admin endpoints need 'Authorization: Bearer "
+                      "<server.admin_token>'"));
+      x.status = 401;  // no (valid) credentials: 401 with the challenge, as RFC 6750 says
+      return;
     }
   }
   if (!reload) {

@@ -11,7 +11,7 @@
 //                          as *_ms numbers). A denied check is 429 with Retry-After; a refused
 //                          admit is the refusal's status (429 or 503) with its problem+json body.
 //   POST /admin/reload     reloads the config file; needs `Authorization: Bearer <admin_token>`
-//                          when the config sets one
+//                          when the config sets one (401 with a Bearer challenge without it)
 // Bad input is 400 with {"error": {"code", "message"}}, the message naming the field.
 //
 // Thread-safety: start() and stop() from one thread; handlers run on the server's own threads.
