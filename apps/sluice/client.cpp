@@ -6,6 +6,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "server/grpc_service.h"
 #include "sluice/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 
@@ -15,14 +16,9 @@ namespace {
 namespace pb = sluice::v1;
 using nlohmann::json;
 
-double seconds(const google::protobuf::Duration& d) {
-  return static_cast<double>(d.seconds()) + d.nanos() / 1e9;
-}
-
-void set_duration(google::protobuf::Duration* d, Nanos n) {
-  d->set_seconds(n.count() / 1'000'000'000);
-  d->set_nanos(static_cast<std::int32_t>(n.count() % 1'000'000'000));
-}
+using server::is_never;
+using server::to_proto;
+double seconds(const google::protobuf::Duration& d) { return server::seconds_of(d); }
 
 std::unique_ptr<pb::Sluice::Stub> stub(const ClientOptions& o) {
   return pb::Sluice::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
@@ -47,7 +43,7 @@ bool duration_arg(const std::string& text, const char* name, google::protobuf::D
     fmt::print(stderr, "sluice: --{}: '{}' is not a duration (e.g. 250ms, 30s)\n", name, text);
     return false;
   }
-  set_duration(out, *d);
+  to_proto(*d, out);
   return true;
 }
 
@@ -78,7 +74,7 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
   } else if (d.allowed()) {
     fmt::print("allowed: {} of {} remaining (full again in {:.3f}s)\n", d.remaining(), d.limit(),
                seconds(d.reset_after()));
-  } else if (d.retry_after().seconds() >= 315'576'000'000) {
+  } else if (is_never(d.retry_after())) {
     fmt::print("denied: {} hits can never pass (the limit is {})\n", a.hits, d.limit());
   } else {
     fmt::print("denied: {} of {} remaining; retry after {:.3f}s\n", d.remaining(), d.limit(),

@@ -20,26 +20,41 @@ using nlohmann::json;
 
 namespace {
 
-double seconds_of(Nanos d) { return std::chrono::duration<double>(d).count(); }
-
 Status invalid(std::string field, std::string_view why) {
   return Status(StatusCode::kInvalidArgument, field + ": " + std::string(why));
 }
 
-Status check_name(std::string_view field, std::string_view v) {
-  if (v.empty()) return invalid(std::string(field), "must not be empty");
-  if (v.size() > kMaxNameBytes)
-    return invalid(std::string(field), "is " + std::to_string(v.size()) + " bytes; at most " +
-                                           std::to_string(kMaxNameBytes));
+// A string field: present when `required`, and at most `max` bytes.
+Status check_field(std::string_view field, std::string_view v, std::size_t max, bool required) {
+  if (v.empty()) return required ? invalid(std::string(field), "must not be empty") : Status{};
+  if (v.size() > max)
+    return invalid(std::string(field),
+                   "is " + std::to_string(v.size()) + " bytes; at most " + std::to_string(max));
   return {};
 }
 
-Status check_key(std::string_view field, std::string_view v, bool required) {
-  if (v.empty()) return required ? invalid(std::string(field), "must not be empty") : Status{};
-  if (v.size() > kMaxKeyBytes)
-    return invalid(std::string(field), "is " + std::to_string(v.size()) + " bytes; at most " +
-                                           std::to_string(kMaxKeyBytes));
+// A lease TTL a call asks for.
+Status check_ttl(Nanos ttl, Nanos max) {
+  if (ttl <= Nanos{0}) return invalid("ttl", "must be > 0");
+  if (ttl > max)
+    return invalid("ttl", "must be at most the server's max_lease_ttl (" +
+                              std::to_string(seconds_of(max)) + "s)");
   return {};
+}
+
+Status check_lease_id(std::string_view id) {
+  if (id.empty()) return invalid("lease_id", "must not be empty");
+  if (!well_formed_lease_id(id)) return invalid("lease_id", "must be 32 hex digits");
+  return {};
+}
+
+Status no_such_lease() {
+  return Status(StatusCode::kNotFound,
+                "lease_id: no such lease (never issued, already released, or expired)");
+}
+
+Status check_name(std::string_view field, std::string_view v) {
+  return check_field(field, v, kMaxNameBytes, true);
 }
 
 std::string node_id_default() {
@@ -190,7 +205,7 @@ StatusOr<Policy*> rate_policy(const PolicySet& set, std::string_view name) {
 }
 
 Status check_call(const CheckCall& c) {
-  if (Status s = check_key("key", c.key, true); !s.ok()) return s;
+  if (Status s = check_field("key", c.key, kMaxKeyBytes, true); !s.ok()) return s;
   if (c.hits < 1) return invalid("hits", "must be >= 1, not " + std::to_string(c.hits));
   if (c.hits > kMaxHits)
     return invalid("hits",
@@ -264,23 +279,18 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
                   "policy: '" + std::string(call.policy) +
                       "' is a rate policy; Admit takes an adaptive, fleet or concurrency policy "
                       "(use Check)");
-  if (Status s = check_key("key", call.key, false); !s.ok()) return s;
+  if (Status s = check_field("key", call.key, kMaxKeyBytes, false); !s.ok()) return s;
   for (auto [field, v] : {std::pair<const char*, std::string_view>{"tenant", call.tenant},
                           {"upstream", call.upstream},
                           {"route", call.route}})
-    if (v.size() > kMaxNameBytes)
-      return invalid(field, "is " + std::to_string(v.size()) + " bytes; at most " +
-                                std::to_string(kMaxNameBytes));
+    if (Status s = check_field(field, v, kMaxNameBytes, false); !s.ok()) return s;
   if (p->kind() == PolicyKind::kConcurrency) {
     if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
     if (call.upstream.empty())
       return invalid("upstream", "must not be empty for a concurrency policy");
   }
   const Nanos ttl = call.ttl.value_or(set->settings.lease_ttl);
-  if (ttl <= Nanos{0}) return invalid("ttl", "must be > 0");
-  if (ttl > set->settings.max_lease_ttl)
-    return invalid("ttl", "must be at most the server's max_lease_ttl (" +
-                              std::to_string(seconds_of(set->settings.max_lease_ttl)) + "s)");
+  if (Status s = check_ttl(ttl, set->settings.max_lease_ttl); !s.ok()) return s;
 
   // The chained rate policy first: a refusal there takes no permit.
   Policy* rate = nullptr;
@@ -326,14 +336,11 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
 
 StatusOr<Nanos> Engine::release(std::string_view lease_id, Outcome outcome,
                                 std::optional<Nanos> rtt) {
-  if (lease_id.empty()) return invalid("lease_id", "must not be empty");
-  if (!well_formed_lease_id(lease_id)) return invalid("lease_id", "must be 32 hex digits");
+  if (Status s = check_lease_id(lease_id); !s.ok()) return s;
   if (rtt && *rtt < Nanos{0}) return invalid("rtt", "must not be negative");
   const Nanos now = clock_.now();
   std::optional<Lease> lease = leases_.take(lease_id, now);
-  if (!lease)
-    return Status(StatusCode::kNotFound,
-                  "lease_id: no such lease (never issued, already released, or expired)");
+  if (!lease) return no_such_lease();
   const Nanos held = now - lease->admitted_at;
   lease->finish(outcome, rtt.value_or(held));
   lease->policy->count_release();
@@ -341,18 +348,12 @@ StatusOr<Nanos> Engine::release(std::string_view lease_id, Outcome outcome,
 }
 
 StatusOr<Nanos> Engine::heartbeat(std::string_view lease_id, std::optional<Nanos> ttl) {
-  if (lease_id.empty()) return invalid("lease_id", "must not be empty");
-  if (!well_formed_lease_id(lease_id)) return invalid("lease_id", "must be 32 hex digits");
-  const ServerSettings s = settings();
-  if (ttl && *ttl <= Nanos{0}) return invalid("ttl", "must be > 0");
-  if (ttl && *ttl > s.max_lease_ttl)
-    return invalid("ttl", "must be at most the server's max_lease_ttl (" +
-                              std::to_string(seconds_of(s.max_lease_ttl)) + "s)");
+  if (Status s = check_lease_id(lease_id); !s.ok()) return s;
+  if (ttl)
+    if (Status s = check_ttl(*ttl, current()->settings.max_lease_ttl); !s.ok()) return s;
   const Nanos now = clock_.now();
   const std::optional<Nanos> applied = leases_.extend(lease_id, ttl, now);
-  if (!applied)
-    return Status(StatusCode::kNotFound,
-                  "lease_id: no such lease (never issued, already released, or expired)");
+  if (!applied) return no_such_lease();
   return *applied;
 }
 
@@ -376,7 +377,7 @@ std::string Engine::policies_json() const {
   j["leases"] = leases_.size();
   j["draining"] = draining();
   json ps = json::array();
-  for (const auto& [name, p] : set->policies) ps.push_back(json::parse(p->info().state_json));
+  for (const auto& [name, p] : set->policies) ps.push_back(p->state());
   j["policies"] = std::move(ps);
   return j.dump();
 }
@@ -436,16 +437,9 @@ namespace {
 
 class Families {
  public:
-  void add(const std::string& name, const std::string& help, prometheus::MetricType type,
-           std::vector<prometheus::ClientMetric::Label> labels, double value) {
-    prometheus::MetricFamily& f = family(name, help, type);
-    prometheus::ClientMetric m;
-    m.label = std::move(labels);
-    if (type == prometheus::MetricType::Counter)
-      m.counter.value = value;
-    else
-      m.gauge.value = value;
-    f.metric.push_back(std::move(m));
+  void add(prometheus::MetricFamily f) {
+    prometheus::MetricFamily& into = family(f.name, f.help, f.type);
+    for (auto& m : f.metric) into.metric.push_back(std::move(m));
   }
   prometheus::MetricFamily& family(const std::string& name, const std::string& help,
                                    prometheus::MetricType type) {
@@ -479,19 +473,19 @@ std::string Engine::metrics_text() const {
   const auto set = current();
   Families f;
   using prometheus::MetricType;
-  f.add("sluice_config_generation", "Generation of the config in force (1 at start, +1 per reload)",
-        MetricType::Gauge, {}, static_cast<double>(set->generation));
-  f.add("sluice_config_reloads_total", "Config reloads by result", MetricType::Counter,
-        {{"result", "ok"}}, static_cast<double>(reloads_.load(std::memory_order_relaxed)));
-  f.add("sluice_config_reloads_total", "Config reloads by result", MetricType::Counter,
-        {{"result", "error"}},
-        static_cast<double>(reload_failures_.load(std::memory_order_relaxed)));
-  f.add("sluice_leases", "Leases held now (admitted calls not yet released or expired)",
-        MetricType::Gauge, {}, static_cast<double>(leases_.size()));
-  f.add("sluice_leases_expired_total", "Leases that expired (their client stopped heartbeating)",
-        MetricType::Counter, {}, static_cast<double>(leases_.expired_total()));
-  f.add("sluice_draining", "1 while the server shuts down", MetricType::Gauge, {},
-        draining() ? 1 : 0);
+  f.add(one("sluice_config_generation",
+            "Generation of the config in force (1 at start, +1 per reload)", MetricType::Gauge,
+            static_cast<double>(set->generation)));
+  f.add(by_label("sluice_config_reloads_total", "Config reloads by result", "result",
+                 {{"ok", reloads_.load(std::memory_order_relaxed)},
+                  {"error", reload_failures_.load(std::memory_order_relaxed)}}));
+  f.add(one("sluice_leases", "Leases held now (admitted calls not yet released or expired)",
+            MetricType::Gauge, static_cast<double>(leases_.size())));
+  f.add(one("sluice_leases_expired_total",
+            "Leases that expired (their client stopped heartbeating)", MetricType::Counter,
+            static_cast<double>(leases_.expired_total())));
+  f.add(one("sluice_draining", "1 while the server shuts down", MetricType::Gauge,
+            draining() ? 1 : 0));
   for (const auto& [name, slot] : set->coordinators) f.merge(slot->collect(), "coordinator", name);
   for (const auto& [name, p] : set->policies) f.merge(p->collect(), "policy", name);
   return prometheus::TextSerializer().Serialize(f.out());

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,11 @@
 #include "sluice/status.h"
 
 namespace sluice::server {
+
+// A duration in seconds (for messages and JSON).
+[[nodiscard]] inline double seconds_of(Nanos d) noexcept {
+  return std::chrono::duration<double>(d).count();
+}
 
 // Limits on request fields.
 inline constexpr std::size_t kMaxKeyBytes = 1024;

@@ -9,16 +9,6 @@ namespace {
 
 namespace pb = sluice::v1;
 
-void set_duration(google::protobuf::Duration* d, Nanos n) {
-  if (n == Nanos::max()) {  // "never" (more hits than the limit): the largest Duration
-    d->set_seconds(315'576'000'000);
-    d->set_nanos(0);
-    return;
-  }
-  d->set_seconds(n.count() / 1'000'000'000);
-  d->set_nanos(static_cast<std::int32_t>(n.count() % 1'000'000'000));
-}
-
 // A Duration field as Nanos; an error names the field when it is out of range.
 StatusOr<std::optional<Nanos>> get_duration(bool has, const google::protobuf::Duration& d,
                                             const char* field) {
@@ -34,8 +24,8 @@ void fill(pb::Decision* out, const RateDecision& d) {
   out->set_allowed(d.allowed);
   out->set_limit(d.limit);
   out->set_remaining(d.remaining);
-  set_duration(out->mutable_reset_after(), d.reset_after);
-  set_duration(out->mutable_retry_after(), d.retry_after);
+  to_proto(d.reset_after, out->mutable_reset_after());
+  to_proto(d.retry_after, out->mutable_retry_after());
 }
 
 CheckCall call_of(const pb::CheckRequest& r) {
@@ -60,6 +50,20 @@ grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* ctx, const grpc::S
 }
 
 }  // namespace
+
+void to_proto(Nanos n, google::protobuf::Duration* d) {
+  if (n == Nanos::max()) {
+    d->set_seconds(kNeverSeconds);
+    d->set_nanos(0);
+    return;
+  }
+  d->set_seconds(n.count() / 1'000'000'000);
+  d->set_nanos(static_cast<std::int32_t>(n.count() % 1'000'000'000));
+}
+
+double seconds_of(const google::protobuf::Duration& d) noexcept {
+  return static_cast<double>(d.seconds()) + d.nanos() / 1e9;
+}
 
 grpc::Status to_grpc(const Status& s) {
   switch (s.code()) {
@@ -125,14 +129,14 @@ grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx,
   resp->set_admitted(a.admitted);
   if (a.admitted) {
     resp->set_lease_id(a.lease_id);
-    set_duration(resp->mutable_ttl(), a.ttl);
+    to_proto(a.ttl, resp->mutable_ttl());
   } else {
     pb::Rejection* j = resp->mutable_rejection();
     j->set_status(a.refusal.status);
     j->set_type(a.refusal.type);
     j->set_title(a.refusal.title);
     j->set_detail(a.refusal.detail);
-    set_duration(j->mutable_retry_after(), a.refusal.retry_after);
+    to_proto(a.refusal.retry_after, j->mutable_retry_after());
     j->set_policy(a.refusal.policy);
     j->set_level(a.refusal.level);
     j->set_current(a.refusal.current);
@@ -148,7 +152,7 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
   auto rtt = get_duration(req->has_rtt(), req->rtt(), "rtt");
   if (!rtt.ok()) return finish(ctx, to_grpc(rtt.status()));
   auto held = engine_.release(req->lease_id(), outcome_of(req->outcome()), rtt.value());
-  if (held.ok()) set_duration(resp->mutable_held(), held.value());
+  if (held.ok()) to_proto(held.value(), resp->mutable_held());
   return finish(ctx, to_grpc(held.status()));
 }
 
@@ -158,7 +162,7 @@ grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* ct
   auto ttl = get_duration(req->has_ttl(), req->ttl(), "ttl");
   if (!ttl.ok()) return finish(ctx, to_grpc(ttl.status()));
   auto applied = engine_.heartbeat(req->lease_id(), ttl.value());
-  if (applied.ok()) set_duration(resp->mutable_ttl(), applied.value());
+  if (applied.ok()) to_proto(applied.value(), resp->mutable_ttl());
   return finish(ctx, to_grpc(applied.status()));
 }
 

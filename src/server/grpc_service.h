@@ -15,6 +15,16 @@
 
 namespace sluice::server {
 
+// "Never" on the wire (a request for more hits than a policy's limit can never pass): the
+// largest google.protobuf.Duration, 10,000 years.
+inline constexpr std::int64_t kNeverSeconds = 315'576'000'000;
+// Nanos -> Duration; Nanos::max() becomes kNeverSeconds.
+void to_proto(Nanos n, google::protobuf::Duration* d);
+[[nodiscard]] double seconds_of(const google::protobuf::Duration& d) noexcept;
+[[nodiscard]] inline bool is_never(const google::protobuf::Duration& d) noexcept {
+  return d.seconds() >= kNeverSeconds;
+}
+
 // Maps an Engine status to its gRPC status.
 [[nodiscard]] grpc::Status to_grpc(const Status& s);
 

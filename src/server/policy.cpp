@@ -16,12 +16,8 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-namespace {
-
-double seconds_of(Nanos d) { return std::chrono::duration<double>(d).count(); }
-
 MetricFamily one(const std::string& name, const std::string& help, MetricType type, double value,
-                 std::vector<ClientMetric::Label> labels = {}) {
+                 std::vector<ClientMetric::Label> labels) {
   ClientMetric m;
   m.label = std::move(labels);
   if (type == MetricType::Counter)
@@ -31,7 +27,17 @@ MetricFamily one(const std::string& name, const std::string& help, MetricType ty
   return MetricFamily{name, help, type, {std::move(m)}};
 }
 
-}  // namespace
+MetricFamily by_label(const std::string& name, const std::string& help, const std::string& label,
+                      std::initializer_list<std::pair<const char*, std::uint64_t>> series) {
+  MetricFamily f{name, help, MetricType::Counter, {}};
+  for (const auto& [value, n] : series) {
+    ClientMetric m;
+    m.label = {{label, value}};
+    m.counter.value = static_cast<double>(n);
+    f.metric.push_back(std::move(m));
+  }
+  return f;
+}
 
 // ---- CoordinatorSlot ----
 
@@ -241,6 +247,13 @@ std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Ta
 
 PolicyInfo Policy::info() const {
   PolicyInfo i;
+  i.state_json = state(&i).dump();
+  return i;
+}
+
+json Policy::state(PolicyInfo* info) const {
+  PolicyInfo scratch;
+  PolicyInfo& i = info != nullptr ? *info : scratch;
   i.name = name_;
   i.kind = std::string(kind_name());
   i.rate = spec_.rate;
@@ -310,8 +323,7 @@ PolicyInfo Policy::info() const {
     }
   }
   j["retired"] = retired_.load(std::memory_order_relaxed);
-  i.state_json = j.dump();
-  return i;
+  return j;
 }
 
 std::vector<MetricFamily> Policy::collect() const {
@@ -320,32 +332,18 @@ std::vector<MetricFamily> Policy::collect() const {
   out.push_back(one("sluice_policy_info", "Policies in force (value 1), by kind", MetricType::Gauge,
                     1, {{"kind", kind}}));
   if (kind_ == PolicyKind::kRate) {
-    MetricFamily d{
-        "sluice_rate_decisions_total", "Rate checks by decision", MetricType::Counter, {}};
-    for (auto [label, v] : {std::pair<const char*, std::uint64_t>{"allowed", allowed_.load()},
-                            {"denied", denied_.load()}}) {
-      ClientMetric m;
-      m.label = {{"decision", label}};
-      m.counter.value = static_cast<double>(v);
-      d.metric.push_back(std::move(m));
-    }
-    out.push_back(std::move(d));
+    out.push_back(by_label("sluice_rate_decisions_total", "Rate checks by decision", "decision",
+                           {{"allowed", allowed_.load()}, {"denied", denied_.load()}}));
     out.push_back(one("sluice_rate_keys", "Keys the rate policy holds state for", MetricType::Gauge,
                       static_cast<double>(limiter_->keys())));
     out.push_back(one("sluice_rate_limit", "Hits per period", MetricType::Gauge,
                       static_cast<double>(limiter_->rule().limit)));
     return out;
   }
-  MetricFamily a{"sluice_admissions_total", "Admit calls by decision", MetricType::Counter, {}};
-  for (auto [label, v] : {std::pair<const char*, std::uint64_t>{"admitted", admitted_.load()},
+  out.push_back(by_label("sluice_admissions_total", "Admit calls by decision", "decision",
+                         {{"admitted", admitted_.load()},
                           {"refused_by_rate", rate_refused_.load()},
-                          {"refused_by_limit", limit_refused_.load()}}) {
-    ClientMetric m;
-    m.label = {{"decision", label}};
-    m.counter.value = static_cast<double>(v);
-    a.metric.push_back(std::move(m));
-  }
-  out.push_back(std::move(a));
+                          {"refused_by_limit", limit_refused_.load()}}));
   out.push_back(one("sluice_releases_total", "Leases released by their client", MetricType::Counter,
                     static_cast<double>(released_.load())));
   out.push_back(one("sluice_policy_leases", "Leases held on the policy", MetricType::Gauge,
@@ -370,11 +368,8 @@ std::vector<MetricFamily> Policy::collect() const {
     out.push_back(one("sluice_fleet_nodes", "Live nodes in the fleet", MetricType::Gauge, f.nodes));
     out.push_back(one("sluice_fleet_fenced", "1 while this node is fenced", MetricType::Gauge,
                       f.fenced ? 1 : 0));
-    out.push_back(one("sluice_fleet_heartbeats_total", "Heartbeats by result", MetricType::Counter,
-                      static_cast<double>(f.heartbeats), {{"result", "ok"}}));
-    out.back().metric.push_back(out.back().metric.front());
-    out.back().metric.back().label = {{"result", "error"}};
-    out.back().metric.back().counter.value = static_cast<double>(f.heartbeat_errors);
+    out.push_back(by_label("sluice_fleet_heartbeats_total", "Heartbeats by result", "result",
+                           {{"ok", f.heartbeats}, {"error", f.heartbeat_errors}}));
     out.push_back(one("sluice_fleet_phase", "The fleet guard's phase (value 1)", MetricType::Gauge,
                       1, {{"phase", std::string(to_string(f.phase))}}));
   }

@@ -14,9 +14,12 @@
 
 #include <prometheus/metric_family.h>
 
+#include <nlohmann/json.hpp>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +36,15 @@
 #include "sluice/rate_limiter.h"
 
 namespace sluice::server {
+
+// Prometheus families built at scrape time. A family of one series:
+[[nodiscard]] prometheus::MetricFamily one(
+    const std::string& name, const std::string& help, prometheus::MetricType type, double value,
+    std::vector<prometheus::ClientMetric::Label> labels = {});
+// A counter family with one series per value of `label`.
+[[nodiscard]] prometheus::MetricFamily by_label(
+    const std::string& name, const std::string& help, const std::string& label,
+    std::initializer_list<std::pair<const char*, std::uint64_t>> series);
 
 class CoordinatorSlot final : public ConcurrencyCoordinator {
  public:
@@ -109,6 +121,8 @@ class Policy {
   void retire() noexcept;
 
   [[nodiscard]] PolicyInfo info() const;
+  // The JSON state (what info().state_json holds); fills `info`'s other fields when non-null.
+  [[nodiscard]] nlohmann::json state(PolicyInfo* info = nullptr) const;
   [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const;
   // Empty when ready; else why not (a fleet policy that has not reached its coordinator).
   [[nodiscard]] std::string not_ready() const;
