@@ -1,24 +1,41 @@
 // sluice_load: gRPC load against sluice's API and against a raw gRPC echo service, in one run.
 //
-// Both servers run in this process on 127.0.0.1 with the same gRPC settings (callback API, one
-// server each), the client too (callback API, a fixed number of calls outstanding: closed
-// loop). The echo service answers a request shaped like Check's with a fixed reply: it is the
-// floor, what gRPC itself costs here, so "Check / echo" is the share of gRPC's throughput that
-// sluice keeps once it decides. Then an open loop sends Checks at half the best closed-loop
-// Check rate, on a fixed schedule, and measures each call's latency from the time it was due
-// (no coordinated omission): the p99 a half-loaded server gives.
+// Both services run in a server process that this one starts (itself, with --serve) on
+// 127.0.0.1, with the same gRPC settings (callback API, one server each); the client runs here
+// (callback API, a fixed number of calls outstanding: closed loop). With two or more CPUs the
+// server is pinned to one CPU and the client to another, so neither steals the other's core and
+// a latency figure is the server's, not the scheduler's. The echo service answers a request
+// shaped like Check's with a fixed reply: it is the floor, what gRPC itself costs here, so
+// "Check / echo" is the share of gRPC's throughput that sluice keeps once it decides. Then an
+// open loop sends Checks at half the best closed-loop Check rate, on a fixed schedule, and
+// measures each call's latency from the time it was due (no coordinated omission): the p99 a
+// half-loaded server gives, next to the echo floor's p99 at the same rate in an interleaved run,
+// repeated --repeat times. A probe of the CPUs' own stalls (time the machine gives to no one
+// here) is printed with it: a p99 cannot be lower than the stalls allow.
 //
-// Usage: sluice_load [--seconds S] [--levels 1,4,16,64] [--markdown]
+// Usage: sluice_load [--seconds S] [--levels 1,4,16,64] [--repeat N] [--rate R]
+//                    [--connections N] [--no-pin] [--markdown]
+//   --rate R         the open loop's rate (default: half the best closed-loop Check rate)
+//   --connections N  the open loop's connections, each with its own issuing thread (default 1)
+//   --no-pin         let the scheduler place both processes
 // Prints a table; with --markdown, the table as Markdown (for bench/README.md).
 #include <grpcpp/grpcpp.h>
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -107,10 +124,16 @@ struct Stubs {
   std::unique_ptr<pb::Sluice::Stub> sluice;
 };
 
-// One call in flight (its context, request and reply), re-issued on completion.
+// Latencies and failures of a run's calls (shared by the threads that issue them).
+struct Tally {
+  Histogram latency;
+  std::atomic<std::uint64_t> errors{0};
+};
+
+// Issues calls of one kind on one connection, recording each into a tally.
 class Driver {
  public:
-  Driver(Stubs& stubs, Kind kind) : stubs_(stubs), kind_(kind) {}
+  Driver(Stubs& stubs, Kind kind, Tally& tally) : stubs_(stubs), kind_(kind), tally_(tally) {}
 
   // Issues one call due at `due`; `done` runs when it (and, for Admit+Release, its release) ends.
   void issue(Clock::time_point due, std::function<void(bool ok)> done) {
@@ -145,8 +168,6 @@ class Driver {
         break;
     }
   }
-  Histogram latency;
-  std::atomic<std::uint64_t> errors{0};
 
  private:
   struct Call {
@@ -163,14 +184,15 @@ class Driver {
     std::function<void(bool)> done;
   };
   void finish(Call* c, bool ok) {
-    latency.add(Clock::now() - c->due);
-    if (!ok) errors.fetch_add(1, std::memory_order_relaxed);
+    tally_.latency.add(Clock::now() - c->due);
+    if (!ok) tally_.errors.fetch_add(1, std::memory_order_relaxed);
     auto done = std::move(c->done);
     delete c;
     done(ok);
   }
   Stubs& stubs_;
   Kind kind_;
+  Tally& tally_;
   std::atomic<std::uint64_t> next_key_{0};
 };
 
@@ -180,13 +202,42 @@ struct Result {
   double ops_per_s = 0;
   double p50_us = 0, p99_us = 0;
   std::uint64_t errors = 0;
+  std::uint64_t calls = 0;   // every call completed, warm-up included
+  double server_cpu_us = 0;  // the server process's CPU time per call
 };
+
+// CPU time (user + system) a process has used so far, in seconds; 0 if unreadable.
+double cpu_seconds(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+  unsigned long long utime = 0, stime = 0;
+  if (p == nullptr || std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                                  &utime, &stime) != 2)
+    return 0;
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// Runs one measurement and charges the server process's CPU time to its calls.
+template <typename Run>
+Result with_server_cpu(pid_t server, Run run) {
+  const double before = cpu_seconds(server);
+  Result r = run();
+  const double used = cpu_seconds(server) - before;
+  if (r.calls > 0) r.server_cpu_us = used * 1e6 / static_cast<double>(r.calls);
+  return r;
+}
 
 // Closed loop: `concurrency` calls outstanding for `seconds` (after a short warm-up).
 Result closed_loop(Stubs& stubs, Kind kind, int concurrency, double seconds) {
   const auto warmup = std::chrono::milliseconds(200);
-  Driver warm(stubs, kind);
-  Driver d(stubs, kind);
+  Tally warm_tally, tally;
+  Driver warm(stubs, kind, warm_tally);
+  Driver d(stubs, kind, tally);
   std::atomic<int> running{concurrency};
   std::mutex mu;
   std::condition_variable cv;
@@ -212,71 +263,55 @@ Result closed_loop(Stubs& stubs, Kind kind, int concurrency, double seconds) {
     cv.wait(lock, [&] { return running.load() == 0; });
   }
   Result r{kind, concurrency};
-  r.ops_per_s = static_cast<double>(d.latency.count()) / seconds;
-  r.p50_us = d.latency.quantile(0.50);
-  r.p99_us = d.latency.quantile(0.99);
-  r.errors = d.errors.load() + warm.errors.load();
+  r.ops_per_s = static_cast<double>(tally.latency.count()) / seconds;
+  r.p50_us = tally.latency.quantile(0.50);
+  r.p99_us = tally.latency.quantile(0.99);
+  r.errors = tally.errors.load() + warm_tally.errors.load();
+  r.calls = tally.latency.count() + warm_tally.latency.count();
   return r;
 }
 
-// Open loop: calls due every 1/rate s for `seconds`; latency from each call's due time.
-Result open_loop(Stubs& stubs, Kind kind, double rate, double seconds) {
-  Driver d(stubs, kind);
+// Open loop: calls due every 1/rate s for `seconds`, spread round-robin over the connections,
+// each issued by its own thread; latency from each call's due time.
+Result open_loop(std::vector<Stubs>& connections, Kind kind, double rate, double seconds) {
+  Tally tally;
   std::atomic<std::int64_t> outstanding{0};
+  std::atomic<std::uint64_t> skipped{0};  // reported through `errors`
   const auto period = std::chrono::duration<double>(1.0 / rate);
   const auto start = Clock::now() + std::chrono::milliseconds(10);
   const auto n = static_cast<std::int64_t>(rate * seconds);
-  std::uint64_t skipped = 0;  // reported through `errors`
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto due = start + std::chrono::duration_cast<Clock::duration>(period * i);
-    std::this_thread::sleep_until(due);
-    if (outstanding.load() > 10'000) {  // the server has fallen behind: count, do not pile up
-      ++skipped;
-      continue;
-    }
-    outstanding.fetch_add(1);
-    d.issue(due, [&](bool) { outstanding.fetch_sub(1); });
+  const auto k = static_cast<std::int64_t>(connections.size());
+  std::vector<std::thread> issuers;
+  for (std::int64_t t = 0; t < k; ++t) {
+    issuers.emplace_back([&, t] {
+      Driver d(connections[static_cast<std::size_t>(t)], kind, tally);
+      for (std::int64_t i = t; i < n; i += k) {
+        const auto due = start + std::chrono::duration_cast<Clock::duration>(period * i);
+        std::this_thread::sleep_until(due);
+        if (outstanding.load() > 10'000) {  // the server has fallen behind: count, do not pile up
+          skipped.fetch_add(1);
+          continue;
+        }
+        outstanding.fetch_add(1);
+        d.issue(due, [&](bool) { outstanding.fetch_sub(1); });
+      }
+      while (outstanding.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
   }
-  while (outstanding.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (std::thread& t : issuers) t.join();
   Result r{kind, 0};
-  r.ops_per_s = static_cast<double>(d.latency.count()) / seconds;
-  r.p50_us = d.latency.quantile(0.50);
-  r.p99_us = d.latency.quantile(0.99);
-  r.errors = d.errors.load() + skipped;
+  r.ops_per_s = static_cast<double>(tally.latency.count()) / seconds;
+  r.p50_us = tally.latency.quantile(0.50);
+  r.p99_us = tally.latency.quantile(0.99);
+  r.errors = tally.errors.load() + skipped.load();
+  r.calls = tally.latency.count();
   return r;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  double seconds = 2.0;
-  std::vector<int> levels = {1, 4, 16, 64};
-  bool markdown = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc) {
-      seconds = std::atof(argv[++i]);
-    } else if (a == "--levels" && i + 1 < argc) {
-      levels.clear();
-      std::string s = argv[++i];
-      for (std::size_t p = 0; p <= s.size();) {
-        const std::size_t q = std::min(s.find(',', p), s.size());
-        levels.push_back(std::atoi(s.substr(p, q - p).c_str()));
-        p = q + 1;
-      }
-    } else if (a == "--markdown") {
-      markdown = true;
-    } else {
-      std::fprintf(stderr, "usage: sluice_load [--seconds S] [--levels 1,4,16] [--markdown]\n");
-      return 2;
-    }
-  }
-  if (!(seconds > 0) || levels.empty() ||
-      std::any_of(levels.begin(), levels.end(), [](int l) { return l < 1 || l > 4096; })) {
-    std::fprintf(stderr, "sluice_load: --seconds must be > 0 and --levels in 1..4096\n");
-    return 2;
-  }
-
+// The server process (--serve): sluice's service over its engine and the echo service, each on
+// a free loopback port. Prints "ports SLUICE ECHO" and serves until its stdin closes (the client
+// process ended, however it ended).
+int serve() {
   // sluice: a rate policy that never denies and a concurrency policy that never refuses, so
   // every call does the full work of a decision.
   const sluice::ConfigLoad cfg = sluice::load_config(R"(
@@ -309,31 +344,272 @@ policies:
     std::fprintf(stderr, "sluice_load: cannot listen on 127.0.0.1\n");
     return 1;
   }
-  Stubs stubs;
-  stubs.echo = eb::Echo::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(echo_port),
-                                                     grpc::InsecureChannelCredentials()));
-  stubs.sluice = pb::Sluice::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice_port),
-                                                         grpc::InsecureChannelCredentials()));
+  std::printf("ports %d %d\n", sluice_port, echo_port);
+  std::fflush(stdout);
+  char buf[256];
+  while (::read(STDIN_FILENO, buf, sizeof buf) > 0) {
+  }
+  sluice_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  echo_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  engine.value()->close();
+  return 0;
+}
+
+// Pins the calling thread, and the threads it starts afterwards, to one CPU; false when it cannot.
+bool pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return ::sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+// The server process, started before this process makes any gRPC object (gRPC does not survive
+// a fork): this executable again, with --serve, on CPU `cpu` (or anywhere when cpu < 0).
+struct ServerProcess {
+  pid_t pid = -1;
+  int to_child = -1;  // the child's stdin: closing it stops the server
+  int sluice_port = 0, echo_port = 0;
+
+  bool start(int cpu) {
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return false;
+    self[n] = '\0';
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return false;
+    pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      if (cpu >= 0) pin_to(cpu);
+      ::dup2(in[0], STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      char arg0[] = "sluice_load", arg1[] = "--serve";
+      char* args[] = {arg0, arg1, nullptr};
+      ::execv(self, args);
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    to_child = in[1];
+    std::string line;
+    char c;
+    while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    ::close(out[0]);
+    return std::sscanf(line.c_str(), "ports %d %d", &sluice_port, &echo_port) == 2;
+  }
+  // Stops the server and reaps it; its exit status (0: a clean shutdown).
+  int stop() {
+    if (to_child >= 0) ::close(to_child);
+    to_child = -1;
+    int status = 0;
+    if (pid > 0 && ::waitpid(pid, &status, 0) == pid) {
+      pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    }
+    return 128;
+  }
+};
+
+// How much of the time the CPUs are taken away from this process: one thread per CPU, pinned,
+// reads the clock in a loop for `seconds`; a gap over 50 us between two reads is time the CPU
+// ran something else (the hypervisor, an interrupt, another task). On dedicated cores this is
+// near 0; every stall of d ms delays each call in flight or due during it by up to d ms, so it
+// bounds from below the p99 any server can give here.
+struct Stalls {
+  double share = 0;           // of all CPU time probed, the share lost to stalls
+  double longest_ms = 0;      // the longest stall on any CPU
+  double over_1ms_per_s = 0;  // stalls longer than 1 ms, per CPU-second
+};
+Stalls probe_stalls(const std::vector<int>& cpus, double seconds) {
+  struct PerCpu {
+    std::int64_t lost_ns = 0, longest_ns = 0, over_1ms = 0;
+  };
+  std::vector<PerCpu> per(cpus.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < cpus.size(); ++i) {
+    threads.emplace_back([&, i] {
+      pin_to(cpus[i]);
+      const auto start = Clock::now();
+      const auto end = start + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(seconds));
+      auto prev = start;
+      for (auto now = start; now < end; prev = now) {
+        now = Clock::now();
+        const std::int64_t gap = std::chrono::nanoseconds(now - prev).count();
+        if (gap > 50'000) {
+          per[i].lost_ns += gap;
+          per[i].longest_ns = std::max(per[i].longest_ns, gap);
+          if (gap > 1'000'000) ++per[i].over_1ms;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Stalls st;
+  const double cpu_seconds = seconds * static_cast<double>(cpus.size());
+  for (const PerCpu& p : per) {
+    st.share += static_cast<double>(p.lost_ns) / 1e9 / cpu_seconds;
+    st.longest_ms = std::max(st.longest_ms, static_cast<double>(p.longest_ns) / 1e6);
+    st.over_1ms_per_s += static_cast<double>(p.over_1ms) / cpu_seconds;
+  }
+  return st;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 2.0;
+  std::vector<int> levels = {1, 4, 16, 64};
+  int repeat = 3;
+  bool markdown = false, pin = true;
+  int connection_count = 1;  // --connections: the open loop's connections (one thread each)
+  double fixed_rate = 0;     // --rate: the open loop's "half" rate instead of half the best
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--serve") {
+      return serve();
+    } else if (a == "--seconds" && i + 1 < argc) {
+      seconds = std::atof(argv[++i]);
+    } else if (a == "--repeat" && i + 1 < argc) {
+      repeat = std::atoi(argv[++i]);
+    } else if (a == "--levels" && i + 1 < argc) {
+      levels.clear();
+      std::string s = argv[++i];
+      for (std::size_t p = 0; p <= s.size();) {
+        const std::size_t q = std::min(s.find(',', p), s.size());
+        levels.push_back(std::atoi(s.substr(p, q - p).c_str()));
+        p = q + 1;
+      }
+    } else if (a == "--rate" && i + 1 < argc) {
+      fixed_rate = std::atof(argv[++i]);
+    } else if (a == "--connections" && i + 1 < argc) {
+      connection_count = std::atoi(argv[++i]);
+    } else if (a == "--no-pin") {
+      pin = false;
+    } else if (a == "--markdown") {
+      markdown = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: sluice_load [--seconds S] [--levels 1,4,16] [--repeat N] [--rate R] "
+                   "[--connections N] [--no-pin] [--markdown]\n");
+      return 2;
+    }
+  }
+  if (!(seconds > 0) || levels.empty() || repeat < 1 || repeat > 100 || fixed_rate < 0 ||
+      connection_count < 1 || connection_count > 64 ||
+      std::any_of(levels.begin(), levels.end(), [](int l) { return l < 1 || l > 4096; })) {
+    std::fprintf(stderr,
+                 "sluice_load: --seconds must be > 0, --repeat in 1..100, --rate >= 0, "
+                 "--connections in 1..64 and --levels in 1..4096\n");
+    return 2;
+  }
+
+  // Two CPUs or more: the server on the first this process may use, the client on the next.
+  std::vector<int> cpus;
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  pin = pin && cpus.size() >= 2;
+  ServerProcess server;
+  if (!server.start(pin ? cpus[0] : -1)) {
+    std::fprintf(stderr, "sluice_load: the server process did not start\n");
+    server.stop();
+    return 1;
+  }
+  // The machine's own stalls, probed while the server process sits idle.
+  const Stalls stalls = probe_stalls(cpus, 2.0);
+  if (pin) pin_to(cpus[1]);
+  std::printf("server process %d%s, client process %d%s\n", static_cast<int>(server.pid),
+              pin ? (" on CPU " + std::to_string(cpus[0])).c_str() : "",
+              static_cast<int>(::getpid()),
+              pin ? (" on CPU " + std::to_string(cpus[1])).c_str() : "");
+
+  // Each Stubs its own connections (a local subchannel pool: channels share no connection).
+  std::vector<Stubs> connections(static_cast<std::size_t>(connection_count));
+  for (Stubs& c : connections) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    c.echo = eb::Echo::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(server.echo_port), grpc::InsecureChannelCredentials(), args));
+    c.sluice = pb::Sluice::NewStub(
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server.sluice_port),
+                                  grpc::InsecureChannelCredentials(), args));
+  }
+  Stubs& stubs = connections.front();
 
   std::vector<Result> results;
   double best_echo = 0, best_check = 0;
   for (int c : levels) {
     for (Kind k : {Kind::kEcho, Kind::kCheck, Kind::kAdmitRelease}) {
-      results.push_back(closed_loop(stubs, k, c, seconds));
+      results.push_back(
+          with_server_cpu(server.pid, [&] { return closed_loop(stubs, k, c, seconds); }));
       if (k == Kind::kEcho) best_echo = std::max(best_echo, results.back().ops_per_s);
       if (k == Kind::kCheck) best_check = std::max(best_check, results.back().ops_per_s);
     }
   }
-  const double half = best_check / 2;
-  const Result open = open_loop(stubs, Kind::kCheck, half, seconds * 1.5);
-  const Result open_echo = open_loop(stubs, Kind::kEcho, half, seconds * 1.5);
-  const Result quarter = open_loop(stubs, Kind::kCheck, half / 2, seconds * 1.5);
-  const Result quarter_echo = open_loop(stubs, Kind::kEcho, half / 2, seconds * 1.5);
-
-  // Calls the open loop skipped because 10,000 were outstanding are overload, not failures.
+  // Open loop, `repeat` times each, interleaved: Check and echo at half the best Check rate,
+  // then at a quarter. Calls skipped because 10,000 were outstanding are overload, not failures.
+  const double half = fixed_rate > 0 ? fixed_rate : best_check / 2;
+  struct Open {
+    const char* label;
+    Kind kind;
+    double rate;
+    std::vector<Result> runs = {};
+  };
+  std::array<Open, 4> open = {{{"Check, open loop at half the best Check rate", Kind::kCheck, half},
+                               {"echo, open loop at the same rate", Kind::kEcho, half},
+                               {"Check, open loop at a quarter", Kind::kCheck, half / 2},
+                               {"echo, open loop at a quarter", Kind::kEcho, half / 2}}};
+  std::uint64_t skipped = 0;
+  for (int r = 0; r < repeat; ++r)
+    for (Open& o : open) {
+      o.runs.push_back(with_server_cpu(
+          server.pid, [&] { return open_loop(connections, o.kind, o.rate, seconds * 1.5); }));
+      skipped += o.runs.back().errors;
+    }
   std::printf("open-loop calls skipped (over 10,000 outstanding) or failed: %llu\n",
-              static_cast<unsigned long long>(open.errors + open_echo.errors + quarter.errors +
-                                              quarter_echo.errors));
+              static_cast<unsigned long long>(skipped));
+  const auto p99s = [](const Open& o) {
+    std::vector<double> v;
+    for (const Result& r : o.runs) v.push_back(r.p99_us);
+    return v;
+  };
+  const auto cpus_of = [](const Open& o) {
+    std::vector<double> v;
+    for (const Result& r : o.runs) v.push_back(r.server_cpu_us);
+    return v;
+  };
+  const auto p50s = [](const Open& o) {
+    std::vector<double> v;
+    for (const Result& r : o.runs) v.push_back(r.p50_us);
+    return v;
+  };
+  // Check's p99 over the echo floor's p99 in the run interleaved with it, per run.
+  const auto p99_ratios = [&](const Open& check, const Open& echo) {
+    std::vector<double> v;
+    for (std::size_t i = 0; i < check.runs.size(); ++i)
+      v.push_back(check.runs[i].p99_us / std::max(1.0, echo.runs[i].p99_us));
+    return v;
+  };
+  const auto met = [](const Open& o) {
+    return std::count_if(o.runs.begin(), o.runs.end(),
+                         [](const Result& r) { return r.p99_us <= 2000; });
+  };
+  const auto runs_text = [&](const Open& o) {
+    std::string s;
+    for (const double v : p99s(o)) s += (s.empty() ? "" : ", ") + std::to_string(std::lround(v));
+    return s;
+  };
+
   std::uint64_t errors = 0;
   for (const Result& r : results) errors += r.errors;
   const auto echo_at = [&](int c) {
@@ -342,36 +618,53 @@ policies:
     return 0.0;
   };
   if (markdown) {
-    std::printf("| call | in flight | calls/s | p50 | p99 | / echo |\n|---|---|---|---|---|---|\n");
-    for (const Result& r : results)
-      std::printf("| %s | %d | %.0f | %.0f us | %.0f us | %.2fx |\n", name(r.kind), r.concurrency,
-                  r.ops_per_s, r.p50_us, r.p99_us, r.ops_per_s / echo_at(r.concurrency));
     std::printf(
-        "| Check, open loop at half the best Check rate | - | %.0f | %.0f us | %.0f us | - |\n",
-        open.ops_per_s, open.p50_us, open.p99_us);
-    std::printf("| echo, open loop at the same rate | - | %.0f | %.0f us | %.0f us | - |\n",
-                open_echo.ops_per_s, open_echo.p50_us, open_echo.p99_us);
-    std::printf("| Check, open loop at a quarter | - | %.0f | %.0f us | %.0f us | - |\n",
-                quarter.ops_per_s, quarter.p50_us, quarter.p99_us);
-    std::printf("| echo, open loop at a quarter | - | %.0f | %.0f us | %.0f us | - |\n",
-                quarter_echo.ops_per_s, quarter_echo.p50_us, quarter_echo.p99_us);
+        "| call | in flight | calls/s | p50 | p99 | / echo | server CPU per call |\n"
+        "|---|---|---|---|---|---|---|\n");
+    for (const Result& r : results)
+      std::printf("| %s | %d | %.0f | %.0f us | %.0f us | %.2fx | %.1f us |\n", name(r.kind),
+                  r.concurrency, r.ops_per_s, r.p50_us, r.p99_us,
+                  r.ops_per_s / echo_at(r.concurrency), r.server_cpu_us);
+    std::printf(
+        "\n| open loop (median of %d) | calls/s | p50 | p99 | p99 of each run (us) | server CPU "
+        "per call |\n|---|---|---|---|---|---|\n",
+        repeat);
+    for (const Open& o : open)
+      std::printf("| %s | %.0f | %.0f us | %.0f us | %s | %.1f us |\n", o.label, o.rate,
+                  median(p50s(o)), median(p99s(o)), runs_text(o).c_str(), median(cpus_of(o)));
   } else {
-    std::printf("%-15s %9s %12s %10s %10s %8s\n", "call", "in-flight", "calls/s", "p50(us)",
-                "p99(us)", "/echo");
+    std::printf("%-15s %9s %12s %10s %10s %8s %12s\n", "call", "in-flight", "calls/s", "p50(us)",
+                "p99(us)", "/echo", "server-cpu/call(us)");
     for (const Result& r : results)
-      std::printf("%-15s %9d %12.0f %10.0f %10.0f %7.2fx\n", name(r.kind), r.concurrency,
-                  r.ops_per_s, r.p50_us, r.p99_us, r.ops_per_s / echo_at(r.concurrency));
-    std::printf(
-        "open loop: Check at %.0f/s (half the best closed-loop Check rate): p50 %.0f us, "
-        "p99 %.0f us; echo at the same rate: p50 %.0f us, p99 %.0f us\n",
-        half, open.p50_us, open.p99_us, open_echo.p50_us, open_echo.p99_us);
+      std::printf("%-15s %9d %12.0f %10.0f %10.0f %7.2fx %12.1f\n", name(r.kind), r.concurrency,
+                  r.ops_per_s, r.p50_us, r.p99_us, r.ops_per_s / echo_at(r.concurrency),
+                  r.server_cpu_us);
+    for (const Open& o : open)
+      std::printf(
+          "%s, %.0f/s: p50 %.0f us, p99 %.0f us (median of %d; each: %s), server CPU %.1f us per "
+          "call\n",
+          o.label, o.rate, median(p50s(o)), median(p99s(o)), repeat, runs_text(o).c_str(),
+          median(cpus_of(o)));
   }
   std::printf("best Check / best echo throughput: %.2fx (target >= 0.70)\n",
               best_check / best_echo);
-  std::printf("p99 at half the best Check rate: %.3f ms (target <= 2 ms)\n", open.p99_us / 1000);
+  std::printf(
+      "p99 at half the best Check rate: %.3f ms, median of %d runs (target <= 2 ms); at or under "
+      "2 ms in %d of %d runs, the echo floor in %d of %d\n",
+      median(p99s(open[0])) / 1000, repeat, static_cast<int>(met(open[0])), repeat,
+      static_cast<int>(met(open[1])), repeat);
+  std::printf(
+      "p99 of Check / p99 of echo at the same rate: %.2fx at half, %.2fx at a quarter "
+      "(median of the per-run ratios)\n",
+      median(p99_ratios(open[0], open[1])), median(p99_ratios(open[2], open[3])));
+  std::printf(
+      "CPU stalls probed on %zu CPUs for 2 s before the run: %.2f%% of the time lost, longest "
+      "%.1f ms, %.1f stalls over 1 ms per CPU-second\n",
+      cpus.size(), stalls.share * 100, stalls.longest_ms, stalls.over_1ms_per_s);
   std::printf("failed calls: %llu\n", static_cast<unsigned long long>(errors));
-  sluice_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  echo_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  engine.value()->close();
-  return errors == 0 ? 0 : 1;
+  connections.clear();
+  const int server_status = server.stop();
+  if (server_status != 0)
+    std::fprintf(stderr, "sluice_load: the server process exited with %d\n", server_status);
+  return errors == 0 && server_status == 0 ? 0 : 1;
 }
