@@ -13,30 +13,19 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/string_map.h"
 #include "local/access_index.h"
 #include "sluice/gateway.h"
 #include "sluice/semaphore.h"
 
 namespace sluice::gateway_detail {
-
-// Heterogeneous lookup: find(std::string_view) without building a std::string.
-struct NameHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept {
-    return std::hash<std::string_view>{}(s);
-  }
-};
-template <typename V>
-using NameMap = std::unordered_map<std::string, V, NameHash, std::equal_to<>>;
 
 // A semaphore plus the configured max it was built with (metrics and rejections read both).
 struct Level {
@@ -122,7 +111,7 @@ struct UpstreamState {
   std::string host;
   Pool* shared = nullptr;
   std::deque<RouteState> routes;
-  NameMap<RouteState*> route_index;
+  StringMap<RouteState*> route_index;
   // Rejections of calls to this upstream, by the level that refused (LimitLevel order).
   std::array<std::atomic<std::uint64_t>, kLimitLevelCount> exceeded{};
 };
@@ -137,8 +126,8 @@ struct State {
   std::deque<Pool> pools;
   std::deque<Access> accesses;
   std::deque<Level> levels;  // tenant global, binding and per-tenant levels
-  NameMap<TenantState*> tenant_index;
-  NameMap<UpstreamState*> upstream_index;
+  StringMap<TenantState*> tenant_index;
+  StringMap<UpstreamState*> upstream_index;
   // Every (tenant, upstream) a call may name: resolve()'s one lookup.
   AccessIndex<Access*, decltype(&access_keys)> access_index{&access_keys};
   std::vector<Pool*> queued_pools;

@@ -1,26 +1,14 @@
 #include "sluice/rate_limiter.h"
 
 #include <algorithm>
-#include <functional>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "core/string_map.h"
 
 namespace sluice {
 namespace {
-
-struct KeyHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view k) const noexcept {
-    return std::hash<std::string_view>{}(k);
-  }
-};
-
-struct KeyEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const noexcept { return a == b; }
-};
 
 constexpr std::size_t kMinSweep = 64;
 
@@ -35,7 +23,7 @@ class ShardedLimiter final : public RateLimiter {
   }
 
   RateDecision check(std::string_view key, std::uint64_t hits, Nanos now) override {
-    const std::size_t h = KeyHash{}(key);
+    const std::size_t h = StringHash{}(key);
     Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
     auto it = shard.map.find(key);
@@ -50,7 +38,7 @@ class ShardedLimiter final : public RateLimiter {
   }
 
   RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const override {
-    const std::size_t h = KeyHash{}(key);
+    const std::size_t h = StringHash{}(key);
     const Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
     State s;
@@ -59,7 +47,7 @@ class ShardedLimiter final : public RateLimiter {
   }
 
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
-    Shard& shard = shards_[shard_of(KeyHash{}(key))];
+    Shard& shard = shards_[shard_of(StringHash{}(key))];
     const std::lock_guard lock(shard.mu);
     if (auto it = shard.map.find(key); it != shard.map.end())
       sluice::refund(it->second, rule_, hits, now);
@@ -79,7 +67,7 @@ class ShardedLimiter final : public RateLimiter {
  private:
   struct alignas(64) Shard {
     mutable std::mutex mu;
-    std::unordered_map<std::string, State, KeyHash, KeyEq> map;
+    StringMap<State> map;
     std::size_t sweep_at = kMinSweep;
   };
 

@@ -5,10 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <utility>
 
 #include "server/policy.h"
@@ -62,30 +60,6 @@ std::string node_id_default() {
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   return std::string(host[0] != '\0' ? host : "sluice") + "-" + std::to_string(getpid()) + "-" +
          new_lease_id().substr(0, 8);
-}
-
-std::string rate_problem(const std::string& policy, std::string_view key, const RateDecision& d,
-                         const RateRule& rule, Refusal& r) {
-  r.status = 429;
-  r.type = "urn:sluice:problem:rate-limit-exceeded";
-  r.title = "Rate Limit Exceeded";
-  std::ostringstream detail;
-  detail << "Rate policy " << policy << " allows " << rule.limit << " per "
-         << seconds_of(rule.period) << "s for key '" << key << "'";
-  if (d.retry_after != Nanos::max()) detail << "; retry after " << seconds_of(d.retry_after) << "s";
-  r.detail = detail.str();
-  r.retry_after = d.retry_after;
-  r.policy = policy;
-  r.level = "rate";
-  r.current = d.limit - std::min(d.limit, d.remaining);
-  r.limit = d.limit;
-  json j = {{"type", r.type},     {"title", r.title},        {"status", r.status},
-            {"detail", r.detail}, {"policy", policy},        {"limit_type", "rate"},
-            {"limit", d.limit},   {"remaining", d.remaining}};
-  if (d.retry_after != Nanos::max())
-    j["retry_after_seconds"] =
-        std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds_of(d.retry_after))));
-  return j.dump();
 }
 
 }  // namespace
@@ -316,7 +290,7 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
     const RateDecision d = rate->check(rate_key, 1, now);
     if (!d.allowed) {
       p->count_rate_refusal();
-      out.refusal.problem_json = rate_problem(rate->name(), rate_key, d, rate->rule(), out.refusal);
+      rate->rate_refusal(rate_key, d, out.refusal);
       return out;
     }
   }

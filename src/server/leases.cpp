@@ -67,7 +67,7 @@ std::optional<Lease> LeaseTable::take(std::string_view id, Nanos now) {
   {
     Shard& s = shard_of(id);
     const std::lock_guard lock(s.mu);
-    auto it = s.leases.find(std::string(id));
+    auto it = s.leases.find(id);
     if (it == s.leases.end()) return std::nullopt;
     out.emplace(std::move(it->second));
     s.leases.erase(it);
@@ -81,7 +81,7 @@ std::optional<Lease> LeaseTable::take(std::string_view id, Nanos now) {
 std::optional<Nanos> LeaseTable::extend(std::string_view id, std::optional<Nanos> ttl, Nanos now) {
   Shard& s = shard_of(id);
   const std::lock_guard lock(s.mu);
-  auto it = s.leases.find(std::string(id));
+  auto it = s.leases.find(id);
   if (it == s.leases.end() || it->second.expires_at <= now) return std::nullopt;
   if (ttl) it->second.ttl = *ttl;
   it->second.expires_at = now + it->second.ttl;
@@ -122,7 +122,7 @@ std::size_t LeaseTable::expire(Nanos now) {
 std::size_t LeaseTable::clear() {
   std::size_t n = 0;
   for (Shard& s : shards_) {
-    std::unordered_map<std::string, Lease> taken;
+    StringMap<Lease> taken;
     {
       const std::lock_guard lock(s.mu);
       taken.swap(s.leases);

@@ -24,10 +24,10 @@
 #include <queue>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <variant>
 #include <vector>
 
+#include "core/string_map.h"
 #include "sluice/adaptive_guard.h"
 #include "sluice/clock.h"
 #include "sluice/gateway_permit.h"
@@ -80,7 +80,7 @@ class LeaseTable {
   };
   struct alignas(64) Shard {
     mutable std::mutex mu;
-    std::unordered_map<std::string, Lease> leases;
+    StringMap<Lease> leases;
     std::priority_queue<Due, std::vector<Due>, std::greater<>> due;
   };
   static constexpr std::size_t kShards = 16;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "sluice/gateway_metrics.h"
 #include "sluice/memory_coordinator.h"
@@ -183,6 +185,30 @@ RateDecision Policy::peek(std::string_view key, std::uint64_t hits, Nanos now) c
 
 void Policy::refund(std::string_view key, std::uint64_t hits, Nanos now) {
   limiter_->refund(key, hits, now);
+}
+
+void Policy::rate_refusal(std::string_view key, const RateDecision& d, Refusal& refusal) const {
+  const RateRule& r = rule();
+  refusal.status = 429;
+  refusal.type = "urn:sluice:problem:rate-limit-exceeded";
+  refusal.title = "Rate Limit Exceeded";
+  std::ostringstream detail;
+  detail << "Rate policy " << name_ << " allows " << r.limit << " per " << seconds_of(r.period)
+         << "s for key '" << key << "'";
+  if (d.retry_after != Nanos::max()) detail << "; retry after " << seconds_of(d.retry_after) << "s";
+  refusal.detail = detail.str();
+  refusal.retry_after = d.retry_after;
+  refusal.policy = name_;
+  refusal.level = "rate";
+  refusal.current = d.limit - std::min(d.limit, d.remaining);
+  refusal.limit = d.limit;
+  json j = {{"type", refusal.type},     {"title", refusal.title},  {"status", refusal.status},
+            {"detail", refusal.detail}, {"policy", name_},         {"limit_type", "rate"},
+            {"limit", d.limit},         {"remaining", d.remaining}};
+  if (d.retry_after != Nanos::max())
+    j["retry_after_seconds"] =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds_of(d.retry_after))));
+  refusal.problem_json = j.dump();
 }
 
 std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Target& target,

@@ -105,6 +105,8 @@ class Policy {
   [[nodiscard]] RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const;
   void refund(std::string_view key, std::uint64_t hits, Nanos now);
   [[nodiscard]] const RateRule& rule() const noexcept { return limiter_->rule(); }
+  // Fills `refusal` (a 429 and its problem details) for `d`, a denied check of `key`.
+  void rate_refusal(std::string_view key, const RateDecision& d, Refusal& refusal) const;
 
   // Concurrency kinds: a permit, or nullopt with `refusal` filled in. `target`: concurrency
   // kind only (resolved by gateway()).
