@@ -42,13 +42,15 @@ std::string tail(const std::string& path, std::size_t max = 2000) {
   return s.size() > max ? s.substr(s.size() - max) : s;
 }
 
-// Starts argv[0] (looked up on PATH) with stdout and stderr appended to `log`; the child's pid.
+// Starts argv[0] (looked up on PATH) with stdout and stderr appended to `log` and no other file
+// of this process open; the child's pid.
 pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // none of the test's sockets or pipes
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -92,6 +94,29 @@ void stop_pid(pid_t pid, int sig) {
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
+}
+
+// Starts a guard for `server` (started by this process, its files in `dir`): if this process
+// ends while the server still runs (a crash, or a test runner's SIGKILL on timeout, where no
+// destructor runs), the guard sends the server `sig`, SIGKILL 5 s later if it is still there,
+// and removes `dir`. The guard is detached (the shell that starts it exits at once), so a runner
+// that kills this process's children does not take the guard along; it exits by itself within
+// a second of the server's ending while this process lives.
+void start_guard(pid_t server, int sig, const std::string& dir) {
+  static constexpr const char* kGuard = R"((
+  while kill -0 "$1" 2>/dev/null; do
+    kill -0 "$2" 2>/dev/null || exit 0
+    sleep 1
+  done
+  kill -"$3" "$2" 2>/dev/null
+  i=0
+  while kill -0 "$2" 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -9 "$2" 2>/dev/null
+  rm -rf "$4"
+) </dev/null >/dev/null 2>&1 &)";
+  run({"/bin/sh", "-c", kGuard, "sluice-test-guard", std::to_string(::getpid()),
+       std::to_string(server), std::to_string(sig), dir},
+      "/dev/null");
 }
 
 }  // namespace
@@ -143,7 +168,10 @@ Status RedisServer::start(std::string password) {
     pid_ = spawn(args, log);
     if (pid_ < 0) return Status(StatusCode::kUnavailable, "cannot run redis-server (installed?)");
     for (int i = 0; i < 500 && alive(pid_); ++i) {
-      if (port_accepts(port_)) return {};
+      if (port_accepts(port_)) {
+        start_guard(pid_, SIGTERM, dir_);
+        return {};
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     stop_pid(pid_, SIGKILL);
@@ -218,7 +246,10 @@ Status PostgresServer::start() {
             dir_ + "/pg_ctl.log") == 0) {
       std::ifstream pidfile(data + "/postmaster.pid");
       pidfile >> pid_;
-      if (pid_ > 0 && port_accepts(port_)) return {};
+      if (pid_ > 0 && port_accepts(port_)) {
+        start_guard(pid_, SIGINT, dir_);  // fast shutdown
+        return {};
+      }
     }
     if (pid_ > 0) stop_pid(pid_, SIGINT);
     pid_ = -1;

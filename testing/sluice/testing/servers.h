@@ -2,6 +2,8 @@
 //
 // What it is: each class starts a real server from Debian's binaries on 127.0.0.1, on a free
 // port, in a temp directory of its own, and stops it by its pid (never by name) when destroyed.
+// A detached guard process stops the server and removes its directory if the process that
+// started it dies without doing so (a crash, a test runner's SIGKILL on timeout).
 // start() returns an error Status (with the server's log tail) instead of throwing, so a test
 // can fail with a readable message.
 //
@@ -37,6 +39,8 @@ class RedisServer {
   [[nodiscard]] int port() const noexcept { return port_; }
   [[nodiscard]] const std::string& password() const noexcept { return password_; }
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  // The server's temp directory (its data and log).
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
   std::string dir_;
@@ -58,6 +62,8 @@ class PostgresServer {
   // "host=127.0.0.1 port=P user=postgres dbname=postgres"
   [[nodiscard]] std::string conninfo() const;
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  // The server's temp directory (its data and log).
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
   std::string dir_;
