@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -96,6 +97,13 @@ def metric(samples, name: str, **labels) -> Optional[float]:
     return found[0] if found else None
 
 
+# A server the tests start is killed with the test process if that dies first (a crash, or a
+# runner's SIGKILL on timeout): util-linux's setpriv sets the kernel's parent-death signal and
+# execs the server in place (same pid). Without setpriv the servers run unguarded.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT: List[str] = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
+
+
 class SluiceServer:
     """One `sluice serve` process on free loopback ports, its stderr in a file."""
 
@@ -121,8 +129,9 @@ class SluiceServer:
         # A port picked free may be taken before the server binds it: try again then.
         for attempt in range(3):
             self.grpc_port, self.http_port = free_port(), free_port()
-            args = [self.binary, "serve", "--grpc", f"127.0.0.1:{self.grpc_port}",
-                    "--http", f"127.0.0.1:{self.http_port}"]
+            args = _DIE_WITH_PARENT + [self.binary, "serve", "--grpc",
+                                       f"127.0.0.1:{self.grpc_port}",
+                                       "--http", f"127.0.0.1:{self.http_port}"]
             if self.config_path is not None:
                 args += ["--config", str(self.config_path)]
             with open(self.log_path, "ab") as log:

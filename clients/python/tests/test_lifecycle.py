@@ -3,8 +3,10 @@
 import re
 import signal
 import subprocess
+import sys
 import textwrap
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -212,3 +214,38 @@ def test_sigterm_gives_up_on_held_leases_after_the_grace(start_server):
     assert server.proc.wait(timeout=6) == 0
     assert 0.9 <= time.monotonic() - start < 4
     assert "stopped (1 lease(s) were still held" in server.log()
+
+
+def test_a_server_dies_with_the_test_process_that_started_it(tmp_path):
+    """A test process killed with SIGKILL (a runner's timeout) leaves no server running."""
+    owner_code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        from conftest import SluiceServer
+        server = SluiceServer(Path({str(tmp_path)!r})).start()
+        print(server.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL)
+    try:
+        line = owner.stdout.readline()
+        assert line.strip().isdigit(), f"the owner did not start a server: {line!r}"
+        pid = int(line)
+        assert process_running(pid)
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    wait_until(lambda: not process_running(pid), timeout=5,
+               what=f"sluice serve {pid} to die with the process that started it")
+
+
+def process_running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
