@@ -28,8 +28,21 @@ using std::chrono::seconds;
 constexpr Nanos kTimeout = seconds(20);  // generous: sanitizer builds on a loaded machine
 constexpr int kSteps = 600;              // per configuration
 
-// Ids whose byte order differs from a naive numeric or case-folded order.
-const std::vector<std::string> kIds = {"n-10", "n-9", "N1", "a.b", "z", "node:7", "0"};
+// Ids whose byte order differs from a naive numeric or case-folded order, short ones and long
+// ones sharing a prefix longer than 8 bytes (one a prefix of another), and long ones that
+// differ early but compare the other way late.
+const std::vector<std::string> kIds = {"n-10",
+                                       "n-9",
+                                       "N1",
+                                       "a.b",
+                                       "z",
+                                       "node:7",
+                                       "0",
+                                       "fleet-node-000000000010",
+                                       "fleet-node-000000000009",
+                                       "fleet-node-00000000001",
+                                       "fleet-a-node-000000001",
+                                       "fleet-b-node-000000000"};
 const std::vector<std::string> kKeys = {"checkout", "search"};
 
 struct Backends {

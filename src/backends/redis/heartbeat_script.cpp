@@ -34,23 +34,22 @@ end
 
 local function num(x) return string.format('%.0f', x) end
 
+-- Whether node id a sorts before b by bytes (Lua's < on strings follows the locale).
 local function bytes_less(a, b)
+  if a == b then return false end
   local n = math.min(#a, #b)
-  for i = 1, n do
+  local i = 1
+  -- Skip the common prefix eight bytes at a time (ids often share a long one).
+  while i + 7 <= n and string.sub(a, i, i + 7) == string.sub(b, i, i + 7) do i = i + 8 end
+  while i <= n do
     local x, y = string.byte(a, i), string.byte(b, i)
     if x ~= y then return x < y end
+    i = i + 1
   end
   return #a < #b
 end
 
-local function split_list(s, sep)
-  local out = {}
-  if s == nil or s == '' then return out end
-  for part in string.gmatch(s, '([^' .. sep .. ']+)') do out[#out + 1] = part end
-  return out
-end
-
--- Read the state.
+-- Read the state. A record is "l_local:in_flight:share:expires:acked:unacked".
 local gen = 0
 local nodes = {}
 local raw = redis.call('HGETALL', key)
@@ -59,23 +58,26 @@ for i = 1, #raw, 2 do
   if f == 'g' then
     gen = tonumber(v)
   elseif string.sub(f, 1, 2) == 'n:' then
-    local p = split_list(v, ':')
-    local n = { id = string.sub(f, 3), l_local = tonumber(p[1]), in_flight = tonumber(p[2]),
-                share = tonumber(p[3]), expires = tonumber(p[4]), acked = tonumber(p[5]),
-                unacked = {} }
-    for _, g in ipairs(split_list(p[6], ',')) do
-      local gs = split_list(g, '/')
-      n.unacked[#n.unacked + 1] = { gen = tonumber(gs[1]), share = tonumber(gs[2]) }
-    end
-    nodes[#nodes + 1] = n
+    local l, fl, sh, ex, ac, un = string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):(.*)$')
+    nodes[#nodes + 1] = { id = string.sub(f, 3), l_local = tonumber(l), in_flight = tonumber(fl),
+                          share = tonumber(sh), expires = tonumber(ex), acked = tonumber(ac),
+                          unacked_text = un }
   end
+end
+-- A record's unacked grants: {gen, share} pairs from "gen/share,gen/share".
+local function unacked_of(n)
+  local out = {}
+  for g, sh in string.gmatch(n.unacked_text or '', '(%d+)/(%d+)') do
+    out[#out + 1] = { gen = tonumber(g), share = tonumber(sh) }
+  end
+  return out
 end
 
 -- 1. Upsert the reporter.
 local me = nil
 for _, n in ipairs(nodes) do if n.id == self_id then me = n end end
 if me == nil then
-  me = { id = self_id, share = 0, acked = 0, unacked = {} }
+  me = { id = self_id, share = 0, acked = 0, unacked_text = '' }
   nodes[#nodes + 1] = me
 end
 me.l_local = l_local
@@ -83,22 +85,26 @@ me.in_flight = in_flight
 me.expires = now + lease
 me.acked = math.max(me.acked, acked_in)
 local kept = {}
-for _, g in ipairs(me.unacked) do if g.gen >= me.acked then kept[#kept + 1] = g end end
+for _, g in ipairs(unacked_of(me)) do if g.gen >= me.acked then kept[#kept + 1] = g end end
 me.unacked = kept
 
--- 2. Evict every other node whose lease expired.
+-- 2. Evict every other node whose lease expired. A node's rank is its place among the live
+-- nodes ordered by id bytes: the reporter's is the number of live ids below its own, so no
+-- sort is needed; `before` marks the nodes ranked ahead of it.
 local live = {}
 local evicted = {}
+local self_rank = 0
 for _, n in ipairs(nodes) do
   if n.id ~= self_id and n.expires <= now then
     evicted[#evicted + 1] = 'n:' .. n.id
   else
     live[#live + 1] = n
+    if n.id ~= self_id and bytes_less(n.id, self_id) then
+      n.before = true
+      self_rank = self_rank + 1
+    end
   end
 end
-table.sort(live, function(a, b) return bytes_less(a.id, b.id) end)
-local self_rank = 0
-for i, n in ipairs(live) do if n.id == self_id then self_rank = i - 1 end end
 
 -- 3. Aggregate: lower median or min, never a sum.
 local values = {}
@@ -121,11 +127,11 @@ if not demand then
   target = split(limit, #live, self_rank)
 else
   local probes, hungry, hungry_rank = 0, 0, 0
-  for i, n in ipairs(live) do
+  for _, n in ipairs(live) do
     if n.in_flight < n.share then
       probes = probes + 1
     else
-      if i - 1 < self_rank then hungry_rank = hungry_rank + 1 end
+      if n.before then hungry_rank = hungry_rank + 1 end
       hungry = hungry + 1
     end
   end
@@ -144,7 +150,7 @@ for _, n in ipairs(live) do
   if n.id ~= self_id then
     local r = math.max(n.share, n.in_flight)
     if handoff then
-      for _, g in ipairs(n.unacked) do r = math.max(r, g.share) end
+      for _, g in ipairs(unacked_of(n)) do r = math.max(r, g.share) end
     end
     others = others + r
   end
