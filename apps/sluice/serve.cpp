@@ -103,6 +103,7 @@ int run_serve(const ServeOptions& options) {
     return 1;
   }
   server::Engine& engine = *created.value();
+  for (const std::string& w : engine.warnings()) log("warning: " + w);
 
   std::mutex reload_mu;
   const auto reload = [&]() -> server::ReloadOutcome {
@@ -123,6 +124,7 @@ int run_serve(const ServeOptions& options) {
       return {false, r.status().message() + "; the old config keeps serving"};
     }
     const server::ReloadSummary& s = r.value();
+    for (const std::string& w : s.warnings) log("warning: " + w);
     const std::string msg = fmt::format(
         "reloaded (generation {}): added {}, changed {}, removed {}, kept {}", s.generation,
         joined(s.added), joined(s.changed), joined(s.removed), joined(s.kept));

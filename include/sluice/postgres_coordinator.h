@@ -35,6 +35,10 @@ class PostgresCoordinator final : public ConcurrencyCoordinator {
   // time from that clock; it must outlive the coordinator).
   [[nodiscard]] static StatusOr<std::unique_ptr<PostgresCoordinator>> connect(
       PostgresOptions options, CoordinatorConfig config, const Clock* caller_clock = nullptr);
+  // Checks the options only: the first call connects and creates the tables (as every call
+  // after a lost connection does), so a coordinator can be built while the server is down.
+  [[nodiscard]] static StatusOr<std::unique_ptr<PostgresCoordinator>> open(
+      PostgresOptions options, CoordinatorConfig config, const Clock* caller_clock = nullptr);
   ~PostgresCoordinator() override;
 
   [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,

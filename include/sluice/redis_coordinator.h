@@ -40,6 +40,10 @@ class RedisCoordinator final : public ConcurrencyCoordinator {
   // Connects, authenticates and loads the script. `caller_clock` non-null: test mode.
   [[nodiscard]] static StatusOr<std::unique_ptr<RedisCoordinator>> connect(
       RedisOptions options, CoordinatorConfig config, const Clock* caller_clock = nullptr);
+  // Checks the options only: the first call connects (as every call after a lost connection
+  // does), so a coordinator can be built while the server is down.
+  [[nodiscard]] static StatusOr<std::unique_ptr<RedisCoordinator>> open(
+      RedisOptions options, CoordinatorConfig config, const Clock* caller_clock = nullptr);
   ~RedisCoordinator() override;
 
   [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,

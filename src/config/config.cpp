@@ -256,12 +256,13 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
     case CoordinatorSpec::Kind::kRedis:
       r.keys(n, path,
              {"kind", "aggregate", "allocation", "acknowledged_handoff", "address", "username",
-              "password", "database", "key_prefix"});
+              "password", "database", "key_prefix", "connect_timeout"});
       if (auto s = r.str(n, "address", path)) {
         if (!parse_host_port(*s, out.redis.host, out.redis.port))
           r.error(n["address"], path + ".address",
                   "must be host:port with a port in 1..65535, not '" + *s + "'");
       }
+      if (auto d = r.duration(n, "connect_timeout", path)) out.redis.connect_timeout = *d;
       if (auto s = r.str(n, "username", path)) out.redis.username = *s;
       if (auto s = r.str(n, "password", path)) out.redis.password = *s;
       if (auto v = r.uint(n, "database", path, 0, 1 << 20))

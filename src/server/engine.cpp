@@ -72,6 +72,7 @@ class PolicySet {
   std::uint64_t generation = 1;
   std::map<std::string, std::shared_ptr<Policy>, std::less<>> policies;
   std::map<std::string, std::shared_ptr<CoordinatorSlot>, std::less<>> coordinators;
+  std::vector<std::string> warnings;  // from building this set (a coordinator not reached)
 
   [[nodiscard]] Policy* find(std::string_view name) const {
     auto it = policies.find(name);
@@ -111,8 +112,10 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
         continue;
       }
     }
-    auto slot = make_coordinator(f->coordinator, cs, clock);
+    std::string warning;
+    auto slot = make_coordinator(f->coordinator, cs, clock, warning);
     if (!slot.ok()) return slot.status();
+    if (!warning.empty()) set->warnings.push_back(std::move(warning));
     set->coordinators.emplace(f->coordinator, std::move(slot.value()));
   }
   for (const auto& [name, spec] : config.policies) {
@@ -356,6 +359,8 @@ std::string Engine::policies_json() const {
   return j.dump();
 }
 
+std::vector<std::string> Engine::warnings() const { return current()->warnings; }
+
 Readiness Engine::readiness() const {
   Readiness r;
   if (draining()) r.problems.push_back("the server is shutting down");
@@ -379,6 +384,7 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   std::shared_ptr<PolicySet> set = std::move(next.value());
   ReloadSummary summary;
   summary.generation = set->generation;
+  summary.warnings = set->warnings;
   for (const auto& [name, p] : set->policies) {
     auto it = old->policies.find(name);
     if (it == old->policies.end())

@@ -105,6 +105,7 @@ struct PolicyInfo {
 struct ReloadSummary {
   std::vector<std::string> added, changed, removed, kept;
   std::uint64_t generation = 0;
+  std::vector<std::string> warnings;  // what to log: a coordinator not reached (not an error)
 };
 
 struct Readiness {
@@ -117,7 +118,8 @@ class PolicySet;
 class Engine {
  public:
   // Builds every policy of `config` (connecting to the coordinators its fleet policies use).
-  // `clock` must outlive the engine. An error names the policy or coordinator that failed.
+  // `clock` must outlive the engine. An error names the policy or coordinator that failed; a
+  // coordinator that cannot be reached now is not one (see make_coordinator): warnings() says.
   [[nodiscard]] static StatusOr<std::unique_ptr<Engine>> create(const SluiceConfig& config,
                                                                 const Clock& clock);
   ~Engine();
@@ -145,6 +147,8 @@ class Engine {
   [[nodiscard]] Readiness readiness() const;
   [[nodiscard]] ServerSettings settings() const;
   [[nodiscard]] std::uint64_t generation() const;
+  // What building the config now serving left to log (a coordinator not reached).
+  [[nodiscard]] std::vector<std::string> warnings() const;
 
   // Swaps in `config`'s policies (see above). On error nothing changed.
   [[nodiscard]] StatusOr<ReloadSummary> reload(const SluiceConfig& config);

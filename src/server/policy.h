@@ -77,9 +77,12 @@ class CoordinatorSlot final : public ConcurrencyCoordinator {
   std::atomic<std::uint64_t> count_{0}, sum_ns_{0}, errors_{0};
 };
 
-// Connects the coordinator `spec` describes. An error names it.
+// Connects the coordinator `spec` describes. An error names it. A server that cannot be reached
+// now (unavailable, or no answer in time) is not an error: the coordinator connects on its first
+// call, the fleet policies on it start in their outage mode (and /readyz says not ready), and
+// `warning` says so. Anything else (bad options, AUTH refused) is.
 [[nodiscard]] StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(
-    const std::string& name, const CoordinatorSpec& spec, const Clock& clock);
+    const std::string& name, const CoordinatorSpec& spec, const Clock& clock, std::string& warning);
 
 enum class PolicyKind : std::uint8_t { kRate, kAdaptive, kFleet, kConcurrency };
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 namespace sluice {
@@ -23,6 +24,7 @@ coordinators:
     address: redis.internal:6380
     password: pw
     database: 2
+    connect_timeout: 250ms
     aggregate: min
     allocation: demand-proportional
     acknowledged_handoff: true
@@ -83,6 +85,7 @@ TEST(Config, ReadsEveryKindOfPolicyAndCoordinator) {
   EXPECT_EQ(main.redis.host, "redis.internal");
   EXPECT_EQ(main.redis.port, 6380);
   EXPECT_EQ(main.redis.database, 2);
+  EXPECT_EQ(main.redis.connect_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(main.rules.aggregate, Aggregate::kMin);
   EXPECT_EQ(main.rules.allocation, Allocation::kDemandProportional);
   EXPECT_TRUE(main.rules.acknowledged_handoff);

@@ -1,7 +1,8 @@
 // The server's engine (src/server/engine.h), without a transport: policy chaining (a rate refusal
 // takes no permit), CheckMany's all-or-nothing, bad input named by field, leases (expiry,
 // heartbeat, unguessable ids), reload (unchanged policies keep their permits; a failed reload
-// changes nothing), drain, metrics, and leaving a fleet on close (over a real Redis).
+// changes nothing), drain, metrics, leaving a fleet on close, and starting while the fleet's
+// Redis is down (over a real Redis).
 #include "server/engine.h"
 
 #include <gtest/gtest.h>
@@ -25,6 +26,19 @@ SluiceConfig config_of(const std::string& yaml) {
   ConfigLoad l = load_config(yaml);
   EXPECT_TRUE(l.config.has_value()) << (l.errors.empty() ? "" : l.errors[0].to_string("test"));
   return l.config.value_or(SluiceConfig{});
+}
+
+// Waits up to `limit` for the engine to be ready (a fleet guard's beats come from its runner
+// thread); whether it is, with the reasons it is not in the failure message.
+::testing::AssertionResult ready_within(const Engine& engine, Nanos limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!engine.readiness().ready && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(5));
+  const Readiness r = engine.readiness();
+  if (r.ready) return ::testing::AssertionSuccess();
+  std::string why;
+  for (const std::string& p : r.problems) why += "\n  " + p;
+  return ::testing::AssertionFailure() << "not ready after the wait:" << why;
 }
 
 const char* kBase = R"(
@@ -286,14 +300,18 @@ TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {
 TEST_F(EngineTest, AReloadThatFailsChangesNothing) {
   const AdmitResult a = admit("two");
   ASSERT_TRUE(a.admitted);
-  // A fleet policy on a Redis nobody listens on: the coordinator cannot connect.
+  // A fleet policy on a Redis that refuses the configured password.
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.start("right-password").ok());
   std::string next = kBase;
   next.replace(next.find("policies:"), 9,
                "coordinators:\n  r:\n    kind: redis\n    address: 127.0.0.1:" +
-                   std::to_string(testing::free_port()) +
-                   "\npolicies:\n  f:\n    kind: fleet\n    coordinator: r\n");
+                   std::to_string(redis.port()) +
+                   "\n    password: wrong-password\npolicies:\n  f:\n    kind: fleet\n"
+                   "    coordinator: r\n");
   auto r = engine_->reload(config_of(next));
   ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().to_string();
   EXPECT_NE(r.status().message().find("coordinator r"), std::string::npos) << r.status().message();
   EXPECT_EQ(engine_->generation(), 1u);
   EXPECT_EQ(in_flight("two"), 1u);
@@ -333,11 +351,7 @@ policies:
   Engine& engine = *e.value();
   ASSERT_TRUE(engine.check(CheckCall{"r", "k", 1}).value().allowed);
   ASSERT_FALSE(engine.check(CheckCall{"r", "k", 1}).value().allowed);
-  // The fleet guard's first beat comes from its runner thread.
-  const auto until = std::chrono::steady_clock::now() + seconds(10);
-  while (!engine.readiness().ready && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(milliseconds(5));
-  ASSERT_TRUE(engine.readiness().ready);
+  ASSERT_TRUE(ready_within(engine, seconds(10)));
   const std::string m = engine.metrics_text();
   for (const char* series :
        {"sluice_rate_decisions_total{policy=\"r\",decision=\"allowed\"} 1",
@@ -363,10 +377,7 @@ TEST(EngineFleet, CloseLeavesTheFleet) {
   const SteadyClock& clock = SteadyClock::instance();
   auto e = Engine::create(config_of(yaml), clock);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
-  const auto until = std::chrono::steady_clock::now() + seconds(10);
-  while (!e.value()->readiness().ready && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(milliseconds(5));
-  ASSERT_TRUE(e.value()->readiness().ready);
+  ASSERT_TRUE(ready_within(*e.value(), seconds(10)));
   RedisOptions o;
   o.port = redis.port();
   auto other = RedisCoordinator::connect(o, {});
@@ -383,9 +394,7 @@ TEST(EngineFleet, CloseLeavesTheFleet) {
   auto r = e.value()->reload(config_of(changed));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r.value().changed, std::vector<std::string>{"f"});
-  const auto until2 = std::chrono::steady_clock::now() + seconds(10);
-  while (!e.value()->readiness().ready && std::chrono::steady_clock::now() < until2)
-    std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_TRUE(ready_within(*e.value(), seconds(10)));
   auto during = other.value()->heartbeat("f", report, seconds(2));
   ASSERT_TRUE(during.ok());
   EXPECT_EQ(during.value().nodes, 2u);
@@ -393,6 +402,45 @@ TEST(EngineFleet, CloseLeavesTheFleet) {
   auto after = other.value()->heartbeat("f", report, seconds(2));
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after.value().nodes, 1u) << "the closed engine is still a member of the fleet";
+}
+
+// A coordinator that is down when the server starts is not a reason to refuse to start: the
+// engine comes up (rate and local policies serve), the fleet policy is in its outage mode and
+// not ready, a warning names the coordinator, and once Redis comes up on that address the fleet
+// policy joins and the engine is ready, with no restart.
+TEST(EngineFleet, StartsWhileItsCoordinatorIsDownAndJoinsWhenItComesUp) {
+  const int port = testing::free_port();
+  const std::string yaml =
+      "server:\n  node_id: late-node\ncoordinators:\n  r:\n    kind: redis\n"
+      "    address: 127.0.0.1:" +
+      std::to_string(port) +
+      "\n    connect_timeout: 200ms\npolicies:\n  per-key:\n    kind: rate\n    limit: 5\n"
+      "  f:\n    kind: fleet\n    coordinator: r\n    algorithm: fixed\n    limit: 6\n"
+      "    heartbeat: 20ms\n    lease_ttl: 60s\n";
+  const SteadyClock& clock = SteadyClock::instance();
+  auto e = Engine::create(config_of(yaml), clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& engine = *e.value();
+  ASSERT_EQ(engine.warnings().size(), 1u);
+  EXPECT_NE(engine.warnings()[0].find("coordinator r is not reachable now"), std::string::npos)
+      << engine.warnings()[0];
+  EXPECT_TRUE(engine.check(CheckCall{"per-key", "k", 1}).value().allowed);
+  const Readiness down = engine.readiness();
+  EXPECT_FALSE(down.ready);
+  ASSERT_EQ(down.problems.size(), 1u);
+  EXPECT_EQ(down.problems[0].find("policy f:"), 0u) << down.problems[0];
+
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.start({}, port).ok());
+  ASSERT_TRUE(ready_within(engine, seconds(15)));
+  RedisOptions o;
+  o.port = port;
+  auto other = RedisCoordinator::connect(o, {});
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  auto g = other.value()->heartbeat("f", NodeReport{"observer", 6, 0, 0, seconds(60)}, seconds(2));
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_EQ(g.value().nodes, 2u) << "the engine's fleet guard did not join once Redis came up";
+  engine.close();
 }
 
 }  // namespace

@@ -537,23 +537,31 @@ PostgresCoordinator::~PostgresCoordinator() = default;
 
 const CoordinatorConfig& PostgresCoordinator::config() const noexcept { return impl_->config; }
 
-StatusOr<std::unique_ptr<PostgresCoordinator>> PostgresCoordinator::connect(
+StatusOr<std::unique_ptr<PostgresCoordinator>> PostgresCoordinator::open(
     PostgresOptions options, CoordinatorConfig config, const Clock* caller_clock) {
   if (Status s = validate_prefix(options.table_prefix); !s.ok()) return s;
-  auto budget = connect_budget(options.conninfo);
-  if (!budget.ok()) return budget.status();
+  if (auto budget = connect_budget(options.conninfo); !budget.ok()) return budget.status();
   auto impl = std::make_unique<Impl>();
   impl->keys_table = options.table_prefix + "_keys";
   impl->nodes_table = options.table_prefix + "_nodes";
   impl->options = std::move(options);
   impl->config = config;
   impl->caller_clock = caller_clock;
-  const Status s = impl->serialized<Status>(
-      budget.value(), [&](Nanos deadline) { return impl->ensure_connected(deadline); });
+  return std::unique_ptr<PostgresCoordinator>(new PostgresCoordinator(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<PostgresCoordinator>> PostgresCoordinator::connect(
+    PostgresOptions options, CoordinatorConfig config, const Clock* caller_clock) {
+  auto c = open(std::move(options), config, caller_clock);
+  if (!c.ok()) return c;
+  Impl& m = *c.value()->impl_;
+  const Status s =
+      m.serialized<Status>(connect_budget(m.options.conninfo).value(),
+                           [&](Nanos deadline) { return m.ensure_connected(deadline); });
   if (s.code() == StatusCode::kDeadlineExceeded)  // as libpq's own connect_timeout reports it
     return Status(StatusCode::kUnavailable, s.message() + " (connect_timeout)");
   if (!s.ok()) return s;
-  return std::unique_ptr<PostgresCoordinator>(new PostgresCoordinator(std::move(impl)));
+  return c;
 }
 
 StatusOr<Grant> PostgresCoordinator::heartbeat(std::string_view key, const NodeReport& report,

@@ -164,9 +164,9 @@ std::string RedisCoordinator::script_sha() const {
 
 const CoordinatorConfig& RedisCoordinator::config() const noexcept { return impl_->config; }
 
-StatusOr<std::unique_ptr<RedisCoordinator>> RedisCoordinator::connect(RedisOptions options,
-                                                                      CoordinatorConfig config,
-                                                                      const Clock* caller_clock) {
+StatusOr<std::unique_ptr<RedisCoordinator>> RedisCoordinator::open(RedisOptions options,
+                                                                   CoordinatorConfig config,
+                                                                   const Clock* caller_clock) {
   if (options.host.empty())
     return Status(StatusCode::kInvalidArgument, "redis: host must not be empty");
   if (options.port <= 0 || options.port > 65535)
@@ -181,12 +181,18 @@ StatusOr<std::unique_ptr<RedisCoordinator>> RedisCoordinator::connect(RedisOptio
   impl->options = std::move(options);
   impl->config = config;
   impl->caller_clock = caller_clock;
-  {
-    const backend_detail::CallGate::Hold hold(impl->gate, impl->options.connect_timeout);
-    if (Status s = impl->connect_locked(deadline_after(impl->options.connect_timeout)); !s.ok())
-      return s;
-  }
   return std::unique_ptr<RedisCoordinator>(new RedisCoordinator(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<RedisCoordinator>> RedisCoordinator::connect(RedisOptions options,
+                                                                      CoordinatorConfig config,
+                                                                      const Clock* caller_clock) {
+  auto c = open(std::move(options), config, caller_clock);
+  if (!c.ok()) return c;
+  Impl& m = *c.value()->impl_;
+  const backend_detail::CallGate::Hold hold(m.gate, m.options.connect_timeout);
+  if (Status s = m.connect_locked(deadline_after(m.options.connect_timeout)); !s.ok()) return s;
+  return c;
 }
 
 StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeReport& report,

@@ -141,13 +141,13 @@ int free_port() {
 
 RedisServer::~RedisServer() { stop(); }
 
-Status RedisServer::start(std::string password) {
+Status RedisServer::start(std::string password, int port) {
   dir_ = make_temp_dir("sluice-redis");
   if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for redis");
   password_ = std::move(password);
   const std::string log = dir_ + "/redis.log";
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    port_ = free_port();
+  for (int attempt = 0; attempt < (port > 0 ? 1 : 3); ++attempt) {
+    port_ = port > 0 ? port : free_port();
     std::vector<std::string> args = {"redis-server",
                                      "--port",
                                      std::to_string(port_),

@@ -33,8 +33,8 @@ class RedisServer {
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
 
-  // `password` empty: no AUTH required.
-  Status start(std::string password = {});
+  // `password` empty: no AUTH required. `port` 0: a free one.
+  Status start(std::string password = {}, int port = 0);
   void stop();
   [[nodiscard]] int port() const noexcept { return port_; }
   [[nodiscard]] const std::string& password() const noexcept { return password_; }
