@@ -80,7 +80,8 @@ class CoordinatorSlot final : public ConcurrencyCoordinator {
 // Connects the coordinator `spec` describes. An error names it. A server that cannot be reached
 // now (unavailable, or no answer in time) is not an error: the coordinator connects on its first
 // call, the fleet policies on it start in their outage mode (and /readyz says not ready), and
-// `warning` says so. Anything else (bad options, AUTH refused) is.
+// `warning` says so. Anything else (bad options, a password Redis refuses) is; libpq reports a
+// login PostgreSQL refuses as unavailable, so that one is a warning.
 [[nodiscard]] StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(
     const std::string& name, const CoordinatorSpec& spec, const Clock& clock, std::string& warning);
 
