@@ -40,7 +40,7 @@ class RateLimiter {
   // The decision `check` would give, without consuming anything.
   [[nodiscard]] virtual RateDecision peek(std::string_view key, std::uint64_t hits,
                                           Nanos now) const = 0;
-  // Gives back `hits` a check of `key` admitted (sluice/rate_strategy.h: refund). A caller
+  // Gives back `hits` a check of `key` at `now` admitted (sluice/rate_strategy.h: refund). A caller
   // rolling back an all-or-nothing batch uses it; between the check and the refund, other
   // callers see the hits as spent (they may be refused, never over-admitted).
   virtual void refund(std::string_view key, std::uint64_t hits, Nanos now) = 0;

@@ -77,9 +77,11 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
 RateDecision decide(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
                     bool commit = true) noexcept;
 
-// Gives back `hits` that a committed decision at or before `now` admitted (the rollback of an
-// all-or-nothing batch). Never makes a key more permissive than it was before those hits: hits
-// whose window has closed since are not given back (they no longer count anyway).
+// Gives back `hits` that a committed decision at `now` admitted (the rollback of an
+// all-or-nothing batch). The windows give them back only while the key is still in the window
+// they were admitted in (once a later check has moved it on they stay spent: never more
+// permissive than before those hits). GCRA gives back their cost; that is exact unless the key
+// drained completely and restarted between the check and the refund (see the definition).
 void refund(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
 void refund(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
 void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;

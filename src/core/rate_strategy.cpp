@@ -171,16 +171,17 @@ void refund(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos
 
 void refund(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept {
   const std::int64_t p = rule.period.count();
-  const std::int64_t start = floor_div(now.count(), p) * p;
-  // The hits are in the state's current window, whether that is still current or has become
-  // the previous one (then they count with their weight, and giving them back undoes that).
-  if (s.window_start == start || s.window_start == start - p)
-    s.current -= std::min(hits, s.current);
+  // Only while the key is still in the window the hits were admitted in: once a later check
+  // has moved it on, the hits sit in `previous` beside that check's, and which of them are
+  // ours is not known, so they stay spent.
+  if (s.window_start == floor_div(now.count(), p) * p) s.current -= std::min(hits, s.current);
 }
 
 void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos /*now*/) noexcept {
   // The admission moved tat from max(tat0, then) by cost(hits); moving it back lands on or
-  // after tat0, and a tat in the past decides like any other.
+  // after tat0, and a tat in the past decides like any other. Not exact when, between the
+  // check and the refund, the key drained completely and a later check restarted it from its
+  // own time (tat then no longer holds the refunded cost): 8 bytes of state cannot tell.
   if (s.tat == INT64_MIN) return;
   s.tat = clamp64(static_cast<i128>(s.tat) - cost(rule, hits));
 }

@@ -26,6 +26,7 @@ class ShardedLimiter final : public RateLimiter {
     const std::size_t h = StringHash{}(key);
     Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
+    now = shard.advance(now);
     auto it = shard.map.find(key);
     if (it != shard.map.end()) return decide(it->second, rule_, hits, now);
     State fresh;
@@ -41,6 +42,7 @@ class ShardedLimiter final : public RateLimiter {
     const std::size_t h = StringHash{}(key);
     const Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
+    now = std::max(now, shard.latest);
     State s;
     if (auto it = shard.map.find(key); it != shard.map.end()) s = it->second;
     return decide(s, rule_, hits, now, /*commit=*/false);
@@ -69,6 +71,16 @@ class ShardedLimiter final : public RateLimiter {
     mutable std::mutex mu;
     StringMap<State> map;
     std::size_t sweep_at = kMinSweep;
+    // The latest time a check of this shard decided at. Callers read the clock before taking
+    // the lock, so a check can arrive with a time older than one already decided; it decides
+    // at this time instead. Otherwise a window strategy would move a key back into a window
+    // that has ended (losing the newer window's count), and a sweep would drop keys a late
+    // check still counts: either way, over-admission at a window boundary.
+    Nanos latest{INT64_MIN};
+    Nanos advance(Nanos now) noexcept {
+      latest = std::max(latest, now);
+      return latest;
+    }
   };
 
   // The high bits pick the shard; the map uses the whole hash.

@@ -118,7 +118,8 @@ TEST(RateStrategy, PeekDecidesWithoutConsuming) {
 }
 
 // A refunded check leaves the key deciding exactly like a twin that never saw it, whether the
-// refund comes at once or after time passed (a window may have rolled in between).
+// refund comes at once or after time passed (a window may have rolled in between); the refund
+// names the time the check was given.
 TEST(RateStrategy, RefundUndoesAnAdmittedCheck) {
   for (const RateStrategy s : kStrategies) {
     for (std::uint64_t seed = 1; seed <= 20; ++seed) {
@@ -134,10 +135,11 @@ TEST(RateStrategy, RefundUndoesAnAdmittedCheck) {
         clock.advance(Nanos{static_cast<std::int64_t>(rng() % (period.count() / 2 + 1))});
         const std::uint64_t hits = 1 + rng() % 2;
         if (rng() % 3 == 0) {  // a batch member admitted, then rolled back
-          if (with->check("k", hits, clock.now()).allowed) {
+          const Nanos admitted_at = clock.now();
+          if (with->check("k", hits, admitted_at).allowed) {
             clock.advance(
                 Nanos{static_cast<std::int64_t>(rng() % 3 == 0 ? rng() % period.count() : 0)});
-            with->refund("k", hits, clock.now());
+            with->refund("k", hits, admitted_at);
             ++refunded;
           }
           continue;
@@ -238,6 +240,46 @@ TEST(RateLimiter, MemoryFollowsActiveKeysUnderChurn) {
     // A key is remembered while it still counts: a window's keys for a period (10,000), a GCRA
     // key for the one hit's cost, period / limit = 2 ms (2,000).
     EXPECT_GE(most, s == RateStrategy::kGcra ? 2'000u : 10'000u) << to_string(s);
+  }
+}
+
+// Once a later check has moved a key into a new window, refunding hits of the old window gives
+// nothing back: they sit in what the new window weighs beside other hits, and the key must not
+// end up more permissive than a twin that kept them spent.
+TEST(RateStrategy, ARefundAfterTheKeyMovedOnGivesNothingBack) {
+  for (const RateStrategy s : {RateStrategy::kFixedWindow, RateStrategy::kSlidingWindow}) {
+    ManualClock clock(seconds(100));
+    const RateRule r = rule(s, 4, seconds(1));
+    auto with = limiter(r, clock);
+    auto twin = limiter(r, clock);
+    const Nanos a = seconds(100) + milliseconds(900), b = seconds(101) + milliseconds(100);
+    for (RateLimiter* l : {with.get(), twin.get()}) {
+      ASSERT_TRUE(l->check("k", 3, a).allowed);
+      ASSERT_TRUE(l->check("k", 1, b).allowed);  // the key is in the next window now
+    }
+    with->refund("k", 3, a);
+    for (int i = 0; i < 6; ++i) {
+      const Nanos at = b + milliseconds(100 * i);
+      const RateDecision x = with->check("k", 1, at);
+      const RateDecision y = twin->check("k", 1, at);
+      ASSERT_EQ(x.allowed, y.allowed) << to_string(s) << " at step " << i;
+      ASSERT_EQ(x.remaining, y.remaining) << to_string(s) << " at step " << i;
+    }
+  }
+}
+
+// Callers read the clock before the limiter's lock, so a check can arrive with a time older than
+// one already decided. It must not move the key back into the ended window: that would lose the
+// new window's count and admit more than the limit in it.
+TEST(RateLimiter, ALateCheckDoesNotReopenAnEndedWindow) {
+  for (const RateStrategy s : kStrategies) {
+    ManualClock clock(seconds(100));
+    auto l = limiter(rule(s, 2, seconds(1)), clock);
+    const Nanos late = seconds(100) + milliseconds(999), now = seconds(101);
+    ASSERT_TRUE(l->check("k", 2, now).allowed) << to_string(s);
+    EXPECT_FALSE(l->check("k", 1, late).allowed) << to_string(s) << ": the late check";
+    EXPECT_FALSE(l->check("k", 1, now + milliseconds(1)).allowed)
+        << to_string(s) << ": the window that began at 101 s is full";
   }
 }
 
