@@ -35,6 +35,9 @@ enum class RateStrategy : std::uint8_t { kFixedWindow, kSlidingWindow, kGcra };
 
 [[nodiscard]] std::string_view to_string(RateStrategy s) noexcept;
 
+// The longest period a rule may have (366 days).
+inline constexpr Nanos kMaxRatePeriod = std::chrono::hours(24 * 366);
+
 struct RateRule {
   RateStrategy strategy = RateStrategy::kGcra;
   std::uint64_t limit = 100;               // hits per period; >= 1

@@ -284,6 +284,32 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
   }
 }
 
+// The algorithm's options with the spec's limits over the algorithm's own defaults.
+template <class Options>
+Options with_limits(const AlgorithmSpec& s) {
+  Options o;
+  o.initial_limit = s.initial_limit.value_or(o.initial_limit);
+  o.min_limit = s.min_limit.value_or(o.min_limit);
+  o.max_limit = s.max_limit.value_or(o.max_limit);
+  return o;
+}
+
+// Empty when the spec's limits make valid options for its algorithm (the algorithm's own
+// defaults filling in what is not set), else what is wrong.
+std::string_view algorithm_problem(const AlgorithmSpec& s) {
+  switch (s.kind) {
+    case AlgorithmSpec::Kind::kFixed:
+      return {};
+    case AlgorithmSpec::Kind::kAimd:
+      return with_limits<AimdOptions>(s).validate();
+    case AlgorithmSpec::Kind::kVegas:
+      return with_limits<VegasOptions>(s).validate();
+    case AlgorithmSpec::Kind::kGradient2:
+      return with_limits<Gradient2Options>(s).validate();
+  }
+  return {};
+}
+
 void read_algorithm(Reader& r, const YAML::Node& n, const std::string& path, AlgorithmSpec& out) {
   if (auto k = r.choice(n, "algorithm", path, kAlgorithms)) out.kind = *k;
   out.limit = r.u32(n, "limit", path, 1);
@@ -295,8 +321,8 @@ void read_algorithm(Reader& r, const YAML::Node& n, const std::string& path, Alg
   if (out.kind != AlgorithmSpec::Kind::kFixed && n["limit"].IsDefined())
     r.error(n["limit"], path + ".limit",
             "applies to the fixed algorithm only (use initial_limit, min_limit, max_limit)");
-  if (out.min_limit && out.max_limit && *out.min_limit > *out.max_limit)
-    r.error(n["min_limit"], path + ".min_limit", "must be <= max_limit");
+  if (const std::string_view why = algorithm_problem(out); !why.empty())
+    r.error(n, path, std::string(why) + " (the algorithm's defaults fill in the limits not set)");
 }
 
 std::optional<ConcurrencyLimit> read_limit(Reader& r, const YAML::Node& n,
@@ -428,10 +454,13 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
     if (auto v = r.uint(n, "limit", path, 1, std::numeric_limits<std::uint32_t>::max(), true))
       p.rule.limit = *v;
     if (auto d = r.duration(n, "period", path)) p.rule.period = *d;
-    if (auto v = r.uint(n, "burst", path, 1, std::numeric_limits<std::uint32_t>::max())) {
-      if (p.rule.strategy != RateStrategy::kGcra)
-        r.error(n["burst"], path + ".burst", "applies to the gcra strategy only");
+    if (auto v = r.uint(n, "burst", path, 1, std::numeric_limits<std::uint32_t>::max()))
       p.rule.burst = *v;
+    // The rule's own check ("<field> <what is wrong>"), placed at the field it names.
+    if (const std::string why = p.rule.validate(); !why.empty()) {
+      const std::string field = why.substr(0, why.find(' '));
+      r.error(n[field].IsDefined() ? n[field] : n, path + "." + field,
+              why.substr(field.size() + 1));
     }
     cfg.policies[name].body = p;
   } else if (*kind == "adaptive") {
@@ -547,19 +576,7 @@ std::string ConfigError::to_string(std::string_view source) const {
   return out + message;
 }
 
-namespace {
-
-// The algorithm's options with the spec's limits over the algorithm's own defaults.
-template <class Options>
-Options with_limits(const AlgorithmSpec& s) {
-  Options o;
-  o.initial_limit = s.initial_limit.value_or(o.initial_limit);
-  o.min_limit = s.min_limit.value_or(o.min_limit);
-  o.max_limit = s.max_limit.value_or(o.max_limit);
-  return o;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s) {
   switch (s.kind) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 
 namespace sluice {
@@ -192,6 +193,58 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
   ASSERT_NE(per_tenant, nullptr);
   EXPECT_EQ(per_tenant->line, 23);
   EXPECT_EQ(per_tenant->to_string("x.yaml").rfind("x.yaml:23:", 0), 0u);
+}
+
+// An adaptive algorithm's limits are checked with its own defaults filling in the rest: a
+// max_limit below aimd's default min_limit (20) is an error, not a guard that quietly swaps them.
+TEST(Config, AlgorithmLimitsAreCheckedAgainstTheAlgorithmsDefaults) {
+  const ConfigLoad bad = load_config(R"yaml(policies:
+  g:
+    kind: adaptive
+    algorithm: aimd
+    max_limit: 10
+  h:
+    kind: adaptive
+    algorithm: vegas
+    min_limit: 5
+    initial_limit: 2
+)yaml");
+  EXPECT_FALSE(bad.config.has_value());
+  std::map<std::string, std::string> by_path;
+  for (const ConfigError& e : bad.errors) by_path[e.path] = e.message;
+  ASSERT_TRUE(by_path.contains("policies.g"));
+  EXPECT_NE(by_path["policies.g"].find("min_limit must be <= max_limit"), std::string::npos)
+      << by_path["policies.g"];
+  ASSERT_TRUE(by_path.contains("policies.h"));
+  EXPECT_NE(by_path["policies.h"].find("initial_limit"), std::string::npos)
+      << by_path["policies.h"];
+  EXPECT_TRUE(load_config("policies:\n  ok:\n    kind: adaptive\n    algorithm: aimd\n"
+                          "    min_limit: 2\n    max_limit: 10\n    initial_limit: 5\n")
+                  .config.has_value());
+}
+
+// A rate policy is checked by its rule (sluice/rate_strategy.h), each error at its field.
+TEST(Config, RateRulesAreCheckedByTheRuleAtTheirField) {
+  const ConfigLoad bad = load_config(R"yaml(policies:
+  x:
+    kind: rate
+    strategy: fixed-window
+    limit: 5
+    burst: 9
+  y:
+    kind: rate
+    limit: 5
+    period: 9000h
+)yaml");
+  EXPECT_FALSE(bad.config.has_value());
+  std::map<std::string, const ConfigError*> by_path;
+  for (const ConfigError& e : bad.errors) by_path[e.path] = &e;
+  ASSERT_TRUE(by_path.contains("policies.x.burst"));
+  EXPECT_EQ(by_path["policies.x.burst"]->message, "applies to the gcra strategy only");
+  EXPECT_EQ(by_path["policies.x.burst"]->line, 6);
+  ASSERT_TRUE(by_path.contains("policies.y.period"));
+  EXPECT_NE(by_path["policies.y.period"]->message.find("at most"), std::string::npos);
+  EXPECT_EQ(by_path["policies.y.period"]->line, 10);
 }
 
 // `rate:` chains a rate policy in front of a concurrency kind: it must name one, and a rate

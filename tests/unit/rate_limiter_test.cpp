@@ -212,6 +212,11 @@ TEST(RateLimiter, BadOptionsNameTheField) {
   o = {};
   o.rule.period = Nanos{0};
   EXPECT_NE(make_rate_limiter(o, clock).status().message().find("period"), std::string::npos);
+  o.rule.period = kMaxRatePeriod + Nanos{1};  // window arithmetic would overflow far beyond
+  EXPECT_NE(make_rate_limiter(o, clock).status().message().find("period must be at most"),
+            std::string::npos);
+  o.rule.period = kMaxRatePeriod;
+  EXPECT_TRUE(make_rate_limiter(o, clock).ok());
   o = {};
   o.shards = 3;
   EXPECT_NE(make_rate_limiter(o, clock).status().message().find("shards"), std::string::npos);
