@@ -143,5 +143,9 @@ struct ConfigLoad {
 
 // Parses "250ms", "2s", ...: nullopt when malformed.
 [[nodiscard]] std::optional<Nanos> parse_duration(std::string_view text);
+// Splits "host:port" (the last colon) with a decimal port in min_port..65535 and nothing after
+// it; false when malformed.
+[[nodiscard]] bool parse_host_port(std::string_view text, std::string& host, int& port,
+                                   int min_port = 1);
 
 }  // namespace sluice

@@ -195,19 +195,6 @@ const Names<AlgorithmSpec::Kind> kAlgorithms = {{"fixed", AlgorithmSpec::Kind::k
                                                 {"vegas", AlgorithmSpec::Kind::kVegas},
                                                 {"gradient2", AlgorithmSpec::Kind::kGradient2}};
 
-bool parse_host_port(const std::string& s, std::string& host, int& port) {
-  const std::size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  int p = 0;
-  const char* b = s.data() + colon + 1;
-  const char* e = s.data() + s.size();
-  const auto [end, ec] = std::from_chars(b, e, p);
-  if (ec != std::errc{} || end != e || p < 1 || p > 65535) return false;
-  host = s.substr(0, colon);
-  port = p;
-  return true;
-}
-
 void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
   r.keys(
@@ -590,6 +577,19 @@ std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s) {
       return std::make_unique<Gradient2Limit>(with_limits<Gradient2Options>(s));
   }
   return nullptr;
+}
+
+bool parse_host_port(std::string_view text, std::string& host, int& port, int min_port) {
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  int p = 0;
+  const char* b = text.data() + colon + 1;
+  const char* e = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(b, e, p);
+  if (ec != std::errc{} || end != e || p < min_port || p > 65535) return false;
+  host = std::string(text.substr(0, colon));
+  port = p;
+  return true;
 }
 
 std::optional<Nanos> parse_duration(std::string_view text) {

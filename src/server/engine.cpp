@@ -303,11 +303,12 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
     // rate limiter counts every request it lets through to the concurrency check).
     return out;
   }
-  p->lease_began();
-  Lease lease{p, std::move(*permit), now, ttl, now + ttl};
+  Policy& policy = *p;  // `set` keeps it alive
+  Lease lease{std::move(p), std::move(*permit), now, ttl, now + ttl};
+  out.lease_id = leases_.insert(std::move(lease));  // if this throws, the permit goes back
+  policy.lease_began();
   out.admitted = true;
   out.ttl = ttl;
-  out.lease_id = leases_.insert(std::move(lease));
   return out;
 }
 
@@ -394,12 +395,16 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
     else
       summary.changed.push_back(name);
   }
+  std::vector<Policy*> replaced;
   for (const auto& [name, p] : old->policies) {
     auto it = set->policies.find(name);
     if (it == set->policies.end()) summary.removed.push_back(name);
-    if (it == set->policies.end() || it->second != p) p->retire();
+    if (it == set->policies.end() || it->second != p) replaced.push_back(p.get());
   }
+  // Serve the new set first, then retire what it replaced (a fleet policy's retire waits for
+  // its runner and leaves its fleet): calls never see a gap where the policy refuses.
   set_.store(std::move(set), std::memory_order_release);
+  for (Policy* p : replaced) p->retire();
   reloads_.fetch_add(1, std::memory_order_relaxed);
   return summary;
 }

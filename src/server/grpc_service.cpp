@@ -32,14 +32,20 @@ CheckCall call_of(const pb::CheckRequest& r) {
   return CheckCall{r.policy(), r.key(), r.has_hits() ? r.hits() : 1};
 }
 
-Outcome outcome_of(pb::Outcome o) {
+// An enum value this server does not know (a newer client's) is an error, not a success whose
+// RTT would mislead the limit algorithm.
+StatusOr<Outcome> outcome_of(pb::Outcome o) {
   switch (o) {
+    case pb::OUTCOME_UNSPECIFIED:
+    case pb::OUTCOME_SUCCESS:
+      return Outcome::kSuccess;
     case pb::OUTCOME_DROPPED:
       return Outcome::kDropped;
     case pb::OUTCOME_IGNORED:
       return Outcome::kIgnored;
     default:
-      return Outcome::kSuccess;
+      return Status(StatusCode::kInvalidArgument,
+                    "outcome: unknown value " + std::to_string(static_cast<int>(o)));
   }
 }
 
@@ -151,7 +157,9 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
                                                pb::ReleaseResponse* resp) {
   auto rtt = get_duration(req->has_rtt(), req->rtt(), "rtt");
   if (!rtt.ok()) return finish(ctx, to_grpc(rtt.status()));
-  auto held = engine_.release(req->lease_id(), outcome_of(req->outcome()), rtt.value());
+  const auto outcome = outcome_of(req->outcome());
+  if (!outcome.ok()) return finish(ctx, to_grpc(outcome.status()));
+  auto held = engine_.release(req->lease_id(), outcome.value(), rtt.value());
   if (held.ok()) to_proto(held.value(), resp->mutable_held());
   return finish(ctx, to_grpc(held.status()));
 }

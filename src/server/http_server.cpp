@@ -401,20 +401,16 @@ HttpServer::HttpServer(Engine& engine, std::function<ReloadOutcome()> reload)
 HttpServer::~HttpServer() { stop(); }
 
 StatusOr<int> HttpServer::start(const std::string& address, int threads) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos)
-    return Status(StatusCode::kInvalidArgument, "http address: must be host:port");
+  std::string host;
+  int port = 0;
+  if (!parse_host_port(address, host, port, /*min_port=*/0))
+    return Status(StatusCode::kInvalidArgument,
+                  "http address: must be host:port with a port in 0..65535, not '" + address + "'");
   beast::error_code ec;
-  const auto ip = net::ip::make_address(address.substr(0, colon), ec);
+  const auto ip = net::ip::make_address(host, ec);
   if (ec)
     return Status(StatusCode::kInvalidArgument,
-                  "http address: '" + address.substr(0, colon) + "' is not an IP address");
-  int port = 0;
-  try {
-    port = std::stoi(address.substr(colon + 1));
-  } catch (...) {
-    return Status(StatusCode::kInvalidArgument, "http address: bad port in '" + address + "'");
-  }
+                  "http address: '" + host + "' is not an IP address");
   tcp::endpoint ep(ip, static_cast<unsigned short>(port));
   auto& a = impl_->acceptor.emplace(impl_->ioc);
   a.open(ep.protocol(), ec);
@@ -436,13 +432,12 @@ StatusOr<int> HttpServer::start(const std::string& address, int threads) {
 void HttpServer::stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
-  net::post(impl_->ioc, [this] {
-    beast::error_code ec;
-    if (impl_->acceptor) impl_->acceptor->close(ec);
-  });
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  // No thread runs the context any more: the listening socket can be closed here, at once.
+  beast::error_code ec;
+  if (impl_->acceptor) impl_->acceptor->close(ec);
 }
 
 }  // namespace sluice::server

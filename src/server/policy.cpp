@@ -254,9 +254,7 @@ std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Ta
     refusal.problem_json = problem_json(r);
     return std::nullopt;
   }
-  std::optional<GuardPermit> permit;
-  if (!retired_.load(std::memory_order_relaxed))
-    permit = adaptive_ ? adaptive_->acquire() : fleet_->acquire();
+  std::optional<GuardPermit> permit = adaptive_ ? adaptive_->acquire() : fleet_->acquire();
   if (permit) {
     admitted_.fetch_add(1, std::memory_order_relaxed);
     return std::variant<GuardPermit, GatewayPermit>(std::move(*permit));

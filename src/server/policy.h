@@ -6,8 +6,10 @@
 // with the counters the metrics show. CoordinatorSlot holds one coordinator, timing every call
 // it makes (the coordinator latency metric).
 //
-// Invariants: retire() stops admitting for good (a fleet policy leaves its fleet); permits
-// already held stay valid until released. A Policy outlives every lease on it (leases hold it).
+// Invariants: retire() ends a fleet policy's membership (its guard closes: it leaves the fleet
+// and refuses from then on); a local policy a reload replaced keeps serving the calls that
+// raced the swap, as if they had come just before it. Permits already held stay valid until
+// released. A Policy outlives every lease on it (leases hold it).
 //
 // Thread-safety: every member is safe to call concurrently, except create().
 #pragma once
@@ -123,7 +125,8 @@ class Policy {
   void lease_began() noexcept { leases_.fetch_add(1, std::memory_order_relaxed); }
   void lease_ended() noexcept { leases_.fetch_sub(1, std::memory_order_relaxed); }
 
-  // Stops admitting (a fleet policy closes its guard: it leaves the fleet). Idempotent.
+  // The policy is no longer served: a fleet policy closes its guard (it leaves its fleet and
+  // refuses from then on). Idempotent.
   void retire() noexcept;
 
   [[nodiscard]] PolicyInfo info() const;

@@ -7,10 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "sluice/config.h"
 #include "sluice/redis_coordinator.h"
@@ -295,6 +297,43 @@ TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {
   EXPECT_EQ(in_flight("two"), 1u);
   EXPECT_EQ(engine_->admit(AdmitCall{"gw", {}, "acme", "llm", {}, std::nullopt}).status().code(),
             StatusCode::kNotFound);
+}
+
+// A reload that changes a policy serves the new one before it retires the old: callers admitting
+// all through the reloads are never refused (the limit is far above what they hold). (A changed
+// fleet policy is a new fleet member, which admits once it has its first grant: not this case.)
+TEST(EngineReload, ChangingAPolicyNeverRefusesCallsDuringTheSwap) {
+  const SteadyClock& clock = SteadyClock::instance();
+  const auto yaml = [](int limit) {
+    return "policies:\n  a:\n    kind: adaptive\n    algorithm: fixed\n    limit: " +
+           std::to_string(limit) + "\n";
+  };
+  auto e = Engine::create(config_of(yaml(1000)), clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& engine = *e.value();
+  std::atomic<bool> done{false};
+  std::atomic<int> refused{0}, admitted{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 2; ++t)
+    callers.emplace_back([&] {
+      while (!done.load()) {
+        auto r = engine.admit(AdmitCall{"a", "k", {}, {}, {}, std::nullopt});
+        if (!r.ok() || !r.value().admitted) {
+          refused.fetch_add(1);
+          continue;
+        }
+        admitted.fetch_add(1);
+        (void)engine.release(r.value().lease_id, Outcome::kSuccess, std::nullopt);
+      }
+    });
+  for (int i = 1; i <= 300; ++i) {
+    auto r = engine.reload(config_of(yaml(1000 + i)));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+  }
+  done.store(true);
+  for (auto& t : callers) t.join();
+  EXPECT_GT(admitted.load(), 0);
+  EXPECT_EQ(refused.load(), 0);
 }
 
 TEST_F(EngineTest, AReloadThatFailsChangesNothing) {

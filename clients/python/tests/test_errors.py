@@ -108,6 +108,33 @@ def test_heartbeat_and_release_argument_errors(client):
     client.release(lease)  # the bad calls left it alone
 
 
+def test_unknown_outcome_on_the_wire_is_invalid_and_keeps_the_lease(server, client):
+    """An Outcome value this server does not know is refused, not taken as a success."""
+    from sluice.v1 import sluice_pb2, sluice_pb2_grpc
+
+    lease = client.admit("small", ttl=5)
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = sluice_pb2_grpc.SluiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Release(sluice_pb2.ReleaseRequest(lease_id=lease.lease_id, outcome=7), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("outcome: "), info.value.details()
+    client.release(lease)  # still held: the bad call released nothing
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:70000", "127.0.0.1:80x", "127.0.0.1", "host:80"])
+def test_bad_http_address_stops_the_server_with_a_clear_error(tmp_path, address):
+    import subprocess
+
+    from conftest import free_port, sluice_bin
+
+    proc = subprocess.run([sluice_bin(), "serve", "--grpc", f"127.0.0.1:{free_port()}",
+                           "--http", address], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 1, proc.stderr
+    assert "http address" in proc.stderr, proc.stderr
+    assert address in proc.stderr or "host" in proc.stderr, proc.stderr
+
+
 def test_client_side_checks():
     import sluice_client
 
