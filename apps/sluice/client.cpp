@@ -17,8 +17,8 @@ namespace pb = sluice::v1;
 using nlohmann::json;
 
 using server::is_never;
+using server::seconds_of;
 using server::to_proto;
-double seconds(const google::protobuf::Duration& d) { return server::seconds_of(d); }
 
 std::unique_ptr<pb::Sluice::Stub> stub(const ClientOptions& o) {
   return pb::Sluice::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
@@ -35,24 +35,24 @@ int failed(const grpc::Status& s, const ClientOptions& o) {
   return 2;
 }
 
-// A duration option ("250ms", "30s"); empty: unset.
-bool duration_arg(const std::string& text, const char* name, google::protobuf::Duration* out) {
+// A duration option ("250ms", "30s") into `out`; empty text leaves it unset. False (with the
+// error printed) when malformed.
+bool duration_arg(const std::string& text, const char* name, std::optional<Nanos>& out) {
   if (text.empty()) return true;
-  const auto d = parse_duration(text);
-  if (!d) {
+  out = parse_duration(text);
+  if (!out)
     fmt::print(stderr, "sluice: --{}: '{}' is not a duration (e.g. 250ms, 30s)\n", name, text);
-    return false;
-  }
-  to_proto(*d, out);
-  return true;
+  return out.has_value();
 }
 
 json decision_json(const pb::Decision& d) {
   return {{"allowed", d.allowed()},
           {"limit", d.limit()},
           {"remaining", d.remaining()},
-          {"reset_after_seconds", seconds(d.reset_after())},
-          {"retry_after_seconds", seconds(d.retry_after())}};
+          {"reset_after_seconds", seconds_of(d.reset_after())},
+          // never: null, as over HTTP
+          {"retry_after_seconds",
+           is_never(d.retry_after()) ? json(nullptr) : json(seconds_of(d.retry_after()))}};
 }
 
 }  // namespace
@@ -73,12 +73,12 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
     fmt::print("{}\n", decision_json(d).dump());
   } else if (d.allowed()) {
     fmt::print("allowed: {} of {} remaining (full again in {:.3f}s)\n", d.remaining(), d.limit(),
-               seconds(d.reset_after()));
+               seconds_of(d.reset_after()));
   } else if (is_never(d.retry_after())) {
     fmt::print("denied: {} hits can never pass (the limit is {})\n", a.hits, d.limit());
   } else {
     fmt::print("denied: {} of {} remaining; retry after {:.3f}s\n", d.remaining(), d.limit(),
-               seconds(d.retry_after()));
+               seconds_of(d.retry_after()));
   }
   return d.allowed() ? 0 : 1;
 }
@@ -90,8 +90,9 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
   req.set_tenant(a.tenant);
   req.set_upstream(a.upstream);
   req.set_route(a.route);
-  if (!duration_arg(a.ttl, "ttl", req.mutable_ttl())) return 2;
-  if (a.ttl.empty()) req.clear_ttl();
+  std::optional<Nanos> ttl;
+  if (!duration_arg(a.ttl, "ttl", ttl)) return 2;
+  if (ttl) to_proto(*ttl, req.mutable_ttl());
   pb::AdmitResponse resp;
   grpc::ClientContext ctx;
   deadline(ctx, o);
@@ -101,7 +102,7 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     json j = {{"admitted", resp.admitted()}};
     if (resp.admitted()) {
       j["lease_id"] = resp.lease_id();
-      j["ttl_seconds"] = seconds(resp.ttl());
+      j["ttl_seconds"] = seconds_of(resp.ttl());
     } else {
       j["rejection"] = json::parse(resp.rejection().problem_json(), nullptr, false);
     }
@@ -109,11 +110,11 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
   } else if (resp.admitted()) {
     fmt::print("{}\n", resp.lease_id());
     fmt::print(stderr, "admitted: lease {} for {:.3f}s (release it with: sluice release {})\n",
-               resp.lease_id(), seconds(resp.ttl()), resp.lease_id());
+               resp.lease_id(), seconds_of(resp.ttl()), resp.lease_id());
   } else {
     const pb::Rejection& r = resp.rejection();
     fmt::print("refused ({} {}): {}; retry after {:.3f}s\n", r.status(), r.title(), r.detail(),
-               seconds(r.retry_after()));
+               seconds_of(r.retry_after()));
   }
   return resp.admitted() ? 0 : 1;
 }
@@ -132,31 +133,36 @@ int run_release(const ClientOptions& o, const ReleaseArgs& a) {
                a.outcome);
     return 2;
   }
-  if (!duration_arg(a.rtt, "rtt", req.mutable_rtt())) return 2;
-  if (a.rtt.empty()) req.clear_rtt();
+  std::optional<Nanos> rtt;
+  if (!duration_arg(a.rtt, "rtt", rtt)) return 2;
+  if (rtt) to_proto(*rtt, req.mutable_rtt());
   pb::ReleaseResponse resp;
   grpc::ClientContext ctx;
   deadline(ctx, o);
   const grpc::Status s = stub(o)->Release(&ctx, req, &resp);
   if (!s.ok()) return failed(s, o);
   if (o.json)
-    fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds(resp.held())}}.dump());
+    fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds_of(resp.held())}}.dump());
   else
-    fmt::print("released after {:.3f}s\n", seconds(resp.held()));
+    fmt::print("released after {:.3f}s\n", seconds_of(resp.held()));
   return 0;
 }
 
 int run_heartbeat(const ClientOptions& o, const std::string& lease_id, const std::string& ttl) {
   pb::HeartbeatRequest req;
   req.set_lease_id(lease_id);
-  if (!duration_arg(ttl, "ttl", req.mutable_ttl())) return 2;
-  if (ttl.empty()) req.clear_ttl();
+  std::optional<Nanos> extend_by;
+  if (!duration_arg(ttl, "ttl", extend_by)) return 2;
+  if (extend_by) to_proto(*extend_by, req.mutable_ttl());
   pb::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   deadline(ctx, o);
   const grpc::Status s = stub(o)->Heartbeat(&ctx, req, &resp);
   if (!s.ok()) return failed(s, o);
-  fmt::print("lease extended: expires in {:.3f}s\n", seconds(resp.ttl()));
+  if (o.json)
+    fmt::print("{}\n", json{{"extended", true}, {"ttl_seconds", seconds_of(resp.ttl())}}.dump());
+  else
+    fmt::print("lease extended: expires in {:.3f}s\n", seconds_of(resp.ttl()));
   return 0;
 }
 

@@ -9,6 +9,7 @@ free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("12
 grpc=$(free_port); http=$(free_port)
 "$sluice" serve --grpc "127.0.0.1:$grpc" --http "127.0.0.1:$http" 2>"$dir/log" &
 pid=$!
+trap 'kill -KILL "$pid" 2>/dev/null; rm -rf "$dir"' EXIT  # also when ctest kills this script
 fail() { echo "FAIL: $*"; echo "--- server log"; cat "$dir/log"; kill -KILL "$pid" 2>/dev/null; rm -rf "$dir"; exit 1; }
 for _ in $(seq 1 200); do grep -q "serving" "$dir/log" && break; kill -0 "$pid" 2>/dev/null || fail "server exited"; sleep 0.05; done
 grep -q "embedded default config" "$dir/log" || fail "not serving the embedded default"
@@ -21,6 +22,8 @@ out=$("$sluice" check per-minute alice -n 1000) || fail "check: exit $?: $out"
 [ "$rc" = 1 ] && grep -q "^denied: 0 of 1000 remaining; retry after" "$dir/out" || fail "the 1001st hit: rc $rc, $(cat "$dir/out")"
 "$sluice" check api-rate alice -n 21 >"$dir/out"; rc=$?
 [ "$rc" = 1 ] && grep -q "can never pass" "$dir/out" || fail "21 hits over a burst of 20: rc $rc, $(cat "$dir/out")"
+json=$("$sluice" check api-rate alice -n 21 --json); rc=$?
+[ "$rc" = 1 ] && grep -q '"retry_after_seconds":null' <<<"$json" || fail "never in JSON: rc $rc, $json"
 "$sluice" peek api-rate bob -n 20 >/dev/null || fail "peek of a fresh key"
 "$sluice" check nope alice 2>"$dir/err"; rc=$?
 [ "$rc" = 2 ] && grep -q "policy: no policy named 'nope'" "$dir/err" || fail "unknown policy: rc $rc, $(cat "$dir/err")"
@@ -31,6 +34,8 @@ for i in $(seq 1 10); do leases+=("$("$sluice" admit small 2>/dev/null)") || fai
 "$sluice" admit small >"$dir/out" 2>&1; rc=$?
 [ "$rc" = 1 ] && grep -q "refused (503" "$dir/out" || fail "11th admit: rc $rc, $(cat "$dir/out")"
 "$sluice" policies | grep -Eq "^small +adaptive +10 +10" || fail "policies: $("$sluice" policies)"
+json=$("$sluice" heartbeat "${leases[0]}" --ttl 40s --json) || fail "heartbeat"
+grep -q '"ttl_seconds":40' <<<"$json" || fail "heartbeat --json: $json"
 "$sluice" release "${leases[0]}" --outcome dropped --rtt 20ms >/dev/null || fail "release"
 "$sluice" release "${leases[0]}" 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "a second release must fail, got $rc"
@@ -61,6 +66,7 @@ for l in "${leases[@]}"; do "$sluice" release "$l" >/dev/null || fail "release w
 wait "$pid"; rc=$?
 [ "$rc" = 0 ] || fail "exit code $rc after SIGTERM"
 grep -q "stopped" "$dir/log" || fail "no stop line"
+trap - EXIT
 echo "--- server log"; cat "$dir/log"
 rm -rf "$dir"
 echo "serve roundtrip: ok"

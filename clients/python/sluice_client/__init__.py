@@ -19,17 +19,9 @@ The generated stubs (``sluice.v1.sluice_pb2`` and ``sluice_pb2_grpc``) must be i
 are generated at build time from ``proto/sluice/v1/sluice.proto`` (see the README).
 """
 
+from . import errors
 from .client import Client, Seconds
-from .errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    Refused,
-    SluiceError,
-    Unavailable,
-)
+from .errors import *  # noqa: F401,F403  (the error classes; errors.__all__ lists them)
 from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
 
 __all__ = [
@@ -41,12 +33,4 @@ __all__ = [
     "PolicyState",
     "Policies",
     "OUTCOMES",
-    "SluiceError",
-    "InvalidArgument",
-    "NotFound",
-    "FailedPrecondition",
-    "PermissionDenied",
-    "Unavailable",
-    "DeadlineExceeded",
-    "Refused",
-]
+] + errors.__all__

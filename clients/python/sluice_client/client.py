@@ -259,13 +259,22 @@ class Client:
             yield lease
         except BaseException as exc:
             if not lease.released:
-                with contextlib.suppress(SluiceError):
-                    self.release(lease, lease.outcome or _outcome_for(exc),
-                                 rtt=time.monotonic() - lease.admitted_at)
+                with contextlib.suppress(SluiceError, ValueError):
+                    self._release_at_end(lease, _outcome_for(exc))
             raise
         if not lease.released:
-            self.release(lease, lease.outcome or "success",
-                         rtt=time.monotonic() - lease.admitted_at)
+            self._release_at_end(lease, "success")
+
+    def _release_at_end(self, lease: Lease, fallback: str) -> None:
+        """Releases a lease() block's lease with its outcome. An outcome the block set that is
+        not one of OUTCOMES still frees the slot (as "ignored"); then ValueError names it."""
+        chosen = lease.outcome or fallback
+        valid = chosen in _OUTCOME_ENUM
+        self.release(lease, chosen if valid else "ignored",
+                     rtt=time.monotonic() - lease.admitted_at)
+        if not valid:
+            raise ValueError(f"lease.outcome: must be one of {', '.join(OUTCOMES)}, "
+                             f"not {chosen!r} (the lease was released as 'ignored')")
 
     # ---- state ----
 

@@ -85,6 +85,20 @@ def test_block_exception_outcomes(client):
     assert dropped() == 2
 
 
+def test_a_bad_outcome_set_in_the_block_still_frees_the_slot(client):
+    with pytest.raises(ValueError) as info:
+        with client.lease("small") as lease:
+            lease.outcome = "sucess"  # a typo
+    assert "lease.outcome" in str(info.value) and "'sucess'" in str(info.value)
+    assert lease.released and in_flight(client, "small") == 0
+
+    with pytest.raises(KeyError):  # the block's own error wins; the slot is freed all the same
+        with client.lease("small") as lease:
+            lease.outcome = "sucess"
+            raise KeyError("the block failed")
+    assert lease.released and in_flight(client, "small") == 0
+
+
 def test_lease_context_manager_reports_outcome_and_rtt(client, monkeypatch):
     calls = []
     real_release = client.release
