@@ -33,7 +33,7 @@ leases=()
 for i in $(seq 1 10); do leases+=("$("$sluice" admit small 2>/dev/null)") || fail "admit $i"; done
 "$sluice" admit small >"$dir/out" 2>&1; rc=$?
 [ "$rc" = 1 ] && grep -q "refused (503" "$dir/out" || fail "11th admit: rc $rc, $(cat "$dir/out")"
-"$sluice" policies | grep -Eq "^small +adaptive +10 +10" || fail "policies: $("$sluice" policies)"
+grep -Eq "^small +adaptive +10 +10" <<<"$("$sluice" policies)" || fail "policies: $("$sluice" policies)"
 json=$("$sluice" heartbeat "${leases[0]}" --ttl 40s --json) || fail "heartbeat"
 grep -q '"ttl_seconds":40' <<<"$json" || fail "heartbeat --json: $json"
 "$sluice" release "${leases[0]}" --outcome dropped --rtt 20ms >/dev/null || fail "release"
@@ -44,10 +44,12 @@ json=$("$sluice" admit gateway -t acme-team -u llm -r chat --json) || fail "gate
 grep -q '"admitted":true' <<<"$json" || fail "gateway admit: $json"
 leases+=("$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["lease_id"])' <<<"$json")")
 leases+=("$("$sluice" admit gateway -t acme -u llm 2>/dev/null)") || fail "gateway admit"
-"$sluice" policies --json | grep -q '"leases":12' || fail "lease count: $("$sluice" policies --json)"
+grep -q '"leases":12' <<<"$("$sluice" policies --json)" || fail "lease count: $("$sluice" policies --json)"
 
 # HTTP: metrics and readiness.
-curl -sf "http://127.0.0.1:$http/metrics" | grep -q '^sluice_fleet_l_global{policy="inventory"}' || fail "metrics"
+# (read whole first: grep -q stops reading at its match, and pipefail would count curl's SIGPIPE)
+metrics=$(curl -sf "http://127.0.0.1:$http/metrics") || fail "metrics: curl exit $?"
+grep -q '^sluice_fleet_l_global{policy="inventory"}' <<<"$metrics" || fail "metrics: no L_global"
 curl -sf "http://127.0.0.1:$http/healthz" >/dev/null || fail "healthz"
 
 # SIGHUP with no file: logged, still serving.
