@@ -145,7 +145,8 @@ int run_serve(const ServeOptions& options) {
     return 1;
   }
   grpc_server->GetHealthCheckService()->SetServingStatus(true);
-  grpc_server->GetHealthCheckService()->SetServingStatus("sluice.v1.Sluice", true);
+  grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
+                                                         true);
 
   server::HttpServer http(engine, reload);
   auto http_port = http.start(config->server.http, options.http_threads);
@@ -181,7 +182,8 @@ int run_serve(const ServeOptions& options) {
                   std::chrono::duration<double>(grace).count(), engine.leases()));
   engine.drain();
   grpc_server->GetHealthCheckService()->SetServingStatus(false);
-  grpc_server->GetHealthCheckService()->SetServingStatus("sluice.v1.Sluice", false);
+  grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
+                                                         false);
   const auto until = std::chrono::steady_clock::now() + grace;
   while (engine.leases() > 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

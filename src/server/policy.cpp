@@ -48,7 +48,6 @@ void CoordinatorSlot::record(Nanos took, bool ok) noexcept {
   std::size_t i = 0;
   while (i < kBounds.size() && s > kBounds[i]) ++i;
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
   sum_ns_.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, took.count())),
                     std::memory_order_relaxed);
   if (!ok) errors_.fetch_add(1, std::memory_order_relaxed);
@@ -260,7 +259,9 @@ std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Ta
     return std::variant<GuardPermit, GatewayPermit>(std::move(*permit));
   }
   limit_refused_.fetch_add(1, std::memory_order_relaxed);
-  const AdaptiveGuardStats s = adaptive_ ? adaptive_->stats() : fleet_->stats().local;
+  // One snapshot: a fleet guard's local stats and its share must come from the same moment.
+  const FleetGuardStats fs = fleet_ ? fleet_->stats() : FleetGuardStats{};
+  const AdaptiveGuardStats s = fleet_ ? fs.local : adaptive_->stats();
   refusal.status = 503;
   refusal.type = "urn:sluice:problem:concurrency-limit-exceeded";
   refusal.title = "Concurrency Limit Exceeded";
@@ -271,11 +272,9 @@ std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Ta
   refusal.retry_after = std::chrono::seconds(1);
   refusal.detail = "Policy " + name_ + " has reached its concurrency limit (" +
                    std::to_string(s.in_flight) + "/" + std::to_string(s.limit) + ")";
-  if (kind_ == PolicyKind::kFleet) {
-    const FleetGuardStats fs = fleet_->stats();
+  if (fleet_)
     refusal.detail += "; fleet share " + std::to_string(fs.share) + " of L_global " +
                       std::to_string(fs.l_global) + " (" + std::string(to_string(fs.phase)) + ")";
-  }
   refusal.problem_json = json{
       {"type", refusal.type},
       {"title", refusal.title},
@@ -397,15 +396,16 @@ std::vector<MetricFamily> Policy::collect() const {
     for (MetricFamily& f : GatewayMetrics(*gateway_).Collect()) out.push_back(std::move(f));
     return out;
   }
-  const AdaptiveGuardStats s = adaptive_ ? adaptive_->stats() : fleet_->stats().local;
+  const FleetGuardStats fs = fleet_ ? fleet_->stats() : FleetGuardStats{};  // one snapshot
+  const AdaptiveGuardStats s = fleet_ ? fs.local : adaptive_->stats();
   out.push_back(
       one("sluice_policy_in_flight", "Calls holding a permit", MetricType::Gauge, s.in_flight));
   out.push_back(
       one("sluice_policy_limit", "Concurrency ceiling in force", MetricType::Gauge, s.limit));
   out.push_back(one("sluice_policy_algorithm_limit", "The limit algorithm's own limit (L_local)",
                     MetricType::Gauge, s.algorithm_limit));
-  if (kind_ == PolicyKind::kFleet) {
-    const FleetGuardStats f = fleet_->stats();
+  if (fleet_) {
+    const FleetGuardStats& f = fs;  // the same snapshot as `s`
     out.push_back(
         one("sluice_fleet_share", "This node's share of L_global", MetricType::Gauge, f.share));
     out.push_back(one("sluice_fleet_l_global", "The fleet's global limit (L_global)",

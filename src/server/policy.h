@@ -76,7 +76,7 @@ class CoordinatorSlot final : public ConcurrencyCoordinator {
   std::unique_ptr<ConcurrencyCoordinator> inner_;
   const Clock& clock_;
   std::array<std::atomic<std::uint64_t>, kBounds.size() + 1> buckets_{};
-  std::atomic<std::uint64_t> count_{0}, sum_ns_{0}, errors_{0};
+  std::atomic<std::uint64_t> sum_ns_{0}, errors_{0};
 };
 
 // Connects the coordinator `spec` describes. An error names it. A server that cannot be reached

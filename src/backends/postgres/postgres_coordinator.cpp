@@ -263,6 +263,7 @@ struct PostgresCoordinator::Impl {
   CoordinatorConfig config;
   const Clock* caller_clock = nullptr;
   std::string keys_table, nodes_table;
+  Nanos connect_budget{0};        // how long a connect may take (conninfo's connect_timeout)
   backend_detail::CallGate gate;  // one call at a time; waiting counts against its deadline
   Conn conn;                      // guarded by gate; null when disconnected
 
@@ -540,8 +541,10 @@ const CoordinatorConfig& PostgresCoordinator::config() const noexcept { return i
 StatusOr<std::unique_ptr<PostgresCoordinator>> PostgresCoordinator::open(
     PostgresOptions options, CoordinatorConfig config, const Clock* caller_clock) {
   if (Status s = validate_prefix(options.table_prefix); !s.ok()) return s;
-  if (auto budget = connect_budget(options.conninfo); !budget.ok()) return budget.status();
+  const auto budget = connect_budget(options.conninfo);
+  if (!budget.ok()) return budget.status();
   auto impl = std::make_unique<Impl>();
+  impl->connect_budget = budget.value();
   impl->keys_table = options.table_prefix + "_keys";
   impl->nodes_table = options.table_prefix + "_nodes";
   impl->options = std::move(options);
@@ -555,9 +558,8 @@ StatusOr<std::unique_ptr<PostgresCoordinator>> PostgresCoordinator::connect(
   auto c = open(std::move(options), config, caller_clock);
   if (!c.ok()) return c;
   Impl& m = *c.value()->impl_;
-  const Status s =
-      m.serialized<Status>(connect_budget(m.options.conninfo).value(),
-                           [&](Nanos deadline) { return m.ensure_connected(deadline); });
+  const Status s = m.serialized<Status>(
+      m.connect_budget, [&](Nanos deadline) { return m.ensure_connected(deadline); });
   if (s.code() == StatusCode::kDeadlineExceeded)  // as libpq's own connect_timeout reports it
     return Status(StatusCode::kUnavailable, s.message() + " (connect_timeout)");
   if (!s.ok()) return s;
