@@ -31,6 +31,7 @@
 #include <chrono>
 #include <condition_variable>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -327,7 +329,8 @@ policies:
     limit: 1000000
 )");
   if (!cfg.config) {
-    std::fprintf(stderr, "sluice_load: bad embedded config\n");
+    for (const sluice::ConfigError& e : cfg.errors)
+      std::fprintf(stderr, "sluice_load: %s\n", e.to_string("<embedded config>").c_str());
     return 1;
   }
   auto engine = sluice::server::Engine::create(*cfg.config, sluice::SteadyClock::instance());
@@ -469,26 +472,36 @@ int main(int argc, char** argv) {
   bool markdown = false, pin = true;
   int connection_count = 1;  // --connections: the open loop's connections (one thread each)
   double fixed_rate = 0;     // --rate: the open loop's "half" rate instead of half the best
-  for (int i = 1; i < argc; ++i) {
+  // A whole-text number for option `a`, or a message naming it.
+  bool bad_number = false;
+  const auto number = [&]<typename T>(std::string_view text, const std::string& a, T& out) {
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    if (ec != std::errc{} || end != text.data() + text.size() || text.empty()) {
+      std::fprintf(stderr, "sluice_load: %s: '%.*s' is not a number\n", a.c_str(),
+                   static_cast<int>(text.size()), text.data());
+      bad_number = true;
+    }
+  };
+  for (int i = 1; i < argc && !bad_number; ++i) {
     const std::string a = argv[i];
     if (a == "--serve") {
       return serve();
     } else if (a == "--seconds" && i + 1 < argc) {
-      seconds = std::atof(argv[++i]);
+      number(argv[++i], a, seconds);
     } else if (a == "--repeat" && i + 1 < argc) {
-      repeat = std::atoi(argv[++i]);
+      number(argv[++i], a, repeat);
     } else if (a == "--levels" && i + 1 < argc) {
       levels.clear();
-      std::string s = argv[++i];
-      for (std::size_t p = 0; p <= s.size();) {
+      const std::string_view s = argv[++i];
+      for (std::size_t p = 0; p <= s.size() && !bad_number;) {
         const std::size_t q = std::min(s.find(',', p), s.size());
-        levels.push_back(std::atoi(s.substr(p, q - p).c_str()));
+        number(s.substr(p, q - p), a, levels.emplace_back());
         p = q + 1;
       }
     } else if (a == "--rate" && i + 1 < argc) {
-      fixed_rate = std::atof(argv[++i]);
+      number(argv[++i], a, fixed_rate);
     } else if (a == "--connections" && i + 1 < argc) {
-      connection_count = std::atoi(argv[++i]);
+      number(argv[++i], a, connection_count);
     } else if (a == "--no-pin") {
       pin = false;
     } else if (a == "--markdown") {
@@ -500,6 +513,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (bad_number) return 2;
   if (!(seconds > 0) || levels.empty() || repeat < 1 || repeat > 100 || fixed_rate < 0 ||
       connection_count < 1 || connection_count > 64 ||
       std::any_of(levels.begin(), levels.end(), [](int l) { return l < 1 || l > 4096; })) {
@@ -578,21 +592,15 @@ int main(int argc, char** argv) {
     }
   std::printf("open-loop calls skipped (over 10,000 outstanding) or failed: %llu\n",
               static_cast<unsigned long long>(skipped));
-  const auto p99s = [](const Open& o) {
+  // One field of every run of `o`.
+  const auto each = [](const Open& o, double Result::*field) {
     std::vector<double> v;
-    for (const Result& r : o.runs) v.push_back(r.p99_us);
+    for (const Result& r : o.runs) v.push_back(r.*field);
     return v;
   };
-  const auto cpus_of = [](const Open& o) {
-    std::vector<double> v;
-    for (const Result& r : o.runs) v.push_back(r.server_cpu_us);
-    return v;
-  };
-  const auto p50s = [](const Open& o) {
-    std::vector<double> v;
-    for (const Result& r : o.runs) v.push_back(r.p50_us);
-    return v;
-  };
+  const auto p99s = [&](const Open& o) { return each(o, &Result::p99_us); };
+  const auto p50s = [&](const Open& o) { return each(o, &Result::p50_us); };
+  const auto cpus_of = [&](const Open& o) { return each(o, &Result::server_cpu_us); };
   // Check's p99 over the echo floor's p99 in the run interleaved with it, per run.
   const auto p99_ratios = [&](const Open& check, const Open& echo) {
     std::vector<double> v;
