@@ -35,8 +35,9 @@ enum class RateStrategy : std::uint8_t { kFixedWindow, kSlidingWindow, kGcra };
 
 [[nodiscard]] std::string_view to_string(RateStrategy s) noexcept;
 
-// The longest period a rule may have (366 days).
-inline constexpr Nanos kMaxRatePeriod = std::chrono::hours(24 * 366);
+// The longest period a rule may have: 100 years of 365 days (window arithmetic adds two periods
+// to a time in ns, which stays far from overflow below this).
+inline constexpr Nanos kMaxRatePeriod = std::chrono::hours(24 * 365 * 100);
 
 struct RateRule {
   RateStrategy strategy = RateStrategy::kGcra;

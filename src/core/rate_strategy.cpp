@@ -53,8 +53,7 @@ std::string_view to_string(RateStrategy s) noexcept {
 std::string RateRule::validate() const {
   if (limit < 1) return "limit must be >= 1";
   if (period <= Nanos{0}) return "period must be > 0";
-  // Window arithmetic adds two periods to a time in ns: a year keeps it far from overflow.
-  if (period > kMaxRatePeriod) return "period must be at most 8784h (366 days)";
+  if (period > kMaxRatePeriod) return "period must be at most 876000h (100 years)";
   if (burst != 0 && strategy != RateStrategy::kGcra)
     return "burst applies to the gcra strategy only";
   return {};

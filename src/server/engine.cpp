@@ -157,7 +157,8 @@ Engine::Engine(const Clock& clock, std::shared_ptr<const PolicySet> set)
 Engine::~Engine() { close(); }
 
 std::shared_ptr<const PolicySet> Engine::current() const {
-  return set_.load(std::memory_order_acquire);
+  const std::lock_guard lock(set_mu_);
+  return set_;
 }
 
 Status Engine::usable() const {
@@ -403,7 +404,11 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   }
   // Serve the new set first, then retire what it replaced (a fleet policy's retire waits for
   // its runner and leaves its fleet): calls never see a gap where the policy refuses.
-  set_.store(std::move(set), std::memory_order_release);
+  std::shared_ptr<const PolicySet> previous = std::move(set);
+  {
+    const std::lock_guard lock(set_mu_);
+    set_.swap(previous);
+  }  // `previous` (the old set, still held by `old`) is released outside the lock
   for (Policy* p : replaced) p->retire();
   reloads_.fetch_add(1, std::memory_order_relaxed);
   return summary;

@@ -13,11 +13,13 @@
 // Reload: the new config's policies are built next to the old ones; a policy whose spec (and,
 // for a fleet policy, its coordinator's spec) is unchanged is carried over as the same object,
 // so its in-flight permits, rate state and fleet membership survive. If anything fails to
-// build, nothing changes. A policy that is gone or changed stops admitting (a fleet policy
+// build, nothing changes. A policy that is gone or changed is no longer served (a fleet policy
 // leaves its fleet); leases on it keep their permit until released or expired.
 //
-// Thread-safety: every member is safe to call concurrently. Calls read the current policy set
-// through an atomic shared pointer; reload() swaps it (one reload at a time).
+// Thread-safety: every member is safe to call concurrently. Calls copy the current policy set's
+// shared pointer under a mutex held for that copy alone; reload() swaps it (one reload at a
+// time). (libstdc++ 12's std::atomic<std::shared_ptr> is the same lock in the pointer's low
+// bit, which ThreadSanitizer cannot see.)
 #pragma once
 
 #include <atomic>
@@ -167,7 +169,8 @@ class Engine {
   [[nodiscard]] Status usable() const;
 
   const Clock& clock_;
-  std::atomic<std::shared_ptr<const PolicySet>> set_;
+  mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)
+  std::shared_ptr<const PolicySet> set_;
   std::mutex reload_mu_;
   LeaseTable leases_;
   std::atomic<bool> draining_{false};

@@ -234,7 +234,7 @@ TEST(Config, RateRulesAreCheckedByTheRuleAtTheirField) {
   y:
     kind: rate
     limit: 5
-    period: 9000h
+    period: 900000h
 )yaml");
   EXPECT_FALSE(bad.config.has_value());
   std::map<std::string, const ConfigError*> by_path;
