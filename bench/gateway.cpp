@@ -32,7 +32,7 @@ struct Fixture {
     gateway = std::move(build.gateway);
     targets.reserve(kTenants);
     for (std::uint32_t i = 0; i < kTenants; ++i) {
-      names.push_back("t" + std::to_string(i));
+      names.push_back(sluice::testing::tenant_id(i));
       targets.push_back(gateway->resolve(names.back(), "api", "chat").target());
     }
     std::mt19937 rng(42);

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # run.sh: the main job, from a fresh Debian 12 machine (run as root).
 #
-# Installs missing packages, builds the sluice executable (Release, in build/release) and runs
-# the server, `sluice serve`, on the embedded default config (config/default.yaml; no external
-# server): gRPC on 127.0.0.1:7070, HTTP on 127.0.0.1:8080, until Ctrl-C or SIGTERM. Arguments
-# are passed to sluice serve (e.g. --config FILE, --grpc HOST:PORT, --http HOST:PORT).
+# Installs missing packages, builds the sluice executable and the Python client's stubs
+# (Release, in build/release) and runs the server, `sluice serve`, on the embedded default config
+# (config/default.yaml; no external server): gRPC on 127.0.0.1:7070, HTTP on 127.0.0.1:8080, until
+# Ctrl-C or SIGTERM. Arguments are passed to sluice serve (e.g. --config FILE, --grpc HOST:PORT,
+# --http HOST:PORT). Warnings never stop this build; SLUICE_WERROR=ON (what CI sets) makes them
+# errors.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=deps.sh
@@ -14,8 +16,9 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHAS
 build="$root/build/release"
 mkdir -p "$root/build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCH=OFF >"$root/build/release.configure.log" 2>&1 \
-  || { cat "$root/build/release.configure.log"; exit 1; }
-cmake --build "$build" --target sluice_cli -j "$(nproc)" >"$root/build/release.build.log" 2>&1 \
+  -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCH=OFF -DSLUICE_WERROR="${SLUICE_WERROR:-OFF}" \
+  >"$root/build/release.configure.log" 2>&1 || { cat "$root/build/release.configure.log"; exit 1; }
+cmake --build "$build" --target sluice_cli sluice_python_stubs -j "$(nproc)" \
+  >"$root/build/release.build.log" 2>&1 \
   || { tail -n 60 "$root/build/release.build.log"; exit 1; }
 exec "$build/apps/sluice/sluice" serve "$@"

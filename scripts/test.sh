@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # test.sh: the whole test suite, from a fresh Debian 12 machine (run as root).
 #
-# Installs missing packages, then builds and runs ctest in three configurations:
+# Installs missing packages, then runs four suites:
+#   release  the README's first command as a user types it (tests/readme/first_command.sh runs
+#            scripts/run.sh: the Release build, then sluice serve, used over HTTP, the CLI and
+#            the Python client, stopped by SIGTERM), then the Release build bench/README.md
+#            tells a user to make
 #   default  RelWithDebInfo: unit, property, stress, install/consumer and benchmark-smoke tests
 #   asan     AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan     ThreadSanitizer
-# Prints one summary line per configuration and a closing "N passed, N failed" line; exits
-# non-zero if anything failed to build or pass. SLUICE_SUITES="default" (space-separated)
-# selects configurations; extra arguments are passed to ctest (e.g. -R Semaphore).
+# Every build here treats warnings in sluice's own code as errors (SLUICE_WERROR=ON); a user's
+# build does not. Prints one summary line per configuration and a closing "N passed, N failed"
+# line; exits non-zero if anything failed to build or pass. SLUICE_SUITES="default"
+# (space-separated) selects suites; extra arguments are passed to ctest (e.g. -R Semaphore).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=deps.sh
@@ -15,17 +20,47 @@ source "$root/scripts/deps.sh"
 sluice_install_packages "${SLUICE_BUILD_PACKAGES[@]}" || exit 1
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
-suites=${SLUICE_SUITES:-default asan tsan}
+suites=${SLUICE_SUITES:-release default asan tsan}
 jobs=$(nproc)
 total_pass=0 total_fail=0 status=0
 
 suite_flags() {
   case $1 in
-    default) echo "-DCMAKE_BUILD_TYPE=RelWithDebInfo" ;;
-    asan) echo "-DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=address,undefined -DSLUICE_BUILD_BENCH=OFF -DSLUICE_BUILD_APPS=OFF" ;;
-    tsan) echo "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_SANITIZE=thread -DSLUICE_BUILD_BENCH=OFF -DSLUICE_BUILD_APPS=OFF" ;;
+    default) echo "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_WERROR=ON" ;;
+    asan) echo "-DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=address,undefined -DSLUICE_BUILD_BENCH=OFF -DSLUICE_BUILD_APPS=OFF -DSLUICE_WERROR=ON" ;;
+    tsan) echo "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_SANITIZE=thread -DSLUICE_BUILD_BENCH=OFF -DSLUICE_BUILD_APPS=OFF -DSLUICE_WERROR=ON" ;;
     *) echo "test.sh: unknown suite '$1'" >&2; return 1 ;;
   esac
+}
+
+# One step of the release suite: counted as one test.
+release_step() {
+  local what=$1; shift
+  if "$@"; then
+    total_pass=$((total_pass + 1)); echo "=== release: $what: passed"
+  else
+    total_fail=$((total_fail + 1)); echo "=== release: $what: FAILED"; return 1
+  fi
+}
+
+bench_readme_build() {
+  local dir="$root/build/release" log="$root/build/release.bench.log"
+  if ! { cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_BENCH=ON \
+           -DSLUICE_BUILD_TESTS=OFF -DSLUICE_WERROR=ON && cmake --build "$dir" -j "$jobs"; } \
+         >"$log" 2>&1; then
+    tail -n 60 "$log"; return 1
+  fi
+}
+
+# The README's first command and the Release builds the documents tell a user to make, with
+# the project's -Werror on: a change that breaks scripts/run.sh fails here.
+run_release() {
+  local rc=0
+  echo "=== release: the README's first command (tests/readme/first_command.sh)"
+  release_step "first command" env SLUICE_WERROR=ON bash "$root/tests/readme/first_command.sh" || rc=1
+  echo "=== release: bench/README.md's Release build (build/release)"
+  release_step "bench build" bench_readme_build || rc=1
+  return "$rc"
 }
 
 # Deterministic single-threaded searches (the exhaustive protocol model) gain nothing from a
@@ -38,6 +73,7 @@ suite_ctest_args() {
 
 run_suite() {
   local name=$1; shift
+  [ "$name" = release ] && { run_release; return; }
   local dir="$root/build/test-$name" flags log
   flags=$(suite_flags "$name") || return 1
   echo "=== $name: configure + build ($dir)"

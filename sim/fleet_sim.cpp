@@ -414,20 +414,31 @@ std::string FleetSimConfig::validate() const {
 
 FleetSimResult run_fleet_sim(const FleetSimConfig& config) { return Simulation(config).run(); }
 
+namespace {
+// Appends ",v" for each value, piece by piece: `"," + std::to_string(v)` trips g++ 12's bogus
+// -Wrestrict at -O3 (GCC bug 105651).
+template <typename... T>
+void append_fields(std::string& out, const T&... values) {
+  ((out += ',', out += std::to_string(values)), ...);
+}
+}  // namespace
+
 std::string to_csv(const FleetSimResult& r) {
   std::string out = "t_ms,in_flight,l_global,shares";
   const std::size_t n = r.samples.empty() ? 0 : r.samples.front().node_in_flight.size();
-  for (std::size_t i = 0; i < n; ++i)
-    out += ",in_flight_" + std::to_string(i) + ",share_" + std::to_string(i);
+  for (std::size_t i = 0; i < n; ++i) {
+    out += ",in_flight_";
+    out += std::to_string(i);
+    out += ",share_";
+    out += std::to_string(i);
+  }
   out += "\n";
   char buf[64];
   for (const Sample& s : r.samples) {
     std::snprintf(buf, sizeof buf, "%.3f", std::chrono::duration<double, std::milli>(s.t).count());
     out += buf;
-    out += "," + std::to_string(s.in_flight) + "," + std::to_string(s.l_global) + "," +
-           std::to_string(s.shares);
-    for (std::size_t i = 0; i < n; ++i)
-      out += "," + std::to_string(s.node_in_flight[i]) + "," + std::to_string(s.node_share[i]);
+    append_fields(out, s.in_flight, s.l_global, s.shares);
+    for (std::size_t i = 0; i < n; ++i) append_fields(out, s.node_in_flight[i], s.node_share[i]);
     out += "\n";
   }
   return out;

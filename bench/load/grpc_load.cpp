@@ -142,7 +142,8 @@ class Driver {
     auto* c = new Call{};
     c->due = due;
     c->done = std::move(done);
-    const std::string key = "k" + std::to_string(next_key_.fetch_add(1) % 1024);
+    std::string key = "k";  // appended: "k" + std::to_string trips GCC bug 105651 at -O3
+    key += std::to_string(next_key_.fetch_add(1) % 1024);
     switch (kind_) {
       case Kind::kEcho:
         c->echo_req.set_policy("bench-rate");

@@ -7,8 +7,15 @@
 namespace sluice {
 namespace {
 
+// Appended piece by piece: `"(" + std::to_string(...)` trips g++ 12's bogus -Wrestrict at -O3
+// (GCC bug 105651).
 std::string counts(const Rejection& r) {
-  return "(" + std::to_string(r.current_in_flight) + "/" + std::to_string(r.max_concurrent) + ")";
+  std::string out = "(";
+  out += std::to_string(r.current_in_flight);
+  out += '/';
+  out += std::to_string(r.max_concurrent);
+  out += ')';
+  return out;
 }
 
 std::string limit_detail(const Rejection& r) {

@@ -52,7 +52,7 @@ TEST(GatewayStress, NoLevelIsEverPastItsMaxUnderEightThreads) {
   Gateway& g = *b.gateway;
   std::vector<std::array<Target, 3>> targets;  // no route, chat, embed
   for (std::uint32_t i = 0; i < kTenants; ++i) {
-    const std::string id = "t" + std::to_string(i);
+    const std::string id = testing::tenant_id(i);
     targets.push_back({g.resolve(id, "api").target(), g.resolve(id, "api", "chat").target(),
                        g.resolve(id, "api", "embed").target()});
   }

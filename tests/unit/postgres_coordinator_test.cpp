@@ -200,8 +200,12 @@ TEST_F(PostgresCoordinatorTest, GrantsEqualTheMemoryCoordinatorsStepByStepInEver
       const FleetNode& n = want->nodes[i];
       std::string gens, shares;
       for (const IssuedGrant& g : n.unacked) {
-        gens += (gens.empty() ? "" : ",") + std::to_string(g.generation);
-        shares += (shares.empty() ? "" : ",") + std::to_string(g.share);
+        if (!gens.empty()) {
+          gens += ',';
+          shares += ',';
+        }
+        gens += std::to_string(g.generation);
+        shares += std::to_string(g.share);
       }
       const std::vector<std::string> expect = {n.id,
                                                std::to_string(n.l_local),

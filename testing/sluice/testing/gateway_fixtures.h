@@ -21,6 +21,14 @@
 
 namespace sluice::testing {
 
+// The id of `many_tenants`' i-th descendant: "t<i>". (Appended, not `"t" + std::to_string(i)`,
+// which trips g++ 12's bogus -Wrestrict at -O3: GCC bug 105651.)
+inline std::string tenant_id(std::uint32_t i) {
+  std::string id = "t";
+  id += std::to_string(i);
+  return id;
+}
+
 // One root tenant "root" owning upstream "api" (host "api.example.com") with routes "chat" and
 // "embed", plus `tenants` descendants "t0".."t<n-1>" bound to it. The upstream is shared
 // (inherit) with the given max_concurrent / per_tenant_max; each descendant has a global limit.
@@ -43,7 +51,7 @@ inline GatewayConfig many_tenants(std::uint32_t tenants, std::uint32_t upstream_
   c.tenants.reserve(tenants + 1);
   c.bindings.reserve(tenants);
   for (std::uint32_t i = 0; i < tenants; ++i) {
-    const std::string id = "t" + std::to_string(i);
+    const std::string id = tenant_id(i);
     c.tenants.push_back({id, std::string("root"), tenant_global});
     c.bindings.push_back({id, "api", std::nullopt});
   }
