@@ -21,7 +21,15 @@ install(TARGETS ${SLUICE_INSTALLED_TARGETS} EXPORT sluiceTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/sluice DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The public headers; each coordinator backend's header is installed with its library.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/sluice DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        PATTERN "redis_coordinator.h" EXCLUDE PATTERN "postgres_coordinator.h" EXCLUDE)
+foreach(backend redis postgres)
+  if(TARGET sluice_${backend})
+    install(FILES ${PROJECT_SOURCE_DIR}/include/sluice/${backend}_coordinator.h
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/sluice)
+  endif()
+endforeach()
 install(EXPORT sluiceTargets NAMESPACE sluice:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/sluice)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/sluiceConfig.cmake.in

@@ -1,7 +1,7 @@
 /* fleet_heartbeat.pml: the fleet guard's heartbeat protocol, for spin.
  *
  * The same protocol as src/core/fleet.cpp (sluice::heartbeat, sluice::leave) and its exhaustive
- * twin tests/unit/fleet_model_test.cpp: N nodes (guards) share one key of a coordinator. Every
+ * twin tests/model/fleet_model_test.cpp: N nodes (guards) share one key of a coordinator. Every
  * node reports l_local = L, so L_global = L with either aggregate (constant L_global), and a
  * guard's gate min(share, L_local) is its share. The coordinator keeps per node a record
  * (present, in_flight, share, acked generation, and with acknowledged handoff the grants not yet

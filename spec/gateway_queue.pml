@@ -1,7 +1,7 @@
 /* gateway_queue.pml: the gateway's admission protocol, for spin.
  *
  * The same protocol as src/local/gateway.cpp and its exhaustive twin
- * tests/unit/gateway_model_test.cpp: N callers, ITER calls each, through a tenant level, an
+ * tests/model/gateway_model_test.cpp: N callers, ITER calls each, through a tenant level, an
  * upstream pool with the queue strategy and a route level. Each level is a fetch_add-then-check
  * semaphore (one atomic step, a separate rollback step when refused). A refused pool takes the
  * slow path: lock, waiters++, retry when the queue is empty, else queue (or reject when full),

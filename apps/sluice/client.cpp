@@ -5,10 +5,11 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 
-#include "server/grpc_service.h"
 #include "sluice/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
+#include "transport/wire.h"
 
 namespace sluice::cli {
 namespace {
@@ -16,23 +17,35 @@ namespace {
 namespace pb = sluice::v1;
 using nlohmann::json;
 
-using server::is_never;
-using server::seconds_of;
-using server::to_proto;
-
-std::unique_ptr<pb::Sluice::Stub> stub(const ClientOptions& o) {
-  return pb::Sluice::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
-}
-
-void deadline(grpc::ClientContext& ctx, const ClientOptions& o) {
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::microseconds(static_cast<std::int64_t>(o.timeout_seconds * 1e6)));
-}
+using transport::is_never;
+using transport::seconds_of;
+using transport::to_proto;
 
 int failed(const grpc::Status& s, const ClientOptions& o) {
   fmt::print(stderr, "sluice: {} ({}): {}\n", o.server, static_cast<int>(s.error_code()),
              s.error_message());
   return 2;
+}
+
+// One call to the server: a stub, a context with the options' deadline, the call. A failed call
+// is printed and gives nullopt (the command then exits 2).
+template <class Response, class Request>
+std::optional<Response> call(const ClientOptions& o,
+                             grpc::Status (pb::Sluice::Stub::*method)(grpc::ClientContext*,
+                                                                      const Request&, Response*),
+                             const Request& request) {
+  auto stub =
+      pb::Sluice::NewStub(grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::microseconds(static_cast<std::int64_t>(o.timeout_seconds * 1e6)));
+  Response response;
+  const grpc::Status s = ((*stub).*method)(&ctx, request, &response);
+  if (!s.ok()) {
+    failed(s, o);
+    return std::nullopt;
+  }
+  return response;
 }
 
 // A duration option ("250ms", "30s") into `out`; empty text leaves it unset. False (with the
@@ -62,13 +75,9 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
   req.set_policy(a.policy);
   req.set_key(a.key);
   req.set_hits(a.hits);
-  pb::CheckResponse resp;
-  grpc::ClientContext ctx;
-  deadline(ctx, o);
-  const grpc::Status s =
-      a.peek ? stub(o)->Peek(&ctx, req, &resp) : stub(o)->Check(&ctx, req, &resp);
-  if (!s.ok()) return failed(s, o);
-  const pb::Decision& d = resp.decision();
+  const auto resp = call(o, a.peek ? &pb::Sluice::Stub::Peek : &pb::Sluice::Stub::Check, req);
+  if (!resp) return 2;
+  const pb::Decision& d = resp->decision();
   if (o.json) {
     fmt::print("{}\n", decision_json(d).dump());
   } else if (d.allowed()) {
@@ -93,11 +102,9 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
   std::optional<Nanos> ttl;
   if (!duration_arg(a.ttl, "ttl", ttl)) return 2;
   if (ttl) to_proto(*ttl, req.mutable_ttl());
-  pb::AdmitResponse resp;
-  grpc::ClientContext ctx;
-  deadline(ctx, o);
-  const grpc::Status s = stub(o)->Admit(&ctx, req, &resp);
-  if (!s.ok()) return failed(s, o);
+  const auto reply = call(o, &pb::Sluice::Stub::Admit, req);
+  if (!reply) return 2;
+  const pb::AdmitResponse& resp = *reply;
   if (o.json) {
     json j = {{"admitted", resp.admitted()}};
     if (resp.admitted()) {
@@ -136,15 +143,12 @@ int run_release(const ClientOptions& o, const ReleaseArgs& a) {
   std::optional<Nanos> rtt;
   if (!duration_arg(a.rtt, "rtt", rtt)) return 2;
   if (rtt) to_proto(*rtt, req.mutable_rtt());
-  pb::ReleaseResponse resp;
-  grpc::ClientContext ctx;
-  deadline(ctx, o);
-  const grpc::Status s = stub(o)->Release(&ctx, req, &resp);
-  if (!s.ok()) return failed(s, o);
+  const auto resp = call(o, &pb::Sluice::Stub::Release, req);
+  if (!resp) return 2;
   if (o.json)
-    fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds_of(resp.held())}}.dump());
+    fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds_of(resp->held())}}.dump());
   else
-    fmt::print("released after {:.3f}s\n", seconds_of(resp.held()));
+    fmt::print("released after {:.3f}s\n", seconds_of(resp->held()));
   return 0;
 }
 
@@ -154,24 +158,19 @@ int run_heartbeat(const ClientOptions& o, const std::string& lease_id, const std
   std::optional<Nanos> extend_by;
   if (!duration_arg(ttl, "ttl", extend_by)) return 2;
   if (extend_by) to_proto(*extend_by, req.mutable_ttl());
-  pb::HeartbeatResponse resp;
-  grpc::ClientContext ctx;
-  deadline(ctx, o);
-  const grpc::Status s = stub(o)->Heartbeat(&ctx, req, &resp);
-  if (!s.ok()) return failed(s, o);
+  const auto resp = call(o, &pb::Sluice::Stub::Heartbeat, req);
+  if (!resp) return 2;
   if (o.json)
-    fmt::print("{}\n", json{{"extended", true}, {"ttl_seconds", seconds_of(resp.ttl())}}.dump());
+    fmt::print("{}\n", json{{"extended", true}, {"ttl_seconds", seconds_of(resp->ttl())}}.dump());
   else
-    fmt::print("lease extended: expires in {:.3f}s\n", seconds_of(resp.ttl()));
+    fmt::print("lease extended: expires in {:.3f}s\n", seconds_of(resp->ttl()));
   return 0;
 }
 
 int run_policies(const ClientOptions& o) {
-  pb::ListPoliciesResponse resp;
-  grpc::ClientContext ctx;
-  deadline(ctx, o);
-  const grpc::Status s = stub(o)->ListPolicies(&ctx, pb::ListPoliciesRequest{}, &resp);
-  if (!s.ok()) return failed(s, o);
+  const auto reply = call(o, &pb::Sluice::Stub::ListPolicies, pb::ListPoliciesRequest{});
+  if (!reply) return 2;
+  const pb::ListPoliciesResponse& resp = *reply;
   if (o.json) {
     json ps = json::array();
     for (const auto& p : resp.policies()) ps.push_back(json::parse(p.state_json(), nullptr, false));

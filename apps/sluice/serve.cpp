@@ -14,9 +14,9 @@
 #include <thread>
 
 #include "server/engine.h"
-#include "server/grpc_service.h"
-#include "server/http_server.h"
 #include "sluice/config.h"
+#include "transport/grpc_service.h"
+#include "transport/http_server.h"
 
 namespace sluice::cli {
 namespace {
@@ -106,7 +106,7 @@ int run_serve(const ServeOptions& options) {
   for (const std::string& w : engine.warnings()) log("warning: " + w);
 
   std::mutex reload_mu;
-  const auto reload = [&]() -> server::ReloadOutcome {
+  const auto reload = [&]() -> transport::ReloadOutcome {
     const std::lock_guard lock(reload_mu);
     if (options.config.empty()) {
       log("reload: serving the embedded default config: there is no file to reload");
@@ -134,7 +134,7 @@ int run_serve(const ServeOptions& options) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  server::GrpcService service(engine);
+  transport::GrpcService service(engine);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(config->server.grpc, grpc::InsecureServerCredentials(), &grpc_port);
@@ -148,7 +148,7 @@ int run_serve(const ServeOptions& options) {
   grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
                                                          true);
 
-  server::HttpServer http(engine, reload);
+  transport::HttpServer http(engine, reload);
   auto http_port = http.start(config->server.http, options.http_threads);
   if (!http_port.ok()) {
     log("cannot start: " + http_port.status().message());

@@ -45,10 +45,10 @@
 #include <vector>
 
 #include "server/engine.h"
-#include "server/grpc_service.h"
 #include "sluice/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "sluice_bench/v1/echo.grpc.pb.h"
+#include "transport/grpc_service.h"
 
 namespace {
 
@@ -339,7 +339,7 @@ policies:
     std::fprintf(stderr, "sluice_load: %s\n", engine.status().to_string().c_str());
     return 1;
   }
-  sluice::server::GrpcService sluice_service(*engine.value());
+  sluice::transport::GrpcService sluice_service(*engine.value());
   EchoService echo_service;
   int sluice_port = 0, echo_port = 0;
   auto sluice_server = listen(&sluice_service, sluice_port);

@@ -52,14 +52,14 @@
 #include <variant>
 #include <vector>
 
+#include "sluice/algorithm_spec.h"
 #include "sluice/clock.h"
 #include "sluice/fleet.h"
 #include "sluice/fleet_guard.h"
 #include "sluice/gateway_config.h"
-#include "sluice/limit_algorithm.h"
-#include "sluice/postgres_coordinator.h"
+#include "sluice/postgres_options.h"
 #include "sluice/rate_strategy.h"
-#include "sluice/redis_coordinator.h"
+#include "sluice/redis_options.h"
 
 namespace sluice {
 
@@ -81,16 +81,6 @@ struct CoordinatorSpec {
   PostgresOptions postgres;
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
 };
-
-struct AlgorithmSpec {
-  enum class Kind : std::uint8_t { kFixed, kAimd, kVegas, kGradient2 };
-  Kind kind = Kind::kGradient2;
-  std::optional<std::uint32_t> limit;  // fixed
-  std::optional<std::uint32_t> initial_limit, min_limit, max_limit;
-};
-
-// A fresh algorithm as the spec says (the algorithms' own defaults for unset fields).
-[[nodiscard]] std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& spec);
 
 struct RatePolicy {
   RateRule rule;

@@ -22,7 +22,7 @@
 // Guarantees: GlobalCap (sum of live shares <= L_global at constant L_global, under any order
 // of heartbeats, joins, leaves and expiries); the occupancy cap keeps sum of in-flight <=
 // L_global in the synchronous model, and acknowledged handoff keeps it when grant replies and
-// reports are delayed (tests/unit/fleet_model_test.cpp searches every interleaving).
+// reports are delayed (tests/model/fleet_model_test.cpp searches every interleaving).
 //
 // Thread-safety: pure functions on values; a coordinator serialises the calls per key.
 #pragma once

@@ -19,15 +19,9 @@
 #include <string>
 
 #include "sluice/coordinator.h"
+#include "sluice/postgres_options.h"
 
 namespace sluice {
-
-struct PostgresOptions {
-  // libpq connection string, e.g. "host=db port=5432 user=sluice dbname=sluice sslmode=require".
-  std::string conninfo;
-  // Prefix of the tables this coordinator creates and uses. Default "sluice_fleet".
-  std::string table_prefix = "sluice_fleet";
-};
 
 class PostgresCoordinator final : public ConcurrencyCoordinator {
  public:

@@ -22,18 +22,9 @@
 #include <string>
 
 #include "sluice/coordinator.h"
+#include "sluice/redis_options.h"
 
 namespace sluice {
-
-struct RedisOptions {
-  std::string host = "127.0.0.1";                   // default 127.0.0.1
-  int port = 6379;                                  // default 6379
-  std::string username;                             // ACL user; empty: AUTH with the password alone
-  std::string password;                             // empty: no AUTH
-  int database = 0;                                 // SELECT; default 0
-  Nanos connect_timeout = std::chrono::seconds(1);  // default 1 s
-  std::string key_prefix = "sluice:fleet:";         // default "sluice:fleet:"
-};
 
 class RedisCoordinator final : public ConcurrencyCoordinator {
  public:

@@ -9,11 +9,7 @@
 #include <sstream>
 #include <utility>
 
-#include "sluice/aimd_limit.h"
-#include "sluice/fixed_limit.h"
 #include "sluice/gateway_validation.h"
-#include "sluice/gradient2_limit.h"
-#include "sluice/vegas_limit.h"
 
 namespace sluice {
 namespace {
@@ -271,32 +267,6 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
   }
 }
 
-// The algorithm's options with the spec's limits over the algorithm's own defaults.
-template <class Options>
-Options with_limits(const AlgorithmSpec& s) {
-  Options o;
-  o.initial_limit = s.initial_limit.value_or(o.initial_limit);
-  o.min_limit = s.min_limit.value_or(o.min_limit);
-  o.max_limit = s.max_limit.value_or(o.max_limit);
-  return o;
-}
-
-// Empty when the spec's limits make valid options for its algorithm (the algorithm's own
-// defaults filling in what is not set), else what is wrong.
-std::string_view algorithm_problem(const AlgorithmSpec& s) {
-  switch (s.kind) {
-    case AlgorithmSpec::Kind::kFixed:
-      return {};
-    case AlgorithmSpec::Kind::kAimd:
-      return with_limits<AimdOptions>(s).validate();
-    case AlgorithmSpec::Kind::kVegas:
-      return with_limits<VegasOptions>(s).validate();
-    case AlgorithmSpec::Kind::kGradient2:
-      return with_limits<Gradient2Options>(s).validate();
-  }
-  return {};
-}
-
 void read_algorithm(Reader& r, const YAML::Node& n, const std::string& path, AlgorithmSpec& out) {
   if (auto k = r.choice(n, "algorithm", path, kAlgorithms)) out.kind = *k;
   out.limit = r.u32(n, "limit", path, 1);
@@ -308,7 +278,7 @@ void read_algorithm(Reader& r, const YAML::Node& n, const std::string& path, Alg
   if (out.kind != AlgorithmSpec::Kind::kFixed && n["limit"].IsDefined())
     r.error(n["limit"], path + ".limit",
             "applies to the fixed algorithm only (use initial_limit, min_limit, max_limit)");
-  if (const std::string_view why = algorithm_problem(out); !why.empty())
+  if (const std::string_view why = out.validate(); !why.empty())
     r.error(n, path, std::string(why) + " (the algorithm's defaults fill in the limits not set)");
 }
 
@@ -561,22 +531,6 @@ std::string ConfigError::to_string(std::string_view source) const {
   out += ": ";
   if (!path.empty()) out += path + ": ";
   return out + message;
-}
-
-namespace {}  // namespace
-
-std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s) {
-  switch (s.kind) {
-    case AlgorithmSpec::Kind::kFixed:
-      return std::make_unique<FixedLimit>(FixedLimitOptions{.limit = s.limit.value_or(20)});
-    case AlgorithmSpec::Kind::kAimd:
-      return std::make_unique<AimdLimit>(with_limits<AimdOptions>(s));
-    case AlgorithmSpec::Kind::kVegas:
-      return std::make_unique<VegasLimit>(with_limits<VegasOptions>(s));
-    case AlgorithmSpec::Kind::kGradient2:
-      return std::make_unique<Gradient2Limit>(with_limits<Gradient2Options>(s));
-  }
-  return nullptr;
 }
 
 bool parse_host_port(std::string_view text, std::string& host, int& port, int min_port) {

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "local/gateway_merge.h"
 #include "local/gateway_state.h"
-#include "sluice/gateway_merge.h"
 
 namespace sluice {
 namespace gateway_detail {
@@ -100,7 +100,7 @@ using Decided = std::vector<std::pair<AcquireCallback, Admission>>;
 // In the single total order of the seq_cst operations, a waiter's increment either precedes a
 // decrementer's read (which then drains, after the waiter queued: it held the mutex) or
 // follows it (and the waiter's retry sees the decrement). No waiter is stranded next to a free
-// unit; the exhaustive search in tests/unit/gateway_model_test.cpp and spin both check it.
+// unit; the exhaustive search in tests/model/gateway_model_test.cpp and spin both check it.
 
 // Under p.mu: hands free pool units to the head waiters, FIFO, while both exist. Allocates
 // (may throw) only before it touches the queue: nothing taken out of it can be lost.

@@ -1,4 +1,4 @@
-#include "sluice/gateway_merge.h"
+#include "local/gateway_merge.h"
 
 namespace sluice {
 

@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "sluice/gateway_merge.h"
+#include "local/gateway_merge.h"
 
 namespace sluice {
 namespace {

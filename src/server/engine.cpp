@@ -71,7 +71,7 @@ class PolicySet {
   ServerSettings settings;
   std::uint64_t generation = 1;
   std::map<std::string, std::shared_ptr<Policy>, std::less<>> policies;
-  std::map<std::string, std::shared_ptr<CoordinatorSlot>, std::less<>> coordinators;
+  std::map<std::string, std::shared_ptr<NamedCoordinator>, std::less<>> coordinators;
   std::vector<std::string> warnings;  // from building this set (a coordinator not reached)
 
   [[nodiscard]] Policy* find(std::string_view name) const {
@@ -113,17 +113,18 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
       }
     }
     std::string warning;
-    auto slot = make_coordinator(f->coordinator, cs, clock, warning);
-    if (!slot.ok()) return slot.status();
+    auto named = make_coordinator(f->coordinator, cs, clock, warning);
+    if (!named.ok()) return named.status();
     if (!warning.empty()) set->warnings.push_back(std::move(warning));
-    set->coordinators.emplace(f->coordinator, std::move(slot.value()));
+    set->coordinators.emplace(f->coordinator, std::move(named.value()));
   }
   for (const auto& [name, spec] : config.policies) {
     std::string identity = spec.fingerprint;
-    std::shared_ptr<CoordinatorSlot> slot;
+    std::shared_ptr<ConcurrencyCoordinator> coordinator;
     if (const auto* f = std::get_if<FleetPolicy>(&spec.body)) {
-      slot = set->coordinators.at(f->coordinator);
-      identity += "\n#coordinator " + f->coordinator + "\n" + slot->fingerprint;
+      const NamedCoordinator& named = *set->coordinators.at(f->coordinator);
+      coordinator = named.fleet;
+      identity += "\n#coordinator " + f->coordinator + "\n" + named.fingerprint;
     }
     if (old != nullptr) {
       auto it = old->policies.find(name);
@@ -132,7 +133,8 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
         continue;
       }
     }
-    auto p = Policy::create(name, spec, std::move(identity), std::move(slot), fleet_node, clock);
+    auto p =
+        Policy::create(name, spec, std::move(identity), std::move(coordinator), fleet_node, clock);
     if (!p.ok()) return p.status();
     set->policies.emplace(name, std::move(p.value()));
   }
@@ -476,7 +478,8 @@ std::string Engine::metrics_text() const {
             static_cast<double>(leases_.expired_total())));
   f.add(one("sluice_draining", "1 while the server shuts down", MetricType::Gauge,
             draining() ? 1 : 0));
-  for (const auto& [name, slot] : set->coordinators) f.merge(slot->collect(), "coordinator", name);
+  for (const auto& [name, named] : set->coordinators)
+    f.merge(named->collect(), "coordinator", name);
   for (const auto& [name, p] : set->policies) f.merge(p->collect(), "policy", name);
   return prometheus::TextSerializer().Serialize(f.out());
 }

@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "server/calls.h"
 #include "server/leases.h"
 #include "sluice/adaptive_guard.h"
 #include "sluice/clock.h"
@@ -41,68 +42,6 @@
 #include "sluice/status.h"
 
 namespace sluice::server {
-
-// A duration in seconds (for messages and JSON).
-[[nodiscard]] inline double seconds_of(Nanos d) noexcept {
-  return std::chrono::duration<double>(d).count();
-}
-
-// Limits on request fields.
-inline constexpr std::size_t kMaxKeyBytes = 1024;
-inline constexpr std::size_t kMaxNameBytes = 256;
-inline constexpr std::int64_t kMaxHits = 1'000'000'000;
-inline constexpr std::size_t kMaxBatch = 128;
-
-struct CheckCall {
-  std::string_view policy;
-  std::string_view key;
-  std::int64_t hits = 1;
-};
-
-struct CheckManyResult {
-  bool allowed = false;
-  std::vector<RateDecision> decisions;  // up to and including the first denial
-  int denied_index = -1;
-};
-
-struct AdmitCall {
-  std::string_view policy;
-  std::string_view key;
-  std::string_view tenant;
-  std::string_view upstream;
-  std::string_view route;
-  std::optional<Nanos> ttl;
-};
-
-// Why a call was not admitted (the problem+json document and what refused it).
-struct Refusal {
-  std::uint16_t status = 503;  // 429: a rate policy; 503: a concurrency limit
-  std::string type;
-  std::string title;
-  std::string detail;
-  Nanos retry_after{0};
-  std::string policy;
-  std::string level;  // "rate", or the gateway level, or "limit" for adaptive/fleet
-  std::uint64_t current = 0;
-  std::uint64_t limit = 0;
-  std::string problem_json;
-};
-
-struct AdmitResult {
-  bool admitted = false;
-  std::string lease_id;
-  Nanos ttl{0};
-  Refusal refusal;  // when !admitted
-};
-
-struct PolicyInfo {
-  std::string name;
-  std::string kind;
-  std::string rate;
-  std::uint64_t in_flight = 0;
-  std::uint64_t limit = 0;
-  std::string state_json;  // one JSON object
-};
 
 struct ReloadSummary {
   std::vector<std::string> added, changed, removed, kept;

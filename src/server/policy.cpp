@@ -41,61 +41,6 @@ MetricFamily by_label(const std::string& name, const std::string& help, const st
   return f;
 }
 
-// ---- CoordinatorSlot ----
-
-void CoordinatorSlot::record(Nanos took, bool ok) noexcept {
-  const double s = seconds_of(took);
-  std::size_t i = 0;
-  while (i < kBounds.size() && s > kBounds[i]) ++i;
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_ns_.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, took.count())),
-                    std::memory_order_relaxed);
-  if (!ok) errors_.fetch_add(1, std::memory_order_relaxed);
-}
-
-StatusOr<Grant> CoordinatorSlot::heartbeat(std::string_view key, const NodeReport& report,
-                                           Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<Grant> g = inner_->heartbeat(key, report, timeout);
-  record(clock_.now() - t0, g.ok());
-  return g;
-}
-
-Status CoordinatorSlot::leave(std::string_view key, std::string_view node_id,
-                              Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  Status s = inner_->leave(key, node_id, timeout);
-  record(clock_.now() - t0, s.ok());
-  return s;
-}
-
-std::vector<MetricFamily> CoordinatorSlot::collect() const {
-  MetricFamily h{"sluice_coordinator_call_seconds",
-                 "Latency of coordinator calls (heartbeats and leaves)",
-                 MetricType::Histogram,
-                 {}};
-  ClientMetric m;
-  m.label = {{"backend", std::string(backend())}};
-  std::uint64_t cumulative = 0;
-  for (std::size_t i = 0; i < kBounds.size(); ++i) {
-    cumulative += buckets_[i].load(std::memory_order_relaxed);
-    m.histogram.bucket.push_back(ClientMetric::Bucket{cumulative, kBounds[i]});
-  }
-  cumulative += buckets_[kBounds.size()].load(std::memory_order_relaxed);
-  m.histogram.bucket.push_back(
-      ClientMetric::Bucket{cumulative, std::numeric_limits<double>::infinity()});
-  m.histogram.sample_count = cumulative;
-  m.histogram.sample_sum = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
-  h.metric.push_back(std::move(m));
-  std::vector<MetricFamily> out;
-  out.push_back(std::move(h));
-  out.push_back(one("sluice_coordinator_errors_total", "Coordinator calls that failed",
-                    MetricType::Counter,
-                    static_cast<double>(errors_.load(std::memory_order_relaxed)),
-                    {{"backend", std::string(backend())}}));
-  return out;
-}
-
 namespace {
 
 // Connects with `connect`; when the server cannot be reached now, opens with `open` instead (a
@@ -121,10 +66,10 @@ StatusOr<std::unique_ptr<ConcurrencyCoordinator>> connect_or_open(const std::str
 
 }  // namespace
 
-StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(const std::string& name,
-                                                            const CoordinatorSpec& spec,
-                                                            const Clock& clock,
-                                                            std::string& warning) {
+StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& name,
+                                                             const CoordinatorSpec& spec,
+                                                             const Clock& clock,
+                                                             std::string& warning) {
   StatusOr<std::unique_ptr<ConcurrencyCoordinator>> inner =
       std::unique_ptr<ConcurrencyCoordinator>();
   switch (spec.kind) {
@@ -140,15 +85,20 @@ StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(const std::string& n
       break;
   }
   if (!inner.ok()) return inner.status();
-  return std::make_shared<CoordinatorSlot>(std::move(inner.value()), spec.fingerprint, clock);
+  auto named = std::make_shared<NamedCoordinator>();
+  named->fingerprint = spec.fingerprint;
+  named->stats = std::make_shared<CoordinatorCallStats>();
+  named->fleet =
+      std::make_shared<TimedConcurrencyCoordinator>(std::move(inner.value()), clock, named->stats);
+  return named;
 }
 
 // ---- Policy ----
 
-StatusOr<std::shared_ptr<Policy>> Policy::create(const std::string& name, const PolicySpec& spec,
-                                                 std::string identity,
-                                                 std::shared_ptr<CoordinatorSlot> coordinator,
-                                                 const std::string& node_id, const Clock& clock) {
+StatusOr<std::shared_ptr<Policy>> Policy::create(
+    const std::string& name, const PolicySpec& spec, std::string identity,
+    std::shared_ptr<ConcurrencyCoordinator> coordinator, const std::string& node_id,
+    const Clock& clock) {
   const auto fail = [&](const Status& s) {
     return Status(s.code(), "policy " + name + ": " + s.message());
   };

@@ -3,8 +3,8 @@
 //
 // What it is: Policy wraps what a PolicySpec builds: a RateLimiter (rate), an AdaptiveGuard
 // (adaptive), a FleetGuard driven by its own runner thread (fleet) or a Gateway (concurrency),
-// with the counters the metrics show. CoordinatorSlot holds one coordinator, timing every call
-// it makes (the coordinator latency metric).
+// with the counters the metrics show. NamedCoordinator is one coordinator of the config, its
+// calls timed (the coordinator latency metric).
 //
 // Invariants: retire() ends a fleet policy's membership (its guard closes: it leaves the fleet
 // and refuses from then on); a local policy a reload replaced keeps serving the calls that
@@ -29,13 +29,14 @@
 #include <variant>
 #include <vector>
 
-#include "server/engine.h"
+#include "server/calls.h"
 #include "sluice/adaptive_guard.h"
 #include "sluice/config.h"
 #include "sluice/coordinator.h"
 #include "sluice/fleet_guard.h"
 #include "sluice/gateway.h"
 #include "sluice/rate_limiter.h"
+#include "sluice/timed_coordinator.h"
 
 namespace sluice::server {
 
@@ -48,35 +49,16 @@ namespace sluice::server {
     const std::string& name, const std::string& help, const std::string& label,
     std::initializer_list<std::pair<const char*, std::uint64_t>> series);
 
-class CoordinatorSlot final : public ConcurrencyCoordinator {
- public:
-  CoordinatorSlot(std::unique_ptr<ConcurrencyCoordinator> inner, std::string fingerprint,
-                  const Clock& clock)
-      : fingerprint(std::move(fingerprint)), inner_(std::move(inner)), clock_(clock) {}
+// One coordinator of the config, by name: every interface it serves is timed into one stats.
+struct NamedCoordinator {
+  std::string fingerprint;  // the spec's: equal means unchanged
+  std::shared_ptr<CoordinatorCallStats> stats;
+  std::shared_ptr<ConcurrencyCoordinator> fleet;  // a TimedConcurrencyCoordinator
 
-  [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
-                                          Nanos timeout) noexcept override;
-  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
-                             Nanos timeout) noexcept override;
-  [[nodiscard]] const CoordinatorConfig& config() const noexcept override {
-    return inner_->config();
+  // sluice_coordinator_call_seconds and sluice_coordinator_errors_total.
+  [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const {
+    return stats->collect(std::string(fleet->backend()));
   }
-  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
-
-  // sluice_coordinator_call_seconds (histogram) and sluice_coordinator_errors_total.
-  [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const;
-
-  const std::string fingerprint;
-
- private:
-  static constexpr std::array<double, 12> kBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                                     0.01,   0.025,   0.05,   0.1,   0.25,   1.0};
-  void record(Nanos took, bool ok) noexcept;
-
-  std::unique_ptr<ConcurrencyCoordinator> inner_;
-  const Clock& clock_;
-  std::array<std::atomic<std::uint64_t>, kBounds.size() + 1> buckets_{};
-  std::atomic<std::uint64_t> sum_ns_{0}, errors_{0};
 };
 
 // Connects the coordinator `spec` describes. An error names it. A server that cannot be reached
@@ -84,7 +66,7 @@ class CoordinatorSlot final : public ConcurrencyCoordinator {
 // call, the fleet policies on it start in their outage mode (and /readyz says not ready), and
 // `warning` says so. Anything else (bad options, a password Redis refuses) is; libpq reports a
 // login PostgreSQL refuses as unavailable, so that one is a warning.
-[[nodiscard]] StatusOr<std::shared_ptr<CoordinatorSlot>> make_coordinator(
+[[nodiscard]] StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(
     const std::string& name, const CoordinatorSpec& spec, const Clock& clock, std::string& warning);
 
 enum class PolicyKind : std::uint8_t { kRate, kAdaptive, kFleet, kConcurrency };
@@ -94,7 +76,8 @@ class Policy {
   // `coordinator`: the fleet policy's (null for other kinds).
   [[nodiscard]] static StatusOr<std::shared_ptr<Policy>> create(
       const std::string& name, const PolicySpec& spec, std::string identity,
-      std::shared_ptr<CoordinatorSlot> coordinator, const std::string& node_id, const Clock& clock);
+      std::shared_ptr<ConcurrencyCoordinator> coordinator, const std::string& node_id,
+      const Clock& clock);
   ~Policy();
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
@@ -148,12 +131,12 @@ class Policy {
   const PolicySpec spec_;
   const std::string identity_;
 
-  std::unique_ptr<RateLimiter> limiter_;          // rate
-  std::unique_ptr<AdaptiveGuard> adaptive_;       // adaptive
-  std::shared_ptr<CoordinatorSlot> coordinator_;  // fleet (declared before its users)
-  std::unique_ptr<FleetGuard> fleet_;             // fleet
-  std::unique_ptr<FleetGuardRunner> runner_;      // fleet
-  std::unique_ptr<Gateway> gateway_;              // concurrency
+  std::unique_ptr<RateLimiter> limiter_;                 // rate
+  std::unique_ptr<AdaptiveGuard> adaptive_;              // adaptive
+  std::shared_ptr<ConcurrencyCoordinator> coordinator_;  // fleet (declared before its users)
+  std::unique_ptr<FleetGuard> fleet_;                    // fleet
+  std::unique_ptr<FleetGuardRunner> runner_;             // fleet
+  std::unique_ptr<Gateway> gateway_;                     // concurrency
 
   std::atomic<bool> retired_{false};
   std::atomic<std::uint64_t> allowed_{0}, denied_{0};  // rate checks

@@ -1,5 +1,5 @@
 // fleet_worker.cpp: one fleet node in a process of its own, for
-// tests/unit/fleet_processes_test.cpp.
+// tests/integration/fleet_processes_test.cpp.
 //
 // What it is: a FleetGuard whose L_local is a FixedLimit of --limit (so L_global, the median, is
 // --limit) over a RedisCoordinator on 127.0.0.1:--port (Redis server time), fail-closed, ticked

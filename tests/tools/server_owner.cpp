@@ -1,5 +1,5 @@
 // server_owner.cpp: starts a throwaway Redis and PostgreSQL (sluice::testing) and waits to be
-// killed, for tests/unit/servers_test.cpp, which kills it with SIGKILL (no destructor runs)
+// killed, for tests/integration/servers_test.cpp, which kills it with SIGKILL (no destructor runs)
 // and checks that the servers' guards stop both servers and remove their directories.
 //
 // Prints, once both are up: "redis PID DIR" and "postgres PID DIR", one line each, then

@@ -8,13 +8,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "local/gateway_merge.h"
 #include "sluice/gateway_config.h"
-#include "sluice/gateway_merge.h"
 #include "sluice/gateway_rejection.h"
 #include "sluice/gateway_validation.h"
 
@@ -141,31 +142,84 @@ TEST(GatewayMergeOwner, TakesTheUpstreamLimitAsItStands) {
   EXPECT_EQ(l.queue.timeout, std::chrono::milliseconds(250));
 }
 
-TEST(GatewayMergePrivate, OwnLimitInASeparatePool) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kPrivate), Limit(10, 5));
+// merge_binding(upstream's limit, binding's own limit) for each sharing mode: the effective
+// limit (private pool?, max_concurrent, per_tenant_max), or none at all.
+struct MergeCase {
+  const char* name;
+  std::optional<ConcurrencyLimit> upstream;
+  std::optional<ConcurrencyLimit> own;
+  bool has_limit = true;  // false: merge_binding gives no effective limit
+  bool private_pool = false;
+  std::optional<std::uint32_t> max_concurrent;
+  std::optional<std::uint32_t> per_tenant_max;
+};
+
+void PrintTo(const MergeCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr auto kNone = std::nullopt;
+
+const MergeCase kMergeCases[] = {
+    // private: the binding's own limit, in a separate pool.
+    {"PrivateOwnLimitInASeparatePool", Limit(100, 20, Sharing::kPrivate), Limit(10, 5), true, true,
+     10, 5},
+    // A private pool is separate: the owner's max does not bound it.
+    {"PrivateOwnLimitLooserThanTheOwnersIsKeptNotMinned", Limit(10, 5, Sharing::kPrivate),
+     Limit(500, 50), true, true, 500, 50},
+    {"PrivateOwnPerTenantMaxUnsetStaysUnsetEvenIfUpstreamHasOne", Limit(100, 20, Sharing::kPrivate),
+     Limit(10), true, true, 10, kNone},
+    {"PrivateWithoutOwnLimitHasNoEffectiveLimit", Limit(100, 20, Sharing::kPrivate), kNone, false,
+     false, kNone, kNone},
+    {"PrivateWithoutOwnMaxConcurrentHasNoEffectiveLimit", Limit(100, 20, Sharing::kPrivate),
+     Limit(kNone), false, false, kNone, kNone},
+    {"PrivateWithOnlyAnOwnPerTenantMaxHasNoEffectiveLimit", Limit(100, 20, Sharing::kPrivate),
+     Limit(kNone, 5), false, false, kNone, kNone},
+    // inherit: the ancestor's pool; each field the stricter of the two.
+    {"InheritNothingOwnTakesTheAncestorsLimit", Limit(100, 20, Sharing::kInherit), kNone, true,
+     false, 100, 20},
+    {"InheritEmptyOwnLimitTakesTheAncestorsLimit", Limit(100, 20, Sharing::kInherit), Limit(kNone),
+     true, false, 100, 20},
+    {"InheritStricterOwnLimitWins", Limit(100, 20, Sharing::kInherit), Limit(30, 10), true, false,
+     30, 10},
+    {"InheritLooserOwnLimitLosesToTheAncestors", Limit(100, 20, Sharing::kInherit), Limit(300, 80),
+     true, false, 100, 20},
+    // Own max stricter, ancestor's per_tenant stricter: each field takes its own minimum.
+    {"InheritMinIsFieldByField", Limit(100, 20, Sharing::kInherit), Limit(30, 25), true, false, 30,
+     20},
+    {"InheritMinIsFieldByFieldTheOtherWayRound", Limit(100, 20, Sharing::kInherit), Limit(150, 5),
+     true, false, 100, 5},
+    {"InheritOwnFieldFillsAnUnsetAncestorField", Limit(100, kNone, Sharing::kInherit),
+     Limit(kNone, 7), true, false, 100, 7},
+    // enforce: the stricter wins in both directions.
+    {"EnforceNothingOwnTakesTheAncestorsLimit", Limit(100, 20, Sharing::kEnforce), kNone, true,
+     false, 100, 20},
+    {"EnforceStricterOwnLimitWins", Limit(100, 20, Sharing::kEnforce), Limit(30, 10), true, false,
+     30, 10},
+    {"EnforceLooserOwnLimitLoses", Limit(100, 20, Sharing::kEnforce), Limit(300, 80), true, false,
+     100, 20},
+    {"EnforceMixedTakesEachFieldsMinimum", Limit(100, 20, Sharing::kEnforce), Limit(300, 5), true,
+     false, 100, 5},
+    // No upstream limit behaves as inherit with every field unlimited: min(unlimited, own) is own,
+    // in the shared pool.
+    {"NoUpstreamLimitOwnLimitApplies", kNone, Limit(30, 10), true, false, 30, 10},
+    {"UpstreamLimitWithoutMaxIsUnlimitedForThatField", Limit(kNone, 20), Limit(30, 50), true, false,
+     30, 20},
+};
+
+class GatewayMergeTable : public ::testing::TestWithParam<MergeCase> {};
+
+TEST_P(GatewayMergeTable, EffectiveLimit) {
+  const MergeCase& c = GetParam();
+  const auto l = merge_binding(c.upstream, c.own);
+  if (!c.has_limit) {
+    EXPECT_EQ(l, std::nullopt);
+    return;
+  }
   ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, true, 10u, 5u);
+  ExpectLimit(*l, c.private_pool, c.max_concurrent, c.per_tenant_max);
 }
 
-TEST(GatewayMergePrivate, OwnLimitLooserThanTheOwnersIsKeptNotMinned) {
-  // A private pool is separate: the owner's max does not bound it.
-  const auto l = merge_binding(Limit(10, 5, Sharing::kPrivate), Limit(500, 50));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, true, 500u, 50u);
-}
-
-TEST(GatewayMergePrivate, OwnPerTenantMaxUnsetStaysUnsetEvenIfUpstreamHasOne) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kPrivate), Limit(10));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, true, 10u, std::nullopt);
-}
-
-TEST(GatewayMergePrivate, WithoutOwnMaxConcurrentHasNoEffectiveLimit) {
-  const ConcurrencyLimit up = Limit(100, 20, Sharing::kPrivate);
-  EXPECT_EQ(merge_binding(up, std::nullopt), std::nullopt);
-  EXPECT_EQ(merge_binding(up, Limit(std::nullopt)), std::nullopt);
-  EXPECT_EQ(merge_binding(up, Limit(std::nullopt, 5)), std::nullopt);
-}
+INSTANTIATE_TEST_SUITE_P(GatewayMerge, GatewayMergeTable, ::testing::ValuesIn(kMergeCases),
+                         [](const ::testing::TestParamInfo<MergeCase>& i) { return i.param.name; });
 
 TEST(GatewayMergePrivate, StrategyAndQueueComeFromTheBinding) {
   const ConcurrencyLimit up = QueueLimit(100, 50, std::chrono::seconds(9), Sharing::kPrivate);
@@ -179,68 +233,6 @@ TEST(GatewayMergePrivate, StrategyAndQueueComeFromTheBinding) {
   EXPECT_EQ(queueing->strategy, Strategy::kQueue);
   EXPECT_EQ(queueing->queue.max_depth, 3u);
   EXPECT_EQ(queueing->queue.timeout, std::chrono::milliseconds(40));
-}
-
-TEST(GatewayMergeInherit, NothingOwnTakesTheAncestorsLimit) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kInherit), std::nullopt);
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 100u, 20u);
-}
-
-TEST(GatewayMergeInherit, EmptyOwnLimitTakesTheAncestorsLimit) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kInherit), Limit(std::nullopt));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 100u, 20u);
-}
-
-TEST(GatewayMergeInherit, StricterOwnLimitWins) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kInherit), Limit(30, 10));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 30u, 10u);
-}
-
-TEST(GatewayMergeInherit, LooserOwnLimitLosesToTheAncestors) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kInherit), Limit(300, 80));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 100u, 20u);
-}
-
-TEST(GatewayMergeInherit, MinIsFieldByField) {
-  // Own max stricter, ancestor's per_tenant stricter: each field takes its own minimum.
-  const auto a = merge_binding(Limit(100, 20, Sharing::kInherit), Limit(30, 25));
-  ASSERT_TRUE(a.has_value());
-  ExpectLimit(*a, false, 30u, 20u);
-  // And the other way round.
-  const auto b = merge_binding(Limit(100, 20, Sharing::kInherit), Limit(150, 5));
-  ASSERT_TRUE(b.has_value());
-  ExpectLimit(*b, false, 100u, 5u);
-}
-
-TEST(GatewayMergeInherit, OwnFieldFillsAnUnsetAncestorField) {
-  const auto l = merge_binding(Limit(100, std::nullopt, Sharing::kInherit), Limit(std::nullopt, 7));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 100u, 7u);
-}
-
-TEST(GatewayMergeEnforce, NothingOwnTakesTheAncestorsLimit) {
-  const auto l = merge_binding(Limit(100, 20, Sharing::kEnforce), std::nullopt);
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 100u, 20u);
-}
-
-TEST(GatewayMergeEnforce, StricterWinsInBothDirections) {
-  const ConcurrencyLimit up = Limit(100, 20, Sharing::kEnforce);
-  const auto own_stricter = merge_binding(up, Limit(30, 10));
-  ASSERT_TRUE(own_stricter.has_value());
-  ExpectLimit(*own_stricter, false, 30u, 10u);
-
-  const auto own_looser = merge_binding(up, Limit(300, 80));
-  ASSERT_TRUE(own_looser.has_value());
-  ExpectLimit(*own_looser, false, 100u, 20u);
-
-  const auto mixed = merge_binding(up, Limit(300, 5));
-  ASSERT_TRUE(mixed.has_value());
-  ExpectLimit(*mixed, false, 100u, 5u);
 }
 
 TEST(GatewayMergeUnsetSharing, BehavesAsInherit) {
@@ -267,19 +259,6 @@ TEST(GatewayMergeNoUpstreamLimit, NothingOwnIsUnlimited) {
   ASSERT_TRUE(l.has_value());
   ExpectLimit(*l, false, std::nullopt, std::nullopt);
   EXPECT_EQ(l->strategy, Strategy::kReject);
-}
-
-TEST(GatewayMergeNoUpstreamLimit, OwnLimitApplies) {
-  const auto l = merge_binding(std::nullopt, Limit(30, 10));
-  ASSERT_TRUE(l.has_value());
-  // Behaves as inherit with every field unlimited: min(unlimited, own) is own, shared pool.
-  ExpectLimit(*l, false, 30u, 10u);
-}
-
-TEST(GatewayMergeNoUpstreamLimit, UpstreamLimitWithoutMaxIsUnlimitedForThatField) {
-  const auto l = merge_binding(Limit(std::nullopt, 20), Limit(30, 50));
-  ASSERT_TRUE(l.has_value());
-  ExpectLimit(*l, false, 30u, 20u);
 }
 
 TEST(GatewayMergeSharedPool, InheritStrategyAndQueueComeFromTheUpstream) {
@@ -319,6 +298,161 @@ TEST(GatewayMergeSharedPool, BindingQueueStrategyIsIgnoredOnARejectingPool) {
   EXPECT_EQ(no_limit->queue.max_depth, QueueOptions{}.max_depth);
 }
 
+// One change to the valid config, and the one error it must cause: at which field, with which
+// words in the message.
+struct ValidationErrorCase {
+  const char* name;
+  void (*change)(GatewayConfig&);
+  const char* path;
+  std::vector<std::string> words;
+};
+
+void PrintTo(const ValidationErrorCase& c, std::ostream* os) { *os << c.name; }
+
+const ValidationErrorCase kValidationErrorCases[] = {
+    {"Rule1UpstreamMaxConcurrentZeroIsAnError",
+     [](GatewayConfig& c) { c.upstreams[1].concurrency_limit->max_concurrent = 0; },
+     "upstreams[1].concurrency_limit.max_concurrent",
+     {"> 0", "rule 1"}},
+    {"Rule1UpstreamPerTenantMaxZeroIsAnError",
+     [](GatewayConfig& c) { c.upstreams[0].concurrency_limit->per_tenant_max = 0; },
+     "upstreams[0].concurrency_limit.per_tenant_max",
+     {"> 0", "rule 1"}},
+    {"Rule1RouteMaxConcurrentZeroIsAnError",
+     [](GatewayConfig& c) { c.upstreams[0].routes[1].max_concurrent = 0; },
+     "upstreams[0].routes[1].max_concurrent",
+     {"> 0", "rule 1"}},
+    {"Rule1BindingMaxConcurrentZeroIsAnError",
+     [](GatewayConfig& c) { c.bindings[1].concurrency_limit->max_concurrent = 0; },
+     "bindings[1].concurrency_limit.max_concurrent",
+     {"> 0"}},
+    {"Rule1BindingPerTenantMaxZeroIsAnError",
+     [](GatewayConfig& c) { c.bindings[0].concurrency_limit->per_tenant_max = 0; },
+     "bindings[0].concurrency_limit.per_tenant_max",
+     {"> 0"}},
+    {"Rule2PerTenantMaxAboveMaxConcurrentIsAnError",
+     [](GatewayConfig& c) { c.upstreams[0].concurrency_limit->per_tenant_max = 120; },
+     "upstreams[0].concurrency_limit.per_tenant_max",
+     {"120", "100", "rule 2"}},
+    {"Rule2AppliesToABindingsOwnLimit",
+     [](GatewayConfig& c) {
+       c.bindings[0].concurrency_limit->per_tenant_max = 31;  // own max is 30
+     },
+     "bindings[0].concurrency_limit.per_tenant_max",
+     {"31", "30", "rule 2"}},
+    {"Rule3RouteMaxAboveUpstreamMaxIsAnError",
+     [](GatewayConfig& c) { c.upstreams[0].routes[0].max_concurrent = 150; },
+     "upstreams[0].routes[0].max_concurrent",
+     {"150", "100", "rule 3"}},
+    {"IdsEmptyTenantId",
+     [](GatewayConfig& c) {
+       c.tenants.push_back({"", std::nullopt, std::nullopt});
+     },
+     "tenants[3].id",
+     {"empty"}},
+    {"IdsDuplicateTenantId",
+     [](GatewayConfig& c) {
+       c.tenants.push_back({"acme-eu", std::nullopt, std::nullopt});
+     },
+     "tenants[3].id",
+     {"duplicate", "'acme-eu'"}},
+    {"IdsEmptyUpstreamId",
+     [](GatewayConfig& c) {
+       c.upstreams.push_back({"", "h.example", "acme", std::nullopt, {}});
+     },
+     "upstreams[3].id",
+     {"empty"}},
+    {"IdsDuplicateUpstreamId",
+     [](GatewayConfig& c) {
+       c.upstreams.push_back({"internal", "other.example", "acme", std::nullopt, {}});
+     },
+     "upstreams[3].id",
+     {"duplicate", "'internal'"}},
+    {"IdsEmptyHost",
+     [](GatewayConfig& c) { c.upstreams[2].host.clear(); },
+     "upstreams[2].host",
+     {"empty"}},
+    {"RefsUnknownParent",
+     [](GatewayConfig& c) {
+       c.tenants.push_back({"orphan", "nobody", std::nullopt});
+     },
+     "tenants[3].parent",
+     {"unknown tenant", "'nobody'"}},
+    {"RefsUnknownBindingTenant",
+     [](GatewayConfig& c) { c.bindings[2].tenant = "nobody"; },
+     "bindings[2].tenant",
+     {"unknown tenant", "'nobody'"}},
+    {"RefsUnknownBindingUpstream",
+     [](GatewayConfig& c) { c.bindings[2].upstream = "nowhere"; },
+     "bindings[2].upstream",
+     {"unknown upstream", "'nowhere'"}},
+    {"BindingsNonAncestorsUpstreamIsAnError",
+     [](GatewayConfig& c) {
+       c.tenants.push_back({"globex", std::nullopt, std::nullopt});
+       c.upstreams.push_back({"globex-api", "api.globex.com", "globex", std::nullopt, {}});
+       c.bindings.push_back({"acme-eu", "globex-api", std::nullopt});
+     },
+     "bindings[4].upstream",
+     {"'globex-api'", "'globex'", "not an ancestor", "'acme-eu'"}},
+    {"BindingsDescendantsUpstreamIsAnError",
+     [](GatewayConfig& c) {
+       c.bindings.push_back({"acme", "internal", std::nullopt});  // internal is acme-eu's
+     },
+     "bindings[4].upstream",
+     {"'internal'", "'acme-eu'", "not an ancestor", "'acme'"}},
+    {"BindingsOwnUpstreamIsAnError",
+     [](GatewayConfig& c) {
+       c.bindings.push_back({"acme-eu", "internal", std::nullopt});
+     },
+     "bindings[4].upstream",
+     {"'acme-eu'", "owns", "'internal'"}},
+    {"BindingsDuplicateBinding",
+     [](GatewayConfig& c) {
+       c.bindings.push_back({"acme-eu", "openai", std::nullopt});
+     },
+     "bindings[4]",
+     {"duplicate", "'acme-eu'", "'openai'"}},
+    {"BindingsPrivateUpstreamWithoutOwnLimit",
+     [](GatewayConfig& c) { c.bindings[1].concurrency_limit = std::nullopt; },
+     "bindings[1].concurrency_limit",
+     {"'anthropic'", "private", "max_concurrent"}},
+    {"BindingsPrivateUpstreamWithOwnLimitButNoMaxConcurrent",
+     [](GatewayConfig& c) { c.bindings[1].concurrency_limit = Limit(std::nullopt, 5); },
+     "bindings[1].concurrency_limit.max_concurrent",
+     {"'anthropic'", "private"}},
+    {"QueueZeroDepthWithQueueStrategy",
+     [](GatewayConfig& c) { c.upstreams[0].concurrency_limit->queue.max_depth = 0; },
+     "upstreams[0].concurrency_limit.queue.max_depth",
+     {"> 0", "queue"}},
+    {"QueueZeroTimeoutWithQueueStrategy",
+     [](GatewayConfig& c) { c.upstreams[0].concurrency_limit->queue.timeout = Nanos{0}; },
+     "upstreams[0].concurrency_limit.queue.timeout",
+     {"> 0", "queue"}},
+    {"ProblemEmptyTypeIsAnError",
+     [](GatewayConfig& c) { c.problem.type.clear(); },
+     "problem.type",
+     {"empty"}},
+};
+
+class GatewayValidationErrorTable : public ::testing::TestWithParam<ValidationErrorCase> {};
+
+TEST_P(GatewayValidationErrorTable, ReportsOneErrorAtTheField) {
+  const ValidationErrorCase& e = GetParam();
+  GatewayConfig c = ValidConfig();
+  e.change(c);
+  const ValidationReport r = validate(c);
+  EXPECT_FALSE(r.ok());
+  ASSERT_EQ(r.errors.size(), 1u) << r.to_string();
+  EXPECT_EQ(r.errors[0].path, e.path);
+  for (const std::string& w : e.words) EXPECT_THAT(r.errors[0].message, HasSubstr(w));
+}
+
+INSTANTIATE_TEST_SUITE_P(GatewayValidation, GatewayValidationErrorTable,
+                         ::testing::ValuesIn(kValidationErrorCases),
+                         [](const ::testing::TestParamInfo<ValidationErrorCase>& i) {
+                           return i.param.name;
+                         });
+
 // ---------------------------------------------------------------------------------------------
 // validate(): the base config
 
@@ -348,25 +482,8 @@ TEST(GatewayValidation, ReportsEveryProblemAtOnce) {
                                     AtPath("problem.status")));
 }
 
-// Rule 1 --------------------------------------------------------------------------------------
-
-TEST(GatewayValidationRule1, UpstreamMaxConcurrentZeroIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[1].concurrency_limit->max_concurrent = 0;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors, ElementsAre(Issue("upstreams[1].concurrency_limit.max_concurrent",
-                                          AllOf(HasSubstr("> 0"), HasSubstr("rule 1")))));
-}
-
-TEST(GatewayValidationRule1, UpstreamPerTenantMaxZeroIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[0].concurrency_limit->per_tenant_max = 0;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors, ElementsAre(Issue("upstreams[0].concurrency_limit.per_tenant_max",
-                                          AllOf(HasSubstr("> 0"), HasSubstr("rule 1")))));
-}
+// Rule 1
+// --------------------------------------------------------------------------------------
 
 TEST(GatewayValidationRule1, GlobalConcurrencyLimitZeroIsAnError) {
   GatewayConfig c = ValidConfig();
@@ -379,33 +496,6 @@ TEST(GatewayValidationRule1, GlobalConcurrencyLimitZeroIsAnError) {
   EXPECT_THAT(r.warnings, Not(Contains(AtPath("tenants[1].global_concurrency_limit"))));
 }
 
-TEST(GatewayValidationRule1, RouteMaxConcurrentZeroIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[0].routes[1].max_concurrent = 0;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors, ElementsAre(Issue("upstreams[0].routes[1].max_concurrent",
-                                          AllOf(HasSubstr("> 0"), HasSubstr("rule 1")))));
-}
-
-TEST(GatewayValidationRule1, BindingMaxConcurrentZeroIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[1].concurrency_limit->max_concurrent = 0;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors,
-              ElementsAre(Issue("bindings[1].concurrency_limit.max_concurrent", HasSubstr("> 0"))));
-}
-
-TEST(GatewayValidationRule1, BindingPerTenantMaxZeroIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[0].concurrency_limit->per_tenant_max = 0;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors,
-              ElementsAre(Issue("bindings[0].concurrency_limit.per_tenant_max", HasSubstr("> 0"))));
-}
-
 TEST(GatewayValidationRule1, PositiveValuesAreFine) {
   GatewayConfig c = ValidConfig();
   c.tenants[2].global_concurrency_limit = 1;
@@ -415,17 +505,8 @@ TEST(GatewayValidationRule1, PositiveValuesAreFine) {
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
 }
 
-// Rule 2 --------------------------------------------------------------------------------------
-
-TEST(GatewayValidationRule2, PerTenantMaxAboveMaxConcurrentIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[0].concurrency_limit->per_tenant_max = 120;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors,
-              ElementsAre(Issue("upstreams[0].concurrency_limit.per_tenant_max",
-                                AllOf(HasSubstr("120"), HasSubstr("100"), HasSubstr("rule 2")))));
-}
+// Rule 2
+// --------------------------------------------------------------------------------------
 
 TEST(GatewayValidationRule2, PerTenantMaxEqualToMaxConcurrentIsFine) {
   GatewayConfig c = ValidConfig();
@@ -434,16 +515,6 @@ TEST(GatewayValidationRule2, PerTenantMaxEqualToMaxConcurrentIsFine) {
   const ValidationReport r = validate(c);
   EXPECT_TRUE(r.ok()) << r.to_string();
   EXPECT_THAT(r.warnings, IsEmpty()) << r.to_string();
-}
-
-TEST(GatewayValidationRule2, AppliesToABindingsOwnLimit) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[0].concurrency_limit->per_tenant_max = 31;  // own max is 30
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors,
-              ElementsAre(Issue("bindings[0].concurrency_limit.per_tenant_max",
-                                AllOf(HasSubstr("31"), HasSubstr("30"), HasSubstr("rule 2")))));
 }
 
 TEST(GatewayValidationRule2, NoMaxConcurrentMeansNoUpperBound) {
@@ -455,17 +526,8 @@ TEST(GatewayValidationRule2, NoMaxConcurrentMeansNoUpperBound) {
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
 }
 
-// Rule 3 --------------------------------------------------------------------------------------
-
-TEST(GatewayValidationRule3, RouteMaxAboveUpstreamMaxIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[0].routes[0].max_concurrent = 150;
-  const ValidationReport r = validate(c);
-  EXPECT_FALSE(r.ok());
-  EXPECT_THAT(r.errors,
-              ElementsAre(Issue("upstreams[0].routes[0].max_concurrent",
-                                AllOf(HasSubstr("150"), HasSubstr("100"), HasSubstr("rule 3")))));
-}
+// Rule 3
+// --------------------------------------------------------------------------------------
 
 TEST(GatewayValidationRule3, RouteMaxEqualToUpstreamMaxIsFine) {
   GatewayConfig c = ValidConfig();
@@ -482,7 +544,8 @@ TEST(GatewayValidationRule3, FineWhenTheUpstreamHasNoMax) {
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
 }
 
-// Rule 4 (warning) ----------------------------------------------------------------------------
+// Rule 4 (warning)
+// ----------------------------------------------------------------------------
 
 TEST(GatewayValidationRule4, GlobalLimitEqualToOwnedPerTenantSumIsAWarning) {
   GatewayConfig c = ValidConfig();
@@ -558,43 +621,8 @@ TEST(GatewayValidationRule4, NoPerTenantMaxAnywhereMeansNoWarning) {
   EXPECT_THAT(r.warnings, IsEmpty()) << r.to_string();
 }
 
-// Ids -----------------------------------------------------------------------------------------
-
-TEST(GatewayValidationIds, EmptyTenantId) {
-  GatewayConfig c = ValidConfig();
-  c.tenants.push_back({"", std::nullopt, std::nullopt});
-  const ValidationReport r = validate(c);
-  EXPECT_THAT(r.errors, ElementsAre(Issue("tenants[3].id", HasSubstr("empty"))));
-}
-
-TEST(GatewayValidationIds, DuplicateTenantId) {
-  GatewayConfig c = ValidConfig();
-  c.tenants.push_back({"acme-eu", std::nullopt, std::nullopt});
-  const ValidationReport r = validate(c);
-  EXPECT_THAT(r.errors, ElementsAre(Issue("tenants[3].id",
-                                          AllOf(HasSubstr("duplicate"), HasSubstr("'acme-eu'")))));
-}
-
-TEST(GatewayValidationIds, EmptyUpstreamId) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams.push_back({"", "h.example", "acme", std::nullopt, {}});
-  const ValidationReport r = validate(c);
-  EXPECT_THAT(r.errors, ElementsAre(Issue("upstreams[3].id", HasSubstr("empty"))));
-}
-
-TEST(GatewayValidationIds, DuplicateUpstreamId) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams.push_back({"internal", "other.example", "acme", std::nullopt, {}});
-  const ValidationReport r = validate(c);
-  EXPECT_THAT(r.errors, ElementsAre(Issue("upstreams[3].id",
-                                          AllOf(HasSubstr("duplicate"), HasSubstr("'internal'")))));
-}
-
-TEST(GatewayValidationIds, EmptyHost) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[2].host.clear();
-  EXPECT_THAT(validate(c).errors, ElementsAre(Issue("upstreams[2].host", HasSubstr("empty"))));
-}
+// Ids
+// -----------------------------------------------------------------------------------------
 
 TEST(GatewayValidationIds, EmptyAndDuplicateRouteIds) {
   GatewayConfig c = ValidConfig();
@@ -612,15 +640,8 @@ TEST(GatewayValidationIds, SameRouteIdOnDifferentUpstreamsIsFine) {
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
 }
 
-// Unknown references --------------------------------------------------------------------------
-
-TEST(GatewayValidationRefs, UnknownParent) {
-  GatewayConfig c = ValidConfig();
-  c.tenants.push_back({"orphan", "nobody", std::nullopt});
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("tenants[3].parent",
-                                AllOf(HasSubstr("unknown tenant"), HasSubstr("'nobody'")))));
-}
+// Unknown references
+// --------------------------------------------------------------------------
 
 TEST(GatewayValidationRefs, ParentDeclaredLaterIsKnown) {
   GatewayConfig c = ValidConfig();
@@ -640,22 +661,6 @@ TEST(GatewayValidationRefs, UnknownOwner) {
   EXPECT_EQ(r.errors.size(), 1u) << r.to_string();
 }
 
-TEST(GatewayValidationRefs, UnknownBindingTenant) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[2].tenant = "nobody";
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[2].tenant",
-                                AllOf(HasSubstr("unknown tenant"), HasSubstr("'nobody'")))));
-}
-
-TEST(GatewayValidationRefs, UnknownBindingUpstream) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[2].upstream = "nowhere";
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[2].upstream",
-                                AllOf(HasSubstr("unknown upstream"), HasSubstr("'nowhere'")))));
-}
-
 TEST(GatewayValidationRefs, UnknownTenantAndUpstreamInOneBindingAreBothReported) {
   GatewayConfig c = ValidConfig();
   c.bindings[0].tenant = "ghost";
@@ -665,7 +670,8 @@ TEST(GatewayValidationRefs, UnknownTenantAndUpstreamInOneBindingAreBothReported)
                           Issue("bindings[0].upstream", HasSubstr("'nowhere'"))));
 }
 
-// Parent cycles -------------------------------------------------------------------------------
+// Parent cycles
+// -------------------------------------------------------------------------------
 
 TEST(GatewayValidationCycles, TwoTenantCycleReportsEachMember) {
   GatewayConfig c = ValidConfig();
@@ -698,65 +704,13 @@ TEST(GatewayValidationCycles, LongerCycle) {
                                     AtPath("tenants[2].parent")));
 }
 
-// Binding scope -------------------------------------------------------------------------------
-
-TEST(GatewayValidationBindings, NonAncestorsUpstreamIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.tenants.push_back({"globex", std::nullopt, std::nullopt});
-  c.upstreams.push_back({"globex-api", "api.globex.com", "globex", std::nullopt, {}});
-  c.bindings.push_back({"acme-eu", "globex-api", std::nullopt});
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[4].upstream",
-                                AllOf(HasSubstr("'globex-api'"), HasSubstr("'globex'"),
-                                      HasSubstr("not an ancestor"), HasSubstr("'acme-eu'")))));
-}
-
-TEST(GatewayValidationBindings, DescendantsUpstreamIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.bindings.push_back({"acme", "internal", std::nullopt});  // internal is acme-eu's
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[4].upstream",
-                                AllOf(HasSubstr("'internal'"), HasSubstr("'acme-eu'"),
-                                      HasSubstr("not an ancestor"), HasSubstr("'acme'")))));
-}
+// Binding scope
+// -------------------------------------------------------------------------------
 
 TEST(GatewayValidationBindings, GrandparentsUpstreamIsFine) {
   GatewayConfig c = ValidConfig();
   c.bindings.push_back({"acme-eu-dev", "anthropic", Limit(3)});
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
-}
-
-TEST(GatewayValidationBindings, OwnUpstreamIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.bindings.push_back({"acme-eu", "internal", std::nullopt});
-  EXPECT_THAT(validate(c).errors, ElementsAre(Issue("bindings[4].upstream",
-                                                    AllOf(HasSubstr("'acme-eu'"), HasSubstr("owns"),
-                                                          HasSubstr("'internal'")))));
-}
-
-TEST(GatewayValidationBindings, DuplicateBinding) {
-  GatewayConfig c = ValidConfig();
-  c.bindings.push_back({"acme-eu", "openai", std::nullopt});
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[4]", AllOf(HasSubstr("duplicate"), HasSubstr("'acme-eu'"),
-                                                     HasSubstr("'openai'")))));
-}
-
-TEST(GatewayValidationBindings, PrivateUpstreamWithoutOwnLimit) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[1].concurrency_limit = std::nullopt;
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[1].concurrency_limit",
-                                AllOf(HasSubstr("'anthropic'"), HasSubstr("private"),
-                                      HasSubstr("max_concurrent")))));
-}
-
-TEST(GatewayValidationBindings, PrivateUpstreamWithOwnLimitButNoMaxConcurrent) {
-  GatewayConfig c = ValidConfig();
-  c.bindings[1].concurrency_limit = Limit(std::nullopt, 5);
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("bindings[1].concurrency_limit.max_concurrent",
-                                AllOf(HasSubstr("'anthropic'"), HasSubstr("private")))));
 }
 
 TEST(GatewayValidationBindings, SharingInABindingIsAnError) {
@@ -774,22 +728,8 @@ TEST(GatewayValidationBindings, SharingOnAnUpstreamIsFine) {
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
 }
 
-// Queue options -------------------------------------------------------------------------------
-
-TEST(GatewayValidationQueue, ZeroDepthWithQueueStrategy) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[0].concurrency_limit->queue.max_depth = 0;
-  EXPECT_THAT(validate(c).errors,
-              ElementsAre(Issue("upstreams[0].concurrency_limit.queue.max_depth",
-                                AllOf(HasSubstr("> 0"), HasSubstr("queue")))));
-}
-
-TEST(GatewayValidationQueue, ZeroTimeoutWithQueueStrategy) {
-  GatewayConfig c = ValidConfig();
-  c.upstreams[0].concurrency_limit->queue.timeout = Nanos{0};
-  EXPECT_THAT(validate(c).errors, ElementsAre(Issue("upstreams[0].concurrency_limit.queue.timeout",
-                                                    AllOf(HasSubstr("> 0"), HasSubstr("queue")))));
-}
+// Queue options
+// -------------------------------------------------------------------------------
 
 TEST(GatewayValidationQueue, NegativeTimeoutWithQueueStrategy) {
   GatewayConfig c = ValidConfig();
@@ -815,7 +755,8 @@ TEST(GatewayValidationQueue, ZeroQueueOptionsIgnoredForRejectStrategy) {
   EXPECT_TRUE(validate(c).ok()) << validate(c).to_string();
 }
 
-// problem options -----------------------------------------------------------------------------
+// problem options
+// -----------------------------------------------------------------------------
 
 TEST(GatewayValidationProblem, StatusOutside4xx5xxIsAnError) {
   for (const std::uint16_t status : {0, 200, 302, 399, 600, 999}) {
@@ -836,13 +777,8 @@ TEST(GatewayValidationProblem, StatusInside4xx5xxIsFine) {
   }
 }
 
-TEST(GatewayValidationProblem, EmptyTypeIsAnError) {
-  GatewayConfig c = ValidConfig();
-  c.problem.type.clear();
-  EXPECT_THAT(validate(c).errors, ElementsAre(Issue("problem.type", HasSubstr("empty"))));
-}
-
-// Warnings about bindings ---------------------------------------------------------------------
+// Warnings about bindings
+// ---------------------------------------------------------------------
 
 TEST(GatewayValidationWarnings, LooserBindingMaxConcurrent) {
   GatewayConfig c = ValidConfig();
@@ -905,8 +841,8 @@ TEST(GatewayValidationWarnings, QueueStrategyInAPrivateBindingIsUsed) {
   EXPECT_THAT(r.warnings, IsEmpty()) << r.to_string();
 }
 
-// An upstream without a limit is shared (kInherit): a queue strategy in its binding is ignored
-// by the merge, and the warning says so.
+// An upstream without a limit is shared (kInherit): a queue strategy in its binding is
+// ignored by the merge, and the warning says so.
 TEST(GatewayValidationWarnings, QueueStrategyInABindingToAnUnlimitedUpstreamWarns) {
   GatewayConfig c = ValidConfig();
   c.bindings[3].concurrency_limit = QueueLimit(5, 10, std::chrono::seconds(1));
@@ -919,7 +855,8 @@ TEST(GatewayValidationWarnings, QueueStrategyInABindingToAnUnlimitedUpstreamWarn
               ElementsAre(Issue("bindings[3].concurrency_limit.strategy", HasSubstr("ignored"))));
 }
 
-// to_string -----------------------------------------------------------------------------------
+// to_string
+// -----------------------------------------------------------------------------------
 
 TEST(GatewayValidationReport, ToStringFormatsOneLinePerIssueErrorsFirst) {
   ValidationReport r;
@@ -1021,7 +958,8 @@ TEST(GatewayRejectionDetail, QueueReasons) {
   r.max_concurrent = 100;
   r.reason = RejectReason::kQueueFull;
   EXPECT_EQ(r.detail(),
-            "Upstream api.openai.com has reached max concurrent requests (100/100) and its queue "
+            "Upstream api.openai.com has reached max concurrent requests (100/100) and "
+            "its queue "
             "is full");
   r.reason = RejectReason::kQueueTimeout;
   EXPECT_EQ(r.detail(),

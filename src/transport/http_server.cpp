@@ -1,4 +1,4 @@
-#include "server/http_server.h"
+#include "transport/http_server.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -9,13 +9,18 @@
 #include <thread>
 #include <vector>
 
-namespace sluice::server {
+namespace sluice::transport {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 using nlohmann::json;
+using server::AdmitCall;
+using server::AdmitResult;
+using server::CheckCall;
+using server::Engine;
+using server::Readiness;
 
 namespace {
 
@@ -440,4 +445,4 @@ void HttpServer::stop() {
   if (impl_->acceptor) impl_->acceptor->close(ec);
 }
 
-}  // namespace sluice::server
+}  // namespace sluice::transport

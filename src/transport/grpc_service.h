@@ -2,8 +2,8 @@
 //
 // What it is: each RPC maps its request onto one Engine call and finishes inline on the gRPC
 // thread that received it (the Engine never blocks), so there is no thread hand-off per call.
-// Engine errors map to gRPC codes one to one (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
-// UNAVAILABLE); a refusal is an OK reply that says so.
+// Engine errors map to gRPC codes one to one (wire.h) (INVALID_ARGUMENT, NOT_FOUND,
+// FAILED_PRECONDITION, UNAVAILABLE); a refusal is an OK reply that says so.
 //
 // Thread-safety: as the Engine's.
 #pragma once
@@ -12,25 +12,13 @@
 
 #include "server/engine.h"
 #include "sluice/v1/sluice.grpc.pb.h"
+#include "transport/wire.h"
 
-namespace sluice::server {
-
-// "Never" on the wire (a request for more hits than a policy's limit can never pass): the
-// largest google.protobuf.Duration, 10,000 years.
-inline constexpr std::int64_t kNeverSeconds = 315'576'000'000;
-// Nanos -> Duration; Nanos::max() becomes kNeverSeconds.
-void to_proto(Nanos n, google::protobuf::Duration* d);
-[[nodiscard]] double seconds_of(const google::protobuf::Duration& d) noexcept;
-[[nodiscard]] inline bool is_never(const google::protobuf::Duration& d) noexcept {
-  return d.seconds() >= kNeverSeconds;
-}
-
-// Maps an Engine status to its gRPC status.
-[[nodiscard]] grpc::Status to_grpc(const Status& s);
+namespace sluice::transport {
 
 class GrpcService final : public sluice::v1::Sluice::CallbackService {
  public:
-  explicit GrpcService(Engine& engine) noexcept : engine_(engine) {}
+  explicit GrpcService(server::Engine& engine) noexcept : engine_(engine) {}
 
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
                                   const sluice::v1::CheckRequest* req,
@@ -55,7 +43,7 @@ class GrpcService final : public sluice::v1::Sluice::CallbackService {
                                          sluice::v1::ListPoliciesResponse* resp) override;
 
  private:
-  Engine& engine_;
+  server::Engine& engine_;
 };
 
-}  // namespace sluice::server
+}  // namespace sluice::transport

@@ -24,7 +24,7 @@
 #include "server/engine.h"
 #include "sluice/status.h"
 
-namespace sluice::server {
+namespace sluice::transport {
 
 struct ReloadOutcome {
   bool ok = false;
@@ -34,7 +34,7 @@ struct ReloadOutcome {
 class HttpServer {
  public:
   // `reload`: what POST /admin/reload runs (null: the endpoint answers 501).
-  HttpServer(Engine& engine, std::function<ReloadOutcome()> reload);
+  HttpServer(server::Engine& engine, std::function<ReloadOutcome()> reload);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -62,6 +62,7 @@ struct HttpExchange {
   std::string response;
   std::vector<std::pair<std::string, std::string>> headers;
 };
-void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x);
+void handle_http(server::Engine& engine, const std::function<ReloadOutcome()>& reload,
+                 HttpExchange& x);
 
-}  // namespace sluice::server
+}  // namespace sluice::transport

@@ -1,0 +1,35 @@
+// algorithm_spec.h: which limit algorithm to run, with which limits, and the factory that
+// builds it.
+//
+// What it is: a value naming one of the limit algorithms (fixed, AIMD, Vegas, Gradient2) and the
+// limits a user set; unset limits take the algorithm's own defaults (each algorithm's header).
+// validate() checks the limits against those defaults; make_algorithm() builds a fresh
+// algorithm. Config files, the server and the simulator all build algorithms through it.
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "sluice/limit_algorithm.h"
+
+namespace sluice {
+
+struct AlgorithmSpec {
+  enum class Kind : std::uint8_t { kFixed, kAimd, kVegas, kGradient2 };
+  Kind kind = Kind::kGradient2;
+  std::optional<std::uint32_t> limit;  // fixed only: its limit (default 20)
+  std::optional<std::uint32_t> initial_limit, min_limit, max_limit;
+
+  // Empty when the limits make valid options for the algorithm (its defaults filling in what is
+  // not set); else what is wrong.
+  [[nodiscard]] std::string_view validate() const;
+};
+
+// A fresh algorithm as the spec says (the algorithms' own defaults for unset fields).
+[[nodiscard]] std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& spec);
+
+}  // namespace sluice

@@ -1,0 +1,67 @@
+// timed_coordinator.h: coordinator call latency and errors, and a ConcurrencyCoordinator
+// decorator that records them.
+//
+// What it is: CoordinatorCallStats is one named coordinator's latency histogram and error count
+// (every interface a coordinator serves records into the same one, so an operator sees one
+// figure per coordinator). TimedConcurrencyCoordinator forwards every call to the coordinator
+// it wraps and records how long it took on the given clock, and whether it failed. It changes
+// no result: the conformance of the wrapped coordinator is its conformance.
+//
+// Thread-safety: every member is safe to call concurrently; the stats are relaxed atomics (a
+// scrape may see one call's bucket before its sum; each counter is exact on its own).
+#pragma once
+
+#include <prometheus/metric_family.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/clock.h"
+#include "sluice/coordinator.h"
+
+namespace sluice {
+
+class CoordinatorCallStats {
+ public:
+  // Bucket bounds of the latency histogram, in seconds.
+  static constexpr std::array<double, 12> kBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                     0.01,   0.025,   0.05,   0.1,   0.25,   1.0};
+
+  void record(Nanos took, bool ok) noexcept;
+  // sluice_coordinator_call_seconds (histogram) and sluice_coordinator_errors_total, labelled
+  // backend=`backend`.
+  [[nodiscard]] std::vector<prometheus::MetricFamily> collect(const std::string& backend) const;
+
+ private:
+  std::array<std::atomic<std::uint64_t>, kBounds.size() + 1> buckets_{};
+  std::atomic<std::uint64_t> sum_ns_{0}, errors_{0};
+};
+
+class TimedConcurrencyCoordinator final : public ConcurrencyCoordinator {
+ public:
+  // `clock` must outlive this; `stats` may be shared with the coordinator's other interfaces.
+  TimedConcurrencyCoordinator(std::unique_ptr<ConcurrencyCoordinator> inner, const Clock& clock,
+                              std::shared_ptr<CoordinatorCallStats> stats)
+      : inner_(std::move(inner)), clock_(clock), stats_(std::move(stats)) {}
+
+  [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
+                                          Nanos timeout) noexcept override;
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+                             Nanos timeout) noexcept override;
+  [[nodiscard]] const CoordinatorConfig& config() const noexcept override {
+    return inner_->config();
+  }
+  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
+  [[nodiscard]] const CoordinatorCallStats& stats() const noexcept { return *stats_; }
+
+ private:
+  std::unique_ptr<ConcurrencyCoordinator> inner_;
+  const Clock& clock_;
+  std::shared_ptr<CoordinatorCallStats> stats_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,51 @@
+#include "sluice/algorithm_spec.h"
+
+#include "sluice/aimd_limit.h"
+#include "sluice/fixed_limit.h"
+#include "sluice/gradient2_limit.h"
+#include "sluice/vegas_limit.h"
+
+namespace sluice {
+namespace {
+
+// The algorithm's options with the spec's limits over the algorithm's own defaults.
+template <class Options>
+Options with_limits(const AlgorithmSpec& s) {
+  Options o;
+  o.initial_limit = s.initial_limit.value_or(o.initial_limit);
+  o.min_limit = s.min_limit.value_or(o.min_limit);
+  o.max_limit = s.max_limit.value_or(o.max_limit);
+  return o;
+}
+
+}  // namespace
+
+std::string_view AlgorithmSpec::validate() const {
+  switch (kind) {
+    case Kind::kFixed:
+      return {};
+    case Kind::kAimd:
+      return with_limits<AimdOptions>(*this).validate();
+    case Kind::kVegas:
+      return with_limits<VegasOptions>(*this).validate();
+    case Kind::kGradient2:
+      return with_limits<Gradient2Options>(*this).validate();
+  }
+  return {};
+}
+
+std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s) {
+  switch (s.kind) {
+    case AlgorithmSpec::Kind::kFixed:
+      return std::make_unique<FixedLimit>(FixedLimitOptions{.limit = s.limit.value_or(20)});
+    case AlgorithmSpec::Kind::kAimd:
+      return std::make_unique<AimdLimit>(with_limits<AimdOptions>(s));
+    case AlgorithmSpec::Kind::kVegas:
+      return std::make_unique<VegasLimit>(with_limits<VegasOptions>(s));
+    case AlgorithmSpec::Kind::kGradient2:
+      return std::make_unique<Gradient2Limit>(with_limits<Gradient2Options>(s));
+  }
+  return nullptr;
+}
+
+}  // namespace sluice
