@@ -135,8 +135,10 @@ int run_release(const ClientOptions& o, const ReleaseArgs& a) {
     req.set_outcome(pb::OUTCOME_DROPPED);
   } else if (a.outcome == "ignored") {
     req.set_outcome(pb::OUTCOME_IGNORED);
+  } else if (a.outcome == "failed") {
+    req.set_outcome(pb::OUTCOME_FAILED);
   } else {
-    fmt::print(stderr, "sluice: --outcome: must be success, dropped or ignored, not '{}'\n",
+    fmt::print(stderr, "sluice: --outcome: must be success, dropped, ignored or failed, not '{}'\n",
                a.outcome);
     return 2;
   }

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   sluice::cli::ReleaseArgs release;
   CLI::App* release_cmd = app.add_subcommand("release", "release a lease");
   release_cmd->add_option("lease_id", release.lease_id, "the lease id Admit returned")->required();
-  release_cmd->add_option("--outcome", release.outcome, "success, dropped or ignored");
+  release_cmd->add_option("--outcome", release.outcome, "success, dropped, ignored or failed");
   release_cmd->add_option("--rtt", release.rtt, "the call's RTT, e.g. 20ms (default: time held)");
   client_flags(release_cmd);
   release_cmd->callback([&] { exit_code = sluice::cli::run_release(client, release); });

@@ -13,7 +13,7 @@
 #include <variant>
 
 #include "sluice/gateway_permit.h"
-#include "sluice/gateway_rejection.h"
+#include "sluice/rejection.h"
 
 namespace sluice {
 

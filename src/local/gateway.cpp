@@ -73,7 +73,7 @@ Rejection make_rejection(const State& s, const Access& a, const RouteState* r, R
   out.type = s.config.problem.type;
   out.title = s.config.problem.title;
   out.status = s.config.problem.status;
-  out.retry_after_seconds = s.config.problem.retry_after_seconds;
+  out.retry_after = std::chrono::seconds(s.config.problem.retry_after_seconds);
   out.upstream_id = a.upstream->id;
   out.host = a.upstream->host;
   out.tenant_id = a.tenant->id;

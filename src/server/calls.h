@@ -1,7 +1,7 @@
 // calls.h: the calls the engine and its policies answer, and what they answer with.
 //
 // What it is: the request and result types both wire APIs map onto (CheckCall, AdmitCall,
-// CheckManyResult, AdmitResult, Refusal, PolicyInfo) and the limits on request fields. The engine
+// CheckManyResult, AdmitResult, PolicyInfo) and the limits on request fields. The engine
 // and the policies share them; neither owns them, so a policy never includes the engine.
 //
 // Thread-safety: plain values.
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +18,7 @@
 
 #include "sluice/clock.h"
 #include "sluice/rate_strategy.h"
+#include "sluice/rejection.h"
 
 namespace sluice::server {
 
@@ -52,25 +54,13 @@ struct AdmitCall {
   std::optional<Nanos> ttl;
 };
 
-// Why a call was not admitted (the problem+json document and what refused it).
-struct Refusal {
-  std::uint16_t status = 503;  // 429: a rate policy; 503: a concurrency limit
-  std::string type;
-  std::string title;
-  std::string detail;
-  Nanos retry_after{0};
-  std::string policy;
-  std::string level;  // "rate", or the gateway level, or "limit" for adaptive/fleet
-  std::uint64_t current = 0;
-  std::uint64_t limit = 0;
-  std::string problem_json;
-};
-
 struct AdmitResult {
   bool admitted = false;
   std::string lease_id;
   Nanos ttl{0};
-  Refusal refusal;  // when !admitted
+  Rejection refusal;  // when !admitted
+  // Keeps alive what `refusal`'s views point into (the policy that refused).
+  std::shared_ptr<const void> refusal_owner;
 };
 
 struct PolicyInfo {

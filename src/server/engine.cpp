@@ -273,10 +273,10 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
   if (Status s = check_ttl(ttl, set->settings.max_lease_ttl); !s.ok()) return s;
 
   // The chained rate policy first: a refusal there takes no permit.
-  Policy* rate = nullptr;
+  std::shared_ptr<Policy> rate;
   std::string_view rate_key;
   if (!p->rate_name().empty()) {
-    rate = set->find(p->rate_name());
+    rate = set->find_shared(p->rate_name());
     rate_key = call.key.empty() ? call.tenant : call.key;
     if (rate_key.empty())
       return invalid("key", "must not be empty: policy '" + std::string(call.policy) +
@@ -296,26 +296,26 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
     const RateDecision d = rate->check(rate_key, 1, now);
     if (!d.allowed) {
       p->count_rate_refusal();
-      rate->rate_refusal(rate_key, d, out.refusal);
+      out.refusal = rate->rate_refusal(rate_key, d);
+      out.refusal_owner = std::move(rate);
       return out;
     }
   }
   auto permit = p->acquire(target, out.refusal);
   if (!permit) {
+    out.refusal_owner = std::move(p);
     // The rate hit stays spent: the call was attempted (as in the gateway's order, where the
     // rate limiter counts every request it lets through to the concurrency check).
     return out;
   }
-  Policy& policy = *p;  // `set` keeps it alive
-  Lease lease{std::move(p), std::move(*permit), now, ttl, now + ttl};
+  Lease lease{std::move(*permit), now, ttl, now + ttl};
   out.lease_id = leases_.insert(std::move(lease));  // if this throws, the permit goes back
-  policy.lease_began();
   out.admitted = true;
   out.ttl = ttl;
   return out;
 }
 
-StatusOr<Nanos> Engine::release(std::string_view lease_id, Outcome outcome,
+StatusOr<Nanos> Engine::release(std::string_view lease_id, CallResult result,
                                 std::optional<Nanos> rtt) {
   if (Status s = check_lease_id(lease_id); !s.ok()) return s;
   if (rtt && *rtt < Nanos{0}) return invalid("rtt", "must not be negative");
@@ -323,8 +323,7 @@ StatusOr<Nanos> Engine::release(std::string_view lease_id, Outcome outcome,
   std::optional<Lease> lease = leases_.take(lease_id, now);
   if (!lease) return no_such_lease();
   const Nanos held = now - lease->admitted_at;
-  lease->finish(outcome, rtt.value_or(held));
-  lease->policy->count_release();
+  lease->permit.finish(CallEnd{result, rtt.value_or(held), CallEnd::By::kClient});
   return held;
 }
 

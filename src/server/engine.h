@@ -74,7 +74,7 @@ class Engine {
 
   [[nodiscard]] StatusOr<AdmitResult> admit(const AdmitCall& call);
   // Returns how long the lease was held. `rtt` unset: that time.
-  [[nodiscard]] StatusOr<Nanos> release(std::string_view lease_id, Outcome outcome,
+  [[nodiscard]] StatusOr<Nanos> release(std::string_view lease_id, CallResult result,
                                         std::optional<Nanos> rtt);
   // Returns the lease's TTL from now.
   [[nodiscard]] StatusOr<Nanos> heartbeat(std::string_view lease_id, std::optional<Nanos> ttl);

@@ -1,7 +1,5 @@
 #include "server/leases.h"
 
-#include "server/policy.h"
-
 #include <sys/random.h>
 
 #include <cerrno>
@@ -10,13 +8,18 @@
 
 namespace sluice::server {
 
-void Lease::finish(Outcome outcome, Nanos rtt) noexcept {
-  if (auto* g = std::get_if<GuardPermit>(&permit)) {
-    g->release(outcome, rtt);
-  } else {
-    std::get<GatewayPermit>(permit).release();
+std::string_view to_string(CallResult r) noexcept {
+  switch (r) {
+    case CallResult::kSuccess:
+      return "success";
+    case CallResult::kDropped:
+      return "dropped";
+    case CallResult::kIgnored:
+      return "ignored";
+    case CallResult::kFailed:
+      return "failed";
   }
-  if (policy) policy->lease_ended();
+  return "unknown";
 }
 
 std::string new_lease_id() {
@@ -73,7 +76,7 @@ std::optional<Lease> LeaseTable::take(std::string_view id, Nanos now) {
     s.leases.erase(it);
   }
   if (out->expires_at > now) return out;
-  out->finish(Outcome::kIgnored, Nanos{0});
+  out->permit.finish(CallEnd{CallResult::kIgnored, Nanos{0}, CallEnd::By::kExpiry});
   expired_.fetch_add(1, std::memory_order_relaxed);
   return std::nullopt;
 }
@@ -111,7 +114,8 @@ std::size_t LeaseTable::expire(Nanos now) {
         s.due.swap(fresh);
       }
     }
-    for (Lease& l : done) l.finish(Outcome::kIgnored, Nanos{0});
+    for (Lease& l : done)
+      l.permit.finish(CallEnd{CallResult::kIgnored, Nanos{0}, CallEnd::By::kExpiry});
     n += done.size();
     done.clear();
   }
@@ -128,7 +132,8 @@ std::size_t LeaseTable::clear() {
       taken.swap(s.leases);
       s.due = {};
     }
-    for (auto& [id, l] : taken) l.finish(Outcome::kIgnored, Nanos{0});
+    for (auto& [id, l] : taken)
+      l.permit.finish(CallEnd{CallResult::kIgnored, Nanos{0}, CallEnd::By::kShutdown});
     n += taken.size();
   }
   return n;

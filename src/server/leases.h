@@ -8,7 +8,8 @@
 // (stale heap entries, from heartbeats and releases, are skipped when they surface).
 //
 // Invariants: a lease is taken out exactly once (release, expiry or clear), and its permit is
-// released exactly then; the permit's policy outlives it (the lease holds a reference).
+// finished exactly then (by expiry or shutdown here; the caller finishes a taken lease's
+// permit); whatever the permit needs (its policy) lives as long as it does.
 //
 // Thread-safety: every member is safe to call concurrently. Permits are released outside the
 // shard's lock.
@@ -24,27 +25,19 @@
 #include <queue>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
 #include "core/string_map.h"
-#include "sluice/adaptive_guard.h"
+#include "server/permit.h"
 #include "sluice/clock.h"
-#include "sluice/gateway_permit.h"
 
 namespace sluice::server {
 
-class Policy;
-
 struct Lease {
-  std::shared_ptr<Policy> policy;
-  std::variant<GuardPermit, GatewayPermit> permit;
+  LeasePermit permit;  // keeps alive whatever it needs (its policy)
   Nanos admitted_at{0};
   Nanos ttl{0};
   Nanos expires_at{0};
-
-  // Gives the permit back (a guard permit records `outcome` and `rtt`).
-  void finish(Outcome outcome, Nanos rtt) noexcept;
 };
 
 // 32 lowercase hex digits from getrandom(2).
@@ -62,10 +55,10 @@ class LeaseTable {
   // Moves a live lease's deadline to now + ttl (unset: its current TTL) and returns that TTL;
   // nullopt when there is no such lease or its deadline is <= now (too late: it stays expired).
   std::optional<Nanos> extend(std::string_view id, std::optional<Nanos> ttl, Nanos now);
-  // Takes out every lease whose deadline is <= now and finishes it (Outcome::kIgnored: the
+  // Takes out every lease whose deadline is <= now and finishes it (ignored, by expiry: the
   // client said nothing about the call). Returns how many.
   std::size_t expire(Nanos now);
-  // Takes out and finishes every lease (shutdown). Returns how many.
+  // Takes out and finishes every lease (ignored, by shutdown). Returns how many.
   std::size_t clear();
   [[nodiscard]] std::size_t size() const;
   [[nodiscard]] std::uint64_t expired_total() const noexcept {

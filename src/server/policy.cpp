@@ -157,85 +157,93 @@ void Policy::refund(std::string_view key, std::uint64_t hits, Nanos now) {
   limiter_->refund(key, hits, now);
 }
 
-void Policy::rate_refusal(std::string_view key, const RateDecision& d, Refusal& refusal) const {
+Rejection Policy::rate_refusal(std::string_view key, const RateDecision& d) const {
   const RateRule& r = rule();
-  refusal.status = 429;
-  refusal.type = "urn:sluice:problem:rate-limit-exceeded";
-  refusal.title = "Rate Limit Exceeded";
+  Rejection out;
+  out.source = "rate";
+  out.limit_type = "rate";
+  out.status = 429;
+  out.type = "urn:sluice:problem:rate-limit-exceeded";
+  out.title = "Rate Limit Exceeded";
   std::ostringstream detail;
   detail << "Rate policy " << name_ << " allows " << r.limit << " per " << seconds_of(r.period)
          << "s for key '" << key << "'";
   if (d.retry_after != Nanos::max()) detail << "; retry after " << seconds_of(d.retry_after) << "s";
-  refusal.detail = detail.str();
-  refusal.retry_after = d.retry_after;
-  refusal.policy = name_;
-  refusal.level = "rate";
-  refusal.current = d.limit - std::min(d.limit, d.remaining);
-  refusal.limit = d.limit;
-  json j = {{"type", refusal.type},     {"title", refusal.title},  {"status", refusal.status},
-            {"detail", refusal.detail}, {"policy", name_},         {"limit_type", "rate"},
-            {"limit", d.limit},         {"remaining", d.remaining}};
-  if (d.retry_after != Nanos::max())
-    j["retry_after_seconds"] =
-        std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds_of(d.retry_after))));
-  refusal.problem_json = j.dump();
+  out.detail_text = detail.str();
+  out.retry_after = d.retry_after;
+  out.policy = name_;
+  out.current_in_flight = d.limit - std::min(d.limit, d.remaining);
+  out.max_concurrent = d.limit;
+  out.remaining = d.remaining;
+  return out;
 }
 
-std::optional<std::variant<GuardPermit, GatewayPermit>> Policy::acquire(const Target& target,
-                                                                        Refusal& refusal) {
+namespace {
+
+// A lease's permit: the kind's own permit plus the policy it counts on. Finishing it gives the
+// permit back and ends the lease's count (and counts a client's release).
+template <class P>
+class PolicyLease {
+ public:
+  PolicyLease(P permit, std::shared_ptr<Policy> policy) noexcept
+      : permit_(std::move(permit)), policy_(std::move(policy)) {
+    policy_->lease_began();
+  }
+  PolicyLease(PolicyLease&&) noexcept = default;
+
+  void finish(const CallEnd& end) noexcept {
+    if constexpr (std::is_same_v<P, GuardPermit>)
+      permit_.release(to_outcome(end.result), end.rtt);
+    else
+      permit_.release();
+    if (end.by == CallEnd::By::kClient) policy_->count_release();
+    policy_->lease_ended();
+  }
+
+ private:
+  P permit_;
+  std::shared_ptr<Policy> policy_;
+};
+
+}  // namespace
+
+std::optional<LeasePermit> Policy::acquire(const Target& target, Rejection& refusal) {
   if (kind_ == PolicyKind::kConcurrency) {
     Admission a = gateway_->try_acquire(target);
     if (a.admitted()) {
       admitted_.fetch_add(1, std::memory_order_relaxed);
-      return std::variant<GuardPermit, GatewayPermit>(std::move(a.permit()));
+      return LeasePermit(PolicyLease<GatewayPermit>(std::move(a.permit()), shared_from_this()));
     }
     limit_refused_.fetch_add(1, std::memory_order_relaxed);
-    Rejection& r = *a.rejection();
-    refusal.status = r.status;
-    refusal.type = std::string(r.type);
-    refusal.title = std::string(r.title);
-    refusal.detail = r.detail();
-    refusal.retry_after = std::chrono::seconds(r.retry_after_seconds);
+    refusal = std::move(*a.rejection());
     refusal.policy = name_;
-    refusal.level = std::string(to_string(r.level));
-    refusal.current = r.current_in_flight;
-    refusal.limit = r.max_concurrent;
-    refusal.problem_json = problem_json(r);
     return std::nullopt;
   }
   std::optional<GuardPermit> permit = adaptive_ ? adaptive_->acquire() : fleet_->acquire();
   if (permit) {
     admitted_.fetch_add(1, std::memory_order_relaxed);
-    return std::variant<GuardPermit, GatewayPermit>(std::move(*permit));
+    return LeasePermit(PolicyLease<GuardPermit>(std::move(*permit), shared_from_this()));
   }
   limit_refused_.fetch_add(1, std::memory_order_relaxed);
   // One snapshot: a fleet guard's local stats and its share must come from the same moment.
   const FleetGuardStats fs = fleet_ ? fleet_->stats() : FleetGuardStats{};
   const AdaptiveGuardStats s = fleet_ ? fs.local : adaptive_->stats();
+  refusal = Rejection{};
+  refusal.source = "concurrency";
+  refusal.limit_type = "limit";
   refusal.status = 503;
   refusal.type = "urn:sluice:problem:concurrency-limit-exceeded";
   refusal.title = "Concurrency Limit Exceeded";
   refusal.policy = name_;
-  refusal.level = "limit";
-  refusal.current = s.in_flight;
-  refusal.limit = s.limit;
+  refusal.current_in_flight = s.in_flight;
+  refusal.max_concurrent = s.limit;
   refusal.retry_after = std::chrono::seconds(1);
-  refusal.detail = "Policy " + name_ + " has reached its concurrency limit (" +
-                   std::to_string(s.in_flight) + "/" + std::to_string(s.limit) + ")";
+  refusal.detail_text = "Policy " + name_ + " has reached its concurrency limit (" +
+                        std::to_string(s.in_flight) + "/" + std::to_string(s.limit) + ")";
   if (fleet_)
-    refusal.detail += "; fleet share " + std::to_string(fs.share) + " of L_global " +
-                      std::to_string(fs.l_global) + " (" + std::string(to_string(fs.phase)) + ")";
-  refusal.problem_json = json{
-      {"type", refusal.type},
-      {"title", refusal.title},
-      {"status", refusal.status},
-      {"detail", refusal.detail},
-      {"policy", name_},
-      {"limit_type", "limit"},
-      {"current_in_flight", refusal.current},
-      {"max_concurrent", refusal.limit},
-      {"retry_after_seconds",
-       1}}.dump();
+    refusal.detail_text += "; fleet share " + std::to_string(fs.share) + " of L_global " +
+                           std::to_string(fs.l_global) + " (" + std::string(to_string(fs.phase)) +
+                           ")";
   return std::nullopt;
 }
 
@@ -262,6 +270,7 @@ json Policy::state(PolicyInfo* info) const {
     j["accepted"] = s.accepted;
     j["rejected"] = s.rejected;
     j["dropped"] = s.dropped;
+    j["ignored"] = s.ignored;
   };
   switch (kind_) {
     case PolicyKind::kRate: {

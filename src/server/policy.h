@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "server/calls.h"
+#include "server/permit.h"
 #include "sluice/adaptive_guard.h"
 #include "sluice/config.h"
 #include "sluice/coordinator.h"
@@ -71,7 +72,7 @@ struct NamedCoordinator {
 
 enum class PolicyKind : std::uint8_t { kRate, kAdaptive, kFleet, kConcurrency };
 
-class Policy {
+class Policy : public std::enable_shared_from_this<Policy> {
  public:
   // `coordinator`: the fleet policy's (null for other kinds).
   [[nodiscard]] static StatusOr<std::shared_ptr<Policy>> create(
@@ -94,13 +95,13 @@ class Policy {
   [[nodiscard]] RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const;
   void refund(std::string_view key, std::uint64_t hits, Nanos now);
   [[nodiscard]] const RateRule& rule() const noexcept { return limiter_->rule(); }
-  // Fills `refusal` (a 429 and its problem details) for `d`, a denied check of `key`.
-  void rate_refusal(std::string_view key, const RateDecision& d, Refusal& refusal) const;
+  // The 429 for `d`, a denied check of `key` (its views point into this policy).
+  [[nodiscard]] Rejection rate_refusal(std::string_view key, const RateDecision& d) const;
 
-  // Concurrency kinds: a permit, or nullopt with `refusal` filled in. `target`: concurrency
-  // kind only (resolved by gateway()).
-  [[nodiscard]] std::optional<std::variant<GuardPermit, GatewayPermit>> acquire(
-      const Target& target, Refusal& refusal);
+  // Concurrency kinds: a permit for a lease (it counts the lease on this policy until it is
+  // finished, and keeps the policy alive), or nullopt with `refusal` filled in. `target`:
+  // concurrency kind only (resolved by gateway()).
+  [[nodiscard]] std::optional<LeasePermit> acquire(const Target& target, Rejection& refusal);
   [[nodiscard]] Gateway& gateway() noexcept { return *gateway_; }
   void count_rate_refusal() noexcept { rate_refused_.fetch_add(1, std::memory_order_relaxed); }
   void count_release() noexcept { released_.fetch_add(1, std::memory_order_relaxed); }

@@ -38,15 +38,17 @@ CheckCall call_of(const pb::CheckRequest& r) {
 
 // An enum value this server does not know (a newer client's) is an error, not a success whose
 // RTT would mislead the limit algorithm.
-StatusOr<Outcome> outcome_of(pb::Outcome o) {
+StatusOr<server::CallResult> outcome_of(pb::Outcome o) {
   switch (o) {
     case pb::OUTCOME_UNSPECIFIED:
     case pb::OUTCOME_SUCCESS:
-      return Outcome::kSuccess;
+      return server::CallResult::kSuccess;
     case pb::OUTCOME_DROPPED:
-      return Outcome::kDropped;
+      return server::CallResult::kDropped;
     case pb::OUTCOME_IGNORED:
-      return Outcome::kIgnored;
+      return server::CallResult::kIgnored;
+    case pb::OUTCOME_FAILED:
+      return server::CallResult::kFailed;
     default:
       return Status(StatusCode::kInvalidArgument,
                     "outcome: unknown value " + std::to_string(static_cast<int>(o)));
@@ -103,17 +105,18 @@ grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx,
     resp->set_lease_id(a.lease_id);
     to_proto(a.ttl, resp->mutable_ttl());
   } else {
+    const Rejection& r = a.refusal;
     pb::Rejection* j = resp->mutable_rejection();
-    j->set_status(a.refusal.status);
-    j->set_type(a.refusal.type);
-    j->set_title(a.refusal.title);
-    j->set_detail(a.refusal.detail);
-    to_proto(a.refusal.retry_after, j->mutable_retry_after());
-    j->set_policy(a.refusal.policy);
-    j->set_level(a.refusal.level);
-    j->set_current(a.refusal.current);
-    j->set_limit(a.refusal.limit);
-    j->set_problem_json(a.refusal.problem_json);
+    j->set_status(r.status);
+    j->set_type(std::string(r.type));
+    j->set_title(std::string(r.title));
+    j->set_detail(r.detail());
+    to_proto(r.retry_after, j->mutable_retry_after());
+    j->set_policy(std::string(r.policy));
+    j->set_level(std::string(r.limit_kind()));
+    j->set_current(r.current_in_flight);
+    j->set_limit(r.max_concurrent);
+    j->set_problem_json(problem_json(r));
   }
   return finish(ctx, grpc::Status::OK);
 }

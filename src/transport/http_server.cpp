@@ -208,11 +208,15 @@ void do_admit(Engine& engine, HttpExchange& x) {
   const AdmitResult& a = r.value();
   if (a.admitted)
     return ok_json(x, {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}});
-  x.status = a.refusal.status;
-  x.content_type = "application/problem+json";
-  x.response = a.refusal.problem_json;
-  if (a.refusal.retry_after != Nanos::max())
-    x.headers.emplace_back("Retry-After", ceil_seconds(std::max(a.refusal.retry_after, Nanos{1})));
+  HttpResponse res = to_http_response(a.refusal);
+  x.status = res.status;
+  x.response = std::move(res.body);
+  for (HttpHeader& h : res.headers) {
+    if (h.name == "Content-Type")
+      x.content_type = std::move(h.value);
+    else
+      x.headers.emplace_back(std::move(h.name), std::move(h.value));
+  }
 }
 
 void do_release(Engine& engine, HttpExchange& x) {
@@ -223,14 +227,16 @@ void do_release(Engine& engine, HttpExchange& x) {
   const std::string_view outcome = f.str("outcome");
   const std::optional<Nanos> rtt = f.millis("rtt_ms");
   if (!f.status().ok()) return error(x, f.status());
-  Outcome o = Outcome::kSuccess;
+  server::CallResult o = server::CallResult::kSuccess;
   if (outcome == "dropped")
-    o = Outcome::kDropped;
+    o = server::CallResult::kDropped;
   else if (outcome == "ignored")
-    o = Outcome::kIgnored;
+    o = server::CallResult::kIgnored;
+  else if (outcome == "failed")
+    o = server::CallResult::kFailed;
   else if (!outcome.empty() && outcome != "success")
     return error(x, Status(StatusCode::kInvalidArgument,
-                           "outcome: must be success, dropped or ignored, not '" +
+                           "outcome: must be success, dropped, ignored or failed, not '" +
                                std::string(outcome) + "'"));
   auto held = engine.release(lease, o, rtt);
   if (!held.ok()) return error(x, held.status());

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <set>
@@ -99,6 +101,12 @@ class EngineTest : public ::testing::Test {
     ADD_FAILURE() << "no policy " << policy;
     return 0;
   }
+  nlohmann::json state(std::string_view policy) {
+    for (const PolicyInfo& p : engine_->policies())
+      if (p.name == policy) return nlohmann::json::parse(p.state_json);
+    ADD_FAILURE() << "no policy " << policy;
+    return {};
+  }
   static void expect_error(const Status& s, StatusCode code, std::string_view field) {
     EXPECT_EQ(s.code(), code) << s.to_string();
     EXPECT_EQ(s.message().find(field), 0u)
@@ -118,16 +126,16 @@ TEST_F(EngineTest, ARateRefusalTakesNoPermit) {
   const AdmitResult b = admit("chained", "alice");
   ASSERT_FALSE(b.admitted);
   EXPECT_EQ(b.refusal.status, 503);
-  EXPECT_EQ(b.refusal.level, "limit");
+  EXPECT_EQ(b.refusal.limit_kind(), "limit");
   // Release: concurrency is free again, but the rate is spent: 429, and no permit was taken.
-  ASSERT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
   const AdmitResult c = admit("chained", "alice");
   ASSERT_FALSE(c.admitted);
   EXPECT_EQ(c.refusal.status, 429);
   EXPECT_EQ(c.refusal.policy, "per-key");
-  EXPECT_EQ(c.refusal.level, "rate");
+  EXPECT_EQ(c.refusal.limit_kind(), "rate");
   EXPECT_GT(c.refusal.retry_after, Nanos{0});
-  EXPECT_NE(c.refusal.problem_json.find("\"status\":429"), std::string::npos);
+  EXPECT_NE(problem_json(c.refusal).find("\"status\":429"), std::string::npos);
   EXPECT_EQ(in_flight("chained"), 0u);
   // Another key has its own rate.
   EXPECT_TRUE(admit("chained", "bob").admitted);
@@ -136,6 +144,26 @@ TEST_F(EngineTest, ARateRefusalTakesNoPermit) {
   const AdmitResult d = admit("chained", "carol");
   EXPECT_FALSE(d.admitted);  // bob holds the only slot
   EXPECT_EQ(d.refusal.status, 503);
+}
+
+TEST_F(EngineTest, AFailedCallIsNeitherLatencyEvidenceNorOverload) {
+  // An adaptive limit learns nothing from a call that failed for another reason than overload:
+  // it counts as ignored, never as dropped (which would lower the limit).
+  const AdmitResult a = admit("two");
+  ASSERT_TRUE(a.admitted);
+  ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kFailed, milliseconds(5)).ok());
+  nlohmann::json s = state("two");
+  EXPECT_EQ(s["ignored"], 1);
+  EXPECT_EQ(s["dropped"], 0);
+  EXPECT_EQ(s["released"], 1);
+  EXPECT_EQ(s["in_flight"], 0);
+  const AdmitResult b = admit("two");
+  ASSERT_TRUE(b.admitted);
+  ASSERT_TRUE(engine_->release(b.lease_id, CallResult::kDropped, milliseconds(5)).ok());
+  s = state("two");
+  EXPECT_EQ(s["ignored"], 1);
+  EXPECT_EQ(s["dropped"], 1);
+  EXPECT_EQ(s["released"], 2);
 }
 
 TEST_F(EngineTest, AConcurrencyPolicyIsKeyedByItsTenantAndRefusesAtItsLevel) {
@@ -148,7 +176,7 @@ TEST_F(EngineTest, AConcurrencyPolicyIsKeyedByItsTenantAndRefusesAtItsLevel) {
   ASSERT_TRUE(b.ok());
   ASSERT_FALSE(b.value().admitted);
   EXPECT_EQ(b.value().refusal.status, 503);
-  EXPECT_EQ(b.value().refusal.level, "tenant");
+  EXPECT_EQ(b.value().refusal.limit_kind(), "tenant");
   EXPECT_EQ(in_flight("gw"), 1u);
   // The rate (2 per second per tenant) is now spent: 429 before the gateway is asked.
   auto c = call("acme");
@@ -207,11 +235,11 @@ TEST_F(EngineTest, BadInputIsNamedAndCostsNothing) {
                StatusCode::kInvalidArgument, "ttl");
   expect_error(engine_->admit(AdmitCall{"chained", "", {}, {}, {}, std::nullopt}).status(),
                StatusCode::kInvalidArgument, "key");
-  expect_error(engine_->release("", Outcome::kSuccess, std::nullopt).status(),
+  expect_error(engine_->release("", CallResult::kSuccess, std::nullopt).status(),
                StatusCode::kInvalidArgument, "lease_id");
-  expect_error(engine_->release("not-a-lease", Outcome::kSuccess, std::nullopt).status(),
+  expect_error(engine_->release("not-a-lease", CallResult::kSuccess, std::nullopt).status(),
                StatusCode::kInvalidArgument, "lease_id");
-  expect_error(engine_->release(std::string(32, 'a'), Outcome::kSuccess, std::nullopt).status(),
+  expect_error(engine_->release(std::string(32, 'a'), CallResult::kSuccess, std::nullopt).status(),
                StatusCode::kNotFound, "lease_id");
   expect_error(engine_->heartbeat(std::string(32, 'b'), std::nullopt).status(),
                StatusCode::kNotFound, "lease_id");
@@ -229,9 +257,9 @@ TEST_F(EngineTest, LeaseIdsAreUnguessableAndReleasedOnce) {
     ASSERT_TRUE(a.admitted);
     EXPECT_EQ(a.lease_id.size(), 32u);
     EXPECT_TRUE(ids.insert(a.lease_id).second) << "lease id repeated: " << a.lease_id;
-    auto held = engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt);
+    auto held = engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt);
     ASSERT_TRUE(held.ok());
-    EXPECT_EQ(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).status().code(),
+    EXPECT_EQ(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).status().code(),
               StatusCode::kNotFound);
   }
   // Ids share no fixed prefix: 200 random ids use every hex digit in their first position.
@@ -252,7 +280,7 @@ TEST_F(EngineTest, ALeaseExpiresAfterItsTtlUnlessHeartbeated) {
   clock_.advance(seconds(4));  // a: 10 s old, its TTL; b: extended
   EXPECT_EQ(engine_->expire_leases(), 1u);
   EXPECT_EQ(in_flight("two"), 1u);
-  EXPECT_EQ(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).status().code(),
+  EXPECT_EQ(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).status().code(),
             StatusCode::kNotFound);
   const AdmitResult c = admit("two");
   EXPECT_TRUE(c.admitted) << "the expired lease's slot was not freed";
@@ -260,7 +288,7 @@ TEST_F(EngineTest, ALeaseExpiresAfterItsTtlUnlessHeartbeated) {
   clock_.advance(seconds(16));
   EXPECT_EQ(engine_->heartbeat(b.lease_id, std::nullopt).status().code(), StatusCode::kNotFound);
   // ... nor released (it is expired on the spot, and its slot freed).
-  EXPECT_EQ(engine_->release(c.lease_id, Outcome::kSuccess, std::nullopt).status().code(),
+  EXPECT_EQ(engine_->release(c.lease_id, CallResult::kSuccess, std::nullopt).status().code(),
             StatusCode::kNotFound);
   EXPECT_EQ(in_flight("two"), 1u);  // b, until the sweep
   EXPECT_EQ(engine_->expire_leases(), 1u);
@@ -292,8 +320,8 @@ TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {
   EXPECT_FALSE(engine_->check(CheckCall{"other", "x", 1}).value().allowed);
   // The changed policy starts afresh at its new limit; the old lease still releases.
   EXPECT_EQ(in_flight("chained"), 0u);
-  ASSERT_TRUE(engine_->release(b.lease_id, Outcome::kSuccess, std::nullopt).ok());
-  ASSERT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  ASSERT_TRUE(engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt).ok());
+  ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
   EXPECT_EQ(in_flight("two"), 1u);
   EXPECT_EQ(engine_->admit(AdmitCall{"gw", {}, "acme", "llm", {}, std::nullopt}).status().code(),
             StatusCode::kNotFound);
@@ -323,7 +351,7 @@ TEST(EngineReload, ChangingAPolicyNeverRefusesCallsDuringTheSwap) {
           continue;
         }
         admitted.fetch_add(1);
-        (void)engine.release(r.value().lease_id, Outcome::kSuccess, std::nullopt);
+        (void)engine.release(r.value().lease_id, CallResult::kSuccess, std::nullopt);
       }
     });
   for (int i = 1; i <= 300; ++i) {
@@ -354,7 +382,7 @@ TEST_F(EngineTest, AReloadThatFailsChangesNothing) {
   EXPECT_NE(r.status().message().find("coordinator r"), std::string::npos) << r.status().message();
   EXPECT_EQ(engine_->generation(), 1u);
   EXPECT_EQ(in_flight("two"), 1u);
-  EXPECT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  EXPECT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
   EXPECT_NE(engine_->metrics_text().find("sluice_config_reloads_total{result=\"error\"} 1"),
             std::string::npos);
 }
@@ -368,7 +396,7 @@ TEST_F(EngineTest, DrainRefusesNewWorkButReleasesHeldLeases) {
             StatusCode::kUnavailable);
   EXPECT_FALSE(engine_->readiness().ready);
   EXPECT_TRUE(engine_->heartbeat(a.lease_id, std::nullopt).ok());
-  EXPECT_TRUE(engine_->release(a.lease_id, Outcome::kSuccess, std::nullopt).ok());
+  EXPECT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
   EXPECT_EQ(in_flight("two"), 0u);
 }
 

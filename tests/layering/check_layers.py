@@ -45,7 +45,7 @@ PUBLIC_HEADERS = {
     "gateway_config.h": "local",
     "gateway_metrics.h": "local",
     "gateway_permit.h": "local",
-    "gateway_rejection.h": "local",
+    "rejection.h": "local",
     "gateway_validation.h": "local",
     "rate_limiter.h": "local",
     "semaphore.h": "local",

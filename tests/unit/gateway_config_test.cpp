@@ -1,6 +1,6 @@
 // Unit tests of the gateway's configuration values: the merge table (gateway_merge.h), the
 // validation rules (gateway_validation.h) and the rendering of a rejection
-// (gateway_rejection.h).
+// (rejection.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@
 
 #include "local/gateway_merge.h"
 #include "sluice/gateway_config.h"
-#include "sluice/gateway_rejection.h"
 #include "sluice/gateway_validation.h"
+#include "sluice/rejection.h"
 
 namespace sluice {
 namespace {
@@ -1000,7 +1000,7 @@ TEST(GatewayRejectionProblemJson, OptionalFieldsWhenSet) {
   r.level = LimitLevel::kRoute;
   r.reason = RejectReason::kQueueTimeout;
   r.status = 429;
-  r.retry_after_seconds = 7;
+  r.retry_after = std::chrono::seconds(7);
   r.tenant_id = "acme-eu";
   r.route_id = "chat";
   r.current_in_flight = 3;
@@ -1060,7 +1060,7 @@ TEST(GatewayRejectionHttp, DefaultIs503WithProblemJsonHeaders) {
 TEST(GatewayRejectionHttp, StatusAndRetryAfterFollowTheRejection) {
   Rejection r = UpstreamRejection();
   r.status = 429;
-  r.retry_after_seconds = 30;
+  r.retry_after = std::chrono::seconds(30);
   const HttpResponse resp = to_http_response(r);
   EXPECT_EQ(resp.status, 429);
   EXPECT_EQ(resp.header("Retry-After"), "30");
@@ -1095,7 +1095,7 @@ TEST(GatewayRejectionHttp, HeaderReturnsTheFirstMatch) {
 TEST(GatewayRejectionHttp, DefaultConstructedRejectionIs503) {
   const Rejection r{};
   EXPECT_EQ(r.status, 503);
-  EXPECT_EQ(r.retry_after_seconds, 1u);
+  EXPECT_EQ(r.retry_after_seconds(), 1u);
   EXPECT_EQ(to_http_response(r).status, 503);
 }
 

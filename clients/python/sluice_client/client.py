@@ -36,6 +36,7 @@ _OUTCOME_ENUM = {
     "success": sluice_pb2.OUTCOME_SUCCESS,
     "dropped": sluice_pb2.OUTCOME_DROPPED,
     "ignored": sluice_pb2.OUTCOME_IGNORED,
+    "failed": sluice_pb2.OUTCOME_FAILED,
 }
 
 
@@ -197,8 +198,9 @@ class Client:
         """Ends a lease and frees its slot; returns how long it was held (seconds).
 
         `outcome`: ``"success"`` (the call completed; `rtt` is latency evidence),
-        ``"dropped"`` (timed out / overloaded: the limit should come down) or ``"ignored"``
-        (says nothing about the backend). `rtt`: the call's latency; ``None``: the time the
+        ``"dropped"`` (timed out / overloaded: the limit should come down), ``"ignored"``
+        (says nothing about the backend) or ``"failed"`` (failed, not from overload: no latency
+        evidence, but a health signal). `rtt`: the call's latency; ``None``: the time the
         lease was held. Raises :class:`~sluice_client.NotFound` when the lease is unknown,
         already released or expired.
         """

@@ -13,7 +13,9 @@ __all__ = ["Decision", "CheckManyResult", "Lease", "PolicyState", "Policies", "O
 #   "success"  it completed; its RTT is latency evidence for adaptive limits
 #   "dropped"  it timed out or the backend refused it as overloaded: the limit should come down
 #   "ignored"  it says nothing about the backend (cancelled, a client-side error)
-OUTCOMES = ("success", "dropped", "ignored")
+#   "failed"   it failed, not from overload (a 500, a bad request): no latency evidence (adaptive
+#              limits treat it as ignored), but a health signal for policies that track one
+OUTCOMES = ("success", "dropped", "ignored", "failed")
 
 
 @dataclass(frozen=True)

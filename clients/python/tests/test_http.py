@@ -6,6 +6,7 @@ import textwrap
 import pytest
 
 from conftest import metric, wait_until
+from sluice_client import Refused
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_POLICIES = {"api-rate", "per-minute", "search", "small", "inventory", "gateway"}
@@ -85,6 +86,13 @@ def test_admit_release_heartbeat(server):
     assert r.status == 404
     assert r.json()["error"]["message"].startswith("lease_id:")
 
+    # A call that failed, not from overload: released, counted as ignored, never as dropped.
+    lease_id = server.http("POST", "/v1/admit", {"policy": "small"}).json()["lease_id"]
+    r = server.http("POST", "/v1/release", {"lease_id": lease_id, "outcome": "failed"})
+    assert r.status == 200, r
+    state = small()
+    assert state["in_flight"] == 0 and state["dropped"] == 1 and state["ignored"] == 1
+
 
 def test_admit_refusal_is_problem_json(server, client):
     leases = [client.admit("small") for _ in range(10)]
@@ -93,9 +101,33 @@ def test_admit_refusal_is_problem_json(server, client):
         assert r.status == 503, r
         assert r.headers["content-type"] == "application/problem+json"
         assert r.headers["retry-after"] == "1"
+        assert r.headers["x-sluice-error-source"] == "concurrency"
         problem = r.json()
         assert problem["status"] == 503 and problem["policy"] == "small"
         assert problem["type"] == "urn:sluice:problem:concurrency-limit-exceeded"
+        # One rendering: the gRPC reply carries the very document the HTTP mirror sends.
+        with pytest.raises(Refused) as refused:
+            client.admit("small")
+        assert refused.value.problem == problem
+    finally:
+        for lease in leases:
+            client.release(lease)
+
+
+def test_a_chained_rate_refusal_is_a_429_problem_from_the_rate_policy(server, client):
+    # search passes api-rate first (bursts of 20 per key): the 21st admit is refused by the rate,
+    # with the rate policy's problem, Retry-After and error source, and takes no permit.
+    leases = [client.admit("search", key="burst") for _ in range(20)]
+    try:
+        r = server.http("POST", "/v1/admit", {"policy": "search", "key": "burst"})
+        assert r.status == 429, r
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.headers["x-sluice-error-source"] == "rate"
+        assert int(r.headers["retry-after"]) >= 1
+        problem = r.json()
+        assert problem["policy"] == "api-rate" and problem["limit_type"] == "rate"
+        assert problem["remaining"] == 0 and problem["retry_after_seconds"] >= 1
+        assert client.policies()["search"].in_flight == 20
     finally:
         for lease in leases:
             client.release(lease)

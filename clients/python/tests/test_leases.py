@@ -39,6 +39,15 @@ def test_lease_context_manager_admits_and_releases(client):
         client.release(lease)
 
 
+def test_a_failed_call_is_released_as_failed(client):
+    before = client.policies()["small"].state
+    lease = client.admit("small")
+    client.release(lease, "failed", rtt=0.01)
+    after = client.policies()["small"].state
+    assert after["in_flight"] == 0 and after["released"] == before["released"] + 1
+    assert after["ignored"] == before["ignored"] + 1 and after["dropped"] == before["dropped"]
+
+
 def test_fixed_limit_refuses_the_eleventh_with_503(client):
     with contextlib.ExitStack() as stack:
         held = [stack.enter_context(client.lease("small")) for _ in range(9)]

@@ -1,4 +1,4 @@
-#include "sluice/gateway_rejection.h"
+#include "sluice/rejection.h"
 
 #include <algorithm>
 #include <cctype>
@@ -77,6 +77,7 @@ std::string_view to_string(RejectReason reason) noexcept {
 }
 
 std::string Rejection::detail() const {
+  if (!detail_text.empty()) return detail_text;
   const std::string host(this->host);
   switch (reason) {
     case RejectReason::kLimitReached:
@@ -91,18 +92,36 @@ std::string Rejection::detail() const {
   return {};
 }
 
+std::string_view Rejection::limit_kind() const noexcept {
+  return limit_type.empty() ? to_string(level) : limit_type;
+}
+
+std::optional<std::uint64_t> Rejection::retry_after_seconds() const noexcept {
+  if (retry_after == Nanos::max()) return std::nullopt;
+  const std::int64_t ns = std::max<std::int64_t>(0, retry_after.count());
+  return static_cast<std::uint64_t>((ns + 999'999'999) / 1'000'000'000);
+}
+
 std::string problem_json(const Rejection& r) {
   nlohmann::json j = {{"type", r.type},
                       {"title", r.title},
                       {"status", r.status},
                       {"detail", r.detail()},
-                      {"upstream_id", r.upstream_id},
-                      {"host", r.host},
-                      {"limit_type", to_string(r.level)},
-                      {"reason", to_string(r.reason)},
-                      {"current_in_flight", r.current_in_flight},
-                      {"max_concurrent", r.max_concurrent},
-                      {"retry_after_seconds", r.retry_after_seconds}};
+                      {"limit_type", r.limit_kind()}};
+  if (!r.policy.empty()) j["policy"] = r.policy;
+  if (r.source == "gateway") {
+    j["upstream_id"] = r.upstream_id;
+    j["host"] = r.host;
+    j["reason"] = to_string(r.reason);
+  }
+  if (r.remaining) {
+    j["limit"] = r.max_concurrent;
+    j["remaining"] = *r.remaining;
+  } else {
+    j["current_in_flight"] = r.current_in_flight;
+    j["max_concurrent"] = r.max_concurrent;
+  }
+  if (const auto s = r.retry_after_seconds()) j["retry_after_seconds"] = *s;
   if (r.instance) j["instance"] = *r.instance;
   if (r.trace_id) j["trace_id"] = *r.trace_id;
   if (!r.tenant_id.empty()) j["tenant_id"] = r.tenant_id;
@@ -113,9 +132,10 @@ std::string problem_json(const Rejection& r) {
 HttpResponse to_http_response(const Rejection& r) {
   HttpResponse out;
   out.status = r.status;
-  out.headers = {{"Content-Type", "application/problem+json"},
-                 {"Retry-After", std::to_string(r.retry_after_seconds)},
-                 {"X-Sluice-Error-Source", "gateway"}};
+  out.headers.push_back({"Content-Type", "application/problem+json"});
+  if (const auto s = r.retry_after_seconds())
+    out.headers.push_back({"Retry-After", std::to_string(*s)});
+  out.headers.push_back({"X-Sluice-Error-Source", std::string(r.source)});
   out.body = problem_json(r);
   return out;
 }
