@@ -101,6 +101,8 @@ struct PolicySpec {
   std::variant<RatePolicy, AdaptivePolicy, FleetPolicy, ConcurrencyPolicy> body;
   // Concurrency kinds: the rate policy a call passes first (429, no permit taken); empty: none.
   std::string rate;
+  // The coordinators (by name) the policy uses; each must be in SluiceConfig::coordinators.
+  std::vector<std::string> coordinators;
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
   [[nodiscard]] std::string_view kind() const noexcept;
 };

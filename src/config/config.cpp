@@ -433,6 +433,7 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
             "eager_handoff", "min_heartbeat", "call_timeout", "rate"});
     FleetPolicy p;
     read_fleet(r, n, path, name, p);
+    cfg.policies[name].coordinators = {p.coordinator};
     cfg.policies[name].body = p;
   } else if (*kind == "concurrency") {
     r.keys(n, path, {"kind", "tenants", "upstreams", "bindings", "problem", "metrics", "rate"});
@@ -494,12 +495,12 @@ ConfigLoad read(const YAML::Node& root) {
               at != r.marks.end() ? at->second : YAML::Mark::null_mark(), path,
               "no rate policy named '" + p.rate + "' (rate must name a policy of kind rate)");
       }
-      if (const auto* f = std::get_if<FleetPolicy>(&p.body);
-          f != nullptr && !cfg.coordinators.contains(f->coordinator)) {
+      for (const std::string& c : p.coordinators) {
+        if (cfg.coordinators.contains(c)) continue;
         const std::string path = "policies." + name + ".coordinator";
         const auto at = r.marks.find(path);
         r.error_at(at != r.marks.end() ? at->second : YAML::Mark::null_mark(), path,
-                   "no coordinator named '" + f->coordinator + "'");
+                   "no coordinator named '" + c + "'");
       }
     }
   }

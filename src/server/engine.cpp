@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "server/coordinators.h"
 #include "server/policy.h"
-#include "sluice/gateway.h"
 
 namespace sluice::server {
 
@@ -68,75 +68,97 @@ std::string node_id_default() {
 
 class PolicySet {
  public:
+  // A policy as built (`base`: what it shows, what leases count on, what a reload keeps or
+  // retires) and as served (`served`: the base, or the base behind its chained rate policy).
+  struct Entry {
+    std::shared_ptr<Policy> base;
+    std::shared_ptr<Policy> served;
+  };
+
   ServerSettings settings;
   std::uint64_t generation = 1;
-  std::map<std::string, std::shared_ptr<Policy>, std::less<>> policies;
+  std::map<std::string, Entry, std::less<>> policies;
   std::map<std::string, std::shared_ptr<NamedCoordinator>, std::less<>> coordinators;
   std::vector<std::string> warnings;  // from building this set (a coordinator not reached)
 
-  [[nodiscard]] Policy* find(std::string_view name) const {
+  [[nodiscard]] std::shared_ptr<Policy> find(std::string_view name) const {
     auto it = policies.find(name);
-    return it == policies.end() ? nullptr : it->second.get();
-  }
-  [[nodiscard]] std::shared_ptr<Policy> find_shared(std::string_view name) const {
-    auto it = policies.find(name);
-    return it == policies.end() ? nullptr : it->second;
+    return it == policies.end() ? nullptr : it->second.served;
   }
 };
 
 namespace {
 
-// Builds `config` into a set of generation `generation`, reusing from `old` (may be null) every
-// coordinator and policy whose spec is unchanged.
+// The coordinators `config`'s policies use, reusing from `old` (may be null) every one whose
+// spec is unchanged.
+Status build_coordinators(const SluiceConfig& config, const Clock& clock, const PolicySet* old,
+                          PolicySet& set) {
+  for (const auto& [policy, spec] : config.policies) {
+    for (const std::string& name : spec.coordinators) {
+      if (set.coordinators.contains(name)) continue;
+      const CoordinatorSpec& cs = config.coordinators.at(name);
+      if (old != nullptr) {
+        auto it = old->coordinators.find(name);
+        if (it != old->coordinators.end() && it->second->fingerprint == cs.fingerprint) {
+          set.coordinators.emplace(name, it->second);
+          continue;
+        }
+      }
+      std::string warning;
+      auto named = make_coordinator(name, cs, clock, warning);
+      if (!named.ok()) return named.status();
+      if (!warning.empty()) set.warnings.push_back(std::move(warning));
+      set.coordinators.emplace(name, std::move(named.value()));
+    }
+  }
+  return {};
+}
+
+// Builds `config` into a set of generation `generation` with `kinds`, reusing from `old` (may
+// be null) every coordinator and policy whose spec is unchanged.
 StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
-                                           const PolicySet* old, const std::string& node_id,
-                                           std::uint64_t generation) {
+                                           const PolicyRegistry& kinds, const PolicySet* old,
+                                           const std::string& node_id, std::uint64_t generation) {
   auto set = std::make_shared<PolicySet>();
   set->settings = config.server;
   set->settings.node_id = node_id;
   set->generation = generation;
+  if (Status s = build_coordinators(config, clock, old, *set); !s.ok()) return s;
   // A fleet guard built by a reload joins under an id of its own: the guard it replaces is
   // still a member until it leaves, and its leave must not take the new guard's record (and
   // share) with it. While both are members the fleet splits among one node more: safe.
-  const std::string fleet_node =
+  const std::string policy_node =
       generation == 1 ? node_id : node_id + "/" + std::to_string(generation);
-  // Coordinators that some fleet policy uses.
-  for (const auto& [name, spec] : config.policies) {
-    const auto* f = std::get_if<FleetPolicy>(&spec.body);
-    if (f == nullptr || set->coordinators.contains(f->coordinator)) continue;
-    const CoordinatorSpec& cs = config.coordinators.at(f->coordinator);
-    if (old != nullptr) {
-      auto it = old->coordinators.find(f->coordinator);
-      if (it != old->coordinators.end() && it->second->fingerprint == cs.fingerprint) {
-        set->coordinators.emplace(f->coordinator, it->second);
-        continue;
-      }
-    }
-    std::string warning;
-    auto named = make_coordinator(f->coordinator, cs, clock, warning);
-    if (!named.ok()) return named.status();
-    if (!warning.empty()) set->warnings.push_back(std::move(warning));
-    set->coordinators.emplace(f->coordinator, std::move(named.value()));
-  }
+  const auto fleet = [&set](const std::string& name) { return set->coordinators.at(name)->fleet; };
   for (const auto& [name, spec] : config.policies) {
     std::string identity = spec.fingerprint;
-    std::shared_ptr<ConcurrencyCoordinator> coordinator;
-    if (const auto* f = std::get_if<FleetPolicy>(&spec.body)) {
-      const NamedCoordinator& named = *set->coordinators.at(f->coordinator);
-      coordinator = named.fleet;
-      identity += "\n#coordinator " + f->coordinator + "\n" + named.fingerprint;
-    }
+    for (const std::string& c : spec.coordinators)
+      identity += "\n#coordinator " + c + "\n" + set->coordinators.at(c)->fingerprint;
     if (old != nullptr) {
       auto it = old->policies.find(name);
-      if (it != old->policies.end() && it->second->identity() == identity) {
-        set->policies.emplace(name, it->second);
+      if (it != old->policies.end() && it->second.base->identity() == identity) {
+        set->policies.emplace(name, PolicySet::Entry{it->second.base, it->second.base});
         continue;
       }
     }
-    auto p =
-        Policy::create(name, spec, std::move(identity), std::move(coordinator), fleet_node, clock);
-    if (!p.ok()) return p.status();
-    set->policies.emplace(name, std::move(p.value()));
+    const PolicyKind* kind = kinds.find(spec.kind());
+    if (kind == nullptr)
+      return Status(StatusCode::kInvalidArgument,
+                    "policy " + name + ": no policy kind named '" + std::string(spec.kind()) + "'");
+    auto p = kind->build(BuildContext(name, spec, std::move(identity), clock, policy_node, fleet));
+    if (!p.ok()) return Status(p.status().code(), "policy " + name + ": " + p.status().message());
+    set->policies.emplace(name, PolicySet::Entry{p.value(), p.value()});
+  }
+  // Rate chaining: a policy naming a rate policy is served behind it.
+  for (auto& [name, entry] : set->policies) {
+    const std::string& rate = entry.base->rate_name();
+    if (rate.empty()) continue;
+    auto it = set->policies.find(rate);
+    if (it == set->policies.end() || it->second.base->rate_family() == nullptr ||
+        entry.base->admit_family() == nullptr)
+      return Status(StatusCode::kInvalidArgument,
+                    "policy " + name + ": rate: no rate policy named '" + rate + "'");
+    entry.served = chain_rate(entry.base, it->second.base);
   }
   return set;
 }
@@ -145,16 +167,18 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
 
 // ---- the engine ----
 
-StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, const Clock& clock) {
+StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, const Clock& clock,
+                                                 const PolicyRegistry& kinds) {
   const std::string node_id =
       config.server.node_id.empty() ? node_id_default() : config.server.node_id;
-  auto set = build(config, clock, nullptr, node_id, 1);
+  auto set = build(config, clock, kinds, nullptr, node_id, 1);
   if (!set.ok()) return set.status();
-  return std::unique_ptr<Engine>(new Engine(clock, std::move(set.value())));
+  return std::unique_ptr<Engine>(new Engine(clock, kinds, std::move(set.value())));
 }
 
-Engine::Engine(const Clock& clock, std::shared_ptr<const PolicySet> set)
-    : clock_(clock), set_(std::move(set)) {}
+Engine::Engine(const Clock& clock, const PolicyRegistry& kinds,
+               std::shared_ptr<const PolicySet> set)
+    : clock_(clock), kinds_(kinds), set_(std::move(set)) {}
 
 Engine::~Engine() { close(); }
 
@@ -170,18 +194,22 @@ Status Engine::usable() const {
 
 namespace {
 
-StatusOr<Policy*> rate_policy(const PolicySet& set, std::string_view name) {
+// "an adaptive policy": a policy's kind as a message names it.
+std::string a_kind(const Policy& p) { return kinds_phrase({p.kind()}); }
+
+// The rate family of the policy a Check, Peek or CheckMany names.
+StatusOr<RateFamily*> rate_policy(const PolicySet& set, const PolicyRegistry& kinds,
+                                  std::string_view name) {
   if (Status s = check_name("policy", name); !s.ok()) return s;
-  Policy* p = set.find(name);
+  std::shared_ptr<Policy> p = set.find(name);
   if (p == nullptr)
     return Status(StatusCode::kNotFound, "policy: no policy named '" + std::string(name) + "'");
-  if (p->kind() != PolicyKind::kRate)
+  RateFamily* rate = p->rate_family();
+  if (rate == nullptr)
     return Status(StatusCode::kFailedPrecondition,
-                  "policy: '" + std::string(name) + "' is " +
-                      (p->kind() == PolicyKind::kAdaptive ? "an " : "a ") +
-                      std::string(p->kind_name()) +
-                      " policy; Check and Peek take a rate policy (use Admit)");
-  return p;
+                  "policy: '" + std::string(name) + "' is " + a_kind(*p) +
+                      "; Check and Peek take " + kinds_phrase(kinds.rate_kinds()) + " (use Admit)");
+  return rate;  // `set` keeps it alive
 }
 
 Status check_call(const CheckCall& c) {
@@ -198,7 +226,7 @@ Status check_call(const CheckCall& c) {
 StatusOr<RateDecision> Engine::check(const CheckCall& call) {
   if (Status s = usable(); !s.ok()) return s;
   const auto set = current();
-  auto p = rate_policy(*set, call.policy);
+  auto p = rate_policy(*set, kinds_, call.policy);
   if (!p.ok()) return p.status();
   if (Status s = check_call(call); !s.ok()) return s;
   return p.value()->check(call.key, static_cast<std::uint64_t>(call.hits), clock_.now());
@@ -207,7 +235,7 @@ StatusOr<RateDecision> Engine::check(const CheckCall& call) {
 StatusOr<RateDecision> Engine::peek(const CheckCall& call) const {
   if (Status s = usable(); !s.ok()) return s;
   const auto set = current();
-  auto p = rate_policy(*set, call.policy);
+  auto p = rate_policy(*set, kinds_, call.policy);
   if (!p.ok()) return p.status();
   if (Status s = check_call(call); !s.ok()) return s;
   return p.value()->peek(call.key, static_cast<std::uint64_t>(call.hits), clock_.now());
@@ -221,10 +249,10 @@ StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
                                  std::to_string(kMaxBatch));
   const auto set = current();
   // Validate everything before debiting anything.
-  std::vector<Policy*> ps;
+  std::vector<RateFamily*> ps;
   ps.reserve(calls.size());
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    auto p = rate_policy(*set, calls[i].policy);
+    auto p = rate_policy(*set, kinds_, calls[i].policy);
     Status s = p.ok() ? check_call(calls[i]) : p.status();
     if (!s.ok()) return Status(s.code(), "checks[" + std::to_string(i) + "]." + s.message());
     ps.push_back(p.value());
@@ -250,65 +278,35 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
   if (Status s = usable(); !s.ok()) return s;
   const auto set = current();
   if (Status s = check_name("policy", call.policy); !s.ok()) return s;
-  std::shared_ptr<Policy> p = set->find_shared(call.policy);
+  std::shared_ptr<Policy> p = set->find(call.policy);
   if (p == nullptr)
     return Status(StatusCode::kNotFound,
                   "policy: no policy named '" + std::string(call.policy) + "'");
-  if (p->kind() == PolicyKind::kRate)
+  AdmitFamily* admit = p->admit_family();
+  if (admit == nullptr)
     return Status(StatusCode::kFailedPrecondition,
-                  "policy: '" + std::string(call.policy) +
-                      "' is a rate policy; Admit takes an adaptive, fleet or concurrency policy "
-                      "(use Check)");
+                  "policy: '" + std::string(call.policy) + "' is " + a_kind(*p) + "; Admit takes " +
+                      kinds_phrase(kinds_.admit_kinds()) + " (use Check)");
   if (Status s = check_field("key", call.key, kMaxKeyBytes, false); !s.ok()) return s;
   for (auto [field, v] : {std::pair<const char*, std::string_view>{"tenant", call.tenant},
                           {"upstream", call.upstream},
                           {"route", call.route}})
     if (Status s = check_field(field, v, kMaxNameBytes, false); !s.ok()) return s;
-  if (p->kind() == PolicyKind::kConcurrency) {
-    if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
-    if (call.upstream.empty())
-      return invalid("upstream", "must not be empty for a concurrency policy");
-  }
   const Nanos ttl = call.ttl.value_or(set->settings.lease_ttl);
   if (Status s = check_ttl(ttl, set->settings.max_lease_ttl); !s.ok()) return s;
 
-  // The chained rate policy first: a refusal there takes no permit.
-  std::shared_ptr<Policy> rate;
-  std::string_view rate_key;
-  if (!p->rate_name().empty()) {
-    rate = set->find_shared(p->rate_name());
-    rate_key = call.key.empty() ? call.tenant : call.key;
-    if (rate_key.empty())
-      return invalid("key", "must not be empty: policy '" + std::string(call.policy) +
-                                "' chains rate policy '" + p->rate_name() + "', keyed by it");
-  }
   const Nanos now = clock_.now();
-  // Resolve the concurrency target before debiting the rate (an unknown tenant is an error,
-  // and an error must cost nothing).
-  Target target;
-  if (p->kind() == PolicyKind::kConcurrency) {
-    Resolution r = p->gateway().resolve(call.tenant, call.upstream, call.route);
-    if (!r.ok()) return Status(StatusCode::kNotFound, r.error()->message());
-    target = r.target();
-  }
+  auto d = admit->admit(call, now, nullptr);
+  if (!d.ok()) return d.status();
   AdmitResult out;
-  if (rate != nullptr) {
-    const RateDecision d = rate->check(rate_key, 1, now);
-    if (!d.allowed) {
-      p->count_rate_refusal();
-      out.refusal = rate->rate_refusal(rate_key, d);
-      out.refusal_owner = std::move(rate);
-      return out;
-    }
-  }
-  auto permit = p->acquire(target, out.refusal);
-  if (!permit) {
-    out.refusal_owner = std::move(p);
-    // The rate hit stays spent: the call was attempted (as in the gateway's order, where the
-    // rate limiter counts every request it lets through to the concurrency check).
+  if (!d.value().permit) {
+    // A chained rate hit stays spent when the limit refuses: the call was attempted (as in the
+    // gateway's order, where the rate limiter counts every request it lets through).
+    out.refusal = std::move(d.value().refusal);
+    out.refusal_owner = std::move(d.value().refusal_owner);
     return out;
   }
-  Lease lease{std::move(*permit), now, ttl, now + ttl};
+  Lease lease{std::move(*d.value().permit), now, ttl, now + ttl};
   out.lease_id = leases_.insert(std::move(lease));  // if this throws, the permit goes back
   out.admitted = true;
   out.ttl = ttl;
@@ -345,7 +343,7 @@ std::uint64_t Engine::generation() const { return current()->generation; }
 std::vector<PolicyInfo> Engine::policies() const {
   const auto set = current();
   std::vector<PolicyInfo> out;
-  for (const auto& [name, p] : set->policies) out.push_back(p->info());
+  for (const auto& [name, p] : set->policies) out.push_back(p.base->info());
   return out;
 }
 
@@ -357,7 +355,7 @@ std::string Engine::policies_json() const {
   j["leases"] = leases_.size();
   j["draining"] = draining();
   json ps = json::array();
-  for (const auto& [name, p] : set->policies) ps.push_back(p->state());
+  for (const auto& [name, p] : set->policies) ps.push_back(p.base->state());
   j["policies"] = std::move(ps);
   return j.dump();
 }
@@ -369,7 +367,7 @@ Readiness Engine::readiness() const {
   if (draining()) r.problems.push_back("the server is shutting down");
   const auto set = current();
   for (const auto& [name, p] : set->policies)
-    if (std::string why = p->not_ready(); !why.empty())
+    if (std::string why = p.base->not_ready(); !why.empty())
       r.problems.push_back("policy " + name + ": " + why);
   r.ready = r.problems.empty();
   return r;
@@ -379,7 +377,7 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   const std::lock_guard lock(reload_mu_);
   const auto old = current();
   // The node id stays: fleets know this server by it.
-  auto next = build(config, clock_, old.get(), old->settings.node_id, old->generation + 1);
+  auto next = build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();
@@ -392,7 +390,7 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
     auto it = old->policies.find(name);
     if (it == old->policies.end())
       summary.added.push_back(name);
-    else if (it->second == p)
+    else if (it->second.base == p.base)
       summary.kept.push_back(name);
     else
       summary.changed.push_back(name);
@@ -401,7 +399,7 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   for (const auto& [name, p] : old->policies) {
     auto it = set->policies.find(name);
     if (it == set->policies.end()) summary.removed.push_back(name);
-    if (it == set->policies.end() || it->second != p) replaced.push_back(p.get());
+    if (it == set->policies.end() || it->second.base != p.base) replaced.push_back(p.base.get());
   }
   // Serve the new set first, then retire what it replaced (a fleet policy's retire waits for
   // its runner and leaves its fleet): calls never see a gap where the policy refuses.
@@ -419,7 +417,7 @@ void Engine::close() {
   draining_.store(true, std::memory_order_relaxed);
   leases_.clear();
   const auto set = current();
-  for (const auto& [name, p] : set->policies) p->retire();
+  for (const auto& [name, p] : set->policies) p.base->retire();
 }
 
 // ---- metrics ----
@@ -479,7 +477,7 @@ std::string Engine::metrics_text() const {
             draining() ? 1 : 0));
   for (const auto& [name, named] : set->coordinators)
     f.merge(named->collect(), "coordinator", name);
-  for (const auto& [name, p] : set->policies) f.merge(p->collect(), "policy", name);
+  for (const auto& [name, p] : set->policies) f.merge(p.base->collect(), "policy", name);
   return prometheus::TextSerializer().Serialize(f.out());
 }
 

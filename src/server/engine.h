@@ -35,6 +35,7 @@
 
 #include "server/calls.h"
 #include "server/leases.h"
+#include "server/registry.h"
 #include "sluice/adaptive_guard.h"
 #include "sluice/clock.h"
 #include "sluice/config.h"
@@ -61,8 +62,10 @@ class Engine {
   // Builds every policy of `config` (connecting to the coordinators its fleet policies use).
   // `clock` must outlive the engine. An error names the policy or coordinator that failed; a
   // coordinator that cannot be reached now is not one (see make_coordinator): warnings() says.
-  [[nodiscard]] static StatusOr<std::unique_ptr<Engine>> create(const SluiceConfig& config,
-                                                                const Clock& clock);
+  // `kinds`: the policy kinds it builds with (it must outlive the engine).
+  [[nodiscard]] static StatusOr<std::unique_ptr<Engine>> create(
+      const SluiceConfig& config, const Clock& clock,
+      const PolicyRegistry& kinds = PolicyRegistry::builtin());
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -103,11 +106,12 @@ class Engine {
   void close();
 
  private:
-  Engine(const Clock& clock, std::shared_ptr<const PolicySet> set);
+  Engine(const Clock& clock, const PolicyRegistry& kinds, std::shared_ptr<const PolicySet> set);
   [[nodiscard]] std::shared_ptr<const PolicySet> current() const;
   [[nodiscard]] Status usable() const;
 
   const Clock& clock_;
+  const PolicyRegistry& kinds_;
   mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)
   std::shared_ptr<const PolicySet> set_;
   std::mutex reload_mu_;

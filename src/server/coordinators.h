@@ -1,0 +1,45 @@
+// coordinators.h: the config's coordinators as the server holds them: by name, each interface
+// a policy may ask of it, every call timed into the coordinator's one latency histogram.
+//
+// What it is: NamedCoordinator is one coordinator of the config (memory, Redis or PostgreSQL)
+// with the spec's fingerprint (a reload keeps it when unchanged) and its interfaces (today the
+// fleet's ConcurrencyCoordinator). make_coordinator() connects one.
+//
+// Thread-safety: a NamedCoordinator is built once, then shared read-only; its interfaces are
+// safe to call concurrently.
+#pragma once
+
+#include <prometheus/metric_family.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/clock.h"
+#include "sluice/config.h"
+#include "sluice/coordinator.h"
+#include "sluice/status.h"
+#include "sluice/timed_coordinator.h"
+
+namespace sluice::server {
+
+struct NamedCoordinator {
+  std::string fingerprint;  // the spec's: equal means unchanged
+  std::shared_ptr<CoordinatorCallStats> stats;
+  std::shared_ptr<ConcurrencyCoordinator> fleet;  // a TimedConcurrencyCoordinator
+
+  // sluice_coordinator_call_seconds and sluice_coordinator_errors_total.
+  [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const {
+    return stats->collect(std::string(fleet->backend()));
+  }
+};
+
+// Connects the coordinator `spec` describes. An error names it. A server that cannot be reached
+// now (unavailable, or no answer in time) is not an error: the coordinator connects on its first
+// call, the fleet policies on it start in their outage mode (and /readyz says not ready), and
+// `warning` says so. Anything else (bad options, a password Redis refuses) is; libpq reports a
+// login PostgreSQL refuses as unavailable, so that one is a warning.
+[[nodiscard]] StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(
+    const std::string& name, const CoordinatorSpec& spec, const Clock& clock, std::string& warning);
+
+}  // namespace sluice::server

@@ -1,0 +1,89 @@
+// admit_policy.h: what every admit-family kind shares: its counters (admitted, refused by its
+// limit or by its gate, released, leases held), their state and metrics, the lease permit that
+// counts a lease on it, and the adaptive guard's state, metrics and refusal (adaptive and fleet).
+//
+// Thread-safety: the counters are relaxed atomics (each exact on its own).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "server/policy.h"
+#include "sluice/adaptive_guard.h"
+
+namespace sluice::server {
+
+class AdmitPolicy : public Policy, public AdmitFamily {
+ public:
+  [[nodiscard]] AdmitFamily* admit_family() noexcept override { return this; }
+
+ protected:
+  using Policy::Policy;
+
+  // A kind's permit P as a lease's permit: it counts one lease on this policy until finished
+  // (and a release when its client finished it), and keeps this policy alive. P has
+  // `void finish(const CallEnd&) noexcept`.
+  template <class P>
+  [[nodiscard]] LeasePermit lease(P permit) {
+    admitted_.fetch_add(1, std::memory_order_relaxed);
+    return LeasePermit(
+        Lease<P>(std::move(permit), std::static_pointer_cast<AdmitPolicy>(shared_from_this())));
+  }
+  // Runs `gate` (if any): true to go on; false with `out` filled (refused, counted as refused
+  // by the gate); an error when the call is bad.
+  [[nodiscard]] StatusOr<bool> pass(AdmitGate* gate, const AdmitCall& call, Nanos now,
+                                    AdmitDecision& out);
+  void count_limit_refusal() noexcept { limit_refused_.fetch_add(1, std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t leases() const noexcept {
+    return leases_.load(std::memory_order_relaxed);
+  }
+
+  // The counters' state fields and metric families.
+  void describe_admissions(nlohmann::json& j) const;
+  void admission_metrics(std::vector<prometheus::MetricFamily>& out) const;
+
+ private:
+  template <class P>
+  class Lease {
+   public:
+    Lease(P permit, std::shared_ptr<AdmitPolicy> policy) noexcept
+        : permit_(std::move(permit)), policy_(std::move(policy)) {
+      policy_->leases_.fetch_add(1, std::memory_order_relaxed);
+    }
+    Lease(Lease&&) noexcept = default;
+    void finish(const CallEnd& end) noexcept {
+      permit_.finish(end);
+      if (end.by == CallEnd::By::kClient)
+        policy_->released_.fetch_add(1, std::memory_order_relaxed);
+      policy_->leases_.fetch_sub(1, std::memory_order_relaxed);
+    }
+
+   private:
+    P permit_;
+    std::shared_ptr<AdmitPolicy> policy_;
+  };
+
+  std::atomic<std::uint64_t> admitted_{0}, limit_refused_{0}, gate_refused_{0}, released_{0};
+  std::atomic<std::uint64_t> leases_{0};
+};
+
+// An adaptive guard's permit, finished with the call's outcome and RTT.
+struct GuardLease {
+  GuardPermit permit;
+  void finish(const CallEnd& end) noexcept { permit.release(to_outcome(end.result), end.rtt); }
+};
+
+// An adaptive guard's state fields (in_flight, limit, algorithm_limit, accepted, rejected,
+// dropped, ignored); sets info's in_flight and limit.
+void describe_guard(const AdaptiveGuardStats& s, nlohmann::json& j, PolicyInfo& info);
+// sluice_policy_in_flight, sluice_policy_limit, sluice_policy_algorithm_limit.
+void guard_metrics(const AdaptiveGuardStats& s, std::vector<prometheus::MetricFamily>& out);
+// The 503 of a guard at its limit; `more`: appended to the detail.
+[[nodiscard]] Rejection guard_refusal(const std::string& policy, const AdaptiveGuardStats& s,
+                                      const std::string& more = {});
+
+}  // namespace sluice::server

@@ -1,0 +1,115 @@
+// The fleet kind: a FleetGuard (one global concurrency ceiling shared by every server through a
+// coordinator), beaten by its own runner thread.
+#include "server/policies/admit_policy.h"
+#include "server/registry.h"
+#include "sluice/algorithm_spec.h"
+#include "sluice/fleet_guard.h"
+
+namespace sluice::server {
+namespace {
+
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+class FleetLimitPolicy final : public AdmitPolicy {
+ public:
+  FleetLimitPolicy(const BuildContext& c, std::shared_ptr<ConcurrencyCoordinator> coordinator)
+      : AdmitPolicy(c.name, "fleet", c.identity, c.spec.rate),
+        coordinator_(std::move(coordinator)) {}
+  ~FleetLimitPolicy() override { retire(); }
+
+  // Builds the guard and starts its runner.
+  Status start(const FleetPolicy& spec, const BuildContext& c) {
+    FleetGuardOptions o = spec.guard;
+    o.node_id = c.node_id;
+    auto g = FleetGuard::create(*coordinator_, make_algorithm(spec.algorithm), c.clock, o);
+    if (!g.ok()) return g.status();
+    guard_ = std::move(g.value());
+    runner_ = std::make_unique<FleetGuardRunner>(*guard_, c.clock);
+    return {};
+  }
+
+  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
+    AdmitDecision out;
+    auto go_on = pass(gate, call, now, out);
+    if (!go_on.ok()) return go_on.status();
+    if (!go_on.value()) return out;
+    if (std::optional<GuardPermit> p = guard_->acquire()) {
+      out.permit = lease(GuardLease{std::move(*p)});
+      return out;
+    }
+    count_limit_refusal();
+    // One snapshot: the guard's local stats and its share must come from the same moment.
+    const FleetGuardStats fs = guard_->stats();
+    out.refusal = guard_refusal(name(), fs.local,
+                                "; fleet share " + std::to_string(fs.share) + " of L_global " +
+                                    std::to_string(fs.l_global) + " (" +
+                                    std::string(to_string(fs.phase)) + ")");
+    out.refusal_owner = shared_from_this();
+    return out;
+  }
+
+  [[nodiscard]] std::string not_ready() const override {
+    const FleetGuardStats s = guard_->stats();
+    if (s.phase == FleetPhase::kActive) return {};
+    return "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
+           std::string(coordinator_->backend()) + " not reached)";
+  }
+
+ protected:
+  void describe(nlohmann::json& j, PolicyInfo& info) const override {
+    const FleetGuardStats s = guard_->stats();
+    describe_guard(s.local, j, info);
+    j["phase"] = std::string(to_string(s.phase));
+    j["share"] = s.share;
+    j["l_global"] = s.l_global;
+    j["nodes"] = s.nodes;
+    j["generation"] = s.generation;
+    j["fenced"] = s.fenced;
+    j["heartbeats"] = s.heartbeats;
+    j["heartbeat_errors"] = s.heartbeat_errors;
+    j["coordinator"] = std::string(coordinator_->backend());
+    j["key"] = guard_->options().key;
+    describe_admissions(j);
+  }
+  void metrics(std::vector<MetricFamily>& out) const override {
+    admission_metrics(out);
+    const FleetGuardStats f = guard_->stats();  // one snapshot
+    guard_metrics(f.local, out);
+    out.push_back(
+        one("sluice_fleet_share", "This node's share of L_global", MetricType::Gauge, f.share));
+    out.push_back(one("sluice_fleet_l_global", "The fleet's global limit (L_global)",
+                      MetricType::Gauge, f.l_global));
+    out.push_back(one("sluice_fleet_nodes", "Live nodes in the fleet", MetricType::Gauge, f.nodes));
+    out.push_back(one("sluice_fleet_fenced", "1 while this node is fenced", MetricType::Gauge,
+                      f.fenced ? 1 : 0));
+    out.push_back(by_label("sluice_fleet_heartbeats_total", "Heartbeats by result", "result",
+                           {{"ok", f.heartbeats}, {"error", f.heartbeat_errors}}));
+    out.push_back(one("sluice_fleet_phase", "The fleet guard's phase (value 1)", MetricType::Gauge,
+                      1, {{"phase", std::string(to_string(f.phase))}}));
+  }
+  void on_retire() noexcept override {
+    runner_.reset();
+    if (guard_) guard_->close();
+  }
+
+ private:
+  std::shared_ptr<ConcurrencyCoordinator> coordinator_;  // declared before its users
+  std::unique_ptr<FleetGuard> guard_;
+  std::unique_ptr<FleetGuardRunner> runner_;
+};
+
+StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
+  const auto& spec = std::get<FleetPolicy>(c.spec.body);
+  auto p = std::make_shared<FleetLimitPolicy>(c, c.fleet_coordinator(spec.coordinator));
+  if (Status s = p->start(spec, c); !s.ok()) return s;
+  return std::shared_ptr<Policy>(std::move(p));
+}
+
+}  // namespace
+
+PolicyKind fleet_kind() {
+  return PolicyKind{.name = "fleet", .rate_family = false, .admit_family = true, .build = build};
+}
+
+}  // namespace sluice::server
