@@ -8,6 +8,7 @@
 #include "client.h"
 #include "demo.h"
 #include "serve.h"
+#include "server/registry.h"
 #include "sim.h"
 #include "sluice/config.h"
 
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
       "validate", "check a config file: every error with its line and column; exit 1 if any");
   validate_cmd->add_option("config", config_path, "the YAML config file")->required();
   validate_cmd->callback([&] {
-    const sluice::ConfigLoad load = sluice::load_config_file(config_path);
+    const sluice::ConfigLoad load =
+        sluice::load_config_file(config_path, sluice::server::PolicyRegistry::builtin());
     for (const sluice::ConfigError& e : load.warnings)
       fmt::print(stderr, "warning: {}\n", e.to_string(config_path));
     for (const sluice::ConfigError& e : load.errors)

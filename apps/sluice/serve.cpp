@@ -37,7 +37,9 @@ std::string joined(const std::vector<std::string>& v) {
 
 // Loads the file or the embedded default; prints every error.
 std::optional<SluiceConfig> load(const std::string& path) {
-  const ConfigLoad l = path.empty() ? load_config(default_config_yaml()) : load_config_file(path);
+  const server::PolicyRegistry& kinds = server::PolicyRegistry::builtin();
+  const ConfigLoad l =
+      path.empty() ? load_config(default_config_yaml(), kinds) : load_config_file(path, kinds);
   const std::string source = path.empty() ? "<embedded default>" : path;
   for (const ConfigError& e : l.warnings) log("warning: " + e.to_string(source));
   for (const ConfigError& e : l.errors) log("error: " + e.to_string(source));

@@ -328,7 +328,8 @@ policies:
     kind: adaptive
     algorithm: fixed
     limit: 1000000
-)");
+)",
+                                                     sluice::server::PolicyRegistry::builtin());
   if (!cfg.config) {
     for (const sluice::ConfigError& e : cfg.errors)
       std::fprintf(stderr, "sluice_load: %s\n", e.to_string("<embedded config>").c_str());

@@ -24,20 +24,13 @@
 //       acknowledged_handoff: true | false                       # default false
 //   policies:
 //     <name>:
-//       kind: rate | adaptive | fleet | concurrency | federated
-//       # rate:        strategy (fixed-window | sliding-window | gcra, default gcra), limit,
-//       #              period (e.g. 1s, 100ms; default 1s), burst (gcra only)
-//       # adaptive:    algorithm (fixed | aimd | vegas | gradient2, default gradient2),
-//       #              limit (fixed), initial_limit, min_limit, max_limit
-//       # fleet:       the adaptive fields, plus coordinator (default memory), key (default the
-//       #              policy's name), heartbeat (default 1s), lease_ttl (default 2 x heartbeat),
-//       #              outage (fail-closed | local-only), self_fence, fence_safety_margin,
-//       #              eager_handoff, min_heartbeat, call_timeout
-//       # concurrency: tenants, upstreams, bindings, problem, metrics (sluice/gateway_config.h;
-//       #              checked by the gateway's own validation, its issues mapped to lines)
-//       # federated:   not built yet: an error, never a silent no-op
-//       # adaptive, fleet and concurrency also take `rate: <rate policy>`: a call passes that
-//       # rate policy first (429 when over, no permit taken), then the concurrency limit (503).
+//       kind: <a policy kind>        # the kinds the loader is given (PolicyKinds); each parses
+//                                    # its own fields (sluice's: src/server/policies/*.cpp,
+//                                    # documented in config/example.yaml)
+//       rate: <rate policy>          # kinds of the admit family: a call passes that rate policy
+//                                    # first (429 when over, no permit taken), then the limit
+//       # federated, throttler, cascade: reserved for kinds not built yet: an error, never a
+//       # silent no-op
 //
 // Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").
 //
@@ -45,20 +38,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
-#include "sluice/algorithm_spec.h"
 #include "sluice/clock.h"
+#include "sluice/config_section.h"
 #include "sluice/fleet.h"
-#include "sluice/fleet_guard.h"
-#include "sluice/gateway_config.h"
 #include "sluice/postgres_options.h"
-#include "sluice/rate_strategy.h"
 #include "sluice/redis_options.h"
 
 namespace sluice {
@@ -82,29 +73,48 @@ struct CoordinatorSpec {
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
 };
 
-struct RatePolicy {
-  RateRule rule;
-};
-struct AdaptivePolicy {
-  AlgorithmSpec algorithm;
-};
-struct FleetPolicy {
-  AlgorithmSpec algorithm;
-  std::string coordinator = "memory";
-  FleetGuardOptions guard;  // node_id is left empty: the server fills in its own
-};
-struct ConcurrencyPolicy {
-  GatewayConfig gateway;
+// A policy kind's own fields, as its parser read them (each kind defines its body).
+struct PolicyBody {
+  virtual ~PolicyBody() = default;
 };
 
 struct PolicySpec {
-  std::variant<RatePolicy, AdaptivePolicy, FleetPolicy, ConcurrencyPolicy> body;
-  // Concurrency kinds: the rate policy a call passes first (429, no permit taken); empty: none.
+  std::string kind;                        // as in the file's `kind:`
+  std::shared_ptr<const PolicyBody> body;  // the kind's own fields
+  // Kinds of the admit family: the rate policy a call passes first (429, no permit taken);
+  // empty: none.
   std::string rate;
   // The coordinators (by name) the policy uses; each must be in SluiceConfig::coordinators.
   std::vector<std::string> coordinators;
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
-  [[nodiscard]] std::string_view kind() const noexcept;
+
+  // The body as the kind's type; null when it is of another kind.
+  template <class Body>
+  [[nodiscard]] const Body* as() const noexcept {
+    return dynamic_cast<const Body*>(body.get());
+  }
+};
+
+// How the loader reads one policy kind's section.
+struct PolicyKindParser {
+  std::string name;           // the `kind:` it reads
+  bool rate_family = false;   // may be named by another policy's `rate:`
+  bool admit_family = false;  // may name a `rate:`
+  // Reads policy `name`'s section (its keys() must list every key it allows, `kind` and, for
+  // the admit family, `rate` included) and may add to spec.coordinators. Errors go to the
+  // section.
+  std::function<std::shared_ptr<const PolicyBody>(const std::string& name, ConfigSection& section,
+                                                  PolicySpec& spec)>
+      parse;
+};
+
+// The policy kinds a load knows.
+class PolicyKinds {
+ public:
+  virtual ~PolicyKinds() = default;
+  [[nodiscard]] virtual const PolicyKindParser* parser(std::string_view kind) const = 0;
+  // Every kind's name, in the order messages list them.
+  [[nodiscard]] virtual std::vector<std::string> kind_names() const = 0;
 };
 
 struct SluiceConfig {
@@ -128,10 +138,10 @@ struct ConfigLoad {
   std::vector<ConfigError> warnings;
 };
 
-// Parses and checks YAML text. Never throws.
-[[nodiscard]] ConfigLoad load_config(std::string_view yaml);
+// Parses and checks YAML text, each policy with its kind's parser. Never throws.
+[[nodiscard]] ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds);
 // Reads a file first; a missing or unreadable file is one error (line 0).
-[[nodiscard]] ConfigLoad load_config_file(const std::string& path);
+[[nodiscard]] ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds);
 
 // Parses "250ms", "2s", ...: nullopt when malformed.
 [[nodiscard]] std::optional<Nanos> parse_duration(std::string_view text);

@@ -141,10 +141,10 @@ StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clo
         continue;
       }
     }
-    const PolicyKind* kind = kinds.find(spec.kind());
+    const PolicyKind* kind = kinds.find(spec.kind);
     if (kind == nullptr)
       return Status(StatusCode::kInvalidArgument,
-                    "policy " + name + ": no policy kind named '" + std::string(spec.kind()) + "'");
+                    "policy " + name + ": no policy kind named '" + spec.kind + "'");
     auto p = kind->build(BuildContext(name, spec, std::move(identity), clock, policy_node, fleet));
     if (!p.ok()) return Status(p.status().code(), "policy " + name + ": " + p.status().message());
     set->policies.emplace(name, PolicySet::Entry{p.value(), p.value()});

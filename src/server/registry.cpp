@@ -28,6 +28,12 @@ std::vector<std::string> PolicyRegistry::rate_kinds() const {
   return out;
 }
 
+std::vector<std::string> PolicyRegistry::kind_names() const {
+  std::vector<std::string> out;
+  for (const PolicyKind& k : kinds_) out.push_back(k.name);
+  return out;
+}
+
 std::string kinds_phrase(const std::vector<std::string>& kinds) {
   if (kinds.empty()) return "no policy";
   const char first = kinds.front().front();

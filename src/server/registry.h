@@ -1,9 +1,11 @@
 // registry.h: the policy kinds a server knows, by name: each kind's families and builder.
 //
 // What it is: a kind is one file under src/server/policies/ that defines `PolicyKind
-// <name>_kind()`, plus one entry in the list of built-in kinds (policies/builtin.cpp). The
-// engine builds every policy through the registry it was given (PolicyRegistry::builtin() by
-// default; a test may add a kind of its own), so it never switches on a kind.
+// <name>_kind()`: its config parser (the loader calls it for the kind's section and the kind
+// checks its own fields there), its families and its builder; plus one entry in the list of
+// built-in kinds (policies/builtin.cpp). The loader reads a file and the engine builds every
+// policy through the registry it was given (PolicyRegistry::builtin() by default; a test may
+// add a kind of its own), so neither knows any kind.
 //
 // Thread-safety: a registry is built, then only read (concurrently).
 #pragma once
@@ -56,14 +58,27 @@ class BuildContext {
   FleetCoordinators fleet_;
 };
 
-struct PolicyKind {
-  std::string name;           // as in the config's `kind:`
-  bool rate_family = false;   // a policy of this kind answers Check (and may be named by `rate:`)
-  bool admit_family = false;  // a policy of this kind answers Admit (and may name a `rate:`)
-  std::function<StatusOr<std::shared_ptr<Policy>>(const BuildContext&)> build;
+// A kind: how the loader parses it (name, families, parse: PolicyKindParser) and how the
+// engine builds it.
+struct PolicyKind : PolicyKindParser {
+  using Build = std::function<StatusOr<std::shared_ptr<Policy>>(const BuildContext&)>;
+  enum Family : unsigned { kRate = 1, kAdmit = 2 };
+
+  PolicyKind() = default;
+  // `families`: kRate, kAdmit or both (kRate | kAdmit).
+  PolicyKind(std::string kind_name, unsigned families, decltype(PolicyKindParser::parse) parser,
+             Build builder)
+      : build(std::move(builder)) {
+    name = std::move(kind_name);
+    rate_family = (families & kRate) != 0;
+    admit_family = (families & kAdmit) != 0;
+    parse = std::move(parser);
+  }
+
+  Build build;
 };
 
-class PolicyRegistry {
+class PolicyRegistry final : public PolicyKinds {
  public:
   // Adds a kind; false (and nothing changes) when one of that name is registered already.
   bool add(PolicyKind kind);
@@ -71,6 +86,12 @@ class PolicyRegistry {
   // The names of the kinds (in registration order) that answer the family.
   [[nodiscard]] std::vector<std::string> admit_kinds() const;
   [[nodiscard]] std::vector<std::string> rate_kinds() const;
+
+  // PolicyKinds (what the config loader asks).
+  [[nodiscard]] const PolicyKindParser* parser(std::string_view kind) const override {
+    return find(kind);
+  }
+  [[nodiscard]] std::vector<std::string> kind_names() const override;
 
   // The kinds sluice ships (policies/builtin.cpp).
   [[nodiscard]] static const PolicyRegistry& builtin();

@@ -12,6 +12,35 @@
 
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// A policy body and the one kind the loader is given: `kind: rate` with a `limit`.
+struct Limit final : sluice::PolicyBody {
+  std::uint64_t limit = 0;
+};
+
+class OneKind final : public sluice::PolicyKinds {
+ public:
+  OneKind() {
+    kind_.name = "rate";
+    kind_.rate_family = true;
+    kind_.parse = [](const std::string&, sluice::ConfigSection& s, sluice::PolicySpec&) {
+      s.keys({"kind", "limit"});
+      auto body = std::make_shared<Limit>();
+      if (auto v = s.uint("limit", 1, 1000, true)) body->limit = *v;
+      return std::shared_ptr<const sluice::PolicyBody>(body);
+    };
+  }
+  const sluice::PolicyKindParser* parser(std::string_view kind) const override {
+    return kind == kind_.name ? &kind_ : nullptr;
+  }
+  std::vector<std::string> kind_names() const override { return {kind_.name}; }
+
+ private:
+  sluice::PolicyKindParser kind_;
+};
 
 int main() {
   sluice::Semaphore sem(1);
@@ -60,9 +89,12 @@ int main() {
   if (sluice::PostgresCoordinator::connect(postgres, {}).status().code() !=
       sluice::StatusCode::kUnavailable)
     return 9;
+  // The YAML loader, with a policy kind of this program's own.
   const sluice::ConfigLoad load =
-      sluice::load_config("policies:\n  api:\n    kind: rate\n    limit: 5\n");
-  if (!load.config || load.config->policies.size() != 1) return 10;
+      sluice::load_config("policies:\n  api:\n    kind: rate\n    limit: 5\n", OneKind());
+  if (!load.config || load.config->policies.size() != 1 ||
+      load.config->policies.at("api").as<Limit>()->limit != 5)
+    return 10;
   std::puts(
       "consumer: sluice::sluice, sluice::config, sluice::redis and sluice::postgres found "
       "and working");

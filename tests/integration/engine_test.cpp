@@ -27,7 +27,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 SluiceConfig config_of(const std::string& yaml) {
-  ConfigLoad l = load_config(yaml);
+  ConfigLoad l = load_config(yaml, PolicyRegistry::builtin());
   EXPECT_TRUE(l.config.has_value()) << (l.errors.empty() ? "" : l.errors[0].to_string("test"));
   return l.config.value_or(SluiceConfig{});
 }

@@ -56,6 +56,7 @@ PUBLIC_HEADERS = {
     "redis_coordinator.h": "backends",
     "redis_options.h": "core",
     "config.h": "config",
+    "config_section.h": "config",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')

@@ -8,11 +8,21 @@
 #include <map>
 #include <string>
 
+#include "server/policies/adaptive.h"
+#include "server/policies/concurrency.h"
+#include "server/policies/fleet.h"
+#include "server/policies/rate.h"
+
 namespace sluice {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+
+// Loads with sluice's own policy kinds.
+ConfigLoad load_yaml(std::string_view yaml) {
+  return load_config(yaml, server::PolicyRegistry::builtin());
+}
 
 constexpr const char* kFull = R"yaml(
 server:
@@ -74,7 +84,7 @@ policies:
 )yaml";
 
 TEST(Config, ReadsEveryKindOfPolicyAndCoordinator) {
-  const ConfigLoad load = load_config(kFull);
+  const ConfigLoad load = load_yaml(kFull);
   ASSERT_TRUE(load.config.has_value());
   for (const ConfigError& e : load.errors) ADD_FAILURE() << e.to_string("full");
   const SluiceConfig& c = *load.config;
@@ -92,34 +102,34 @@ TEST(Config, ReadsEveryKindOfPolicyAndCoordinator) {
   EXPECT_TRUE(main.rules.acknowledged_handoff);
   EXPECT_EQ(c.coordinators.at("pg").postgres.conninfo, "host=db sslmode=require");
 
-  const auto& rate = std::get<RatePolicy>(c.policies.at("api-rate").body);
+  const auto& rate = *c.policies.at("api-rate").as<server::RateSpec>();
   EXPECT_EQ(rate.rule.strategy, RateStrategy::kSlidingWindow);
   EXPECT_EQ(rate.rule.limit, 100u);
   EXPECT_EQ(rate.rule.period, milliseconds(250));
-  const auto& gcra = std::get<RatePolicy>(c.policies.at("burst").body);
+  const auto& gcra = *c.policies.at("burst").as<server::RateSpec>();
   EXPECT_EQ(gcra.rule.strategy, RateStrategy::kGcra);
   EXPECT_EQ(gcra.rule.burst, 30u);
   EXPECT_EQ(gcra.rule.period, seconds(1));
-  const auto& llm = std::get<AdaptivePolicy>(c.policies.at("llm").body);
+  const auto& llm = *c.policies.at("llm").as<server::AdaptiveSpec>();
   EXPECT_EQ(llm.algorithm.kind, AlgorithmSpec::Kind::kVegas);
   EXPECT_EQ(make_algorithm(llm.algorithm)->name(), "vegas");
-  const auto& fleet = std::get<FleetPolicy>(c.policies.at("backend").body);
+  const auto& fleet = *c.policies.at("backend").as<server::FleetSpec>();
   EXPECT_EQ(fleet.coordinator, "main");
   EXPECT_EQ(fleet.guard.key, "backend");
   EXPECT_EQ(fleet.guard.heartbeat, milliseconds(100));
   EXPECT_TRUE(fleet.guard.eager_handoff);
   EXPECT_EQ(make_algorithm(fleet.algorithm)->limit(), 40u);
-  const auto& gw = std::get<ConcurrencyPolicy>(c.policies.at("gateway").body).gateway;
+  const auto& gw = c.policies.at("gateway").as<server::ConcurrencySpec>()->gateway;
   ASSERT_EQ(gw.upstreams.size(), 1u);
   EXPECT_EQ(gw.upstreams[0].concurrency_limit->strategy, Strategy::kQueue);
   EXPECT_EQ(gw.upstreams[0].concurrency_limit->queue.timeout, seconds(2));
   EXPECT_EQ(gw.upstreams[0].routes[0].max_concurrent, 5u);
   EXPECT_EQ(gw.problem.status, 429);
-  EXPECT_EQ(c.policies.at("gateway").kind(), "concurrency");
+  EXPECT_EQ(c.policies.at("gateway").kind, "concurrency");
 }
 
 TEST(Config, EmptyFileIsTheEmbeddedDefaults) {
-  const ConfigLoad load = load_config("");
+  const ConfigLoad load = load_yaml("");
   ASSERT_TRUE(load.config.has_value());
   EXPECT_TRUE(load.config->policies.empty());
   EXPECT_EQ(load.config->coordinators.count("memory"), 1u);
@@ -127,7 +137,7 @@ TEST(Config, EmptyFileIsTheEmbeddedDefaults) {
 
 // Every problem at once, each at its line and column.
 TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
-  const ConfigLoad load = load_config(R"yaml(policies:
+  const ConfigLoad load = load_yaml(R"yaml(policies:
   a:
     kind: rate
     limt: 5
@@ -198,7 +208,7 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
 // An adaptive algorithm's limits are checked with its own defaults filling in the rest: a
 // max_limit below aimd's default min_limit (20) is an error, not a guard that quietly swaps them.
 TEST(Config, AlgorithmLimitsAreCheckedAgainstTheAlgorithmsDefaults) {
-  const ConfigLoad bad = load_config(R"yaml(policies:
+  const ConfigLoad bad = load_yaml(R"yaml(policies:
   g:
     kind: adaptive
     algorithm: aimd
@@ -218,14 +228,14 @@ TEST(Config, AlgorithmLimitsAreCheckedAgainstTheAlgorithmsDefaults) {
   ASSERT_TRUE(by_path.contains("policies.h"));
   EXPECT_NE(by_path["policies.h"].find("initial_limit"), std::string::npos)
       << by_path["policies.h"];
-  EXPECT_TRUE(load_config("policies:\n  ok:\n    kind: adaptive\n    algorithm: aimd\n"
-                          "    min_limit: 2\n    max_limit: 10\n    initial_limit: 5\n")
+  EXPECT_TRUE(load_yaml("policies:\n  ok:\n    kind: adaptive\n    algorithm: aimd\n"
+                        "    min_limit: 2\n    max_limit: 10\n    initial_limit: 5\n")
                   .config.has_value());
 }
 
 // A rate policy is checked by its rule (sluice/rate_strategy.h), each error at its field.
 TEST(Config, RateRulesAreCheckedByTheRuleAtTheirField) {
-  const ConfigLoad bad = load_config(R"yaml(policies:
+  const ConfigLoad bad = load_yaml(R"yaml(policies:
   x:
     kind: rate
     strategy: fixed-window
@@ -250,7 +260,7 @@ TEST(Config, RateRulesAreCheckedByTheRuleAtTheirField) {
 // `rate:` chains a rate policy in front of a concurrency kind: it must name one, and a rate
 // policy cannot chain another. Server lease settings are read and checked against each other.
 TEST(Config, RateChainingAndServerLeaseSettings) {
-  const ConfigLoad ok = load_config(R"yaml(server:
+  const ConfigLoad ok = load_yaml(R"yaml(server:
   lease_ttl: 5s
   max_lease_ttl: 1m
   shutdown_grace: 2s
@@ -268,7 +278,7 @@ policies:
   EXPECT_FALSE(ok.config->policies.at("a").fingerprint.empty());
   EXPECT_NE(ok.config->policies.at("a").fingerprint, ok.config->policies.at("r").fingerprint);
 
-  const ConfigLoad bad = load_config(R"yaml(server:
+  const ConfigLoad bad = load_yaml(R"yaml(server:
   lease_ttl: 5m
   max_lease_ttl: 1m
 policies:
@@ -287,14 +297,15 @@ policies:
 }
 
 TEST(Config, SyntaxErrorsAndMissingFilesAreOneClearError) {
-  const ConfigLoad bad = load_config("policies:\n  a: [unclosed\n");
+  const ConfigLoad bad = load_yaml("policies:\n  a: [unclosed\n");
   ASSERT_EQ(bad.errors.size(), 1u);
   EXPECT_NE(bad.errors[0].message.find("YAML syntax"), std::string::npos);
   EXPECT_GT(bad.errors[0].line, 0);
-  const ConfigLoad missing = load_config_file("/nonexistent/sluice.yaml");
+  const ConfigLoad missing =
+      load_config_file("/nonexistent/sluice.yaml", server::PolicyRegistry::builtin());
   ASSERT_EQ(missing.errors.size(), 1u);
   EXPECT_NE(missing.errors[0].message.find("/nonexistent/sluice.yaml"), std::string::npos);
-  const ConfigLoad list = load_config("- a\n- b\n");
+  const ConfigLoad list = load_yaml("- a\n- b\n");
   ASSERT_EQ(list.errors.size(), 1u);
   EXPECT_NE(list.errors[0].message.find("mapping"), std::string::npos);
 }

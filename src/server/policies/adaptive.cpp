@@ -1,7 +1,7 @@
 // The adaptive kind: an AdaptiveGuard (a concurrency limit inferred from latency, or fixed).
+#include "server/policies/adaptive.h"
+
 #include "server/policies/admit_policy.h"
-#include "server/registry.h"
-#include "sluice/algorithm_spec.h"
 
 namespace sluice::server {
 namespace {
@@ -42,15 +42,21 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
   AdaptiveGuard guard_;
 };
 
+std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
+                                        PolicySpec& /*spec*/) {
+  s.keys({"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "rate"});
+  auto body = std::make_shared<AdaptiveSpec>();
+  read_algorithm(s, body->algorithm);
+  return body;
+}
+
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
-  const auto& spec = std::get<AdaptivePolicy>(c.spec.body);
+  const AdaptiveSpec& spec = *c.spec.as<AdaptiveSpec>();
   return std::shared_ptr<Policy>(std::make_shared<AdaptiveLimitPolicy>(c, spec.algorithm));
 }
 
 }  // namespace
 
-PolicyKind adaptive_kind() {
-  return PolicyKind{.name = "adaptive", .rate_family = false, .admit_family = true, .build = build};
-}
+PolicyKind adaptive_kind() { return PolicyKind("adaptive", PolicyKind::kAdmit, parse, build); }
 
 }  // namespace sluice::server

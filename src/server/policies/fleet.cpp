@@ -1,9 +1,8 @@
 // The fleet kind: a FleetGuard (one global concurrency ceiling shared by every server through a
 // coordinator), beaten by its own runner thread.
+#include "server/policies/fleet.h"
+
 #include "server/policies/admit_policy.h"
-#include "server/registry.h"
-#include "sluice/algorithm_spec.h"
-#include "sluice/fleet_guard.h"
 
 namespace sluice::server {
 namespace {
@@ -19,7 +18,7 @@ class FleetLimitPolicy final : public AdmitPolicy {
   ~FleetLimitPolicy() override { retire(); }
 
   // Builds the guard and starts its runner.
-  Status start(const FleetPolicy& spec, const BuildContext& c) {
+  Status start(const FleetSpec& spec, const BuildContext& c) {
     FleetGuardOptions o = spec.guard;
     o.node_id = c.node_id;
     auto g = FleetGuard::create(*coordinator_, make_algorithm(spec.algorithm), c.clock, o);
@@ -99,8 +98,37 @@ class FleetLimitPolicy final : public AdmitPolicy {
   std::unique_ptr<FleetGuardRunner> runner_;
 };
 
+std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
+                                        PolicySpec& spec) {
+  s.keys({"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "coordinator",
+          "key", "heartbeat", "lease_ttl", "outage", "self_fence", "fence_safety_margin",
+          "eager_handoff", "min_heartbeat", "call_timeout", "rate"});
+  auto body = std::make_shared<FleetSpec>();
+  read_algorithm(s, body->algorithm);
+  if (auto v = s.str("coordinator")) body->coordinator = *v;
+  spec.coordinators = {body->coordinator};
+  FleetGuardOptions& g = body->guard;
+  g.key = name;
+  if (auto v = s.str("key")) g.key = *v;
+  if (auto d = s.duration("heartbeat")) g.heartbeat = *d;
+  g.lease_ttl = s.duration("lease_ttl");
+  if (auto o = s.choice<OutageMode>("outage", {{"fail-closed", OutageMode::kFailClosed},
+                                               {"local-only", OutageMode::kLocalOnly}}))
+    g.outage = *o;
+  if (auto b = s.boolean("self_fence")) g.self_fence = *b;
+  g.fence_safety_margin = s.duration("fence_safety_margin");
+  if (auto b = s.boolean("eager_handoff")) g.eager_handoff = *b;
+  g.min_heartbeat = s.duration("min_heartbeat");
+  g.call_timeout = s.duration("call_timeout");
+  // The guard's own rules between fields (lease > heartbeat, ...), node_id aside.
+  FleetGuardOptions probe = g;
+  probe.node_id = "check";
+  if (std::string why = probe.validate(); !why.empty()) s.error(why);
+  return body;
+}
+
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
-  const auto& spec = std::get<FleetPolicy>(c.spec.body);
+  const FleetSpec& spec = *c.spec.as<FleetSpec>();
   auto p = std::make_shared<FleetLimitPolicy>(c, c.fleet_coordinator(spec.coordinator));
   if (Status s = p->start(spec, c); !s.ok()) return s;
   return std::shared_ptr<Policy>(std::move(p));
@@ -108,8 +136,6 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
 
 }  // namespace
 
-PolicyKind fleet_kind() {
-  return PolicyKind{.name = "fleet", .rate_family = false, .admit_family = true, .build = build};
-}
+PolicyKind fleet_kind() { return PolicyKind("fleet", PolicyKind::kAdmit, parse, build); }
 
 }  // namespace sluice::server

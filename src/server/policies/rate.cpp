@@ -1,7 +1,9 @@
 // The rate kind: a RateLimiter (fixed window, sliding window or GCRA) per policy.
+#include "server/policies/rate.h"
+
+#include <limits>
 #include <sstream>
 
-#include "server/registry.h"
 #include "sluice/rate_limiter.h"
 
 namespace sluice::server {
@@ -76,8 +78,28 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   std::atomic<std::uint64_t> allowed_{0}, denied_{0};
 };
 
+std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
+                                        PolicySpec& /*spec*/) {
+  s.keys({"kind", "strategy", "limit", "period", "burst"});
+  auto body = std::make_shared<RateSpec>();
+  RateRule& rule = body->rule;
+  if (auto v = s.choice<RateStrategy>("strategy", {{"fixed-window", RateStrategy::kFixedWindow},
+                                                   {"sliding-window", RateStrategy::kSlidingWindow},
+                                                   {"gcra", RateStrategy::kGcra}}))
+    rule.strategy = *v;
+  if (auto v = s.uint("limit", 1, std::numeric_limits<std::uint32_t>::max(), true)) rule.limit = *v;
+  if (auto d = s.duration("period")) rule.period = *d;
+  if (auto v = s.uint("burst", 1, std::numeric_limits<std::uint32_t>::max())) rule.burst = *v;
+  // The rule's own check ("<field> <what is wrong>"), placed at the field it names.
+  if (const std::string why = rule.validate(); !why.empty()) {
+    const std::string field = why.substr(0, why.find(' '));
+    s.error(field, why.substr(field.size() + 1));
+  }
+  return body;
+}
+
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
-  const auto& spec = std::get<RatePolicy>(c.spec.body);
+  const RateSpec& spec = *c.spec.as<RateSpec>();
   auto limiter = make_rate_limiter(RateLimiterOptions{spec.rule, 64}, c.clock);
   if (!limiter.ok()) return limiter.status();
   return std::shared_ptr<Policy>(std::make_shared<RateLimitPolicy>(c, std::move(limiter.value())));
@@ -85,8 +107,6 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
 
 }  // namespace
 
-PolicyKind rate_kind() {
-  return PolicyKind{.name = "rate", .rate_family = true, .admit_family = false, .build = build};
-}
+PolicyKind rate_kind() { return PolicyKind("rate", PolicyKind::kRate, parse, build); }
 
 }  // namespace sluice::server

@@ -1,0 +1,110 @@
+#include "sluice/config_section.h"
+
+#include "config/reader.h"
+
+namespace sluice {
+namespace {
+
+const YAML::Node& node(const std::shared_ptr<const void>& p) {
+  return *static_cast<const YAML::Node*>(p.get());
+}
+
+}  // namespace
+
+using config_detail::Reader;
+
+bool ConfigSection::has(std::string_view key) const {
+  return node(node_)[std::string(key)].IsDefined();
+}
+
+void ConfigSection::keys(std::initializer_list<std::string_view> allowed) {
+  reader_->keys(node(node_), path_, allowed);
+}
+
+std::optional<std::string> ConfigSection::str(std::string_view key, bool required) {
+  return reader_->str(node(node_), key, path_, required);
+}
+
+std::optional<std::uint64_t> ConfigSection::uint(std::string_view key, std::uint64_t min,
+                                                 std::uint64_t max, bool required) {
+  return reader_->uint(node(node_), key, path_, min, max, required);
+}
+
+std::optional<std::uint32_t> ConfigSection::u32(std::string_view key, std::uint32_t min) {
+  return reader_->u32(node(node_), key, path_, min);
+}
+
+std::optional<bool> ConfigSection::boolean(std::string_view key) {
+  return reader_->boolean(node(node_), key, path_);
+}
+
+std::optional<Nanos> ConfigSection::duration(std::string_view key) {
+  return reader_->duration(node(node_), key, path_);
+}
+
+std::optional<std::size_t> ConfigSection::choose(std::string_view key,
+                                                 const std::vector<std::string_view>& words,
+                                                 bool required) {
+  config_detail::Names<std::size_t> names;
+  for (std::size_t i = 0; i < words.size(); ++i) names.emplace_back(words[i], i);
+  return reader_->choice(node(node_), key, path_, names, required);
+}
+
+std::optional<ConfigSection> ConfigSection::map(std::string_view key, bool required) {
+  const YAML::Node child = node(node_)[std::string(key)];
+  const std::string path = Reader::join(path_, key);
+  if (!reader_->map(child, path, required)) return std::nullopt;
+  return reader_->section(child, path);
+}
+
+void ConfigSection::each(std::string_view key, const std::function<void(ConfigSection&)>& f) {
+  const YAML::Node list = node(node_)[std::string(key)];
+  const std::string path = Reader::join(path_, key);
+  if (!reader_->sequence(list, path)) return;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string p = path + "[" + std::to_string(i) + "]";
+    if (!reader_->map(list[i], p, true)) continue;
+    ConfigSection entry = reader_->section(list[i], p);
+    f(entry);
+  }
+}
+
+void ConfigSection::error(std::string_view key, const std::string& message) {
+  const YAML::Node k = node(node_)[std::string(key)];
+  reader_->error(k.IsDefined() ? k : node(node_), Reader::join(path_, key), message);
+}
+
+void ConfigSection::error(const std::string& message) {
+  reader_->error(node(node_), path_, message);
+}
+
+void ConfigSection::error_at(const std::string& relative, const std::string& message) {
+  reader_->error_at(reader_->mark_of(path_, relative), path_ + "." + relative, message);
+}
+
+void ConfigSection::warning_at(const std::string& relative, const std::string& message) {
+  reader_->warnings.push_back(
+      Reader::make(reader_->mark_of(path_, relative), path_ + "." + relative, message));
+}
+
+void read_algorithm(ConfigSection& s, AlgorithmSpec& out) {
+  if (auto k = s.choice<AlgorithmSpec::Kind>("algorithm",
+                                             {{"fixed", AlgorithmSpec::Kind::kFixed},
+                                              {"aimd", AlgorithmSpec::Kind::kAimd},
+                                              {"vegas", AlgorithmSpec::Kind::kVegas},
+                                              {"gradient2", AlgorithmSpec::Kind::kGradient2}}))
+    out.kind = *k;
+  out.limit = s.u32("limit", 1);
+  out.initial_limit = s.u32("initial_limit", 1);
+  out.min_limit = s.u32("min_limit", 1);
+  out.max_limit = s.u32("max_limit", 1);
+  if (out.kind == AlgorithmSpec::Kind::kFixed && !s.has("limit"))
+    s.error("limit", "is required for the fixed algorithm");
+  if (out.kind != AlgorithmSpec::Kind::kFixed && s.has("limit"))
+    s.error("limit",
+            "applies to the fixed algorithm only (use initial_limit, min_limit, max_limit)");
+  if (const std::string_view why = out.validate(); !why.empty())
+    s.error(std::string(why) + " (the algorithm's defaults fill in the limits not set)");
+}
+
+}  // namespace sluice

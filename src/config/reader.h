@@ -1,0 +1,202 @@
+// reader.h: the YAML walker the config loader and every kind's parser share (through
+// ConfigSection): typed reads that record every error with its line, column and field path,
+// unknown-key checks, and the position of every field read, so that issues found later (the
+// gateway's validation) can point at a line.
+//
+// Thread-safety: one Reader per load.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "sluice/config.h"
+#include "sluice/config_section.h"
+
+namespace sluice::config_detail {
+
+template <class E>
+using Names = std::vector<std::pair<std::string_view, E>>;
+
+// Walks the YAML tree, collecting every error with its position, and remembers each field's
+// position by path so that issues found later (the gateway's validation) can point at a line.
+class Reader {
+ public:
+  std::vector<ConfigError> errors;
+  std::vector<ConfigError> warnings;
+  std::map<std::string, YAML::Mark> marks;
+
+  void error(const YAML::Node& n, const std::string& path, std::string message) {
+    errors.push_back(make(n.IsDefined() ? n.Mark() : YAML::Mark::null_mark(), path, message));
+  }
+  void error_at(const YAML::Mark& m, const std::string& path, std::string message) {
+    errors.push_back(make(m, path, std::move(message)));
+  }
+
+  static ConfigError make(const YAML::Mark& m, const std::string& path, std::string message) {
+    ConfigError e;
+    e.path = path;
+    if (m.line >= 0) {
+      e.line = m.line + 1;
+      e.column = m.column + 1;
+    }
+    e.message = std::move(message);
+    return e;
+  }
+
+  // A mapping (or absent: false without an error when optional).
+  bool map(const YAML::Node& n, const std::string& path, bool required = false) {
+    if (!n.IsDefined() || n.IsNull()) {
+      if (required) error(n, path, "is required");
+      return false;
+    }
+    marks.emplace(path, n.Mark());
+    if (!n.IsMap()) {
+      error(n, path, "must be a mapping");
+      return false;
+    }
+    return true;
+  }
+
+  bool sequence(const YAML::Node& n, const std::string& path) {
+    if (!n.IsDefined() || n.IsNull()) return false;
+    marks.emplace(path, n.Mark());
+    if (!n.IsSequence()) {
+      error(n, path, "must be a list");
+      return false;
+    }
+    return true;
+  }
+
+  // Every key of `n` must be one of `allowed`.
+  void keys(const YAML::Node& n, const std::string& path,
+            std::initializer_list<std::string_view> allowed) {
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        error(it->first, path, "keys must be plain names");
+        continue;
+      }
+      const std::string key = it->first.Scalar();
+      bool known = false;
+      for (std::string_view a : allowed) known = known || a == key;
+      if (!known) {
+        std::string list;
+        for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+        error(it->first, join(path, key), "unknown key (expected one of: " + list + ")");
+      }
+    }
+  }
+
+  static std::string join(const std::string& path, std::string_view key) {
+    return path.empty() ? std::string(key) : path + "." + std::string(key);
+  }
+
+  std::optional<std::string> str(const YAML::Node& parent, std::string_view key,
+                                 const std::string& path, bool required = false) {
+    const YAML::Node n = parent[std::string(key)];
+    const std::string p = join(path, key);
+    if (!n.IsDefined() || n.IsNull()) {
+      if (required) error(parent, p, "is required");
+      return std::nullopt;
+    }
+    marks.emplace(p, n.Mark());
+    if (!n.IsScalar()) {
+      error(n, p, "must be a string");
+      return std::nullopt;
+    }
+    return n.Scalar();
+  }
+
+  std::optional<std::uint64_t> uint(const YAML::Node& parent, std::string_view key,
+                                    const std::string& path, std::uint64_t min, std::uint64_t max,
+                                    bool required = false) {
+    const std::optional<std::string> s = str(parent, key, path, required);
+    if (!s) return std::nullopt;
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(s->data(), s->data() + s->size(), v);
+    const YAML::Node n = parent[std::string(key)];
+    if (ec != std::errc{} || end != s->data() + s->size()) {
+      error(n, join(path, key), "must be a whole number, not '" + *s + "'");
+      return std::nullopt;
+    }
+    if (v < min || v > max) {
+      error(n, join(path, key),
+            "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], not " + *s);
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  std::optional<std::uint32_t> u32(const YAML::Node& parent, std::string_view key,
+                                   const std::string& path, std::uint32_t min = 0) {
+    const auto v = uint(parent, key, path, min, std::numeric_limits<std::uint32_t>::max());
+    return v ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(*v)) : std::nullopt;
+  }
+
+  std::optional<bool> boolean(const YAML::Node& parent, std::string_view key,
+                              const std::string& path) {
+    const std::optional<std::string> s = str(parent, key, path);
+    if (!s) return std::nullopt;
+    if (*s == "true") return true;
+    if (*s == "false") return false;
+    error(parent[std::string(key)], join(path, key), "must be true or false, not '" + *s + "'");
+    return std::nullopt;
+  }
+
+  std::optional<Nanos> duration(const YAML::Node& parent, std::string_view key,
+                                const std::string& path) {
+    const std::optional<std::string> s = str(parent, key, path);
+    if (!s) return std::nullopt;
+    const std::optional<Nanos> d = parse_duration(*s);
+    if (!d || *d <= Nanos{0}) {
+      error(parent[std::string(key)], join(path, key),
+            "must be a positive duration such as 250ms or 2s, not '" + *s + "'");
+      return std::nullopt;
+    }
+    return d;
+  }
+
+  template <class E>
+  std::optional<E> choice(const YAML::Node& parent, std::string_view key, const std::string& path,
+                          const Names<E>& names, bool required = false) {
+    const std::optional<std::string> s = str(parent, key, path, required);
+    if (!s) return std::nullopt;
+    std::string list;
+    for (const auto& [name, value] : names) {
+      if (name == *s) return value;
+      list += (list.empty() ? "" : ", ") + std::string(name);
+    }
+    error(parent[std::string(key)], join(path, key),
+          "must be one of " + list + ", not '" + *s + "'");
+    return std::nullopt;
+  }
+
+  // `n` (a mapping at `path`) as a section a kind reads.
+  ConfigSection section(const YAML::Node& n, std::string path) {
+    return ConfigSection(*this, std::make_shared<YAML::Node>(n), std::move(path));
+  }
+
+  // A gateway issue's path ("upstreams[2].concurrency_limit.per_tenant_max") under `base`, at
+  // the position of the longest prefix of it that was read.
+  YAML::Mark mark_of(const std::string& base, const std::string& path) const {
+    std::string p = base + "." + path;
+    while (true) {
+      if (auto it = marks.find(p); it != marks.end()) return it->second;
+      const std::size_t cut = p.find_last_of(".[");
+      if (cut == std::string::npos || cut == 0) return YAML::Mark::null_mark();
+      p.resize(cut);
+    }
+  }
+};
+
+}  // namespace sluice::config_detail

@@ -1,0 +1,30 @@
+// fleet.h: the fleet kind's fields (src/server/policies/fleet.cpp).
+//
+//   kind: fleet
+//   the adaptive kind's algorithm fields, plus
+//   coordinator: memory          # a coordinator of the config; default memory
+//   key: <name>                  # the fleet's key at the coordinator; default the policy's name
+//   heartbeat: 1s                # default 1s
+//   lease_ttl: 2s                # default 2 x heartbeat
+//   outage: fail-closed | local-only
+//   self_fence, fence_safety_margin, eager_handoff, min_heartbeat, call_timeout
+//   rate: <rate policy>          # optional: passed first
+#pragma once
+
+#include <string>
+
+#include "server/registry.h"
+#include "sluice/algorithm_spec.h"
+#include "sluice/fleet_guard.h"
+
+namespace sluice::server {
+
+struct FleetSpec final : PolicyBody {
+  AlgorithmSpec algorithm;
+  std::string coordinator = "memory";
+  FleetGuardOptions guard;  // node_id is left empty: the server fills in its own
+};
+
+[[nodiscard]] PolicyKind fleet_kind();
+
+}  // namespace sluice::server
