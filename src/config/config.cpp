@@ -199,12 +199,23 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
 
 }  // namespace
 
+// Appended piece by piece: `":" + std::to_string(line)` trips g++ 12's bogus -Wrestrict at -O3
+// (GCC bug 105651).
 std::string ConfigError::to_string(std::string_view source) const {
   std::string out(source);
-  if (line > 0) out += ":" + std::to_string(line) + ":" + std::to_string(column);
+  if (line > 0) {
+    out += ':';
+    out += std::to_string(line);
+    out += ':';
+    out += std::to_string(column);
+  }
   out += ": ";
-  if (!path.empty()) out += path + ": ";
-  return out + message;
+  if (!path.empty()) {
+    out += path;
+    out += ": ";
+  }
+  out += message;
+  return out;
 }
 
 bool parse_host_port(std::string_view text, std::string& host, int& port, int min_port) {
