@@ -1,17 +1,19 @@
 // engine.h: what `sluice serve` decides with, apart from any transport.
 //
-// What it is: the live policies of one config (rate limiters, adaptive guards, fleet guards with
-// their coordinators, gateway limits), the lease table, and the calls both wire APIs (gRPC and
-// HTTP) map onto: check / check_many / peek on rate policies; admit / release / heartbeat on
-// concurrency policies; state, metrics, readiness; reload. Every input is checked here, so both
+// What it is: the live policies of one config, each built by its kind from the registry the
+// engine was given (registry.h; the engine knows no kind), the lease table, and the calls both
+// wire APIs (gRPC and HTTP) map onto: check / check_many / peek on policies of the rate family;
+// admit / release / heartbeat on policies of the admit family; state, metrics, readiness;
+// reload. Every common input is checked here and every kind-specific one in its kind, so both
 // transports refuse the same things with the same messages (each names its field).
 //
-// Policy chaining (the gateway document's order): a concurrency policy with `rate: R` checks R
-// first, for the call's key (or its tenant when it names no key). Over the rate: a 429 refusal
-// and no permit is taken. Then the concurrency limit: a 503 refusal, or a permit held by a lease.
+// Policy chaining (the gateway document's order): a policy with `rate: R` is served behind R
+// (chain_rate): its admit resolves the call, then passes R for the call's key (or its tenant
+// when it names no key): over the rate, a 429 and no permit is taken; then its own limit: a 503,
+// or a permit held by a lease.
 //
-// Reload: the new config's policies are built next to the old ones; a policy whose spec (and,
-// for a fleet policy, its coordinator's spec) is unchanged is carried over as the same object,
+// Reload: the new config's policies are built next to the old ones; a policy whose spec (and
+// every coordinator's spec it uses) is unchanged is carried over as the same object,
 // so its in-flight permits, rate state and fleet membership survive. If anything fails to
 // build, nothing changes. A policy that is gone or changed is no longer served (a fleet policy
 // leaves its fleet); leases on it keep their permit until released or expired.
