@@ -366,9 +366,13 @@ Readiness Engine::readiness() const {
   Readiness r;
   if (draining()) r.problems.push_back("the server is shutting down");
   const auto set = current();
-  for (const auto& [name, p] : set->policies)
-    if (std::string why = p.base->not_ready(); !why.empty())
-      r.problems.push_back("policy " + name + ": " + why);
+  for (const auto& [name, p] : set->policies) {
+    const PolicyReadiness pr = p.base->readiness();
+    if (!pr.serving)
+      r.problems.push_back("policy " + name + ": " + pr.why);
+    else if (!pr.why.empty())
+      r.degraded.push_back("policy " + name + ": " + pr.why);
+  }
   r.ready = r.problems.empty();
   return r;
 }

@@ -53,8 +53,9 @@ struct ReloadSummary {
 };
 
 struct Readiness {
-  bool ready = false;
+  bool ready = false;                 // every policy serves as configured, and not draining
   std::vector<std::string> problems;  // why not
+  std::vector<std::string> degraded;  // serving, but degraded (a local-only fleet in an outage)
 };
 
 class PolicySet;

@@ -82,6 +82,15 @@ class AdmitFamily {
                                                       AdmitGate* gate) = 0;
 };
 
+struct PolicyReadiness {
+  // False: it cannot serve as configured (a fail-closed fleet guard that never reached its
+  // coordinator refuses every call): a load balancer should send its traffic elsewhere.
+  bool serving = true;
+  // Not serving: why. Serving: what is degraded, if anything (a local-only fleet guard admitting
+  // on its own limit during a coordinator outage); empty when nothing is.
+  std::string why;
+};
+
 class Policy : public std::enable_shared_from_this<Policy> {
  public:
   virtual ~Policy() = default;
@@ -111,8 +120,9 @@ class Policy : public std::enable_shared_from_this<Policy> {
   [[nodiscard]] PolicyInfo info() const;
   // Metric families (each series gets a policy label from the engine).
   [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const;
-  // Empty when it serves as configured; else why not.
-  [[nodiscard]] virtual std::string not_ready() const { return {}; }
+  // Whether it serves as configured (a configured outage mode counts: it is the
+  // configuration), and what is degraded meanwhile.
+  [[nodiscard]] virtual PolicyReadiness readiness() const { return {}; }
 
  protected:
   Policy(std::string name, std::string kind, std::string identity, std::string rate)

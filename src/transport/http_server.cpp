@@ -326,6 +326,7 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     x.content_type = "text/plain";
     x.response = r.ready ? "ready\n" : "";
     for (const std::string& p : r.problems) x.response += p + "\n";
+    for (const std::string& d : r.degraded) x.response += "degraded: " + d + "\n";
   } else if (path == "/v1/policies") {
     if (!need(get, "GET, HEAD")) return;
     x.content_type = "application/json";

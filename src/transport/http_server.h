@@ -3,8 +3,10 @@
 // Endpoints:
 //   GET  /metrics          Prometheus text exposition (Engine::metrics_text)
 //   GET  /healthz          200 while the process serves
-//   GET  /readyz           200 when every policy can decide (fleet guards reached their
-//                          coordinator) and the server is not draining; else 503 with the reasons
+//   GET  /readyz           200 when every policy serves as configured (a fail-closed fleet guard
+//                          reached its coordinator; a local-only one serves on its own limit in
+//                          an outage, listed as degraded) and the server is not draining; else
+//                          503 with the reasons
 //   GET  /v1/policies      JSON state of every policy
 //   POST /v1/check, /v1/peek, /v1/check_many, /v1/admit, /v1/release, /v1/heartbeat
 //                          JSON mirrors of the gRPC calls (field names as in the proto; durations

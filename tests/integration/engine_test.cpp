@@ -475,6 +475,45 @@ TEST(EngineFleet, CloseLeavesTheFleet) {
 // engine comes up (rate and local policies serve), the fleet policy is in its outage mode and
 // not ready, a warning names the coordinator, and once Redis comes up on that address the fleet
 // policy joins and the engine is ready, with no restart.
+TEST(EngineFleet, ALocalOnlyFleetInAnOutageIsReadyAndSaysItIsDegraded) {
+  // Ready means "serves its policies as configured": a local-only guard that cannot reach its
+  // coordinator admits on its own limit, as configured, so a load balancer must not drain the
+  // node; the outage shows as degraded. A fail-closed guard in the same outage refuses every
+  // call: not ready.
+  const std::string yaml =
+      "server:\n  node_id: lonely\ncoordinators:\n  r:\n    kind: redis\n"
+      "    address: 127.0.0.1:" +
+      std::to_string(testing::free_port()) +
+      "\n    connect_timeout: 200ms\npolicies:\n"
+      "  f:\n    kind: fleet\n    coordinator: r\n    algorithm: fixed\n    limit: 3\n"
+      "    heartbeat: 20ms\n    lease_ttl: 60s\n    outage: OUTAGE\n";
+  const auto with = [&](const std::string& outage) {
+    std::string y = yaml;
+    y.replace(y.find("OUTAGE"), 6, outage);
+    return config_of(y);
+  };
+  auto local = Engine::create(with("local-only"), SteadyClock::instance());
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  const Readiness r = local.value()->readiness();
+  EXPECT_TRUE(r.ready);
+  EXPECT_TRUE(r.problems.empty());
+  ASSERT_EQ(r.degraded.size(), 1u);
+  EXPECT_EQ(r.degraded[0].find("policy f: fleet guard is "), 0u) << r.degraded[0];
+  EXPECT_NE(r.degraded[0].find("local-only"), std::string::npos) << r.degraded[0];
+  EXPECT_TRUE(local.value()->admit(AdmitCall{"f", "k", {}, {}, {}, std::nullopt}).value().admitted);
+  local.value()->close();
+
+  auto closed = Engine::create(with("fail-closed"), SteadyClock::instance());
+  ASSERT_TRUE(closed.ok()) << closed.status().to_string();
+  const Readiness c = closed.value()->readiness();
+  EXPECT_FALSE(c.ready);
+  ASSERT_EQ(c.problems.size(), 1u);
+  EXPECT_TRUE(c.degraded.empty());
+  EXPECT_FALSE(
+      closed.value()->admit(AdmitCall{"f", "k", {}, {}, {}, std::nullopt}).value().admitted);
+  closed.value()->close();
+}
+
 TEST(EngineFleet, StartsWhileItsCoordinatorIsDownAndJoinsWhenItComesUp) {
   const int port = testing::free_port();
   const std::string yaml =

@@ -48,11 +48,18 @@ class FleetLimitPolicy final : public AdmitPolicy {
     return out;
   }
 
-  [[nodiscard]] std::string not_ready() const override {
+  // Active: serving. Starting or in an outage: a local-only guard serves as configured (on
+  // its own limit, degraded); a fail-closed one refuses every call. Fenced or closed: not
+  // serving.
+  [[nodiscard]] PolicyReadiness readiness() const override {
     const FleetGuardStats s = guard_->stats();
     if (s.phase == FleetPhase::kActive) return {};
-    return "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
-           std::string(coordinator_->backend()) + " not reached)";
+    const std::string why = "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
+                            std::string(coordinator_->backend()) + " not reached)";
+    const bool waiting = s.phase == FleetPhase::kStarting || s.phase == FleetPhase::kOutage;
+    if (waiting && guard_->options().outage == OutageMode::kLocalOnly)
+      return {true, why + "; admitting local-only, up to this node's own limit"};
+    return {false, why};
   }
 
  protected:

@@ -33,7 +33,7 @@ class RateChain final : public Policy, public AdmitFamily, public AdmitGate {
     return std::optional<Rejection>(rate.refusal(key, d));
   }
 
-  [[nodiscard]] std::string not_ready() const override { return inner_->not_ready(); }
+  [[nodiscard]] PolicyReadiness readiness() const override { return inner_->readiness(); }
 
  protected:
   // What it shows is the inner policy's (the engine reads that one directly).
