@@ -14,17 +14,27 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sluice/clock.h"
 #include "sluice/rate_strategy.h"
 #include "sluice/rejection.h"
+#include "sluice/status.h"
 
 namespace sluice::server {
 
 // A duration in seconds (for messages and JSON).
 [[nodiscard]] inline double seconds_of(Nanos d) noexcept {
   return std::chrono::duration<double>(d).count();
+}
+
+// INVALID_ARGUMENT naming the field: "<field>: <why>".
+[[nodiscard]] inline Status invalid(std::string_view field, std::string_view why) {
+  std::string message(field);
+  message += ": ";
+  message += why;
+  return Status(StatusCode::kInvalidArgument, std::move(message));
 }
 
 // Limits on request fields.

@@ -18,15 +18,11 @@ using nlohmann::json;
 
 namespace {
 
-Status invalid(std::string field, std::string_view why) {
-  return Status(StatusCode::kInvalidArgument, field + ": " + std::string(why));
-}
-
 // A string field: present when `required`, and at most `max` bytes.
 Status check_field(std::string_view field, std::string_view v, std::size_t max, bool required) {
-  if (v.empty()) return required ? invalid(std::string(field), "must not be empty") : Status{};
+  if (v.empty()) return required ? invalid(field, "must not be empty") : Status{};
   if (v.size() > max)
-    return invalid(std::string(field),
+    return invalid(field,
                    "is " + std::to_string(v.size()) + " bytes; at most " + std::to_string(max));
   return {};
 }
@@ -206,9 +202,10 @@ StatusOr<RateFamily*> rate_policy(const PolicySet& set, const PolicyRegistry& ki
     return Status(StatusCode::kNotFound, "policy: no policy named '" + std::string(name) + "'");
   RateFamily* rate = p->rate_family();
   if (rate == nullptr)
-    return Status(StatusCode::kFailedPrecondition,
-                  "policy: '" + std::string(name) + "' is " + a_kind(*p) +
-                      "; Check and Peek take " + kinds_phrase(kinds.rate_kinds()) + " (use Admit)");
+    return Status(
+        StatusCode::kFailedPrecondition,
+        "policy: '" + std::string(name) + "' is " + a_kind(*p) + "; Check and Peek take " +
+            kinds_phrase(kinds.kinds_of(&PolicyKindParser::rate_family)) + " (use Admit)");
   return rate;  // `set` keeps it alive
 }
 
@@ -286,7 +283,8 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
   if (admit == nullptr)
     return Status(StatusCode::kFailedPrecondition,
                   "policy: '" + std::string(call.policy) + "' is " + a_kind(*p) + "; Admit takes " +
-                      kinds_phrase(kinds_.admit_kinds()) + " (use Check)");
+                      kinds_phrase(kinds_.kinds_of(&PolicyKindParser::admit_family)) +
+                      " (use Check)");
   if (Status s = check_field("key", call.key, kMaxKeyBytes, false); !s.ok()) return s;
   for (auto [field, v] : {std::pair<const char*, std::string_view>{"tenant", call.tenant},
                           {"upstream", call.upstream},

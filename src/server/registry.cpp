@@ -14,17 +14,10 @@ const PolicyKind* PolicyRegistry::find(std::string_view name) const {
   return nullptr;
 }
 
-std::vector<std::string> PolicyRegistry::admit_kinds() const {
+std::vector<std::string> PolicyRegistry::kinds_of(bool PolicyKindParser::*family) const {
   std::vector<std::string> out;
   for (const PolicyKind& k : kinds_)
-    if (k.admit_family) out.push_back(k.name);
-  return out;
-}
-
-std::vector<std::string> PolicyRegistry::rate_kinds() const {
-  std::vector<std::string> out;
-  for (const PolicyKind& k : kinds_)
-    if (k.rate_family) out.push_back(k.name);
+    if (k.*family) out.push_back(k.name);
   return out;
 }
 

@@ -83,9 +83,9 @@ class PolicyRegistry final : public PolicyKinds {
   // Adds a kind; false (and nothing changes) when one of that name is registered already.
   bool add(PolicyKind kind);
   [[nodiscard]] const PolicyKind* find(std::string_view name) const;
-  // The names of the kinds (in registration order) that answer the family.
-  [[nodiscard]] std::vector<std::string> admit_kinds() const;
-  [[nodiscard]] std::vector<std::string> rate_kinds() const;
+  // The names of the kinds (in registration order) that answer the family
+  // (&PolicyKindParser::rate_family or &PolicyKindParser::admit_family).
+  [[nodiscard]] std::vector<std::string> kinds_of(bool PolicyKindParser::*family) const;
 
   // PolicyKinds (what the config loader asks).
   [[nodiscard]] const PolicyKindParser* parser(std::string_view kind) const override {

@@ -16,10 +16,6 @@ struct GatewayLease {
   void finish(const CallEnd& /*end*/) noexcept { permit.release(); }
 };
 
-Status invalid(const char* field, const char* why) {
-  return Status(StatusCode::kInvalidArgument, std::string(field) + ": " + why);
-}
-
 class GatewayPolicy final : public AdmitPolicy {
  public:
   GatewayPolicy(const BuildContext& c, std::unique_ptr<Gateway> gateway)

@@ -23,9 +23,8 @@ class RateChain final : public Policy, public AdmitFamily, public AdmitGate {
                                           std::shared_ptr<const void>& owner) override {
     const std::string_view key = call.key.empty() ? call.tenant : call.key;
     if (key.empty())
-      return Status(StatusCode::kInvalidArgument, "key: must not be empty: policy '" + name() +
-                                                      "' chains rate policy '" + rate_->name() +
-                                                      "', keyed by it");
+      return invalid("key", "must not be empty: policy '" + name() + "' chains rate policy '" +
+                                rate_->name() + "', keyed by it");
     RateFamily& rate = *rate_->rate_family();
     const RateDecision d = rate.check(key, 1, now);
     if (d.allowed) return std::optional<Rejection>();
