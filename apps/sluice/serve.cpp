@@ -15,6 +15,7 @@
 
 #include "server/engine.h"
 #include "sluice/config.h"
+#include "transport/grpc_kind_methods.h"
 #include "transport/grpc_service.h"
 #include "transport/http_server.h"
 
@@ -128,8 +129,9 @@ int run_serve(const ServeOptions& options) {
     const server::ReloadSummary& s = r.value();
     for (const std::string& w : s.warnings) log("warning: " + w);
     const std::string msg = fmt::format(
-        "reloaded (generation {}): added {}, changed {}, removed {}, kept {}", s.generation,
-        joined(s.added), joined(s.changed), joined(s.removed), joined(s.kept));
+        "reloaded (generation {}): added {}, changed {}, removed {}, kept {}{}", s.generation,
+        joined(s.added), joined(s.changed), joined(s.removed), joined(s.kept),
+        s.reconfigured.empty() ? "" : "; reconfigured in place " + joined(s.reconfigured));
     log(msg);
     return {true, msg};
   };
@@ -137,10 +139,12 @@ int run_serve(const ServeOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   transport::GrpcService service(engine);
+  transport::GrpcKindMethods kind_methods(engine);  // the methods policy kinds register
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(config->server.grpc, grpc::InsecureServerCredentials(), &grpc_port);
   builder.RegisterService(&service);
+  builder.RegisterCallbackGenericService(&kind_methods);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server || grpc_port == 0) {
     log("cannot listen for gRPC on " + config->server.grpc);

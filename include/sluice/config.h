@@ -62,6 +62,9 @@ struct ServerSettings {
   Nanos lease_ttl = std::chrono::seconds(30);  // an Admit's lease when the call names none
   Nanos max_lease_ttl = std::chrono::minutes(10);   // the longest lease a call may ask for
   Nanos shutdown_grace = std::chrono::seconds(10);  // SIGTERM: how long in-flight calls may finish
+  // Where rules set at run time (through a kind's admin endpoints) are kept across restarts;
+  // empty: in memory only. Read at start; a reload keeps the file the server started with.
+  std::string state_file;
 };
 
 struct CoordinatorSpec {

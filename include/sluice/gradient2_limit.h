@@ -20,11 +20,11 @@
 //     limit creeps up while the backend is queueing. Here queue_size is added only at g == 1.
 //   - The baseline recovers. The reference baseline is only the EMA, which sustained load drags
 //     up to the loaded RTT and which then takes hundreds of samples to come back down, so a
-//     later queue goes unnoticed. Here the baseline is also capped by a windowed minimum
-//     (EpochMin) of recent RTTs: a return to the no-load RTT lowers the baseline on that very
-//     sample, and the minimum ages out within baseline_window samples so it never pins the
-//     baseline below a backend that really became slower. The baseline is never above the
-//     reference's, so it is never less protective.
+//     later queue goes unnoticed. Here the baseline is also capped by a windowed minimum of
+//     recent RTTs: a return to the no-load RTT lowers the baseline on that very sample, and the
+//     minimum ages out within baseline_window samples so it never pins the baseline below a
+//     backend that really became slower. The baseline is never above the reference's, so it is
+//     never less protective.
 //
 // Regimes: steady (RTT within tolerance: grows by smoothing * queue_size per sample to
 // max_limit), queueing (RTT above tolerance * baseline: shrinks, at most halving per sample
@@ -34,9 +34,9 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
-#include "sluice/epoch_min.h"
 #include "sluice/limit_algorithm.h"
 
 namespace sluice {
@@ -87,7 +87,11 @@ class Gradient2Limit final : public LimitAlgorithm {
   double estimate_;
   double long_rtt_ = 0.0;
   std::uint32_t warmup_count_ = 0;
-  EpochMin recent_;
+  // The recent-minimum filter's state: the minimum RTT (ns) of the previous and of the current
+  // epoch of baseline_window / 2 samples, +infinity before the first. Only the .cpp's
+  // windowed-minimum filter changes them.
+  double recent_prev_ = std::numeric_limits<double>::infinity();
+  double recent_cur_ = std::numeric_limits<double>::infinity();
   std::uint32_t recent_samples_ = 0;
 };
 

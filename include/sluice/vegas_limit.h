@@ -13,9 +13,10 @@
 // A sample that lowers rtt_noload only moves the baseline (no limit change that sample).
 //
 // The no-load baseline, and how it recovers (sluice's fix for a poisoned baseline):
-//   rtt_noload is the minimum RTT over the last one to two probe epochs (EpochMin). An epoch
-//   ends after jitter * probe_multiplier * L samples, jitter drawn uniformly from [0.5, 1) by a
-//   generator seeded from the options (no global RNG), so a fleet's epochs do not align.
+//   rtt_noload is the minimum RTT over the last one to two probe epochs (a windowed minimum).
+//   An epoch ends after jitter * probe_multiplier * L samples, jitter drawn uniformly from
+//   [0.5, 1) by a generator seeded from the options (no global RNG), so a fleet's epochs do not
+//   align.
 //   A lower RTT lowers the baseline at once. A baseline that is too low for the backend as it
 //   is now (it became slower; the low value was a fluke) is forgotten after two epochs, while
 //   traffic keeps flowing: nothing is shed, the limit is not reset, no idle moment is needed.
@@ -30,9 +31,9 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
-#include "sluice/epoch_min.h"
 #include "sluice/limit_algorithm.h"
 
 namespace sluice {
@@ -74,7 +75,10 @@ class VegasLimit final : public LimitAlgorithm {
 
   VegasOptions options_;
   double estimate_;
-  EpochMin baseline_;
+  // The baseline filter's state: the minimum RTT (ns) of the previous and of the current probe
+  // epoch, +infinity before the first. Only the .cpp's windowed-minimum filter changes them.
+  double baseline_prev_ = std::numeric_limits<double>::infinity();
+  double baseline_cur_ = std::numeric_limits<double>::infinity();
   std::uint64_t rng_state_;
   double jitter_ = 1.0;
   std::uint64_t epoch_samples_ = 0;

@@ -22,9 +22,9 @@ const Names<Allocation> kAllocations = {{"equal-split", Allocation::kEqualSplit}
                                         {"demand-proportional", Allocation::kDemandProportional}};
 void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
-  r.keys(
-      n, "server",
-      {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace"});
+  r.keys(n, "server",
+         {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace",
+          "state_file"});
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
@@ -39,6 +39,7 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   }
   if (auto s = r.str(n, "admin_token", "server")) out.admin_token = *s;
   if (auto s = r.str(n, "node_id", "server")) out.node_id = *s;
+  if (auto s = r.str(n, "state_file", "server")) out.state_file = *s;
   if (auto d = r.duration(n, "lease_ttl", "server")) out.lease_ttl = *d;
   if (auto d = r.duration(n, "max_lease_ttl", "server")) out.max_lease_ttl = *d;
   if (auto d = r.duration(n, "shutdown_grace", "server")) out.shutdown_grace = *d;

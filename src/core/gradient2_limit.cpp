@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/epoch_min.h"
+
 namespace sluice {
 namespace {
 
@@ -53,7 +55,9 @@ Nanos Gradient2Limit::baseline_rtt() const noexcept {
   return warmup_count_ == 0 ? Nanos{0} : Nanos{std::llround(baseline())};
 }
 
-double Gradient2Limit::baseline() const noexcept { return std::min(long_rtt_, recent_.get()); }
+double Gradient2Limit::baseline() const noexcept {
+  return std::min(long_rtt_, EpochMin(recent_prev_, recent_cur_).get());
+}
 
 void Gradient2Limit::observe(double rtt_ns) noexcept {
   if (warmup_count_ < kWarmupSamples) {
@@ -65,9 +69,10 @@ void Gradient2Limit::observe(double rtt_ns) noexcept {
   }
   if (long_rtt_ > 2.0 * rtt_ns) long_rtt_ *= kLongRttDecay;
 
-  recent_.add(rtt_ns);
+  EpochMin recent(recent_prev_, recent_cur_);
+  recent.add(rtt_ns);
   if (++recent_samples_ >= options_.baseline_window / 2) {
-    recent_.rotate();
+    recent.rotate();
     recent_samples_ = 0;
   }
 }

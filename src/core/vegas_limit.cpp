@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/epoch_min.h"
+
 namespace sluice {
 namespace {
 
@@ -51,7 +53,8 @@ VegasLimit::VegasLimit(VegasOptions options) noexcept
 std::uint32_t VegasLimit::limit() const noexcept { return static_cast<std::uint32_t>(estimate_); }
 
 Nanos VegasLimit::rtt_noload() const noexcept {
-  return baseline_.empty() ? Nanos{0} : Nanos{std::llround(baseline_.get())};
+  const EpochMin baseline(baseline_prev_, baseline_cur_);
+  return baseline.empty() ? Nanos{0} : Nanos{std::llround(baseline.get())};
 }
 
 void VegasLimit::next_jitter() noexcept {
@@ -64,7 +67,7 @@ void VegasLimit::advance_epoch() noexcept {
   ++epoch_samples_;
   const double epoch_length = jitter_ * options_.probe_multiplier * estimate_;
   if (static_cast<double>(epoch_samples_) < epoch_length) return;
-  baseline_.rotate();
+  EpochMin(baseline_prev_, baseline_cur_).rotate();
   epoch_samples_ = 0;
   next_jitter();
 }
@@ -76,14 +79,15 @@ std::uint32_t VegasLimit::update(const LimitSample& sample) noexcept {
   if (sample.rtt <= Nanos{0}) return limit();
   const auto rtt = static_cast<double>(sample.rtt.count());
   advance_epoch();
-  if (baseline_.add(rtt)) return limit();
+  if (EpochMin(baseline_prev_, baseline_cur_).add(rtt)) return limit();
   if (2.0 * sample.in_flight < estimate_) return limit();
   return commit(grown_or_shrunk(rtt));
 }
 
 double VegasLimit::grown_or_shrunk(double rtt_ns) const noexcept {
   const double f = step(estimate_);
-  const double queue = std::ceil(estimate_ * (1.0 - baseline_.get() / rtt_ns));
+  const double rtt_noload = EpochMin(baseline_prev_, baseline_cur_).get();
+  const double queue = std::ceil(estimate_ * (1.0 - rtt_noload / rtt_ns));
   if (queue <= f) return estimate_ + 6.0 * f;
   if (queue < 3.0 * f) return estimate_ + f;
   if (queue > 6.0 * f) return estimate_ - f;

@@ -1,9 +1,8 @@
 #include "sluice/fleet_guard.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
+
+#include "core/tick_loop.h"
 
 namespace sluice {
 namespace {
@@ -269,37 +268,12 @@ FleetGuardStats FleetGuard::stats() const noexcept {
 // ---- runner ----
 
 struct FleetGuardRunner::Impl {
-  FleetGuard& guard;
-  const Clock& clock;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;
-  std::thread thread;
-
-  void run() {
-    std::unique_lock lock(mu);
-    while (!stop) {
-      lock.unlock();
-      const Nanos next = guard.tick(clock.now());
-      lock.lock();
-      const Nanos wait = std::max(next - clock.now(), Nanos{0});
-      cv.wait_for(lock, wait, [&] { return stop; });
-    }
-  }
+  TickLoop loop;
 };
 
 FleetGuardRunner::FleetGuardRunner(FleetGuard& guard, const Clock& clock)
-    : impl_(new Impl{guard, clock, {}, {}, false, {}}) {
-  impl_->thread = std::thread([this] { impl_->run(); });
-}
+    : impl_(new Impl{TickLoop(clock, [&guard](Nanos now) { return guard.tick(now); })}) {}
 
-FleetGuardRunner::~FleetGuardRunner() {
-  {
-    const std::lock_guard lock(impl_->mu);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
-  impl_->thread.join();
-}
+FleetGuardRunner::~FleetGuardRunner() = default;
 
 }  // namespace sluice

@@ -68,7 +68,8 @@ struct AdmitResult {
   bool admitted = false;
   std::string lease_id;
   Nanos ttl{0};
-  Rejection refusal;  // when !admitted
+  std::string chosen;  // what the policy chose (a cascade's node); empty when it names nothing
+  Rejection refusal;   // when !admitted
   // Keeps alive what `refusal`'s views point into (the policy that refused).
   std::shared_ptr<const void> refusal_owner;
 };

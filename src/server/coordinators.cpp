@@ -53,8 +53,9 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
   auto named = std::make_shared<NamedCoordinator>();
   named->fingerprint = spec.fingerprint;
   named->stats = std::make_shared<CoordinatorCallStats>();
-  named->fleet =
-      std::make_shared<TimedConcurrencyCoordinator>(std::move(inner.value()), clock, named->stats);
+  named->backend = std::string(inner.value()->backend());
+  named->offer<ConcurrencyCoordinator>(
+      std::make_shared<TimedConcurrencyCoordinator>(std::move(inner.value()), clock, named->stats));
   return named;
 }
 

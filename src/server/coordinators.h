@@ -2,8 +2,11 @@
 // a policy may ask of it, every call timed into the coordinator's one latency histogram.
 //
 // What it is: NamedCoordinator is one coordinator of the config (memory, Redis or PostgreSQL)
-// with the spec's fingerprint (a reload keeps it when unchanged) and its interfaces (today the
-// fleet's ConcurrencyCoordinator). make_coordinator() connects one.
+// with the spec's fingerprint (a reload keeps it when unchanged) and every interface it serves,
+// by type (today the fleet's ConcurrencyCoordinator; a rate-budget or regional-escrow interface
+// is one more offer() in make_coordinator), each decorated to time its calls into the one
+// CoordinatorCallStats. A policy asks for the interface it needs through its BuildContext; its
+// identity includes every coordinator it names. make_coordinator() connects one.
 //
 // Thread-safety: a NamedCoordinator is built once, then shared read-only; its interfaces are
 // safe to call concurrently.
@@ -11,8 +14,10 @@
 
 #include <prometheus/metric_family.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <typeindex>
 #include <vector>
 
 #include "sluice/clock.h"
@@ -25,13 +30,28 @@ namespace sluice::server {
 
 struct NamedCoordinator {
   std::string fingerprint;  // the spec's: equal means unchanged
+  std::string backend;      // "memory", "redis", "postgres"
   std::shared_ptr<CoordinatorCallStats> stats;
-  std::shared_ptr<ConcurrencyCoordinator> fleet;  // a TimedConcurrencyCoordinator
+
+  // Serves interface I (decorated into `stats`). For the builder of this coordinator.
+  template <class I>
+  void offer(std::shared_ptr<I> i) {
+    interfaces_.insert_or_assign(std::type_index(typeid(I)), std::shared_ptr<void>(std::move(i)));
+  }
+  // Interface I; null when it does not serve it.
+  template <class I>
+  [[nodiscard]] std::shared_ptr<I> get() const {
+    auto it = interfaces_.find(std::type_index(typeid(I)));
+    return it == interfaces_.end() ? nullptr : std::static_pointer_cast<I>(it->second);
+  }
 
   // sluice_coordinator_call_seconds and sluice_coordinator_errors_total.
   [[nodiscard]] std::vector<prometheus::MetricFamily> collect() const {
-    return stats->collect(std::string(fleet->backend()));
+    return stats->collect(backend);
   }
+
+ private:
+  std::map<std::type_index, std::shared_ptr<void>> interfaces_;
 };
 
 // Connects the coordinator `spec` describes. An error names it. A server that cannot be reached

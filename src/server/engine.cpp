@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -69,13 +71,19 @@ class PolicySet {
   struct Entry {
     std::shared_ptr<Policy> base;
     std::shared_ptr<Policy> served;
+    // The spec's fingerprint, plus every coordinator's it uses: equal means unchanged.
+    std::string identity;
   };
 
   ServerSettings settings;
   std::uint64_t generation = 1;
   std::map<std::string, Entry, std::less<>> policies;
   std::map<std::string, std::shared_ptr<NamedCoordinator>, std::less<>> coordinators;
-  std::vector<std::string> warnings;  // from building this set (a coordinator not reached)
+  std::shared_ptr<RuntimeStateStore> state;  // opened at start, the same for every generation
+  std::vector<std::string> warnings;         // from building this set (a coordinator not reached)
+  // What a reload prepared (policies carried over whose new spec they take in place), by name;
+  // applied when it commits.
+  std::vector<std::pair<std::string, Policy::Reconfiguration>> reconfigurations;
 
   [[nodiscard]] std::shared_ptr<Policy> find(std::string_view name) const {
     auto it = policies.find(name);
@@ -110,51 +118,97 @@ Status build_coordinators(const SluiceConfig& config, const Clock& clock, const 
   return {};
 }
 
+// Retires every policy `set` built that `old` (may be null) does not serve: a set that failed
+// to build, or to commit, must not leave loops or fleet memberships behind.
+void retire_built(const PolicySet& set, const PolicySet* old) {
+  for (const auto& [name, entry] : set.policies) {
+    bool carried = false;
+    if (old != nullptr)
+      for (const auto& [n, e] : old->policies) carried = carried || e.base == entry.base;
+    if (!carried) entry.base->retire();
+  }
+}
+
 // Builds `config` into a set of generation `generation` with `kinds`, reusing from `old` (may
-// be null) every coordinator and policy whose spec is unchanged.
-StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
-                                           const PolicyRegistry& kinds, const PolicySet* old,
-                                           const std::string& node_id, std::uint64_t generation) {
-  auto set = std::make_shared<PolicySet>();
-  set->settings = config.server;
-  set->settings.node_id = node_id;
-  set->generation = generation;
-  if (Status s = build_coordinators(config, clock, old, *set); !s.ok()) return s;
+// be null) every coordinator and policy whose spec is unchanged, and carrying over (to
+// reconfigure at commit) every one that can take its changed spec in place.
+Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
+                 const PolicySet* old, const std::string& node_id, std::uint64_t generation,
+                 PolicySet& set) {
+  set.settings = config.server;
+  set.settings.node_id = node_id;
+  if (old != nullptr && config.server.state_file != old->settings.state_file) {
+    set.warnings.push_back("server.state_file: a change takes effect at restart; still using '" +
+                           old->settings.state_file + "'");
+    set.settings.state_file = old->settings.state_file;
+  }
+  set.generation = generation;
+  if (Status s = build_coordinators(config, clock, old, set); !s.ok()) return s;
   // A fleet guard built by a reload joins under an id of its own: the guard it replaces is
   // still a member until it leaves, and its leave must not take the new guard's record (and
   // share) with it. While both are members the fleet splits among one node more: safe.
   const std::string policy_node =
       generation == 1 ? node_id : node_id + "/" + std::to_string(generation);
-  const auto fleet = [&set](const std::string& name) { return set->coordinators.at(name)->fleet; };
+  const auto coordinators = [&set](const std::string& name) -> std::shared_ptr<NamedCoordinator> {
+    auto it = set.coordinators.find(name);
+    return it == set.coordinators.end() ? nullptr : it->second;
+  };
   for (const auto& [name, spec] : config.policies) {
     std::string identity = spec.fingerprint;
     for (const std::string& c : spec.coordinators)
-      identity += "\n#coordinator " + c + "\n" + set->coordinators.at(c)->fingerprint;
+      identity += "\n#coordinator " + c + "\n" + set.coordinators.at(c)->fingerprint;
+    const PolicySet::Entry* was = nullptr;
     if (old != nullptr) {
       auto it = old->policies.find(name);
-      if (it != old->policies.end() && it->second.base->identity() == identity) {
-        set->policies.emplace(name, PolicySet::Entry{it->second.base, it->second.base});
-        continue;
-      }
+      if (it != old->policies.end()) was = &it->second;
+    }
+    if (was != nullptr && was->identity == identity) {
+      set.policies.emplace(name, PolicySet::Entry{was->base, was->base, std::move(identity)});
+      continue;
     }
     const PolicyKind* kind = kinds.find(spec.kind);
     if (kind == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": no policy kind named '" + spec.kind + "'");
-    auto p = kind->build(BuildContext(name, spec, std::move(identity), clock, policy_node, fleet));
+    const BuildContext context(name, spec, clock, policy_node, coordinators, set.state);
+    if (was != nullptr && was->base->kind() == spec.kind && was->base->rate_name() == spec.rate) {
+      auto in_place = was->base->reconfigure(context);
+      if (!in_place.ok())
+        return Status(in_place.status().code(),
+                      "policy " + name + ": " + in_place.status().message());
+      if (in_place.value()) {
+        set.reconfigurations.emplace_back(name, std::move(in_place.value()));
+        set.policies.emplace(name, PolicySet::Entry{was->base, was->base, std::move(identity)});
+        continue;
+      }
+    }
+    auto p = kind->build(context);
     if (!p.ok()) return Status(p.status().code(), "policy " + name + ": " + p.status().message());
-    set->policies.emplace(name, PolicySet::Entry{p.value(), p.value()});
+    set.policies.emplace(name, PolicySet::Entry{p.value(), p.value(), std::move(identity)});
   }
   // Rate chaining: a policy naming a rate policy is served behind it.
-  for (auto& [name, entry] : set->policies) {
+  for (auto& [name, entry] : set.policies) {
     const std::string& rate = entry.base->rate_name();
     if (rate.empty()) continue;
-    auto it = set->policies.find(rate);
-    if (it == set->policies.end() || it->second.base->rate_family() == nullptr ||
+    auto it = set.policies.find(rate);
+    if (it == set.policies.end() || it->second.base->rate_family() == nullptr ||
         entry.base->admit_family() == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": rate: no rate policy named '" + rate + "'");
     entry.served = chain_rate(entry.base, it->second.base);
+  }
+  return {};
+}
+
+StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
+                                           const PolicyRegistry& kinds, const PolicySet* old,
+                                           const std::string& node_id, std::uint64_t generation,
+                                           std::shared_ptr<RuntimeStateStore> state) {
+  auto set = std::make_shared<PolicySet>();
+  set->state = std::move(state);
+  if (Status s = build_set(config, clock, kinds, old, node_id, generation, *set); !s.ok()) {
+    retire_built(*set, old);
+    return s;
   }
   return set;
 }
@@ -167,7 +221,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, con
                                                  const PolicyRegistry& kinds) {
   const std::string node_id =
       config.server.node_id.empty() ? node_id_default() : config.server.node_id;
-  auto set = build(config, clock, kinds, nullptr, node_id, 1);
+  auto state = RuntimeStateStore::open(config.server.state_file);
+  if (!state.ok())
+    return Status(state.status().code(), "server.state_file: " + state.status().message());
+  auto set = build(config, clock, kinds, nullptr, node_id, 1, std::move(state.value()));
   if (!set.ok()) return set.status();
   return std::unique_ptr<Engine>(new Engine(clock, kinds, std::move(set.value())));
 }
@@ -220,13 +277,160 @@ Status check_call(const CheckCall& c) {
 
 }  // namespace
 
-StatusOr<RateDecision> Engine::check(const CheckCall& call) {
+namespace {
+
+// A Deferral whose caller waits on its own thread for the Completion.
+template <class T>
+class Waiting final : public Deferral<T> {
+ public:
+  Completion<T> defer() override {
+    return [state = state_](StatusOr<T> v) {
+      {
+        const std::lock_guard lock(state->mu);
+        state->value.emplace(std::move(v));
+      }
+      state->cv.notify_all();
+    };
+  }
+  StatusOr<T> wait(Decided<T> now) {
+    if (now) return std::move(*now);
+    std::unique_lock lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->value.has_value(); });
+    return std::move(*state_->value);
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<StatusOr<T>> value;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// A CheckMany once one of its checks was deferred: the checks' answers as they come, and the
+// call's Completion, called when the last one is in.
+class ManyChecks : public std::enable_shared_from_this<ManyChecks> {
+ public:
+  ManyChecks(std::shared_ptr<const PolicySet> set, std::span<const CheckCall> calls,
+             std::span<RateFamily* const> ps, Nanos now, Completion<CheckManyResult> done)
+      : set_(std::move(set)), ps_(ps.begin(), ps.end()), now_(now), done_(std::move(done)) {
+    for (const CheckCall& c : calls) {
+      keys_.emplace_back(c.key);
+      hits_.push_back(static_cast<std::uint64_t>(c.hits));
+    }
+    got_.resize(calls.size());
+  }
+
+  // Check i was decided now.
+  void decided(std::size_t i, StatusOr<RateDecision> d) {
+    const std::lock_guard lock(mu_);
+    got_[i].emplace(std::move(d));
+  }
+  // Check i was deferred: its Completion.
+  Completion<RateDecision> deferred(std::size_t i) {
+    {
+      const std::lock_guard lock(mu_);
+      ++outstanding_;
+    }
+    return
+        [self = shared_from_this(), i](StatusOr<RateDecision> d) { self->arrive(i, std::move(d)); };
+  }
+  // Every check that will be was issued: `n` of them.
+  void issued(std::size_t n) {
+    bool last = false;
+    {
+      const std::lock_guard lock(mu_);
+      issued_ = n;
+      issuing_ = false;
+      last = outstanding_ == 0;
+    }
+    if (last) finish();
+  }
+
+ private:
+  void arrive(std::size_t i, StatusOr<RateDecision> d) {
+    bool last = false;
+    {
+      const std::lock_guard lock(mu_);
+      got_[i].emplace(std::move(d));
+      last = --outstanding_ == 0 && !issuing_;
+    }
+    if (last) finish();
+  }
+  // Every answer is in (no other thread touches got_ now).
+  void finish() {
+    CheckManyResult out;
+    std::optional<Status> error;
+    std::size_t first = issued_;  // the first denial or error
+    for (std::size_t i = 0; i < issued_; ++i) {
+      const StatusOr<RateDecision>& d = *got_[i];
+      if (!d.ok() || !d.value().allowed) {
+        first = i;
+        if (!d.ok())
+          error = Status(d.status().code(),
+                         "checks[" + std::to_string(i) + "]." + d.status().message());
+        break;
+      }
+    }
+    if (first < issued_)  // all or nothing: give back every hit allowed, wherever it is
+      for (std::size_t i = 0; i < issued_; ++i)
+        if (got_[i]->ok() && got_[i]->value().allowed) ps_[i]->refund(keys_[i], hits_[i], now_);
+    if (error) return done_(*error);
+    for (std::size_t i = 0; i < issued_ && i <= first; ++i)
+      out.decisions.push_back(got_[i]->value());
+    out.allowed = first == issued_;
+    out.denied_index = out.allowed ? -1 : static_cast<int>(first);
+    done_(std::move(out));
+  }
+
+  const std::shared_ptr<const PolicySet> set_;  // keeps ps_ alive
+  const std::vector<RateFamily*> ps_;
+  std::vector<std::string> keys_;
+  std::vector<std::uint64_t> hits_;
+  const Nanos now_;
+  Completion<CheckManyResult> done_;
+  std::mutex mu_;
+  std::vector<std::optional<StatusOr<RateDecision>>> got_;
+  std::size_t outstanding_ = 0;
+  std::size_t issued_ = 0;
+  bool issuing_ = true;
+};
+
+// Check i of a CheckMany: deferring it makes the ManyChecks (and takes the call's Deferral).
+class ManyCheck final : public Deferral<RateDecision> {
+ public:
+  using Make = std::function<std::shared_ptr<ManyChecks>()>;
+  ManyCheck(std::shared_ptr<ManyChecks>& many, const Make& make, std::size_t i)
+      : many_(many), make_(make), i_(i) {}
+  Completion<RateDecision> defer() override {
+    if (many_ == nullptr) many_ = make_();
+    return many_->deferred(i_);
+  }
+
+ private:
+  std::shared_ptr<ManyChecks>& many_;
+  const Make& make_;
+  std::size_t i_;
+};
+
+}  // namespace
+
+Decided<RateDecision> Engine::check(const CheckCall& call, Deferral<RateDecision>& later) {
   if (Status s = usable(); !s.ok()) return s;
   const auto set = current();
   auto p = rate_policy(*set, kinds_, call.policy);
   if (!p.ok()) return p.status();
   if (Status s = check_call(call); !s.ok()) return s;
-  return p.value()->check(call.key, static_cast<std::uint64_t>(call.hits), clock_.now());
+  // A deferred check keeps its policy alive through the Completion it holds (`set` may be
+  // replaced meanwhile): the policy's contract is to finish it, retired or not.
+  return p.value()->check_or_defer(call.key, static_cast<std::uint64_t>(call.hits), clock_.now(),
+                                   later);
+}
+
+StatusOr<RateDecision> Engine::check(const CheckCall& call) {
+  Waiting<RateDecision> w;
+  return w.wait(check(call, w));
 }
 
 StatusOr<RateDecision> Engine::peek(const CheckCall& call) const {
@@ -238,7 +442,8 @@ StatusOr<RateDecision> Engine::peek(const CheckCall& call) const {
   return p.value()->peek(call.key, static_cast<std::uint64_t>(call.hits), clock_.now());
 }
 
-StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
+Decided<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls,
+                                            Deferral<CheckManyResult>& later) {
   if (Status s = usable(); !s.ok()) return s;
   if (calls.empty()) return invalid("checks", "must not be empty");
   if (calls.size() > kMaxBatch)
@@ -257,18 +462,50 @@ StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
   const Nanos now = clock_.now();
   CheckManyResult out;
   out.decisions.reserve(calls.size());
-  for (std::size_t i = 0; i < calls.size(); ++i) {
+  std::shared_ptr<ManyChecks> many;  // made when the first check is deferred
+  const ManyCheck::Make make = [&] {
+    return std::make_shared<ManyChecks>(set, calls, ps, now, later.defer());
+  };
+  std::size_t i = 0;
+  for (; i < calls.size(); ++i) {
     const auto hits = static_cast<std::uint64_t>(calls[i].hits);
-    out.decisions.push_back(ps[i]->check(calls[i].key, hits, now));
-    if (!out.decisions.back().allowed) {
-      out.denied_index = static_cast<int>(i);
+    ManyCheck one(many, make, i);
+    Decided<RateDecision> d = ps[i]->check_or_defer(calls[i].key, hits, now, one);
+    if (!d) continue;  // deferred: `many` holds its place
+    const bool stop = !d->ok() || !d->value().allowed;
+    if (many != nullptr) {
+      many->decided(i, std::move(*d));
+    } else if (stop) {
+      // Nothing deferred so far: answer now, as an all-inline CheckMany always has.
       for (std::size_t j = 0; j < i; ++j)
         ps[j]->refund(calls[j].key, static_cast<std::uint64_t>(calls[j].hits), now);
+      if (!d->ok())
+        return Status(d->status().code(),
+                      "checks[" + std::to_string(i) + "]." + d->status().message());
+      out.decisions.push_back(d->value());
+      out.denied_index = static_cast<int>(i);
       return out;
+    } else {
+      out.decisions.push_back(d->value());
+    }
+    if (stop) {
+      ++i;
+      break;
     }
   }
-  out.allowed = true;
-  return out;
+  if (many == nullptr) {
+    out.allowed = true;
+    return out;
+  }
+  // The checks answered inline before the first deferral are in `out`: hand them over.
+  for (std::size_t j = 0; j < out.decisions.size(); ++j) many->decided(j, out.decisions[j]);
+  many->issued(i);
+  return std::nullopt;
+}
+
+StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
+  Waiting<CheckManyResult> w;
+  return w.wait(check_many(calls, w));
 }
 
 StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
@@ -308,6 +545,7 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
   out.lease_id = leases_.insert(std::move(lease));  // if this throws, the permit goes back
   out.admitted = true;
   out.ttl = ttl;
+  out.chosen = std::move(d.value().chosen);
   return out;
 }
 
@@ -337,6 +575,14 @@ std::size_t Engine::expire_leases() { return leases_.expire(clock_.now()); }
 
 ServerSettings Engine::settings() const { return current()->settings; }
 std::uint64_t Engine::generation() const { return current()->generation; }
+
+KindPolicies Engine::policies_of(std::string_view kind) const {
+  const auto set = current();
+  KindPolicies out;
+  for (const auto& [name, p] : set->policies)
+    if (p.base->kind() == kind) out.push_back(p.base);
+  return out;
+}
 
 std::vector<PolicyInfo> Engine::policies() const {
   const auto set = current();
@@ -379,7 +625,8 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   const std::lock_guard lock(reload_mu_);
   const auto old = current();
   // The node id stays: fleets know this server by it.
-  auto next = build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1);
+  auto next = build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1,
+                    old->state);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();
@@ -388,14 +635,19 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   ReloadSummary summary;
   summary.generation = set->generation;
   summary.warnings = set->warnings;
+  for (auto& [name, change] : set->reconfigurations) {
+    change();  // in place: the policy serves its new spec from here on
+    summary.reconfigured.push_back(name);
+  }
+  set->reconfigurations.clear();
   for (const auto& [name, p] : set->policies) {
     auto it = old->policies.find(name);
     if (it == old->policies.end())
       summary.added.push_back(name);
-    else if (it->second.base == p.base)
-      summary.kept.push_back(name);
-    else
+    else if (it->second.base != p.base)
       summary.changed.push_back(name);
+    else if (it->second.identity == p.identity)
+      summary.kept.push_back(name);
   }
   std::vector<Policy*> replaced;
   for (const auto& [name, p] : old->policies) {

@@ -4,7 +4,8 @@
 // engine was given (registry.h; the engine knows no kind), the lease table, and the calls both
 // wire APIs (gRPC and HTTP) map onto: check / check_many / peek on policies of the rate family;
 // admit / release / heartbeat on policies of the admit family; state, metrics, readiness;
-// reload. Every common input is checked here and every kind-specific one in its kind, so both
+// reload. A check may be decided later (completion.h): the transports park it without holding
+// a thread. Every common input is checked here and every kind-specific one in its kind, so both
 // transports refuse the same things with the same messages (each names its field).
 //
 // Policy chaining (the gateway document's order): a policy with `rate: R` is served behind R
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "server/calls.h"
+#include "server/completion.h"
 #include "server/leases.h"
 #include "server/registry.h"
 #include "sluice/adaptive_guard.h"
@@ -47,7 +49,9 @@
 namespace sluice::server {
 
 struct ReloadSummary {
-  std::vector<std::string> added, changed, removed, kept;
+  // changed: rebuilt (a new policy; the old one retired); reconfigured: the same policy took
+  // its changed spec in place (Policy::reconfigure), keeping its in-flight permits and state.
+  std::vector<std::string> added, changed, reconfigured, removed, kept;
   std::uint64_t generation = 0;
   std::vector<std::string> warnings;  // what to log: a coordinator not reached (not an error)
 };
@@ -73,10 +77,18 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Check as the transports call it: decided now (the common case), or deferred by the policy
+  // (nullopt; `later`'s Completion answers, completion.h). An error costs nothing.
+  [[nodiscard]] Decided<RateDecision> check(const CheckCall& call, Deferral<RateDecision>& later);
+  // All or nothing: a denial (or an error) refunds every check allowed before or beside it.
+  // Checks are issued in order and stop at the first inline denial; deferred ones run
+  // concurrently, and the answer comes when the last of them does.
+  [[nodiscard]] Decided<CheckManyResult> check_many(std::span<const CheckCall> calls,
+                                                    Deferral<CheckManyResult>& later);
+  // The same, waiting on this thread for a deferred decision (in-process callers and tests).
   [[nodiscard]] StatusOr<RateDecision> check(const CheckCall& call);
-  [[nodiscard]] StatusOr<RateDecision> peek(const CheckCall& call) const;
-  // All or nothing: a denial refunds the checks admitted before it.
   [[nodiscard]] StatusOr<CheckManyResult> check_many(std::span<const CheckCall> calls);
+  [[nodiscard]] StatusOr<RateDecision> peek(const CheckCall& call) const;
 
   [[nodiscard]] StatusOr<AdmitResult> admit(const AdmitCall& call);
   // Returns how long the lease was held. `rtt` unset: that time.
@@ -87,6 +99,11 @@ class Engine {
   // Expires leases past their deadline (the server's sweeper calls it); returns how many.
   std::size_t expire_leases();
   [[nodiscard]] std::size_t leases() const { return leases_.size(); }
+
+  // The policies of kind `kind` in the set now serving (what a kind's route is given).
+  [[nodiscard]] KindPolicies policies_of(std::string_view kind) const;
+  // The kinds it builds with (their routes and gRPC methods included).
+  [[nodiscard]] const PolicyRegistry& kinds() const noexcept { return kinds_; }
 
   [[nodiscard]] std::vector<PolicyInfo> policies() const;
   [[nodiscard]] std::string policies_json() const;

@@ -1,5 +1,8 @@
 #include "server/policy.h"
 
+#include "core/tick_loop.h"
+#include "server/registry.h"
+
 namespace sluice::server {
 
 using prometheus::ClientMetric;
@@ -29,9 +32,29 @@ MetricFamily by_label(const std::string& name, const std::string& help, const st
   return f;
 }
 
+Policy::Policy(std::string name, std::string kind, std::string rate)
+    : name_(std::move(name)), kind_(std::move(kind)), rate_(std::move(rate)) {}
+
+Policy::~Policy() {
+  for (auto& loop : loops_) loop->stop();
+}
+
+void Policy::start_loop(const Clock& clock, std::function<Nanos(Nanos now)> tick) {
+  loops_.push_back(std::make_unique<TickLoop>(clock, std::move(tick)));
+}
+
+void Policy::wake_loops() noexcept {
+  for (auto& loop : loops_) loop->wake();
+}
+
 void Policy::retire() noexcept {
   if (retired_.exchange(true, std::memory_order_acq_rel)) return;
+  for (auto& loop : loops_) loop->stop();
   on_retire();
+}
+
+StatusOr<Policy::Reconfiguration> Policy::reconfigure(const BuildContext& /*c*/) {
+  return Reconfiguration{};
 }
 
 nlohmann::json Policy::state(PolicyInfo* info) const {

@@ -4,17 +4,22 @@
 // What it is: Policy is the interface each kind implements in its own file (policies/*.cpp) and
 // registers once (registry.h); the engine, the transports and the lease table know no kind.
 // A policy answers
-//   - the rate family (RateFamily: check / peek / refund, and the 429 of a denied check), or
+//   - the rate family (RateFamily: check / peek / refund, and the 429 of a denied check; a
+//     check may be decided later: check_or_defer, completion.h), or
 //   - the admit family (AdmitFamily: admit -> a LeasePermit that Release, expiry or shutdown
-//     finishes; Heartbeat is the lease table's), or both, or (a kind with routes of its own)
-//     neither.
+//     finishes, and optionally what it chose; Heartbeat is the lease table's), or both, or (a
+//     kind with routes of its own, routes.h) neither.
 // A policy that names a rate policy (`rate: R`) is served wrapped (chain_rate()): the wrapper
 // passes the call through R between resolving it and taking the permit. Composition, not a
 // flag: the wrapped kind knows nothing of it.
 //
-// Invariants: retire() ends what a policy runs (loops, fleet membership) and is idempotent;
-// permits already held stay valid and keep their policy alive (a LeasePermit holds what it
-// needs). A policy the reload did not replace keeps serving as the same object.
+// Lifecycle: the builder starts what a policy runs (start_loop(): a thread that only delivers
+// tick(now), in the shape of FleetGuardRunner); retire() stops it, ends fleet membership and
+// is idempotent. The engine retires every policy it built before dropping it (a reload that
+// failed included); a kind that starts loops also calls retire() in its destructor. Permits
+// already held stay valid and keep their policy alive (a LeasePermit holds what it needs). A
+// policy a reload did not replace keeps serving as the same object; one whose spec changed may
+// take the new spec in place (reconfigure()), keeping its in-flight permits and state.
 //
 // Thread-safety: every member is safe to call concurrently.
 #pragma once
@@ -23,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -33,13 +39,20 @@
 #include <vector>
 
 #include "server/calls.h"
+#include "server/completion.h"
 #include "server/permit.h"
 #include "sluice/clock.h"
 #include "sluice/rate_strategy.h"
 #include "sluice/rejection.h"
 #include "sluice/status.h"
 
+namespace sluice {
+class TickLoop;
+}
+
 namespace sluice::server {
+
+class BuildContext;
 
 // The rate family: spend a key's budget.
 class RateFamily {
@@ -47,6 +60,16 @@ class RateFamily {
   virtual ~RateFamily() = default;
   // Spends `hits` of `key`'s budget at `now` if they fit.
   [[nodiscard]] virtual RateDecision check(std::string_view key, std::uint64_t hits, Nanos now) = 0;
+  // Check as the transports ask it: decided now (by default, check()), or deferred: a kind that
+  // cannot decide now takes later.defer() and returns nullopt (completion.h's contract; `key`
+  // is valid only until it returns). check() stays an inline answer (what a chained admit's
+  // gate asks).
+  [[nodiscard]] virtual Decided<RateDecision> check_or_defer(std::string_view key,
+                                                             std::uint64_t hits, Nanos now,
+                                                             Deferral<RateDecision>& later) {
+    (void)later;
+    return check(key, hits, now);
+  }
   // The same answer, spending nothing.
   [[nodiscard]] virtual RateDecision peek(std::string_view key, std::uint64_t hits,
                                           Nanos now) const = 0;
@@ -68,6 +91,7 @@ class AdmitGate {
 
 struct AdmitDecision {
   std::optional<LeasePermit> permit;  // admitted
+  std::string chosen;                 // admitted: what it chose (a cascade's node); may be empty
   Rejection refusal;                  // when not admitted
   std::shared_ptr<const void> refusal_owner;
 };
@@ -93,15 +117,13 @@ struct PolicyReadiness {
 
 class Policy : public std::enable_shared_from_this<Policy> {
  public:
-  virtual ~Policy() = default;
+  virtual ~Policy();  // stops any loop still running (a kind with loops retires in its own)
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   // The kind's registered name ("rate", "adaptive", ...).
   [[nodiscard]] const std::string& kind() const noexcept { return kind_; }
-  // The spec's fingerprint, plus every coordinator's it uses: equal means unchanged.
-  [[nodiscard]] const std::string& identity() const noexcept { return identity_; }
   // The rate policy its admits pass first; empty: none.
   [[nodiscard]] const std::string& rate_name() const noexcept { return rate_; }
 
@@ -114,6 +136,16 @@ class Policy : public std::enable_shared_from_this<Policy> {
   void retire() noexcept;
   [[nodiscard]] bool retired() const noexcept { return retired_.load(std::memory_order_relaxed); }
 
+  // A change prepared by reconfigure(), applied when the reload commits (it cannot fail then);
+  // dropped unapplied when the reload fails.
+  using Reconfiguration = Once<void()>;
+  // Prepares taking `c.spec` (this policy's name and kind, a changed spec, the same `rate:`) in
+  // place, so that what it holds survives the reload: in-flight permits stay counted against
+  // the new limits, rate state, escrow, node health and runtime rules stay. Empty: it cannot
+  // (the engine builds a new policy and retires this one). An error: the reload fails, naming
+  // this policy. Must not change anything the policy serves with until applied. Default: empty.
+  [[nodiscard]] virtual StatusOr<Reconfiguration> reconfigure(const BuildContext& c);
+
   // The policy's state: {"name", "kind", "rate"?, <the kind's fields>, "retired"}; fills
   // `info` (name, kind, rate, in_flight, limit, state_json) when non-null.
   [[nodiscard]] nlohmann::json state(PolicyInfo* info = nullptr) const;
@@ -125,11 +157,14 @@ class Policy : public std::enable_shared_from_this<Policy> {
   [[nodiscard]] virtual PolicyReadiness readiness() const { return {}; }
 
  protected:
-  Policy(std::string name, std::string kind, std::string identity, std::string rate)
-      : name_(std::move(name)),
-        kind_(std::move(kind)),
-        identity_(std::move(identity)),
-        rate_(std::move(rate)) {}
+  Policy(std::string name, std::string kind, std::string rate);
+
+  // Starts a loop for this policy's lifetime: a thread that calls tick(now) at once and then at
+  // the time it returns (or sooner: wake_loops()); retire() stops it before on_retire() runs.
+  // For the builder, before the policy is served.
+  void start_loop(const Clock& clock, std::function<Nanos(Nanos now)> tick);
+  // Makes every loop tick now (a deferred call asks for its coordinator round trip at once).
+  void wake_loops() noexcept;
 
   // The kind's own part of state() (it sets info.in_flight and info.limit).
   virtual void describe(nlohmann::json& j, PolicyInfo& info) const = 0;
@@ -141,9 +176,9 @@ class Policy : public std::enable_shared_from_this<Policy> {
  private:
   const std::string name_;
   const std::string kind_;
-  const std::string identity_;
   const std::string rate_;
   std::atomic<bool> retired_{false};
+  std::vector<std::unique_ptr<TickLoop>> loops_;  // started before serving, stopped by retire()
 };
 
 // `inner` (an admit-family policy) served behind `rate` (a rate-family policy): each admit

@@ -4,8 +4,29 @@ namespace sluice::server {
 
 bool PolicyRegistry::add(PolicyKind kind) {
   if (find(kind.name) != nullptr) return false;
+  // All or nothing: check every route and method on copies first.
+  Router router = router_;
+  for (const HttpRoute& r : kind.routes)
+    if (!router.add(kind.name, r)) return false;
+  std::vector<Method> methods = methods_;
+  for (const GrpcMethod& m : kind.methods) {
+    const bool named = m.name.size() > 3 && m.name.front() == '/' &&
+                       m.name.find('/', 1) != std::string::npos && m.name.back() != '/';
+    if (!named || !m.handle) return false;
+    for (const Method& taken : methods)
+      if (taken.method.name == m.name) return false;
+    methods.push_back(Method{kind.name, m});
+  }
+  router_ = std::move(router);
+  methods_ = std::move(methods);
   kinds_.push_back(std::move(kind));
   return true;
+}
+
+const PolicyRegistry::Method* PolicyRegistry::method(std::string_view name) const {
+  for (const Method& m : methods_)
+    if (m.method.name == name) return &m;
+  return nullptr;
 }
 
 const PolicyKind* PolicyRegistry::find(std::string_view name) const {

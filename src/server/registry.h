@@ -2,7 +2,8 @@
 //
 // What it is: a kind is one file under src/server/policies/ that defines `PolicyKind
 // <name>_kind()`: its config parser (the loader calls it for the kind's section and the kind
-// checks its own fields there), its families and its builder; plus one entry in the list of
+// checks its own fields there), its families, its builder and any routes and gRPC methods of
+// its own (routes.h); plus one entry in the list of
 // built-in kinds (policies/builtin.cpp). The loader reads a file and the engine builds every
 // policy through the registry it was given (PolicyRegistry::builtin() by default; a test may
 // add a kind of its own), so neither knows any kind.
@@ -17,7 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include "server/coordinators.h"
 #include "server/policy.h"
+#include "server/routes.h"
+#include "server/runtime_state.h"
 #include "sluice/clock.h"
 #include "sluice/config.h"
 #include "sluice/coordinator.h"
@@ -25,37 +29,52 @@
 
 namespace sluice::server {
 
-// What a builder gets: the policy's name, spec and identity, the clock, the server's node id
-// for this config generation, and the config's coordinators.
+// What a builder gets: the policy's name and spec, the clock, the server's node id for this
+// config generation, the config's coordinators (each interface of each, timed into its
+// metrics) and the server's runtime-state store (rules set at run time, persisted).
 class BuildContext {
  public:
-  using FleetCoordinators =
-      std::function<std::shared_ptr<ConcurrencyCoordinator>(const std::string& name)>;
+  using Coordinators = std::function<std::shared_ptr<NamedCoordinator>(const std::string& name)>;
 
-  BuildContext(const std::string& name, const PolicySpec& spec, std::string identity,
-               const Clock& clock, const std::string& node_id, FleetCoordinators fleet)
+  BuildContext(const std::string& name, const PolicySpec& spec, const Clock& clock,
+               const std::string& node_id, Coordinators coordinators,
+               std::shared_ptr<RuntimeStateStore> state)
       : name(name),
         spec(spec),
-        identity(std::move(identity)),
         clock(clock),
         node_id(node_id),
-        fleet_(std::move(fleet)) {}
+        coordinators_(std::move(coordinators)),
+        state_(std::move(state)) {}
 
   const std::string& name;
   const PolicySpec& spec;
-  std::string identity;
   const Clock& clock;
   const std::string& node_id;
 
-  // The fleet (concurrency coordinator) interface of the coordinator named `coordinator` (one
-  // the spec lists in spec.coordinators), timed into that coordinator's metrics.
-  [[nodiscard]] std::shared_ptr<ConcurrencyCoordinator> fleet_coordinator(
-      const std::string& coordinator) const {
-    return fleet_(coordinator);
+  // Interface I (ConcurrencyCoordinator, and the rate-budget and escrow interfaces to come) of
+  // the coordinator named `coordinator` (one the spec lists in spec.coordinators). An error
+  // when it does not serve I: "coordinator <name> (<backend>) does not serve <what>".
+  template <class I>
+  [[nodiscard]] StatusOr<std::shared_ptr<I>> coordinator(const std::string& coordinator,
+                                                         std::string_view what) const {
+    std::shared_ptr<NamedCoordinator> named = coordinators_ ? coordinators_(coordinator) : nullptr;
+    if (named == nullptr)
+      return Status(StatusCode::kInvalidArgument, "no coordinator named '" + coordinator + "'");
+    std::shared_ptr<I> i = named->get<I>();
+    if (i == nullptr)
+      return Status(StatusCode::kInvalidArgument, "coordinator " + coordinator + " (" +
+                                                      named->backend + ") does not serve " +
+                                                      std::string(what));
+    return i;
   }
 
+  // The policy's runtime state: rules set at run time, kept in the server's state file (scoped
+  // to the policy's name, so a rebuilt or restarted policy finds them again).
+  [[nodiscard]] RuntimeState runtime_state() const { return RuntimeState(state_, name); }
+
  private:
-  FleetCoordinators fleet_;
+  Coordinators coordinators_;
+  std::shared_ptr<RuntimeStateStore> state_;
 };
 
 // A kind: how the loader parses it (name, families, parse: PolicyKindParser) and how the
@@ -76,11 +95,15 @@ struct PolicyKind : PolicyKindParser {
   }
 
   Build build;
+  // Calls of its own, served by the transports beside the families (routes.h).
+  std::vector<HttpRoute> routes;
+  std::vector<GrpcMethod> methods;
 };
 
 class PolicyRegistry final : public PolicyKinds {
  public:
-  // Adds a kind; false (and nothing changes) when one of that name is registered already.
+  // Adds a kind; false (and nothing changes) when one of that name is registered already, or
+  // one of its routes or gRPC methods is malformed or taken by another kind.
   bool add(PolicyKind kind);
   [[nodiscard]] const PolicyKind* find(std::string_view name) const;
   // The names of the kinds (in registration order) that answer the family
@@ -93,11 +116,22 @@ class PolicyRegistry final : public PolicyKinds {
   }
   [[nodiscard]] std::vector<std::string> kind_names() const override;
 
+  // Every kind's HTTP routes, and its gRPC method named `name` (null: none).
+  [[nodiscard]] const Router& router() const noexcept { return router_; }
+  struct Method {
+    std::string kind;
+    GrpcMethod method;
+  };
+  [[nodiscard]] const Method* method(std::string_view name) const;
+  [[nodiscard]] const std::vector<Method>& methods() const noexcept { return methods_; }
+
   // The kinds sluice ships (policies/builtin.cpp).
   [[nodiscard]] static const PolicyRegistry& builtin();
 
  private:
   std::vector<PolicyKind> kinds_;
+  Router router_;
+  std::vector<Method> methods_;
 };
 
 // "an adaptive, fleet or concurrency policy": the kinds as a message lists them.

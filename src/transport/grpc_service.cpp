@@ -63,11 +63,33 @@ grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* ctx, const grpc::S
 
 }  // namespace
 
+// A decision of T that a policy defers: the reactor is finished when it comes (gRPC lets a
+// unary reactor finish later, from any thread; `answer` fills the response, which lives until
+// then).
+template <class T, class Answer>
+class FinishLater final : public server::Deferral<T> {
+ public:
+  FinishLater(grpc::ServerUnaryReactor* reactor, Answer answer)
+      : reactor_(reactor), answer_(std::move(answer)) {}
+  server::Completion<T> defer() override {
+    return [reactor = reactor_, answer = answer_](StatusOr<T> v) { reactor->Finish(answer(v)); };
+  }
+
+ private:
+  grpc::ServerUnaryReactor* reactor_;
+  Answer answer_;
+};
+
 grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* ctx,
                                              const pb::CheckRequest* req, pb::CheckResponse* resp) {
-  auto d = engine_.check(call_of(*req));
-  if (d.ok()) fill(resp->mutable_decision(), d.value());
-  return finish(ctx, to_grpc(d.status()));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const auto answer = [resp](const StatusOr<RateDecision>& d) {
+    if (d.ok()) fill(resp->mutable_decision(), d.value());
+    return to_grpc(d.status());
+  };
+  FinishLater<RateDecision, decltype(answer)> later(reactor, answer);
+  if (auto d = engine_.check(call_of(*req), later)) reactor->Finish(answer(*d));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* ctx,
@@ -83,13 +105,18 @@ grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* ct
   std::vector<CheckCall> calls;
   calls.reserve(static_cast<std::size_t>(req->checks_size()));
   for (const auto& c : req->checks()) calls.push_back(call_of(c));
-  auto r = engine_.check_many(calls);
-  if (r.ok()) {
-    resp->set_allowed(r.value().allowed);
-    resp->set_denied_index(r.value().denied_index);
-    for (const RateDecision& d : r.value().decisions) fill(resp->add_decisions(), d);
-  }
-  return finish(ctx, to_grpc(r.status()));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const auto answer = [resp](const StatusOr<server::CheckManyResult>& r) {
+    if (r.ok()) {
+      resp->set_allowed(r.value().allowed);
+      resp->set_denied_index(r.value().denied_index);
+      for (const RateDecision& d : r.value().decisions) fill(resp->add_decisions(), d);
+    }
+    return to_grpc(r.status());
+  };
+  FinishLater<server::CheckManyResult, decltype(answer)> later(reactor, answer);
+  if (auto r = engine_.check_many(calls, later)) reactor->Finish(answer(*r));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx,
@@ -104,6 +131,7 @@ grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx,
   if (a.admitted) {
     resp->set_lease_id(a.lease_id);
     to_proto(a.ttl, resp->mutable_ttl());
+    resp->set_chosen(a.chosen);
   } else {
     const Rejection& r = a.refusal;
     pb::Rejection* j = resp->mutable_rejection();

@@ -1,7 +1,9 @@
 // grpc_service.h: the sluice.v1.Sluice gRPC service over an Engine (callback API).
 //
 // What it is: each RPC maps its request onto one Engine call and finishes inline on the gRPC
-// thread that received it (the Engine never blocks), so there is no thread hand-off per call.
+// thread that received it (the Engine never blocks), so there is no thread hand-off per call;
+// a check its policy decides later (server/completion.h) finishes its reactor when the decision
+// comes, holding no thread meanwhile. A kind's own methods are GrpcKindMethods' (below).
 // Engine errors map to gRPC codes one to one (wire.h) (INVALID_ARGUMENT, NOT_FOUND,
 // FAILED_PRECONDITION, UNAVAILABLE); a refusal is an OK reply that says so.
 //

@@ -1,11 +1,15 @@
 #include "transport/http_server.h"
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -154,19 +158,54 @@ std::optional<CheckCall> check_call(Fields& f) {
   return c;
 }
 
-void do_check(Engine& engine, HttpExchange& x, bool consume) {
-  auto body = body_object(x);
-  if (!body.ok()) return error(x, body.status());
-  Fields f(body.value());
-  auto c = check_call(f);
-  if (!c) return error(x, f.status());
-  auto d = consume ? engine.check(*c) : engine.peek(*c);
+void render_check(HttpExchange& x, const StatusOr<RateDecision>& d, bool consume) {
   if (!d.ok()) return error(x, d.status());
   rate_headers(x, d.value());
   ok_json(x, decision_json(d.value()), d.value().allowed || !consume ? 200 : 429);
 }
 
-void do_check_many(Engine& engine, HttpExchange& x) {
+void render_check_many(HttpExchange& x, const StatusOr<server::CheckManyResult>& r) {
+  if (!r.ok()) return error(x, r.status());
+  json ds = json::array();
+  for (const RateDecision& d : r.value().decisions) ds.push_back(decision_json(d));
+  ok_json(x,
+          {{"allowed", r.value().allowed},
+           {"denied_index", r.value().denied_index},
+           {"decisions", std::move(ds)}},
+          r.value().allowed ? 200 : 429);
+}
+
+// A decision of T that a policy defers parks the exchange; `render` writes it when it comes.
+template <class T, class Render>
+class ParkOn final : public server::Deferral<T> {
+ public:
+  ParkOn(HttpLater& later, Render render) : later_(later), render_(std::move(render)) {}
+  server::Completion<T> defer() override {
+    return [park = later_.park(), render = render_](StatusOr<T> v) mutable {
+      park([v = std::move(v), render](HttpExchange& x) { render(x, v); });
+    };
+  }
+
+ private:
+  HttpLater& later_;
+  Render render_;
+};
+
+void do_check(Engine& engine, HttpExchange& x, bool consume, HttpLater& later) {
+  auto body = body_object(x);
+  if (!body.ok()) return error(x, body.status());
+  Fields f(body.value());
+  auto c = check_call(f);
+  if (!c) return error(x, f.status());
+  if (!consume) return render_check(x, engine.peek(*c), false);
+  const auto render = [](HttpExchange& out, const StatusOr<RateDecision>& d) {
+    render_check(out, d, true);
+  };
+  ParkOn<RateDecision, decltype(render)> park(later, render);
+  if (auto d = engine.check(*c, park)) render_check(x, *d, true);
+}
+
+void do_check_many(Engine& engine, HttpExchange& x, HttpLater& later) {
   auto body = body_object(x);
   if (!body.ok()) return error(x, body.status());
   const json& j = body.value();
@@ -185,15 +224,11 @@ void do_check_many(Engine& engine, HttpExchange& x) {
     if (!c) return error(x, f.status());
     calls.push_back(*c);
   }
-  auto r = engine.check_many(calls);
-  if (!r.ok()) return error(x, r.status());
-  json ds = json::array();
-  for (const RateDecision& d : r.value().decisions) ds.push_back(decision_json(d));
-  ok_json(x,
-          {{"allowed", r.value().allowed},
-           {"denied_index", r.value().denied_index},
-           {"decisions", std::move(ds)}},
-          r.value().allowed ? 200 : 429);
+  const auto render = [](HttpExchange& out, const StatusOr<server::CheckManyResult>& r) {
+    render_check_many(out, r);
+  };
+  ParkOn<server::CheckManyResult, decltype(render)> park(later, render);
+  if (auto r = engine.check_many(calls, park)) render_check_many(x, *r);
 }
 
 void do_admit(Engine& engine, HttpExchange& x) {
@@ -206,8 +241,11 @@ void do_admit(Engine& engine, HttpExchange& x) {
   auto r = engine.admit(c);
   if (!r.ok()) return error(x, r.status());
   const AdmitResult& a = r.value();
-  if (a.admitted)
-    return ok_json(x, {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}});
+  if (a.admitted) {
+    json j = {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}};
+    if (!a.chosen.empty()) j["chosen"] = a.chosen;
+    return ok_json(x, j);
+  }
   HttpResponse res = to_http_response(a.refusal);
   x.status = res.status;
   x.response = std::move(res.body);
@@ -265,21 +303,56 @@ bool same_token(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-void do_reload(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x) {
+// Whether the request may use an admin endpoint; if not, `x` is the 401.
+bool admin_allowed(Engine& engine, HttpExchange& x) {
   const std::string token = engine.settings().admin_token;
-  if (!token.empty()) {
-    constexpr std::string_view kBearer = "Bearer ";
-    const std::string_view auth = x.authorization;
-    if (auth.substr(0, kBearer.size()) != kBearer ||
-        !same_token(auth.substr(kBearer.size()), token)) {
-      x.headers.emplace_back("WWW-Authenticate", "Bearer");
-      error(x, Status(StatusCode::kPermissionDenied,
-                      "authorization: admin endpoints need 'Authorization: Bearer "
-                      "<server.admin_token>'"));
-      x.status = 401;  // no (valid) credentials: 401 with the challenge, as RFC 6750 says
-      return;
-    }
+  if (token.empty()) return true;
+  constexpr std::string_view kBearer = "Bearer ";
+  const std::string_view auth = x.authorization;
+  if (auth.substr(0, kBearer.size()) == kBearer && same_token(auth.substr(kBearer.size()), token))
+    return true;
+  x.headers.emplace_back("WWW-Authenticate", "Bearer");
+  error(x, Status(StatusCode::kPermissionDenied,
+                  "authorization: admin endpoints need 'Authorization: Bearer "
+                  "<server.admin_token>'"));
+  x.status = 401;  // no (valid) credentials: 401 with the challenge, as RFC 6750 says
+  return false;
+}
+
+void render_route(HttpExchange& x, const StatusOr<server::RouteReply>& r) {
+  if (!r.ok()) return error(x, r.status());
+  const server::RouteReply& reply = r.value();
+  x.status = reply.status;
+  x.content_type = reply.content_type;
+  x.response = reply.body;
+  for (const auto& h : reply.headers) x.headers.push_back(h);
+}
+
+// A kind's route (server/routes.h): its query parsed, its admin token checked.
+void do_route(Engine& engine, HttpExchange& x, server::Router::Match& m, std::string_view path,
+              HttpLater& later) {
+  const server::HttpRoute& route = m.entry->route;
+  if (route.admin && !admin_allowed(engine, x)) return;
+  server::RouteRequest req;
+  req.method = x.method;
+  req.path = path;
+  req.body = x.body;
+  req.peer = x.peer;
+  req.params = std::move(m.params);
+  if (const std::size_t q = x.target.find('?'); q != std::string::npos) {
+    auto query = server::parse_query(std::string_view(x.target).substr(q + 1));
+    if (!query.ok()) return error(x, query.status());
+    req.query = std::move(query.value());
   }
+  const auto render = [](HttpExchange& out, const StatusOr<server::RouteReply>& r) {
+    render_route(out, r);
+  };
+  ParkOn<server::RouteReply, decltype(render)> park(later, render);
+  if (auto r = route.handle(req, engine.policies_of(m.entry->kind), park)) render_route(x, *r);
+}
+
+void do_reload(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x) {
+  if (!admin_allowed(engine, x)) return;
   if (!reload) {
     x.status = 501;
     x.content_type = "application/json";
@@ -295,19 +368,20 @@ void do_reload(Engine& engine, const std::function<ReloadOutcome()>& reload, Htt
 
 }  // namespace
 
-void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x) {
+void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x,
+                 HttpLater& later) {
   std::string_view path = x.target;
   if (auto q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
   const bool get = x.method == "GET" || x.method == "HEAD";
   const bool post = x.method == "POST";
-  const auto need = [&](bool ok, const char* allow) {
+  const auto need = [&](bool ok, std::string_view allow) {
     if (ok) return true;
     x.status = 405;
-    x.headers.emplace_back("Allow", allow);
+    x.headers.emplace_back("Allow", std::string(allow));
     x.content_type = "application/json";
     x.response = json{{"error",
                        {{"code", "method_not_allowed"},
-                        {"message", std::string("method: ") + allow + " only"}}}}
+                        {"message", "method: " + std::string(allow) + " only"}}}}
                      .dump();
     return false;
   };
@@ -332,11 +406,11 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     x.content_type = "application/json";
     x.response = engine.policies_json();
   } else if (path == "/v1/check") {
-    if (need(post, "POST")) do_check(engine, x, true);
+    if (need(post, "POST")) do_check(engine, x, true, later);
   } else if (path == "/v1/peek") {
-    if (need(post, "POST")) do_check(engine, x, false);
+    if (need(post, "POST")) do_check(engine, x, false, later);
   } else if (path == "/v1/check_many") {
-    if (need(post, "POST")) do_check_many(engine, x);
+    if (need(post, "POST")) do_check_many(engine, x, later);
   } else if (path == "/v1/admit") {
     if (need(post, "POST")) do_admit(engine, x);
   } else if (path == "/v1/release") {
@@ -345,12 +419,63 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     if (need(post, "POST")) do_heartbeat(engine, x);
   } else if (path == "/admin/reload") {
     if (need(post, "POST")) do_reload(engine, reload, x);
+  } else if (server::Router::Match m = engine.kinds().router().match(path); m.entry != nullptr) {
+    const std::vector<std::string>& methods = m.entry->route.methods;
+    std::string allow;
+    for (const std::string& method : methods) allow += (allow.empty() ? "" : ", ") + method;
+    if (need(std::find(methods.begin(), methods.end(), x.method) != methods.end(), allow))
+      do_route(engine, x, m, path, later);
   } else {
     error(x, Status(StatusCode::kNotFound, "path: no endpoint " + std::string(path)));
   }
 }
 
+void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x) {
+  struct Waiting final : HttpLater {
+    struct State {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::optional<HttpRender> render;
+    };
+    std::shared_ptr<State> state;
+    server::Once<void(HttpRender)> park() override {
+      state = std::make_shared<State>();
+      return [s = state](HttpRender r) mutable {
+        {
+          const std::lock_guard lock(s->mu);
+          s->render.emplace(std::move(r));
+        }
+        s->cv.notify_all();
+      };
+    }
+  } waiting;
+  handle_http(engine, reload, x, waiting);
+  if (waiting.state == nullptr) return;
+  std::unique_lock lock(waiting.state->mu);
+  waiting.state->cv.wait(lock, [&] { return waiting.state->render.has_value(); });
+  HttpRender render = std::move(*waiting.state->render);
+  lock.unlock();
+  render(x);
+}
+
 // ---- the socket side ----
+
+// A session's exchange parked until its policy decides (see HttpLater).
+struct Parked {
+  std::mutex mu;
+  bool done = false;       // the render is in
+  bool abandoned = false;  // the server stopped: drop whatever comes
+  std::optional<HttpRender> render;
+  server::Once<void()> wake;  // resumes the session's coroutine (posts it to its executor)
+};
+
+// g++ 12 reports the coroutine frame's own sized operator delete (asio's awaitable frame) as
+// mismatched with the operator new that allocated it, which is the frame's own too: a false
+// positive of its coroutine lowering once a coroutine has a few more suspension points.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 
 struct HttpServer::Impl {
   Engine& engine;
@@ -359,12 +484,65 @@ struct HttpServer::Impl {
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> threads;
   bool stopped = false;
+  std::mutex parked_mu;
+  std::set<std::shared_ptr<Parked>> parked;  // every parked exchange until its session resumes
 
   Impl(Engine& e, std::function<ReloadOutcome()> r) : engine(e), reload(std::move(r)) {}
+
+  class SessionLater final : public HttpLater {
+   public:
+    explicit SessionLater(Impl& impl) : impl_(impl) {}
+    server::Once<void(HttpRender)> park() override {
+      parked_ = std::make_shared<Parked>();
+      {
+        const std::lock_guard lock(impl_.parked_mu);
+        impl_.parked.insert(parked_);
+      }
+      return [p = parked_](HttpRender r) mutable {
+        // Under the lock, so that stop() (which abandons under it) never sees a wake half done.
+        const std::lock_guard lock(p->mu);
+        if (p->abandoned) return;
+        p->render.emplace(std::move(r));
+        p->done = true;
+        if (p->wake) p->wake();
+      };
+    }
+    [[nodiscard]] const std::shared_ptr<Parked>& parked() const { return parked_; }
+
+   private:
+    Impl& impl_;
+    std::shared_ptr<Parked> parked_;
+  };
+
+  // Resumes the session (through `handler`, its coroutine's) once `p`'s render is in.
+  template <class Handler>
+  static void when_rendered(const std::shared_ptr<Parked>& p, Handler handler) {
+    const std::lock_guard lock(p->mu);
+    auto post = [h = std::move(handler)]() mutable {
+      auto ex = net::get_associated_executor(h);
+      net::post(ex, std::move(h));
+    };
+    if (p->done)
+      post();
+    else
+      p->wake = std::move(post);
+  }
+
+  // The parked exchange's render, once its session resumed.
+  HttpRender take_render(const std::shared_ptr<Parked>& p) {
+    {
+      const std::lock_guard lock(parked_mu);
+      parked.erase(p);
+    }
+    return std::move(*p->render);
+  }
 
   net::awaitable<void> session(tcp::socket socket) {
     beast::error_code ec;
     socket.set_option(tcp::no_delay(true), ec);
+    std::string peer;
+    if (auto ep = socket.remote_endpoint(ec); !ec)
+      peer = ep.address().to_string() + ":" + std::to_string(ep.port());
     beast::flat_buffer buffer;
     while (true) {
       http::request_parser<http::string_body> parser;
@@ -377,9 +555,16 @@ struct HttpServer::Impl {
       x.method = std::string(req.method_string());
       x.target = std::string(req.target());
       x.body = std::move(req.body());
+      x.peer = peer;
       if (auto a = req.find(http::field::authorization); a != req.end())
         x.authorization = std::string(a->value());
-      handle_http(engine, reload, x);
+      SessionLater later(*this);
+      handle_http(engine, reload, x, later);
+      if (const std::shared_ptr<Parked>& p = later.parked()) {
+        co_await net::async_initiate<const net::use_awaitable_t<>&, void()>(
+            [&p](auto handler) { when_rendered(p, std::move(handler)); }, net::use_awaitable);
+        take_render(p)(x);
+      }
       http::response<http::string_body> res{static_cast<http::status>(x.status), req.version()};
       res.set(http::field::server, "sluice");
       res.set(http::field::content_type, x.content_type);
@@ -406,6 +591,10 @@ struct HttpServer::Impl {
     }
   }
 };
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 HttpServer::HttpServer(Engine& engine, std::function<ReloadOutcome()> reload)
     : impl_(std::make_unique<Impl>(engine, std::move(reload))) {}
@@ -447,6 +636,21 @@ void HttpServer::stop() {
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  // Parked sessions will not resume: a decision that comes later is dropped, and each parked
+  // coroutine (its socket with it) is destroyed here, while the context still exists.
+  std::set<std::shared_ptr<Parked>> parked;
+  {
+    const std::lock_guard lock(impl_->parked_mu);
+    parked.swap(impl_->parked);
+  }
+  for (const auto& p : parked) {
+    server::Once<void()> wake;
+    {
+      const std::lock_guard lock(p->mu);
+      p->abandoned = true;
+      wake = std::move(p->wake);
+    }
+  }
   // No thread runs the context any more: the listening socket can be closed here, at once.
   beast::error_code ec;
   if (impl_->acceptor) impl_->acceptor->close(ec);

@@ -14,6 +14,10 @@
 //                          admit is the refusal's status (429 or 503) with its problem+json body.
 //   POST /admin/reload     reloads the config file; needs `Authorization: Bearer <admin_token>`
 //                          when the config sets one (401 with a Bearer challenge without it)
+//   (a kind's routes)      whatever the policy kinds register (server/routes.h), matched after
+//                          the endpoints above, their query parsed and admin token checked here
+// A check (or a kind's route) that its policy decides later parks its session: the coroutine
+// is suspended, no thread waits, and the answer is written when the decision comes.
 // Bad input is 400 with {"error": {"code", "message"}}, the message naming the field.
 //
 // Thread-safety: start() and stop() from one thread; handlers run on the server's own threads.
@@ -23,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "server/completion.h"
 #include "server/engine.h"
 #include "sluice/status.h"
 
@@ -58,12 +63,31 @@ struct HttpExchange {
   std::string target;
   std::string body;
   std::string authorization;
+  std::string peer;  // "ip:port", when known
   // Out:
   unsigned status = 200;
   std::string content_type;
   std::string response;
   std::vector<std::pair<std::string, std::string>> headers;
 };
+
+// How a deferred answer reaches the session: the render fills the exchange once the session
+// resumes (on its own thread).
+using HttpRender = server::Once<void(HttpExchange&)>;
+class HttpLater {
+ public:
+  // Parks the exchange: the session answers once the returned function is called (once, from
+  // any thread) with the render. At most once per exchange.
+  [[nodiscard]] virtual server::Once<void(HttpRender)> park() = 0;
+
+ protected:
+  ~HttpLater() = default;
+};
+
+// Answers `x` now, or parks it through `later`.
+void handle_http(server::Engine& engine, const std::function<ReloadOutcome()>& reload,
+                 HttpExchange& x, HttpLater& later);
+// The same, waiting on this thread for a parked answer (tests).
 void handle_http(server::Engine& engine, const std::function<ReloadOutcome()>& reload,
                  HttpExchange& x);
 

@@ -30,7 +30,6 @@ PUBLIC_HEADERS = {
     "algorithm_spec.h": "core",
     "clock.h": "core",
     "coordinator.h": "core",
-    "epoch_min.h": "core",
     "fixed_limit.h": "core",
     "fleet.h": "core",
     "gradient2_limit.h": "core",

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/epoch_min.h"
 #include "sluice/aimd_limit.h"
-#include "sluice/epoch_min.h"
 #include "sluice/fixed_limit.h"
 #include "sluice/gradient2_limit.h"
 #include "sluice/vegas_limit.h"
@@ -25,7 +25,9 @@ LimitSample drop(Nanos rtt, std::uint32_t in_flight) { return {rtt, in_flight, t
 // ---- EpochMin ----
 
 TEST(LimitEpochMin, RemembersOneToTwoEpochs) {
-  EpochMin m;
+  double prev = kEpochMinEmpty;
+  double cur = kEpochMinEmpty;
+  EpochMin m(prev, cur);
   EXPECT_TRUE(m.empty());
   EXPECT_TRUE(m.add(5.0));  // first sample lowers
   EXPECT_FALSE(m.add(7.0));
@@ -37,6 +39,20 @@ TEST(LimitEpochMin, RemembersOneToTwoEpochs) {
   EXPECT_EQ(m.get(), 9.0);  // 5 aged out after two rotations
   EXPECT_TRUE(m.add(3.0));
   EXPECT_EQ(m.get(), 3.0);
+}
+
+TEST(LimitEpochMin, ViewsShareTheOwnersState) {
+  double prev = kEpochMinEmpty;
+  double cur = kEpochMinEmpty;
+  EpochMin(prev, cur).add(4.0);
+  EpochMin(prev, cur).rotate();
+  EXPECT_EQ(prev, 4.0);
+  EXPECT_EQ(cur, kEpochMinEmpty);
+  const double& const_prev = prev;
+  const double& const_cur = cur;
+  const EpochMin reader(const_prev, const_cur);  // EpochMin<const double>: reads only
+  EXPECT_EQ(reader.get(), 4.0);
+  EXPECT_FALSE(reader.empty());
 }
 
 // ---- FixedLimit ----

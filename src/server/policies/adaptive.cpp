@@ -9,8 +9,7 @@ namespace {
 class AdaptiveLimitPolicy final : public AdmitPolicy {
  public:
   AdaptiveLimitPolicy(const BuildContext& c, const AlgorithmSpec& algorithm)
-      : AdmitPolicy(c.name, "adaptive", c.identity, c.spec.rate),
-        guard_(make_algorithm(algorithm), c.clock) {}
+      : AdmitPolicy(c.name, "adaptive", c.spec.rate), guard_(make_algorithm(algorithm), c.clock) {}
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
     AdmitDecision out;

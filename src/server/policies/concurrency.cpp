@@ -19,7 +19,7 @@ struct GatewayLease {
 class GatewayPolicy final : public AdmitPolicy {
  public:
   GatewayPolicy(const BuildContext& c, std::unique_ptr<Gateway> gateway)
-      : AdmitPolicy(c.name, "concurrency", c.identity, c.spec.rate), gateway_(std::move(gateway)) {}
+      : AdmitPolicy(c.name, "concurrency", c.spec.rate), gateway_(std::move(gateway)) {}
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
     if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");

@@ -13,8 +13,7 @@ using prometheus::MetricType;
 class FleetLimitPolicy final : public AdmitPolicy {
  public:
   FleetLimitPolicy(const BuildContext& c, std::shared_ptr<ConcurrencyCoordinator> coordinator)
-      : AdmitPolicy(c.name, "fleet", c.identity, c.spec.rate),
-        coordinator_(std::move(coordinator)) {}
+      : AdmitPolicy(c.name, "fleet", c.spec.rate), coordinator_(std::move(coordinator)) {}
   ~FleetLimitPolicy() override { retire(); }
 
   // Builds the guard and starts its runner.
@@ -136,7 +135,10 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const FleetSpec& spec = *c.spec.as<FleetSpec>();
-  auto p = std::make_shared<FleetLimitPolicy>(c, c.fleet_coordinator(spec.coordinator));
+  auto coordinator =
+      c.coordinator<ConcurrencyCoordinator>(spec.coordinator, "the fleet's concurrency interface");
+  if (!coordinator.ok()) return coordinator.status();
+  auto p = std::make_shared<FleetLimitPolicy>(c, std::move(coordinator.value()));
   if (Status s = p->start(spec, c); !s.ok()) return s;
   return std::shared_ptr<Policy>(std::move(p));
 }

@@ -15,7 +15,7 @@ using prometheus::MetricType;
 class RateLimitPolicy final : public Policy, public RateFamily {
  public:
   RateLimitPolicy(const BuildContext& c, std::unique_ptr<RateLimiter> limiter)
-      : Policy(c.name, "rate", c.identity, c.spec.rate), limiter_(std::move(limiter)) {}
+      : Policy(c.name, "rate", c.spec.rate), limiter_(std::move(limiter)) {}
 
   [[nodiscard]] RateFamily* rate_family() noexcept override { return this; }
 

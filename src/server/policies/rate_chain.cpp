@@ -7,7 +7,7 @@ namespace {
 class RateChain final : public Policy, public AdmitFamily, public AdmitGate {
  public:
   RateChain(std::shared_ptr<Policy> inner, std::shared_ptr<Policy> rate)
-      : Policy(inner->name(), inner->kind(), inner->identity(), inner->rate_name()),
+      : Policy(inner->name(), inner->kind(), inner->rate_name()),
         inner_(std::move(inner)),
         rate_(std::move(rate)) {}
 

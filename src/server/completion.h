@@ -1,0 +1,93 @@
+// completion.h: a decision that may finish later, without holding a thread while it waits.
+//
+// What it is: most calls are decided inline, on the transport thread that received them. A
+// kind that cannot decide one now (a federated check of a key with no escrow needs one bounded
+// coordinator round trip) defers it: it calls `later.defer()`, which hands it a Completion, and
+// returns no decision. The transport parks the call (a gRPC reactor not yet finished, an HTTP
+// session suspended in its coroutine) and answers when the Completion is called. The common case
+// costs nothing: the Completion is only made (and only allocates) when a call is deferred.
+//
+//   Once<R(A...)>      a move-only callable, called at most once (std::function must copy).
+//   Completion<T>      Once<void(StatusOr<T>)>: how a deferred call is finished.
+//   Deferral<T>        what the caller offers: defer() takes the call over, at most once.
+//   Decided<T>         std::optional<StatusOr<T>>: the answer now, or nullopt when deferred.
+//
+// The contract of a kind that defers: it calls the Completion exactly once, from any thread,
+// within a bound it documents (its coordinator timeout), and also when it is retired (a retired
+// policy finishes what it holds, e.g. UNAVAILABLE). Views in the call (a key) are valid only
+// until the kind returns: a kind that defers copies what it needs.
+//
+// Thread-safety: a Once is owned by one thread at a time; it may be moved to and called on any.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "sluice/status.h"
+
+namespace sluice::server {
+
+template <class Sig>
+class Once;
+
+template <class R, class... A>
+class Once<R(A...)> {
+ public:
+  Once() noexcept = default;
+  template <class F>
+  requires(!std::is_same_v<std::decay_t<F>, Once> && std::is_invocable_r_v<R, F&, A...>)
+      Once(F&& f)  // NOLINT(google-explicit-constructor): a lambda converts, as to std::function
+      : impl_(std::make_unique<Impl<std::decay_t<F>>>(std::forward<F>(f))) {}
+
+  Once(Once&&) noexcept = default;
+  Once& operator=(Once&&) noexcept = default;
+
+  [[nodiscard]] explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+  // Calls it; it is empty afterwards. Calling an empty Once is a bug (it is checked: nothing
+  // happens and R{} is returned).
+  R operator()(A... args) {
+    std::unique_ptr<Base> f = std::move(impl_);
+    if (f == nullptr) {
+      if constexpr (std::is_void_v<R>)
+        return;
+      else
+        return R{};
+    }
+    return f->call(std::forward<A>(args)...);
+  }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual R call(A... args) = 0;
+  };
+  template <class F>
+  struct Impl final : Base {
+    explicit Impl(F f) : fn(std::move(f)) {}
+    R call(A... args) override { return fn(std::forward<A>(args)...); }
+    F fn;
+  };
+  std::unique_ptr<Base> impl_;
+};
+
+template <class T>
+using Completion = Once<void(StatusOr<T>)>;
+
+template <class T>
+using Decided = std::optional<StatusOr<T>>;
+
+template <class T>
+class Deferral {
+ public:
+  // Takes the call over: the caller answers when the returned Completion is called. At most once
+  // per call.
+  [[nodiscard]] virtual Completion<T> defer() = 0;
+
+ protected:
+  ~Deferral() = default;
+};
+
+}  // namespace sluice::server

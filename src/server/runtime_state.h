@@ -1,0 +1,125 @@
+// runtime_state.h: rules set at run time (through admin endpoints) that survive a restart.
+//
+// What it is: RuntimeStateStore holds JSON values by (scope, key), where a scope is usually a
+// policy's name and a key one of its rules (a throttler's per-app throttle rule), and keeps
+// them in one file. RuntimeState is the handle a policy is given: the store, fixed to its own
+// scope.
+//
+// The file: one JSON object, {"version": 1, "scopes": {scope: {key: value}}}, mode 0600. Every
+// put and erase that changes something writes the whole document before it returns: to a temp
+// file beside the path (mkstemp, so 0600 from creation), fsync, rename over the path, fsync the
+// directory. A crash at any point leaves either the old file or the new one, never a mix (at
+// worst a stray temp file, <path>.XXXXXX, beside it).
+// open() reads it back; a file that is not what the store writes (not JSON, another version,
+// a field it does not know, a value out of bounds) is an error naming the path and what is
+// wrong, never an empty store, so a user's rules are never dropped silently. A missing file is
+// an empty store. An empty path keeps everything in memory only.
+//
+// Bounds (checked on every call and on load; an error names the field): a scope and a key are
+// 1 to 256 bytes of UTF-8; a value serializes to at most 64 KiB and reads back as itself (no
+// NaN, infinity or binary); a scope holds at most 10,000 keys. A scope with no keys is dropped.
+//
+// Errors: INVALID_ARGUMENT for a bad scope, key or value and for a file that is not the store's;
+// FAILED_PRECONDITION for a put that would take a full scope past its key bound; for I/O,
+// PERMISSION_DENIED (EACCES, EPERM, EROFS) or UNAVAILABLE (anything else: a full disk, an I/O
+// error), with the path, the step and the errno text.
+//
+// Invariants: memory holds exactly what the last successful write put in the file (or what
+// open() read). A put or erase that returns an error changed nothing in memory; if it failed
+// after the rename (the directory's fsync), the file may hold the change until the next write,
+// which rewrites it from memory. One store per file: two processes writing one path each
+// overwrite the other's changes.
+//
+// Thread-safety: every member of both classes is safe to call concurrently. The store holds one
+// mutex across each whole call, the file write included, so writes are serialized and a reader
+// never sees a change before it is durable. A reader waits out a write's fsync, so the store is
+// for admin calls and start-up, not for each admitted call.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "sluice/status.h"
+
+namespace sluice::server {
+
+class RuntimeStateStore {
+ public:
+  static constexpr int kVersion = 1;
+  static constexpr std::size_t kMaxScopeBytes = 256;
+  static constexpr std::size_t kMaxKeyBytes = 256;
+  static constexpr std::size_t kMaxValueBytes = 64 * 1024;  // serialized
+  static constexpr std::size_t kMaxKeysPerScope = 10'000;
+
+  // The store kept in `path` (empty: memory only). A missing file is an empty store (its
+  // directory must exist); an unreadable or malformed one is an error naming the path.
+  [[nodiscard]] static StatusOr<std::unique_ptr<RuntimeStateStore>> open(std::string path);
+
+  RuntimeStateStore(const RuntimeStateStore&) = delete;
+  RuntimeStateStore& operator=(const RuntimeStateStore&) = delete;
+
+  // The value under (scope, key); nullopt when there is none; an error for a bad scope or key.
+  [[nodiscard]] StatusOr<std::optional<nlohmann::json>> get(std::string_view scope,
+                                                            std::string_view key) const;
+  // Sets (scope, key) to `value`, durably.
+  [[nodiscard]] Status put(std::string_view scope, std::string_view key, nlohmann::json value);
+  // Removes (scope, key), durably. Ok, and nothing written, when it is not there.
+  [[nodiscard]] Status erase(std::string_view scope, std::string_view key);
+  // Every key of `scope` and its value (empty for a scope with none, or a bad scope).
+  [[nodiscard]] std::map<std::string, nlohmann::json> list(std::string_view scope) const;
+  // Removes every key of `scope`, durably. Ok, and nothing written, when it has none.
+  [[nodiscard]] Status erase_scope(std::string_view scope);
+
+  // The file (empty: memory only).
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  using Scope = std::map<std::string, nlohmann::json, std::less<>>;
+  using Scopes = std::map<std::string, Scope, std::less<>>;
+
+  RuntimeStateStore(std::string path, Scopes scopes)
+      : path_(std::move(path)), scopes_(std::move(scopes)) {}
+
+  // Writes scopes_ to path_ (nothing when memory only). Caller holds mu_, and undoes its
+  // change to scopes_ if this fails.
+  [[nodiscard]] Status persist() const;
+
+  const std::string path_;
+  mutable std::mutex mu_;
+  Scopes scopes_;  // guarded by mu_; no empty scope
+};
+
+// One scope of a store: what a policy is given for its own name. Holds the store by shared_ptr
+// because the store outlives any one policy (a reload replaces policies; the store stays).
+class RuntimeState {
+ public:
+  // Precondition: store is not null.
+  RuntimeState(std::shared_ptr<RuntimeStateStore> store, std::string scope)
+      : store_(std::move(store)), scope_(std::move(scope)) {}
+
+  [[nodiscard]] StatusOr<std::optional<nlohmann::json>> get(std::string_view key) const {
+    return store_->get(scope_, key);
+  }
+  [[nodiscard]] Status put(std::string_view key, nlohmann::json value) {
+    return store_->put(scope_, key, std::move(value));
+  }
+  [[nodiscard]] Status erase(std::string_view key) { return store_->erase(scope_, key); }
+  [[nodiscard]] std::map<std::string, nlohmann::json> list() const { return store_->list(scope_); }
+
+  [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
+  [[nodiscard]] const std::shared_ptr<RuntimeStateStore>& store() const noexcept { return store_; }
+
+ private:
+  std::shared_ptr<RuntimeStateStore> store_;
+  std::string scope_;
+};
+
+}  // namespace sluice::server
