@@ -186,7 +186,8 @@ class Client:
             req.ttl.CopyFrom(_duration(ttl, "ttl"))
         resp = self._call(self._stub.Admit, req)
         if resp.admitted:
-            return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy)
+            return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy,
+                         chosen=resp.chosen)
         r = resp.rejection
         raise Refused(
             r.status, title=r.title, type=r.type, detail=r.detail,

@@ -64,6 +64,8 @@ class Lease:
         outcome: inside a :meth:`Client.lease` block, set it to ``"success"``, ``"dropped"`` or
             ``"ignored"`` to choose the outcome reported at release; ``None``: decided on exit.
         released: set once the lease was released through the client.
+        chosen: what the policy chose for the call (a cascade's node); empty when it names
+            nothing.
     """
 
     lease_id: str
@@ -72,6 +74,7 @@ class Lease:
     admitted_at: float = field(default_factory=time.monotonic)
     outcome: Optional[str] = None
     released: bool = False
+    chosen: str = ""
 
     def __str__(self) -> str:
         return self.lease_id

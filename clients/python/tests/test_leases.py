@@ -29,6 +29,7 @@ def test_lease_context_manager_admits_and_releases(client):
     with client.lease("small", ttl=5) as lease:
         assert HEX32.match(lease.lease_id)
         assert lease.ttl == 5.0 and lease.policy == "small"
+        assert lease.chosen == ""  # a concurrency policy chooses no node
         ps = client.policies()
         assert ps["small"].in_flight == 1 and ps.leases == 1
     assert lease.released
