@@ -11,6 +11,8 @@
 //   Completion<T>      Once<void(StatusOr<T>)>: how a deferred call is finished.
 //   Deferral<T>        what the caller offers: defer() takes the call over, at most once.
 //   Decided<T>         std::optional<StatusOr<T>>: the answer now, or nullopt when deferred.
+//   OneShot<V>         a value set once from any thread and waited for on another (for callers
+//                      that may block: in-process callers and tests).
 //
 // The contract of a kind that defers: it calls the Completion exactly once, from any thread,
 // within a bound it documents (its coordinator timeout), and also when it is retired (a retired
@@ -20,7 +22,9 @@
 // Thread-safety: a Once is owned by one thread at a time; it may be moved to and called on any.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -88,6 +92,36 @@ class Deferral {
 
  protected:
   ~Deferral() = default;
+};
+
+// A value delivered once, through setter(), and waited for by get(). The setter keeps the shared
+// state alive, so it may outlive the OneShot.
+template <class V>
+class OneShot {
+ public:
+  [[nodiscard]] Once<void(V)> setter() {
+    return [s = state_](V v) {
+      {
+        const std::lock_guard lock(s->mu);
+        s->value.emplace(std::move(v));
+      }
+      s->cv.notify_all();
+    };
+  }
+  // Blocks until the setter was called; then the value (once).
+  [[nodiscard]] V get() {
+    std::unique_lock lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->value.has_value(); });
+    return std::move(*state_->value);
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<V> value;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 }  // namespace sluice::server

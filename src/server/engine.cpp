@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -79,8 +78,7 @@ class PolicySet {
   std::uint64_t generation = 1;
   std::map<std::string, Entry, std::less<>> policies;
   std::map<std::string, std::shared_ptr<NamedCoordinator>, std::less<>> coordinators;
-  std::shared_ptr<RuntimeStateStore> state;  // opened at start, the same for every generation
-  std::vector<std::string> warnings;         // from building this set (a coordinator not reached)
+  std::vector<std::string> warnings;  // from building this set (a coordinator not reached)
   // What a reload prepared (policies carried over whose new spec they take in place), by name;
   // applied when it commits.
   std::vector<std::pair<std::string, Policy::Reconfiguration>> reconfigurations;
@@ -122,10 +120,11 @@ Status build_coordinators(const SluiceConfig& config, const Clock& clock, const 
 // to build, or to commit, must not leave loops or fleet memberships behind.
 void retire_built(const PolicySet& set, const PolicySet* old) {
   for (const auto& [name, entry] : set.policies) {
-    bool carried = false;
-    if (old != nullptr)
-      for (const auto& [n, e] : old->policies) carried = carried || e.base == entry.base;
-    if (!carried) entry.base->retire();
+    if (old != nullptr) {
+      auto it = old->policies.find(name);  // a carried-over policy keeps its name
+      if (it != old->policies.end() && it->second.base == entry.base) continue;
+    }
+    entry.base->retire();
   }
 }
 
@@ -134,7 +133,7 @@ void retire_built(const PolicySet& set, const PolicySet* old) {
 // reconfigure at commit) every one that can take its changed spec in place.
 Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
                  const PolicySet* old, const std::string& node_id, std::uint64_t generation,
-                 PolicySet& set) {
+                 const std::shared_ptr<RuntimeStateStore>& state, PolicySet& set) {
   set.settings = config.server;
   set.settings.node_id = node_id;
   if (old != nullptr && config.server.state_file != old->settings.state_file) {
@@ -170,7 +169,7 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
     if (kind == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": no policy kind named '" + spec.kind + "'");
-    const BuildContext context(name, spec, clock, policy_node, coordinators, set.state);
+    const BuildContext context(name, spec, clock, policy_node, coordinators, state);
     if (was != nullptr && was->base->kind() == spec.kind && was->base->rate_name() == spec.rate) {
       auto in_place = was->base->reconfigure(context);
       if (!in_place.ok())
@@ -203,10 +202,9 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
 StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
                                            const PolicyRegistry& kinds, const PolicySet* old,
                                            const std::string& node_id, std::uint64_t generation,
-                                           std::shared_ptr<RuntimeStateStore> state) {
+                                           const std::shared_ptr<RuntimeStateStore>& state) {
   auto set = std::make_shared<PolicySet>();
-  set->state = std::move(state);
-  if (Status s = build_set(config, clock, kinds, old, node_id, generation, *set); !s.ok()) {
+  if (Status s = build_set(config, clock, kinds, old, node_id, generation, state, *set); !s.ok()) {
     retire_built(*set, old);
     return s;
   }
@@ -224,14 +222,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, con
   auto state = RuntimeStateStore::open(config.server.state_file);
   if (!state.ok())
     return Status(state.status().code(), "server.state_file: " + state.status().message());
-  auto set = build(config, clock, kinds, nullptr, node_id, 1, std::move(state.value()));
+  std::shared_ptr<RuntimeStateStore> store = std::move(state.value());
+  auto set = build(config, clock, kinds, nullptr, node_id, 1, store);
   if (!set.ok()) return set.status();
-  return std::unique_ptr<Engine>(new Engine(clock, kinds, std::move(set.value())));
+  return std::unique_ptr<Engine>(
+      new Engine(clock, kinds, std::move(store), std::move(set.value())));
 }
 
 Engine::Engine(const Clock& clock, const PolicyRegistry& kinds,
-               std::shared_ptr<const PolicySet> set)
-    : clock_(clock), kinds_(kinds), set_(std::move(set)) {}
+               std::shared_ptr<RuntimeStateStore> state, std::shared_ptr<const PolicySet> set)
+    : clock_(clock), kinds_(kinds), state_(std::move(state)), set_(std::move(set)) {}
 
 Engine::~Engine() { close(); }
 
@@ -283,29 +283,11 @@ namespace {
 template <class T>
 class Waiting final : public Deferral<T> {
  public:
-  Completion<T> defer() override {
-    return [state = state_](StatusOr<T> v) {
-      {
-        const std::lock_guard lock(state->mu);
-        state->value.emplace(std::move(v));
-      }
-      state->cv.notify_all();
-    };
-  }
-  StatusOr<T> wait(Decided<T> now) {
-    if (now) return std::move(*now);
-    std::unique_lock lock(state_->mu);
-    state_->cv.wait(lock, [&] { return state_->value.has_value(); });
-    return std::move(*state_->value);
-  }
+  Completion<T> defer() override { return answer_.setter(); }
+  StatusOr<T> wait(Decided<T> now) { return now ? std::move(*now) : answer_.get(); }
 
  private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<StatusOr<T>> value;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
+  OneShot<StatusOr<T>> answer_;
 };
 
 // A CheckMany once one of its checks was deferred: the checks' answers as they come, and the
@@ -625,8 +607,8 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   const std::lock_guard lock(reload_mu_);
   const auto old = current();
   // The node id stays: fleets know this server by it.
-  auto next = build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1,
-                    old->state);
+  auto next =
+      build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1, state_);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();

@@ -126,12 +126,15 @@ class Engine {
   void close();
 
  private:
-  Engine(const Clock& clock, const PolicyRegistry& kinds, std::shared_ptr<const PolicySet> set);
+  Engine(const Clock& clock, const PolicyRegistry& kinds, std::shared_ptr<RuntimeStateStore> state,
+         std::shared_ptr<const PolicySet> set);
   [[nodiscard]] std::shared_ptr<const PolicySet> current() const;
   [[nodiscard]] Status usable() const;
 
   const Clock& clock_;
   const PolicyRegistry& kinds_;
+  // Rules set at run time (server.state_file), opened at start: every generation shares it.
+  const std::shared_ptr<RuntimeStateStore> state_;
   mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)
   std::shared_ptr<const PolicySet> set_;
   std::mutex reload_mu_;

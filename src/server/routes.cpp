@@ -120,39 +120,39 @@ StatusOr<NameValues> parse_query(std::string_view query) {
 
 bool Router::add(std::string kind, HttpRoute route) {
   if (!check_pattern(route.pattern).empty() || !route.handle || route.methods.empty()) return false;
-  const std::string s = shape(route.pattern);
+  Entry entry{std::move(kind), std::move(route), {}, {}, 0};
+  entry.shape = shape(entry.route.pattern);
   for (const Entry& e : entries_)
-    if (shape(e.route.pattern) == s) return false;
-  entries_.push_back(Entry{std::move(kind), std::move(route)});
+    if (e.shape == entry.shape) return false;
+  for (std::string_view seg : segments(entry.route.pattern)) {
+    entry.segments.emplace_back(seg);
+    if (!is_param(seg)) ++entry.literals;
+  }
+  entries_.push_back(std::move(entry));
   return true;
 }
 
 Router::Match Router::match(std::string_view path) const {
   Match best;
-  int best_literals = -1;
   const std::vector<std::string_view> segs = segments(path);
   if (path != "/" && segs.empty()) return best;
   for (const Entry& e : entries_) {
-    const std::vector<std::string_view> pat = segments(e.route.pattern);
-    if (pat.size() != segs.size()) continue;
+    if (e.segments.size() != segs.size() ||
+        (best.entry != nullptr && e.literals <= best.entry->literals))
+      continue;
     NameValues params;
-    int literals = 0;
     bool ok = true;
-    for (std::size_t i = 0; ok && i < pat.size(); ++i) {
-      if (is_param(pat[i])) {
-        auto v = segs[i].empty() ? std::nullopt : percent_decode(segs[i], false);
-        if (!v) {
-          ok = false;
-          break;
-        }
-        params.emplace_back(std::string(pat[i].substr(1, pat[i].size() - 2)), std::move(*v));
-      } else {
-        ok = pat[i] == segs[i];
-        ++literals;
+    for (std::size_t i = 0; ok && i < segs.size(); ++i) {
+      const std::string_view pat = e.segments[i];
+      if (!is_param(pat)) {
+        ok = pat == segs[i];
+        continue;
       }
+      auto v = segs[i].empty() ? std::nullopt : percent_decode(segs[i], false);
+      ok = v.has_value();
+      if (ok) params.emplace_back(std::string(pat.substr(1, pat.size() - 2)), std::move(*v));
     }
-    if (ok && literals > best_literals) {
-      best_literals = literals;
+    if (ok) {
       best.entry = &e;
       best.params = std::move(params);
     }

@@ -92,6 +92,11 @@ class Router {
   struct Entry {
     std::string kind;  // whose route it is
     HttpRoute route;
+    // The pattern, split once when added: its segments ("{name}" for a parameter), its shape
+    // (parameters unnamed: equal shapes match the same paths) and how many are literal.
+    std::vector<std::string> segments;
+    std::string shape;
+    int literals = 0;
   };
   struct Match {
     const Entry* entry = nullptr;

@@ -5,7 +5,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cmath>
-#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -432,30 +431,11 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
 
 void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x) {
   struct Waiting final : HttpLater {
-    struct State {
-      std::mutex mu;
-      std::condition_variable cv;
-      std::optional<HttpRender> render;
-    };
-    std::shared_ptr<State> state;
-    server::Once<void(HttpRender)> park() override {
-      state = std::make_shared<State>();
-      return [s = state](HttpRender r) mutable {
-        {
-          const std::lock_guard lock(s->mu);
-          s->render.emplace(std::move(r));
-        }
-        s->cv.notify_all();
-      };
-    }
+    std::optional<server::OneShot<HttpRender>> render;
+    server::Once<void(HttpRender)> park() override { return render.emplace().setter(); }
   } waiting;
   handle_http(engine, reload, x, waiting);
-  if (waiting.state == nullptr) return;
-  std::unique_lock lock(waiting.state->mu);
-  waiting.state->cv.wait(lock, [&] { return waiting.state->render.has_value(); });
-  HttpRender render = std::move(*waiting.state->render);
-  lock.unlock();
-  render(x);
+  if (waiting.render) waiting.render->get()(x);
 }
 
 // ---- the socket side ----

@@ -253,6 +253,12 @@ std::shared_ptr<ToyPolicy> toy_named(const KindPolicies& ps, std::string_view na
   return nullptr;
 }
 
+// The toy a route or method names: NOT_FOUND naming it when there is none.
+StatusOr<std::shared_ptr<ToyPolicy>> find_toy(const KindPolicies& ps, std::string_view name) {
+  if (auto toy = toy_named(ps, name)) return toy;
+  return Status(StatusCode::kNotFound, "policy: no toy named '" + std::string(name) + "'");
+}
+
 constexpr const char* kAwaitMethod = "/sluice.toy.v1.Toy/AwaitOpen";
 
 PolicyKind toy_kind() {
@@ -283,32 +289,30 @@ PolicyKind toy_kind() {
   };
   PolicyKind kind("toy", PolicyKind::kRate | PolicyKind::kAdmit, parse, build);
   // GET /toy/{policy}?field=slots|ticks|pending: one number.
-  kind.routes.push_back(HttpRoute{
-      {"GET", "HEAD"},
-      "/toy/{policy}",
-      false,
-      [](const RouteRequest& req, const KindPolicies& ps,
-         Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-        auto toy = toy_named(ps, req.param("policy"));
-        if (toy == nullptr)
-          return Status(StatusCode::kNotFound,
-                        "policy: no toy named '" + std::string(req.param("policy")) + "'");
-        const std::string_view field = req.arg("field").value_or("slots");
-        RouteReply r;
-        if (field == "slots")
-          r.body = std::to_string(toy->slots());
-        else if (field == "ticks")
-          r.body = std::to_string(toy->ticks());
-        else if (field == "pending")
-          r.body = std::to_string(toy->pending());
-        else if (field == "note")
-          r.body = toy->note();
-        else
-          return Status(StatusCode::kInvalidArgument,
-                        "field: unknown '" + std::string(field) + "'");
-        r.content_type = "text/plain";
-        return r;
-      }});
+  kind.routes.push_back(HttpRoute{{"GET", "HEAD"},
+                                  "/toy/{policy}",
+                                  false,
+                                  [](const RouteRequest& req, const KindPolicies& ps,
+                                     Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+                                    auto toy = find_toy(ps, req.param("policy"));
+                                    if (!toy.ok()) return toy.status();
+                                    const std::string_view field =
+                                        req.arg("field").value_or("slots");
+                                    RouteReply r;
+                                    if (field == "slots")
+                                      r.body = std::to_string(toy.value()->slots());
+                                    else if (field == "ticks")
+                                      r.body = std::to_string(toy.value()->ticks());
+                                    else if (field == "pending")
+                                      r.body = std::to_string(toy.value()->pending());
+                                    else if (field == "note")
+                                      r.body = toy.value()->note();
+                                    else
+                                      return Status(StatusCode::kInvalidArgument,
+                                                    "field: unknown '" + std::string(field) + "'");
+                                    r.content_type = "text/plain";
+                                    return r;
+                                  }});
   // POST /toy/{policy}/open (admin): parked checks are decided.
   kind.routes.push_back(
       HttpRoute{{"POST"},
@@ -316,24 +320,24 @@ PolicyKind toy_kind() {
                 true,
                 [](const RouteRequest& req, const KindPolicies& ps,
                    Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-                  auto toy = toy_named(ps, req.param("policy"));
-                  if (toy == nullptr) return Status(StatusCode::kNotFound, "policy: no such toy");
-                  toy->open();
+                  auto toy = find_toy(ps, req.param("policy"));
+                  if (!toy.ok()) return toy.status();
+                  toy.value()->open();
                   return RouteReply{200, "application/json", R"({"opened":true})", {}};
                 }});
   // PUT /toy/{policy}/note?text=... (admin): a rule set at run time, persisted.
-  kind.routes.push_back(
-      HttpRoute{{"PUT"},
-                "/toy/{policy}/note",
-                true,
-                [](const RouteRequest& req, const KindPolicies& ps,
-                   Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-                  auto toy = toy_named(ps, req.param("policy"));
-                  if (toy == nullptr) return Status(StatusCode::kNotFound, "policy: no such toy");
-                  if (Status s = toy->set_note(std::string(req.arg("text").value_or(""))); !s.ok())
-                    return s;
-                  return RouteReply{204, "text/plain", "", {}};
-                }});
+  kind.routes.push_back(HttpRoute{
+      {"PUT"},
+      "/toy/{policy}/note",
+      true,
+      [](const RouteRequest& req, const KindPolicies& ps,
+         Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+        auto toy = find_toy(ps, req.param("policy"));
+        if (!toy.ok()) return toy.status();
+        if (Status s = toy.value()->set_note(std::string(req.arg("text").value_or(""))); !s.ok())
+          return s;
+        return RouteReply{204, "text/plain", "", {}};
+      }});
   // GET /toy/{policy}/await: answers once the toy is open (a route decided later).
   kind.routes.push_back(HttpRoute{
       {"GET"},
@@ -341,32 +345,32 @@ PolicyKind toy_kind() {
       false,
       [](const RouteRequest& req, const KindPolicies& ps,
          Deferral<RouteReply>& later) -> Decided<RouteReply> {
-        auto toy = toy_named(ps, req.param("policy"));
-        if (toy == nullptr) return Status(StatusCode::kNotFound, "policy: no such toy");
-        toy->await_open([done = later.defer()](StatusOr<std::uint64_t> ticks) mutable {
+        auto toy = find_toy(ps, req.param("policy"));
+        if (!toy.ok()) return toy.status();
+        toy.value()->await_open([done = later.defer()](StatusOr<std::uint64_t> ticks) mutable {
           if (!ticks.ok()) return done(ticks.status());
           done(RouteReply{200, "text/plain", "open after " + std::to_string(ticks.value()), {}});
         });
         return std::nullopt;
       }});
   // gRPC AwaitOpen(StringValue policy) -> UInt64Value ticks, once the toy is open.
-  kind.methods.push_back(
-      GrpcMethod{kAwaitMethod,
-                 [](std::string_view request, const KindPolicies& ps,
-                    Deferral<std::string>& later) -> Decided<std::string> {
-                   google::protobuf::StringValue name;
-                   if (!name.ParseFromArray(request.data(), static_cast<int>(request.size())))
-                     return Status(StatusCode::kInvalidArgument, "request: not a StringValue");
-                   auto toy = toy_named(ps, name.value());
-                   if (toy == nullptr) return Status(StatusCode::kNotFound, "policy: no such toy");
-                   toy->await_open([done = later.defer()](StatusOr<std::uint64_t> ticks) mutable {
-                     if (!ticks.ok()) return done(ticks.status());
-                     google::protobuf::UInt64Value v;
-                     v.set_value(ticks.value());
-                     done(v.SerializeAsString());
-                   });
-                   return std::nullopt;
-                 }});
+  kind.methods.push_back(GrpcMethod{
+      kAwaitMethod,
+      [](std::string_view request, const KindPolicies& ps,
+         Deferral<std::string>& later) -> Decided<std::string> {
+        google::protobuf::StringValue name;
+        if (!name.ParseFromArray(request.data(), static_cast<int>(request.size())))
+          return Status(StatusCode::kInvalidArgument, "request: not a StringValue");
+        auto toy = find_toy(ps, name.value());
+        if (!toy.ok()) return toy.status();
+        toy.value()->await_open([done = later.defer()](StatusOr<std::uint64_t> ticks) mutable {
+          if (!ticks.ok()) return done(ticks.status());
+          google::protobuf::UInt64Value v;
+          v.set_value(ticks.value());
+          done(v.SerializeAsString());
+        });
+        return std::nullopt;
+      }});
   return kind;
 }
 
