@@ -16,7 +16,10 @@
 //
 // The contract of a kind that defers: it calls the Completion exactly once, from any thread,
 // within a bound it documents (its coordinator timeout), and also when it is retired (a retired
-// policy finishes what it holds, e.g. UNAVAILABLE). Views in the call (a key) are valid only
+// policy finishes what it holds, e.g. UNAVAILABLE). A call can reach a policy as it is being
+// retired (the engine took it from the set a reload is replacing): the kind checks retired()
+// under the lock its on_retire() drains with, and answers such a call now instead of parking
+// it where nothing would answer it. Views in the call (a key) are valid only
 // until the kind returns: a kind that defers copies what it needs.
 //
 // Thread-safety: a Once is owned by one thread at a time; it may be moved to and called on any.

@@ -80,6 +80,8 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
     if (!key.starts_with("cold:")) return check(key, hits, now);
     {
       const std::lock_guard lock(mu_);
+      // Retired: on_retire() already answered what it held; nothing would answer this one.
+      if (retired()) return Status(StatusCode::kUnavailable, "policy " + name() + " was retired");
       pending_.push_back(Pending{std::string(key), hits, later.defer()});
     }
     wake_loops();
@@ -135,6 +137,7 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
   void await_open(Completion<std::uint64_t> done) {
     {
       const std::lock_guard lock(mu_);
+      if (retired()) return done(Status(StatusCode::kUnavailable, "retired"));
       if (!open_.load()) {
         waiters_.push_back(std::move(done));
         return;
@@ -792,7 +795,10 @@ TEST_F(ToyKind, AReloadOfTheSameKindTakesTheNewSpecInPlace) {
 TEST_F(ToyKind, RetiringStopsItsLoopAndAnswersWhatItHolds) {
   const auto toy = toy_named(engine_->policies_of("toy"), "play");
   ASSERT_NE(toy, nullptr);
-  ASSERT_TRUE(toy_reads("play", "ticks", std::to_string(toy->ticks())));  // served meanwhile
+  // Its loop runs: it ticks every 20 ms.
+  for (int i = 0; i < 500 && toy->ticks() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(toy->ticks(), 3u);
   auto parked = std::async(std::launch::async, [&] {
     return http(http_port_, "POST", "/v1/check", R"({"policy":"play","key":"cold:r"})");
   });
