@@ -97,12 +97,14 @@ class Deferral {
   ~Deferral() = default;
 };
 
-// A value delivered once, through setter(), and waited for by get(). The setter keeps the shared
-// state alive, so it may outlive the OneShot.
+// A value delivered once, through setter(), and waited for by get(). Its shared state is only
+// made by setter() (a caller whose answer came inline allocates nothing); the setter keeps it
+// alive, so it may outlive the OneShot.
 template <class V>
 class OneShot {
  public:
   [[nodiscard]] Once<void(V)> setter() {
+    state_ = std::make_shared<State>();
     return [s = state_](V v) {
       {
         const std::lock_guard lock(s->mu);
@@ -111,7 +113,8 @@ class OneShot {
       s->cv.notify_all();
     };
   }
-  // Blocks until the setter was called; then the value (once).
+  // Blocks until the setter was called; then the value (once). Precondition: setter() was
+  // taken.
   [[nodiscard]] V get() {
     std::unique_lock lock(state_->mu);
     state_->cv.wait(lock, [&] { return state_->value.has_value(); });
@@ -124,7 +127,7 @@ class OneShot {
     std::condition_variable cv;
     std::optional<V> value;
   };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace sluice::server
