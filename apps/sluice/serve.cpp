@@ -16,6 +16,7 @@
 #include "server/engine.h"
 #include "sluice/config.h"
 #include "transport/grpc_kind_methods.h"
+#include "transport/grpc_listener.h"
 #include "transport/grpc_service.h"
 #include "transport/http_server.h"
 
@@ -97,6 +98,17 @@ int run_serve(const ServeOptions& options) {
     log("the config has errors; not starting");
     return 1;
   }
+  for (const auto& [what, value] :
+       {std::pair<const char*, const std::string&>{"grpc", options.grpc},
+        std::pair<const char*, const std::string&>{"http", options.http}}) {
+    std::string host;
+    int port = 0;
+    if (!value.empty() && !parse_host_port(value, host, port, /*min_port=*/0)) {
+      log(fmt::format("{0} address (--{0}): must be host:port with a port in 0..65535, not '{1}'",
+                      what, value));
+      return 1;
+    }
+  }
   if (!options.grpc.empty()) config->server.grpc = options.grpc;
   if (!options.http.empty()) config->server.http = options.http;
   const SteadyClock& clock = SteadyClock::instance();
@@ -136,28 +148,60 @@ int run_serve(const ServeOptions& options) {
     return {true, msg};
   };
 
+  // Connections: the cap on each port fits the process's file-descriptor limit.
+  const ServerSettings& ss = config->server;
+  transport::ListenerOptions listen;
+  listen.max_connections = transport::fd_budget(ss.max_connections, /*listeners=*/2);
+  if (listen.max_connections < ss.max_connections)
+    log(
+        fmt::format("connections: at most {} per port (server.max_connections is {}), to fit "
+                    "the file-descriptor limit",
+                    listen.max_connections, ss.max_connections));
+  const auto ms = [](Nanos d) {
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+  };
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   transport::GrpcService service(engine);
   transport::GrpcKindMethods kind_methods(engine);  // the methods policy kinds register
+  // The port is sluice's own listener's (grpc_listener.h): the server is built with none.
+  transport::GrpcListener grpc_listener(engine, listen);
+  auto grpc_port = grpc_listener.bind(ss.grpc);
+  if (!grpc_port.ok()) {
+    log("cannot start: " + grpc_port.status().message());
+    return 1;
+  }
   grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  builder.AddListeningPort(config->server.grpc, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(ss.idle_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(ss.keepalive));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             ms(std::min<Nanos>(ss.keepalive, std::chrono::seconds(10))));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Clients may ping as often as every 10 s (a client's keepalive of 10 s or more is welcome).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.RegisterService(&service);
   builder.RegisterCallbackGenericService(&kind_methods);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
-  if (!grpc_server || grpc_port == 0) {
-    log("cannot listen for gRPC on " + config->server.grpc);
+  if (!grpc_server) {
+    log("cannot start the gRPC server");
     return 1;
   }
+  grpc_listener.start(grpc_server.get());
   grpc_server->GetHealthCheckService()->SetServingStatus(true);
   grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
                                                          true);
 
   transport::HttpServer http(engine, reload);
-  auto http_port = http.start(config->server.http, options.http_threads);
+  transport::HttpOptions http_options;
+  http_options.threads = options.http_threads;
+  http_options.listener = listen;
+  http_options.idle_timeout = ss.idle_timeout;
+  http_options.request_timeout = ss.request_timeout;
+  auto http_port = http.start(ss.http, http_options);
   if (!http_port.ok()) {
     log("cannot start: " + http_port.status().message());
+    grpc_listener.stop();
     grpc_server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
@@ -166,7 +210,7 @@ int run_serve(const ServeOptions& options) {
   log(fmt::format("serving {} policies ({}) as node {}: grpc {}:{}, http {}:{}",
                   config->policies.size(),
                   options.config.empty() ? "embedded default config" : options.config,
-                  engine.settings().node_id, host(config->server.grpc), grpc_port,
+                  engine.settings().node_id, host(config->server.grpc), grpc_port.value(),
                   host(config->server.http), http_port.value()));
 
   while (true) {
@@ -191,9 +235,20 @@ int run_serve(const ServeOptions& options) {
   grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
                                                          false);
   const auto until = std::chrono::steady_clock::now() + grace;
-  while (engine.leases() > 0 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  sigset_t stop_now;
+  sigemptyset(&stop_now);
+  sigaddset(&stop_now, SIGTERM);
+  sigaddset(&stop_now, SIGINT);
+  while (engine.leases() > 0 && std::chrono::steady_clock::now() < until) {
+    // A second SIGTERM (or SIGINT) ends the wait at once.
+    const timespec tick{0, 20'000'000};
+    if (sigtimedwait(&stop_now, nullptr, &tick) > 0) {
+      log(fmt::format("second signal: stopping now, {} lease(s) still held", engine.leases()));
+      break;
+    }
+  }
   const std::size_t left = engine.leases();
+  grpc_listener.stop();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   http.stop();
   sweeper.stop();

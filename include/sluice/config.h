@@ -65,6 +65,15 @@ struct ServerSettings {
   // Where rules set at run time (through a kind's admin endpoints) are kept across restarts;
   // empty: in memory only. Read at start; a reload keeps the file the server started with.
   std::string state_file;
+  // Connections, on each port: at most this many open (later ones are shed; the default is
+  // lowered to fit the process's file-descriptor limit, and so is a larger setting, with a
+  // warning); closed after idle_timeout with no request under way (gRPC: no call); a request
+  // must arrive in full, and its answer be taken, within request_timeout (HTTP); gRPC pings a
+  // connection quiet for `keepalive` and closes it if the ping goes unanswered.
+  std::size_t max_connections = 10000;
+  Nanos idle_timeout = std::chrono::seconds(60);
+  Nanos request_timeout = std::chrono::seconds(10);
+  Nanos keepalive = std::chrono::seconds(30);
 };
 
 struct CoordinatorSpec {

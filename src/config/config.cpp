@@ -24,7 +24,7 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
   r.keys(n, "server",
          {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace",
-          "state_file"});
+          "state_file", "max_connections", "idle_timeout", "request_timeout", "keepalive"});
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
@@ -43,6 +43,18 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (auto d = r.duration(n, "lease_ttl", "server")) out.lease_ttl = *d;
   if (auto d = r.duration(n, "max_lease_ttl", "server")) out.max_lease_ttl = *d;
   if (auto d = r.duration(n, "shutdown_grace", "server")) out.shutdown_grace = *d;
+  if (auto v = r.uint(n, "max_connections", "server", 1, 1U << 24)) out.max_connections = *v;
+  for (auto [key, field] :
+       {std::pair<std::string_view, Nanos*>{"idle_timeout", &out.idle_timeout},
+        std::pair<std::string_view, Nanos*>{"request_timeout", &out.request_timeout},
+        std::pair<std::string_view, Nanos*>{"keepalive", &out.keepalive}}) {
+    if (auto d = r.duration(n, key, "server")) {
+      if (*d >= std::chrono::milliseconds(100))
+        *field = *d;
+      else
+        r.error(n[std::string(key)], "server." + std::string(key), "must be at least 100ms");
+    }
+  }
   if (out.lease_ttl > out.max_lease_ttl)
     r.error(n["lease_ttl"].IsDefined() ? n["lease_ttl"] : n, "server.lease_ttl",
             "must not exceed server.max_lease_ttl");

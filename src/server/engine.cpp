@@ -599,8 +599,27 @@ Readiness Engine::readiness() const {
     else if (!pr.why.empty())
       r.degraded.push_back("policy " + name + ": " + pr.why);
   }
+  for (std::string& p : liveness()) r.problems.push_back(std::move(p));
   r.ready = r.problems.empty();
   return r;
+}
+
+std::vector<std::string> Engine::liveness() const {
+  std::vector<std::string> problems;
+  const std::lock_guard lock(parts_mu_);
+  for (const auto& [name, part] : parts_)
+    if (std::string p = part->problem(); !p.empty()) problems.push_back(name + ": " + p);
+  return problems;
+}
+
+void Engine::attach(std::string name, const ServerPart* part) {
+  const std::lock_guard lock(parts_mu_);
+  parts_.emplace_back(std::move(name), part);
+}
+
+void Engine::detach(const ServerPart* part) {
+  const std::lock_guard lock(parts_mu_);
+  std::erase_if(parts_, [part](const auto& p) { return p.second == part; });
 }
 
 StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
@@ -714,6 +733,10 @@ std::string Engine::metrics_text() const {
   for (const auto& [name, named] : set->coordinators)
     f.merge(named->collect(), "coordinator", name);
   for (const auto& [name, p] : set->policies) f.merge(p.base->collect(), "policy", name);
+  {
+    const std::lock_guard lock(parts_mu_);
+    for (const auto& [name, part] : parts_) f.merge(part->collect(), "listener", name);
+  }
   return prometheus::TextSerializer().Serialize(f.out());
 }
 

@@ -36,6 +36,8 @@
 #include <string_view>
 #include <vector>
 
+#include <prometheus/metric_family.h>
+
 #include "server/calls.h"
 #include "server/completion.h"
 #include "server/leases.h"
@@ -63,6 +65,18 @@ struct Readiness {
 };
 
 class PolicySet;
+
+// A part of the server outside the engine (a listener) whose health /healthz and /readyz
+// report and whose metrics /metrics shows, each series labelled with the part's name.
+class ServerPart {
+ public:
+  // Why it cannot serve now; empty: it serves.
+  [[nodiscard]] virtual std::string problem() const = 0;
+  [[nodiscard]] virtual std::vector<prometheus::MetricFamily> collect() const = 0;
+
+ protected:
+  ~ServerPart() = default;
+};
 
 class Engine {
  public:
@@ -108,7 +122,13 @@ class Engine {
   [[nodiscard]] std::vector<PolicyInfo> policies() const;
   [[nodiscard]] std::string policies_json() const;
   [[nodiscard]] std::string metrics_text() const;
+  // Not ready also while a part attached below cannot serve.
   [[nodiscard]] Readiness readiness() const;
+  // Whether the process still serves: the problems of its attached parts (empty: it does).
+  [[nodiscard]] std::vector<std::string> liveness() const;
+  // Reports `part` (named `name` in messages and metrics) until detached; it must outlive that.
+  void attach(std::string name, const ServerPart* part);
+  void detach(const ServerPart* part);
   [[nodiscard]] ServerSettings settings() const;
   [[nodiscard]] std::uint64_t generation() const;
   // What building the config now serving left to log (a coordinator not reached).
@@ -135,6 +155,8 @@ class Engine {
   const PolicyRegistry& kinds_;
   // Rules set at run time (server.state_file), opened at start: every generation shares it.
   const std::shared_ptr<RuntimeStateStore> state_;
+  mutable std::mutex parts_mu_;
+  std::vector<std::pair<std::string, const ServerPart*>> parts_;
   mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)
   std::shared_ptr<const PolicySet> set_;
   std::mutex reload_mu_;

@@ -1,6 +1,9 @@
 #include "transport/http_server.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
 #include <algorithm>
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -9,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -390,8 +394,11 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     x.response = engine.metrics_text();
   } else if (path == "/healthz") {
     if (!need(get, "GET, HEAD")) return;
+    const std::vector<std::string> problems = engine.liveness();
+    x.status = problems.empty() ? 200 : 503;
     x.content_type = "text/plain";
-    x.response = "ok\n";
+    x.response = problems.empty() ? "ok\n" : "";
+    for (const std::string& p : problems) x.response += p + "\n";
   } else if (path == "/readyz") {
     if (!need(get, "GET, HEAD")) return;
     const Readiness r = engine.readiness();
@@ -461,7 +468,8 @@ struct HttpServer::Impl {
   Engine& engine;
   std::function<ReloadOutcome()> reload;
   net::io_context ioc;
-  std::optional<tcp::acceptor> acceptor;
+  HttpOptions options;
+  std::optional<Listener> listener;
   std::vector<std::thread> threads;
   bool stopped = false;
   std::mutex parked_mu;
@@ -517,18 +525,75 @@ struct HttpServer::Impl {
     return std::move(*p->render);
   }
 
-  net::awaitable<void> session(tcp::socket socket) {
+  // Writes a response that ends the connection (the request could not be read as one).
+  static net::awaitable<void> refuse(beast::tcp_stream& stream, http::status status,
+                                     std::string_view code, std::string message, Nanos timeout) {
+    http::response<http::string_body> res{status, 11};
+    res.set(http::field::server, "sluice");
+    res.set(http::field::content_type, "application/json");
+    res.keep_alive(false);
+    res.body() = json{{"error", {{"code", code}, {"message", std::move(message)}}}}.dump();
+    res.prepare_payload();
+    beast::error_code ec;
+    stream.expires_after(timeout);
+    co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
+    if (ec) co_return;
+    // A lingering close: a client still sending the request reads the answer instead of a
+    // reset. What it still sends is read and dropped, for `timeout` and 4 MiB at most.
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream.expires_after(timeout);
+    std::array<char, 16384> sink{};
+    for (std::size_t dropped = 0; dropped < (4U << 20);) {
+      dropped += co_await stream.async_read_some(net::buffer(sink),
+                                                 net::redirect_error(net::use_awaitable, ec));
+      if (ec) break;
+    }
+  }
+
+  // `slot` counts the connection under the listener's cap while the session lives.
+  net::awaitable<void> session(tcp::socket socket, [[maybe_unused]] Listener::Slot slot) {
     beast::error_code ec;
     socket.set_option(tcp::no_delay(true), ec);
     std::string peer;
     if (auto ep = socket.remote_endpoint(ec); !ec)
       peer = ep.address().to_string() + ":" + std::to_string(ep.port());
+    beast::tcp_stream stream(std::move(socket));
     beast::flat_buffer buffer;
     while (true) {
+      if (buffer.size() == 0) {
+        // Between requests: the connection may idle this long for the next one's first byte.
+        stream.expires_after(options.idle_timeout);
+        const std::size_t n = co_await stream.async_read_some(
+            buffer.prepare(4096), net::redirect_error(net::use_awaitable, ec));
+        if (ec) break;
+        buffer.commit(n);
+      }
+      // From its first byte, the whole request within request_timeout (no slow trickle); past
+      // it the stream closes the connection (as it does an idle one), with nothing to say.
+      stream.expires_after(options.request_timeout);
       http::request_parser<http::string_body> parser;
+      parser.header_limit(8 * 1024);
       parser.body_limit(1 << 20);
-      co_await http::async_read(socket, buffer, parser,
+      co_await http::async_read(stream, buffer, parser,
                                 net::redirect_error(net::use_awaitable, ec));
+      if (ec == http::error::body_limit) {
+        co_await refuse(stream, http::status::payload_too_large, "payload_too_large",
+                        "body: larger than 1 MiB", options.request_timeout);
+        break;
+      }
+      if (ec == http::error::header_limit) {
+        co_await refuse(stream, http::status::request_header_fields_too_large,
+                        "request_header_fields_too_large", "headers: larger than 8 KiB in all",
+                        options.request_timeout);
+        break;
+      }
+      if (ec == http::error::end_of_stream || ec == net::error::eof) break;
+      if (ec && ec.category() == http::make_error_code(http::error::bad_target).category()) {
+        co_await refuse(stream, http::status::bad_request, "bad_request",
+                        "request: not valid HTTP/1.1 (" + ec.message() + ")",
+                        options.request_timeout);
+        break;
+      }
       if (ec) break;
       http::request<http::string_body> req = parser.release();
       HttpExchange x;
@@ -552,23 +617,24 @@ struct HttpServer::Impl {
       res.keep_alive(req.keep_alive());
       if (req.method() != http::verb::head) res.body() = std::move(x.response);
       res.prepare_payload();
-      co_await http::async_write(socket, res, net::redirect_error(net::use_awaitable, ec));
+      stream.expires_after(options.request_timeout);
+      co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
       if (ec || !res.keep_alive()) break;
     }
-    socket.shutdown(tcp::socket::shutdown_send, ec);
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
   }
 
-  net::awaitable<void> listen() {
-    while (acceptor && acceptor->is_open()) {
-      beast::error_code ec;
-      tcp::socket socket =
-          co_await acceptor->async_accept(net::redirect_error(net::use_awaitable, ec));
-      if (ec) {
-        if (ec == net::error::operation_aborted) break;
-        continue;
-      }
-      net::co_spawn(ioc, session(std::move(socket)), net::detached);
-    }
+  // A connection past the cap: told so in one write that cannot block, then closed.
+  static void shed(int fd) {
+    static const std::string kBusy = [] {
+      const std::string body =
+          R"({"error":{"code":"unavailable","message":"connections: the server is at its )"
+          R"(connection cap"}})";
+      return "HTTP/1.1 503 Service Unavailable\r\nServer: sluice\r\nRetry-After: 1\r\n"
+             "Content-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n" + body;
+    }();
+    (void)::send(fd, kBusy.data(), kBusy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
 };
 
@@ -581,33 +647,30 @@ HttpServer::HttpServer(Engine& engine, std::function<ReloadOutcome()> reload)
 
 HttpServer::~HttpServer() { stop(); }
 
-StatusOr<int> HttpServer::start(const std::string& address, int threads) {
-  std::string host;
-  int port = 0;
-  if (!parse_host_port(address, host, port, /*min_port=*/0))
-    return Status(StatusCode::kInvalidArgument,
-                  "http address: must be host:port with a port in 0..65535, not '" + address + "'");
-  beast::error_code ec;
-  const auto ip = net::ip::make_address(host, ec);
-  if (ec)
-    return Status(StatusCode::kInvalidArgument,
-                  "http address: '" + host + "' is not an IP address");
-  tcp::endpoint ep(ip, static_cast<unsigned short>(port));
-  auto& a = impl_->acceptor.emplace(impl_->ioc);
-  a.open(ep.protocol(), ec);
-  if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) a.bind(ep, ec);
-  if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) {
-    impl_->acceptor.reset();
-    return Status(StatusCode::kUnavailable,
-                  "http: cannot listen on " + address + ": " + ec.message());
+StatusOr<int> HttpServer::start(const std::string& address, const HttpOptions& options) {
+  impl_->options = options;
+  Listener& l = impl_->listener.emplace(impl_->ioc, "http", options.listener);
+  auto bound = l.bind(address, /*min_port=*/0);
+  if (!bound.ok()) {
+    impl_->listener.reset();
+    return bound.status();
   }
-  const int bound = a.local_endpoint().port();
-  net::co_spawn(impl_->ioc, impl_->listen(), net::detached);
-  for (int i = 0; i < std::max(1, threads); ++i)
+  l.start(
+      [impl = impl_.get(), protocol = l.protocol()](int fd, Listener::Slot slot) {
+        tcp::socket socket(impl->ioc);
+        beast::error_code ec;
+        socket.assign(protocol, fd, ec);
+        if (ec) {
+          ::close(fd);
+          return;
+        }
+        net::co_spawn(impl->ioc, impl->session(std::move(socket), std::move(slot)), net::detached);
+      },
+      &Impl::shed);
+  impl_->engine.attach("http", &l);
+  for (int i = 0; i < std::max(1, options.threads); ++i)
     impl_->threads.emplace_back([this] { impl_->ioc.run(); });
-  return bound;
+  return bound.value();
 }
 
 void HttpServer::stop() {
@@ -632,8 +695,10 @@ void HttpServer::stop() {
     }
   }
   // No thread runs the context any more: the listening socket can be closed here, at once.
-  beast::error_code ec;
-  if (impl_->acceptor) impl_->acceptor->close(ec);
+  if (impl_->listener) {
+    impl_->engine.detach(&*impl_->listener);
+    impl_->listener->close();
+  }
 }
 
 }  // namespace sluice::transport

@@ -2,7 +2,8 @@
 //
 // Endpoints:
 //   GET  /metrics          Prometheus text exposition (Engine::metrics_text)
-//   GET  /healthz          200 while the process serves
+//   GET  /healthz          200 while the process serves; 503 naming a listener that cannot
+//                          accept connections
 //   GET  /readyz           200 when every policy serves as configured (a fail-closed fleet guard
 //                          reached its coordinator; a local-only one serves on its own limit in
 //                          an outage, listed as degraded) and the server is not draining; else
@@ -18,7 +19,15 @@
 //                          the endpoints above, their query parsed and admin token checked here
 // A check (or a kind's route) that its policy decides later parks its session: the coroutine
 // is suspended, no thread waits, and the answer is written when the decision comes.
-// Bad input is 400 with {"error": {"code", "message"}}, the message naming the field.
+// Bad input is 400 with {"error": {"code", "message"}}, the message naming the field (an unknown
+// field too); a body over 1 MiB is 413, headers over 8 KiB are 431, and both close the
+// connection.
+//
+// Connections (HttpOptions): a client has `request_timeout` to send a whole request once its
+// first byte came, and to take the whole response; a keep-alive connection with no request
+// under way is closed after `idle_timeout`; past the listener's connection cap, a new
+// connection is answered 503 and closed (listener.h). /healthz answers 503 while a listener
+// attached to the engine cannot accept connections, naming it.
 //
 // Thread-safety: start() and stop() from one thread; handlers run on the server's own threads.
 #pragma once
@@ -30,12 +39,20 @@
 #include "server/completion.h"
 #include "server/engine.h"
 #include "sluice/status.h"
+#include "transport/listener.h"
 
 namespace sluice::transport {
 
 struct ReloadOutcome {
   bool ok = false;
   std::string message;  // a summary, or every error (one per line)
+};
+
+struct HttpOptions {
+  int threads = 1;
+  ListenerOptions listener;
+  Nanos idle_timeout = std::chrono::seconds(60);     // a kept-alive connection with no request
+  Nanos request_timeout = std::chrono::seconds(10);  // to send one request, or take its answer
 };
 
 class HttpServer {
@@ -46,8 +63,14 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds host:port and starts `threads` threads. Returns the bound port (port 0: any free one).
-  [[nodiscard]] StatusOr<int> start(const std::string& address, int threads = 1);
+  // Binds host:port and starts the server's threads. Returns the bound port (port 0: any free
+  // one). Its listener reports to the engine (Engine::attach) until stop().
+  [[nodiscard]] StatusOr<int> start(const std::string& address, const HttpOptions& options);
+  [[nodiscard]] StatusOr<int> start(const std::string& address, int threads = 1) {
+    HttpOptions o;
+    o.threads = threads;
+    return start(address, o);
+  }
   // Stops accepting, closes connections and joins the threads. Idempotent.
   void stop();
 

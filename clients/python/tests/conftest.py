@@ -107,8 +107,10 @@ _DIE_WITH_PARENT: List[str] = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRI
 class SluiceServer:
     """One `sluice serve` process on free loopback ports, its stderr in a file."""
 
-    def __init__(self, workdir: Path, config: Optional[str] = None, name: str = "sluice"):
+    def __init__(self, workdir: Path, config: Optional[str] = None, name: str = "sluice",
+                 fd_limit: Optional[int] = None):
         self.workdir = workdir
+        self.fd_limit = fd_limit  # RLIMIT_NOFILE (soft and hard) of the server process
         self.binary = sluice_bin()
         self.config_path: Optional[Path] = None
         if config is not None:
@@ -136,13 +138,19 @@ class SluiceServer:
                 args += ["--config", str(self.config_path)]
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL, stderr=log)
+                                             stdout=subprocess.DEVNULL, stderr=log,
+                                             preexec_fn=self._limits)
             if self._wait_ready(timeout):
                 return self
             if "cannot listen" not in self.log() or attempt == 2:
                 break
         self.stop()
         pytest.fail(f"sluice serve did not become ready; its log:\n{self.log()}")
+
+    def _limits(self) -> None:
+        if self.fd_limit is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     def _wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -227,8 +235,8 @@ def start_server(tmp_path) -> Callable[..., SluiceServer]:
     """start_server(config_text=None) -> a running SluiceServer, stopped at teardown."""
     servers: List[SluiceServer] = []
 
-    def start(config: Optional[str] = None) -> SluiceServer:
-        s = SluiceServer(tmp_path, config, name=f"sluice{len(servers)}")
+    def start(config: Optional[str] = None, fd_limit: Optional[int] = None) -> SluiceServer:
+        s = SluiceServer(tmp_path, config, name=f"sluice{len(servers)}", fd_limit=fd_limit)
         servers.append(s)
         return s.start()
 

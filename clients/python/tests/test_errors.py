@@ -122,16 +122,20 @@ def test_unknown_outcome_on_the_wire_is_invalid_and_keeps_the_lease(server, clie
     client.release(lease)  # still held: the bad call released nothing
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:70000", "127.0.0.1:80x", "127.0.0.1", "host:80"])
-def test_bad_http_address_stops_the_server_with_a_clear_error(tmp_path, address):
+@pytest.mark.parametrize("flag", ["http", "grpc"])
+@pytest.mark.parametrize("address", ["127.0.0.1:70000", "127.0.0.1:80x", "127.0.0.1", "host:80",
+                                     "0.0.0.0:99999"])
+def test_bad_address_stops_the_server_with_a_clear_error(tmp_path, address, flag):
     import subprocess
 
     from conftest import free_port, sluice_bin
 
-    proc = subprocess.run([sluice_bin(), "serve", "--grpc", f"127.0.0.1:{free_port()}",
-                           "--http", address], capture_output=True, text=True, timeout=20)
+    ports = {"grpc": f"127.0.0.1:{free_port()}", "http": f"127.0.0.1:{free_port()}"}
+    ports[flag] = address  # out of range: an error, never wrapped to another port
+    proc = subprocess.run([sluice_bin(), "serve", "--grpc", ports["grpc"], "--http", ports["http"]],
+                          capture_output=True, text=True, timeout=20)
     assert proc.returncode == 1, proc.stderr
-    assert "http address" in proc.stderr, proc.stderr
+    assert f"{flag} address" in proc.stderr, proc.stderr
     assert address in proc.stderr or "host" in proc.stderr, proc.stderr
 
 

@@ -1,0 +1,203 @@
+"""A server survives its clients: idle, slow, crowding or hostile connections on either port.
+
+Each test runs a real `sluice serve`; the low file-descriptor limit of the first ones is the
+server process's own (RLIMIT_NOFILE set before exec).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import free_port, metric, sluice_bin, wait_until
+
+CONFIG = """
+server:
+  idle_timeout: {idle}
+  request_timeout: 1s
+  shutdown_grace: 20s
+policies:
+  api-rate:
+    kind: rate
+    strategy: gcra
+    limit: 100000
+    period: 1s
+  pool:
+    kind: adaptive
+    algorithm: fixed
+    limit: 5
+"""
+
+FD_LIMIT = 256
+
+
+@pytest.fixture(autouse=True)
+def enough_descriptors_for_the_test_itself():
+    """This process opens hundreds of sockets: its own soft limit goes up to its hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 4096) if hard != resource.RLIM_INFINITY else 4096
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def open_idle(port: int, n: int):
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks.append(s)
+    return socks
+
+
+def server_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serves(server, client, key) -> bool:
+    try:
+        return client.check("api-rate", key).allowed and \
+            server.http("GET", "/healthz", timeout=2).status == 200
+    except Exception:  # noqa: BLE001 - any failure means "not serving yet"
+        return False
+
+
+def test_idle_crowds_on_both_ports_under_a_low_fd_limit_do_not_stop_it(start_server, key):
+    """400 idle sockets on each port of a server limited to 256 descriptors: it sheds what
+    exceeds its cap instead of running out, never spins, keeps answering the clients it has,
+    and serves everyone again once the crowd is gone."""
+    server = start_server(CONFIG.format(idle="60s"), fd_limit=FD_LIMIT)
+    client = server.client()
+    assert client.check("api-rate", key()).allowed  # this client's connection is up first
+    cpu_before = server_cpu_seconds(server.proc.pid)
+    crowd = open_idle(server.http_port, 400) + open_idle(server.grpc_port, 400)
+    time.sleep(1.0)
+    # Under the crowd: the connection it had still serves, and it is alive and says so.
+    assert client.check("api-rate", key()).allowed
+    assert server.running()
+    for s in crowd:
+        s.close()
+    # Once they are gone, new connections on both ports are served again (a new gRPC channel,
+    # a new HTTP connection).
+    fresh = server.client()
+    wait_until(lambda: serves(server, fresh, key()), timeout=10,
+               what="both ports to serve new connections")
+    samples = server.metrics()
+    shed_http = metric(samples, "sluice_connections_shed_total", listener="http", reason="full")
+    shed_grpc = metric(samples, "sluice_connections_shed_total", listener="grpc", reason="full")
+    assert shed_http > 0 and shed_grpc > 0, (shed_http, shed_grpc)
+    cap = metric(samples, "sluice_connections_max", listener="grpc")
+    assert cap < FD_LIMIT / 2, cap  # the cap fits the descriptor limit
+    assert "per port" in server.log()  # and the server said it lowered it
+    # An accept loop spinning on EMFILE burns a core; this one used a fraction of a second.
+    assert server_cpu_seconds(server.proc.pid) - cpu_before < 2.0
+
+
+def test_idle_connections_are_closed_after_the_idle_timeout(start_server, key):
+    server = start_server(CONFIG.format(idle="1s"), fd_limit=FD_LIMIT)
+    http_idle = open_idle(server.http_port, 50)
+    grpc_idle = open_idle(server.grpc_port, 50)
+    time.sleep(0.2)
+    samples = server.metrics()
+    assert metric(samples, "sluice_connections", listener="http") >= 50
+    assert metric(samples, "sluice_connections", listener="grpc") >= 50
+
+    def closed(s):
+        s.settimeout(6)
+        try:
+            return s.recv(4096) == b"" or closed(s)  # gRPC says goodbye (GOAWAY) first
+        except (ConnectionResetError, socket.timeout):
+            return False
+
+    for s in http_idle:
+        assert s.recv(1) == b"", "an idle HTTP connection was not closed"
+    assert sum(1 for s in grpc_idle if closed(s)) == len(grpc_idle)
+    for s in http_idle + grpc_idle:
+        s.close()
+    # The gRPC listener learns that gRPC closed them (within its one-second sweep).
+    wait_until(lambda: metric(server.metrics(), "sluice_connections", listener="grpc") <= 1,
+               timeout=5, what="the gRPC connection count to come down")
+    assert server.client().check("api-rate", key()).allowed
+
+
+def test_a_request_trickled_slower_than_the_request_timeout_is_cut_off(start_server):
+    server = start_server(CONFIG.format(idle="60s"))
+    s = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+    start = time.monotonic()
+    s.sendall(b"GET /healthz HTTP/1.1\r\n")
+    cut = False
+    for _ in range(20):  # one header byte at a time, 4 s in all against a 1 s request_timeout
+        try:
+            s.sendall(b"X")
+        except (BrokenPipeError, ConnectionResetError):
+            cut = True
+            break
+        time.sleep(0.2)
+    if not cut:
+        s.settimeout(0.5)
+        try:
+            cut = s.recv(4096) == b""
+        except ConnectionResetError:
+            cut = True
+    assert cut, "a slowloris request kept its connection"
+    assert time.monotonic() - start < 2.5
+    s.close()
+
+
+def test_oversize_requests_get_413_and_431(server):
+    r = server.http("POST", "/v1/check", body=b"{" + b" " * (1 << 20) + b"}",
+                    headers={"Content-Type": "application/json"})
+    assert r.status == 413 and r.json()["error"]["message"] == "body: larger than 1 MiB", r
+    r = server.http("GET", "/healthz", headers={"X-Big": "x" * 9000})
+    assert r.status == 431, r
+    assert r.json()["error"]["message"] == "headers: larger than 8 KiB in all"
+
+
+def test_past_the_cap_a_new_http_connection_is_told_503(start_server):
+    server = start_server(CONFIG.format(idle="60s").replace(
+        "request_timeout: 1s", "request_timeout: 1s\n  max_connections: 3"))
+    # The start-up probe's connection must be gone before the three below take every slot.
+    wait_until(lambda: metric(server.metrics(), "sluice_connections", listener="http") == 1,
+               timeout=5, what="only the metrics request's own connection open")
+    time.sleep(0.1)
+    idle = open_idle(server.http_port, 3)
+    time.sleep(0.2)
+    r = server.http("GET", "/healthz")
+    assert r.status == 503 and "connection cap" in r.text, r
+    assert r.headers.get("retry-after") == "1"
+    for s in idle:
+        s.close()
+    wait_until(lambda: server.http("GET", "/healthz").status == 200, timeout=5,
+               what="a free connection slot")
+
+
+def test_a_second_server_on_a_busy_grpc_port_fails_at_start(server):
+    http_port = free_port()
+    proc = subprocess.run([sluice_bin(), "serve", "--grpc", server.grpc_target,
+                           "--http", f"127.0.0.1:{http_port}"],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 1, proc.stderr
+    assert f"grpc: cannot listen on {server.grpc_target}: the address is already in use" \
+        in proc.stderr, proc.stderr
+
+
+def test_a_second_sigterm_during_the_drain_stops_at_once(start_server):
+    server = start_server(CONFIG.format(idle="60s"))
+    server.client().admit("pool")  # held: the drain would wait its 20 s grace
+    server.signal(signal.SIGTERM)
+    wait_until(lambda: "shutting down" in server.log(), timeout=5, what="the drain to start")
+    time.sleep(0.3)
+    assert server.running()
+    start = time.monotonic()
+    server.signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=5) == 0
+    assert time.monotonic() - start < 2
+    assert "second signal: stopping now, 1 lease(s) still held" in server.log()
