@@ -9,6 +9,26 @@ const YAML::Node& node(const std::shared_ptr<const void>& p) {
   return *static_cast<const YAML::Node*>(p.get());
 }
 
+// An algorithm's own check ("aimd: min_limit must be <= max_limit") as an error at the field
+// it names, saying which algorithm's default stands in for a field the file does not set.
+void algorithm_error(ConfigSection& s, std::string_view why) {
+  const std::size_t colon = why.find(": ");
+  const std::string algorithm(why.substr(0, colon == std::string_view::npos ? 0 : colon));
+  const std::string_view rest = colon == std::string_view::npos ? why : why.substr(colon + 2);
+  const std::size_t space = rest.find(' ');
+  if (space == std::string_view::npos) {
+    s.error(std::string(why));
+    return;
+  }
+  const std::string field(rest.substr(0, space));
+  std::string message(rest.substr(space + 1));
+  if (s.has(field))
+    message += " (" + algorithm + "'s defaults fill in the limits not set)";
+  else
+    message += " (" + field + " is not set: " + algorithm + "'s default applies)";
+  s.error(field, message);
+}
+
 }  // namespace
 
 using config_detail::Reader;
@@ -103,8 +123,7 @@ void read_algorithm(ConfigSection& s, AlgorithmSpec& out) {
   if (out.kind != AlgorithmSpec::Kind::kFixed && s.has("limit"))
     s.error("limit",
             "applies to the fixed algorithm only (use initial_limit, min_limit, max_limit)");
-  if (const std::string_view why = out.validate(); !why.empty())
-    s.error(std::string(why) + " (the algorithm's defaults fill in the limits not set)");
+  if (const std::string_view why = out.validate(); !why.empty()) algorithm_error(s, why);
 }
 
 }  // namespace sluice
