@@ -323,7 +323,7 @@ policies:
       "'nowhere'",
       "t.yaml:5:3: policies: a policy needs a name",
       "t.yaml:7:5: policies.g.min_limit: must be <= max_limit (min_limit is not set: aimd's "
-      "default applies)",
+      "default is 20)",
       "t.yaml:14:20: policies.h.initial_limit: must be within [min_limit, max_limit] (vegas's "
       "defaults fill in the limits not set)",
       "t.yaml:19:38: policies.f.bindings[0].upstream: unknown upstream 'nowhere'",
