@@ -4,8 +4,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "sluice/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
@@ -21,10 +24,59 @@ using transport::is_never;
 using transport::seconds_of;
 using transport::to_proto;
 
+// A gRPC status code by its name in the gRPC spec ("NOT_FOUND"), as gRPC tools print it.
+std::string_view code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::DO_NOT_USE:
+      break;
+  }
+  return "UNKNOWN";
+}
+
 int failed(const grpc::Status& s, const ClientOptions& o) {
-  fmt::print(stderr, "sluice: {} ({}): {}\n", o.server, static_cast<int>(s.error_code()),
+  fmt::print(stderr, "sluice: {} ({}): {}\n", o.server, code_name(s.error_code()),
              s.error_message());
   return 2;
+}
+
+// A Duration as people read it ("30s", "1.5s", "250ms"); "never" for the wire's never.
+std::string duration_text(const google::protobuf::Duration& d) {
+  if (is_never(d)) return "never";
+  return format_duration(Nanos{std::chrono::seconds(d.seconds())} + Nanos{d.nanos()});
 }
 
 // One call to the server: a stub, a context with the options' deadline, the call. A failed call
@@ -68,6 +120,34 @@ json decision_json(const pb::Decision& d) {
            is_never(d.retry_after()) ? json(nullptr) : json(seconds_of(d.retry_after()))}};
 }
 
+// The table's columns that depend on the kind. A rate policy holds no leases, and its limit is
+// hits per period; a concurrency policy has no single limit (each tenant, upstream, binding and
+// route has its own), so its LIMIT is "-" and its NOTE says why.
+struct PolicyRow {
+  std::string in_flight, limit, note;
+};
+
+PolicyRow policy_row(const pb::PolicyState& p) {
+  const json state = json::parse(p.state_json(), nullptr, false);
+  const auto number = [&](const char* key) {
+    return state.is_object() && state.contains(key) && state[key].is_number()
+               ? std::optional<double>(state[key].get<double>())
+               : std::nullopt;
+  };
+  PolicyRow row{std::to_string(p.in_flight()), std::to_string(p.limit()), ""};
+  if (p.kind() == "rate") {
+    row.in_flight = "-";
+    if (const auto period = number("period_seconds"))
+      row.note = "per " + format_duration(Nanos{std::llround(*period * 1e9)});
+    if (const auto burst = number("burst"))
+      row.note += fmt::format("{}burst {}", row.note.empty() ? "" : ", ", *burst);
+  } else if (p.kind() == "concurrency") {
+    row.limit = "-";
+    row.note = "a limit per tenant, upstream, binding and route (see its config)";
+  }
+  return row;
+}
+
 }  // namespace
 
 int run_check(const ClientOptions& o, const CheckArgs& a) {
@@ -81,13 +161,13 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
   if (o.json) {
     fmt::print("{}\n", decision_json(d).dump());
   } else if (d.allowed()) {
-    fmt::print("allowed: {} of {} remaining (full again in {:.3f}s)\n", d.remaining(), d.limit(),
-               seconds_of(d.reset_after()));
+    fmt::print("allowed: {} of {} remaining (full again in {})\n", d.remaining(), d.limit(),
+               duration_text(d.reset_after()));
   } else if (is_never(d.retry_after())) {
     fmt::print("denied: {} hits can never pass (the limit is {})\n", a.hits, d.limit());
   } else {
-    fmt::print("denied: {} of {} remaining; retry after {:.3f}s\n", d.remaining(), d.limit(),
-               seconds_of(d.retry_after()));
+    fmt::print("denied: {} of {} remaining; retry after {}\n", d.remaining(), d.limit(),
+               duration_text(d.retry_after()));
   }
   return d.allowed() ? 0 : 1;
 }
@@ -116,12 +196,12 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     fmt::print("{}\n", j.dump());
   } else if (resp.admitted()) {
     fmt::print("{}\n", resp.lease_id());
-    fmt::print(stderr, "admitted: lease {} for {:.3f}s (release it with: sluice release {})\n",
-               resp.lease_id(), seconds_of(resp.ttl()), resp.lease_id());
+    fmt::print(stderr, "admitted: lease {} for {} (release it with: sluice release {})\n",
+               resp.lease_id(), duration_text(resp.ttl()), resp.lease_id());
   } else {
     const pb::Rejection& r = resp.rejection();
-    fmt::print("refused ({} {}): {}; retry after {:.3f}s\n", r.status(), r.title(), r.detail(),
-               seconds_of(r.retry_after()));
+    fmt::print("refused ({} {}): {}; retry after {}\n", r.status(), r.title(), r.detail(),
+               duration_text(r.retry_after()));
   }
   return resp.admitted() ? 0 : 1;
 }
@@ -150,7 +230,7 @@ int run_release(const ClientOptions& o, const ReleaseArgs& a) {
   if (o.json)
     fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds_of(resp->held())}}.dump());
   else
-    fmt::print("released after {:.3f}s\n", seconds_of(resp->held()));
+    fmt::print("released after {}\n", duration_text(resp->held()));
   return 0;
 }
 
@@ -165,7 +245,7 @@ int run_heartbeat(const ClientOptions& o, const std::string& lease_id, const std
   if (o.json)
     fmt::print("{}\n", json{{"extended", true}, {"ttl_seconds", seconds_of(resp->ttl())}}.dump());
   else
-    fmt::print("lease extended: expires in {:.3f}s\n", seconds_of(resp->ttl()));
+    fmt::print("lease extended: expires in {}\n", duration_text(resp->ttl()));
   return 0;
 }
 
@@ -182,11 +262,20 @@ int run_policies(const ClientOptions& o) {
                            .dump());
     return 0;
   }
-  fmt::print("{:<20} {:<12} {:>10} {:>10}  {}\n", "POLICY", "KIND", "IN_FLIGHT", "LIMIT", "RATE");
-  for (const auto& p : resp.policies())
-    fmt::print("{:<20} {:<12} {:>10} {:>10}  {}\n", p.name(), p.kind(),
-               p.kind() == "rate" ? std::string("-") : std::to_string(p.in_flight()), p.limit(),
-               p.rate().empty() ? "-" : p.rate());
+  const auto print_row = [](std::string_view name, std::string_view kind,
+                            std::string_view in_flight, std::string_view limit,
+                            std::string_view rate, std::string_view note) {
+    std::string line = fmt::format("{:<20} {:<12} {:>10} {:>10}  {:<10}  {}", name, kind, in_flight,
+                                   limit, rate, note);
+    line.erase(line.find_last_not_of(' ') + 1);
+    fmt::print("{}\n", line);
+  };
+  print_row("POLICY", "KIND", "IN_FLIGHT", "LIMIT", "RATE", "NOTE");
+  for (const auto& p : resp.policies()) {
+    const PolicyRow row = policy_row(p);
+    print_row(p.name(), p.kind(), row.in_flight, row.limit, p.rate().empty() ? "-" : p.rate(),
+              row.note);
+  }
   fmt::print("config generation {}, {} lease(s) held\n", resp.config_generation(), resp.leases());
   return 0;
 }

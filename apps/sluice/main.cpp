@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "client.h"
@@ -15,8 +16,11 @@
 int main(int argc, char** argv) {
   CLI::App app{"sluice: admission control for shared backends"};
   app.require_subcommand(1);
-  app.add_subcommand("version", "print the version")->callback([] {
-    fmt::print("sluice 0.1.0\n");
+  // The project's version (CMake's project(VERSION)), as `sluice --version` and `sluice version`.
+  const std::string version = std::string("sluice ") + SLUICE_VERSION;
+  app.set_version_flag("--version", version, "print the version and exit");
+  app.add_subcommand("version", "print the version")->callback([&] {
+    fmt::print("{}\n", version);
   });
 
   sluice::cli::DemoOptions demo;

@@ -3,7 +3,9 @@
 // What it is: load_config() parses and checks a whole file and returns either a SluiceConfig or
 // every problem found, each with its YAML line and column and the field's path
 // (`policies.checkout.limit`). Unknown keys are errors (a typo must not silently become a
-// default). The schema:
+// default), and so is a key given twice in one mapping (at the second, naming the first's line).
+// A config serves at least one policy: an empty file, one of only comments, or a missing or
+// empty `policies:` is an error. The schema:
 //
 //   server:                      # optional
 //     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070
@@ -22,7 +24,7 @@
 //       aggregate: median | min                                  # default median
 //       allocation: equal-split | demand-proportional            # default equal-split
 //       acknowledged_handoff: true | false                       # default false
-//   policies:
+//   policies:                    # required: at least one
 //     <name>:
 //       kind: <a policy kind>        # the kinds the loader is given (PolicyKinds); each parses
 //                                    # its own fields (sluice's: src/server/policies/*.cpp,
@@ -152,11 +154,16 @@ struct ConfigLoad {
 
 // Parses and checks YAML text, each policy with its kind's parser. Never throws.
 [[nodiscard]] ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds);
-// Reads a file first; a missing or unreadable file is one error (line 0).
+// Reads a file first; a missing or unreadable file, or a directory, is one error (line 0, no
+// path: ConfigError::to_string(path) names the file).
 [[nodiscard]] ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds);
 
 // Parses "250ms", "2s", ...: nullopt when malformed.
 [[nodiscard]] std::optional<Nanos> parse_duration(std::string_view text);
+// A duration for people: whole hours or minutes as "2h", "10m"; otherwise the largest unit of
+// s, ms, us, ns it reaches, with at most three decimals, trailing zeros dropped ("1.5s", "90s",
+// "250ms", "1.25ms", "0s"). Whole values ("90s", "250ms") read back with parse_duration.
+[[nodiscard]] std::string format_duration(Nanos d);
 // Splits "host:port" (the last colon) with a decimal port in min_port..65535 and nothing after
 // it; false when malformed.
 [[nodiscard]] bool parse_host_port(std::string_view text, std::string& host, int& port,

@@ -2,11 +2,15 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
+#include <system_error>
 #include <utility>
 
 #include "config/reader.h"
@@ -149,33 +153,62 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
   cfg.policies[name] = std::move(spec);
 }
 
+// A config without a policy serves nothing: an empty file, or a missing or empty `policies:`,
+// is an error.
+constexpr std::string_view kNeedsAPolicy = "a config needs at least one policy";
+
+// An error about the whole file (no line, no field), as the only one.
+ConfigLoad file_error(std::string message) {
+  ConfigLoad out;
+  out.errors.push_back(Reader::make(YAML::Mark::null_mark(), "", std::move(message)));
+  return out;
+}
+
+void read_coordinators(Reader& r, const YAML::Node& cs, SluiceConfig& cfg) {
+  if (!r.map(cs, "coordinators")) return;
+  for (auto it = cs.begin(); it != cs.end(); ++it) {
+    const std::string name = it->first.IsScalar() ? it->first.Scalar() : "";
+    if (name.empty()) {
+      r.error(it->first, "coordinators", "a coordinator needs a name");
+      continue;
+    }
+    const std::string path = "coordinators." + name;
+    read_coordinator(r, it->second, path, cfg.coordinators[name]);
+    cfg.coordinators[name].fingerprint = YAML::Dump(it->second);
+  }
+}
+
+void read_policies(Reader& r, const YAML::Node& root, const PolicyKinds& kinds, SluiceConfig& cfg) {
+  const YAML::Node ps = root["policies"];
+  if (!ps.IsDefined() || ps.IsNull()) {
+    r.error(ps.IsDefined() ? ps : root, "policies",
+            "is required (" + std::string(kNeedsAPolicy) + ")");
+    return;
+  }
+  if (!r.map(ps, "policies")) return;
+  if (ps.size() == 0) r.error(ps, "policies", "is empty (" + std::string(kNeedsAPolicy) + ")");
+  for (auto it = ps.begin(); it != ps.end(); ++it) {
+    const std::string name = it->first.IsScalar() ? it->first.Scalar() : "";
+    if (name.empty()) {
+      r.error(it->first, "policies", "a policy needs a name");
+      continue;
+    }
+    read_policy(r, it->second, "policies." + name, name, kinds, cfg);
+  }
+}
+
 ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
   Reader r;
   SluiceConfig cfg;
   cfg.coordinators["memory"] = CoordinatorSpec{};
-  if (root.IsDefined() && !root.IsNull() && !root.IsMap()) {
+  if (!root.IsMap()) {
     r.error(root, "", "the file must be a mapping with server, coordinators and policies");
-  } else if (root.IsDefined() && !root.IsNull()) {
+  } else {
+    r.unique_keys(root, "");
     r.keys(root, "", {"server", "coordinators", "policies"});
     read_server(r, root["server"], cfg.server);
-    const YAML::Node cs = root["coordinators"];
-    if (r.map(cs, "coordinators")) {
-      for (auto it = cs.begin(); it != cs.end(); ++it) {
-        const std::string name = it->first.Scalar();
-        const std::string path = "coordinators." + name;
-        if (name.empty()) r.error(it->first, path, "a coordinator needs a name");
-        read_coordinator(r, it->second, path, cfg.coordinators[name]);
-        cfg.coordinators[name].fingerprint = YAML::Dump(it->second);
-      }
-    }
-    const YAML::Node ps = root["policies"];
-    if (r.map(ps, "policies")) {
-      for (auto it = ps.begin(); it != ps.end(); ++it) {
-        const std::string name = it->first.Scalar();
-        if (name.empty()) r.error(it->first, "policies", "a policy needs a name");
-        read_policy(r, it->second, "policies." + name, name, kinds, cfg);
-      }
-    }
+    read_coordinators(r, root["coordinators"], cfg);
+    read_policies(r, root, kinds, cfg);
     // Cross-references.
     for (const auto& [name, p] : cfg.policies) {
       if (!p.rate.empty()) {
@@ -260,9 +293,51 @@ std::optional<Nanos> parse_duration(std::string_view text) {
   return Nanos{v * scale};
 }
 
+std::string format_duration(Nanos d) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kHour = 3'600'000'000'000, kMinute = 60'000'000'000;
+  const std::int64_t ns = d.count();
+  if (ns < 0) return "-" + format_duration(Nanos{ns < -kMax ? kMax : -ns});
+  if (ns == 0) return "0s";
+  if (ns % kHour == 0) return std::to_string(ns / kHour) + "h";
+  if (ns % kMinute == 0) return std::to_string(ns / kMinute) + "m";
+  struct Unit {
+    std::int64_t ns;
+    const char* name;
+  };
+  constexpr Unit kUnits[] = {{1'000'000'000, "s"}, {1'000'000, "ms"}, {1'000, "us"}};
+  for (const Unit& u : kUnits) {
+    if (ns < u.ns) continue;
+    // In thousandths of the unit, rounded half up. A value that rounds is formatted as rounded,
+    // so that 59.9996s is "1m" and 999.9996ms is "1s".
+    const std::int64_t step = u.ns / 1000;
+    const std::int64_t q = ns / step + (ns % step * 2 >= step ? 1 : 0);
+    if (ns <= kMax - step && q * step != ns) return format_duration(Nanos{q * step});
+    std::string out = std::to_string(q / 1000);
+    if (const std::int64_t frac = q % 1000; frac != 0) {
+      std::string digits = std::to_string(frac);
+      digits.insert(0, 3 - digits.size(), '0');
+      digits.erase(digits.find_last_not_of('0') + 1);
+      out += '.';
+      out += digits;
+    }
+    return out + u.name;
+  }
+  return std::to_string(ns) + "ns";
+}
+
 ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
+  const std::string needs = " (" + std::string(kNeedsAPolicy) + ", under policies:)";
+  if (yaml.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    return file_error("the file is empty" + needs);
   try {
-    return read(YAML::Load(std::string(yaml)), kinds);
+    const YAML::Node root = YAML::Load(std::string(yaml));
+    if (!root.IsDefined() || root.IsNull()) {
+      return file_error(yaml.find('#') != std::string_view::npos
+                            ? "the file has only comments" + needs
+                            : "the file has no settings" + needs);
+    }
+    return read(root, kinds);
   } catch (const YAML::Exception& e) {
     ConfigLoad out;
     out.errors.push_back(Reader::make(e.mark, "", "YAML syntax: " + e.msg));
@@ -275,15 +350,19 @@ ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
 }
 
 ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return file_error("is a directory, not a config file");
+  errno = 0;
   std::ifstream in(path);
   if (!in) {
-    ConfigLoad out;
-    out.errors.push_back(
-        Reader::make(YAML::Mark::null_mark(), "", "cannot read the file '" + path + "'"));
-    return out;
+    const int err = errno;
+    return file_error(err == 0 ? std::string("cannot read the file")
+                               : "cannot read the file: " + std::generic_category().message(err));
   }
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) return file_error("cannot read the file");
   return load_config(ss.str(), kinds);
 }
 

@@ -1,12 +1,67 @@
 #include "sluice/config_section.h"
 
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
 #include "config/reader.h"
+#include "sluice/aimd_limit.h"
+#include "sluice/gradient2_limit.h"
+#include "sluice/vegas_limit.h"
 
 namespace sluice {
 namespace {
 
 const YAML::Node& node(const std::shared_ptr<const void>& p) {
   return *static_cast<const YAML::Node*>(p.get());
+}
+
+// An adaptive algorithm's default for one of its limits (its options' own), if `field` is one.
+template <class Options>
+std::optional<std::uint32_t> default_limit(std::string_view field) {
+  const Options o;
+  if (field == "initial_limit") return o.initial_limit;
+  if (field == "min_limit") return o.min_limit;
+  if (field == "max_limit") return o.max_limit;
+  return std::nullopt;
+}
+
+std::optional<std::uint32_t> default_limit(AlgorithmSpec::Kind kind, std::string_view field) {
+  switch (kind) {
+    case AlgorithmSpec::Kind::kFixed:
+      return std::nullopt;
+    case AlgorithmSpec::Kind::kAimd:
+      return default_limit<AimdOptions>(field);
+    case AlgorithmSpec::Kind::kVegas:
+      return default_limit<VegasOptions>(field);
+    case AlgorithmSpec::Kind::kGradient2:
+      return default_limit<Gradient2Options>(field);
+  }
+  return std::nullopt;
+}
+
+// An algorithm's own check ("aimd: min_limit must be <= max_limit") as an error at the field
+// it names, with the algorithm's default when the file does not set that field.
+void algorithm_error(ConfigSection& s, AlgorithmSpec::Kind kind, std::string_view why) {
+  const std::size_t colon = why.find(": ");
+  const std::string algorithm(why.substr(0, colon == std::string_view::npos ? 0 : colon));
+  const std::string_view rest = colon == std::string_view::npos ? why : why.substr(colon + 2);
+  const std::size_t space = rest.find(' ');
+  if (space == std::string_view::npos) {
+    s.error(std::string(why));
+    return;
+  }
+  const std::string field(rest.substr(0, space));
+  std::string message(rest.substr(space + 1));
+  if (s.has(field)) {
+    message += " (" + algorithm + "'s defaults fill in the limits not set)";
+  } else {
+    const std::optional<std::uint32_t> d = default_limit(kind, field);
+    message += " (" + field + " is not set: " + algorithm + "'s default" +
+               (d ? " is " + std::to_string(*d) : std::string(" applies")) + ")";
+  }
+  s.error(field, message);
 }
 
 }  // namespace
@@ -103,8 +158,7 @@ void read_algorithm(ConfigSection& s, AlgorithmSpec& out) {
   if (out.kind != AlgorithmSpec::Kind::kFixed && s.has("limit"))
     s.error("limit",
             "applies to the fixed algorithm only (use initial_limit, min_limit, max_limit)");
-  if (const std::string_view why = out.validate(); !why.empty())
-    s.error(std::string(why) + " (the algorithm's defaults fill in the limits not set)");
+  if (const std::string_view why = out.validate(); !why.empty()) algorithm_error(s, out.kind, why);
 }
 
 }  // namespace sluice

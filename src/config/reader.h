@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,7 +55,8 @@ class Reader {
     return e;
   }
 
-  // A mapping (or absent: false without an error when optional).
+  // A mapping (or absent: false without an error when optional). Its keys are checked for
+  // repeats (unique_keys).
   bool map(const YAML::Node& n, const std::string& path, bool required = false) {
     if (!n.IsDefined() || n.IsNull()) {
       if (required) error(n, path, "is required");
@@ -65,7 +67,25 @@ class Reader {
       error(n, path, "must be a mapping");
       return false;
     }
+    unique_keys(n, path);
     return true;
+  }
+
+  // Every key of the mapping `n` at most once. The YAML library keeps a repeated key as a
+  // second entry (and a lookup finds only one of them), so a repeat is an error at the repeat,
+  // naming the first's line. Each mapping (by path) is checked once per load.
+  void unique_keys(const YAML::Node& n, const std::string& path) {
+    if (!unique_checked_.insert(path).second) return;
+    std::map<std::string, YAML::Mark> first;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (!it->first.IsScalar()) continue;
+      const auto [at, fresh] = first.emplace(it->first.Scalar(), it->first.Mark());
+      if (fresh) continue;
+      std::string message = "duplicate key (first at line ";
+      message += std::to_string(at->second.line + 1);
+      message += ')';
+      error(it->first, join(path, it->first.Scalar()), std::move(message));
+    }
   }
 
   bool sequence(const YAML::Node& n, const std::string& path) {
@@ -122,19 +142,34 @@ class Reader {
                                     bool required = false) {
     const std::optional<std::string> s = str(parent, key, path, required);
     if (!s) return std::nullopt;
-    std::uint64_t v = 0;
-    const auto [end, ec] = std::from_chars(s->data(), s->data() + s->size(), v);
     const YAML::Node n = parent[std::string(key)];
-    if (ec != std::errc{} || end != s->data() + s->size()) {
+    // An optional minus sign, then digits: a whole number, in range or not.
+    const bool negative = s->starts_with('-');
+    const char* digits = s->data() + (negative ? 1 : 0);
+    const char* last = s->data() + s->size();
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(digits, last, v);
+    const bool too_big = ec == std::errc::result_out_of_range;
+    if (end != last || end == digits || (ec != std::errc{} && !too_big)) {
       error(n, join(path, key), "must be a whole number, not '" + *s + "'");
       return std::nullopt;
     }
-    if (v < min || v > max) {
-      error(n, join(path, key),
-            "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], not " + *s);
+    if (too_big || (negative && v != 0) || v < min || v > max) {
+      const bool below = negative ? (v != 0 || too_big) : (!too_big && v < min);
+      error(n, join(path, key), range_message(min, max, below, *s));
       return std::nullopt;
     }
     return v;
+  }
+
+  // "must be >= 1, not -5" when the only bound that matters is the lower one (the upper is the
+  // type's own), else "must be in [0, 999], not 1000".
+  static std::string range_message(std::uint64_t min, std::uint64_t max, bool below,
+                                   const std::string& was) {
+    const bool type_max = max == std::numeric_limits<std::uint32_t>::max() ||
+                          max == std::numeric_limits<std::uint64_t>::max();
+    if (below && type_max) return "must be >= " + std::to_string(min) + ", not " + was;
+    return "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], not " + was;
   }
 
   std::optional<std::uint32_t> u32(const YAML::Node& parent, std::string_view key,
@@ -197,6 +232,9 @@ class Reader {
       p.resize(cut);
     }
   }
+
+ private:
+  std::set<std::string> unique_checked_;  // the mappings unique_keys has seen, by path
 };
 
 }  // namespace sluice::config_detail

@@ -17,7 +17,9 @@ export SLUICE_SERVER=127.0.0.1:$grpc
 
 # Rate: per-minute allows 1000 per key per minute; api-rate bursts of 20.
 out=$("$sluice" check per-minute alice -n 1000) || fail "check: exit $?: $out"
-[[ $out == allowed:* ]] || fail "check said: $out"
+# Durations print for people: 1m, 59.5s, 250ms (not 60.000000s).
+duration='[0-9]+(\.[0-9]{1,3})?(ns|us|ms|s|m|h)'
+[[ $out =~ ^allowed:\ 0\ of\ 1000\ remaining\ \(full\ again\ in\ $duration\)$ ]] || fail "check said: $out"
 "$sluice" check per-minute alice >"$dir/out"; rc=$?
 [ "$rc" = 1 ] && grep -q "^denied: 0 of 1000 remaining; retry after" "$dir/out" || fail "the 1001st hit: rc $rc, $(cat "$dir/out")"
 "$sluice" check api-rate alice -n 21 >"$dir/out"; rc=$?
@@ -26,20 +28,27 @@ json=$("$sluice" check api-rate alice -n 21 --json); rc=$?
 [ "$rc" = 1 ] && grep -q '"retry_after_seconds":null' <<<"$json" || fail "never in JSON: rc $rc, $json"
 "$sluice" peek api-rate bob -n 20 >/dev/null || fail "peek of a fresh key"
 "$sluice" check nope alice 2>"$dir/err"; rc=$?
-[ "$rc" = 2 ] && grep -q "policy: no policy named 'nope'" "$dir/err" || fail "unknown policy: rc $rc, $(cat "$dir/err")"
+[ "$rc" = 2 ] && grep -q "(NOT_FOUND): policy: no policy named 'nope'" "$dir/err" || fail "unknown policy: rc $rc, $(cat "$dir/err")"
 
 # Concurrency: small allows 10 in flight.
 leases=()
 for i in $(seq 1 10); do leases+=("$("$sluice" admit small 2>/dev/null)") || fail "admit $i"; done
 "$sluice" admit small >"$dir/out" 2>&1; rc=$?
 [ "$rc" = 1 ] && grep -q "refused (503" "$dir/out" || fail "11th admit: rc $rc, $(cat "$dir/out")"
-grep -Eq "^small +adaptive +10 +10" <<<"$("$sluice" policies)" || fail "policies: $("$sluice" policies)"
+table=$("$sluice" policies)
+grep -Eq "^small +adaptive +10 +10 +-$" <<<"$table" || fail "policies: $table"
+# A rate policy's limit is per period; a concurrency policy has no single limit.
+grep -Eq "^api-rate +rate +- +100 +- +per 1s, burst 20$" <<<"$table" || fail "policies: $table"
+grep -Eq "^gateway +concurrency +0 +- +api-rate +a limit per tenant, upstream" <<<"$table" || fail "policies: $table"
 json=$("$sluice" heartbeat "${leases[0]}" --ttl 40s --json) || fail "heartbeat"
 grep -q '"ttl_seconds":40' <<<"$json" || fail "heartbeat --json: $json"
+out=$("$sluice" heartbeat "${leases[0]}" --ttl 90s) || fail "heartbeat"
+[ "$out" = "lease extended: expires in 90s" ] || fail "heartbeat: $out"
 "$sluice" release "${leases[0]}" --outcome dropped --rtt 20ms >/dev/null || fail "release"
 "$sluice" release "${leases[0]}" 2>/dev/null; rc=$?
 [ "$rc" = 2 ] || fail "a second release must fail, got $rc"
-leases[0]=$("$sluice" admit small 2>/dev/null) || fail "admit after a release"
+leases[0]=$("$sluice" admit small --ttl 2m 2>"$dir/err") || fail "admit after a release"
+grep -q "^admitted: lease ${leases[0]} for 2m " "$dir/err" || fail "admit said: $(cat "$dir/err")"
 json=$("$sluice" admit gateway -t acme-team -u llm -r chat --json) || fail "gateway admit"
 grep -q '"admitted":true' <<<"$json" || fail "gateway admit: $json"
 leases+=("$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["lease_id"])' <<<"$json")")
