@@ -79,11 +79,14 @@ StatusOr<json> body_object(const HttpExchange& x) {
   return j;
 }
 
-// Reads optional typed fields, remembering the first error (with its field's name).
+// Reads optional typed fields, remembering the first error (with its field's name). After the
+// reads, status() is also an error for a field none of them asked for (a misspelt `ttl` must
+// not silently become the default `ttl_ms`).
 class Fields {
  public:
   explicit Fields(const json& j, std::string prefix = {}) : j_(j), prefix_(std::move(prefix)) {}
   std::string_view str(const char* name) {
+    asked_.push_back(name);
     auto it = j_.find(name);
     if (it == j_.end() || it->is_null()) return {};
     if (!it->is_string()) {
@@ -93,15 +96,22 @@ class Fields {
     return it->get_ref<const std::string&>();
   }
   std::optional<std::int64_t> integer(const char* name) {
+    asked_.push_back(name);
     auto it = j_.find(name);
     if (it == j_.end() || it->is_null()) return std::nullopt;
     if (!it->is_number_integer()) {
       fail(name, "must be an integer");
       return std::nullopt;
     }
+    if (it->is_number_unsigned() &&
+        it->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+      fail(name, "must be at most 9223372036854775807");
+      return std::nullopt;
+    }
     return it->get<std::int64_t>();
   }
   std::optional<Nanos> millis(const char* name) {
+    asked_.push_back(name);
     auto it = j_.find(name);
     if (it == j_.end() || it->is_null()) return std::nullopt;
     if (!it->is_number()) {
@@ -115,7 +125,18 @@ class Fields {
     }
     return Nanos{static_cast<std::int64_t>(std::llround(v * 1e6))};
   }
-  [[nodiscard]] const Status& status() const { return status_; }
+  [[nodiscard]] const Status& status() {
+    if (status_.ok())
+      for (const auto& [key, value] : j_.items())
+        if (std::find(asked_.begin(), asked_.end(), key) == asked_.end()) {
+          std::string known;
+          for (std::string_view a : asked_) known += (known.empty() ? "" : ", ") + std::string(a);
+          status_ = Status(StatusCode::kInvalidArgument,
+                           prefix_ + key + ": unknown field (known: " + known + ")");
+          break;
+        }
+    return status_;
+  }
 
  private:
   void fail(const char* name, const char* why) {
@@ -124,6 +145,7 @@ class Fields {
   const json& j_;
   std::string prefix_;
   Status status_;
+  std::vector<std::string_view> asked_;
 };
 
 json decision_json(const RateDecision& d) {
@@ -215,6 +237,10 @@ void do_check_many(Engine& engine, HttpExchange& x, HttpLater& later) {
   auto it = j.find("checks");
   if (it == j.end() || !it->is_array())
     return error(x, Status(StatusCode::kInvalidArgument, "checks: must be an array"));
+  for (const auto& [key, value] : j.items())
+    if (key != "checks")
+      return error(x,
+                   Status(StatusCode::kInvalidArgument, key + ": unknown field (known: checks)"));
   std::vector<CheckCall> calls;
   for (std::size_t i = 0; i < it->size(); ++i) {
     const json& e = (*it)[i];

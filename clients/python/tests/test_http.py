@@ -163,6 +163,19 @@ def test_bad_input_is_400_naming_the_field(server):
         ("/v1/admit", {"policy": "small", "ttl_ms": -5}, "ttl_ms:"),
         ("/v1/release", {"lease_id": "0" * 32, "outcome": "crashed"}, "outcome:"),
         ("/v1/release", {"lease_id": "xyz"}, "lease_id:"),
+        # beyond 64-bit signed: refused, never wrapped to a negative count
+        ("/v1/check", {"policy": "api-rate", "key": "k", "hits": 2**63},
+         "hits: must be at most 9223372036854775807"),
+        ("/v1/check", {"policy": "api-rate", "key": "k", "hits": 2**64 - 1}, "hits: must be at most"),
+        # unknown fields are errors naming them (a misspelt ttl must not become the default)
+        ("/v1/admit", {"policy": "small", "ttl": 5000},
+         "ttl: unknown field (known: policy, key, tenant, upstream, route, ttl_ms)"),
+        ("/v1/check", {"policy": "api-rate", "key": "k", "hit": 2}, "hit: unknown field"),
+        ("/v1/check_many", {"checks": [{"policy": "api-rate", "key": "k", "hitz": 1}]},
+         "checks[0].hitz: unknown field"),
+        ("/v1/check_many", {"checks": [], "all": True}, "all: unknown field (known: checks)"),
+        ("/v1/release", {"lease_id": "0" * 32, "rtt": 5}, "rtt: unknown field"),
+        ("/v1/heartbeat", {"lease_id": "0" * 32, "ttl": 5}, "ttl: unknown field"),
     ]
     for path, body, field in cases:
         r = server.http("POST", path, body)
