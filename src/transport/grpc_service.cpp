@@ -1,7 +1,14 @@
 #include "transport/grpc_service.h"
 
+#include <google/protobuf/stubs/logging.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
+#include <cstdio>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace sluice::transport {
@@ -55,58 +62,128 @@ StatusOr<server::CallResult> outcome_of(pb::Outcome o) {
   }
 }
 
-grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
-  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(s);
-  return r;
+// What protobuf last reported on this thread while decoding (its "String field 'x.y.key'
+// contains invalid UTF-8" names the field). Everything else it logs goes to stderr as before;
+// that one is the client's error, answered to the client, and not logged (a client could fill
+// the log with it).
+thread_local std::string decode_error;
+
+void protobuf_log(google::protobuf::LogLevel level, const char* file, int line,
+                  const std::string& message) {
+  if (message.find("invalid UTF-8") != std::string::npos) {
+    decode_error = message;
+    return;
+  }
+  static const char* const kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
+  std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", kLevels[level], file, line, message.c_str());
 }
+
+// Why `bytes` do not decode as `message` (the error starts with the field it names).
+grpc::Status undecodable(const std::string& message) {
+  constexpr std::string_view kField = "String field '";
+  if (const std::size_t at = decode_error.find(kField); at != std::string::npos) {
+    const std::size_t from = at + kField.size();
+    const std::size_t to = decode_error.find('\'', from);
+    std::string field = decode_error.substr(from, to - from);
+    field = field.substr(field.rfind('.') + 1);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, field + ": not valid UTF-8");
+  }
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      "request: cannot be decoded as " + message);
+}
+
+// One unary call: its request decoded from the raw bytes, its response encoded when it
+// finishes (once, from any thread: now, or when a deferred decision comes). It is the call's
+// reactor, and deletes itself when gRPC is done with it.
+template <class Req, class Resp>
+class Unary final : public grpc::ServerUnaryReactor {
+ public:
+  // Decodes `in`; on failure the call is already finished with the reason.
+  static Unary* start(const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+    auto* call = new Unary(out);
+    grpc::ByteBuffer copy(*in);  // decoding consumes its buffer; the copy shares the slices
+    decode_error.clear();
+    if (!grpc::SerializationTraits<Req>::Deserialize(&copy, &call->req).ok()) {
+      call->failed_ = true;
+      call->Finish(undecodable(Req::descriptor()->full_name()));
+    }
+    return call;
+  }
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
+
+  void finish(const grpc::Status& s) {
+    if (s.ok()) {
+      bool own = false;
+      if (grpc::Status e = grpc::SerializationTraits<Resp>::Serialize(resp, out_, &own); !e.ok())
+        return Finish(e);
+    }
+    Finish(s);
+  }
+  void OnDone() override { delete this; }
+
+  Req req;
+  Resp resp;
+
+ private:
+  explicit Unary(grpc::ByteBuffer* out) : out_(out) {}
+  grpc::ByteBuffer* out_;
+  bool failed_ = false;
+};
 
 }  // namespace
 
-// A decision of T that a policy defers: the reactor is finished when it comes (gRPC lets a
-// unary reactor finish later, from any thread; `answer` fills the response, which lives until
-// then).
-template <class T, class Answer>
+// A decision of T that a policy defers: the call finishes when it comes (gRPC lets a unary
+// reactor finish later, from any thread; `answer` fills the response, which the call owns).
+template <class T, class Call, class Answer>
 class FinishLater final : public server::Deferral<T> {
  public:
-  FinishLater(grpc::ServerUnaryReactor* reactor, Answer answer)
-      : reactor_(reactor), answer_(std::move(answer)) {}
+  FinishLater(Call* call, Answer answer) : call_(call), answer_(std::move(answer)) {}
   server::Completion<T> defer() override {
-    return [reactor = reactor_, answer = answer_](StatusOr<T> v) { reactor->Finish(answer(v)); };
+    return [call = call_, answer = answer_](StatusOr<T> v) { call->finish(answer(v)); };
   }
 
  private:
-  grpc::ServerUnaryReactor* reactor_;
+  Call* call_;
   Answer answer_;
 };
 
-grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* ctx,
-                                             const pb::CheckRequest* req, pb::CheckResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const auto answer = [resp](const StatusOr<RateDecision>& d) {
+GrpcService::GrpcService(server::Engine& engine) : engine_(engine) {
+  static std::once_flag once;
+  std::call_once(once, [] { google::protobuf::SetLogHandler(&protobuf_log); });
+}
+
+grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* /*ctx*/, const Bytes* in,
+                                             Bytes* out) {
+  auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(in, out);
+  if (call->failed()) return call;
+  const auto answer = [resp = &call->resp](const StatusOr<RateDecision>& d) {
     if (d.ok()) fill(resp->mutable_decision(), d.value());
     return to_grpc(d.status());
   };
-  FinishLater<RateDecision, decltype(answer)> later(reactor, answer);
-  if (auto d = engine_.check(call_of(*req), later)) reactor->Finish(answer(*d));
-  return reactor;
+  FinishLater<RateDecision, std::remove_pointer_t<decltype(call)>, decltype(answer)> later(call,
+                                                                                           answer);
+  if (auto d = engine_.check(call_of(call->req), later)) call->finish(answer(*d));
+  return call;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* ctx,
-                                            const pb::CheckRequest* req, pb::CheckResponse* resp) {
-  auto d = engine_.peek(call_of(*req));
-  if (d.ok()) fill(resp->mutable_decision(), d.value());
-  return finish(ctx, to_grpc(d.status()));
+grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* /*ctx*/, const Bytes* in,
+                                            Bytes* out) {
+  auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(in, out);
+  if (call->failed()) return call;
+  auto d = engine_.peek(call_of(call->req));
+  if (d.ok()) fill(call->resp.mutable_decision(), d.value());
+  call->finish(to_grpc(d.status()));
+  return call;
 }
 
-grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* ctx,
-                                                 const pb::CheckManyRequest* req,
-                                                 pb::CheckManyResponse* resp) {
+grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* /*ctx*/,
+                                                 const Bytes* in, Bytes* out) {
+  auto* call = Unary<pb::CheckManyRequest, pb::CheckManyResponse>::start(in, out);
+  if (call->failed()) return call;
   std::vector<CheckCall> calls;
-  calls.reserve(static_cast<std::size_t>(req->checks_size()));
-  for (const auto& c : req->checks()) calls.push_back(call_of(c));
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const auto answer = [resp](const StatusOr<server::CheckManyResult>& r) {
+  calls.reserve(static_cast<std::size_t>(call->req.checks_size()));
+  for (const auto& c : call->req.checks()) calls.push_back(call_of(c));
+  const auto answer = [resp = &call->resp](const StatusOr<server::CheckManyResult>& r) {
     if (r.ok()) {
       resp->set_allowed(r.value().allowed);
       resp->set_denied_index(r.value().denied_index);
@@ -114,68 +191,94 @@ grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* ct
     }
     return to_grpc(r.status());
   };
-  FinishLater<server::CheckManyResult, decltype(answer)> later(reactor, answer);
-  if (auto r = engine_.check_many(calls, later)) reactor->Finish(answer(*r));
-  return reactor;
+  FinishLater<server::CheckManyResult, std::remove_pointer_t<decltype(call)>, decltype(answer)>
+      later(call, answer);
+  if (auto r = engine_.check_many(calls, later)) call->finish(answer(*r));
+  return call;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx,
-                                             const pb::AdmitRequest* req, pb::AdmitResponse* resp) {
-  auto ttl = get_duration(req->has_ttl(), req->ttl(), "ttl");
-  if (!ttl.ok()) return finish(ctx, to_grpc(ttl.status()));
-  auto r = engine_.admit(AdmitCall{req->policy(), req->key(), req->tenant(), req->upstream(),
-                                   req->route(), ttl.value()});
-  if (!r.ok()) return finish(ctx, to_grpc(r.status()));
-  const AdmitResult& a = r.value();
-  resp->set_admitted(a.admitted);
-  if (a.admitted) {
-    resp->set_lease_id(a.lease_id);
-    to_proto(a.ttl, resp->mutable_ttl());
-    resp->set_chosen(a.chosen);
-  } else {
-    const Rejection& r = a.refusal;
-    pb::Rejection* j = resp->mutable_rejection();
-    j->set_status(r.status);
-    j->set_type(std::string(r.type));
-    j->set_title(std::string(r.title));
-    j->set_detail(r.detail());
-    to_proto(r.retry_after, j->mutable_retry_after());
-    j->set_policy(std::string(r.policy));
-    j->set_level(std::string(r.limit_kind()));
-    j->set_current(r.current_in_flight);
-    j->set_limit(r.max_concurrent);
-    j->set_problem_json(problem_json(r));
+grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* /*ctx*/, const Bytes* in,
+                                             Bytes* out) {
+  auto* call = Unary<pb::AdmitRequest, pb::AdmitResponse>::start(in, out);
+  if (call->failed()) return call;
+  const pb::AdmitRequest& req = call->req;
+  pb::AdmitResponse& resp = call->resp;
+  auto ttl = get_duration(req.has_ttl(), req.ttl(), "ttl");
+  if (!ttl.ok()) {
+    call->finish(to_grpc(ttl.status()));
+    return call;
   }
-  return finish(ctx, grpc::Status::OK);
+  auto r = engine_.admit(
+      AdmitCall{req.policy(), req.key(), req.tenant(), req.upstream(), req.route(), ttl.value()});
+  if (!r.ok()) {
+    call->finish(to_grpc(r.status()));
+    return call;
+  }
+  const AdmitResult& a = r.value();
+  resp.set_admitted(a.admitted);
+  if (a.admitted) {
+    resp.set_lease_id(a.lease_id);
+    to_proto(a.ttl, resp.mutable_ttl());
+    resp.set_chosen(a.chosen);
+  } else {
+    const Rejection& rj = a.refusal;
+    pb::Rejection* j = resp.mutable_rejection();
+    j->set_status(rj.status);
+    j->set_type(std::string(rj.type));
+    j->set_title(std::string(rj.title));
+    j->set_detail(rj.detail());
+    to_proto(rj.retry_after, j->mutable_retry_after());
+    j->set_policy(std::string(rj.policy));
+    j->set_level(std::string(rj.limit_kind()));
+    j->set_current(rj.current_in_flight);
+    j->set_limit(rj.max_concurrent);
+    j->set_problem_json(problem_json(rj));
+  }
+  call->finish(grpc::Status::OK);
+  return call;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
-                                               const pb::ReleaseRequest* req,
-                                               pb::ReleaseResponse* resp) {
-  auto rtt = get_duration(req->has_rtt(), req->rtt(), "rtt");
-  if (!rtt.ok()) return finish(ctx, to_grpc(rtt.status()));
-  const auto outcome = outcome_of(req->outcome());
-  if (!outcome.ok()) return finish(ctx, to_grpc(outcome.status()));
-  auto held = engine_.release(req->lease_id(), outcome.value(), rtt.value());
-  if (held.ok()) to_proto(held.value(), resp->mutable_held());
-  return finish(ctx, to_grpc(held.status()));
+grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* /*ctx*/,
+                                               const Bytes* in, Bytes* out) {
+  auto* call = Unary<pb::ReleaseRequest, pb::ReleaseResponse>::start(in, out);
+  if (call->failed()) return call;
+  const pb::ReleaseRequest& req = call->req;
+  const auto status = [&]() -> Status {
+    auto rtt = get_duration(req.has_rtt(), req.rtt(), "rtt");
+    if (!rtt.ok()) return rtt.status();
+    const auto outcome = outcome_of(req.outcome());
+    if (!outcome.ok()) return outcome.status();
+    auto held = engine_.release(req.lease_id(), outcome.value(), rtt.value());
+    if (held.ok()) to_proto(held.value(), call->resp.mutable_held());
+    return held.status();
+  }();
+  call->finish(to_grpc(status));
+  return call;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                 const pb::HeartbeatRequest* req,
-                                                 pb::HeartbeatResponse* resp) {
-  auto ttl = get_duration(req->has_ttl(), req->ttl(), "ttl");
-  if (!ttl.ok()) return finish(ctx, to_grpc(ttl.status()));
-  auto applied = engine_.heartbeat(req->lease_id(), ttl.value());
-  if (applied.ok()) to_proto(applied.value(), resp->mutable_ttl());
-  return finish(ctx, to_grpc(applied.status()));
+grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* /*ctx*/,
+                                                 const Bytes* in, Bytes* out) {
+  auto* call = Unary<pb::HeartbeatRequest, pb::HeartbeatResponse>::start(in, out);
+  if (call->failed()) return call;
+  const pb::HeartbeatRequest& req = call->req;
+  const auto status = [&]() -> Status {
+    auto ttl = get_duration(req.has_ttl(), req.ttl(), "ttl");
+    if (!ttl.ok()) return ttl.status();
+    auto applied = engine_.heartbeat(req.lease_id(), ttl.value());
+    if (applied.ok()) to_proto(applied.value(), call->resp.mutable_ttl());
+    return applied.status();
+  }();
+  call->finish(to_grpc(status));
+  return call;
 }
 
-grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext* ctx,
-                                                    const pb::ListPoliciesRequest* /*req*/,
-                                                    pb::ListPoliciesResponse* resp) {
+grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext* /*ctx*/,
+                                                    const Bytes* in, Bytes* out) {
+  auto* call = Unary<pb::ListPoliciesRequest, pb::ListPoliciesResponse>::start(in, out);
+  if (call->failed()) return call;
+  pb::ListPoliciesResponse& resp = call->resp;
   for (const PolicyInfo& p : engine_.policies()) {
-    pb::PolicyState* s = resp->add_policies();
+    pb::PolicyState* s = resp.add_policies();
     s->set_name(p.name);
     s->set_kind(p.kind);
     s->set_rate(p.rate);
@@ -183,9 +286,10 @@ grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext*
     s->set_limit(p.limit);
     s->set_state_json(p.state_json);
   }
-  resp->set_leases(engine_.leases());
-  resp->set_config_generation(engine_.generation());
-  return finish(ctx, grpc::Status::OK);
+  resp.set_leases(engine_.leases());
+  resp.set_config_generation(engine_.generation());
+  call->finish(grpc::Status::OK);
+  return call;
 }
 
 }  // namespace sluice::transport

@@ -18,31 +18,32 @@
 
 namespace sluice::transport {
 
-class GrpcService final : public sluice::v1::Sluice::CallbackService {
- public:
-  explicit GrpcService(server::Engine& engine) noexcept : engine_(engine) {}
+// Every method is registered raw (bytes in, bytes out) and decodes its request itself: gRPC's
+// own decoding answers a request it cannot decode (a string field holding invalid UTF-8, bytes
+// that are not the message) with a bare UNIMPLEMENTED; here it is INVALID_ARGUMENT naming the
+// field (`key: not valid UTF-8`) or the message. The wire API is unchanged.
+using RawSluiceService = sluice::v1::Sluice::WithRawCallbackMethod_Check<
+    sluice::v1::Sluice::WithRawCallbackMethod_CheckMany<
+        sluice::v1::Sluice::WithRawCallbackMethod_Peek<
+            sluice::v1::Sluice::WithRawCallbackMethod_Admit<
+                sluice::v1::Sluice::WithRawCallbackMethod_Release<
+                    sluice::v1::Sluice::WithRawCallbackMethod_Heartbeat<
+                        sluice::v1::Sluice::WithRawCallbackMethod_ListPolicies<
+                            sluice::v1::Sluice::Service>>>>>>>;
 
-  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx,
-                                  const sluice::v1::CheckRequest* req,
-                                  sluice::v1::CheckResponse* resp) override;
-  grpc::ServerUnaryReactor* CheckMany(grpc::CallbackServerContext* ctx,
-                                      const sluice::v1::CheckManyRequest* req,
-                                      sluice::v1::CheckManyResponse* resp) override;
-  grpc::ServerUnaryReactor* Peek(grpc::CallbackServerContext* ctx,
-                                 const sluice::v1::CheckRequest* req,
-                                 sluice::v1::CheckResponse* resp) override;
-  grpc::ServerUnaryReactor* Admit(grpc::CallbackServerContext* ctx,
-                                  const sluice::v1::AdmitRequest* req,
-                                  sluice::v1::AdmitResponse* resp) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
-                                    const sluice::v1::ReleaseRequest* req,
-                                    sluice::v1::ReleaseResponse* resp) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const sluice::v1::HeartbeatRequest* req,
-                                      sluice::v1::HeartbeatResponse* resp) override;
-  grpc::ServerUnaryReactor* ListPolicies(grpc::CallbackServerContext* ctx,
-                                         const sluice::v1::ListPoliciesRequest* req,
-                                         sluice::v1::ListPoliciesResponse* resp) override;
+class GrpcService final : public RawSluiceService {
+ public:
+  explicit GrpcService(server::Engine& engine);
+
+  using Reactor = grpc::ServerUnaryReactor;
+  using Bytes = grpc::ByteBuffer;
+  Reactor* Check(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* CheckMany(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* Peek(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* Admit(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* Release(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* Heartbeat(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* ListPolicies(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
 
  private:
   server::Engine& engine_;

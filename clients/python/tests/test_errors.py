@@ -168,3 +168,28 @@ def test_unreachable_server_is_unavailable():
             with pytest.raises(sluice_client.Unavailable) as info:
                 c.check("api-rate", "k")
             assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("method,raw,message", [
+    # field 1 (policy) "api-rate", field 2 (key) two bytes that are not UTF-8
+    ("Check", b"\x0a\x08api-rate\x12\x02\xff\xfe", "key: not valid UTF-8"),
+    ("Admit", b"\x0a\x05small\x12\x01\xc3", "key: not valid UTF-8"),
+    ("Release", b"\x0a\x02\xff\xff", "lease_id: not valid UTF-8"),
+    ("CheckMany", b"\x0a\x04\x12\x02\xff\xfe", "key: not valid UTF-8"),
+    ("Check", b"\xff\xff\xff", "request: cannot be decoded as sluice.v1.CheckRequest"),
+    ("Heartbeat", b"\x0a", "request: cannot be decoded as sluice.v1.HeartbeatRequest"),
+])
+def test_an_undecodable_request_is_invalid_argument_naming_the_field(server, method, raw,
+                                                                     message):
+    import grpc
+
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        call = channel.unary_unary(f"/sluice.v1.Sluice/{method}",
+                                   request_serializer=lambda b: b,
+                                   response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            call(raw, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert info.value.details() == message
+    assert server.client().check("api-rate", "still-serving").allowed
+    assert "invalid UTF-8" not in server.log()  # the client's error, not the log's
