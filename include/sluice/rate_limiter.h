@@ -12,12 +12,14 @@
 // information: forgetting it changes no decision. Idle keys go
 //   - on growth: a shard sweeps its idle keys whenever it has doubled since its last sweep
 //     (amortised O(1) per new key, on the thread that adds the key), and
-//   - on time: sweep(now) sweeps every shard, one shard's lock at a time (a check waits at most
-//     for one shard's scan, max_keys / shards keys), shrinks the shard's hash table when it has
-//     emptied, and, after a sweep that forgot kTrimAfterKeys or more keys, gives freed memory
-//     back to the system (malloc_trim). The owner calls it periodically (the server's rate
-//     policy: every period, clamped to [1 s, 60 s]), so memory follows the keys active within
-//     the last period or two even when traffic stops.
+//   - on time: sweep(now) sweeps every shard, a slice of 1024 hash buckets (about as many keys)
+//     per hold of the shard's lock, so a check waits for at most one slice (a fraction of a
+//     millisecond), shrinks a shard's hash table when it has emptied, and, after a sweep that
+//     forgot kTrimAfterKeys or more keys, gives freed memory back to the system (malloc_trim).
+//     The owner calls it periodically (the server's rate policy: every idle_within(rule),
+//     clamped to [1 s, 60 s]), so memory follows the keys that still count even when traffic
+//     stops. A million keys take about 100 MB and a sweep of them a few hundred ms of one
+//     thread.
 // Key cap: at most max_keys keys are held. A check that would add a key beyond it first lets
 // its shard sweep its idle keys (at most once per kCapSweepGap per shard, so a flood of new keys
 // cannot turn every check into a scan); if there is still no room, the new key is refused

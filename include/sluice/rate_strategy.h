@@ -126,6 +126,10 @@ void carry(FixedWindowState& s, const RateRule& from, const RateRule& to, Nanos 
 void carry(SlidingWindowState& s, const RateRule& from, const RateRule& to, Nanos now) noexcept;
 void carry(GcraState& s, const RateRule& from, const RateRule& to, Nanos now) noexcept;
 
+// The longest a key stays non-idle after its last admitted hit: a period (fixed window), two
+// (sliding window), the tolerance burst * period / limit rounded up (GCRA).
+[[nodiscard]] Nanos idle_within(const RateRule& rule) noexcept;
+
 [[nodiscard]] bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept;
 [[nodiscard]] bool is_idle(const SlidingWindowState& s, const RateRule& rule, Nanos now) noexcept;
 [[nodiscard]] bool is_idle(const GcraState& s, const RateRule& rule, Nanos now) noexcept;

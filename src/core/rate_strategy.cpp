@@ -244,6 +244,18 @@ void carry(GcraState& s, const RateRule& from, const RateRule& to, Nanos now) no
   s.tat_scaled = sat_add(static_cast<i128>(now.count()) * static_cast<i128>(to.limit), debt);
 }
 
+Nanos idle_within(const RateRule& rule) noexcept {
+  switch (rule.strategy) {
+    case RateStrategy::kFixedWindow:
+      return rule.period;
+    case RateStrategy::kSlidingWindow:
+      return 2 * rule.period;
+    case RateStrategy::kGcra:
+      return Gcra::until(static_cast<i128>(burst_of(rule)) * rule.period.count(), 0, rule);
+  }
+  return rule.period;
+}
+
 bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept {
   const std::int64_t p = rule.period.count();
   return s.count == 0 || s.window_start != floor_div(now.count(), p) * p;

@@ -18,6 +18,8 @@ namespace {
 constexpr std::size_t kMinSweep = 64;
 // A shard's hash table is shrunk after a sweep that leaves it this many times too large.
 constexpr std::size_t kShrinkFactor = 8;
+// Buckets a timed sweep scans per hold of a shard's lock (about as many keys).
+constexpr std::size_t kSweepBuckets = 1024;
 
 template <class State>
 class ShardedLimiter final : public RateLimiter {
@@ -81,11 +83,22 @@ class ShardedLimiter final : public RateLimiter {
   std::size_t sweep(Nanos now) override {
     std::size_t removed = 0;
     for (Shard& shard : shards_) {
-      const std::lock_guard lock(shard.mu);
-      removed += sweep_locked(shard, now);
-      // A table sized for a crowd that has gone: rebuilt small (it allocates, here only).
-      if (shard.map.bucket_count() > kShrinkFactor * std::max(kMinSweep, shard.map.size()))
-        shard.map.rehash(0);
+      // kSweepBuckets buckets per hold of the lock, so a check waits for a slice, not the
+      // shard. A table rehashed in between (by a new key) may make a slice skip or revisit a
+      // few keys: a key skipped stays until a later sweep, one revisited is looked at twice.
+      for (std::size_t b = 0;;) {
+        const std::lock_guard lock(shard.mu);
+        const Nanos at = shard.advance(now);
+        const std::size_t end = std::min(b + kSweepBuckets, shard.map.bucket_count());
+        for (; b < end; ++b) removed += sweep_bucket(shard, b, at);
+        if (b < shard.map.bucket_count()) continue;
+        shard.sweep_at = std::max(kMinSweep, 2 * shard.map.size());
+        shard.swept_at = at;
+        // A table sized for a crowd that has gone: rebuilt small (it allocates, here only).
+        if (shard.map.bucket_count() > kShrinkFactor * std::max(kMinSweep, shard.map.size()))
+          shard.map.rehash(0);
+        break;
+      }
     }
 #if defined(__GLIBC__)
     if (removed >= kTrimAfterKeys) malloc_trim(0);
@@ -155,6 +168,22 @@ class ShardedLimiter final : public RateLimiter {
         shard.swept_at.count() == INT64_MIN ? now : shard.swept_at + kCapSweepGap;
     d.retry_after = std::max(Nanos{1}, next_sweep - now);
     return d;
+  }
+
+  // Forgets the idle keys of bucket `b` (shard.mu held).
+  std::size_t sweep_bucket(Shard& shard, std::size_t b, Nanos now) {
+    std::size_t removed = 0;
+    for (auto it = shard.map.begin(b); it != shard.map.end(b);) {
+      if (!is_idle(it->second, shard.rule, now)) {
+        ++it;
+        continue;
+      }
+      shard.map.erase(shard.map.find(it->first));  // a bucket's iterator cannot erase
+      ++removed;
+      it = shard.map.begin(b);  // the bucket again (its iterators are gone; buckets are short)
+    }
+    keys_.fetch_sub(removed, std::memory_order_relaxed);
+    return removed;
   }
 
   std::size_t sweep_locked(Shard& shard, Nanos now) {

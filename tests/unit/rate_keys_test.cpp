@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "sluice/rate_limiter.h"
 
@@ -46,6 +47,47 @@ TEST(RateKeys, IdleKeysAreSweptOnTimeWithoutTraffic) {
     EXPECT_EQ(l->keys(), 0u) << to_string(s);
     // A swept key decides like a fresh one.
     EXPECT_EQ(l->check("k7", 0).remaining, 10u) << to_string(s);
+  }
+}
+
+// idle_within: how long the loop may wait between sweeps without keeping a key past its time.
+// The worst case of each strategy is reached exactly: idle at that time, not a ns before.
+TEST(RateKeys, IdleWithinIsTheLongestAKeyStaysNonIdle) {
+  const Nanos start = seconds(100);  // a window boundary for every period below
+  for (const RateStrategy s : kStrategies) {
+    for (const auto& [limit, burst] :
+         {std::pair<std::uint64_t, std::uint64_t>{3, 0}, {7, 0}, {3, 5}}) {
+      if (burst != 0 && s != RateStrategy::kGcra) continue;
+      RateRule r;
+      r.strategy = s;
+      r.limit = limit;
+      r.burst = burst;
+      r.period = seconds(1);
+      const Nanos w = idle_within(r);
+      const std::uint64_t all = burst != 0 ? burst : limit;
+      auto idle_at = [&](Nanos t) {
+        switch (s) {
+          case RateStrategy::kFixedWindow: {
+            FixedWindowState st;
+            EXPECT_TRUE(decide(st, r, all, start).allowed);
+            return is_idle(st, r, t);
+          }
+          case RateStrategy::kSlidingWindow: {
+            SlidingWindowState st;
+            EXPECT_TRUE(decide(st, r, all, start).allowed);
+            return is_idle(st, r, t);
+          }
+          case RateStrategy::kGcra: {
+            GcraState st;
+            EXPECT_TRUE(decide(st, r, all, start).allowed);
+            return is_idle(st, r, t);
+          }
+        }
+        return false;
+      };
+      EXPECT_FALSE(idle_at(start + w - Nanos{1})) << to_string(s) << " limit " << limit;
+      EXPECT_TRUE(idle_at(start + w)) << to_string(s) << " limit " << limit;
+    }
   }
 }
 

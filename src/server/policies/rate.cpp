@@ -14,20 +14,21 @@ namespace {
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-// How often a policy's loop sweeps its idle keys: every period, within [1 s, 60 s] (a key is
-// idle at most two periods after its last hit; a sweep scans every key held).
+// How often a policy's loop sweeps its idle keys: as often as a key can go idle
+// (idle_within: a period for a fixed window), within [1 s, 60 s]. A sweep scans every key held,
+// and the keys held are those used within idle_within, so in the long run a sweep costs about
+// one key's scan per check (more only where idle_within exceeds 60 s).
 Nanos sweep_interval(const RateRule& r) {
-  return std::clamp<Nanos>(r.period, std::chrono::seconds(1), std::chrono::seconds(60));
+  return std::clamp<Nanos>(idle_within(r), std::chrono::seconds(1), std::chrono::seconds(60));
 }
 
 class RateLimitPolicy final : public Policy, public RateFamily {
  public:
   RateLimitPolicy(const BuildContext& c, std::unique_ptr<RateLimiter> limiter)
       : Policy(c.name, "rate", c.spec.rate), limiter_(std::move(limiter)) {
-    const Nanos every = sweep_interval(limiter_->rule());
-    start_loop(c.clock, [this, every](Nanos now) {
+    start_loop(c.clock, [this](Nanos now) {
       limiter_->sweep(now);
-      return now + every;
+      return now + sweep_interval(limiter_->rule());
     });
   }
   // The loop uses the limiter: stopped before the members go.
