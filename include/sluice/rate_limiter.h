@@ -27,6 +27,8 @@
 // Refusing is the only safe answer: every key held is not idle, i.e. it has spent part of its
 // budget, and evicting it would hand that budget back (over-admission). Keys already held are
 // never refused for the cap, and a check of 0 hits (which stores nothing) is answered as usual.
+// peek answers a new key at the cap with the same refusal (without sweeping: the check itself
+// may find room).
 //
 // Time: check(key, hits) reads the limiter's Clock once; check(key, hits, now) takes the time
 // from the caller, so a server can read the clock once per request or per batch.

@@ -59,9 +59,16 @@ class ShardedLimiter final : public RateLimiter {
     const Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
     now = std::max(now, shard.latest);
-    State s;
-    if (auto it = shard.map.find(key); it != shard.map.end()) s = it->second;
-    return decide(s, shard.rule, hits, now, /*commit=*/false);
+    if (auto it = shard.map.find(key); it != shard.map.end()) {
+      State s = it->second;
+      return decide(s, shard.rule, hits, now, /*commit=*/false);
+    }
+    // A new key: at the cap, what check would answer unless its shard's sweep made room.
+    State fresh;
+    const RateDecision d = decide(fresh, shard.rule, hits, now);
+    if (!is_idle(fresh, shard.rule, now) && keys() >= max_keys())
+      return capacity_refusal(shard, d, now);
+    return d;
   }
 
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {

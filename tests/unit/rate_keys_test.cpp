@@ -117,6 +117,8 @@ TEST(RateKeys, TheCapRefusesNewKeysAndEvictsNothing) {
     EXPECT_GT(no.retry_after, Nanos{0});
     EXPECT_LE(no.retry_after, kCapSweepGap);
     EXPECT_EQ(l->keys(), 100u);
+    EXPECT_TRUE(l->peek("new", 1, clock.now()).key_capacity) << "peek answers as check does";
+    EXPECT_TRUE(l->peek("k3", 1, clock.now()).allowed);
     EXPECT_TRUE(l->check("new", 0).allowed) << "0 hits store nothing: answered as usual";
     // Old keys still count what they spent: one more each, then refused for their rate.
     EXPECT_TRUE(l->check("k3").allowed) << to_string(s);
