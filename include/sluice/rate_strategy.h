@@ -10,7 +10,22 @@
 //                   period) + current, admits while estimate + hits <= limit. State: 24 bytes.
 //   GCRA            the generic cell rate algorithm (a token bucket as one timestamp): each hit
 //                   costs period / limit; admits while the theoretical arrival time after the
-//                   hits is within `burst` hits' worth of now. State: 8 bytes.
+//                   hits is within `burst` hits' worth of now. State: 16 bytes.
+//
+// Exactness. Every decision is exact in whole numbers, for every limit and period a rule
+// accepts, with no rounding that accumulates. The windows count hits (saturating: `count +
+// hits` cannot wrap, whatever the limit). GCRA keeps the theoretical arrival time scaled by the
+// limit (tat * limit, 128 bits), in which a hit costs exactly `period` and the tolerance is
+// exactly burst * period, so, with L = limit, P = period (ns), B = burst, n = now (ns) and
+// T = max(tat * L, n * L), `hits` are admitted at n iff
+//     T + hits * P <= n * L + B * P
+// (limit: 3, period: 1s admits 3 from idle, not 2). This holds while |now| < 2^62 ns (146
+// years); beyond, the arithmetic saturates towards refusing.
+//
+// Rounding of the durations (every strategy): retry_after is the smallest whole number of ns d
+// such that the same request at now + d would be admitted (exactly: it is refused at
+// now + d - 1 ns); reset_after is the smallest whole number of ns after which the key is back to
+// its full allowance; remaining is rounded down (the most hits that would pass now).
 //
 // Every decision carries what an HTTP 429 needs: limit, remaining (after this request),
 // reset_after (until the key is back to its full allowance) and retry_after (0 when allowed;
@@ -52,6 +67,9 @@ struct RateRule {
 
 struct RateDecision {
   bool allowed = false;
+  // Refused because the limiter holds as many keys as it may (RateLimiterOptions::max_keys) and
+  // this key is new, not because of its rate: retry_after is then a hint, not a promise.
+  bool key_capacity = false;
   std::uint64_t limit = 0;
   std::uint64_t remaining = 0;
   Nanos reset_after{0};
@@ -70,7 +88,12 @@ struct SlidingWindowState {
   std::uint64_t previous = 0;
 };
 struct GcraState {
-  std::int64_t tat = INT64_MIN;  // theoretical arrival time, ns
+  __extension__ typedef __int128 Scaled;
+  // The lowest value: never used.
+  static constexpr Scaled kUnused = -(((Scaled{1} << 126) - 1) * 2 + 1) - 1;
+  // The theoretical arrival time times the rule's limit (ns * limit). A hit adds the rule's
+  // period to it.
+  Scaled tat_scaled = kUnused;
 };
 
 // `commit` false: the decision a request would get, the state untouched (a peek).
@@ -89,6 +112,23 @@ RateDecision decide(GcraState& s, const RateRule& rule, std::uint64_t hits, Nano
 void refund(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
 void refund(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
 void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
+
+// Carrying a key's state to a new rule (an in-place reload). Possible when the strategy and the
+// period are the same (a window's count, or a GCRA key's debt, means the same thing under the
+// new rule); a new limit (or burst) then applies to what the key has already spent: a fixed
+// window that counted 40 of 100 has 10 of a new limit of 50 left, a GCRA key that owes 40 hits
+// owes them under the new rate (its debt, in hits, is kept exactly). A strategy or period
+// change cannot be carried (a window's count does not say when in the window its hits came).
+[[nodiscard]] bool can_carry(const RateRule& from, const RateRule& to) noexcept;
+// Rewrites `s` (made under `from`, last decided at or before `now`) for `to`, decided at `now`
+// from then on. Requires can_carry(from, to). The windows need nothing; GCRA rescales.
+void carry(FixedWindowState& s, const RateRule& from, const RateRule& to, Nanos now) noexcept;
+void carry(SlidingWindowState& s, const RateRule& from, const RateRule& to, Nanos now) noexcept;
+void carry(GcraState& s, const RateRule& from, const RateRule& to, Nanos now) noexcept;
+
+// The longest a key stays non-idle after its last admitted hit: a period (fixed window), two
+// (sliding window), the tolerance burst * period / limit rounded up (GCRA).
+[[nodiscard]] Nanos idle_within(const RateRule& rule) noexcept;
 
 [[nodiscard]] bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept;
 [[nodiscard]] bool is_idle(const SlidingWindowState& s, const RateRule& rule, Nanos now) noexcept;

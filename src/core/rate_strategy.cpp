@@ -7,7 +7,10 @@ namespace sluice {
 namespace {
 
 __extension__ typedef __int128 i128;  // GCC and Clang: exact 64x64-bit products
+__extension__ typedef unsigned __int128 u128;
 constexpr Nanos kNever = Nanos::max();
+constexpr i128 kMax128 = ((i128{1} << 126) - 1) * 2 + 1;
+constexpr i128 kMin128 = -kMax128 - 1;
 
 std::int64_t floor_div(std::int64_t a, std::int64_t b) {
   const std::int64_t q = a / b;
@@ -20,21 +23,51 @@ std::int64_t clamp64(i128 v) {
   return static_cast<std::int64_t>(v);
 }
 
+std::uint64_t clampu64(i128 v) {
+  if (v <= 0) return 0;
+  if (v > static_cast<i128>(std::numeric_limits<std::uint64_t>::max()))
+    return std::numeric_limits<std::uint64_t>::max();
+  return static_cast<std::uint64_t>(v);
+}
+
+// Saturating 128-bit arithmetic (it saturates only for times beyond 2^62 ns).
+i128 sat_add(i128 a, i128 b) {
+  i128 r;
+  if (__builtin_add_overflow(a, b, &r)) return b > 0 ? kMax128 : kMin128;
+  return r;
+}
+i128 sat_sub(i128 a, i128 b) {
+  i128 r;
+  if (__builtin_sub_overflow(a, b, &r)) return b < 0 ? kMax128 : kMin128;
+  return r;
+}
+
+// Ceiling of a / b for a >= 0, b > 0.
+i128 ceil_div(i128 a, i128 b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 std::uint64_t burst_of(const RateRule& r) { return r.burst != 0 ? r.burst : r.limit; }
 
-// GCRA: the time `hits` hits cost, rounded up (so rounding never admits more than the rate).
-std::int64_t cost(const RateRule& r, std::uint64_t hits) {
-  const i128 num = static_cast<i128>(r.period.count()) * hits;
-  return clamp64((num + r.limit - 1) / r.limit);
-}
+// GCRA, all in units of 1 / limit ns: a hit costs `period` of them exactly. The key's debt is
+// how far its theoretical arrival time is ahead of now (>= 0); the tolerance is burst * period.
+struct Gcra {
+  i128 now_scaled;  // now * limit
+  i128 tolerance;   // burst * period
+  i128 debt;        // max(tat - now, 0), scaled
 
-// GCRA: how many more hits fit in `slack` ns of tolerance.
-std::uint64_t hits_within(const RateRule& r, std::int64_t slack) {
-  if (slack <= 0) return 0;
-  auto h = static_cast<std::uint64_t>(static_cast<i128>(slack) * r.limit / r.period.count());
-  while (h > 0 && cost(r, h) > slack) --h;
-  return h;
-}
+  Gcra(const GcraState& s, const RateRule& r, Nanos now)
+      : now_scaled(static_cast<i128>(now.count()) * static_cast<i128>(r.limit)),
+        tolerance(static_cast<i128>(burst_of(r)) * r.period.count()),
+        debt(std::max<i128>(0, sat_sub(s.tat_scaled, now_scaled))) {}
+
+  // Whole hits that still fit on top of `d` (rounded down).
+  std::uint64_t remaining(i128 d, const RateRule& r) const {
+    return d >= tolerance ? 0 : clampu64((tolerance - d) / r.period.count());
+  }
+  // The whole ns until a debt `d` has drained to `to` (rounded up).
+  static Nanos until(i128 d, i128 to, const RateRule& r) {
+    return d <= to ? Nanos{0} : Nanos{clamp64(ceil_div(d - to, static_cast<i128>(r.limit)))};
+  }
+};
 
 }  // namespace
 
@@ -59,6 +92,12 @@ std::string RateRule::validate() const {
   return {};
 }
 
+// Whether `hits` more fit on top of `count` under `limit`, without computing count + hits (it
+// can wrap for limits above 2^63). A count can exceed the limit after the limit was lowered.
+bool fits(std::uint64_t count, std::uint64_t hits, std::uint64_t limit) {
+  return count <= limit && hits <= limit - count;
+}
+
 RateDecision decide(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
                     bool commit) noexcept {
   const std::int64_t p = rule.period.count();
@@ -67,8 +106,8 @@ RateDecision decide(FixedWindowState& s, const RateRule& rule, std::uint64_t hit
   RateDecision d;
   d.limit = rule.limit;
   const Nanos window_end{start + p - now.count()};
-  if (hits > rule.limit || count + hits > rule.limit) {
-    d.remaining = rule.limit - count;
+  if (!fits(count, hits, rule.limit)) {
+    d.remaining = count < rule.limit ? rule.limit - count : 0;
     d.reset_after = count > 0 ? window_end : Nanos{0};
     d.retry_after = hits > rule.limit ? kNever : window_end;
     return d;
@@ -97,16 +136,18 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
     prev = s.current;
   }
   const std::int64_t elapsed = n - start;
-  // Everything scaled by p: estimate * p = prev * (p - elapsed) + cur * p.
-  const i128 weighted_prev = static_cast<i128>(prev) * (p - elapsed);
-  const i128 cap = static_cast<i128>(rule.limit) * p;
+  // Everything scaled by p, unsigned 128 bits (each term below 2^127):
+  //   estimate * p = prev * (p - elapsed) + cur * p.
+  const auto up = static_cast<u128>(p);
+  const u128 weighted_prev = static_cast<u128>(prev) * static_cast<u128>(p - elapsed);
+  const u128 cap = static_cast<u128>(rule.limit) * up;
   RateDecision d;
   d.limit = rule.limit;
   const bool allowed =
-      hits <= rule.limit && weighted_prev + static_cast<i128>(cur + hits) * p <= cap;
-  const std::uint64_t cur_after = allowed ? cur + hits : cur;
-  const i128 left = cap - weighted_prev - static_cast<i128>(cur_after) * p;
-  d.remaining = left > 0 ? static_cast<std::uint64_t>(left / p) : 0;
+      hits <= rule.limit && weighted_prev + (static_cast<u128>(cur) + hits) * up <= cap;
+  const u128 cur_after = allowed ? static_cast<u128>(cur) + hits : cur;
+  const u128 used = weighted_prev + cur_after * up;
+  d.remaining = used < cap ? static_cast<std::uint64_t>((cap - used) / up) : 0;
   if (cur_after > 0)
     d.reset_after = Nanos{start + 2 * p - n};
   else if (prev > 0)
@@ -115,22 +156,24 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
     d.allowed = true;
     if (commit && hits > 0) {
       s.window_start = start;
-      s.current = cur_after;
+      s.current = static_cast<std::uint64_t>(cur_after);
       s.previous = prev;
     }
     return d;
   }
   if (hits > rule.limit) {
     d.retry_after = kNever;
-  } else if (cur + hits <= rule.limit) {
-    // This window: wait until the previous window's weight has fallen far enough.
-    const i128 room = static_cast<i128>(rule.limit - cur - hits) * p;
-    const std::int64_t at = p - clamp64(room / prev);  // elapsed needed
+  } else if (fits(cur, hits, rule.limit)) {
+    // This window: wait until the previous window's weight has fallen far enough (prev > 0,
+    // or it would have passed): the smallest elapsed e with prev * (p - e) <= room.
+    const u128 room = static_cast<u128>(rule.limit - cur - hits) * up;
+    const std::int64_t at = p - static_cast<std::int64_t>(std::min(room / prev, up));
     d.retry_after = Nanos{std::max<std::int64_t>(1, start + at - n)};
   } else {
-    // The next window, where this window's count is the previous one.
-    const i128 room = static_cast<i128>(rule.limit - hits) * p;
-    const std::int64_t x = p - clamp64(room / cur);
+    // The next window, where this window's count is the previous one (cur > 0): the smallest
+    // x into it with cur * (p - x) <= (limit - hits) * p.
+    const u128 room = static_cast<u128>(rule.limit - hits) * up;
+    const std::int64_t x = p - static_cast<std::int64_t>(std::min(room / cur, up));
     d.retry_after = Nanos{std::max<std::int64_t>(1, start + p + x - n)};
   }
   return d;
@@ -138,30 +181,26 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
 
 RateDecision decide(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now,
                     bool commit) noexcept {
-  const std::int64_t n = now.count();
-  const std::uint64_t burst = burst_of(rule);
-  const std::int64_t tolerance = cost(rule, burst);
-  const std::int64_t tat = std::max(s.tat, n);
+  const Gcra g(s, rule, now);
   RateDecision d;
-  d.limit = burst;
-  if (hits > burst) {
-    d.remaining = hits_within(rule, clamp64(static_cast<i128>(n) + tolerance - tat));
-    d.reset_after = Nanos{tat - n};
+  d.limit = burst_of(rule);
+  if (hits > d.limit) {
+    d.remaining = g.remaining(g.debt, rule);
+    d.reset_after = Gcra::until(g.debt, 0, rule);
     d.retry_after = kNever;
     return d;
   }
-  const std::int64_t new_tat = clamp64(static_cast<i128>(tat) + cost(rule, hits));
-  const std::int64_t allow_at = new_tat - tolerance;
-  if (n < allow_at) {
-    d.remaining = hits_within(rule, clamp64(static_cast<i128>(n) + tolerance - tat));
-    d.reset_after = Nanos{tat - n};
-    d.retry_after = Nanos{allow_at - n};
+  const i128 after = sat_add(g.debt, static_cast<i128>(hits) * rule.period.count());
+  if (after > g.tolerance) {
+    d.remaining = g.remaining(g.debt, rule);
+    d.reset_after = Gcra::until(g.debt, 0, rule);
+    d.retry_after = Gcra::until(after, g.tolerance, rule);  // >= 1 ns: after > tolerance
     return d;
   }
   d.allowed = true;
-  d.remaining = hits_within(rule, clamp64(static_cast<i128>(n) + tolerance - new_tat));
-  d.reset_after = Nanos{new_tat - n};
-  if (commit && hits > 0) s.tat = new_tat;
+  d.remaining = g.remaining(after, rule);
+  d.reset_after = Gcra::until(after, 0, rule);
+  if (commit && hits > 0) s.tat_scaled = sat_add(g.now_scaled, after);
   return d;
 }
 
@@ -182,9 +221,39 @@ void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos /*now*
   // The admission moved tat from max(tat0, then) by cost(hits); moving it back lands on or
   // after tat0, and a tat in the past decides like any other. Not exact when, between the
   // check and the refund, the key drained completely and a later check restarted it from its
-  // own time (tat then no longer holds the refunded cost): 8 bytes of state cannot tell.
-  if (s.tat == INT64_MIN) return;
-  s.tat = clamp64(static_cast<i128>(s.tat) - cost(rule, hits));
+  // own time (tat then no longer holds the refunded cost): one timestamp cannot tell.
+  if (s.tat_scaled == GcraState::kUnused) return;
+  s.tat_scaled = sat_sub(s.tat_scaled, static_cast<i128>(hits) * rule.period.count());
+}
+
+bool can_carry(const RateRule& from, const RateRule& to) noexcept {
+  return from.strategy == to.strategy && from.period == to.period;
+}
+
+void carry(FixedWindowState& /*s*/, const RateRule& /*from*/, const RateRule& /*to*/,
+           Nanos /*now*/) noexcept {}
+
+void carry(SlidingWindowState& /*s*/, const RateRule& /*from*/, const RateRule& /*to*/,
+           Nanos /*now*/) noexcept {}
+
+void carry(GcraState& s, const RateRule& from, const RateRule& to, Nanos now) noexcept {
+  // The debt, scaled, is (hits owed) * period whatever the limit: it carries over as it is,
+  // against the new limit's scale of now.
+  if (s.tat_scaled == GcraState::kUnused) return;
+  const i128 debt = Gcra(s, from, now).debt;
+  s.tat_scaled = sat_add(static_cast<i128>(now.count()) * static_cast<i128>(to.limit), debt);
+}
+
+Nanos idle_within(const RateRule& rule) noexcept {
+  switch (rule.strategy) {
+    case RateStrategy::kFixedWindow:
+      return rule.period;
+    case RateStrategy::kSlidingWindow:
+      return 2 * rule.period;
+    case RateStrategy::kGcra:
+      return Gcra::until(static_cast<i128>(burst_of(rule)) * rule.period.count(), 0, rule);
+  }
+  return rule.period;
 }
 
 bool is_idle(const FixedWindowState& s, const RateRule& rule, Nanos now) noexcept {
@@ -200,8 +269,8 @@ bool is_idle(const SlidingWindowState& s, const RateRule& rule, Nanos now) noexc
          (s.window_start == start - p && s.current == 0);
 }
 
-bool is_idle(const GcraState& s, const RateRule& /*rule*/, Nanos now) noexcept {
-  return s.tat <= now.count();
+bool is_idle(const GcraState& s, const RateRule& rule, Nanos now) noexcept {
+  return s.tat_scaled <= static_cast<i128>(now.count()) * static_cast<i128>(rule.limit);
 }
 
 }  // namespace sluice

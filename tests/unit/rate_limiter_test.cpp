@@ -224,7 +224,10 @@ TEST(RateLimiter, BadOptionsNameTheField) {
   o.rule.strategy = RateStrategy::kFixedWindow;
   o.rule.burst = 5;
   EXPECT_NE(make_rate_limiter(o, clock).status().message().find("burst"), std::string::npos);
-  EXPECT_EQ(state_bytes(RateStrategy::kGcra), 8u);
+  o = {};
+  o.max_keys = 0;
+  EXPECT_NE(make_rate_limiter(o, clock).status().message().find("max_keys"), std::string::npos);
+  EXPECT_EQ(state_bytes(RateStrategy::kGcra), 16u);
   EXPECT_EQ(state_bytes(RateStrategy::kFixedWindow), 16u);
   EXPECT_EQ(state_bytes(RateStrategy::kSlidingWindow), 24u);
 }

@@ -1,6 +1,8 @@
 // The rate kind: a RateLimiter (fixed window, sliding window or GCRA) per policy.
 #include "server/policies/rate.h"
 
+#include <algorithm>
+#include <chrono>
 #include <limits>
 #include <sstream>
 
@@ -12,16 +14,45 @@ namespace {
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
+// How often a policy's loop sweeps its idle keys: as often as a key can go idle
+// (idle_within: a period for a fixed window), within [1 s, 60 s]. A sweep scans every key held,
+// and the keys held are those used within idle_within, so in the long run a sweep costs about
+// one key's scan per check (more only where idle_within exceeds 60 s).
+Nanos sweep_interval(const RateRule& r) {
+  return std::clamp<Nanos>(idle_within(r), std::chrono::seconds(1), std::chrono::seconds(60));
+}
+
 class RateLimitPolicy final : public Policy, public RateFamily {
  public:
   RateLimitPolicy(const BuildContext& c, std::unique_ptr<RateLimiter> limiter)
-      : Policy(c.name, "rate", c.spec.rate), limiter_(std::move(limiter)) {}
+      : Policy(c.name, "rate", c.spec.rate), limiter_(std::move(limiter)) {
+    start_loop(c.clock, [this](Nanos now) {
+      limiter_->sweep(now);
+      return now + sweep_interval(limiter_->rule());
+    });
+  }
+  // The loop uses the limiter: stopped before the members go.
+  ~RateLimitPolicy() override { retire(); }
+  RateLimitPolicy(const RateLimitPolicy&) = delete;
+  RateLimitPolicy& operator=(const RateLimitPolicy&) = delete;
+
+  // In place when the strategy and the period stay (a new limit, burst or max_keys): every
+  // key keeps what it has spent (sluice/rate_strategy.h: carry). Otherwise rebuilt: a new
+  // strategy or period starts every key afresh.
+  StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
+    const RateSpec& spec = *c.spec.as<RateSpec>();
+    if (!can_carry(limiter_->rule(), spec.rule)) return Reconfiguration{};
+    const RateRule to = spec.rule;
+    const std::size_t max_keys = spec.max_keys;
+    return Reconfiguration([this, to, max_keys] { limiter_->reconfigure(to, max_keys); });
+  }
 
   [[nodiscard]] RateFamily* rate_family() noexcept override { return this; }
 
   RateDecision check(std::string_view key, std::uint64_t hits, Nanos now) override {
     RateDecision d = limiter_->check(key, hits, now);
     (d.allowed ? allowed_ : denied_).fetch_add(1, std::memory_order_relaxed);
+    if (d.key_capacity) key_capacity_denied_.fetch_add(1, std::memory_order_relaxed);
     return d;
   }
   RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const override {
@@ -31,7 +62,7 @@ class RateLimitPolicy final : public Policy, public RateFamily {
     limiter_->refund(key, hits, now);
   }
   Rejection refusal(std::string_view key, const RateDecision& d) const override {
-    const RateRule& r = limiter_->rule();
+    const RateRule r = limiter_->rule();
     Rejection out;
     out.source = "rate";
     out.limit_type = "rate";
@@ -39,8 +70,13 @@ class RateLimitPolicy final : public Policy, public RateFamily {
     out.type = "urn:sluice:problem:rate-limit-exceeded";
     out.title = "Rate Limit Exceeded";
     std::ostringstream detail;
-    detail << "Rate policy " << name() << " allows " << r.limit << " per " << seconds_of(r.period)
-           << "s for key '" << key << "'";
+    if (d.key_capacity)
+      detail << "Rate policy " << name() << " holds state for its max_keys ("
+             << limiter_->max_keys() << ") keys; new key '" << key
+             << "' is refused until some fall idle";
+    else
+      detail << "Rate policy " << name() << " allows " << r.limit << " per " << seconds_of(r.period)
+             << "s for key '" << key << "'";
     if (d.retry_after != Nanos::max())
       detail << "; retry after " << seconds_of(d.retry_after) << "s";
     out.detail_text = detail.str();
@@ -54,13 +90,15 @@ class RateLimitPolicy final : public Policy, public RateFamily {
 
  protected:
   void describe(nlohmann::json& j, PolicyInfo& info) const override {
-    const RateRule& r = limiter_->rule();
+    const RateRule r = limiter_->rule();
     info.limit = r.limit;
     j["strategy"] = std::string(to_string(r.strategy));
     j["limit"] = r.limit;
     j["period_seconds"] = seconds_of(r.period);
     if (r.burst != 0) j["burst"] = r.burst;
     j["keys"] = limiter_->keys();
+    j["max_keys"] = limiter_->max_keys();
+    j["key_capacity_denied"] = key_capacity_denied_.load(std::memory_order_relaxed);
     j["allowed"] = allowed_.load(std::memory_order_relaxed);
     j["denied"] = denied_.load(std::memory_order_relaxed);
   }
@@ -69,18 +107,24 @@ class RateLimitPolicy final : public Policy, public RateFamily {
                            {{"allowed", allowed_.load()}, {"denied", denied_.load()}}));
     out.push_back(one("sluice_rate_keys", "Keys the rate policy holds state for", MetricType::Gauge,
                       static_cast<double>(limiter_->keys())));
+    out.push_back(one("sluice_rate_max_keys", "Keys the rate policy may hold state for",
+                      MetricType::Gauge, static_cast<double>(limiter_->max_keys())));
+    out.push_back(one("sluice_rate_key_capacity_denied_total",
+                      "Checks of new keys refused because the policy held max_keys keys",
+                      MetricType::Counter,
+                      static_cast<double>(key_capacity_denied_.load(std::memory_order_relaxed))));
     out.push_back(one("sluice_rate_limit", "Hits per period", MetricType::Gauge,
                       static_cast<double>(limiter_->rule().limit)));
   }
 
  private:
   std::unique_ptr<RateLimiter> limiter_;
-  std::atomic<std::uint64_t> allowed_{0}, denied_{0};
+  std::atomic<std::uint64_t> allowed_{0}, denied_{0}, key_capacity_denied_{0};
 };
 
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
-  s.keys({"kind", "strategy", "limit", "period", "burst"});
+  s.keys({"kind", "strategy", "limit", "period", "burst", "max_keys"});
   auto body = std::make_shared<RateSpec>();
   RateRule& rule = body->rule;
   if (auto v = s.choice<RateStrategy>("strategy", {{"fixed-window", RateStrategy::kFixedWindow},
@@ -90,6 +134,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
   if (auto v = s.uint("limit", 1, std::numeric_limits<std::uint32_t>::max(), true)) rule.limit = *v;
   if (auto d = s.duration("period")) rule.period = *d;
   if (auto v = s.uint("burst", 1, std::numeric_limits<std::uint32_t>::max())) rule.burst = *v;
+  if (auto v = s.uint("max_keys", 1, kMaxRateKeys)) body->max_keys = *v;
   // The rule's own check ("<field> <what is wrong>"), placed at the field it names.
   if (const std::string why = rule.validate(); !why.empty()) {
     const std::string field = why.substr(0, why.find(' '));
@@ -100,7 +145,11 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const RateSpec& spec = *c.spec.as<RateSpec>();
-  auto limiter = make_rate_limiter(RateLimiterOptions{spec.rule, 64}, c.clock);
+  RateLimiterOptions o;
+  o.rule = spec.rule;
+  o.shards = 64;
+  o.max_keys = spec.max_keys;
+  auto limiter = make_rate_limiter(o, c.clock);
   if (!limiter.ok()) return limiter.status();
   return std::shared_ptr<Policy>(std::make_shared<RateLimitPolicy>(c, std::move(limiter.value())));
 }

@@ -5,15 +5,29 @@
 //   limit: 100                                       # hits per period, required
 //   period: 1s                                       # default 1s
 //   burst: 20                                        # gcra only
+//   max_keys: 1000000                                # keys held at once, default 1,000,000
+//
+// Reload: a changed rate policy whose strategy and period stay the same (a new limit, burst or
+// max_keys) is reconfigured in place and every key keeps what it has spent (a key that spent
+// 40 of 100 has 10 left of a new limit of 50; sluice/rate_strategy.h: carry). A new strategy
+// or period builds a new policy: every key starts afresh.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "server/registry.h"
+#include "sluice/rate_limiter.h"
 #include "sluice/rate_strategy.h"
 
 namespace sluice::server {
 
+// The largest max_keys a config may set.
+inline constexpr std::uint64_t kMaxRateKeys = 100'000'000;
+
 struct RateSpec final : PolicyBody {
   RateRule rule;
+  std::size_t max_keys = kDefaultMaxKeys;
 };
 
 [[nodiscard]] PolicyKind rate_kind();
