@@ -8,10 +8,11 @@ binary and the generated Python stubs come from a build (default build/test-defa
 
 What runs: one server on free loopback ports (its config below: a GCRA rate policy, a fixed
 concurrency limit of 40 chained to it, a short lease TTL so killed clients' leases expire
-quickly). Worker processes of five threads each, every thread a loop of gRPC Admit (held 20-80 ms,
-then Release), gRPC Check and CheckMany, and the same over the HTTP JSON mirror: eight workers
-keep the concurrency policy about 80% full (the report gives the measured mean). Every few seconds one worker is SIGKILLed in the middle of
-whatever it holds and a fresh one takes its place.
+quickly). Worker processes of five threads each, every thread a loop of gRPC Admit (held
+20-80 ms, then Release), gRPC Check and CheckMany, and the same over the HTTP JSON mirror: seven
+workers keep the concurrency policy about 80% full (the report gives the measured mean). Every
+few seconds one worker is SIGKILLed in the middle of whatever it holds and a fresh one takes its
+place.
 
 What it checks, and reports:
 - the server's resident memory (VmRSS) sampled every 5 s stays flat: the mean of the last quarter
@@ -131,7 +132,7 @@ def loop(grpc_target: str, http_port: int, seed: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10)
-    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=7)
     ap.add_argument("--kill-every", type=float, default=3.0, help="seconds between kills")
     ap.add_argument("--sluice", default=str(REPO / "build/test-default/apps/sluice/sluice"))
     ap.add_argument("--stubs", default=str(REPO / "build/test-default/clients/python/gen"))
