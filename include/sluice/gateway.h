@@ -82,6 +82,22 @@ class Gateway {
   // Validates `config` and, if it has no errors, builds every level's state. The report holds
   // the warnings either way.
   [[nodiscard]] static GatewayBuild create(GatewayConfig config);
+  // As create(), for a gateway that takes `previous`'s place (a reloaded config). Every level
+  // of the same identity in both configs is the same counter: a tenant's global limit, an
+  // upstream's pool (if its strategy, reject or queue, is the same), a (tenant, upstream)
+  // binding, per-tenant or private pool, an upstream's route. So calls admitted by `previous`
+  // stay counted where the new gateway admits until they are released (through `previous`,
+  // which must outlive its permits and tickets): lowering a max drains, it never over-admits.
+  // A level the new config adds (a new upstream, a limit where there was none, a pool whose
+  // strategy changed) starts at zero: calls admitted before it existed do not count against
+  // it. Building changes nothing `previous` serves with: the shared levels keep their maxima
+  // until take_over(). Waiters of a pool the new config drops stay `previous`'s to expire.
+  [[nodiscard]] static GatewayBuild create(GatewayConfig config, const Gateway& previous);
+  // Puts this gateway's maxima in force on the levels it shares with the gateway it was built
+  // to replace (held units are never revoked; a raised queue pool serves its waiters at once).
+  // Call it once, when switching callers over; later calls do nothing. Not thread-safe with
+  // itself. A gateway built by create(config) has nothing to take over.
+  void take_over() noexcept;
   // Precondition: no permit or ticket of this gateway outlives it. Any call still queued is
   // rejected (kQueueTimeout), so every callback runs exactly once.
   ~Gateway();
@@ -112,6 +128,9 @@ class Gateway {
  private:
   friend class GatewayMetrics;
   explicit Gateway(std::unique_ptr<gateway_detail::State> state) noexcept;
+  static GatewayBuild build(GatewayConfig config, const gateway_detail::State* previous);
+  // Rejects the waiters whose deadline is <= now (own_only: only this gateway's own).
+  std::size_t expire(Nanos now, bool own_only);
   std::unique_ptr<gateway_detail::State> state_;
 };
 
