@@ -30,7 +30,8 @@
 //     Outcome::kIgnored: it gives its unit back and feeds nothing to the algorithm.
 //   - The algorithm is called by one thread at a time, never more than once per window.
 //
-// Thread-safety: every member is safe to call concurrently. acquire() and release() never
+// Thread-safety: every member is safe to call concurrently, except algorithm_name() with
+// replace_algorithm() (the name is the algorithm's). acquire() and release() never
 // block, allocate, take a mutex or do I/O: samples accumulate in relaxed atomics; the clock is
 // read only when a window may be complete (by the release that brings the window to
 // `window_size` samples, then every `clock_check_interval` samples; on a drop, and every

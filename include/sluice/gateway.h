@@ -24,7 +24,12 @@
 // side always sees the other (gateway.cpp has the argument; spec/gateway_queue.pml and an
 // exhaustive search in the tests check it). The mutex is taken only on that slow path.
 //
-// Thread-safety: every member function is safe to call concurrently. try_acquire() takes no
+// Reconfiguration: a gateway built from a new config to take another's place (create(config,
+// previous), then take_over()) counts on the same counters wherever the two configs name the
+// same level, so the old gateway's permits stay counted until released; see create().
+//
+// Thread-safety: every member function is safe to call concurrently (except take_over() with
+// itself; create(config, previous) only reads `previous`). try_acquire() takes no
 // lock and allocates nothing, on admit and on reject (on a queue-strategy upstream, a refused
 // claim that finds calls waiting drains the queue for them under its mutex: that is the
 // protocol, and the only exception). Callbacks of acquire_async() run exactly

@@ -196,7 +196,9 @@ TEST_F(ReloadTest, ARemovedUpstreamCountsAgainstItsTenantUntilReleasedAndAnAdded
   const std::string on_llm = admit("g", "llm");
   EXPECT_FALSE(on_llm.empty());
   EXPECT_TRUE(admit("g", "llm").empty()) << "the lease on the removed db still counts";
+  EXPECT_EQ(state("g")["draining_gateways"], 1) << "the lease on db holds the old gateway";
   release(on_db);  // releases into the old gateway, and the tenant's shared count
+  EXPECT_EQ(state("g")["draining_gateways"], 0);
   const std::string again = admit("g", "llm");
   EXPECT_FALSE(again.empty());
   release(on_llm);
@@ -248,6 +250,9 @@ void churn(Engine& engine, AdmitCall call, const std::vector<std::string>& confi
     const nlohmann::json s = nlohmann::json::parse(p.state_json);
     EXPECT_EQ(s["in_flight"], 0) << p.name;
     EXPECT_EQ(s["released"], admitted.load()) << p.name;
+    if (s.contains("draining_gateways")) {
+      EXPECT_EQ(s["draining_gateways"], 0) << "every earlier gateway freed";
+    }
   }
 }
 

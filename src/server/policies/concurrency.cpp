@@ -29,9 +29,9 @@ struct Generation {
       : gateway(std::move(g)), policy(owner) {}
   std::unique_ptr<Gateway> gateway;
   const GatewayPolicy* policy;  // outlives it (every holder keeps the policy alive)
-  // seq_cst, with `retired`: of a last hold given back and a retirement, one sees the other.
+  // seq_cst, with the policy's `unfreed_`: of a last hold given back and a retirement, one
+  // sees the other, so one of them frees the generation.
   std::atomic<std::uint64_t> holds{0};
-  std::atomic<bool> retired{false};
 };
 
 // A gateway permit gives every level back (into the generation that admitted it, whose
@@ -82,9 +82,10 @@ class GatewayPolicy final : public AdmitPolicy {
     return why;
   }
 
-  // Gives back a hold; a retired generation no one holds any more is freed.
+  // Gives back a hold; a retired generation no one holds any more is freed. `g` may be gone
+  // once its hold is given back: nothing here reads it after that.
   void let_go(Generation* g) const noexcept {
-    if (g->holds.fetch_sub(1) == 1 && g->retired.load()) prune();
+    if (g->holds.fetch_sub(1) == 1 && unfreed_.load() != 0) prune();
   }
 
  protected:
@@ -98,6 +99,8 @@ class GatewayPolicy final : public AdmitPolicy {
     let_go(g);
     j["upstreams"] = std::move(ups);
     j["tenants"] = std::move(ts);
+    // Gateways of earlier configs that leases (or refusals) still hold.
+    j["draining_gateways"] = unfreed_.load();
     describe_admissions(j);
     info.in_flight = leases();
     j["in_flight"] = info.in_flight;
@@ -150,8 +153,8 @@ class GatewayPolicy final : public AdmitPolicy {
     next->gateway->take_over();
     {
       const std::lock_guard lock(mu_);
-      current_->retired.store(true);
       retired_.push_back(std::exchange(current_, std::move(next)));
+      unfreed_.fetch_add(1);
     }
     prune();
   }
@@ -166,11 +169,13 @@ class GatewayPolicy final : public AdmitPolicy {
       dead.push_back(std::move(g));
       return true;
     });
+    unfreed_.fetch_sub(dead.size());
   }
 
   mutable std::mutex mu_;
   std::unique_ptr<Generation> current_;                       // guarded by mu_
   mutable std::vector<std::unique_ptr<Generation>> retired_;  // guarded by mu_; freed unheld
+  mutable std::atomic<std::size_t> unfreed_{0};               // retired_.size(), seq_cst
 };
 
 void GatewayLease::finish(const CallEnd& /*end*/) noexcept {
