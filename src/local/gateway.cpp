@@ -196,6 +196,7 @@ void release_chain(Access& access, RouteState* route) noexcept {
 }  // namespace gateway_detail
 
 using gateway_detail::Access;
+using gateway_detail::AccessSlot;
 using gateway_detail::Chain;
 using gateway_detail::Level;
 using gateway_detail::Pool;
@@ -282,19 +283,19 @@ class Builder {
     for (const BindingConfig& bc : c.bindings) add_binding(bc);
     std::vector<Access*> all;
     all.reserve(st_.accesses.size());
-    for (Access& a : st_.accesses) all.push_back(&a);
+    for (const auto& slot : st_.accesses) all.push_back(&slot->access);
     st_.access_index.build(all);
   }
 
  private:
-  // A level of max `max`: the carried one (its new max pending until take_over), or a new one.
-  Level* level(std::shared_ptr<Level> carried, std::uint32_t max) {
-    if (carried == nullptr)
-      carried = std::make_shared<Level>(max);
-    else if (carried->max() != max)
-      st_.pending.emplace_back(carried.get(), max);
-    st_.levels.push_back(carried);
-    return carried.get();
+  // A level of max `max`: `existing` (carried over: a new max waits for take_over), or a new one.
+  Level* level(std::shared_ptr<Level> existing, std::uint32_t max) {
+    if (existing == nullptr)
+      existing = std::shared_ptr<Level>(new Level(max));  // one line; its control block apart
+    else if (existing->max() != max)
+      st_.pending.emplace_back(existing.get(), max);
+    st_.levels.push_back(existing);
+    return existing.get();
   }
 
   void add_tenant(const TenantConfig& tc) {
@@ -329,7 +330,10 @@ class Builder {
                   std::optional<std::uint32_t> binding, std::optional<std::uint32_t> per_tenant_max,
                   bool owner) {
     const Access* was = carried_.access(t.id, u.id);
-    Access& a = st_.accesses.emplace_back();
+    // Not make_shared: its control block would sit in front of the slot, in another line pair.
+    std::shared_ptr<AccessSlot> slot =
+        st_.accesses.emplace_back(std::shared_ptr<AccessSlot>(new AccessSlot()));
+    Access& a = slot->access;
     a.tenant = &t;
     a.upstream = &u;
     a.pool = &pool;
@@ -337,9 +341,12 @@ class Builder {
     // A binding or per-tenant cap no stricter than the pool's own max can never refuse: none.
     if (binding && *binding < pool.configured)
       a.binding = level(was != nullptr ? carried_.level(was->binding) : nullptr, *binding);
-    if (per_tenant_max && *per_tenant_max < pool.configured)
-      a.per_tenant =
-          level(was != nullptr ? carried_.level(was->per_tenant) : nullptr, *per_tenant_max);
+    if (per_tenant_max && *per_tenant_max < pool.configured) {
+      std::shared_ptr<Level> carried = was != nullptr ? carried_.level(was->per_tenant) : nullptr;
+      if (carried == nullptr)  // its own, beside it: one more line, not one more miss
+        carried = std::shared_ptr<Level>(slot, &slot->own_per_tenant.emplace(*per_tenant_max));
+      a.per_tenant = level(std::move(carried), *per_tenant_max);
+    }
     a.owner = owner;
   }
 

@@ -56,7 +56,8 @@ std::vector<prometheus::MetricFamily> GatewayMetrics::Collect() const {
     if (t.global_limited) add(sums, "*", LimitLevel::kTenant, *t.global, true);
   for (const auto& p : st.pools)
     add(sums, p.upstream->host, LimitLevel::kUpstream, p.level, p.limited);
-  for (const auto& a : st.accesses) {
+  for (const auto& slot : st.accesses) {
+    const gateway_detail::Access& a = slot->access;
     if (a.binding != nullptr) add(sums, a.upstream->host, LimitLevel::kBinding, *a.binding, true);
     if (a.per_tenant != nullptr)
       add(sums, a.upstream->host, LimitLevel::kPerTenant, *a.per_tenant, true);
@@ -110,7 +111,8 @@ std::vector<prometheus::MetricFamily> GatewayMetrics::Collect() const {
     m.gauge.value = std::min(t.global->sem.in_flight(), t.global->max());
     tenant.metric.push_back(std::move(m));
   }
-  for (const auto& a : st.accesses) {
+  for (const auto& slot : st.accesses) {
+    const gateway_detail::Access& a = slot->access;
     if (a.per_tenant == nullptr) continue;
     prometheus::ClientMetric m;
     m.label = {label("host", a.upstream->host), label("tenant_id", a.tenant->id)};

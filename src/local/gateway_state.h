@@ -125,7 +125,9 @@ struct RouteState {
 
 // One tenant's way to one upstream: the levels its calls take, in acquisition order. The hot
 // path reads only this object's first cache line for every pointer it follows (the tenant's
-// global level is copied here rather than reached through the TenantState).
+// global level is copied here rather than reached through the TenantState), and its own
+// per-tenant semaphore lives in the next line (AccessSlot), so an admission on a cold tenant
+// costs about two independent cache misses, not a chain of dependent ones.
 struct Access {
   Level* global = nullptr;  // == tenant->global
   Pool* pool = nullptr;
@@ -134,6 +136,15 @@ struct Access {
   TenantState* tenant = nullptr;
   UpstreamState* upstream = nullptr;
   bool owner = false;
+};
+
+// An Access and, beside it, its per-tenant level when that is its own (built with it, not
+// carried over from a predecessor, whose level then lives in the predecessor's slot). One
+// allocation each, so a successor can share the level (an aliasing shared_ptr keeps the slot);
+// 128-byte aligned, so the two lines are one pair for the adjacent-line prefetcher.
+struct alignas(128) AccessSlot {
+  Access access;
+  std::optional<Level> own_per_tenant;
 };
 
 struct UpstreamState {
@@ -154,7 +165,7 @@ struct State {
   std::deque<TenantState> tenants;
   std::deque<UpstreamState> upstreams;
   std::deque<Pool> pools;
-  std::deque<Access> accesses;
+  std::vector<std::shared_ptr<AccessSlot>> accesses;
   // Every counter this state's levels and pools use (some shared with a predecessor or a
   // successor).
   std::vector<std::shared_ptr<Level>> levels;
