@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/epoch_min.h"
 #include "sluice/aimd_limit.h"
+#include "sluice/algorithm_spec.h"
 #include "sluice/fixed_limit.h"
 #include "sluice/gradient2_limit.h"
 #include "sluice/vegas_limit.h"
@@ -334,6 +336,33 @@ TEST(Gradient2Limit, ValidateRejectsAndConstructorRepairs) {
   EXPECT_FALSE(Gradient2Options{.min_limit = 300}.validate().empty());
   Gradient2Limit g(Gradient2Options{.initial_limit = 1000});
   EXPECT_EQ(g.limit(), 200u);
+}
+
+// ---- the factory, starting from a limit learned elsewhere ----
+
+TEST(MakeAlgorithm, StartsAtAGivenLimitClampedToTheSpecsBounds) {
+  using Kind = AlgorithmSpec::Kind;
+  const auto spec = [](Kind kind, std::optional<std::uint32_t> min,
+                       std::optional<std::uint32_t> max) {
+    AlgorithmSpec s;
+    s.kind = kind;
+    s.min_limit = min;
+    s.max_limit = max;
+    return s;
+  };
+  for (Kind kind : {Kind::kAimd, Kind::kVegas, Kind::kGradient2}) {
+    const AlgorithmSpec s = spec(kind, 10, 100);
+    EXPECT_EQ(make_algorithm(s, 42)->limit(), 42u) << algorithm_name(kind);
+    EXPECT_EQ(make_algorithm(s, 500)->limit(), 100u) << algorithm_name(kind);
+    EXPECT_EQ(make_algorithm(s, 3)->limit(), 10u) << algorithm_name(kind);
+    EXPECT_EQ(make_algorithm(s, 42)->name(), algorithm_name(kind));
+  }
+  // Unset bounds are the algorithm's defaults (Gradient2: [20, 200]).
+  EXPECT_EQ(make_algorithm(spec(Kind::kGradient2, std::nullopt, std::nullopt), 5)->limit(), 20u);
+  // A fixed limit is the spec's, whatever was learned.
+  AlgorithmSpec fixed = spec(Kind::kFixed, std::nullopt, std::nullopt);
+  fixed.limit = 7;
+  EXPECT_EQ(make_algorithm(fixed, 42)->limit(), 7u);
 }
 
 // ---- every algorithm ----
