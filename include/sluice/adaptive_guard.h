@@ -30,7 +30,8 @@
 //     Outcome::kIgnored: it gives its unit back and feeds nothing to the algorithm.
 //   - The algorithm is called by one thread at a time, never more than once per window.
 //
-// Thread-safety: every member is safe to call concurrently. acquire() and release() never
+// Thread-safety: every member is safe to call concurrently, except algorithm_name() with
+// replace_algorithm() (the name is the algorithm's). acquire() and release() never
 // block, allocate, take a mutex or do I/O: samples accumulate in relaxed atomics; the clock is
 // read only when a window may be complete (by the release that brings the window to
 // `window_size` samples, then every `clock_check_interval` samples; on a drop, and every
@@ -129,6 +130,13 @@ class AdaptiveGuard {
   // Lowering it never revokes held permits. May wait for a window close in progress.
   void set_cap(std::uint32_t cap) noexcept;
 
+  // Replaces the limit algorithm (a reconfigured policy): the ceiling becomes min(cap, the new
+  // algorithm's limit). In-flight permits stay counted (the semaphore is the same) and release
+  // into this guard as before; lowering the ceiling never revokes them. The open window's
+  // samples are fed to the new algorithm when it closes. `algorithm` must not be null. May
+  // wait for a window close in progress.
+  void replace_algorithm(std::unique_ptr<LimitAlgorithm> algorithm) noexcept;
+
   [[nodiscard]] std::uint32_t limit() const noexcept { return sem_.limit(); }
   [[nodiscard]] std::uint32_t algorithm_limit() const noexcept {
     return algorithm_limit_.load(std::memory_order_relaxed);
@@ -136,6 +144,7 @@ class AdaptiveGuard {
   [[nodiscard]] std::uint32_t cap() const noexcept { return cap_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint32_t in_flight() const noexcept { return sem_.in_flight(); }
   [[nodiscard]] AdaptiveGuardStats stats() const noexcept;
+  // The algorithm's name. Not to be called concurrently with replace_algorithm().
   [[nodiscard]] std::string_view algorithm_name() const noexcept { return algorithm_->name(); }
 
  private:

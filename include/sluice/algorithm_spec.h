@@ -31,5 +31,12 @@ struct AlgorithmSpec {
 
 // A fresh algorithm as the spec says (the algorithms' own defaults for unset fields).
 [[nodiscard]] std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& spec);
+// The same, its limit starting at `start_limit` clamped to the spec's [min_limit, max_limit]
+// instead of at initial_limit (a limit learned under other bounds, carried over). A fixed
+// algorithm ignores it: its limit is the spec's.
+[[nodiscard]] std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& spec,
+                                                             std::uint32_t start_limit);
+// "fixed", "aimd", "vegas" or "gradient2" (the algorithms' own names).
+[[nodiscard]] std::string_view algorithm_name(AlgorithmSpec::Kind kind) noexcept;
 
 }  // namespace sluice

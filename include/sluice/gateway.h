@@ -24,7 +24,12 @@
 // side always sees the other (gateway.cpp has the argument; spec/gateway_queue.pml and an
 // exhaustive search in the tests check it). The mutex is taken only on that slow path.
 //
-// Thread-safety: every member function is safe to call concurrently. try_acquire() takes no
+// Reconfiguration: a gateway built from a new config to take another's place (create(config,
+// previous), then take_over()) counts on the same counters wherever the two configs name the
+// same level, so the old gateway's permits stay counted until released; see create().
+//
+// Thread-safety: every member function is safe to call concurrently (except take_over() with
+// itself; create(config, previous) only reads `previous`). try_acquire() takes no
 // lock and allocates nothing, on admit and on reject (on a queue-strategy upstream, a refused
 // claim that finds calls waiting drains the queue for them under its mutex: that is the
 // protocol, and the only exception). Callbacks of acquire_async() run exactly
@@ -82,6 +87,22 @@ class Gateway {
   // Validates `config` and, if it has no errors, builds every level's state. The report holds
   // the warnings either way.
   [[nodiscard]] static GatewayBuild create(GatewayConfig config);
+  // As create(), for a gateway that takes `previous`'s place (a reloaded config). Every level
+  // of the same identity in both configs is the same counter: a tenant's global limit, an
+  // upstream's pool (if its strategy, reject or queue, is the same), a (tenant, upstream)
+  // binding, per-tenant or private pool, an upstream's route. So calls admitted by `previous`
+  // stay counted where the new gateway admits until they are released (through `previous`,
+  // which must outlive its permits and tickets): lowering a max drains, it never over-admits.
+  // A level the new config adds (a new upstream, a limit where there was none, a pool whose
+  // strategy changed) starts at zero: calls admitted before it existed do not count against
+  // it. Building changes nothing `previous` serves with: the shared levels keep their maxima
+  // until take_over(). Waiters of a pool the new config drops stay `previous`'s to expire.
+  [[nodiscard]] static GatewayBuild create(GatewayConfig config, const Gateway& previous);
+  // Puts this gateway's maxima in force on the levels it shares with the gateway it was built
+  // to replace (held units are never revoked; a raised queue pool serves its waiters at once).
+  // Call it once, when switching callers over; later calls do nothing. Not thread-safe with
+  // itself. A gateway built by create(config) has nothing to take over.
+  void take_over() noexcept;
   // Precondition: no permit or ticket of this gateway outlives it. Any call still queued is
   // rejected (kQueueTimeout), so every callback runs exactly once.
   ~Gateway();
@@ -112,6 +133,9 @@ class Gateway {
  private:
   friend class GatewayMetrics;
   explicit Gateway(std::unique_ptr<gateway_detail::State> state) noexcept;
+  static GatewayBuild build(GatewayConfig config, const gateway_detail::State* previous);
+  // Rejects the waiters whose deadline is <= now (own_only: only this gateway's own).
+  std::size_t expire(Nanos now, bool own_only);
   std::unique_ptr<gateway_detail::State> state_;
 };
 

@@ -2,8 +2,11 @@
 // and scale the limit by their ratio.
 //
 // Update rule, once per sample:
-//   long_rtt = EMA of rtt over long_window samples (plain mean of the first 10);
-//              multiplied by 0.95 whenever long_rtt > 2 * rtt (fast decay after an overload)
+//   long_rtt = the plain mean of the first 10 RTTs, then an EMA over long_window samples
+//              (factor 2 / (long_window + 1)) starting from the value the 10th left;
+//              multiplied by 0.95 whenever long_rtt > 2 * rtt (fast decay after an overload).
+//              During the first 10 a decay lasts until the next sample, which sets the mean
+//              of the raw RTTs again (as the reference's ExpAvgMeasurement does).
 //   baseline = min(long_rtt, minimum rtt of the last baseline_window/2..baseline_window samples)
 //   gradient = clamp(rtt_tolerance * baseline / rtt, 0.5, 1)
 //   target   = L + queue_size     if gradient == 1   (no queueing beyond tolerance: grow)
@@ -87,6 +90,7 @@ class Gradient2Limit final : public LimitAlgorithm {
   double estimate_;
   double long_rtt_ = 0.0;
   std::uint32_t warmup_count_ = 0;
+  double warmup_sum_ = 0.0;  // sum of the first warmup_count_ RTTs (ns)
   // The recent-minimum filter's state: the minimum RTT (ns) of the previous and of the current
   // epoch of baseline_window / 2 samples, +infinity before the first. Only the .cpp's
   // windowed-minimum filter changes them.

@@ -1,7 +1,7 @@
 // vegas_limit.h: delay-based limit after TCP Vegas: grow while calls do not queue, shrink when
 // they do.
 //
-// Update rule, once per sample (f(L) = max(1, floor(log10 L)) for L < 1000, floor(sqrt L) above):
+// Update rule, once per sample (f(L) = max(1, floor(log10 L)), the reference's step at every L):
 //   queue = ceil(L * (1 - rtt_noload / rtt))            estimated calls waiting at the backend
 //   L' = L - f(L)        if dropped                     (checked first, whatever the RTT)
 //   L' = L               if 2 * in_flight < L           (app-limited: no evidence to grow on)

@@ -1,5 +1,7 @@
 #include "sluice/algorithm_spec.h"
 
+#include <algorithm>
+
 #include "sluice/aimd_limit.h"
 #include "sluice/fixed_limit.h"
 #include "sluice/gradient2_limit.h"
@@ -15,6 +17,13 @@ Options with_limits(const AlgorithmSpec& s) {
   o.initial_limit = s.initial_limit.value_or(o.initial_limit);
   o.min_limit = s.min_limit.value_or(o.min_limit);
   o.max_limit = s.max_limit.value_or(o.max_limit);
+  return o;
+}
+
+template <class Options>
+Options starting_at(const AlgorithmSpec& s, std::uint32_t start) {
+  Options o = with_limits<Options>(s);
+  o.initial_limit = std::clamp(start, o.min_limit, std::max(o.min_limit, o.max_limit));
   return o;
 }
 
@@ -46,6 +55,34 @@ std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s) {
       return std::make_unique<Gradient2Limit>(with_limits<Gradient2Options>(s));
   }
   return nullptr;
+}
+
+std::unique_ptr<LimitAlgorithm> make_algorithm(const AlgorithmSpec& s, std::uint32_t start_limit) {
+  switch (s.kind) {
+    case AlgorithmSpec::Kind::kFixed:
+      return make_algorithm(s);
+    case AlgorithmSpec::Kind::kAimd:
+      return std::make_unique<AimdLimit>(starting_at<AimdOptions>(s, start_limit));
+    case AlgorithmSpec::Kind::kVegas:
+      return std::make_unique<VegasLimit>(starting_at<VegasOptions>(s, start_limit));
+    case AlgorithmSpec::Kind::kGradient2:
+      return std::make_unique<Gradient2Limit>(starting_at<Gradient2Options>(s, start_limit));
+  }
+  return nullptr;
+}
+
+std::string_view algorithm_name(AlgorithmSpec::Kind kind) noexcept {
+  switch (kind) {
+    case AlgorithmSpec::Kind::kFixed:
+      return "fixed";
+    case AlgorithmSpec::Kind::kAimd:
+      return "aimd";
+    case AlgorithmSpec::Kind::kVegas:
+      return "vegas";
+    case AlgorithmSpec::Kind::kGradient2:
+      return "gradient2";
+  }
+  return "unknown";
 }
 
 }  // namespace sluice

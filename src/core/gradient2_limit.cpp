@@ -8,7 +8,7 @@
 namespace sluice {
 namespace {
 
-// The long-term EMA is a plain mean over its first samples, so one early outlier cannot set it.
+// The long-term RTT is the plain mean of its first samples, so one early outlier cannot set it.
 constexpr std::uint32_t kWarmupSamples = 10;
 // When the long-term RTT exceeds twice the current RTT it decays by this factor per sample.
 constexpr double kLongRttDecay = 0.95;
@@ -61,8 +61,10 @@ double Gradient2Limit::baseline() const noexcept {
 
 void Gradient2Limit::observe(double rtt_ns) noexcept {
   if (warmup_count_ < kWarmupSamples) {
+    // The mean of the raw samples: a decay below applies to this sample's value only.
     ++warmup_count_;
-    long_rtt_ += (rtt_ns - long_rtt_) / warmup_count_;
+    warmup_sum_ += rtt_ns;
+    long_rtt_ = warmup_sum_ / warmup_count_;
   } else {
     const double factor = 2.0 / (options_.long_window + 1.0);
     long_rtt_ = long_rtt_ * (1.0 - factor) + rtt_ns * factor;

@@ -8,12 +8,11 @@
 namespace sluice {
 namespace {
 
-// The step function: max(1, floor(log10 L)) below 1000, floor(sqrt L) from 1000 on.
+// The step function, as the reference's: max(1, floor(log10 L)) at every limit.
 double step(double limit) noexcept {
   const auto l = static_cast<std::uint32_t>(limit);
   if (l < 10) return 1.0;
-  if (l < 1000) return std::floor(std::log10(static_cast<double>(l)));
-  return std::floor(std::sqrt(static_cast<double>(l)));
+  return std::floor(std::log10(static_cast<double>(l)));
 }
 
 // splitmix64: a small, seedable, portable generator (the same stream on every platform).

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <thread>
+#include <utility>
 
 namespace sluice {
 namespace {
@@ -163,6 +164,14 @@ void AdaptiveGuard::set_cap(std::uint32_t cap) noexcept {
   publish_ceiling_locked();
   closing_.clear(std::memory_order_release);
 }
+
+void AdaptiveGuard::replace_algorithm(std::unique_ptr<LimitAlgorithm> algorithm) noexcept {
+  lock_spin();
+  std::unique_ptr<LimitAlgorithm> old = std::exchange(algorithm_, std::move(algorithm));
+  algorithm_limit_.store(algorithm_->limit(), std::memory_order_relaxed);
+  publish_ceiling_locked();
+  closing_.clear(std::memory_order_release);
+}  // `old` is destroyed outside the flag
 
 AdaptiveGuardStats AdaptiveGuard::stats() const noexcept {
   const Semaphore::Snapshot s = sem_.snapshot();

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -80,8 +81,8 @@ Rejection make_rejection(const State& s, const Access& a, const RouteState* r, R
   if (r != nullptr) out.route_id = r->id;
   // The raw count may include refused acquirers mid-rollback for an instant: report at most
   // the max, which is what a full level holds.
-  out.current_in_flight = std::min(why.level->sem.in_flight(), why.level->max);
-  out.max_concurrent = why.level->max;
+  out.current_in_flight = std::min(why.level->sem.in_flight(), why.level->max());
+  out.max_concurrent = why.level->max();
   return out;
 }
 
@@ -195,9 +196,11 @@ void release_chain(Access& access, RouteState* route) noexcept {
 }  // namespace gateway_detail
 
 using gateway_detail::Access;
+using gateway_detail::AccessSlot;
 using gateway_detail::Chain;
 using gateway_detail::Level;
 using gateway_detail::Pool;
+using gateway_detail::PoolCounter;
 using gateway_detail::Refusal;
 using gateway_detail::RouteState;
 using gateway_detail::State;
@@ -219,95 +222,208 @@ std::string ResolveError::message() const {
   return "unresolved call";
 }
 
-GatewayBuild Gateway::create(GatewayConfig config) {
-  GatewayBuild out;
-  out.report = validate(config);
-  if (!out.report.ok()) return out;
+namespace {
 
-  auto st = std::make_unique<State>();
-  st->config = std::move(config);
-  const GatewayConfig& c = st->config;
-
-  for (const TenantConfig& tc : c.tenants) {
-    TenantState& t = st->tenants.emplace_back();
-    t.id = tc.id;
-    if (tc.global_concurrency_limit) {
-      t.global = &st->levels.emplace_back(*tc.global_concurrency_limit);
-      t.global_limited = true;
-    } else if (c.metrics.per_tenant) {
-      t.global = &st->levels.emplace_back(Semaphore::kMaxLimit);
-    }
-    st->tenant_index.emplace(t.id, &t);
+// The counters of a predecessor, by identity, for a successor to share (empty: a fresh
+// gateway). Each lookup returns the predecessor's counter of that identity, or null.
+class Carried {
+ public:
+  explicit Carried(const State* prev) : prev_(prev) {
+    if (prev_ == nullptr) return;
+    for (const auto& l : prev_->levels) levels_.emplace(l.get(), l);
+    for (const auto& c : prev_->counters) counters_.emplace(c.get(), c);
+  }
+  [[nodiscard]] std::shared_ptr<Level> tenant(const std::string& id) const {
+    if (prev_ == nullptr) return nullptr;
+    auto it = prev_->tenant_index.find(id);
+    return it == prev_->tenant_index.end() ? nullptr : level(it->second->global);
+  }
+  [[nodiscard]] const UpstreamState* upstream(const std::string& id) const {
+    if (prev_ == nullptr) return nullptr;
+    auto it = prev_->upstream_index.find(id);
+    return it == prev_->upstream_index.end() ? nullptr : it->second;
+  }
+  [[nodiscard]] std::shared_ptr<Level> route(const std::string& upstream,
+                                             const std::string& id) const {
+    const UpstreamState* u = this->upstream(upstream);
+    if (u == nullptr) return nullptr;
+    auto it = u->route_index.find(id);
+    return it == u->route_index.end() ? nullptr : level(&it->second->level);
+  }
+  [[nodiscard]] const Access* access(const std::string& tenant, const std::string& upstream) const {
+    return prev_ == nullptr ? nullptr : prev_->access_index.find(tenant, upstream);
+  }
+  [[nodiscard]] std::shared_ptr<Level> level(const Level* l) const {
+    auto it = levels_.find(l);
+    return it == levels_.end() ? nullptr : it->second;
+  }
+  // The pool's counter if it has the same strategy (a queue pool's counter holds its waiters,
+  // which only a queue pool serves).
+  [[nodiscard]] std::shared_ptr<PoolCounter> counter(const Pool* p, bool queued) const {
+    if (p == nullptr || p->queued != queued) return nullptr;
+    auto it = counters_.find(&p->counter);
+    return it == counters_.end() ? nullptr : it->second;
   }
 
-  auto add_access = [&](TenantState& t, UpstreamState& u, Pool& pool, Level* binding,
-                        std::optional<std::uint32_t> per_tenant_max, bool owner) {
-    Access& a = st->accesses.emplace_back();
+ private:
+  const State* prev_;
+  std::unordered_map<const Level*, std::shared_ptr<Level>> levels_;
+  std::unordered_map<const PoolCounter*, std::shared_ptr<PoolCounter>> counters_;
+};
+
+// Builds the state of `c` (validated) into `st`, sharing `carried`'s counters by identity.
+class Builder {
+ public:
+  Builder(State& st, const Carried& carried) : st_(st), carried_(carried) {}
+
+  void build() {
+    const GatewayConfig& c = st_.config;
+    for (const TenantConfig& tc : c.tenants) add_tenant(tc);
+    for (const UpstreamConfig& uc : c.upstreams) add_upstream(uc);
+    for (const BindingConfig& bc : c.bindings) add_binding(bc);
+    std::vector<Access*> all;
+    all.reserve(st_.accesses.size());
+    for (const auto& slot : st_.accesses) all.push_back(&slot->access);
+    st_.access_index.build(all);
+  }
+
+ private:
+  // A level of max `max`: `existing` (carried over: a new max waits for take_over), or a new one.
+  Level* level(std::shared_ptr<Level> existing, std::uint32_t max) {
+    if (existing == nullptr)
+      existing = std::shared_ptr<Level>(new Level(max));  // one line; its control block apart
+    else if (existing->max() != max)
+      st_.pending.emplace_back(existing.get(), max);
+    st_.levels.push_back(existing);
+    return existing.get();
+  }
+
+  void add_tenant(const TenantConfig& tc) {
+    TenantState& t = st_.tenants.emplace_back();
+    t.id = tc.id;
+    if (tc.global_concurrency_limit || st_.config.metrics.per_tenant) {
+      t.global =
+          level(carried_.tenant(t.id), tc.global_concurrency_limit.value_or(Semaphore::kMaxLimit));
+      t.global_limited = tc.global_concurrency_limit.has_value();
+    }
+    st_.tenant_index.emplace(t.id, &t);
+  }
+
+  Pool& add_pool(UpstreamState& u, const EffectiveLimit& e, bool is_private, const Pool* was) {
+    const bool queued = e.strategy == Strategy::kQueue && e.max_concurrent.has_value();
+    const std::uint32_t max = e.max_concurrent.value_or(Semaphore::kMaxLimit);
+    std::shared_ptr<PoolCounter> counter = carried_.counter(was, queued);
+    const bool carried = counter != nullptr;
+    if (!carried) counter = std::make_shared<PoolCounter>(max);
+    st_.counters.push_back(counter);
+    Pool& p = st_.pools.emplace_back(&st_, &u, *counter, e.max_concurrent, e.strategy, e.queue,
+                                     is_private);
+    if (p.queued) st_.queued_pools.push_back(&p);
+    if (carried && counter->level.max() != max) {
+      st_.pending.emplace_back(&counter->level, max);
+      if (p.queued) st_.pending_drain.push_back(&p);
+    }
+    return p;
+  }
+
+  void add_access(TenantState& t, UpstreamState& u, Pool& pool,
+                  std::optional<std::uint32_t> binding, std::optional<std::uint32_t> per_tenant_max,
+                  bool owner) {
+    const Access* was = carried_.access(t.id, u.id);
+    // Not make_shared: its control block would sit in front of the slot, in another line pair.
+    std::shared_ptr<AccessSlot> slot =
+        st_.accesses.emplace_back(std::shared_ptr<AccessSlot>(new AccessSlot()));
+    Access& a = slot->access;
     a.tenant = &t;
     a.upstream = &u;
     a.pool = &pool;
     a.global = t.global;
-    a.binding = binding;
-    // A per-tenant cap no stricter than the pool's own max can never refuse: skip it.
-    if (per_tenant_max && (!pool.limited || *per_tenant_max < pool.level.max))
-      a.per_tenant = &a.own_per_tenant.emplace(*per_tenant_max);
-    a.owner = owner;
-  };
-  auto add_pool = [&](UpstreamState& u, const EffectiveLimit& e, bool is_private) -> Pool& {
-    Pool& p =
-        st->pools.emplace_back(st.get(), &u, e.max_concurrent, e.strategy, e.queue, is_private);
-    if (p.queued) st->queued_pools.push_back(&p);
-    return p;
-  };
-
-  for (const UpstreamConfig& uc : c.upstreams) {
-    UpstreamState& u = st->upstreams.emplace_back();
-    u.id = uc.id;
-    u.host = uc.host;
-    const EffectiveLimit own = owner_limit(uc.concurrency_limit);
-    u.shared = &add_pool(u, own, false);
-    for (const RouteConfig& rc : uc.routes) {
-      RouteState& r = u.routes.emplace_back(&u, rc.id, rc.max_concurrent);
-      u.route_index.emplace(r.id, &r);
+    // A binding or per-tenant cap no stricter than the pool's own max can never refuse: none.
+    if (binding && *binding < pool.configured)
+      a.binding = level(was != nullptr ? carried_.level(was->binding) : nullptr, *binding);
+    if (per_tenant_max && *per_tenant_max < pool.configured) {
+      std::shared_ptr<Level> carried = was != nullptr ? carried_.level(was->per_tenant) : nullptr;
+      if (carried == nullptr)  // its own, beside it: one more line, not one more miss
+        carried = std::shared_ptr<Level>(slot, &slot->own_per_tenant.emplace(*per_tenant_max));
+      a.per_tenant = level(std::move(carried), *per_tenant_max);
     }
-    st->upstream_index.emplace(u.id, &u);
-    add_access(*st->tenant_index.find(uc.owner)->second, u, *u.shared, nullptr, own.per_tenant_max,
-               true);
+    a.owner = owner;
   }
 
-  for (const BindingConfig& bc : c.bindings) {
-    UpstreamState& u = *st->upstream_index.find(bc.upstream)->second;
-    TenantState& t = *st->tenant_index.find(bc.tenant)->second;
+  void add_upstream(const UpstreamConfig& uc) {
+    UpstreamState& u = st_.upstreams.emplace_back();
+    u.id = uc.id;
+    u.host = uc.host;
+    const UpstreamState* was = carried_.upstream(u.id);
+    const EffectiveLimit own = owner_limit(uc.concurrency_limit);
+    u.shared = &add_pool(u, own, false, was != nullptr ? was->shared : nullptr);
+    for (const RouteConfig& rc : uc.routes) {
+      Level* l =
+          level(carried_.route(u.id, rc.id), rc.max_concurrent.value_or(Semaphore::kMaxLimit));
+      RouteState& r = u.routes.emplace_back(&u, rc.id, *l, rc.max_concurrent.has_value());
+      u.route_index.emplace(r.id, &r);
+    }
+    st_.upstream_index.emplace(u.id, &u);
+    add_access(*st_.tenant_index.find(uc.owner)->second, u, *u.shared, std::nullopt,
+               own.per_tenant_max, true);
+  }
+
+  void add_binding(const BindingConfig& bc) {
+    UpstreamState& u = *st_.upstream_index.find(bc.upstream)->second;
+    TenantState& t = *st_.tenant_index.find(bc.tenant)->second;
+    const GatewayConfig& c = st_.config;
     const UpstreamConfig& uc =
         *std::find_if(c.upstreams.begin(), c.upstreams.end(),
                       [&](const UpstreamConfig& x) { return x.id == bc.upstream; });
     const EffectiveLimit e = *merge_binding(uc.concurrency_limit, bc.concurrency_limit);
     if (e.private_pool) {
-      add_access(t, u, add_pool(u, e, true), nullptr, e.per_tenant_max, false);
-      continue;
+      const Access* was = carried_.access(t.id, u.id);
+      const Pool* was_pool = was != nullptr && was->pool->is_private ? was->pool : nullptr;
+      add_access(t, u, add_pool(u, e, true, was_pool), std::nullopt, e.per_tenant_max, false);
+      return;
     }
-    Pool& shared = *u.shared;
-    Level* binding = nullptr;
-    if (e.max_concurrent && (!shared.limited || *e.max_concurrent < shared.level.max))
-      binding = &st->levels.emplace_back(*e.max_concurrent);
-    add_access(t, u, shared, binding, e.per_tenant_max, false);
+    add_access(t, u, *u.shared, e.max_concurrent, e.per_tenant_max, false);
   }
 
-  std::vector<Access*> all;
-  all.reserve(st->accesses.size());
-  for (Access& a : st->accesses) all.push_back(&a);
-  st->access_index.build(all);
+  State& st_;
+  const Carried& carried_;
+};
 
+}  // namespace
+
+GatewayBuild Gateway::create(GatewayConfig config) { return build(std::move(config), nullptr); }
+
+GatewayBuild Gateway::create(GatewayConfig config, const Gateway& previous) {
+  return build(std::move(config), previous.state_.get());
+}
+
+GatewayBuild Gateway::build(GatewayConfig config, const State* previous) {
+  GatewayBuild out;
+  out.report = validate(config);
+  if (!out.report.ok()) return out;
+  auto st = std::make_unique<State>();
+  st->config = std::move(config);
+  const Carried carried(previous);
+  Builder(*st, carried).build();
   out.gateway.reset(new Gateway(std::move(st)));
   return out;
+}
+
+void Gateway::take_over() noexcept {
+  State& s = *state_;
+  for (const auto& [level, max] : s.pending) level->set_max(max);
+  s.pending.clear();
+  // A raised max frees units that no release will announce: serve the queues now.
+  for (Pool* p : s.pending_drain) gateway_detail::after_decrement(s, *p);
+  s.pending_drain.clear();
 }
 
 Gateway::Gateway(std::unique_ptr<State> state) noexcept : state_(std::move(state)) {}
 
 Gateway::~Gateway() {
-  // No call may wait on a gateway that is going away: every waiter is rejected (its callback
-  // runs once, as promised).
-  tick(Nanos::max());
+  // No call may wait on a gateway that is going away: every waiter of its own is rejected (its
+  // callback runs once, as promised).
+  expire(Nanos::max(), true);
 }
 
 const GatewayConfig& Gateway::config() const noexcept { return state_->config; }
@@ -406,15 +522,21 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
   return AcquireTicket(&p, id);
 }
 
-std::size_t Gateway::tick(Nanos now) {
+std::size_t Gateway::tick(Nanos now) { return expire(now, false); }
+
+std::size_t Gateway::expire(Nanos now, bool own_only) {
   const State& s = *state_;
+  // A queue shared with a predecessor or a successor also holds their waiters; `own_only`
+  // leaves those to their own gateway.
+  const auto stays = [&](const gateway_detail::Waiter& w) {
+    return w.deadline > now || (own_only && Chain::access(w.target).pool->state != &s);
+  };
   std::size_t expired = 0;
   for (Pool* p : s.queued_pools) {
     std::vector<gateway_detail::Waiter> out;
     {
       const std::lock_guard lock(p->mu);
-      auto keep = std::stable_partition(p->queue.begin(), p->queue.end(),
-                                        [&](const auto& w) { return w.deadline > now; });
+      auto keep = std::stable_partition(p->queue.begin(), p->queue.end(), stays);
       std::move(keep, p->queue.end(), std::back_inserter(out));
       p->queue.erase(keep, p->queue.end());
       p->waiters.fetch_sub(static_cast<std::uint32_t>(out.size()), std::memory_order_seq_cst);

@@ -28,9 +28,9 @@ void add(std::map<Key, Sum>& sums, const std::string& host, LimitLevel level, co
   Sum& s = sums[{host, level}];
   s.has_units = true;
   // Admitted units only: a refused acquirer's instant increment is not a call in flight.
-  s.in_flight += std::min(l.sem.in_flight(), l.max);
+  s.in_flight += std::min(l.sem.in_flight(), l.max());
   if (limited) {
-    s.max += l.max;
+    s.max += l.max();
     s.limited = true;
   }
 }
@@ -56,7 +56,8 @@ std::vector<prometheus::MetricFamily> GatewayMetrics::Collect() const {
     if (t.global_limited) add(sums, "*", LimitLevel::kTenant, *t.global, true);
   for (const auto& p : st.pools)
     add(sums, p.upstream->host, LimitLevel::kUpstream, p.level, p.limited);
-  for (const auto& a : st.accesses) {
+  for (const auto& slot : st.accesses) {
+    const gateway_detail::Access& a = slot->access;
     if (a.binding != nullptr) add(sums, a.upstream->host, LimitLevel::kBinding, *a.binding, true);
     if (a.per_tenant != nullptr)
       add(sums, a.upstream->host, LimitLevel::kPerTenant, *a.per_tenant, true);
@@ -107,14 +108,15 @@ std::vector<prometheus::MetricFamily> GatewayMetrics::Collect() const {
   for (const auto& t : st.tenants) {
     prometheus::ClientMetric m;
     m.label = {label("tenant_id", t.id)};
-    m.gauge.value = std::min(t.global->sem.in_flight(), t.global->max);
+    m.gauge.value = std::min(t.global->sem.in_flight(), t.global->max());
     tenant.metric.push_back(std::move(m));
   }
-  for (const auto& a : st.accesses) {
+  for (const auto& slot : st.accesses) {
+    const gateway_detail::Access& a = slot->access;
     if (a.per_tenant == nullptr) continue;
     prometheus::ClientMetric m;
     m.label = {label("host", a.upstream->host), label("tenant_id", a.tenant->id)};
-    m.gauge.value = std::min(a.per_tenant->sem.in_flight(), a.per_tenant->max);
+    m.gauge.value = std::min(a.per_tenant->sem.in_flight(), a.per_tenant->max());
     tenant_upstream.metric.push_back(std::move(m));
   }
   out.push_back(std::move(tenant));

@@ -7,12 +7,20 @@
 // path; an unlimited route is skipped by its flag. Every upstream pool always counts (an
 // unlimited one with the largest limit), so each upstream's in-flight gauge is exact.
 // Counters of rejections are per upstream and level, bumped only on the reject path.
+//
+// Reconfiguration: the counters (Level, and a pool's PoolCounter with its queue) are owned
+// jointly (shared_ptr) by every State that uses them. A gateway built to take a predecessor's
+// place uses the predecessor's counter for every level of the same identity (see gateway.h),
+// so a permit of the predecessor, which releases through the predecessor's State, gives its
+// unit back to the counter the successor admits on. The successor's new maxima for shared
+// counters wait in `pending` until take_over().
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,11 +35,19 @@
 
 namespace sluice::gateway_detail {
 
-// A semaphore plus the configured max it was built with (metrics and rejections read both).
+// A semaphore plus the max in force (metrics and rejections read both). The max changes only
+// when a reconfigured gateway takes over (set_max); held units are never revoked.
 struct Level {
-  explicit Level(std::uint32_t max) noexcept : sem(max), max(max) {}
+  explicit Level(std::uint32_t max) noexcept : sem(max), max_(max) {}
   Semaphore sem;
-  std::uint32_t max;
+  [[nodiscard]] std::uint32_t max() const noexcept { return max_.load(std::memory_order_relaxed); }
+  void set_max(std::uint32_t max) noexcept {
+    max_.store(max, std::memory_order_relaxed);  // a label: no other memory rides on it
+    sem.set_limit(max);
+  }
+
+ private:
+  std::atomic<std::uint32_t> max_;
 };
 
 struct UpstreamState;
@@ -52,25 +68,11 @@ struct Waiter {
   AcquireCallback callback;
 };
 
-// An upstream pool: the shared pool of an upstream, or a private binding's own.
-struct Pool {
-  Pool(const State* state, UpstreamState* upstream, std::optional<std::uint32_t> max,
-       Strategy strategy, QueueOptions queue, bool is_private)
-      : state(state),
-        level(max.value_or(Semaphore::kMaxLimit)),
-        limited(max.has_value()),
-        queued(strategy == Strategy::kQueue && max.has_value()),
-        is_private(is_private),
-        queue_options(queue),
-        upstream(upstream) {}
-
-  const State* state;  // the owning state (a releasing permit knows only its Access)
-  Level level;         // limit kMaxLimit when the pool has no max_concurrent
-  bool limited;
-  bool queued;
-  bool is_private;
-  QueueOptions queue_options;
-  UpstreamState* upstream;
+// What a pool's calls count in and wait in: shared by the pools of the same identity of a
+// gateway and its successors.
+struct PoolCounter {
+  explicit PoolCounter(std::uint32_t max) noexcept : level(max) {}
+  Level level;  // limit kMaxLimit when the pool has no max_concurrent
   // Calls queued or about to queue. Arrivals and releasers meet here (see gateway.h).
   alignas(64) std::atomic<std::uint32_t> waiters{0};
   std::mutex mu;
@@ -78,23 +80,54 @@ struct Pool {
   std::uint64_t next_id = 1;  // guarded by mu
 };
 
+// An upstream pool: the shared pool of an upstream, or a private binding's own. Its counter's
+// members are reached through references, so the protocol code reads as one object.
+struct Pool {
+  Pool(const State* state, UpstreamState* upstream, PoolCounter& counter,
+       std::optional<std::uint32_t> max, Strategy strategy, QueueOptions options, bool is_private)
+      : state(state),
+        counter(counter),
+        level(counter.level),
+        waiters(counter.waiters),
+        mu(counter.mu),
+        queue(counter.queue),
+        next_id(counter.next_id),
+        configured(max.value_or(Semaphore::kMaxLimit)),
+        limited(max.has_value()),
+        queued(strategy == Strategy::kQueue && max.has_value()),
+        is_private(is_private),
+        queue_options(options),
+        upstream(upstream) {}
+
+  const State* state;  // the owning state (a releasing permit knows only its Access)
+  PoolCounter& counter;
+  Level& level;
+  std::atomic<std::uint32_t>& waiters;
+  std::mutex& mu;
+  std::deque<Waiter>& queue;
+  std::uint64_t& next_id;
+  std::uint32_t configured;  // this config's max (kMaxLimit: none)
+  bool limited;
+  bool queued;
+  bool is_private;
+  QueueOptions queue_options;
+  UpstreamState* upstream;
+};
+
 struct RouteState {
-  RouteState(UpstreamState* upstream, std::string id, std::optional<std::uint32_t> max)
-      : upstream(upstream),
-        id(std::move(id)),
-        level(max.value_or(Semaphore::kMaxLimit)),
-        limited(max.has_value()) {}
+  RouteState(UpstreamState* upstream, std::string id, Level& level, bool limited)
+      : upstream(upstream), id(std::move(id)), level(level), limited(limited) {}
   UpstreamState* upstream;
   std::string id;
-  Level level;
+  Level& level;  // limit kMaxLimit when the route has no max_concurrent
   bool limited;
 };
 
 // One tenant's way to one upstream: the levels its calls take, in acquisition order. The hot
 // path reads only this object's first cache line for every pointer it follows (the tenant's
-// global level is copied here rather than reached through the TenantState), and the
-// per-tenant semaphore lives in the next line, so an admission on a cold tenant costs about
-// two independent cache misses, not a chain of dependent ones.
+// global level is copied here rather than reached through the TenantState), and its own
+// per-tenant semaphore lives in the next line (AccessSlot), so an admission on a cold tenant
+// costs about two independent cache misses, not a chain of dependent ones.
 struct Access {
   Level* global = nullptr;  // == tenant->global
   Pool* pool = nullptr;
@@ -103,6 +136,14 @@ struct Access {
   TenantState* tenant = nullptr;
   UpstreamState* upstream = nullptr;
   bool owner = false;
+};
+
+// An Access and, beside it, its per-tenant level when that is its own (built with it, not
+// carried over from a predecessor, whose level then lives in the predecessor's slot). One
+// allocation each, so a successor can share the level (an aliasing shared_ptr keeps the slot);
+// 128-byte aligned, so the two lines are one pair for the adjacent-line prefetcher.
+struct alignas(128) AccessSlot {
+  Access access;
   std::optional<Level> own_per_tenant;
 };
 
@@ -124,8 +165,15 @@ struct State {
   std::deque<TenantState> tenants;
   std::deque<UpstreamState> upstreams;
   std::deque<Pool> pools;
-  std::deque<Access> accesses;
-  std::deque<Level> levels;  // tenant global, binding and per-tenant levels
+  std::vector<std::shared_ptr<AccessSlot>> accesses;
+  // Every counter this state's levels and pools use (some shared with a predecessor or a
+  // successor).
+  std::vector<std::shared_ptr<Level>> levels;
+  std::vector<std::shared_ptr<PoolCounter>> counters;
+  // Built to take a predecessor's place: the maxima of shared levels to set at take_over(),
+  // and the queue pools to serve then (a raised max frees units without a release).
+  std::vector<std::pair<Level*, std::uint32_t>> pending;
+  std::vector<Pool*> pending_drain;
   StringMap<TenantState*> tenant_index;
   StringMap<UpstreamState*> upstream_index;
   // Every (tenant, upstream) a call may name: resolve()'s one lookup.

@@ -311,15 +311,16 @@ TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r.value().generation, 2u);
   EXPECT_EQ(r.value().added, std::vector<std::string>{"added"});
-  EXPECT_EQ(r.value().changed, std::vector<std::string>{"chained"});
+  EXPECT_TRUE(r.value().changed.empty());
+  EXPECT_EQ(r.value().reconfigured, std::vector<std::string>{"chained"});
   EXPECT_EQ(r.value().removed, std::vector<std::string>{"gw"});
   // The unchanged policy kept its permit and its count; the rate state survived too.
   EXPECT_EQ(in_flight("two"), 1u);
   EXPECT_TRUE(admit("two").admitted);
   EXPECT_FALSE(admit("two").admitted);
   EXPECT_FALSE(engine_->check(CheckCall{"other", "x", 1}).value().allowed);
-  // The changed policy starts afresh at its new limit; the old lease still releases.
-  EXPECT_EQ(in_flight("chained"), 0u);
+  // The changed policy took its new limit in place: its lease still counts, and releases.
+  EXPECT_EQ(in_flight("chained"), 1u);
   ASSERT_TRUE(engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt).ok());
   ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
   EXPECT_EQ(in_flight("two"), 1u);

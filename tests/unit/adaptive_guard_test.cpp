@@ -391,6 +391,99 @@ TEST_F(AdaptiveGuardTest, SteadyDropsLowerTheGradient2Ceiling) {
 // 8 threads acquire and release against a ceiling that a ninth thread keeps moving with
 // set_cap: the number of holders (counted right after admission) never exceeds the largest
 // ceiling ever in force, and nothing leaks.
+// ---- replace_algorithm (a reconfigured policy) ----
+
+TEST(AdaptiveGuardReplace, LoweringDrainsHeldPermitsAndNeverRevokesThem) {
+  ManualClock clock;
+  AdaptiveGuard g(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 3}), clock);
+  auto a = g.acquire();
+  auto b = g.acquire();
+  ASSERT_TRUE(a && b);
+  g.replace_algorithm(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 1}));
+  EXPECT_EQ(g.limit(), 1u);
+  EXPECT_EQ(g.algorithm_limit(), 1u);
+  EXPECT_EQ(g.in_flight(), 2u);  // still counted
+  EXPECT_FALSE(g.acquire());
+  a->release(Outcome::kSuccess, milliseconds(1));
+  EXPECT_EQ(g.in_flight(), 1u);
+  EXPECT_FALSE(g.acquire());  // 1 held against 1
+  b->release(Outcome::kIgnored, Nanos{0});
+  EXPECT_EQ(g.in_flight(), 0u);
+  auto c = g.acquire();
+  EXPECT_TRUE(c);
+  EXPECT_FALSE(g.acquire());
+  c->release(Outcome::kSuccess, milliseconds(1));
+  EXPECT_EQ(g.in_flight(), 0u);
+}
+
+TEST(AdaptiveGuardReplace, RaisingAdmitsAtOnceAndTheCapStillBinds) {
+  ManualClock clock;
+  AdaptiveGuard g(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 1}), clock);
+  auto a = g.acquire();
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(g.acquire());
+  g.replace_algorithm(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 2}));
+  auto b = g.acquire();
+  EXPECT_TRUE(b);
+  g.set_cap(1);
+  g.replace_algorithm(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 10}));
+  EXPECT_EQ(g.limit(), 1u);  // min(cap, algorithm)
+  EXPECT_EQ(g.algorithm_limit(), 10u);
+}
+
+TEST_F(AdaptiveGuardTest, ReplacedAlgorithmGetsTheOpenWindowAndTheOldOneNothingMore) {
+  AdaptiveGuard g = recording_guard(AdaptiveGuardOptions{.window_size = 2});
+  std::vector<LimitSample> next_log;
+  succeed(g, milliseconds(5));  // in the open window
+  g.replace_algorithm(std::make_unique<RecordingLimit>(7, &next_log));
+  EXPECT_EQ(g.limit(), 7u);
+  clock_.advance(seconds(1));
+  succeed(g, milliseconds(7));  // completes the window
+  EXPECT_TRUE(log_.empty());
+  ASSERT_EQ(next_log.size(), 1u);
+  EXPECT_EQ(next_log[0].rtt, milliseconds(6));  // both samples, averaged
+}
+
+// Threads admit and release while another replaces the algorithm over and over (limits 1 and
+// 4): holders never exceed 4, the largest limit in force, and every unit comes back.
+TEST(AdaptiveGuardReplace, ConcurrentReplacementsNeverOverAdmit) {
+  ManualClock clock;
+  AdaptiveGuard g(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 4}), clock);
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 20'000;
+  std::atomic<int> holders{0};
+  std::atomic<int> most{0};
+  std::atomic<bool> stop{false};
+  std::thread replacer([&] {
+    for (int i = 0; !stop.load(std::memory_order_relaxed); ++i)
+      g.replace_algorithm(
+          std::make_unique<FixedLimit>(FixedLimitOptions{.limit = i % 2 == 0 ? 1u : 4u}));
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kIterations; ++i) {
+        auto p = g.acquire();
+        if (!p) continue;
+        const int now = holders.fetch_add(1) + 1;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        holders.fetch_sub(1);
+        p->release(Outcome::kSuccess, milliseconds(1));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  stop = true;
+  replacer.join();
+  EXPECT_LE(most.load(), 4);
+  EXPECT_GE(most.load(), 1);
+  EXPECT_EQ(g.in_flight(), 0u);
+  const AdaptiveGuardStats s = g.stats();
+  EXPECT_EQ(s.accepted + s.rejected, static_cast<std::uint64_t>(kThreads) * kIterations);
+}
+
 TEST(AdaptiveGuardStress, EightThreadsNeverExceedTheCeiling) {
   ManualClock clock;
   AdaptiveGuard g(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 6}), clock);

@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/epoch_min.h"
 #include "sluice/aimd_limit.h"
+#include "sluice/algorithm_spec.h"
 #include "sluice/fixed_limit.h"
 #include "sluice/gradient2_limit.h"
 #include "sluice/vegas_limit.h"
@@ -196,11 +198,17 @@ TEST(VegasLimit, DropShrinksByStep) {
   EXPECT_EQ(v.update(drop(Nanos{0}, 0)), 18u);  // no RTT, app-limited: still backs off
 }
 
-TEST(VegasLimit, StepIsLog10BelowAThousandAndSqrtAbove) {
+TEST(VegasLimit, StepIsLog10AtEveryLimit) {
   VegasLimit hundred = vegas_with_baseline(VegasOptions{.initial_limit = 100});
   EXPECT_EQ(hundred.update(ok(milliseconds(10), 100)), 112u);  // f = 2: + 6 * 2
+  // From a thousand on the step stays floor(log10 L), as the reference's: f(1000) = 3,
+  // f(12000) = 4 (not floor(sqrt L), which would be 31 and 109).
   VegasLimit thousand = vegas_with_baseline(VegasOptions{.initial_limit = 1000, .max_limit = 5000});
-  EXPECT_EQ(thousand.update(ok(milliseconds(10), 1000)), 1186u);  // f = floor(sqrt 1000) = 31
+  EXPECT_EQ(thousand.update(ok(milliseconds(10), 1000)), 1018u);    // + 6 * 3
+  EXPECT_EQ(thousand.update(drop(milliseconds(10), 1018)), 1015u);  // - 3
+  VegasLimit big = vegas_with_baseline(VegasOptions{.initial_limit = 12000, .max_limit = 20000});
+  EXPECT_EQ(big.update(ok(milliseconds(20), 12000)), 11996u);  // queue 6000 > beta 24: - 4
+  EXPECT_EQ(big.update(ok(milliseconds(10), 11996)), 12020u);  // no queue: + 6 * 4
 }
 
 TEST(VegasLimit, SmoothingBlendsTheNewEstimate) {
@@ -290,6 +298,22 @@ TEST(Gradient2Limit, LongRttIsAMeanDuringWarmupThenAnEma) {
   EXPECT_NEAR(static_cast<double>(g.long_rtt().count()), 15e6 + 1e6 * 2.0 / 601.0, 2.0);
 }
 
+TEST(Gradient2Limit, WarmupIsThePlainMeanOfTheRawRttsEvenAfterADecay) {
+  using std::chrono::microseconds;
+  Gradient2Limit g(Gradient2Options{.long_window = 9});  // EMA factor 2 / 10 = 0.2
+  g.update(ok(microseconds(100), 1));
+  g.update(ok(microseconds(1000), 1));
+  EXPECT_EQ(g.long_rtt(), microseconds(550));
+  g.update(ok(microseconds(100), 1));  // mean 400 > 2 * 100: decays to 380
+  EXPECT_EQ(g.long_rtt(), microseconds(380));
+  g.update(ok(microseconds(100), 1));  // mean of the four: 325, > 200: decays to 308.75
+  EXPECT_EQ(g.long_rtt(), Nanos{308'750});
+  for (int i = 0; i < 6; ++i) g.update(ok(microseconds(400), 1));
+  EXPECT_EQ(g.long_rtt(), microseconds(370));  // (100 + 1000 + 100 + 100 + 6 * 400) / 10
+  g.update(ok(microseconds(400), 1));          // then the EMA: 0.8 * 370 + 0.2 * 400
+  EXPECT_EQ(g.long_rtt(), microseconds(376));
+}
+
 TEST(Gradient2Limit, LongRttDecaysFastWhenTwiceTheCurrentRtt) {
   Gradient2Limit g;
   for (int i = 0; i < 10; ++i) g.update(ok(milliseconds(100), 1));
@@ -312,6 +336,33 @@ TEST(Gradient2Limit, ValidateRejectsAndConstructorRepairs) {
   EXPECT_FALSE(Gradient2Options{.min_limit = 300}.validate().empty());
   Gradient2Limit g(Gradient2Options{.initial_limit = 1000});
   EXPECT_EQ(g.limit(), 200u);
+}
+
+// ---- the factory, starting from a limit learned elsewhere ----
+
+TEST(MakeAlgorithm, StartsAtAGivenLimitClampedToTheSpecsBounds) {
+  using Kind = AlgorithmSpec::Kind;
+  const auto spec = [](Kind kind, std::optional<std::uint32_t> min,
+                       std::optional<std::uint32_t> max) {
+    AlgorithmSpec s;
+    s.kind = kind;
+    s.min_limit = min;
+    s.max_limit = max;
+    return s;
+  };
+  for (Kind kind : {Kind::kAimd, Kind::kVegas, Kind::kGradient2}) {
+    const AlgorithmSpec s = spec(kind, 10, 100);
+    EXPECT_EQ(make_algorithm(s, 42)->limit(), 42u) << algorithm_name(kind);
+    EXPECT_EQ(make_algorithm(s, 500)->limit(), 100u) << algorithm_name(kind);
+    EXPECT_EQ(make_algorithm(s, 3)->limit(), 10u) << algorithm_name(kind);
+    EXPECT_EQ(make_algorithm(s, 42)->name(), algorithm_name(kind));
+  }
+  // Unset bounds are the algorithm's defaults (Gradient2: [20, 200]).
+  EXPECT_EQ(make_algorithm(spec(Kind::kGradient2, std::nullopt, std::nullopt), 5)->limit(), 20u);
+  // A fixed limit is the spec's, whatever was learned.
+  AlgorithmSpec fixed = spec(Kind::kFixed, std::nullopt, std::nullopt);
+  fixed.limit = 7;
+  EXPECT_EQ(make_algorithm(fixed, 42)->limit(), 7u);
 }
 
 // ---- every algorithm ----

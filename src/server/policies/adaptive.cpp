@@ -1,6 +1,9 @@
 // The adaptive kind: an AdaptiveGuard (a concurrency limit inferred from latency, or fixed).
 #include "server/policies/adaptive.h"
 
+#include <atomic>
+#include <string>
+
 #include "server/policies/admit_policy.h"
 
 namespace sluice::server {
@@ -9,7 +12,10 @@ namespace {
 class AdaptiveLimitPolicy final : public AdmitPolicy {
  public:
   AdaptiveLimitPolicy(const BuildContext& c, const AlgorithmSpec& algorithm)
-      : AdmitPolicy(c.name, "adaptive", c.spec.rate), guard_(make_algorithm(algorithm), c.clock) {}
+      : AdmitPolicy(c.name, "adaptive", c.spec.rate),
+        guard_(make_algorithm(algorithm), c.clock),
+        spec_(algorithm),
+        kind_(algorithm.kind) {}
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
     AdmitDecision out;
@@ -26,9 +32,37 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
     return out;
   }
 
+  // In place, always: the guard (and so every permit in flight, which stays counted against
+  // the new limit) is kept and only its algorithm is replaced. The same algorithm with other
+  // limits keeps the limit it learned, clamped to the new [min_limit, max_limit] (its RTT
+  // history starts afresh); another algorithm, or a fixed limit's new value, starts at the
+  // spec's limit.
+  StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
+    const AlgorithmSpec next = c.spec.as<AdaptiveSpec>()->algorithm;
+    if (const std::string_view why = next.validate(); !why.empty())
+      return Status(StatusCode::kInvalidArgument, std::string(why));
+    const bool keep = next.kind == spec_.kind && next.kind != AlgorithmSpec::Kind::kFixed;
+    // Built now, so that applying cannot fail; a keeping change rebuilds it when applied from
+    // the limit learned by then, and falls back to this one if that allocation fails.
+    std::unique_ptr<LimitAlgorithm> prepared =
+        keep ? make_algorithm(next, guard_.algorithm_limit()) : make_algorithm(next);
+    return Reconfiguration([this, next, keep, prepared = std::move(prepared)]() mutable {
+      std::unique_ptr<LimitAlgorithm> algorithm = std::move(prepared);
+      if (keep) {
+        try {
+          algorithm = make_algorithm(next, guard_.algorithm_limit());
+        } catch (...) {  // out of memory: the limit learned when the reload was prepared
+        }
+      }
+      kind_.store(next.kind, std::memory_order_relaxed);
+      guard_.replace_algorithm(std::move(algorithm));
+      spec_ = next;
+    });
+  }
+
  protected:
   void describe(nlohmann::json& j, PolicyInfo& info) const override {
-    j["algorithm"] = std::string(guard_.algorithm_name());
+    j["algorithm"] = std::string(algorithm_name(kind_.load(std::memory_order_relaxed)));
     describe_guard(guard_.stats(), j, info);
     describe_admissions(j);
   }
@@ -39,6 +73,10 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
 
  private:
   AdaptiveGuard guard_;
+  // The spec in force: read and written only by reconfigure() and the change it returns (the
+  // engine runs one reload at a time).
+  AlgorithmSpec spec_;
+  std::atomic<AlgorithmSpec::Kind> kind_;  // spec_.kind, for describe() (relaxed: a label)
 };
 
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
