@@ -27,7 +27,7 @@ struct ResolveError {
   Code code = Code::kUnknownTenant;
   std::string id;  // the id that failed (for kNotBound: the upstream's)
   std::string tenant;
-  // E.g. "unknown upstream 'billing'".
+  // Starts with the call's field that failed, e.g. "upstream: unknown upstream 'billing'".
   [[nodiscard]] std::string message() const;
 };
 

@@ -210,13 +210,13 @@ using gateway_detail::UpstreamState;
 std::string ResolveError::message() const {
   switch (code) {
     case Code::kUnknownTenant:
-      return "unknown tenant '" + id + "'";
+      return "tenant: unknown tenant '" + id + "'";
     case Code::kUnknownUpstream:
-      return "unknown upstream '" + id + "'";
+      return "upstream: unknown upstream '" + id + "'";
     case Code::kUnknownRoute:
-      return "unknown route '" + id + "'";
+      return "route: unknown route '" + id + "'";
     case Code::kNotBound:
-      return "tenant '" + tenant + "' may not call upstream '" + id +
+      return "upstream: tenant '" + tenant + "' may not call upstream '" + id +
              "': it neither owns it nor has a binding to it";
   }
   return "unresolved call";

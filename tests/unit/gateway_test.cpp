@@ -289,7 +289,7 @@ TEST(GatewayResolve, NamesWhatIsUnknownOrNotBound) {
             "binding to it");
   Admission by_name = g->try_acquire("nobody", "api");
   ASSERT_NE(by_name.error(), nullptr);
-  EXPECT_EQ(by_name.error()->message(), "unknown tenant 'nobody'");
+  EXPECT_EQ(by_name.error()->message(), "tenant: unknown tenant 'nobody'");
   EXPECT_TRUE(g->try_acquire("child", "api", "chat"));
 }
 
