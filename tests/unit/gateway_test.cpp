@@ -285,7 +285,7 @@ TEST(GatewayResolve, NamesWhatIsUnknownOrNotBound) {
   EXPECT_EQ(code("stranger", "api", ""), ResolveError::Code::kNotBound);
   EXPECT_FALSE(code("child", "api", "chat").has_value());
   EXPECT_EQ(g->resolve("stranger", "api").error()->message(),
-            "tenant 'stranger' may not call upstream 'api': it neither owns it nor has a "
+            "upstream: tenant 'stranger' may not call upstream 'api': it neither owns it nor has a "
             "binding to it");
   Admission by_name = g->try_acquire("nobody", "api");
   ASSERT_NE(by_name.error(), nullptr);
