@@ -299,6 +299,82 @@ ScenarioOutput partition(double scale) {
   return out;
 }
 
+// ---- freeze ----
+
+// Runs at full length whatever the scale (28 simulated seconds take milliseconds): the
+// overshoot before the fix depends on where the freeze falls in the beat and call cycles.
+ScenarioOutput freeze() {
+  ScenarioOutput out{"freeze", {}, {}, {}};
+  const Nanos start = seconds(10), end = start + seconds(8);
+  out.table =
+      "3 nodes (fixed L_local = C = L_global = 12, offered load 1.5x), calls of 2-3 s (base "
+      "latency 2 s), heartbeat 1 s; node 0 freezes (a stop-the-world pause: it handles nothing, "
+      "its calls go on in the backend) from t = " +
+      fmt("%.1f", std::chrono::duration<double>(start).count()) +
+      " s for 8 s, past its lease. "
+      "Before: lease 2 s and no call deadline, so its calls outlive its lease and the others "
+      "take its share while they run. After: call_deadline 3 s (so lease_ttl defaults to 4.5 s: "
+      "deadline + heartbeat + 2 x margin) and the backend stops a call at its deadline.\n\n"
+      "| mode | calls | max Σ in-flight / L_global | samples over L_global | timeouts |\n"
+      "|---|---|---|---|---|\n";
+  std::vector<PlotSeries> plot;
+  const std::vector<std::string> colors = {"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4"};
+  std::size_t k = 0;
+  for (const bool honour : {false, true}) {
+    for (const OutageMode mode : {OutageMode::kFailClosed, OutageMode::kLocalOnly}) {
+      FleetSimConfig c = fixed_fleet(3, 1.5);
+      c.capacity = 12;
+      c.fixed_limit = 12;
+      c.base_latency = seconds(2);
+      c.call_timeout = seconds(3);
+      c.heartbeat = seconds(1);
+      c.call_timeout_coordinator = seconds(1);
+      c.coordinator.acknowledged_handoff = true;
+      c.outage = mode;
+      c.honour_deadline = honour;
+      if (honour) {
+        c.call_deadline = seconds(3);
+      } else {
+        c.lease_ttl = seconds(2);  // the old default; the guard's default deadline is ignored
+      }
+      c.freezes = {Freeze{0, start, end}};
+      c.duration = end + seconds(10);
+      c.warmup = seconds(5);
+      c.sample_every = milliseconds(10);
+      const FleetSimResult r = run_fleet_sim(c);
+      const std::string label =
+          std::string(mode == OutageMode::kFailClosed ? "fail-closed" : "local-only");
+      const std::string calls = honour ? "call_deadline 3 s, honoured by the backend"
+                                       : "lease 2 s, calls outlive it (before)";
+      out.table += "| " + label + " | " + calls + " | " + fmt("%.3f", r.max_over_l_global) + " | " +
+                   std::to_string(r.samples_over_l_global) + " | " + std::to_string(r.timeouts) +
+                   " |\n";
+      out.files.emplace_back("freeze-" + std::to_string(k) + ".csv", to_csv(r));
+      plot.push_back({label + ", " + (honour ? "call deadline" : "before"), colors[k],
+                      series(r,
+                             [](const Sample& s) {
+                               return s.l_global ? double(s.in_flight) / s.l_global : 0.0;
+                             }),
+                      false});
+      if (honour)
+        claim(out, r.max_over_l_global <= 1.0,
+              label +
+                  " with the call deadline: sum(in_flight) / L_global must stay <= 1.0, "
+                  "measured " +
+                  fmt("%.3f", r.max_over_l_global));
+      else
+        claim(out, r.max_over_l_global > 1.0,
+              label + " before: the frozen node's calls should outlive its lease, measured " +
+                  fmt("%.3f", r.max_over_l_global));
+      ++k;
+    }
+  }
+  plot.push_back(reference("L_global", 1.0, plot.front()));
+  out.files.emplace_back("freeze.svg", svg_plot("Node 0 frozen for 8 s: sum(in_flight) / L_global",
+                                                "sum(in_flight) / L_global", plot));
+  return out;
+}
+
 // ---- skew ----
 
 ScenarioOutput skew(double scale) {
@@ -358,7 +434,8 @@ ScenarioOutput skew(double scale) {
 }  // namespace
 
 const std::vector<std::string>& scenario_names() {
-  static const std::vector<std::string> names = {"fan-out", "join-ramp", "partition", "skew"};
+  static const std::vector<std::string> names = {"fan-out", "join-ramp", "partition", "freeze",
+                                                 "skew"};
   return names;
 }
 
@@ -366,12 +443,13 @@ ScenarioOutput run_scenario(std::string_view name, double scale) {
   if (name == "fan-out") return fan_out(scale);
   if (name == "join-ramp") return join_ramp(scale);
   if (name == "partition") return partition(scale);
+  if (name == "freeze") return freeze();
   if (name == "skew") return skew(scale);
-  return ScenarioOutput{
-      std::string(name),
-      {},
-      {},
-      {"unknown scenario '" + std::string(name) + "' (fan-out, join-ramp, partition, skew)"}};
+  return ScenarioOutput{std::string(name),
+                        {},
+                        {},
+                        {"unknown scenario '" + std::string(name) +
+                         "' (fan-out, join-ramp, partition, freeze, skew)"}};
 }
 
 }  // namespace sluice::sim

@@ -194,7 +194,7 @@ void job_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clo
   constexpr Nanos kMinBackoff = microseconds(100), kMaxBackoff = milliseconds(1);
   Nanos backoff = kMinBackoff;
   while (at(sh.jobs_taken).load() < c.jobs) {
-    std::optional<GuardPermit> permit = guard.acquire();
+    std::optional<FleetPermit> permit = guard.acquire();
     if (!permit) {
       at(sh.rejected).fetch_add(1);
       sleep_for(backoff);
@@ -216,10 +216,10 @@ void job_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clo
 }
 
 // Retries acquire() every 50 us until it admits or `deadline` passes.
-std::optional<GuardPermit> acquire_by(FleetGuard& guard, Shared& sh, const Clock& clock,
+std::optional<FleetPermit> acquire_by(FleetGuard& guard, Shared& sh, const Clock& clock,
                                       Nanos deadline) {
   while (true) {
-    if (std::optional<GuardPermit> permit = guard.acquire()) return permit;
+    if (std::optional<FleetPermit> permit = guard.acquire()) return permit;
     at(sh.rejected).fetch_add(1);
     if (clock.now() >= deadline) return std::nullopt;
     sleep_for(microseconds(50));
@@ -233,7 +233,7 @@ void rate_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& cl
   const Nanos end = start + seconds(c.seconds);
   for (Nanos slot = start + period * index / c.threads; slot < end; slot += period) {
     sleep_for(slot - clock.now());
-    std::optional<GuardPermit> permit = acquire_by(guard, sh, clock, slot + period);
+    std::optional<FleetPermit> permit = acquire_by(guard, sh, clock, slot + period);
     if (!permit) {
       at(sh.missed).fetch_add(1);
       continue;

@@ -10,6 +10,12 @@ namespace {
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
+// A fleet permit as a lease holds it: a call that ends past its deadline is released dropped.
+struct FleetLease {
+  FleetPermit permit;
+  void finish(const CallEnd& end) noexcept { permit.release(to_outcome(end.result), end.rtt); }
+};
+
 class FleetLimitPolicy final : public AdmitPolicy {
  public:
   FleetLimitPolicy(const BuildContext& c, std::shared_ptr<ConcurrencyCoordinator> coordinator)
@@ -32,8 +38,9 @@ class FleetLimitPolicy final : public AdmitPolicy {
     auto go_on = pass(gate, call, now, out);
     if (!go_on.ok()) return go_on.status();
     if (!go_on.value()) return out;
-    if (std::optional<GuardPermit> p = guard_->acquire()) {
-      out.permit = lease(GuardLease{std::move(*p)});
+    if (std::optional<FleetPermit> p = guard_->acquire()) {
+      out.call_deadline = p->deadline();
+      out.permit = lease(FleetLease{std::move(*p)});
       return out;
     }
     count_limit_refusal();
@@ -73,6 +80,12 @@ class FleetLimitPolicy final : public AdmitPolicy {
     j["fenced"] = s.fenced;
     j["heartbeats"] = s.heartbeats;
     j["heartbeat_errors"] = s.heartbeat_errors;
+    j["call_deadline_ms"] =
+        std::chrono::duration<double, std::milli>(guard_->options().call_deadline_in_force())
+            .count();
+    j["overdue"] = s.overdue;
+    j["late_releases"] = s.late_releases;
+    j["stale_refusals"] = s.stale_refusals;
     j["coordinator"] = std::string(coordinator_->backend());
     j["key"] = guard_->options().key;
     describe_admissions(j);
@@ -90,6 +103,12 @@ class FleetLimitPolicy final : public AdmitPolicy {
                       f.fenced ? 1 : 0));
     out.push_back(by_label("sluice_fleet_heartbeats_total", "Heartbeats by result", "result",
                            {{"ok", f.heartbeats}, {"error", f.heartbeat_errors}}));
+    out.push_back(one("sluice_fleet_overdue_calls",
+                      "Calls held past their call deadline (not reported as in flight)",
+                      MetricType::Gauge, f.overdue));
+    out.push_back(one("sluice_fleet_late_releases_total",
+                      "Calls released past their call deadline (recorded as dropped)",
+                      MetricType::Counter, static_cast<double>(f.late_releases)));
     out.push_back(one("sluice_fleet_phase", "The fleet guard's phase (value 1)", MetricType::Gauge,
                       1, {{"phase", std::string(to_string(f.phase))}}));
   }
@@ -108,7 +127,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
                                         PolicySpec& spec) {
   s.keys({"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "coordinator",
           "key", "heartbeat", "lease_ttl", "outage", "self_fence", "fence_safety_margin",
-          "eager_handoff", "min_heartbeat", "call_timeout", "rate"});
+          "eager_handoff", "min_heartbeat", "call_timeout", "call_deadline", "rate"});
   auto body = std::make_shared<FleetSpec>();
   read_algorithm(s, body->algorithm);
   if (auto v = s.str("coordinator")) body->coordinator = *v;
@@ -126,6 +145,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto b = s.boolean("eager_handoff")) g.eager_handoff = *b;
   g.min_heartbeat = s.duration("min_heartbeat");
   g.call_timeout = s.duration("call_timeout");
+  g.call_deadline = s.duration("call_deadline");
   // The guard's own rules between fields (lease > heartbeat, ...), node_id aside.
   FleetGuardOptions probe = g;
   probe.node_id = "check";

@@ -8,6 +8,8 @@
 //   lease_ttl: 2s                # default 2 x heartbeat
 //   outage: fail-closed | local-only
 //   self_fence, fence_safety_margin, eager_handoff, min_heartbeat, call_timeout
+//   call_deadline: 500ms          # longest an admitted call may run; + heartbeat +
+//                                 # fence_safety_margin must be < lease_ttl (sluice/fleet_guard.h)
 //   rate: <rate policy>          # optional: passed first
 #pragma once
 
