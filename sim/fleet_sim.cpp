@@ -334,7 +334,8 @@ class Simulation {
     s.in_flight = in_flight_;
     if (c_.guard == GuardKind::kFleet) {
       if (const std::optional<FleetState> st = memory_.state(kKey)) {
-        s.l_global = aggregate_limit(*st, c_.coordinator.aggregate);
+        s.l_global = st->ceiling;  // in force since the last heartbeat
+        s.l_aggregate = aggregate_limit(*st, c_.coordinator.aggregate);
         for (const FleetNode& fn : st->nodes) s.shares += fn.share;
       }
     }
@@ -381,6 +382,7 @@ class Simulation {
         const double over = static_cast<double>(s.in_flight) / s.l_global;
         r.max_over_l_global = std::max(r.max_over_l_global, over);
         if (s.in_flight > s.l_global) ++r.samples_over_l_global;
+        if (s.l_aggregate < s.l_global) ++r.samples_draining;
         sum_l += over;
         ++count_l;
       }

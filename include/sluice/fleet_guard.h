@@ -28,9 +28,11 @@
 // when a node stalls (SIGSTOP, a long pause, a VM freeze) past its lease: the coordinator then
 // gives its share to the others, and only calls that end by their deadline are sure to be gone
 // by then. A node admits only while a call admitted now would end before the lease of its last
-// successful beat runs out (sent_at + lease_ttl - fence_safety_margin - call_deadline): with
-// self-fencing it fences there; local-only refuses until its next beat answers (a node thawed
-// after its lease ran out must not admit on the grant it held before). A permit still held past
+// successful beat runs out (sent_at + lease_ttl - fence_safety_margin - call_deadline), in
+// fail-closed with self-fencing and in local-only (a node thawed after its lease ran out must
+// not admit on the grant it held before; its next beat answers first). That leaves
+// lease_ttl - fence_safety_margin - call_deadline - heartbeat for the next grant's round trip:
+// when it takes longer, the node refuses calls for the difference. A permit still held past
 // its deadline is no longer reported to the coordinator as in flight (the backend has stopped
 // the call), and is released as dropped whatever its caller says.
 //
@@ -106,9 +108,10 @@ struct FleetGuardOptions {
 struct FleetGuardStats {
   AdaptiveGuardStats local;  // in_flight, limit (the effective ceiling), algorithm_limit, ...
   FleetPhase phase = FleetPhase::kStarting;
-  std::uint32_t share = 0;     // last granted
-  std::uint32_t l_global = 0;  // last granted
-  std::uint32_t nodes = 0;     // last granted
+  std::uint32_t share = 0;        // last granted
+  std::uint32_t l_global = 0;     // last granted
+  std::uint32_t l_aggregate = 0;  // last granted: the aggregate; < l_global while draining
+  std::uint32_t nodes = 0;        // last granted
   std::uint64_t generation = 0;
   bool fenced = false;
   std::uint64_t heartbeats = 0;        // successful
@@ -250,6 +253,7 @@ class FleetGuard {
   std::atomic<FleetPhase> phase_{FleetPhase::kStarting};
   std::atomic<std::uint32_t> share_{0};
   std::atomic<std::uint32_t> l_global_{0};
+  std::atomic<std::uint32_t> l_aggregate_{0};
   std::atomic<std::uint32_t> nodes_{0};
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<std::uint64_t> heartbeats_{0};

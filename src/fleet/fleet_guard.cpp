@@ -200,14 +200,17 @@ void FleetGuard::apply_grant(const Grant& grant, Nanos sent_at) noexcept {
   apply_cap(grant.share);
   share_.store(grant.share, std::memory_order_relaxed);
   l_global_.store(grant.l_global, std::memory_order_relaxed);
+  l_aggregate_.store(grant.l_aggregate, std::memory_order_relaxed);
   nodes_.store(grant.nodes, std::memory_order_relaxed);
   // Published after the cap it stands for: the next report reads it, then in_flight.
   generation_.store(grant.generation, std::memory_order_release);
   phase_.store(FleetPhase::kActive, std::memory_order_relaxed);
-  // A call admitted from here on must end before this beat's lease could run out.
-  fence_at_ = sent_at + lease_of(options_) - margin_of(options_) - deadline_;
+  fence_at_ = sent_at + lease_of(options_) - margin_of(options_);
+  // A call admitted from here on must end before this beat's lease could run out. When the
+  // next grant comes later than this (a round trip longer than the slack the call deadline
+  // leaves), the node refuses calls meanwhile; it fences only at fence_at_.
   const bool fresh_only = options_.outage == OutageMode::kLocalOnly || options_.self_fence;
-  set_admit_until(fresh_only ? *fence_at_ : Nanos::max());
+  set_admit_until(fresh_only ? *fence_at_ - deadline_ : Nanos::max());
   if (!options_.eager_handoff) return;
   const std::uint32_t in_flight = local_.in_flight();
   if (was_active && grant.share < before) {
@@ -263,6 +266,9 @@ std::optional<FleetGuard::Beat> FleetGuard::make_beat(Nanos now, bool off_cycle)
     return std::nullopt;  // out of memory: the beat is skipped, the fence still runs
   }
   b.report.l_local = local_.algorithm_limit();
+  // An initial guess is no evidence (it would pull a warm fleet's median down); a fixed limit
+  // is configured, not inferred.
+  b.report.estimated = local_.stats().windows > 0 || local_.algorithm_name() == "fixed";
   b.report.acked_generation = generation_.load(std::memory_order_acquire);
   // Read after the generation it is enforced under; calls past their deadline are left out
   // (the backend stopped them; their permits hold this node's own units until released).
@@ -377,6 +383,7 @@ FleetGuardStats FleetGuard::stats() const noexcept {
   s.phase = phase_.load(std::memory_order_relaxed);
   s.share = share_.load(std::memory_order_relaxed);
   s.l_global = l_global_.load(std::memory_order_relaxed);
+  s.l_aggregate = l_aggregate_.load(std::memory_order_relaxed);
   s.nodes = nodes_.load(std::memory_order_relaxed);
   s.generation = generation_.load(std::memory_order_relaxed);
   s.fenced = s.phase == FleetPhase::kFenced;

@@ -158,14 +158,13 @@ TEST(FleetGuard, SelfFencesBeforeTheLeaseEndsAndRunsTheHookOnce) {
   const Nanos sent = w.clock.now();
   g.tick(sent);
   w.coordinator.set_fault(FaultyCoordinator::Fault::kUnavailable);
-  // Lease 2 s, margin 250 ms, call deadline (2 s - 1 s - 250 ms) / 2 = 375 ms: the fence is at
-  // sent + 1.375 s, so that a call admitted before it ends before the coordinator's reclaim.
+  // Lease 2 s, margin 250 ms: the fence is at sent + 1.75 s, before the coordinator's reclaim.
   Nanos next = g.tick(sent + seconds(1));
-  EXPECT_EQ(next, sent + milliseconds(1375));
+  EXPECT_EQ(next, sent + milliseconds(1750));
   EXPECT_EQ(g.stats().fences, 0u);
-  g.tick(sent + milliseconds(1374));
+  g.tick(sent + milliseconds(1749));
   EXPECT_FALSE(g.stats().fenced);
-  g.tick(sent + milliseconds(1375));
+  g.tick(sent + milliseconds(1750));
   EXPECT_TRUE(g.stats().fenced);
   EXPECT_EQ(hook_calls, 1);
   g.tick(sent + seconds(3));
@@ -196,10 +195,10 @@ TEST(FleetGuard, AHangingCallIsBoundedByTheFenceDeadline) {
   const Nanos sent = w.clock.now();
   g.tick(sent);
   w.coordinator.set_fault(FaultyCoordinator::Fault::kHang);
-  w.clock.set(sent + milliseconds(1200));
+  w.clock.set(sent + milliseconds(1500));
   g.tick(w.clock.now());  // the call hangs until the fence deadline (the fake clock moves)
-  EXPECT_EQ(w.coordinator.last_timeout(), milliseconds(175));  // fence at 1.375 s
-  EXPECT_EQ(w.clock.now(), sent + milliseconds(1375));
+  EXPECT_EQ(w.coordinator.last_timeout(), milliseconds(250));  // fence at 1.75 s
+  EXPECT_EQ(w.clock.now(), sent + milliseconds(1750));
   EXPECT_TRUE(g.stats().fenced);
   EXPECT_FALSE(g.acquire());
 }
@@ -509,9 +508,14 @@ TEST(FleetGuardCallDeadline, AThawedNodeDoesNotAdmitOnTheGrantItHeldBeforeTheSta
     EXPECT_TRUE(g.acquire()) << static_cast<int>(mode);
     w.clock.advance(milliseconds(1374));  // the last moment a call admitted ends in the lease
     EXPECT_TRUE(g.acquire()) << static_cast<int>(mode);
+    // From lease - margin - call deadline (1.375 s) on, a call could outlive the lease: refused,
+    // before any fence (which comes at 1.75 s, from the ticking thread).
+    w.clock.advance(milliseconds(1));
+    EXPECT_FALSE(g.acquire()) << static_cast<int>(mode);
+    EXPECT_EQ(g.stats().phase, FleetPhase::kActive);
     w.clock.advance(seconds(8));  // frozen: no tick ran
     EXPECT_FALSE(g.acquire()) << static_cast<int>(mode);
-    EXPECT_EQ(g.stats().stale_refusals, 1u);
+    EXPECT_EQ(g.stats().stale_refusals, 2u);
     g.tick(w.clock.now());  // the next beat: a fresh grant
     EXPECT_TRUE(g.acquire()) << static_cast<int>(mode);
   }

@@ -97,9 +97,10 @@ struct FleetSimConfig {
 
 struct Sample {
   Nanos t{0};
-  std::uint32_t in_flight = 0;  // sum over nodes (what the backend holds)
-  std::uint32_t l_global = 0;   // the coordinator's aggregate now (0 when independent)
-  std::uint32_t shares = 0;     // sum of the coordinator's live shares (0 when independent)
+  std::uint32_t in_flight = 0;    // sum over nodes (what the backend holds)
+  std::uint32_t l_global = 0;     // the coordinator's ceiling in force (0 when independent)
+  std::uint32_t l_aggregate = 0;  // the aggregate of L_local it is moving to
+  std::uint32_t shares = 0;       // sum of the coordinator's live shares (0 when independent)
   std::vector<std::uint32_t> node_in_flight;
   std::vector<std::uint32_t> node_share;  // the share each guard enforces (ceiling if indep.)
 };
@@ -111,6 +112,7 @@ struct FleetSimResult {
   double mean_over_capacity = 0;  // mean sum(in_flight) / C
   double max_over_l_global = 0;   // max sum(in_flight) / L_global (fleet only)
   std::uint32_t samples_over_l_global = 0;
+  std::uint32_t samples_draining = 0;  // L_global held above the aggregate while calls drain
   double utilization = 0;  // mean sum(in_flight) / L_global (fleet) or / C (independent)
   double goodput = 0;      // completions within the timeout per second / (C / b)
   std::uint64_t arrivals = 0, admitted = 0, rejected = 0, completed = 0, timeouts = 0, aborted = 0;

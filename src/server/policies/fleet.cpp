@@ -75,6 +75,7 @@ class FleetLimitPolicy final : public AdmitPolicy {
     j["phase"] = std::string(to_string(s.phase));
     j["share"] = s.share;
     j["l_global"] = s.l_global;
+    j["l_aggregate"] = s.l_aggregate;
     j["nodes"] = s.nodes;
     j["generation"] = s.generation;
     j["fenced"] = s.fenced;
@@ -98,6 +99,10 @@ class FleetLimitPolicy final : public AdmitPolicy {
         one("sluice_fleet_share", "This node's share of L_global", MetricType::Gauge, f.share));
     out.push_back(one("sluice_fleet_l_global", "The fleet's global limit (L_global)",
                       MetricType::Gauge, f.l_global));
+    out.push_back(one("sluice_fleet_l_aggregate",
+                      "The aggregate of the nodes' estimates L_global is moving to (below "
+                      "L_global while admitted calls drain)",
+                      MetricType::Gauge, f.l_aggregate));
     out.push_back(one("sluice_fleet_nodes", "Live nodes in the fleet", MetricType::Gauge, f.nodes));
     out.push_back(one("sluice_fleet_fenced", "1 while this node is fenced", MetricType::Gauge,
                       f.fenced ? 1 : 0));
