@@ -265,8 +265,9 @@ ScenarioOutput partition(double scale) {
       fmt("%.1f", std::chrono::duration<double>(start).count()) + " s to " +
       fmt("%.1f", std::chrono::duration<double>(end).count()) +
       " s; the coordinator call timeout is 10 s (longer than the partition), so only the fence "
-      "bounds the stale share. With self-fencing the node stops admitting at its lease's end "
-      "minus the 25 ms margin and on_fenced aborts its in-flight calls.\n\n"
+      "bounds the stale share. With self-fencing the node stops admitting once a call could "
+      "outlive its lease (lease - 25 ms margin - 40 ms call deadline) and fences at the lease's "
+      "end minus the margin; by then its calls have ended, so on_fenced finds none to abort.\n\n"
       "| mode | max Σ in-flight / L_global | samples over L_global | node 0 fenced | aborted "
       "calls |\n|---|---|---|---|---|\n";
   std::vector<PlotSeries> plot;
