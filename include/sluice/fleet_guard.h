@@ -210,6 +210,13 @@ class FleetGuard {
   // Stops admitting and leaves the fleet. Idempotent.
   void close() noexcept;
 
+  // Takes `options` in place of the guard's own, keeping its membership, share and every
+  // permit it holds (a config reload). Only with the same node_id, key and call deadline in
+  // force, and valid options: else false and nothing changes. The fence and the admission
+  // window of the last grant stand until the next beat (the coordinator holds the record under
+  // the lease it was sent with). Call only while nothing ticks the guard (stop its runner).
+  [[nodiscard]] bool reconfigure(FleetGuardOptions options);
+
   [[nodiscard]] FleetGuardStats stats() const noexcept;
   [[nodiscard]] const FleetGuardOptions& options() const noexcept { return options_; }
 
@@ -245,7 +252,7 @@ class FleetGuard {
 
   ConcurrencyCoordinator& coordinator_;
   const Clock& clock_;
-  const FleetGuardOptions options_;
+  FleetGuardOptions options_;  // changed only by reconfigure(), while nothing ticks
   AdaptiveGuard local_;
 
   // Written by the ticking thread; read by stats() from any thread (relaxed: each is one

@@ -377,6 +377,19 @@ void FleetGuard::close() noexcept {
   (void)coordinator_.leave(options_.key, options_.node_id, call_timeout_of(options_));
 }
 
+bool FleetGuard::reconfigure(FleetGuardOptions options) {
+  if (options.node_id != options_.node_id || options.key != options_.key ||
+      !options.validate().empty() || deadline_of(options) != deadline_)
+    return false;
+  options_ = std::move(options);
+  // A changed outage mode takes effect now where it decides the cap.
+  const FleetPhase phase = phase_.load(std::memory_order_relaxed);
+  if (phase == FleetPhase::kStarting)
+    apply_cap(options_.outage == OutageMode::kFailClosed ? 0 : AdaptiveGuard::kNoCap);
+  if (phase == FleetPhase::kOutage) enter_outage();
+  return true;
+}
+
 FleetGuardStats FleetGuard::stats() const noexcept {
   FleetGuardStats s;
   s.local = local_.stats();

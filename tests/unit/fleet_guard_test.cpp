@@ -521,6 +521,34 @@ TEST(FleetGuardCallDeadline, AThawedNodeDoesNotAdmitOnTheGrantItHeldBeforeTheSta
   }
 }
 
+// A reload's changed options, in place: the permits and the share stay; an outage mode change
+// takes effect in an outage; another key or call deadline is refused (a new guard's job).
+TEST(FleetGuardReconfigure, KeepsPermitsAndShareAndRefusesAnotherKeyOrDeadline) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(4), w.clock, options("a"));
+  g.tick(w.clock.now());
+  std::vector<FleetPermit> held = fill(g);
+  ASSERT_EQ(held.size(), 4u);
+  FleetGuardOptions other = options("a");
+  other.key = "elsewhere";
+  EXPECT_FALSE(g.reconfigure(other));
+  other = options("a");
+  other.call_deadline = milliseconds(100);
+  EXPECT_FALSE(g.reconfigure(other));
+  other = options("a", OutageMode::kLocalOnly);
+  other.call_deadline = milliseconds(375);  // the deadline in force before
+  other.lease_ttl = seconds(2);
+  ASSERT_TRUE(g.reconfigure(other));
+  EXPECT_EQ(g.options().outage, OutageMode::kLocalOnly);
+  EXPECT_EQ(g.stats().local.in_flight, 4u);
+  EXPECT_EQ(g.stats().share, 4u);
+  held.clear();
+  w.coordinator.set_fault(FaultyCoordinator::Fault::kUnavailable);
+  g.tick(w.clock.now() + seconds(1));
+  EXPECT_EQ(g.stats().phase, FleetPhase::kOutage);
+  EXPECT_EQ(fill(g).size(), 4u);  // local-only: its own limit in the outage
+}
+
 // Without self-fencing, fail-closed keeps its documented behaviour: it admits on its last share.
 TEST(FleetGuardCallDeadline, FailClosedWithoutSelfFencingAdmitsOnItsLastShare) {
   World w;

@@ -24,13 +24,43 @@ class FleetLimitPolicy final : public AdmitPolicy {
 
   // Builds the guard and starts its runner.
   Status start(const FleetSpec& spec, const BuildContext& c) {
+    algorithm_ = spec.algorithm;
     FleetGuardOptions o = spec.guard;
     o.node_id = c.node_id;
     auto g = FleetGuard::create(*coordinator_, make_algorithm(spec.algorithm), c.clock, o);
     if (!g.ok()) return g.status();
     guard_ = std::move(g.value());
+    key_ = o.key;
+    call_deadline_ = o.call_deadline_in_force();
+    outage_.store(o.outage, std::memory_order_relaxed);
     runner_ = std::make_unique<FleetGuardRunner>(*guard_, c.clock);
     return {};
+  }
+
+  // In place when the fleet stays the same (the same coordinator object, key and algorithm,
+  // and the same call deadline in force): the guard keeps its membership, share and in-flight
+  // permits instead of leaving (which would hand its share to the others while its calls run)
+  // and joining again. Anything else is rebuilt.
+  StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
+    const FleetSpec& spec = *c.spec.as<FleetSpec>();
+    auto coordinator = c.coordinator<ConcurrencyCoordinator>(spec.coordinator,
+                                                             "the fleet's concurrency interface");
+    if (!coordinator.ok() || coordinator.value() != coordinator_) return Reconfiguration{};
+    if (!same(spec.algorithm, algorithm_)) return Reconfiguration{};
+    FleetGuardOptions o = spec.guard;
+    o.node_id = guard_->options().node_id;  // its membership goes on under its own id
+    if (o.key != guard_->options().key ||
+        o.call_deadline_in_force() != guard_->options().call_deadline_in_force() ||
+        !o.validate().empty())
+      return Reconfiguration{};
+    const Clock* clock = &c.clock;
+    return Reconfiguration([this, o = std::move(o), clock]() mutable {
+      outage_.store(o.outage, std::memory_order_relaxed);
+      runner_.reset();  // nothing ticks the guard while it changes
+      const bool taken = guard_->reconfigure(std::move(o));
+      (void)taken;  // checked above: the same node, key and deadline, valid options
+      runner_ = std::make_unique<FleetGuardRunner>(*guard_, *clock);
+    });
   }
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
@@ -63,7 +93,7 @@ class FleetLimitPolicy final : public AdmitPolicy {
     const std::string why = "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
                             std::string(coordinator_->backend()) + " not reached)";
     const bool waiting = s.phase == FleetPhase::kStarting || s.phase == FleetPhase::kOutage;
-    if (waiting && guard_->options().outage == OutageMode::kLocalOnly)
+    if (waiting && outage_.load(std::memory_order_relaxed) == OutageMode::kLocalOnly)
       return {true, why + "; admitting local-only, up to this node's own limit"};
     return {false, why};
   }
@@ -81,14 +111,12 @@ class FleetLimitPolicy final : public AdmitPolicy {
     j["fenced"] = s.fenced;
     j["heartbeats"] = s.heartbeats;
     j["heartbeat_errors"] = s.heartbeat_errors;
-    j["call_deadline_ms"] =
-        std::chrono::duration<double, std::milli>(guard_->options().call_deadline_in_force())
-            .count();
+    j["call_deadline_ms"] = std::chrono::duration<double, std::milli>(call_deadline_).count();
     j["overdue"] = s.overdue;
     j["late_releases"] = s.late_releases;
     j["stale_refusals"] = s.stale_refusals;
     j["coordinator"] = std::string(coordinator_->backend());
-    j["key"] = guard_->options().key;
+    j["key"] = key_;
     describe_admissions(j);
   }
   void metrics(std::vector<MetricFamily>& out) const override {
@@ -123,7 +151,18 @@ class FleetLimitPolicy final : public AdmitPolicy {
   }
 
  private:
+  static bool same(const AlgorithmSpec& a, const AlgorithmSpec& b) {
+    return a.kind == b.kind && a.limit == b.limit && a.initial_limit == b.initial_limit &&
+           a.min_limit == b.min_limit && a.max_limit == b.max_limit;
+  }
+
   std::shared_ptr<ConcurrencyCoordinator> coordinator_;  // declared before its users
+  AlgorithmSpec algorithm_;                              // the guard's algorithm was made from it
+  // What other threads read of the guard's options (which a reconfiguration replaces): the key
+  // and the call deadline never change in place; the outage mode may.
+  std::string key_;
+  Nanos call_deadline_{0};
+  std::atomic<OutageMode> outage_{OutageMode::kFailClosed};
   std::unique_ptr<FleetGuard> guard_;
   std::unique_ptr<FleetGuardRunner> runner_;
 };
