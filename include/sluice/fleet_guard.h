@@ -183,8 +183,11 @@ class FleetGuard {
   ~FleetGuard();
 
   // Admits while in_flight < min(share, L_local) and the last grant's lease still covers a call
-  // admitted now (see the call deadline above). Reads the clock once. Never blocks.
-  [[nodiscard]] std::optional<FleetPermit> acquire() noexcept;
+  // admitted now (see the call deadline above). Never blocks. acquire() reads the guard's clock
+  // (the permit's deadline needs the admission time: on a VM's clock that read costs more than
+  // the rest of the admission); a caller that has read it already passes it.
+  [[nodiscard]] std::optional<FleetPermit> acquire() noexcept { return acquire(clock_.now()); }
+  [[nodiscard]] std::optional<FleetPermit> acquire(Nanos now) noexcept;
 
   // One heartbeat now: report, then apply the grant (or the outage mode). Never throws.
   Status heartbeat() noexcept;

@@ -106,8 +106,7 @@ StatusOr<std::unique_ptr<FleetGuard>> FleetGuard::create(ConcurrencyCoordinator&
 
 FleetGuard::~FleetGuard() { close(); }
 
-std::optional<FleetPermit> FleetGuard::acquire() noexcept {
-  const Nanos now = clock_.now();
+std::optional<FleetPermit> FleetGuard::acquire(Nanos now) noexcept {
   if (now.count() >= admit_until_.load(std::memory_order_relaxed)) [[unlikely]] {
     stale_refusals_.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;

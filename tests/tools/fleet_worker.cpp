@@ -298,7 +298,8 @@ void freeze_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& 
     at(sh.admitted).fetch_add(1);
     const Nanos t0 = clock.now();
     const Nanos natural = t0 + milliseconds(length(rng));
-    const Nanos stop = c.honour ? std::min(natural, permit->deadline()) : natural;
+    // A deadline already past (admitted with a stale clock reading) ends the call at once.
+    const Nanos stop = c.honour ? std::max(t0, std::min(natural, permit->deadline())) : natural;
     const std::int64_t slot = at(sh.calls).fetch_add(1);
     if (slot < static_cast<std::int64_t>(kMaxCalls)) {
       at(sh.call_start_ns[slot]).store(t0.count());

@@ -68,7 +68,7 @@ class FleetLimitPolicy final : public AdmitPolicy {
     auto go_on = pass(gate, call, now, out);
     if (!go_on.ok()) return go_on.status();
     if (!go_on.value()) return out;
-    if (std::optional<FleetPermit> p = guard_->acquire()) {
+    if (std::optional<FleetPermit> p = guard_->acquire(now)) {
       out.call_deadline = p->deadline();
       out.permit = lease(FleetLease{std::move(*p)});
       return out;
