@@ -31,6 +31,7 @@ enum class EventType : std::uint8_t {
   kProcess,
   kReply,
   kTimeout,
+  kRelease,
   kSample
 };
 
@@ -46,9 +47,15 @@ struct Event {
 };
 
 struct Call {
-  GuardPermit permit;
+  std::optional<GuardPermit> local;  // independent
+  std::optional<FleetPermit> fleet;  // fleet
   Nanos start;
-  bool timed_out;
+  bool timed_out;          // the caller gave up (or the backend stopped it at its deadline)
+  bool in_backend = true;  // still counted in the backend's in-flight
+  void release(Outcome outcome, Nanos rtt) {
+    if (local) local->release(outcome, rtt);
+    if (fleet) fleet->release(outcome, rtt);
+  }
 };
 
 struct Node {
@@ -118,7 +125,14 @@ class Simulation {
         o.heartbeat = c_.heartbeat;
         o.eager_handoff = c_.eager_handoff;
         o.self_fence = c_.self_fence;
+        o.outage = c_.outage;
+        o.lease_ttl = c_.lease_ttl;
         o.call_timeout = c_.call_timeout_coordinator;
+        o.call_deadline = c_.call_deadline;
+        if (!o.call_deadline) {  // the caller's timeout, when it fits the lease
+          o.call_deadline = c_.call_timeout;
+          if (!o.validate().empty()) o.call_deadline.reset();
+        }
         o.local = local;
         o.on_fenced = [this, i] { nodes_[static_cast<std::size_t>(i)].fence_hook_ran = true; };
         n.fleet = std::make_unique<FleetGuard>(memory_, make_algorithm(c_, i), clock_, o);
@@ -157,18 +171,46 @@ class Simulation {
     return false;
   }
 
-  std::optional<GuardPermit> acquire(Node& n) {
-    return n.local ? n.local->acquire() : n.fleet->acquire();
+  // The end of the freeze covering `t` on `node`, if any.
+  std::optional<Nanos> frozen_until(int node, Nanos t) const {
+    for (const Freeze& f : c_.freezes)
+      if (f.node == node && t >= f.start && t < f.end) return f.end;
+    return std::nullopt;
+  }
+
+  bool acquire(Node& n, Call& call) {
+    if (n.local) {
+      call.local = n.local->acquire();
+      return call.local.has_value();
+    }
+    call.fleet = n.fleet->acquire();
+    return call.fleet.has_value();
   }
 
   void handle(const Event& e) {
     Node* n = e.node >= 0 ? &nodes_[static_cast<std::size_t>(e.node)] : nullptr;
+    if (n != nullptr && e.type != EventType::kFinish && e.type != EventType::kProcess) {
+      if (const std::optional<Nanos> thaw = frozen_until(e.node, e.t)) {
+        // A frozen node handles nothing: arrivals to it are lost, the rest waits for the thaw.
+        if (e.type == EventType::kArrival) {
+          ++result_.arrivals;
+          ++result_.rejected;
+          push(e.t + next_gap(*n), EventType::kArrival, e.node, 0);
+        } else {
+          push(*thaw, e.type, e.node, e.id);
+        }
+        return;
+      }
+    }
     switch (e.type) {
       case EventType::kArrival:
         arrive(*n, e.node);
         push(e.t + next_gap(*n), EventType::kArrival, e.node, 0);
         break;
       case EventType::kFinish:
+        backend_done(*n, e.node, e.id);
+        break;
+      case EventType::kRelease:
         finish(*n, e.id);
         break;
       case EventType::kPoll:
@@ -208,8 +250,8 @@ class Simulation {
 
   void arrive(Node& n, int node) {
     ++result_.arrivals;
-    std::optional<GuardPermit> p = acquire(n);
-    if (!p) {
+    Call call{};
+    if (!acquire(n, call)) {
       ++result_.rejected;
       return;
     }
@@ -218,10 +260,29 @@ class Simulation {
     const double load = static_cast<double>(in_flight_) / static_cast<double>(c_.capacity);
     const auto rtt =
         Nanos{std::llround(static_cast<double>(c_.base_latency.count()) * std::max(1.0, load))};
-    const bool timed_out = rtt > c_.call_timeout;
+    // The caller gives up at its timeout; a backend that honours the deadline stops it there.
+    Nanos end = std::min(rtt, c_.call_timeout);
+    if (call.fleet && c_.honour_deadline)
+      end = std::min(end, call.fleet->deadline() - clock_.now());
+    call.start = clock_.now();
+    call.timed_out = end < rtt;
     const std::uint64_t id = next_call_++;
-    n.calls.emplace(id, Call{std::move(*p), clock_.now(), timed_out});
-    push(clock_.now() + (timed_out ? c_.call_timeout : rtt), EventType::kFinish, node, id);
+    n.calls.emplace(id, std::move(call));
+    push(clock_.now() + end, EventType::kFinish, node, id);
+  }
+
+  // The call ends in the backend; its node learns of it now, or when it thaws.
+  void backend_done(Node& n, int node, std::uint64_t id) {
+    const auto it = n.calls.find(id);
+    if (it == n.calls.end() || !it->second.in_backend) return;  // aborted by a fence
+    it->second.in_backend = false;
+    --in_flight_;
+    const Nanos at = frozen_until(node, clock_.now()).value_or(clock_.now());
+    if (at == clock_.now()) {
+      finish(n, id);
+    } else {
+      push(at, EventType::kRelease, node, id);
+    }
   }
 
   void finish(Node& n, std::uint64_t id) {
@@ -229,8 +290,7 @@ class Simulation {
     if (it == n.calls.end()) return;  // aborted by a fence
     Call& call = it->second;
     const Nanos rtt = clock_.now() - call.start;
-    call.permit.release(call.timed_out ? Outcome::kDropped : Outcome::kSuccess, rtt);
-    --in_flight_;
+    call.release(call.timed_out ? Outcome::kDropped : Outcome::kSuccess, rtt);
     if (clock_.now() >= c_.warmup) {
       if (call.timed_out) {
         ++result_.timeouts;
@@ -261,8 +321,8 @@ class Simulation {
     n.fence_hook_ran = false;
     if (!c_.abort_on_fence) return;
     for (auto& [id, call] : n.calls) {
-      call.permit.release(Outcome::kIgnored, Nanos{0});
-      --in_flight_;
+      call.release(Outcome::kIgnored, Nanos{0});
+      if (call.in_backend) --in_flight_;
       ++result_.aborted;
     }
     n.calls.clear();
@@ -274,14 +334,16 @@ class Simulation {
     s.in_flight = in_flight_;
     if (c_.guard == GuardKind::kFleet) {
       if (const std::optional<FleetState> st = memory_.state(kKey)) {
-        s.l_global = aggregate_limit(*st, c_.coordinator.aggregate);
+        s.l_global = st->ceiling;  // in force since the last heartbeat
+        s.l_aggregate = aggregate_limit(*st, c_.coordinator.aggregate);
         for (const FleetNode& fn : st->nodes) s.shares += fn.share;
       }
     }
     const std::uint32_t live = live_nodes();
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       Node& n = nodes_[i];
-      s.node_in_flight.push_back(static_cast<std::uint32_t>(n.calls.size()));
+      s.node_in_flight.push_back(static_cast<std::uint32_t>(std::count_if(
+          n.calls.begin(), n.calls.end(), [](const auto& kv) { return kv.second.in_backend; })));
       if (n.fleet) {
         const FleetGuardStats st = n.fleet->stats();
         s.node_share.push_back(st.share);
@@ -320,6 +382,7 @@ class Simulation {
         const double over = static_cast<double>(s.in_flight) / s.l_global;
         r.max_over_l_global = std::max(r.max_over_l_global, over);
         if (s.in_flight > s.l_global) ++r.samples_over_l_global;
+        if (s.l_aggregate < s.l_global) ++r.samples_draining;
         sum_l += over;
         ++count_l;
       }
@@ -407,6 +470,10 @@ std::string FleetSimConfig::validate() const {
   for (const Partition& p : partitions)
     if (p.node < 0 || p.node >= nodes || p.end < p.start)
       return "partitions: node out of range or end before start";
+  for (const Freeze& f : freezes)
+    if (f.node < 0 || f.node >= nodes || f.end < f.start)
+      return "freezes: node out of range or end before start";
+  if (call_deadline && *call_deadline <= Nanos{0}) return "call_deadline must be > 0";
   if (duration <= warmup) return "duration must be > warmup";
   if (sample_every <= Nanos{0}) return "sample_every must be > 0";
   return {};

@@ -3,7 +3,8 @@
  * The same protocol as src/core/fleet.cpp (sluice::heartbeat, sluice::leave) and its exhaustive
  * twin tests/model/fleet_model_test.cpp: N nodes (guards) share one key of a coordinator. Every
  * node reports l_local = L, so L_global = L with either aggregate (constant L_global), and a
- * guard's gate min(share, L_local) is its share. The coordinator keeps per node a record
+ * guard's gate min(share, L_local) is its share. (With a constant aggregate the core's ceiling
+ * in force is L throughout; the twin also searches L_local moving under held calls.) The coordinator keeps per node a record
  * (present, in_flight, share, acked generation, and with acknowledged handoff the grants not yet
  * superseded by an ack) and the key's generation. Its step is one d_step, rule for rule as
  * heartbeat(): upsert the reporter (in_flight, acked = max(acked, reported); with handoff drop

@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
   sim_cmd->require_subcommand(1);
   CLI::App* sim_fleet = sim_cmd->add_subcommand(
       "fleet", "the fleet guard's scenarios: a table per scenario, CSV and SVG with --out");
-  sim_fleet->add_option("--scenario", sim.scenario, "fan-out, join-ramp, partition, skew or all")
-      ->check(CLI::IsMember({"fan-out", "join-ramp", "partition", "skew", "all"}));
+  sim_fleet
+      ->add_option("--scenario", sim.scenario, "fan-out, join-ramp, partition, freeze, skew or all")
+      ->check(CLI::IsMember({"fan-out", "join-ramp", "partition", "freeze", "skew", "all"}));
   sim_fleet->add_option("--out", sim.out_dir, "directory for the CSV and SVG files");
   sim_fleet->add_option("--scale", sim.scale, "shorten every run (0.05..1)")
       ->check(CLI::Range(0.05, 1.0));

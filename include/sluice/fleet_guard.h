@@ -22,17 +22,34 @@
 // Every coordinator call is bounded by call_timeout and, when fencing, by the fence deadline,
 // so a hanging coordinator (a partition) never keeps a node admitting past its lease.
 //
+// Call deadline: every admitted call gets one (admission + call_deadline, FleetPermit::deadline)
+// for the caller to pass on to the backend, and call_deadline + heartbeat + fence_safety_margin
+// must be shorter than the lease (validate()). That is what keeps sum(in_flight) <= L_global
+// when a node stalls (SIGSTOP, a long pause, a VM freeze) past its lease: the coordinator then
+// gives its share to the others, and only calls that end by their deadline are sure to be gone
+// by then. A node admits only while a call admitted now would end before the lease of its last
+// successful beat runs out (sent_at + lease_ttl - fence_safety_margin - call_deadline), in
+// fail-closed with self-fencing and in local-only (a node thawed after its lease ran out must
+// not admit on the grant it held before; its next beat answers first). That leaves
+// lease_ttl - fence_safety_margin - call_deadline - heartbeat for the next grant's round trip:
+// when it takes longer, the node refuses calls for the difference. A permit still held past
+// its deadline is no longer reported to the coordinator as in flight (the backend has stopped
+// the call), and is released as dropped whatever its caller says.
+//
 // Thread-safety: acquire(), stats() and the permits are safe from any thread and never block.
 // tick(), heartbeat() and close() must be called by one thread at a time (the runner's).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "sluice/adaptive_guard.h"
 #include "sluice/coordinator.h"
@@ -69,6 +86,11 @@ struct FleetGuardOptions {
   std::optional<Nanos> min_heartbeat;
   // Longest a coordinator call may take; > 0. Default = heartbeat.
   std::optional<Nanos> call_timeout;
+  // Longest an admitted call may run (its deadline: admission + call_deadline); > 0 and
+  // call_deadline + heartbeat + fence_safety_margin < lease_ttl. Default
+  // (lease_ttl - heartbeat - fence_safety_margin) / 2. When it is set and lease_ttl is not,
+  // lease_ttl defaults to max(2 x heartbeat, call_deadline + heartbeat + 2 x margin).
+  std::optional<Nanos> call_deadline;
   // Runs once each time the node fences (e.g. to abort in-flight calls). Must not block.
   std::function<void()> on_fenced;
   // The private adaptive guard's windows.
@@ -76,20 +98,73 @@ struct FleetGuardOptions {
 
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
+
+  // The values in force, defaults applied.
+  [[nodiscard]] Nanos lease_in_force() const noexcept;
+  [[nodiscard]] Nanos fence_margin_in_force() const noexcept;
+  [[nodiscard]] Nanos call_deadline_in_force() const noexcept;
 };
 
 struct FleetGuardStats {
   AdaptiveGuardStats local;  // in_flight, limit (the effective ceiling), algorithm_limit, ...
   FleetPhase phase = FleetPhase::kStarting;
-  std::uint32_t share = 0;     // last granted
-  std::uint32_t l_global = 0;  // last granted
-  std::uint32_t nodes = 0;     // last granted
+  std::uint32_t share = 0;        // last granted
+  std::uint32_t l_global = 0;     // last granted
+  std::uint32_t l_aggregate = 0;  // last granted: the aggregate; < l_global while draining
+  std::uint32_t nodes = 0;        // last granted
   std::uint64_t generation = 0;
   bool fenced = false;
   std::uint64_t heartbeats = 0;        // successful
   std::uint64_t heartbeat_errors = 0;  // failed (outage)
   std::uint64_t off_cycle_beats = 0;   // eager handoff
   std::uint64_t fences = 0;            // times the node fenced
+  std::uint32_t overdue = 0;           // permits held past their call deadline (not reported)
+  std::uint64_t late_releases = 0;     // permits released past their deadline (as dropped)
+  std::uint64_t stale_refusals = 0;    // acquire() refused: the last grant's lease ran out
+};
+
+class FleetGuard;
+
+// A move-only token for one call admitted by a FleetGuard: a GuardPermit with the call's
+// deadline. release(outcome, rtt) gives the unit back; a call released at or past its deadline
+// (rtt >= call_deadline, or released ignored after it) is recorded as kDropped whatever the
+// outcome says. Destroying it unreleased releases it as kIgnored (dropped if late). Not
+// thread-safe itself: one owner at a time. The guard must outlive it.
+class [[nodiscard]] FleetPermit {
+ public:
+  FleetPermit() noexcept = default;
+  FleetPermit(FleetPermit&& other) noexcept
+      : permit_(std::move(other.permit_)),
+        guard_(std::exchange(other.guard_, nullptr)),
+        deadline_(other.deadline_) {}
+  FleetPermit& operator=(FleetPermit&& other) noexcept {
+    if (this != &other) {
+      release(Outcome::kIgnored, Nanos{0});
+      permit_ = std::move(other.permit_);
+      guard_ = std::exchange(other.guard_, nullptr);
+      deadline_ = other.deadline_;
+    }
+    return *this;
+  }
+  FleetPermit(const FleetPermit&) = delete;
+  FleetPermit& operator=(const FleetPermit&) = delete;
+  ~FleetPermit() { release(Outcome::kIgnored, Nanos{0}); }
+
+  // Records the outcome and gives the unit back. Idempotent: only the first call counts.
+  void release(Outcome outcome, Nanos rtt) noexcept;
+  // When the call must have ended, on the guard's clock: pass it on to the backend.
+  [[nodiscard]] Nanos deadline() const noexcept { return deadline_; }
+  [[nodiscard]] bool held() const noexcept { return guard_ != nullptr; }
+  explicit operator bool() const noexcept { return held(); }
+
+ private:
+  friend class FleetGuard;
+  FleetPermit(GuardPermit permit, FleetGuard* guard, Nanos deadline) noexcept
+      : permit_(std::move(permit)), guard_(guard), deadline_(deadline) {}
+
+  GuardPermit permit_;
+  FleetGuard* guard_ = nullptr;
+  Nanos deadline_{0};
 };
 
 class FleetGuard {
@@ -107,8 +182,12 @@ class FleetGuard {
   // Leaves the fleet if close() was not called.
   ~FleetGuard();
 
-  // Admits while in_flight < min(share, L_local). Never blocks.
-  [[nodiscard]] std::optional<GuardPermit> acquire() noexcept { return local_.acquire(); }
+  // Admits while in_flight < min(share, L_local) and the last grant's lease still covers a call
+  // admitted now (see the call deadline above). Never blocks. acquire() reads the guard's clock
+  // (the permit's deadline needs the admission time: on a VM's clock that read costs more than
+  // the rest of the admission); a caller that has read it already passes it.
+  [[nodiscard]] std::optional<FleetPermit> acquire() noexcept { return acquire(clock_.now()); }
+  [[nodiscard]] std::optional<FleetPermit> acquire(Nanos now) noexcept;
 
   // One heartbeat now: report, then apply the grant (or the outage mode). Never throws.
   Status heartbeat() noexcept;
@@ -134,10 +213,36 @@ class FleetGuard {
   // Stops admitting and leaves the fleet. Idempotent.
   void close() noexcept;
 
+  // Takes `options` in place of the guard's own, keeping its membership, share and every
+  // permit it holds (a config reload). Only with the same node_id, key and call deadline in
+  // force, and valid options: else false and nothing changes. The fence and the admission
+  // window of the last grant stand until the next beat (the coordinator holds the record under
+  // the lease it was sent with). Call only while nothing ticks the guard (stop its runner).
+  [[nodiscard]] bool reconfigure(FleetGuardOptions options);
+
   [[nodiscard]] FleetGuardStats stats() const noexcept;
   [[nodiscard]] const FleetGuardOptions& options() const noexcept { return options_; }
 
  private:
+  friend class FleetPermit;
+
+  // Permits by admission time, in buckets of width_ (epoch = admitted_at / width_): what lets
+  // the beat leave out the permits past their deadline without a record per permit. A word is
+  // (epoch << kCountBits) | count; a bucket's permits that passed their deadline move to
+  // overdue_ (by the sweep before a beat, or by the admission that reuses the bucket), and a
+  // permit released after that takes itself off overdue_ instead.
+  static constexpr int kBuckets = 16;
+  static constexpr int kCountBits = 24;
+  static constexpr std::uint64_t kCountMask = (std::uint64_t{1} << kCountBits) - 1;
+  static constexpr std::uint64_t kSwept = ~std::uint64_t{0} >> kCountBits;  // no epoch
+  void track(Nanos admitted_at) noexcept;
+  void untrack(Nanos admitted_at) noexcept;
+  void sweep(Nanos now) noexcept;
+  [[nodiscard]] std::uint64_t epoch_of(Nanos t) const noexcept;
+  [[nodiscard]] std::uint32_t overdue() const noexcept;
+  void finish_permit(FleetPermit& p, Outcome outcome, Nanos rtt) noexcept;
+  void set_admit_until(Nanos t) noexcept;
+
   void apply_cap(std::uint32_t cap) noexcept;
   void apply_grant(const Grant& grant, Nanos sent_at) noexcept;
   void enter_outage() noexcept;
@@ -150,7 +255,7 @@ class FleetGuard {
 
   ConcurrencyCoordinator& coordinator_;
   const Clock& clock_;
-  const FleetGuardOptions options_;
+  FleetGuardOptions options_;  // changed only by reconfigure(), while nothing ticks
   AdaptiveGuard local_;
 
   // Written by the ticking thread; read by stats() from any thread (relaxed: each is one
@@ -158,12 +263,22 @@ class FleetGuard {
   std::atomic<FleetPhase> phase_{FleetPhase::kStarting};
   std::atomic<std::uint32_t> share_{0};
   std::atomic<std::uint32_t> l_global_{0};
+  std::atomic<std::uint32_t> l_aggregate_{0};
   std::atomic<std::uint32_t> nodes_{0};
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<std::uint64_t> heartbeats_{0};
   std::atomic<std::uint64_t> heartbeat_errors_{0};
   std::atomic<std::uint64_t> off_cycle_beats_{0};
   std::atomic<std::uint64_t> fences_{0};
+  std::atomic<std::uint64_t> late_releases_{0};
+  std::atomic<std::uint64_t> stale_refusals_{0};
+  // acquire() admits only before this (ns on clock_; max: no limit). Relaxed: a stale read
+  // admits or refuses one call around the moment it changes, as a read a moment earlier would.
+  std::atomic<std::int64_t> admit_until_{std::numeric_limits<std::int64_t>::max()};
+  const Nanos deadline_;  // call_deadline in force
+  const Nanos width_;     // bucket width: deadline_ / 8 (at least 1 ns)
+  std::array<std::atomic<std::uint64_t>, kBuckets> buckets_{};
+  std::atomic<std::int64_t> overdue_{0};  // may dip below 0 for a moment (a race of the sweep)
 
   // Ticking thread only.
   bool beat_due_now_ = true;                 // the first beat: at the first tick
@@ -188,5 +303,9 @@ class FleetGuardRunner {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+inline void FleetPermit::release(Outcome outcome, Nanos rtt) noexcept {
+  if (FleetGuard* g = std::exchange(guard_, nullptr)) g->finish_permit(*this, outcome, rtt);
+}
 
 }  // namespace sluice

@@ -61,12 +61,23 @@ std::uint32_t aggregate_limit(const FleetState& state, Aggregate aggregate) {
   if (state.nodes.empty()) return 0;
   std::vector<std::uint32_t> v;
   v.reserve(state.nodes.size());
-  for (const FleetNode& n : state.nodes) v.push_back(n.l_local);
+  for (const FleetNode& n : state.nodes)
+    if (n.estimated) v.push_back(n.l_local);
+  if (v.empty())  // no estimate yet: every node's initial guess counts
+    for (const FleetNode& n : state.nodes) v.push_back(n.l_local);
   if (aggregate == Aggregate::kMin) return *std::min_element(v.begin(), v.end());
   // The lower median: index (n - 1) / 2 of the sorted values.
   const auto mid = v.begin() + static_cast<std::ptrdiff_t>((v.size() - 1) / 2);
   std::nth_element(v.begin(), mid, v.end());
   return *mid;
+}
+
+std::uint32_t ceiling_in_force(const FleetState& state, const CoordinatorConfig& config) {
+  std::uint64_t committed = 0;
+  for (const FleetNode& n : state.nodes) committed += reserve(n, config.acknowledged_handoff);
+  const std::uint64_t held = std::min<std::uint64_t>(state.ceiling, committed);
+  return static_cast<std::uint32_t>(
+      std::max<std::uint64_t>(aggregate_limit(state, config.aggregate), held));
 }
 
 Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
@@ -78,6 +89,7 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
     it->id = report.node_id;
   }
   it->l_local = report.l_local;
+  it->estimated = report.estimated;
   it->in_flight = report.in_flight;
   it->expires_at = now + report.lease_ttl;
   it->acked_generation = std::max(it->acked_generation, report.acked_generation);
@@ -90,11 +102,13 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
   it = find_node(state.nodes, report.node_id);
   const auto self = static_cast<std::size_t>(it - state.nodes.begin());
 
-  // 3. The fleet's ceiling.
-  const std::uint32_t limit = aggregate_limit(state, config.aggregate);
+  // 3. The aggregate, and the ceiling in force: it falls no faster than what is held drains.
+  const std::uint32_t aggregate = aggregate_limit(state, config.aggregate);
+  const std::uint32_t limit = ceiling_in_force(state, config);
+  state.ceiling = limit;
 
-  // 4-5. Target, capped by what the others hold.
-  const std::uint32_t target = target_of(state.nodes, self, limit, config.allocation);
+  // 4-5. Target (toward the aggregate), capped by what the others hold.
+  const std::uint32_t target = target_of(state.nodes, self, aggregate, config.allocation);
   std::uint64_t others = 0;
   for (std::size_t i = 0; i < state.nodes.size(); ++i)
     if (i != self) others += reserve(state.nodes[i], config.acknowledged_handoff);
@@ -105,7 +119,8 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
   state.generation = std::max(state.generation, acked) + 1;
   it->share = share;
   if (config.acknowledged_handoff) it->unacked.push_back({state.generation, share});
-  return Grant{share, limit, static_cast<std::uint32_t>(state.nodes.size()), state.generation};
+  return Grant{share, limit, aggregate, static_cast<std::uint32_t>(state.nodes.size()),
+               state.generation};
 }
 
 bool leave(FleetState& state, std::string_view node_id) {

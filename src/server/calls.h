@@ -69,7 +69,9 @@ struct AdmitResult {
   std::string lease_id;
   Nanos ttl{0};
   std::string chosen;  // what the policy chose (a cascade's node); empty when it names nothing
-  Rejection refusal;   // when !admitted
+  // When the call must have ended (the engine's clock), for the backend; unset: no deadline.
+  std::optional<Nanos> call_deadline;
+  Rejection refusal;  // when !admitted
   // Keeps alive what `refusal`'s views point into (the policy that refused).
   std::shared_ptr<const void> refusal_owner;
 };

@@ -528,6 +528,7 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
   out.admitted = true;
   out.ttl = ttl;
   out.chosen = std::move(d.value().chosen);
+  out.call_deadline = d.value().call_deadline;
   return out;
 }
 

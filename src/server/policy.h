@@ -90,9 +90,10 @@ class AdmitGate {
 };
 
 struct AdmitDecision {
-  std::optional<LeasePermit> permit;  // admitted
-  std::string chosen;                 // admitted: what it chose (a cascade's node); may be empty
-  Rejection refusal;                  // when not admitted
+  std::optional<LeasePermit> permit;   // admitted
+  std::string chosen;                  // admitted: what it chose (a cascade's node); may be empty
+  std::optional<Nanos> call_deadline;  // admitted: when the call must have ended (fleet)
+  Rejection refusal;                   // when not admitted
   std::shared_ptr<const void> refusal_owner;
 };
 

@@ -6,6 +6,9 @@
 //     (target >= 0.9, recorded in bench/README.md), not asserted.
 //   - 4 nodes admitting 2,000 calls/s each: Redis commands per admitted call <= 0.01, read from
 //     the server's own counters.
+//   - 3 nodes, L_global = 12, one stopped (SIGSTOP) past its lease while its calls run on in the
+//     backend: no more than L_global calls in the backend at once when calls end by their
+//     deadline (a few seconds each run), and the over-admission when they outlive the lease.
 //
 // Each node is a sluice_fleet_worker process (tests/tools/fleet_worker.cpp). The workers count
 // fleet-wide in a shared-memory file (permits held, violations and their times, jobs, the start
@@ -103,6 +106,8 @@ class Child {
     }
     return true;
   }
+  // Sends `sig` (SIGSTOP, SIGCONT) to the child by its pid; false if it is gone.
+  bool signal(int sig) { return pid_ > 0 && ::kill(pid_, sig) == 0; }
   void kill() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
@@ -262,6 +267,56 @@ class FleetProcesses : public ::testing::Test {
     // line above prints it; bench/README.md records it against the >= 0.9 target.
   }
 
+  // Freeze mode (3 nodes, L_global 12, heartbeat 100 ms): node 1 is stopped (SIGSTOP) for
+  // 1.2 s, past its lease, once calls are running, then continued; the run's calls last 3 s.
+  void run_freeze(const std::string& run, const std::vector<std::string>& flags,
+                  Report& report) const {
+    constexpr int kFreezeNodes = 3;
+    std::vector<std::unique_ptr<Child>> workers;
+    for (int i = 1; i <= kFreezeNodes; ++i) {
+      std::vector<std::string> args = {worker_args(dir_ + "/" + run)[0],
+                                       "--shm=" + dir_ + "/" + run + ".shm",
+                                       "--nodes=" + std::to_string(kFreezeNodes),
+                                       "--limit=12",
+                                       "--mode=freeze",
+                                       "--threads=8",
+                                       "--seconds=3",
+                                       "--heartbeat-ms=100",
+                                       "--node=" + run + "-" + std::to_string(i),
+                                       "--key=" + run,
+                                       "--port=" + std::to_string(server_->port())};
+      args.insert(args.end(), flags.begin(), flags.end());
+      workers.push_back(std::make_unique<Child>(run + "-" + std::to_string(i), args, dir_));
+      ASSERT_TRUE(workers.back()->started()) << "cannot spawn " << args[0];
+    }
+    // Once the callers have started (every node held its fair share), let calls build up,
+    // then stop node 1 past its lease.
+    const Nanos give_up = SteadyClock::instance().now() + seconds(20);
+    Report now;
+    while (now["started"] == 0 && SteadyClock::instance().now() < give_up) {
+      std::this_thread::sleep_for(milliseconds(50));
+      now.clear();
+      ASSERT_TRUE(read_report(run, now));
+    }
+    ASSERT_EQ(now["started"], 1) << workers[0]->describe();
+    std::this_thread::sleep_for(milliseconds(500));
+    ASSERT_TRUE(workers[0]->signal(SIGSTOP));
+    std::this_thread::sleep_for(milliseconds(1200));
+    ASSERT_TRUE(workers[0]->signal(SIGCONT));
+    const Nanos deadline = SteadyClock::instance().now() + seconds(30);
+    std::string failures;
+    for (const auto& w : workers)
+      if (!w->wait_until(deadline) || w->exit_code() != 0) failures += w->describe();
+    ASSERT_TRUE(failures.empty()) << "worker failed:\n" << failures;
+    ASSERT_TRUE(read_report(run, report));
+    std::printf(
+        "[fleet] %s: %lld calls, at most %lld in the backend at once (L_global 12), a "
+        "peer evicted: %lld\n  frozen node: %s",
+        run.c_str(), static_cast<long long>(report["calls"]),
+        static_cast<long long>(report["max_overlap"]), static_cast<long long>(report["evicted"]),
+        workers[0]->out().c_str());
+  }
+
   static testing::SuiteServer<testing::RedisServer> server_;
   std::string dir_;
 };
@@ -276,6 +331,35 @@ TEST_F(FleetProcesses, AcknowledgedHandoffNeverAdmitsAboveTheGlobalLimit) {
 TEST_F(FleetProcesses, WithoutHandoffNoAdmissionAboveTheGlobalLimitOnceMembershipIsStable) {
   Report r;
   run_jobs("no-handoff", false, r);  // violations_after_stable == 0 is checked there
+}
+
+// A node stopped (SIGSTOP) past its lease loses its record and the others take its share,
+// while the calls it admitted go on in the backend. With a call deadline the lease covers
+// (call_deadline 250 ms, so lease_ttl 400 ms) and a backend that stops each call at its
+// deadline, the frozen node's calls are gone before its lease is: never more than L_global in
+// the backend at once, fail-closed or local-only, the thaw included (the thawed node does not
+// admit on the grant it held before the stop).
+TEST_F(FleetProcesses, AFrozenNodePastItsLeaseCausesNoOverAdmissionWhenCallsHonourTheDeadline) {
+  for (const std::string outage : {"fail-closed", "local-only"}) {
+    Report r;
+    run_freeze("freeze-" + outage, {"--deadline-ms=250", "--outage=" + outage}, r);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(r["evicted"], 1) << outage << ": the stop did not outlast the lease";
+    EXPECT_GE(r["calls"], 24) << outage;
+    EXPECT_LE(r["max_overlap"], 12) << outage << ": admitted above L_global";
+  }
+}
+
+// The same stop when calls outlive the lease (lease 200 ms, calls of 600-900 ms that run on
+// past their deadline: what a fleet without the rule did): the harness sees the over-admission
+// the deadline rule prevents.
+TEST_F(FleetProcesses, AFrozenNodeWhoseCallsOutliveItsLeaseLeadsToOverAdmission) {
+  Report r;
+  run_freeze("freeze-control",
+             {"--lease-ms=200", "--honour=0", "--call-min-ms=600", "--call-max-ms=900"}, r);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(r["evicted"], 1);
+  EXPECT_GT(r["max_overlap"], 12);
 }
 
 // The server's counters include the commands the heartbeat script runs (TIME, HGETALL, HSET,

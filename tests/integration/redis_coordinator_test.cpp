@@ -118,14 +118,14 @@ TEST_F(RedisCoordinatorTest, KeyIsOneHashInOneSlotThatExpiresWhenAbandoned) {
   ASSERT_TRUE(redis->heartbeat("orders", report("n2", 10), kTimeout).ok());
   const std::string key = "'sluice:fleet:{orders}'";
   EXPECT_EQ(cli(server_->port(), "TYPE " + key), "hash");
-  EXPECT_EQ(cli(server_->port(), "HLEN " + key), "3");  // g, n:n1, n:n2
+  EXPECT_EQ(cli(server_->port(), "HLEN " + key), "4");  // g, c, n:n1, n:n2
   const int ttl_ms = std::stoi(cli(server_->port(), "PTTL " + key));
   EXPECT_GT(ttl_ms, 0);       // abandoned keys disappear
   EXPECT_LE(ttl_ms, 60'000);  // at least a minute, 100 leases here
   EXPECT_EQ(cli(server_->port(), "KEYS 'sluice:fleet:*'").find("{orders}") != std::string::npos,
             true);
   ASSERT_TRUE(redis->leave("orders", "n1", kTimeout).ok());
-  EXPECT_EQ(cli(server_->port(), "HLEN " + key), "2");
+  EXPECT_EQ(cli(server_->port(), "HLEN " + key), "3");
   EXPECT_TRUE(redis->leave("orders", "never-joined", kTimeout).ok());
 }
 
@@ -252,7 +252,7 @@ TEST(RedisCoordinator, AuthIsSentAndAWrongPasswordIsRefused) {
   auto right = RedisCoordinator::connect(o, {});
   ASSERT_TRUE(right.ok()) << right.status().to_string();
   EXPECT_TRUE(right.value()->heartbeat("auth", report("n1", 4), kTimeout).ok());
-  EXPECT_EQ(cli(server.port(), "HLEN 'sluice:fleet:{auth}'", "s3cret-pass"), "2");
+  EXPECT_EQ(cli(server.port(), "HLEN 'sluice:fleet:{auth}'", "s3cret-pass"), "3");  // g, c, n:n1
 }
 
 // A stopped (SIGSTOP) server accepts nothing and answers nothing: a partition, not an error.

@@ -12,7 +12,11 @@
 //   leave      graceful, only with in_flight == 0: sluice::leave, the node stops;
 //   crash      the node stops, its in-flight calls vanish, its record stays in the coordinator;
 //   expire     a stopped node's record is removed (the lease expiry; modelled with sluice::leave:
-//              the core runs with now = 0 and a huge lease_ttl so it never evicts by itself).
+//              the core runs with now = 0 and a huge lease_ttl so it never evicts by itself);
+//   estimate   (moving-limit configurations only) a running node's L_local moves between L and
+//              a lower value: the aggregate, hence the target, falls and rises under held
+//              calls, and L_global in force (FleetState::ceiling) must follow without ever
+//              falling below what the fleet holds.
 // In the synchronous model a heartbeat is one atomic step (report, core, the node applies the
 // grant). In the asynchronous model it is three: send (the report is snapshotted into a transit
 // slot; at most one heartbeat outstanding per node), process (the core runs on the snapshot:
@@ -29,12 +33,14 @@
 // like the original (a bisimulation), so the search covers unboundedly many heartbeats. Shares
 // and in-flight counts are bounded by L, the other fields by the protocol (checked).
 //
-// Invariants, in every reachable state:
-//   GlobalCap    the shares of the records in the coordinator's FleetState sum to <= L;
-//   InflightCap  the nodes' in-flight calls sum to <= L (synchronous model; asynchronous model
-//                with acknowledged handoff). Without handoff the asynchronous fleet has a bounded
-//                residual: the search measures the largest sum of in-flight calls instead.
-// A deliberately broken core (a stateless floor(L/N) split without the cap) must be caught.
+// Invariants, in every reachable state (L_global: L, or with a moving limit the ceiling in force
+// the core last published):
+//   GlobalCap    the shares of the records in the coordinator's FleetState sum to <= L_global;
+//   InflightCap  the nodes' in-flight calls sum to <= L_global (synchronous model; asynchronous
+//                model with acknowledged handoff). Without handoff the asynchronous fleet has a
+//                bounded residual: the search measures the largest sum of in-flight calls instead.
+// Deliberately broken cores must be caught: a stateless floor(L/N) split without the cap, and
+// (moving limit) a ceiling that drops with the aggregate at once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -59,7 +65,7 @@ constexpr std::array<std::string_view, kMaxNodes> kIds = {"a", "b", "c"};
 constexpr Nanos kNow{0};
 constexpr Nanos kLeaseTtl = std::chrono::hours(24 * 365);  // the core never evicts by itself
 
-enum class Core { kReal, kStatelessSplit };
+enum class Core { kReal, kStatelessSplit, kCeilingIsTheAggregate };
 
 struct Config {
   int nodes = 2;
@@ -68,6 +74,7 @@ struct Config {
   CoordinatorConfig coordinator;
   Core core = Core::kReal;
   bool inflight_cap = true;  // check InflightCap in every state
+  std::uint32_t low = 0;     // > 0: a node's L_local moves between limit and low
 };
 
 enum Phase : std::uint8_t { kFresh, kRunning, kStopped };
@@ -75,6 +82,7 @@ enum Phase : std::uint8_t { kFresh, kRunning, kStopped };
 // The coordinator's FleetNode for one node, minus its constants (l_local = L, expires_at).
 struct Record {
   std::uint8_t present;
+  std::uint8_t low;  // its L_local is the low value (moving limit)
   std::uint8_t in_flight;
   std::uint8_t share;
   std::uint8_t acked;
@@ -85,6 +93,8 @@ struct Record {
 
 struct Node {
   std::uint8_t phase;
+  std::uint8_t low;  // its L_local is the low value (moving limit)
+  std::uint8_t report_low;
   std::uint8_t in_flight;
   std::uint8_t share;   // the share it enforces
   std::uint8_t gen;     // the generation of the grant it enforces
@@ -100,6 +110,7 @@ struct State {
   std::array<Record, kMaxNodes> rec;
   std::array<Node, kMaxNodes> node;
   std::uint8_t generation;  // the key's last issued generation
+  std::uint8_t ceiling;     // L_global in force (moving limit; 0 with a constant one)
 };
 static_assert(std::is_trivially_copyable_v<State>);
 static_assert(std::has_unique_object_representations_v<State>);  // compared and hashed as bytes
@@ -114,10 +125,12 @@ enum Action : std::uint8_t {
   kLeave,
   kCrash,
   kExpire,
+  kEstimate,
   kActions,
 };
 constexpr std::array<const char*, kActions> kActionNames = {
-    "heartbeat", "send", "process", "deliver", "acquire", "release", "leave", "crash", "expire"};
+    "heartbeat", "send",  "process", "deliver", "acquire",
+    "release",   "leave", "crash",   "expire",  "estimate"};
 
 std::uint64_t hash_of(const State& s) {
   std::array<std::uint64_t, (sizeof(State) + 7) / 8> words{};
@@ -147,7 +160,7 @@ Grant stateless_split(FleetState& state, const NodeReport& report) {
   const auto rank = static_cast<std::uint32_t>(it - state.nodes.begin());
   it->share = report.l_local / count + (rank < report.l_local % count ? 1 : 0);
   ++state.generation;
-  return Grant{it->share, report.l_local, count, state.generation};
+  return Grant{it->share, report.l_local, report.l_local, count, state.generation};
 }
 
 struct Result {
@@ -186,10 +199,13 @@ class Explorer {
         max_in_flight_at = at;
       }
       r.all_busy = r.all_busy || busy;
-      if (shares > c_.limit)
-        r.violation = "GlobalCap: shares sum to " + std::to_string(shares);
-      else if (c_.inflight_cap && in_flight > c_.limit)
-        r.violation = "InflightCap: in-flight calls sum to " + std::to_string(in_flight);
+      const std::uint32_t ceiling = c_.low > 0 ? s.ceiling : c_.limit;
+      if (shares > ceiling)
+        r.violation = "GlobalCap: shares sum to " + std::to_string(shares) + " > L_global " +
+                      std::to_string(ceiling);
+      else if (c_.inflight_cap && in_flight > ceiling)
+        r.violation = "InflightCap: in-flight calls sum to " + std::to_string(in_flight) +
+                      " > L_global " + std::to_string(ceiling);
       if (!r.violation.empty()) {
         r.trace = trace_to(at);
         return r;
@@ -255,12 +271,14 @@ class Explorer {
   FleetState to_fleet(const State& s) const {
     FleetState f;
     f.generation = s.generation;
+    // A constant limit keeps the ceiling at L whatever was stored: the state leaves it out.
+    f.ceiling = c_.low > 0 ? s.ceiling : c_.limit;
     for (int i = 0; i < kMaxNodes; ++i) {
       const Record& r = s.rec[i];
       if (!r.present) continue;
       FleetNode n;
       n.id = std::string(kIds[i]);
-      n.l_local = c_.limit;
+      n.l_local = r.low ? c_.low : c_.limit;
       n.in_flight = r.in_flight;
       n.share = r.share;
       n.expires_at = kNow + kLeaseTtl;
@@ -279,16 +297,18 @@ class Explorer {
     };
     for (Record& r : s.rec) std::memset(static_cast<void*>(&r), 0, sizeof(r));
     s.generation = small(f.generation, "generation");
+    s.ceiling = c_.low > 0 ? small(f.ceiling, "ceiling") : 0;
     for (const FleetNode& n : f.nodes) {
       const auto i = std::find(kIds.begin(), kIds.end(), n.id) - kIds.begin();
-      if (i == kMaxNodes || n.l_local != c_.limit || n.expires_at != kNow + kLeaseTtl ||
-          n.unacked.size() > kMaxUnacked) {
+      if (i == kMaxNodes || (n.l_local != c_.limit && (c_.low == 0 || n.l_local != c_.low)) ||
+          n.expires_at != kNow + kLeaseTtl || n.unacked.size() > kMaxUnacked) {
         harness_error_ = "unexpected record for node '" + n.id + "' (" +
                          std::to_string(n.unacked.size()) + " unacknowledged grants)";
         return;
       }
       Record& r = s.rec[i];
       r.present = 1;
+      r.low = n.l_local != c_.limit ? 1 : 0;
       r.in_flight = small(n.in_flight, "in_flight");
       r.share = small(n.share, "share");
       r.acked = small(n.acked_generation, "acked_generation");
@@ -301,16 +321,18 @@ class Explorer {
   }
 
   // The coordinator handles node i's report; the state's records follow the core's FleetState.
-  Grant coordinate(State& s, int i, std::uint8_t in_flight, std::uint8_t acked) {
+  Grant coordinate(State& s, int i, std::uint8_t in_flight, std::uint8_t acked, std::uint8_t low) {
     FleetState f = to_fleet(s);
+    // The broken ceiling: L_global drops with the aggregate at once (no memory of the last).
+    if (c_.core == Core::kCeilingIsTheAggregate) f.ceiling = 0;
     NodeReport report;
     report.node_id = std::string(kIds[i]);
-    report.l_local = c_.limit;
+    report.l_local = low ? c_.low : c_.limit;
     report.in_flight = in_flight;
     report.acked_generation = acked;
     report.lease_ttl = kLeaseTtl;
-    const Grant g = c_.core == Core::kReal ? heartbeat(f, report, kNow, c_.coordinator)
-                                           : stateless_split(f, report);
+    const Grant g = c_.core == Core::kStatelessSplit ? stateless_split(f, report)
+                                                     : heartbeat(f, report, kNow, c_.coordinator);
     from_fleet(f, s);
     if (g.share > c_.limit || g.generation > 250) harness_error_ = "grant out of range";
     return g;
@@ -326,7 +348,7 @@ class Explorer {
   // A report it sent may still reach the coordinator.
   static void stop(Node& n) {
     n.phase = kStopped;
-    n.in_flight = n.share = n.gen = 0;
+    n.in_flight = n.share = n.gen = n.low = 0;
     n.grant = n.grant_share = n.grant_gen = 0;
   }
 
@@ -368,7 +390,7 @@ class Explorer {
     switch (a) {
       case kHeartbeat: {
         if (c_.async || !live) return false;
-        const Grant g = coordinate(s, i, n.in_flight, n.gen);
+        const Grant g = coordinate(s, i, n.in_flight, n.gen, n.low);
         n.phase = kRunning;
         n.share = static_cast<std::uint8_t>(g.share);
         n.gen = static_cast<std::uint8_t>(g.generation);
@@ -380,11 +402,12 @@ class Explorer {
         n.report = 1;
         n.report_in_flight = n.in_flight;
         n.report_gen = n.gen;
+        n.report_low = n.low;
         break;
       case kProcess: {
         if (!n.report) return false;
-        const Grant g = coordinate(s, i, n.report_in_flight, n.report_gen);
-        n.report = n.report_in_flight = n.report_gen = 0;
+        const Grant g = coordinate(s, i, n.report_in_flight, n.report_gen, n.report_low);
+        n.report = n.report_in_flight = n.report_gen = n.report_low = 0;
         if (n.phase != kStopped) {
           n.grant = 1;
           n.grant_share = static_cast<std::uint8_t>(g.share);
@@ -398,9 +421,14 @@ class Explorer {
         n.gen = n.grant_gen;
         n.grant = n.grant_share = n.grant_gen = 0;
         break;
-      case kAcquire:
+      case kAcquire:  // the gate min(share, L_local)
         if (n.phase != kRunning || n.in_flight >= n.share) return false;
+        if (c_.low > 0 && n.low && n.in_flight >= c_.low) return false;
         ++n.in_flight;
+        break;
+      case kEstimate:
+        if (c_.low == 0 || n.phase != kRunning) return false;
+        n.low = n.low ? 0 : 1;
         break;
       case kRelease:
         if (n.in_flight == 0) return false;
@@ -440,6 +468,7 @@ class Explorer {
                                     : "stop") +
              " if=" + std::to_string(n.in_flight) + " sh=" + std::to_string(n.share) +
              " g=" + std::to_string(n.gen);
+      if (n.low) out += " L_local=" + std::to_string(c_.low);
       if (n.report)
         out += " report(if=" + std::to_string(n.report_in_flight) +
                ",ack=" + std::to_string(n.report_gen) + ")";
@@ -463,6 +492,7 @@ class Explorer {
       }
       out += "}";
     }
+    if (c_.low > 0) out += " L_global=" + std::to_string(s.ceiling);
     return out + " | sum sh=" + std::to_string(shares) + " if=" + std::to_string(in_flight);
   }
 
@@ -492,13 +522,17 @@ Result explore(const Config& c) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "[model] %s nodes=%d L=%u %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
+      "[model] %s nodes=%d L=%u%s %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
       "max sum(shares)=%u, %.0f ms%s\n",
       c.async ? "async" : "sync", c.nodes, c.limit,
+      c.low > 0 ? (" (L_local moving to " + std::to_string(c.low) + ")").c_str() : "",
       std::string(to_string(c.coordinator.allocation)).c_str(),
       c.coordinator.acknowledged_handoff ? 1 : 0,
-      c.core == Core::kReal ? "real" : "stateless-split", r.states, r.max_in_flight, r.max_shares,
-      ms, r.violation.empty() ? "" : (" -> " + r.violation).c_str());
+      c.core == Core::kReal             ? "real"
+      : c.core == Core::kStatelessSplit ? "stateless-split"
+                                        : "ceiling-is-the-aggregate",
+      r.states, r.max_in_flight, r.max_shares, ms,
+      r.violation.empty() ? "" : (" -> " + r.violation).c_str());
   return r;
 }
 
@@ -576,6 +610,46 @@ TEST(FleetModel, AsyncWithoutHandoffResidualIsBounded) {
 }
 TEST(FleetModel, AsyncWithoutHandoffResidualIsBoundedThreeNodes) {
   check_async_residual(Size{3, 2});
+}
+
+// L_local moving between L and 1 under held calls (a backend that slows down and recovers, a
+// joiner whose estimate is low): the aggregate falls while calls are held, and L_global in
+// force still bounds the shares and the calls in flight in every interleaving.
+TEST(FleetModel, MovingLimitKeepsEveryCallUnderTheCeilingInForce) {
+  for (const Size size : {Size{2, 2}, Size{2, 3}, Size{3, 2}}) {
+    for (const Allocation allocation : kAllocations) {
+      Config c = make(size, false, allocation, false);
+      c.low = 1;
+      const Result r = explore(c);
+      EXPECT_EQ(r.violation, "") << r.trace;
+      EXPECT_EQ(r.max_in_flight, size.limit);
+    }
+  }
+  for (const Size size : {Size{2, 2}, Size{2, 3}}) {
+    for (const Allocation allocation : kAllocations) {
+      Config c = make(size, true, allocation, true);
+      c.low = 1;
+      const Result r = explore(c);
+      EXPECT_EQ(r.violation, "") << r.trace;
+      EXPECT_GT(r.states, 10'000u);
+      EXPECT_EQ(r.max_in_flight, size.limit);
+    }
+  }
+}
+
+// The same search with a ceiling that follows the aggregate down at once (the rule before the
+// ceiling in force): calls admitted under the higher limit are over the new one.
+TEST(FleetModel, ACeilingThatDropsWithTheAggregateIsCaught) {
+  for (const bool async : {false, true}) {
+    Config c = make(Size{2, 2}, async, Allocation::kEqualSplit, async);
+    c.low = 1;
+    c.core = Core::kCeilingIsTheAggregate;
+    const Result r = explore(c);
+    // Synchronously the shares already exceed the fallen ceiling; asynchronously the calls do.
+    EXPECT_TRUE(r.violation.rfind("GlobalCap", 0) == 0 || r.violation.rfind("InflightCap", 0) == 0)
+        << r.violation;
+    std::printf("[model]   counterexample:\n%s", r.trace.c_str());
+  }
 }
 
 TEST(FleetModel, BrokenStatelessSplitIsCaught) {

@@ -26,6 +26,14 @@
 //   rate    starts once every node holds its fair share (L_global / nodes). Each caller paces
 //           calls of --call-us so that the node admits --rate calls/s for --seconds; a call
 //           that is rejected is retried (every 50 us) until its slot is over, then missed.
+//   freeze  starts like rate. Callers loop for --seconds: acquire (retrying every ms) -> a call
+//           of --call-min-ms..--call-max-ms -> release. The backend's view of each call is
+//           recorded at admission as an interval [admitted, end): end is the call's natural
+//           end, or its deadline if that comes first and --honour=1 (the backend stops a call
+//           at the deadline its caller passed on). The harness freezes one worker (SIGSTOP)
+//           past its lease meanwhile: that worker's calls go on in the backend while it cannot
+//           release them, which is why they are intervals and not +1/-1. The report's
+//           max_overlap is the most intervals open at once, against --limit.
 //   report  prints the run's totals, one "name value" line each (after the workers exited).
 //
 // Exit code: 0 done; 1 bad usage or setup error; 2 barrier timeout (a peer never came).
@@ -42,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -61,6 +70,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 constexpr std::size_t kMaxRecords = 4096;  // violation times kept; more are counted only
+constexpr std::size_t kMaxCalls = 16384;   // freeze mode: call intervals kept
 
 // The shared-memory file's layout. Fields are only touched through at().
 struct Shared {
@@ -78,7 +88,11 @@ struct Shared {
   std::int64_t missed;         // rate mode: call slots that passed without an admission
   std::int64_t violations;     // admissions above --limit; also the next slot of violation_ns
   std::int64_t exited;         // workers that left the fleet
+  std::int64_t evicted;        // 1 once a node was granted with fewer than --nodes after start
+  std::int64_t calls;          // freeze mode: intervals recorded (the next slot)
   std::int64_t violation_ns[kMaxRecords];
+  std::int64_t call_start_ns[kMaxCalls];
+  std::int64_t call_end_ns[kMaxCalls];
 };
 
 using Ref = std::atomic_ref<std::int64_t>;
@@ -111,9 +125,17 @@ struct Config {
   std::int64_t rate = 2'000;  // per node, calls/s
   std::int64_t seconds = 5;
   std::int64_t call_us = 500;
-  std::int64_t barrier_s = 20;  // longest wait for the peers
+  std::int64_t barrier_s = 20;   // longest wait for the peers
+  std::int64_t lease_ms = 0;     // 0: the guard's default
+  std::int64_t deadline_ms = 0;  // call_deadline; 0: the guard's default
+  bool honour = true;            // freeze mode: the backend stops a call at its deadline
+  std::int64_t call_min_ms = 150;
+  std::int64_t call_max_ms = 350;
+  bool local_only = false;
 
-  [[nodiscard]] Nanos lease() const { return 2 * milliseconds(heartbeat_ms); }
+  [[nodiscard]] Nanos lease() const {
+    return lease_ms > 0 ? Nanos{milliseconds(lease_ms)} : 2 * milliseconds(heartbeat_ms);
+  }
 };
 
 // Parses --name=value flags; the error, or empty.
@@ -136,6 +158,12 @@ std::string parse(int argc, char** argv, Config& c) {
       {"seconds", [&](const std::string& v) { c.seconds = std::stoll(v); }},
       {"call-us", [&](const std::string& v) { c.call_us = std::stoll(v); }},
       {"barrier-s", [&](const std::string& v) { c.barrier_s = std::stoll(v); }},
+      {"lease-ms", [&](const std::string& v) { c.lease_ms = std::stoll(v); }},
+      {"deadline-ms", [&](const std::string& v) { c.deadline_ms = std::stoll(v); }},
+      {"honour", [&](const std::string& v) { c.honour = v == "1"; }},
+      {"call-min-ms", [&](const std::string& v) { c.call_min_ms = std::stoll(v); }},
+      {"call-max-ms", [&](const std::string& v) { c.call_max_ms = std::stoll(v); }},
+      {"outage", [&](const std::string& v) { c.local_only = v == "local-only"; }},
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -149,7 +177,10 @@ std::string parse(int argc, char** argv, Config& c) {
       return "bad value: " + arg;
     }
   }
-  if (c.mode != "jobs" && c.mode != "rate" && c.mode != "report") return "--mode: jobs|rate|report";
+  if (c.mode != "jobs" && c.mode != "rate" && c.mode != "freeze" && c.mode != "report")
+    return "--mode: jobs|rate|freeze|report";
+  if (c.call_min_ms < 1 || c.call_max_ms < c.call_min_ms)
+    return "--call-min-ms must be >= 1 and <= --call-max-ms";
   if (c.shm.empty()) return "--shm is required";
   if (c.mode != "report" && (c.port <= 0 || c.node.empty())) return "--port and --node required";
   if (c.nodes < 1 || c.limit < 1 || c.threads < 1 || c.heartbeat_ms < 1 || c.rate < 1)
@@ -194,7 +225,7 @@ void job_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clo
   constexpr Nanos kMinBackoff = microseconds(100), kMaxBackoff = milliseconds(1);
   Nanos backoff = kMinBackoff;
   while (at(sh.jobs_taken).load() < c.jobs) {
-    std::optional<GuardPermit> permit = guard.acquire();
+    std::optional<FleetPermit> permit = guard.acquire();
     if (!permit) {
       at(sh.rejected).fetch_add(1);
       sleep_for(backoff);
@@ -216,10 +247,10 @@ void job_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clo
 }
 
 // Retries acquire() every 50 us until it admits or `deadline` passes.
-std::optional<GuardPermit> acquire_by(FleetGuard& guard, Shared& sh, const Clock& clock,
+std::optional<FleetPermit> acquire_by(FleetGuard& guard, Shared& sh, const Clock& clock,
                                       Nanos deadline) {
   while (true) {
-    if (std::optional<GuardPermit> permit = guard.acquire()) return permit;
+    if (std::optional<FleetPermit> permit = guard.acquire()) return permit;
     at(sh.rejected).fetch_add(1);
     if (clock.now() >= deadline) return std::nullopt;
     sleep_for(microseconds(50));
@@ -233,7 +264,7 @@ void rate_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& cl
   const Nanos end = start + seconds(c.seconds);
   for (Nanos slot = start + period * index / c.threads; slot < end; slot += period) {
     sleep_for(slot - clock.now());
-    std::optional<GuardPermit> permit = acquire_by(guard, sh, clock, slot + period);
+    std::optional<FleetPermit> permit = acquire_by(guard, sh, clock, slot + period);
     if (!permit) {
       at(sh.missed).fetch_add(1);
       continue;
@@ -250,6 +281,35 @@ void rate_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& cl
   }
 }
 
+// Freeze mode: calls for --seconds from `start`, each recorded as the backend sees it.
+void freeze_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clock, int index,
+                   Nanos start) {
+  std::mt19937_64 rng(std::hash<std::string>{}(c.node) + static_cast<std::uint64_t>(index));
+  std::uniform_int_distribution<std::int64_t> length(c.call_min_ms, c.call_max_ms);
+  const Nanos end = start + seconds(c.seconds);
+  sleep_for(start - clock.now());
+  while (clock.now() < end) {
+    std::optional<FleetPermit> permit = guard.acquire();
+    if (!permit) {
+      at(sh.rejected).fetch_add(1);
+      sleep_for(milliseconds(1));
+      continue;
+    }
+    at(sh.admitted).fetch_add(1);
+    const Nanos t0 = clock.now();
+    const Nanos natural = t0 + milliseconds(length(rng));
+    // A deadline already past (admitted with a stale clock reading) ends the call at once.
+    const Nanos stop = c.honour ? std::max(t0, std::min(natural, permit->deadline())) : natural;
+    const std::int64_t slot = at(sh.calls).fetch_add(1);
+    if (slot < static_cast<std::int64_t>(kMaxCalls)) {
+      at(sh.call_start_ns[slot]).store(t0.count());
+      at(sh.call_end_ns[slot]).store(stop.count());
+    }
+    sleep_for(stop - clock.now());
+    permit->release(stop < natural ? Outcome::kDropped : Outcome::kSuccess, clock.now() - t0);
+  }
+}
+
 // ---- membership and the start barrier ----
 
 // Counts this node once it has been granted with the whole fleet; the last one to do so
@@ -260,7 +320,10 @@ class MembershipWatch {
       : c_(c), sh_(sh), guard_(guard), clock_(clock) {}
 
   void poll() {
-    if (counted_ || guard_.stats().nodes != static_cast<std::uint32_t>(c_.nodes)) return;
+    const std::uint32_t nodes = guard_.stats().nodes;
+    if (counted_ && nodes < static_cast<std::uint32_t>(c_.nodes) && at(sh_.start_ns).load() != 0)
+      at(sh_.evicted).store(1);  // a peer's record expired (or it left)
+    if (counted_ || nodes != static_cast<std::uint32_t>(c_.nodes)) return;
     counted_ = true;
     if (at(sh_.full).fetch_add(1) + 1 == c_.nodes)
       at(sh_.stable_ns).store((clock_.now() + c_.lease()).count());
@@ -322,6 +385,8 @@ int drive(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clock) {
     callers.emplace_back([&, i] {
       if (c.mode == "jobs") {
         job_caller(c, sh, guard, clock);
+      } else if (c.mode == "freeze") {
+        freeze_caller(c, sh, guard, clock, i, *start);
       } else {
         rate_caller(c, sh, guard, clock, i, *start);
       }
@@ -340,12 +405,14 @@ void print_node_stats(const Config& c, const FleetGuard& guard) {
   const FleetGuardStats s = guard.stats();
   std::printf(
       "node %s: heartbeats %llu errors %llu fences %llu off_cycle %llu accepted %llu rejected "
-      "%llu share %u l_global %u nodes %u\n",
+      "%llu share %u l_global %u nodes %u stale_refusals %llu late_releases %llu\n",
       c.node.c_str(), static_cast<unsigned long long>(s.heartbeats),
       static_cast<unsigned long long>(s.heartbeat_errors),
       static_cast<unsigned long long>(s.fences), static_cast<unsigned long long>(s.off_cycle_beats),
       static_cast<unsigned long long>(s.local.accepted),
-      static_cast<unsigned long long>(s.local.rejected), s.share, s.l_global, s.nodes);
+      static_cast<unsigned long long>(s.local.rejected), s.share, s.l_global, s.nodes,
+      static_cast<unsigned long long>(s.stale_refusals),
+      static_cast<unsigned long long>(s.late_releases));
 }
 
 int run_node(const Config& c, Shared& sh) {
@@ -364,6 +431,9 @@ int run_node(const Config& c, Shared& sh) {
   options.key = c.key;
   options.heartbeat = milliseconds(c.heartbeat_ms);
   options.eager_handoff = c.eager;
+  if (c.lease_ms > 0) options.lease_ttl = milliseconds(c.lease_ms);
+  if (c.deadline_ms > 0) options.call_deadline = milliseconds(c.deadline_ms);
+  if (c.local_only) options.outage = OutageMode::kLocalOnly;
   auto limit =
       std::make_unique<FixedLimit>(FixedLimitOptions{.limit = static_cast<std::uint32_t>(c.limit)});
   auto guard = FleetGuard::create(*coordinator.value(), std::move(limit), clock, options);
@@ -383,6 +453,20 @@ int run_node(const Config& c, Shared& sh) {
 }
 
 // ---- report ----
+
+// The most call intervals open at once (an end at t closes before a start at t opens).
+std::int64_t max_overlap(Shared& sh) {
+  const std::int64_t n = std::min<std::int64_t>(at(sh.calls).load(), kMaxCalls);
+  std::vector<std::pair<std::int64_t, int>> edges;
+  for (std::int64_t i = 0; i < n; ++i) {
+    edges.emplace_back(at(sh.call_start_ns[i]).load(), +1);
+    edges.emplace_back(at(sh.call_end_ns[i]).load(), -1);
+  }
+  std::sort(edges.begin(), edges.end());
+  std::int64_t open = 0, most = 0;
+  for (const auto& [t, d] : edges) most = std::max(most, open += d);
+  return most;
+}
 
 void print_report(Shared& sh) {
   const std::int64_t stable = at(sh.stable_ns).load(), start = at(sh.start_ns).load();
@@ -407,6 +491,10 @@ void print_report(Shared& sh) {
       {"violations", violations},
       {"violations_before_stable", before},
       {"violations_after_stable", violations - before},
+      {"started", start != 0 ? 1 : 0},
+      {"evicted", at(sh.evicted).load()},
+      {"calls", at(sh.calls).load()},
+      {"max_overlap", max_overlap(sh)},
   };
   for (const auto& [name, value] : rows)
     std::printf("%s %lld\n", name, static_cast<long long>(value));

@@ -67,8 +67,54 @@ TEST(FleetCore, AggregateIsMedianLowerForEvenCountsOrMinNeverSum) {
   EXPECT_EQ(aggregate_limit(f.state, Aggregate::kMin), 10u);
   EXPECT_EQ(f.beat(report("c", 20)).l_global, 20u);
   f.config.aggregate = Aggregate::kMin;
-  EXPECT_EQ(f.beat(report("c", 20)).l_global, 10u);
+  const Grant g = f.beat(report("c", 20));
+  EXPECT_EQ(g.l_aggregate, 10u);
+  // a holds 10 (its solo grant) and c 6: L_global comes down only as they give it back.
+  EXPECT_EQ(g.l_global, 16u);
+  EXPECT_EQ(g.share, 3u);
+  EXPECT_EQ(f.beat(report("a", 10)).l_global, 13u);  // c holds 3 now
+  EXPECT_EQ(f.beat(report("c", 20)).l_global, 10u);  // a holds 4: at the aggregate
   EXPECT_EQ(aggregate_limit(FleetState{}, Aggregate::kMedian), 0u);
+}
+
+// A node whose L_local is still its algorithm's initial guess does not count toward the
+// aggregate while another node has an estimate; with none, every guess counts.
+TEST(FleetCore, InitialGuessesCountOnlyWhileNoNodeHasAnEstimate) {
+  Fleet f;
+  NodeReport a = report("a", 20), b = report("b", 20), c = report("c", 40);
+  a.estimated = b.estimated = false;
+  EXPECT_EQ(f.beat(a).l_aggregate, 20u);  // guesses only: they count
+  f.beat(b);
+  EXPECT_EQ(f.beat(c).l_aggregate, 40u);  // c's estimate alone, not the lower median 20
+  EXPECT_EQ(aggregate_limit(f.state, Aggregate::kMin), 40u);
+  b.estimated = true;
+  b.l_local = 30;
+  EXPECT_EQ(f.beat(b).l_aggregate, 30u);  // {30, 40}: the lower median
+}
+
+// L_global in force never falls below what the nodes hold (their reserves): a falling
+// aggregate takes effect as calls drain, and every grant fits under it.
+TEST(FleetCore, LGlobalFallsNoFasterThanWhatIsHeldDrains) {
+  Fleet f;
+  f.config.acknowledged_handoff = true;
+  for (int i = 0; i < 3; ++i) {
+    f.beat(report("a", 40, 20, f.state.generation));
+    f.beat(report("b", 40, 20, f.state.generation));
+  }
+  ASSERT_EQ(f.sum_shares(), 40u);
+  // Both now estimate 20, still holding 20 calls each.
+  Grant g = f.beat(report("a", 20, 20, f.state.generation));
+  EXPECT_EQ(g.l_aggregate, 20u);
+  EXPECT_EQ(g.l_global, 40u);
+  EXPECT_EQ(g.share, 10u);  // its target under the new aggregate
+  EXPECT_LE(f.sum_shares(), g.l_global);
+  g = f.beat(report("a", 20, 8, g.generation));  // a drained to 8 and confirmed its share
+  EXPECT_EQ(g.l_global, 30u);                    // b's 20 + a's 10
+  g = f.beat(report("b", 20, 10, f.state.generation));
+  EXPECT_EQ(g.l_global, 30u);  // b's unconfirmed 20 still counts
+  g = f.beat(report("b", 20, 10, g.generation));
+  EXPECT_EQ(g.l_global, 20u);
+  EXPECT_EQ(g.l_aggregate, 20u);
 }
 
 TEST(FleetCore, ExpiredLeasesAreEvictedAndLeaveReclaimsAtOnce) {

@@ -35,8 +35,8 @@ std::unique_ptr<LimitAlgorithm> fixed(std::uint32_t limit) {
 }
 
 // Admits as many as the guard allows; returns the permits.
-std::vector<GuardPermit> fill(FleetGuard& g) {
-  std::vector<GuardPermit> out;
+std::vector<FleetPermit> fill(FleetGuard& g) {
+  std::vector<FleetPermit> out;
   while (auto p = g.acquire()) out.push_back(std::move(*p));
   return out;
 }
@@ -329,12 +329,12 @@ TEST(FleetGuardSplitBeat, AtMostOneBeatIsOutstandingAndTheReplyIsAppliedOnComple
   EXPECT_EQ(b->report.l_local, 6u);
   EXPECT_EQ(b->report.acked_generation, 0u);
   EXPECT_EQ(b->timeout, seconds(1));    // call_timeout defaults to the heartbeat
-  w.clock.advance(milliseconds(1500));  // past the next periodic beat, before the fence
+  w.clock.advance(milliseconds(1200));  // past the next periodic beat, before the fence
   EXPECT_FALSE(g.poll(w.clock.now()).has_value()) << "a second beat while one is outstanding";
   EXPECT_FALSE(g.acquire());  // nothing granted yet
   g.complete(*b, w.memory.heartbeat("backend", b->report, seconds(1)));
   EXPECT_EQ(g.stats().share, 6u);
-  const std::vector<GuardPermit> held = fill(g);
+  const std::vector<FleetPermit> held = fill(g);
   EXPECT_EQ(held.size(), 6u);
   EXPECT_EQ(g.next_due(), b->sent_at + seconds(1));  // overdue: poll beats at once
   const std::optional<FleetGuard::Beat> next = g.poll(w.clock.now());
@@ -373,6 +373,191 @@ TEST(FleetGuardSplitBeat, ReplyAfterCloseIsDropped) {
   EXPECT_EQ(g.stats().phase, FleetPhase::kClosed);
   EXPECT_FALSE(g.acquire());
   EXPECT_FALSE(g.poll(w.clock.now()).has_value());
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// ---- the call deadline: a call must not outlive the node's lease ----
+
+TEST(FleetGuardCallDeadline, MustEndBeforeTheLeaseMinusAHeartbeatAndTheMargin) {
+  FleetGuardOptions o = options("a");  // heartbeat 1 s, margin 250 ms
+  o.lease_ttl = seconds(2);
+  EXPECT_EQ(o.validate(), "");
+  EXPECT_EQ(o.call_deadline_in_force(), milliseconds(375));  // (2 s - 1 s - 250 ms) / 2
+  o.call_deadline = milliseconds(749);
+  EXPECT_EQ(o.validate(), "");
+  o.call_deadline = milliseconds(750);  // 750 + 1000 + 250 = lease: not shorter
+  const std::string why = o.validate();
+  EXPECT_NE(why.find("call_deadline (750 ms)"), std::string::npos) << why;
+  EXPECT_NE(why.find("lease_ttl (2000 ms)"), std::string::npos) << why;
+  EXPECT_NE(why.find("loses its lease"), std::string::npos) << why;  // it says why
+  o.call_deadline = Nanos{0};
+  EXPECT_EQ(o.validate(), "call_deadline must be > 0");
+  // A lease too short for any deadline says so even when call_deadline is left to default.
+  o = options("a");
+  o.lease_ttl = milliseconds(1200);
+  o.fence_safety_margin = milliseconds(200);
+  EXPECT_NE(o.validate().find("the default"), std::string::npos) << o.validate();
+}
+
+TEST(FleetGuardCallDeadline, ALongDeadlineWithNoLeaseSetGetsALeaseLongEnough) {
+  FleetGuardOptions o = options("a");
+  o.call_deadline = seconds(10);
+  EXPECT_EQ(o.validate(), "");
+  EXPECT_EQ(o.lease_in_force(), seconds(10) + seconds(1) + milliseconds(500));
+  o.lease_ttl = seconds(5);  // set explicitly: checked, not stretched
+  EXPECT_NE(o.validate().find("call_deadline"), std::string::npos);
+}
+
+TEST(FleetGuardCallDeadline, EveryPermitCarriesItsDeadlineAndALateOneIsDropped) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(4), w.clock, options("a"));
+  g.tick(w.clock.now());
+  std::optional<FleetPermit> p = g.acquire();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->deadline(), w.clock.now() + milliseconds(375));
+  std::optional<FleetPermit> q = g.acquire();
+  ASSERT_TRUE(q);
+  p->release(Outcome::kSuccess, milliseconds(374));  // in time: a success
+  q->release(Outcome::kSuccess, milliseconds(375));  // at the deadline: dropped
+  EXPECT_EQ(g.stats().local.dropped, 1u);
+  EXPECT_EQ(g.stats().late_releases, 1u);
+  // A permit dropped unreleased after its deadline (a lease that expired) is dropped too.
+  std::optional<FleetPermit> r = g.acquire();
+  ASSERT_TRUE(r);
+  w.clock.advance(milliseconds(400));
+  r.reset();
+  EXPECT_EQ(g.stats().local.dropped, 2u);
+  EXPECT_EQ(g.stats().local.in_flight, 0u);
+}
+
+TEST(FleetGuardCallDeadline, CallsPastTheirDeadlineAreLeftOutOfTheReportedInFlight) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(8), w.clock, options("a"));
+  const Nanos t0 = w.clock.now();
+  g.tick(t0);
+  w.clock.set(t0 + milliseconds(500));
+  std::vector<FleetPermit> early;
+  for (int i = 0; i < 3; ++i) early.push_back(*g.acquire());
+  w.clock.set(t0 + milliseconds(900));
+  std::vector<FleetPermit> late;
+  for (int i = 0; i < 2; ++i) late.push_back(*g.acquire());
+  // The next beat: the early three are 500 ms old, past their 375 ms deadline by more than
+  // the sweep's granularity (a bucket, call_deadline / 8).
+  w.clock.set(t0 + seconds(1));
+  std::optional<FleetGuard::Beat> b = g.poll(w.clock.now());
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->report.in_flight, 2u);  // the backend stopped the early ones
+  EXPECT_EQ(g.stats().overdue, 3u);
+  EXPECT_EQ(g.stats().local.in_flight, 5u);  // their units come back only when released
+  g.complete(*b, w.memory.heartbeat("backend", b->report, seconds(1)));
+  early.front().release(Outcome::kSuccess, milliseconds(500));
+  EXPECT_EQ(g.stats().overdue, 2u);
+  EXPECT_EQ(g.stats().local.dropped, 1u);
+  early.clear();
+  late.clear();
+  EXPECT_EQ(g.stats().overdue, 0u);
+  EXPECT_EQ(g.stats().local.in_flight, 0u);
+}
+
+// Admissions over a long stretch reuse the buckets (what a reused one held is overdue by
+// then); the beat's sweep finds the rest. Either way the count matches the permits.
+TEST(FleetGuardCallDeadline, OverdueCountsSurviveBucketReuseAndReleasesBalanceThem) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(64), w.clock, options("a"));
+  Nanos next = g.tick(w.clock.now());
+  std::vector<FleetPermit> held;
+  for (int step = 0; step < 60; ++step) {  // 60 x 31 ms: the 16 buckets of 46 ms wrap twice
+    if (w.clock.now() >= next) next = g.tick(w.clock.now());
+    std::optional<FleetPermit> p = g.acquire();
+    ASSERT_TRUE(p) << step;
+    held.push_back(std::move(*p));
+    w.clock.advance(milliseconds(31));
+    if (step % 3 == 0) held.erase(held.begin());
+  }
+  w.clock.set(next);
+  std::optional<FleetGuard::Beat> b = g.poll(w.clock.now());
+  ASSERT_TRUE(b);
+  std::uint32_t past = 0;
+  for (const FleetPermit& p : held) {
+    // Swept by bucket: a permit counts once its whole bucket is past (within 47 ms of its own).
+    past += p.deadline() + milliseconds(47) <= w.clock.now() ? 1 : 0;
+  }
+  EXPECT_GE(g.stats().overdue, past);
+  std::uint32_t due = 0;
+  for (const FleetPermit& p : held) due += p.deadline() <= w.clock.now() ? 1 : 0;
+  EXPECT_LE(g.stats().overdue, due);
+  EXPECT_EQ(b->report.in_flight, held.size() - g.stats().overdue);
+  held.clear();
+  EXPECT_EQ(g.stats().overdue, 0u);
+  EXPECT_EQ(g.stats().local.in_flight, 0u);
+}
+
+// A node stalled past its lease (SIGSTOP, a long pause) must not admit on the grant it held:
+// the coordinator may have given that share away. Its callers may run before its ticking
+// thread does, so acquire() itself refuses, until the next beat answers.
+TEST(FleetGuardCallDeadline, AThawedNodeDoesNotAdmitOnTheGrantItHeldBeforeTheStall) {
+  for (const OutageMode mode : {OutageMode::kFailClosed, OutageMode::kLocalOnly}) {
+    World w;
+    FleetGuard g(w.coordinator, fixed(4), w.clock, options("a", mode));
+    g.tick(w.clock.now());
+    EXPECT_TRUE(g.acquire()) << static_cast<int>(mode);
+    w.clock.advance(milliseconds(1374));  // the last moment a call admitted ends in the lease
+    EXPECT_TRUE(g.acquire()) << static_cast<int>(mode);
+    // From lease - margin - call deadline (1.375 s) on, a call could outlive the lease: refused,
+    // before any fence (which comes at 1.75 s, from the ticking thread).
+    w.clock.advance(milliseconds(1));
+    EXPECT_FALSE(g.acquire()) << static_cast<int>(mode);
+    EXPECT_EQ(g.stats().phase, FleetPhase::kActive);
+    w.clock.advance(seconds(8));  // frozen: no tick ran
+    EXPECT_FALSE(g.acquire()) << static_cast<int>(mode);
+    EXPECT_EQ(g.stats().stale_refusals, 2u);
+    g.tick(w.clock.now());  // the next beat: a fresh grant
+    EXPECT_TRUE(g.acquire()) << static_cast<int>(mode);
+  }
+}
+
+// A reload's changed options, in place: the permits and the share stay; an outage mode change
+// takes effect in an outage; another key or call deadline is refused (a new guard's job).
+TEST(FleetGuardReconfigure, KeepsPermitsAndShareAndRefusesAnotherKeyOrDeadline) {
+  World w;
+  FleetGuard g(w.coordinator, fixed(4), w.clock, options("a"));
+  g.tick(w.clock.now());
+  std::vector<FleetPermit> held = fill(g);
+  ASSERT_EQ(held.size(), 4u);
+  FleetGuardOptions other = options("a");
+  other.key = "elsewhere";
+  EXPECT_FALSE(g.reconfigure(other));
+  other = options("a");
+  other.call_deadline = milliseconds(100);
+  EXPECT_FALSE(g.reconfigure(other));
+  other = options("a", OutageMode::kLocalOnly);
+  other.call_deadline = milliseconds(375);  // the deadline in force before
+  other.lease_ttl = seconds(2);
+  ASSERT_TRUE(g.reconfigure(other));
+  EXPECT_EQ(g.options().outage, OutageMode::kLocalOnly);
+  EXPECT_EQ(g.stats().local.in_flight, 4u);
+  EXPECT_EQ(g.stats().share, 4u);
+  held.clear();
+  w.coordinator.set_fault(FaultyCoordinator::Fault::kUnavailable);
+  g.tick(w.clock.now() + seconds(1));
+  EXPECT_EQ(g.stats().phase, FleetPhase::kOutage);
+  EXPECT_EQ(fill(g).size(), 4u);  // local-only: its own limit in the outage
+}
+
+// Without self-fencing, fail-closed keeps its documented behaviour: it admits on its last share.
+TEST(FleetGuardCallDeadline, FailClosedWithoutSelfFencingAdmitsOnItsLastShare) {
+  World w;
+  FleetGuardOptions o = options("a");
+  o.self_fence = false;
+  FleetGuard g(w.coordinator, fixed(4), w.clock, o);
+  g.tick(w.clock.now());
+  w.clock.advance(seconds(8));
+  EXPECT_TRUE(g.acquire());
 }
 
 }  // namespace

@@ -14,6 +14,11 @@
 // backend drops it) and counts as a timeout, released as dropped. Goodput = calls completed
 // within the timeout per second, as a fraction of the backend's ideal C / b.
 //
+// A node can also freeze (a stop-the-world pause, SIGSTOP, a VM stall): while frozen it handles
+// nothing (arrivals to it are lost, its beats, replies and releases wait until it thaws), but
+// the calls it admitted go on in the backend until they end, or until their deadline when the
+// backend honours it (honour_deadline: the caller passed FleetPermit::deadline() on).
+//
 // Thread-safety: none (one simulation, one thread).
 #pragma once
 
@@ -24,6 +29,7 @@
 
 #include "sluice/clock.h"
 #include "sluice/fleet.h"
+#include "sluice/fleet_guard.h"
 
 namespace sluice::sim {
 
@@ -39,6 +45,13 @@ enum class AlgorithmKind : std::uint8_t { kFixed, kVegas, kGradient2, kAimd };
 
 // A node's heartbeats hang (never reach the coordinator, no reply) during [start, end).
 struct Partition {
+  int node = 0;
+  Nanos start{0};
+  Nanos end{0};
+};
+
+// A node is frozen (handles nothing) during [start, end).
+struct Freeze {
   int node = 0;
   Nanos start{0};
   Nanos end{0};
@@ -62,6 +75,13 @@ struct FleetSimConfig {
   Nanos heartbeat = std::chrono::milliseconds(100);
   bool eager_handoff = false;
   bool self_fence = true;
+  OutageMode outage = OutageMode::kFailClosed;
+  std::optional<Nanos> lease_ttl;  // the guard's; unset: its default
+  // The guard's call_deadline; unset: call_timeout when the guard accepts it, else its default.
+  std::optional<Nanos> call_deadline;
+  // The backend stops a call at its deadline (the caller passed it on); false: calls run on.
+  bool honour_deadline = true;
+  std::vector<Freeze> freezes;
   Nanos call_timeout_coordinator = std::chrono::milliseconds(100);  // the guard's call_timeout
   Nanos one_way = std::chrono::milliseconds(2);  // node <-> coordinator, each way
   std::vector<Partition> partitions;
@@ -77,9 +97,10 @@ struct FleetSimConfig {
 
 struct Sample {
   Nanos t{0};
-  std::uint32_t in_flight = 0;  // sum over nodes (what the backend holds)
-  std::uint32_t l_global = 0;   // the coordinator's aggregate now (0 when independent)
-  std::uint32_t shares = 0;     // sum of the coordinator's live shares (0 when independent)
+  std::uint32_t in_flight = 0;    // sum over nodes (what the backend holds)
+  std::uint32_t l_global = 0;     // the coordinator's ceiling in force (0 when independent)
+  std::uint32_t l_aggregate = 0;  // the aggregate of L_local it is moving to
+  std::uint32_t shares = 0;       // sum of the coordinator's live shares (0 when independent)
   std::vector<std::uint32_t> node_in_flight;
   std::vector<std::uint32_t> node_share;  // the share each guard enforces (ceiling if indep.)
 };
@@ -91,6 +112,7 @@ struct FleetSimResult {
   double mean_over_capacity = 0;  // mean sum(in_flight) / C
   double max_over_l_global = 0;   // max sum(in_flight) / L_global (fleet only)
   std::uint32_t samples_over_l_global = 0;
+  std::uint32_t samples_draining = 0;  // L_global held above the aggregate while calls drain
   double utilization = 0;  // mean sum(in_flight) / L_global (fleet) or / C (independent)
   double goodput = 0;      // completions within the timeout per second / (C / b)
   std::uint64_t arrivals = 0, admitted = 0, rejected = 0, completed = 0, timeouts = 0, aborted = 0;

@@ -8,6 +8,9 @@
 //              default vs acknowledged handoff vs handoff + eager handoff.
 //   partition  one node's heartbeats hang for 5 s: sum(in_flight) / L_global without and with
 //              self-fencing.
+//   freeze     one node of three stalls for 8 s, past its lease, while its calls run on in the
+//              backend: before (calls outlive the lease) and with a call deadline the backend
+//              honours (sum(in_flight) / L_global <= 1.0), fail-closed and local-only.
 //   skew       two busy nodes and two nearly idle ones: utilization of L_global with equal
 //              split vs demand-proportional allocation.
 //

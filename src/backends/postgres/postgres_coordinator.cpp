@@ -1,14 +1,15 @@
 // The PostgreSQL coordinator: two round trips per heartbeat on one libpq connection.
 //
 //   1. BEGIN; SET LOCAL timeouts; pg_advisory_xact_lock(hashtextextended(key, 0)); read the
-//      key's generation, the server's clock and the key's node rows (ordered by id, "C");
+//      key's generation and ceiling, the server's clock and the key's node rows (ordered by id,
+//      "C");
 //   2. (after sluice::heartbeat ran here on the FleetState built from the rows) upsert the
-//      reporter, delete the evicted nodes, upsert the generation; COMMIT.
+//      reporter, delete the evicted nodes, upsert the generation and ceiling; COMMIT.
 //
-// Tables: <prefix>_keys(key, generation) and <prefix>_nodes(key, node_id, l_local, in_flight,
-// share, expires_ns, acked, unacked_gen[], unacked_share[]), created on every (re)connect by a
-// transaction serialised on an advisory lock of its own (so concurrent first uses never race
-// on the catalog).
+// Tables: <prefix>_keys(key, generation, ceiling) and <prefix>_nodes(key, node_id, l_local,
+// in_flight, share, expires_ns, acked, unacked_gen[], unacked_share[], estimated), created on
+// every (re)connect by a transaction serialised on an advisory lock of its own (so concurrent
+// first uses never race on the catalog); tables from before ceiling and estimated get them.
 //
 // Every wait goes through poll() on the connection's socket with the call's deadline (libpq's
 // asynchronous API, the connection in non-blocking mode). Past the deadline the connection is
@@ -219,6 +220,9 @@ bool parse_node(const PGresult* r, int row, FleetNode& n) {
       !parse_int(v(4), expires) || !parse_int(v(5), n.acked_generation) ||
       !parse_array(v(6), gens) || !parse_array(v(7), shares) || gens.size() != shares.size())
     return false;
+  const std::string_view estimated = v(8);  // a boolean: "t" or "f"
+  if (estimated != "t" && estimated != "f") return false;
+  n.estimated = estimated == "t";
   n.expires_at = Nanos{expires};
   for (std::size_t i = 0; i < gens.size(); ++i) {
     if (gens[i] < 0 || shares[i] < 0 || shares[i] > UINT32_MAX) return false;
@@ -245,11 +249,12 @@ std::string joined(const std::vector<std::string>& parts) {
 
 // The columns of <prefix>_nodes after (key): the read query's order, which parse_node follows.
 constexpr const char* kNodeFields =
-    "node_id, l_local, in_flight, share, expires_ns, acked, unacked_gen, unacked_share";
+    "node_id, l_local, in_flight, share, expires_ns, acked, unacked_gen, unacked_share, estimated";
 constexpr const char* kNodeUpdate =
     "l_local = EXCLUDED.l_local, in_flight = EXCLUDED.in_flight, share = EXCLUDED.share,"
     " expires_ns = EXCLUDED.expires_ns, acked = EXCLUDED.acked,"
-    " unacked_gen = EXCLUDED.unacked_gen, unacked_share = EXCLUDED.unacked_share";
+    " unacked_gen = EXCLUDED.unacked_gen, unacked_share = EXCLUDED.unacked_share,"
+    " estimated = EXCLUDED.estimated";
 
 struct Loaded {
   FleetState state;
@@ -316,6 +321,11 @@ struct PostgresCoordinator::Impl {
            " in_flight bigint NOT NULL, share bigint NOT NULL, expires_ns bigint NOT NULL,"
            " acked bigint NOT NULL, unacked_gen bigint[] NOT NULL,"
            " unacked_share bigint[] NOT NULL, PRIMARY KEY (key, node_id));";
+    // Columns added since the first release: tables made before get them here.
+    sql += "ALTER TABLE " + keys_table +
+           " ADD COLUMN IF NOT EXISTS ceiling bigint NOT NULL DEFAULT 0;";
+    sql += "ALTER TABLE " + nodes_table +
+           " ADD COLUMN IF NOT EXISTS estimated boolean NOT NULL DEFAULT true;";
     sql += "COMMIT;";
     return run(sql, deadline);
   }
@@ -424,7 +434,8 @@ struct PostgresCoordinator::Impl {
     std::string sql = begin_sql(deadline);
     sql += "SELECT pg_advisory_xact_lock(hashtextextended(" + k + ", 0));";
     sql += "SELECT (SELECT generation FROM " + keys_table + " WHERE key = " + k +
-           "), (extract(epoch FROM clock_timestamp()) * 1e6)::bigint;";
+           "), (extract(epoch FROM clock_timestamp()) * 1e6)::bigint, (SELECT ceiling FROM " +
+           keys_table + " WHERE key = " + k + ");";
     sql += std::string("SELECT ") + kNodeFields + " FROM " + nodes_table + " WHERE key = " + k +
            " ORDER BY node_id COLLATE \"C\";";
     auto rs = exec(sql, deadline);
@@ -440,12 +451,14 @@ struct PostgresCoordinator::Impl {
     if (rs.size() < 2) return bad;
     const PGresult* head = rs[rs.size() - 2].get();
     const PGresult* rows = rs.back().get();
-    if (PQntuples(head) != 1 || PQnfields(head) != 2 || PQnfields(rows) != 8) return bad;
+    if (PQntuples(head) != 1 || PQnfields(head) != 3 || PQnfields(rows) != 9) return bad;
     Loaded out;
     std::int64_t server_us = 0;
     if (!PQgetisnull(head, 0, 0) && !parse_int(PQgetvalue(head, 0, 0), out.state.generation))
       return bad;
     if (!parse_int(PQgetvalue(head, 0, 1), server_us)) return bad;
+    if (!PQgetisnull(head, 0, 2) && !parse_int(PQgetvalue(head, 0, 2), out.state.ceiling))
+      return bad;
     out.server_now = std::chrono::microseconds(server_us);
     out.state.nodes.resize(static_cast<std::size_t>(PQntuples(rows)));
     for (int i = 0; i < PQntuples(rows); ++i)
@@ -464,15 +477,16 @@ struct PostgresCoordinator::Impl {
         joined({k, self, std::to_string(me.l_local), std::to_string(me.in_flight),
                 std::to_string(me.share), std::to_string(me.expires_at.count()),
                 std::to_string(me.acked_generation), array_sql(me.unacked, true),
-                array_sql(me.unacked, false)});
+                array_sql(me.unacked, false), me.estimated ? "true" : "false"});
     std::string sql = "INSERT INTO " + nodes_table + " (key, " + kNodeFields + ") VALUES (" +
                       values + ") ON CONFLICT (key, node_id) DO UPDATE SET " + kNodeUpdate + ";";
     if (!evicted.empty())
       sql += "DELETE FROM " + nodes_table + " WHERE key = " + k + " AND node_id IN (" +
              joined(evicted) + ");";
-    sql += "INSERT INTO " + keys_table + " (key, generation) VALUES (" + k + ", " +
-           std::to_string(state.generation) +
-           ") ON CONFLICT (key) DO UPDATE SET generation = EXCLUDED.generation;";
+    sql += "INSERT INTO " + keys_table + " (key, generation, ceiling) VALUES (" + k + ", " +
+           std::to_string(state.generation) + ", " + std::to_string(state.ceiling) +
+           ") ON CONFLICT (key) DO UPDATE SET generation = EXCLUDED.generation,"
+           " ceiling = EXCLUDED.ceiling;";
     sql += "COMMIT;";
     return run(sql, deadline);
   }

@@ -1,11 +1,15 @@
 // The Redis heartbeat script: sluice/fleet.h's heartbeat core, transcribed rule for rule.
 //
-// KEYS[1]  the key's hash: field "g" = generation, field "n:<node id>" = the node's record
-//          "l_local:in_flight:share:expires_us:acked:unacked" (unacked = "gen/share,...").
+// KEYS[1]  the key's hash: field "g" = generation, "c" = the ceiling in force, field
+//          "n:<node id>" = the node's record
+//          "l_local:in_flight:share:expires_us:acked:estimated:unacked" (unacked =
+//          "gen/share,..."; a record without the estimated field, from before it, is an
+//          estimate).
 // ARGV     node_id, l_local, in_flight, acked_generation, lease_us, aggregate (0 median,
 //          1 min), allocation (0 equal split, 1 demand-proportional), handoff (0/1),
-//          now_us (-1: Redis TIME), key_ttl_ms (the hash expires when every lease is long gone).
-// Returns  {share, l_global, nodes, generation}.
+//          now_us (-1: Redis TIME), key_ttl_ms (the hash expires when every lease is long gone),
+//          estimated (0/1; absent: 1).
+// Returns  {share, l_global, nodes, generation, l_aggregate}.
 //
 // Numbers are Lua doubles: microsecond times and generations stay below 2^53, and every value
 // is written with %.0f (tostring would switch to exponent notation). Node ids are ordered by
@@ -27,6 +31,7 @@ local demand = ARGV[7] == '1'
 local handoff = ARGV[8] == '1'
 local now = tonumber(ARGV[9])
 local key_ttl = tonumber(ARGV[10])
+local estimated_in = ARGV[11] ~= '0'
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -49,23 +54,33 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
--- Read the state. A record is "l_local:in_flight:share:expires:acked:unacked".
+-- Read the state. A record is "l_local:in_flight:share:expires:acked:estimated:unacked".
 local gen = 0
+local ceiling = 0
 local nodes = {}
 local raw = redis.call('HGETALL', key)
 for i = 1, #raw, 2 do
   local f, v = raw[i], raw[i + 1]
   if f == 'g' then
     gen = tonumber(v)
+  elseif f == 'c' then
+    ceiling = tonumber(v)
   elseif string.sub(f, 1, 2) == 'n:' then
-    local l, fl, sh, ex, ac, un = string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):(.*)$')
+    local l, fl, sh, ex, ac, es, un =
+      string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([01]):([^:]*)$')
+    if l == nil then
+      es = '1'
+      l, fl, sh, ex, ac, un = string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):(.*)$')
+    end
     nodes[#nodes + 1] = { id = string.sub(f, 3), l_local = tonumber(l), in_flight = tonumber(fl),
                           share = tonumber(sh), expires = tonumber(ex), acked = tonumber(ac),
-                          unacked_text = un }
+                          estimated = es == '1', unacked_text = un }
   end
 end
--- A record's unacked grants: {gen, share} pairs from "gen/share,gen/share".
+-- A record's unacked grants: {gen, share} pairs from "gen/share,gen/share" (the reporter's:
+-- the ones its ack keeps, once upserted).
 local function unacked_of(n)
+  if n.unacked ~= nil then return n.unacked end
   local out = {}
   for g, sh in string.gmatch(n.unacked_text or '', '(%d+)/(%d+)') do
     out[#out + 1] = { gen = tonumber(g), share = tonumber(sh) }
@@ -81,6 +96,7 @@ if me == nil then
   nodes[#nodes + 1] = me
 end
 me.l_local = l_local
+me.estimated = estimated_in
 me.in_flight = in_flight
 me.expires = now + lease
 me.acked = math.max(me.acked, acked_in)
@@ -106,14 +122,28 @@ for _, n in ipairs(nodes) do
   end
 end
 
--- 3. Aggregate: lower median or min, never a sum.
+-- 3. Aggregate: lower median or min, never a sum; estimates only, unless there is none.
 local values = {}
-for _, n in ipairs(live) do values[#values + 1] = n.l_local end
-table.sort(values)
-local limit = 0
-if #values > 0 then
-  if agg_min then limit = values[1] else limit = values[math.floor((#values - 1) / 2) + 1] end
+for _, n in ipairs(live) do if n.estimated then values[#values + 1] = n.l_local end end
+if #values == 0 then
+  for _, n in ipairs(live) do values[#values + 1] = n.l_local end
 end
+table.sort(values)
+local aggregate = 0
+if #values > 0 then
+  if agg_min then aggregate = values[1] else aggregate = values[math.floor((#values - 1) / 2) + 1] end
+end
+-- The ceiling in force: up with the aggregate at once, down no faster than what is held drains.
+local function reserve(n)
+  local r = math.max(n.share, n.in_flight)
+  if handoff then
+    for _, g in ipairs(unacked_of(n)) do r = math.max(r, g.share) end
+  end
+  return r
+end
+local committed = 0
+for _, n in ipairs(live) do committed = committed + reserve(n) end
+local limit = math.max(aggregate, math.min(ceiling, committed))
 
 -- 4. Target.
 local function split(budget, count, rank)
@@ -124,7 +154,7 @@ local function split(budget, count, rank)
 end
 local target
 if not demand then
-  target = split(limit, #live, self_rank)
+  target = split(aggregate, #live, self_rank)
 else
   local probes, hungry, hungry_rank = 0, 0, 0
   for _, n in ipairs(live) do
@@ -139,7 +169,7 @@ else
     target = 1
   else
     local pool = 0
-    if limit > probes then pool = limit - probes end
+    if aggregate > probes then pool = aggregate - probes end
     target = split(pool, hungry, hungry_rank)
   end
 end
@@ -147,13 +177,7 @@ end
 -- 5. Cap by what the others reserve.
 local others = 0
 for _, n in ipairs(live) do
-  if n.id ~= self_id then
-    local r = math.max(n.share, n.in_flight)
-    if handoff then
-      for _, g in ipairs(unacked_of(n)) do r = math.max(r, g.share) end
-    end
-    others = others + r
-  end
+  if n.id ~= self_id then others = others + reserve(n) end
 end
 local room = 0
 if limit > others then room = limit - others end
@@ -167,12 +191,14 @@ if handoff then me.unacked[#me.unacked + 1] = { gen = gen, share = share } end
 -- Write back.
 local list = {}
 for _, g in ipairs(me.unacked) do list[#list + 1] = num(g.gen) .. '/' .. num(g.share) end
-redis.call('HSET', key, 'g', num(gen), 'n:' .. self_id,
+local est = '0'
+if me.estimated then est = '1' end
+redis.call('HSET', key, 'g', num(gen), 'c', num(limit), 'n:' .. self_id,
   num(me.l_local) .. ':' .. num(me.in_flight) .. ':' .. num(me.share) .. ':' ..
-  num(me.expires) .. ':' .. num(me.acked) .. ':' .. table.concat(list, ','))
+  num(me.expires) .. ':' .. num(me.acked) .. ':' .. est .. ':' .. table.concat(list, ','))
 if #evicted > 0 then redis.call('HDEL', key, unpack(evicted)) end
 redis.call('PEXPIRE', key, key_ttl)
-return { share, limit, #live, gen }
+return { share, limit, #live, gen, aggregate }
 )lua";
   return script;
 }

@@ -224,7 +224,8 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
         m.config.allocation == Allocation::kDemandProportional ? "1" : "0",
         m.config.acknowledged_handoff ? "1" : "0",
         std::to_string(now_us),
-        std::to_string(key_ttl_ms)};
+        std::to_string(key_ttl_ms),
+        report.estimated ? "1" : "0"};
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (!m.ctx) {
         if (Status s = m.connect_locked(deadline); !s.ok()) return s;
@@ -241,13 +242,14 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
         }
         return Status(StatusCode::kInternal, "redis: heartbeat script failed: " + err);
       }
-      if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 4)
+      if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 5)
         return Status(StatusCode::kInternal, "redis: unexpected heartbeat reply");
       Grant g;
       g.share = static_cast<std::uint32_t>(reply->element[0]->integer);
       g.l_global = static_cast<std::uint32_t>(reply->element[1]->integer);
       g.nodes = static_cast<std::uint32_t>(reply->element[2]->integer);
       g.generation = static_cast<std::uint64_t>(reply->element[3]->integer);
+      g.l_aggregate = static_cast<std::uint32_t>(reply->element[4]->integer);
       return g;
     }
     return Status(StatusCode::kInternal, "redis: script missing after reload");

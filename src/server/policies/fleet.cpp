@@ -10,6 +10,12 @@ namespace {
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
+// A fleet permit as a lease holds it: a call that ends past its deadline is released dropped.
+struct FleetLease {
+  FleetPermit permit;
+  void finish(const CallEnd& end) noexcept { permit.release(to_outcome(end.result), end.rtt); }
+};
+
 class FleetLimitPolicy final : public AdmitPolicy {
  public:
   FleetLimitPolicy(const BuildContext& c, std::shared_ptr<ConcurrencyCoordinator> coordinator)
@@ -18,13 +24,43 @@ class FleetLimitPolicy final : public AdmitPolicy {
 
   // Builds the guard and starts its runner.
   Status start(const FleetSpec& spec, const BuildContext& c) {
+    algorithm_ = spec.algorithm;
     FleetGuardOptions o = spec.guard;
     o.node_id = c.node_id;
     auto g = FleetGuard::create(*coordinator_, make_algorithm(spec.algorithm), c.clock, o);
     if (!g.ok()) return g.status();
     guard_ = std::move(g.value());
+    key_ = o.key;
+    call_deadline_ = o.call_deadline_in_force();
+    outage_.store(o.outage, std::memory_order_relaxed);
     runner_ = std::make_unique<FleetGuardRunner>(*guard_, c.clock);
     return {};
+  }
+
+  // In place when the fleet stays the same (the same coordinator object, key and algorithm,
+  // and the same call deadline in force): the guard keeps its membership, share and in-flight
+  // permits instead of leaving (which would hand its share to the others while its calls run)
+  // and joining again. Anything else is rebuilt.
+  StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
+    const FleetSpec& spec = *c.spec.as<FleetSpec>();
+    auto coordinator = c.coordinator<ConcurrencyCoordinator>(spec.coordinator,
+                                                             "the fleet's concurrency interface");
+    if (!coordinator.ok() || coordinator.value() != coordinator_) return Reconfiguration{};
+    if (!same(spec.algorithm, algorithm_)) return Reconfiguration{};
+    FleetGuardOptions o = spec.guard;
+    o.node_id = guard_->options().node_id;  // its membership goes on under its own id
+    if (o.key != guard_->options().key ||
+        o.call_deadline_in_force() != guard_->options().call_deadline_in_force() ||
+        !o.validate().empty())
+      return Reconfiguration{};
+    const Clock* clock = &c.clock;
+    return Reconfiguration([this, o = std::move(o), clock]() mutable {
+      outage_.store(o.outage, std::memory_order_relaxed);
+      runner_.reset();  // nothing ticks the guard while it changes
+      const bool taken = guard_->reconfigure(std::move(o));
+      (void)taken;  // checked above: the same node, key and deadline, valid options
+      runner_ = std::make_unique<FleetGuardRunner>(*guard_, *clock);
+    });
   }
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
@@ -32,8 +68,9 @@ class FleetLimitPolicy final : public AdmitPolicy {
     auto go_on = pass(gate, call, now, out);
     if (!go_on.ok()) return go_on.status();
     if (!go_on.value()) return out;
-    if (std::optional<GuardPermit> p = guard_->acquire()) {
-      out.permit = lease(GuardLease{std::move(*p)});
+    if (std::optional<FleetPermit> p = guard_->acquire(now)) {
+      out.call_deadline = p->deadline();
+      out.permit = lease(FleetLease{std::move(*p)});
       return out;
     }
     count_limit_refusal();
@@ -56,7 +93,7 @@ class FleetLimitPolicy final : public AdmitPolicy {
     const std::string why = "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
                             std::string(coordinator_->backend()) + " not reached)";
     const bool waiting = s.phase == FleetPhase::kStarting || s.phase == FleetPhase::kOutage;
-    if (waiting && guard_->options().outage == OutageMode::kLocalOnly)
+    if (waiting && outage_.load(std::memory_order_relaxed) == OutageMode::kLocalOnly)
       return {true, why + "; admitting local-only, up to this node's own limit"};
     return {false, why};
   }
@@ -68,13 +105,18 @@ class FleetLimitPolicy final : public AdmitPolicy {
     j["phase"] = std::string(to_string(s.phase));
     j["share"] = s.share;
     j["l_global"] = s.l_global;
+    j["l_aggregate"] = s.l_aggregate;
     j["nodes"] = s.nodes;
     j["generation"] = s.generation;
     j["fenced"] = s.fenced;
     j["heartbeats"] = s.heartbeats;
     j["heartbeat_errors"] = s.heartbeat_errors;
+    j["call_deadline_ms"] = std::chrono::duration<double, std::milli>(call_deadline_).count();
+    j["overdue"] = s.overdue;
+    j["late_releases"] = s.late_releases;
+    j["stale_refusals"] = s.stale_refusals;
     j["coordinator"] = std::string(coordinator_->backend());
-    j["key"] = guard_->options().key;
+    j["key"] = key_;
     describe_admissions(j);
   }
   void metrics(std::vector<MetricFamily>& out) const override {
@@ -85,11 +127,21 @@ class FleetLimitPolicy final : public AdmitPolicy {
         one("sluice_fleet_share", "This node's share of L_global", MetricType::Gauge, f.share));
     out.push_back(one("sluice_fleet_l_global", "The fleet's global limit (L_global)",
                       MetricType::Gauge, f.l_global));
+    out.push_back(one("sluice_fleet_l_aggregate",
+                      "The aggregate of the nodes' estimates L_global is moving to (below "
+                      "L_global while admitted calls drain)",
+                      MetricType::Gauge, f.l_aggregate));
     out.push_back(one("sluice_fleet_nodes", "Live nodes in the fleet", MetricType::Gauge, f.nodes));
     out.push_back(one("sluice_fleet_fenced", "1 while this node is fenced", MetricType::Gauge,
                       f.fenced ? 1 : 0));
     out.push_back(by_label("sluice_fleet_heartbeats_total", "Heartbeats by result", "result",
                            {{"ok", f.heartbeats}, {"error", f.heartbeat_errors}}));
+    out.push_back(one("sluice_fleet_overdue_calls",
+                      "Calls held past their call deadline (not reported as in flight)",
+                      MetricType::Gauge, f.overdue));
+    out.push_back(one("sluice_fleet_late_releases_total",
+                      "Calls released past their call deadline (recorded as dropped)",
+                      MetricType::Counter, static_cast<double>(f.late_releases)));
     out.push_back(one("sluice_fleet_phase", "The fleet guard's phase (value 1)", MetricType::Gauge,
                       1, {{"phase", std::string(to_string(f.phase))}}));
   }
@@ -99,7 +151,18 @@ class FleetLimitPolicy final : public AdmitPolicy {
   }
 
  private:
+  static bool same(const AlgorithmSpec& a, const AlgorithmSpec& b) {
+    return a.kind == b.kind && a.limit == b.limit && a.initial_limit == b.initial_limit &&
+           a.min_limit == b.min_limit && a.max_limit == b.max_limit;
+  }
+
   std::shared_ptr<ConcurrencyCoordinator> coordinator_;  // declared before its users
+  AlgorithmSpec algorithm_;                              // the guard's algorithm was made from it
+  // What other threads read of the guard's options (which a reconfiguration replaces): the key
+  // and the call deadline never change in place; the outage mode may.
+  std::string key_;
+  Nanos call_deadline_{0};
+  std::atomic<OutageMode> outage_{OutageMode::kFailClosed};
   std::unique_ptr<FleetGuard> guard_;
   std::unique_ptr<FleetGuardRunner> runner_;
 };
@@ -108,7 +171,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
                                         PolicySpec& spec) {
   s.keys({"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "coordinator",
           "key", "heartbeat", "lease_ttl", "outage", "self_fence", "fence_safety_margin",
-          "eager_handoff", "min_heartbeat", "call_timeout", "rate"});
+          "eager_handoff", "min_heartbeat", "call_timeout", "call_deadline", "rate"});
   auto body = std::make_shared<FleetSpec>();
   read_algorithm(s, body->algorithm);
   if (auto v = s.str("coordinator")) body->coordinator = *v;
@@ -126,6 +189,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto b = s.boolean("eager_handoff")) g.eager_handoff = *b;
   g.min_heartbeat = s.duration("min_heartbeat");
   g.call_timeout = s.duration("call_timeout");
+  g.call_deadline = s.duration("call_deadline");
   // The guard's own rules between fields (lease > heartbeat, ...), node_id aside.
   FleetGuardOptions probe = g;
   probe.node_id = "check";

@@ -8,7 +8,14 @@
 //   lease_ttl: 2s                # default 2 x heartbeat
 //   outage: fail-closed | local-only
 //   self_fence, fence_safety_margin, eager_handoff, min_heartbeat, call_timeout
+//   call_deadline: 500ms          # longest an admitted call may run; + heartbeat +
+//                                 # fence_safety_margin must be < lease_ttl (sluice/fleet_guard.h)
 //   rate: <rate policy>          # optional: passed first
+//
+// A reload that changes the spec but keeps the coordinator, the key, the algorithm and the call
+// deadline in force (set call_deadline: its default follows heartbeat and lease_ttl) takes it
+// in place: the guard keeps its membership, share and in-flight calls. Anything else builds a
+// new guard, and the old one leaves (its calls still held count on that guard only).
 #pragma once
 
 #include <string>
