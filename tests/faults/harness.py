@@ -273,9 +273,9 @@ class NetNamespace:
     host ports on the veth (nftables, numgen random), so only the node's coordinator traffic
     suffers, not the load generator's calls to the node."""
 
-    def __init__(self):
-        tag = os.getpid() % 10000
-        self.name = f"sfx{tag}"
+    def __init__(self, pid: Optional[int] = None):
+        tag = os.getpid() if pid is None else pid  # interface names: at most 15 characters
+        self.name = f"sluicefaults{tag}"
         self.host_if, self.ns_if = f"sfxh{tag}", f"sfxn{tag}"
         self.table = f"sluicefaults{tag}"
         octet = os.getpid() % 250 + 1
@@ -288,10 +288,22 @@ class NetNamespace:
         if r.returncode != 0:
             raise OSError(f"{cmd}: {r.stderr.strip() or r.returncode}")
 
+    @staticmethod
+    def remove_stale() -> None:
+        """Removes what a run killed before its cleanup left (the namespace outlives it): every
+        namespace of ours whose test process is gone."""
+        r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            name = line.split()[0] if line.split() else ""
+            pid = name[len("sluicefaults"):]
+            if name.startswith("sluicefaults") and pid.isdigit() and not _running(int(pid)):
+                NetNamespace(int(pid)).destroy()
+
     def create(self) -> None:
         for tool in ("ip", "nft"):
             if shutil.which(tool) is None:
                 raise OSError(f"{tool} is not installed")
+        self.remove_stale()
         self._run(f"ip netns add {self.name}")
         self.created = True
         self._run(f"ip link add {self.host_if} type veth peer name {self.ns_if}")
