@@ -1,0 +1,611 @@
+"""The fault suite's harness: real coordinators, real `sluice serve` nodes, a load generator
+that knows exactly how many calls run in the backend, and a sampler that checks the fleet's
+bound at every sample.
+
+Every process started here dies with the test process (the kernel's parent-death signal, set in
+the child after any change of user, so it also holds for PostgreSQL, which runs as `postgres`;
+setpriv's --pdeathsig would be cleared by its own --reuid) and is stopped by its pid at the end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pwd
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import sluice_client
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_accepts(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02,
+               what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _child_setup(user: Optional[str], new_session: bool) -> Callable[[], None]:
+    """Runs in the child between fork and exec: a new session (so a signal can reach a server
+    and all its workers), the user, then the parent-death signal (after the user change, which
+    would clear it)."""
+    pw = pwd.getpwnam(user) if user and os.geteuid() == 0 else None
+
+    def setup() -> None:
+        if new_session:
+            os.setsid()
+        if pw is not None:
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return setup
+
+
+def spawn(args: Sequence[str], log: Path, user: Optional[str] = None,
+          env: Optional[Dict[str, str]] = None, new_session: bool = True) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                env=env, preexec_fn=_child_setup(user, new_session),
+                                close_fds=True)
+
+
+def tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except FileNotFoundError:
+        return ""
+
+
+class Coordinator:
+    """A coordinator server the test owns: started, stopped, killed and restarted on the same
+    port and data directory."""
+
+    kind = ""
+
+    def __init__(self, workdir: Path, extra_hosts: Sequence[str] = ()):
+        self.dir = workdir / self.kind
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.hosts = ["127.0.0.1", *extra_hosts]
+        self.port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = self.dir / "server.log"
+
+    def _args(self) -> List[str]:
+        raise NotImplementedError
+
+    def _user(self) -> Optional[str]:
+        return None
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.proc = spawn(self._args(), self.log, user=self._user())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.kind} exited at start:\n{tail(self.log)}")
+            if self.ready():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{self.kind} did not start:\n{tail(self.log)}")
+
+    def ready(self) -> bool:
+        return port_accepts("127.0.0.1", self.port)
+
+    def signal(self, sig: int) -> None:
+        """Signals the server and every process it started (PostgreSQL's backends, each in a
+        session of its own), the server first so that it starts no new one meanwhile."""
+        assert self.proc is not None and self.proc.poll() is None, f"{self.kind} is not running"
+        family = descendants(self.proc.pid)
+        os.kill(self.proc.pid, sig)
+        for pid in family:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        family = descendants(self.proc.pid)
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+        # Wait for the workers too, so a restart on the same data directory finds no shared
+        # memory still attached.
+        wait_until(lambda: not any(_running(p) for p in family), 10,
+                   what=f"{self.kind}'s processes to die")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.signal(signal.SIGCONT)
+                self.proc.send_signal(self._stop_signal())
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+
+    def _stop_signal(self) -> int:
+        return signal.SIGTERM
+
+    def config(self, host: str) -> str:
+        """The coordinator's section in a node's config, reached at `host`."""
+        raise NotImplementedError
+
+
+def _stat(pid: int) -> Optional[List[str]]:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def descendants(root: int) -> List[int]:
+    """Every live process below `root` (children, their children...)."""
+    parents: Dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                parents[int(entry)] = int(st[1])
+    out, frontier = [], {root}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier}
+        out.extend(frontier)
+    return out
+
+
+class RedisCoordinator(Coordinator):
+    kind = "redis"
+
+    def _args(self) -> List[str]:
+        # No persistence: a restart after SIGKILL comes back empty (the fleet's state is lost,
+        # the harder case for the nodes).
+        return ["redis-server", "--port", str(self.port), "--bind", " ".join(self.hosts),
+                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                "--daemonize", "no", "--protected-mode", "no"]
+
+    def config(self, host: str) -> str:
+        return (f"    kind: redis\n    address: {host}:{self.port}\n"
+                f"    connect_timeout: 200ms\n    acknowledged_handoff: true\n")
+
+
+class PostgresCoordinator(Coordinator):
+    kind = "postgres"
+
+    def __init__(self, workdir: Path, extra_hosts: Sequence[str] = ()):
+        # Its own directory under /tmp: pytest's are private to root, and the server runs as
+        # `postgres` when the test runs as root.
+        super().__init__(Path(tempfile.mkdtemp(prefix="sluice-faults-")), extra_hosts)
+        self.user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+        self.data = self.dir / "data"
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chmod(self.dir.parent, 0o755)
+            os.chmod(self.dir, 0o755)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        initlog = self.dir / "initdb.log"
+        p = spawn([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", self.user,
+                   "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"], initlog,
+                  user=self._user())
+        if p.wait(120) != 0:
+            raise AssertionError(f"initdb failed:\n{tail(initlog)}")
+        # A node in the test's network namespace connects from the veth's address.
+        with open(self.data / "pg_hba.conf", "a") as hba:
+            hba.write("host all all 10.213.0.0/16 trust\n")
+
+    def _user(self) -> Optional[str]:
+        return "postgres" if os.geteuid() == 0 else None
+
+    def _args(self) -> List[str]:
+        return [str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
+                "-c", f"listen_addresses={','.join(self.hosts)}",
+                "-c", f"unix_socket_directories={self.dir}",
+                "-c", "fsync=off", "-c", "synchronous_commit=off",
+                "-c", "full_page_writes=off", "-c", "max_connections=50"]
+
+    def ready(self) -> bool:
+        r = subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port),
+                            "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return r.returncode == 0
+
+    def _stop_signal(self) -> int:
+        return signal.SIGINT  # fast shutdown
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.dir.parent, ignore_errors=True)
+
+    def config(self, host: str) -> str:
+        return (f"    kind: postgres\n    conninfo: \"host={host} port={self.port} "
+                f"user={self.user} dbname=postgres connect_timeout=2\"\n"
+                f"    acknowledged_handoff: true\n")
+
+
+# ---- a network namespace for one node, and loss on its coordinator traffic ----
+
+class NetNamespace:
+    """A network namespace joined to the host by a veth pair (host 10.213.X.1, namespace
+    10.213.X.2). `loss(percent, ports)` drops that share of the packets to and from the given
+    host ports on the veth (nftables, numgen random), so only the node's coordinator traffic
+    suffers, not the load generator's calls to the node."""
+
+    def __init__(self, pid: Optional[int] = None):
+        tag = os.getpid() if pid is None else pid  # interface names: at most 15 characters
+        self.name = f"sluicefaults{tag}"
+        self.host_if, self.ns_if = f"sfxh{tag}", f"sfxn{tag}"
+        self.table = f"sluicefaults{tag}"
+        octet = os.getpid() % 250 + 1
+        self.host_ip, self.ns_ip = f"10.213.{octet}.1", f"10.213.{octet}.2"
+        self.created = False
+
+    @staticmethod
+    def _run(cmd: str) -> None:
+        r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise OSError(f"{cmd}: {r.stderr.strip() or r.returncode}")
+
+    @staticmethod
+    def remove_stale() -> None:
+        """Removes what a run killed before its cleanup left (the namespace outlives it): every
+        namespace of ours whose test process is gone."""
+        r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            name = line.split()[0] if line.split() else ""
+            pid = name[len("sluicefaults"):]
+            if name.startswith("sluicefaults") and pid.isdigit() and not _running(int(pid)):
+                NetNamespace(int(pid)).destroy()
+
+    def create(self) -> None:
+        for tool in ("ip", "nft"):
+            if shutil.which(tool) is None:
+                raise OSError(f"{tool} is not installed")
+        self.remove_stale()
+        self._run(f"ip netns add {self.name}")
+        self.created = True
+        self._run(f"ip link add {self.host_if} type veth peer name {self.ns_if}")
+        self._run(f"ip link set {self.ns_if} netns {self.name}")
+        self._run(f"ip addr add {self.host_ip}/30 dev {self.host_if}")
+        self._run(f"ip link set {self.host_if} up")
+        ns = f"ip netns exec {self.name}"
+        self._run(f"{ns} ip addr add {self.ns_ip}/30 dev {self.ns_if}")
+        self._run(f"{ns} ip link set {self.ns_if} up")
+        self._run(f"{ns} ip link set lo up")
+        self._run(f"nft add table inet {self.table}")
+        self._run(f"nft add chain inet {self.table} out "
+                  f"'{{ type filter hook output priority 0; }}'")
+        self._run(f"nft add chain inet {self.table} in "
+                  f"'{{ type filter hook input priority 0; }}'")
+
+    def loss(self, percent: int, ports: Sequence[int]) -> None:
+        ps = ", ".join(str(p) for p in ports)
+        self._run(f"nft add rule inet {self.table} out oifname {self.host_if} "
+                  f"tcp sport {{ {ps} }} numgen random mod 100 '<' {percent} counter drop")
+        self._run(f"nft add rule inet {self.table} in iifname {self.host_if} "
+                  f"tcp dport {{ {ps} }} numgen random mod 100 '<' {percent} counter drop")
+
+    def dropped(self) -> int:
+        r = subprocess.run(f"nft -j list table inet {self.table}", shell=True,
+                           capture_output=True, text=True)
+        total = 0
+        for item in json.loads(r.stdout or "{}").get("nftables", []):
+            for e in item.get("rule", {}).get("expr", []):
+                if "counter" in e:
+                    total += e["counter"]["packets"]
+        return total
+
+    def clear(self) -> None:
+        self._run(f"nft flush chain inet {self.table} out")
+        self._run(f"nft flush chain inet {self.table} in")
+
+    def prefix(self) -> List[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def destroy(self) -> None:
+        for cmd in (f"nft delete table inet {self.table}", f"ip link del {self.host_if}",
+                    f"ip netns del {self.name}"):
+            subprocess.run(cmd, shell=True, capture_output=True)
+
+
+# ---- sluice nodes ----
+
+@dataclass
+class FleetConfig:
+    limit: int = 12  # every node's L_local (algorithm fixed), so L_global (the median) too
+    heartbeat_ms: int = 200
+    lease_ms: int = 1000
+    outage: str = "fail-closed"
+    call_lease_ttl: str = "2s"  # server.lease_ttl: a lease nobody releases ends after this
+
+
+class Node:
+    """One `sluice serve` in the fleet. `prefix` runs it inside a network namespace, `env`
+    under libfaketime."""
+
+    def __init__(self, workdir: Path, name: str, binary: str, coordinator: Coordinator,
+                 key: str, fleet: FleetConfig, host: str = "127.0.0.1",
+                 coordinator_host: str = "127.0.0.1", prefix: Sequence[str] = (),
+                 env: Optional[Dict[str, str]] = None):
+        self.name, self.binary, self.host = name, binary, host
+        self.prefix, self.env = list(prefix), env
+        self.config_path = workdir / f"{name}.yaml"
+        self.log = workdir / f"{name}.log"
+        self.config_path.write_text(
+            f"server:\n  node_id: {name}\n  lease_ttl: {fleet.call_lease_ttl}\n"
+            f"  shutdown_grace: 1s\n"
+            f"coordinators:\n  coord:\n{coordinator.config(coordinator_host)}"
+            f"policies:\n  f:\n    kind: fleet\n    coordinator: coord\n    key: {key}\n"
+            f"    algorithm: fixed\n    limit: {fleet.limit}\n"
+            f"    heartbeat: {fleet.heartbeat_ms}ms\n    lease_ttl: {fleet.lease_ms}ms\n"
+            f"    outage: {fleet.outage}\n")
+        self.proc: Optional[subprocess.Popen] = None
+        self.grpc_port = self.http_port = 0
+        self.client: Optional[sluice_client.Client] = None
+        self.fault = ""  # "", "killed", "stopped": what the test is doing to it now
+        self.faulted = False  # the test killed or stopped it at some point
+
+    def launch(self) -> None:
+        # Inside a namespace every port is free; on the host, the kernel's pick.
+        self.grpc_port, self.http_port = free_port(), free_port()
+        args = self.prefix + [self.binary, "serve", "--grpc", f"{self.host}:{self.grpc_port}",
+                              "--http", f"{self.host}:{self.http_port}",
+                              "--config", str(self.config_path)]
+        env = dict(os.environ, **self.env) if self.env else None
+        self.proc = spawn(args, self.log, env=env)
+
+    def wait_serving(self, timeout: float = 20.0) -> None:
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited:\n{tail(self.log)}")
+            return "serving" in tail(self.log, 100000) and self.http_ok("/healthz")
+        wait_until(up, timeout, what=f"{self.name} to serve")
+        target = f"{self.host}:{self.grpc_port}"
+        self.client = sluice_client.Client(target, timeout=0.5)
+        # Release gets longer: on a busy machine a healthy node may take over 0.5 s to answer,
+        # and a release that timed out would look like a lost lease.
+        self.release_client = sluice_client.Client(target, timeout=3.0)
+
+    def http_ok(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}{path}",
+                                        timeout=0.5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def state(self) -> Optional[dict]:
+        """The fleet policy's state from ListPolicies, or None when the node does not answer."""
+        try:
+            p = self.client.policies().by_name["f"]
+        except (sluice_client.SluiceError, KeyError, AttributeError):
+            return None
+        s = dict(p.state)
+        s["in_flight"] = p.in_flight
+        return s
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.release_client.close()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+# ---- load, truth and sampling ----
+
+@dataclass
+class CallRecord:
+    node: str
+    admitted_at: float
+    ended_at: float = 0.0
+    release: str = ""  # "ok", or the error's code name
+
+
+class LoadGenerator:
+    """`threads` clients, each in a loop: Admit on a random node, hold the permit for a random
+    time, end the call, Release. The call counts as running in the backend from the moment the
+    Admit answer arrives until the client ends it (before it sends Release), so `in_flight` is
+    exactly the number of calls the backend sees.
+
+    `deadline` (seconds): every call ends at most that long after its Admit was sent, whether
+    or not its node can be reached (a client that honours a call timeout)."""
+
+    def __init__(self, nodes: List[Node], threads: int = 24, hold=(0.05, 0.3),
+                 deadline: Optional[float] = None, seed: int = 1):
+        self.nodes, self.threads, self.hold, self.deadline = nodes, threads, hold, deadline
+        self._lock = threading.Lock()
+        self._in_flight: Dict[str, int] = {n.name: 0 for n in nodes}
+        self.calls: List[CallRecord] = []
+        self.refused = 0
+        self.admit_errors = 0
+        self._stop = threading.Event()
+        self._workers: List[threading.Thread] = []
+        self._seed = seed
+
+    def in_flight(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._in_flight)
+
+    def start(self) -> None:
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, args=(random.Random(self._seed * 1000 + i),),
+                                 daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(10)
+        assert not any(t.is_alive() for t in self._workers), "a load thread did not finish"
+
+    def _run(self, rng: random.Random) -> None:
+        while not self._stop.is_set():
+            node = rng.choice(self.nodes)
+            sent = time.monotonic()
+            try:
+                lease = node.client.admit("f")
+            except sluice_client.Refused:
+                with self._lock:
+                    self.refused += 1
+                time.sleep(rng.uniform(0.005, 0.02))
+                continue
+            except (sluice_client.SluiceError, ValueError, AttributeError):
+                with self._lock:
+                    self.admit_errors += 1
+                time.sleep(rng.uniform(0.02, 0.05))
+                continue
+            rec = CallRecord(node.name, time.monotonic())
+            with self._lock:
+                self._in_flight[node.name] += 1
+                self.calls.append(rec)
+            end = rec.admitted_at + rng.uniform(*self.hold)
+            if self.deadline is not None:
+                end = min(end, sent + self.deadline)
+            time.sleep(max(0.0, end - time.monotonic()))
+            with self._lock:
+                self._in_flight[node.name] -= 1
+                rec.ended_at = time.monotonic()
+            try:
+                node.release_client.release(lease, rtt=rec.ended_at - rec.admitted_at)
+                rec.release = "ok"
+            except sluice_client.SluiceError as e:
+                rec.release = e.code.name
+
+
+@dataclass
+class Sample:
+    t: float
+    total: int
+    by_node: Dict[str, int]
+
+
+class Sampler:
+    """Every `period` seconds: the true Σ in-flight, checked against `bound`; and, from a
+    second thread, each node's fleet state (ListPolicies), kept as the latest seen."""
+
+    def __init__(self, load: LoadGenerator, nodes: List[Node], bound: int,
+                 period: float = 0.025, poll: float = 0.1):
+        self.load, self.nodes, self.bound = load, nodes, bound
+        self.period, self.poll = period, poll
+        self.samples: List[Sample] = []
+        self.violations: List[Sample] = []
+        self.states: Dict[str, Optional[dict]] = {n.name: None for n in nodes}
+        self.state_log: List[tuple] = []  # (t, {node: state})
+        self.l_global_seen: set = set()
+        self.phases_seen: Dict[str, set] = {}  # since the last reset_phases()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._sample, daemon=True),
+                         threading.Thread(target=self._poll, daemon=True)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            by_node = self.load.in_flight()
+            s = Sample(time.monotonic(), sum(by_node.values()), by_node)
+            self.samples.append(s)
+            if s.total > self.bound:
+                self.violations.append(s)
+            time.sleep(self.period)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            snap = {}
+            for n in self.nodes:
+                st = n.state() if n.fault == "" and n.running() else None
+                snap[n.name] = st
+                if st is not None and st.get("phase") == "active":
+                    self.l_global_seen.add(st.get("l_global"))
+            self.states = snap
+            for n in self.nodes:
+                st = snap[n.name]
+                self.phases_seen.setdefault(n.name, set()).add(
+                    n.fault or ("unreachable" if st is None else st.get("phase")))
+            self.state_log.append((time.monotonic(), snap))
+            time.sleep(self.poll)
+
+    def reset_phases(self) -> None:
+        self.phases_seen = {}
+
+    def max_gap(self) -> float:
+        """The longest time between two samples (seconds)."""
+        ts = [s.t for s in self.samples]
+        return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)
+
+    def max_total(self) -> int:
+        return max((s.total for s in self.samples), default=0)
+
+
+def fleet_whole(nodes: List[Node], limit: int) -> bool:
+    """Every node answers, is active, sees all of them and L_global = limit, and their shares
+    add up to L_global: the fleet serves at its full ceiling."""
+    states = [n.state() for n in nodes]
+    if any(s is None for s in states):
+        return False
+    return (all(s.get("phase") == "active" and s.get("l_global") == limit
+                and s.get("nodes") == len(nodes) for s in states)
+            and sum(s.get("share", 0) for s in states) == limit)

@@ -1,0 +1,353 @@
+"""Faults against a fleet of three `sluice serve` nodes sharing one L_global through a real Redis
+or PostgreSQL, under load, with the fleet's bound checked at every sample.
+
+Each scenario: three fresh nodes on a key of their own (fixed L_local = 12, so L_global = 12;
+heartbeat 200 ms, coordinator lease 1 s; acknowledged handoff), 24 client threads (Admit on a
+random node, hold 50-300 ms, Release), a sampler every 25 ms of the true Σ in-flight (counted by
+the clients themselves), a fault, then: the bound held at every sample, the recovery time (fault
+end until every node is active again and the shares add up to L_global), every admitted call
+released or accounted for (its node was killed or stopped: the lease expires), and every node's
+in-flight back to 0. The figures go to the results file (conftest.py).
+
+Bounds: fail-closed, Σ in-flight <= L_global. Local-only: a node in an outage admits up to its own
+L_local (fleet_guard.h: "local-only: none (L_local)"; "the fleet may overshoot"), so the bound is
+N x L_local = 36 here; the measured maximum is recorded.
+"""
+
+from __future__ import annotations
+
+import calendar
+import glob
+import re
+import signal
+import time
+import uuid
+from typing import Callable, List, Optional, Tuple
+
+import pytest
+
+import harness
+from conftest import sluice_bin
+from harness import FleetConfig, LoadGenerator, Node, Sampler, fleet_whole, wait_until
+
+LIMIT = 12
+NODES = 3
+HEARTBEAT = 0.2
+LEASE = 1.0
+WARMUP = 1.0  # load before the fault
+OUTAGE = 1.5  # coordinator faults: longer than the lease
+NODE_STOP = 2.0  # a node stopped past its lease
+CALL_DEADLINE = 0.7  # < LEASE - HEARTBEAT
+LOSS_PERCENT = 30
+LOSS_SECONDS = 3.0
+SKEW_SECONDS = 3.0
+
+COORDINATORS = ["redis", "postgres"]
+
+# A real over-admission this suite found, reported as an expected failure when it shows (it is
+# a race, so it does not show in every run; a strict xfail would fail the runs where it does
+# not): a node stopped past its lease still applies its last share when it resumes, and Admit
+# calls that reached it meanwhile (or right after) are served before its own timer notices
+# that its lease ran out and fences it. The coordinator gave that share to the others when
+# the lease expired, so the fleet holds up to L_global plus that share. The client deadline
+# covers calls admitted before the stop, not admissions after the resume.
+RESUME_RACE = ("A node resumed after its coordinator lease expired admits on its stale share "
+               "before it fences.")
+
+Inject = Callable[[List[Node], harness.Coordinator], Tuple[float, List[Node], str]]
+
+
+def run_scenario(request, coordinators, results, workdir, scenario: str, coordinator: str,
+                 inject: Inject, outage: str = "fail-closed", hold=(0.05, 0.3),
+                 deadline: Optional[float] = None, node_opts=None,
+                 expect_violation: bool = False, resume_race: str = "",
+                 call_lease_ttl: str = "2s", all_leave_active: bool = False) -> dict:
+    coord = coordinators[coordinator]
+    if not coord.ready():
+        coord.start()  # a scenario before this one may have left it down after a failure
+    cfg = FleetConfig(limit=LIMIT, heartbeat_ms=int(HEARTBEAT * 1000),
+                      lease_ms=int(LEASE * 1000), outage=outage, call_lease_ttl=call_lease_ttl)
+    bound = LIMIT if outage == "fail-closed" else NODES * LIMIT
+    key = f"{scenario}-{coordinator}-{outage}-{uuid.uuid4().hex[:6]}"
+    d = workdir / key
+    d.mkdir()
+    opts = node_opts or [{} for _ in range(NODES)]
+    nodes = [Node(d, f"n{i}", sluice_bin(), coord, key, cfg, **opts[i]) for i in range(NODES)]
+    load: Optional[LoadGenerator] = None
+    sampler: Optional[Sampler] = None
+    try:
+        for n in nodes:
+            n.launch()
+        for n in nodes:
+            n.wait_serving()
+        wait_until(lambda: fleet_whole(nodes, LIMIT), 20, 0.05, "the fleet to form")
+        # Local-only: enough clients to fill every node's own limit in an outage.
+        load = LoadGenerator(nodes, threads=24 if outage == "fail-closed" else NODES * LIMIT,
+                             hold=hold, deadline=deadline)
+        sampler = Sampler(load, nodes, bound)
+        load.start()
+        sampler.start()
+        time.sleep(WARMUP)
+        before = sampler.max_total()
+
+        sampler.reset_phases()
+        fault_end, survivors, note = inject(nodes, coord)
+        during = {k: sorted(v) for k, v in sampler.phases_seen.items()}
+
+        recovery = None
+        if fault_end is not None:
+            wait_until(lambda: fleet_whole(survivors, LIMIT), 20, 0.05,
+                       "the fleet to serve at its full L_global again")
+            recovery = time.monotonic() - fault_end
+        time.sleep(0.5)
+        load.stop()
+        # Leases whose release never arrived (a killed or stopped node's) expire after the
+        # server's lease TTL; every other one was released.
+        wait_until(lambda: all((s := n.state()) is not None and s["in_flight"] == 0
+                               for n in survivors), 10, 0.1, "in-flight to return to 0")
+        sampler.stop()
+    except BaseException:
+        for n in nodes:
+            print(f"---- {n.name} ({n.log}):\n{harness.tail(n.log)}")
+        raise
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if load is not None and not load._stop.is_set():
+            load.stop()
+        for n in nodes:
+            n.stop()
+
+    faulted = {n.name for n in nodes if n.faulted}
+    released = sum(1 for c in load.calls if c.release == "ok")
+    expired = sum(1 for c in load.calls if c.release != "ok" and c.node in faulted)
+    unaccounted = [c for c in load.calls if c.release != "ok" and c.node not in faulted]
+    max_total = sampler.max_total()
+    row = dict(scenario=scenario, coordinator=coordinator, outage=outage, bound=bound,
+               l_global=LIMIT, max_in_flight=max_total, max_ratio=max_total / LIMIT,
+               samples=len(sampler.samples), violations=len(sampler.violations),
+               max_gap_ms=round(sampler.max_gap() * 1000),
+               recovery_s=recovery, calls=len(load.calls), released=released, expired=expired,
+               unaccounted=len(unaccounted), refused=load.refused,
+               admit_errors=load.admit_errors, l_global_seen=sorted(sampler.l_global_seen),
+               phases_during_fault=during, note=note)
+    resumed = [n for n in nodes if getattr(n, "resumed_at", None)]
+    if resumed:
+        n = resumed[0]
+        late = [c for c in load.calls if c.node == n.name and c.admitted_at >= n.resumed_at]
+        row["admitted_by_resumed_node_in_1s"] = sum(
+            1 for c in late if c.admitted_at < n.resumed_at + 1.0)
+        row["first_violation_after_resume_s"] = (
+            sampler.violations[0].t - n.resumed_at if sampler.violations else None)
+        row["resumed_node_calls_at_first_violation"] = (
+            sampler.violations[0].by_node[n.name] if sampler.violations else None)
+        row["late_admits"] = [round(c.admitted_at - n.resumed_at, 3) for c in late[:8]]
+    results.add(row)
+    print(row)
+
+    # The run was a real test of the bound: the fleet was full before the fault.
+    assert before >= LIMIT * 3 // 4, f"the load never filled the fleet (max {before})"
+    assert len(sampler.samples) >= 50, row
+    assert sampler.l_global_seen == {LIMIT}, row
+    if all_leave_active:  # the fault reached every node: each was seen out of `active`
+        assert all(set(p) - {"active"} for p in during.values()) and len(during) == NODES, row
+    first = sampler.violations[0] if sampler.violations else None
+    if expect_violation:
+        assert sampler.violations, f"the sampler saw no over-admission: {row}"
+        return row
+    if resume_race and sampler.violations:
+        # Over L_global, and every sample over it comes right after the stopped node resumed,
+        # holding calls it admitted since: the resumed node's race (see resume_race). Any
+        # other over-admission fails below.
+        n = resumed[0]
+        after = [v.t - n.resumed_at for v in sampler.violations]
+        if min(after) >= 0 and row["admitted_by_resumed_node_in_1s"] > 0 and all(
+                v.by_node[n.name] > 0 for v in sampler.violations) and max(after) < 2.0:
+            row["note"] += "; OVER-ADMISSION after resume (known race)"
+            results.write()
+            pytest.xfail(f"{resume_race} Here: max Σ in-flight {max_total} = "
+                         f"{max_total / LIMIT:.2f} x L_global, {len(sampler.violations)} of "
+                         f"{len(sampler.samples)} samples over, the first "
+                         f"{min(after) * 1000:.0f} ms after SIGCONT; {row['late_admits']}")
+    assert not sampler.violations, (
+        f"Σ in-flight over {bound} at {len(sampler.violations)} of {len(sampler.samples)} "
+        f"samples (max {max_total}; first {first})")
+    assert not unaccounted, f"releases failed on healthy nodes: {unaccounted[:5]}"
+    return row
+
+
+# ---- faults ----
+
+def coordinator_kill(nodes, coord):
+    coord.kill()
+    time.sleep(OUTAGE)
+    coord.start()
+    return time.monotonic(), nodes, f"down {OUTAGE:.1f}s; restarted on the same port and data"
+
+
+def coordinator_stop(nodes, coord):
+    coord.signal(signal.SIGSTOP)
+    time.sleep(OUTAGE)
+    coord.signal(signal.SIGCONT)
+    return time.monotonic(), nodes, f"stopped {OUTAGE:.1f}s"
+
+
+def node_kill(nodes, coord):
+    victim = nodes[-1]
+    victim.fault = "killed"
+    victim.faulted = True
+    victim.signal(signal.SIGKILL)
+    return time.monotonic(), nodes[:-1], "n2 killed; recovery: the 2 others share L_global"
+
+
+def node_stop(nodes, coord, note=f"calls end by {CALL_DEADLINE}s, holds 50-1500 ms"):
+    victim = nodes[-1]
+    victim.fault = "stopped"
+    victim.faulted = True
+    victim.signal(signal.SIGSTOP)
+    time.sleep(NODE_STOP)
+    victim.signal(signal.SIGCONT)
+    victim.resumed_at = time.monotonic()
+    victim.fault = ""
+    return time.monotonic(), nodes, f"n2 stopped {NODE_STOP:.1f}s; {note}"
+
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+@pytest.mark.parametrize("outage", ["fail-closed", "local-only"])
+def test_coordinator_killed_and_restarted(request, coordinators, results, workdir, coordinator,
+                                          outage):
+    run_scenario(request, coordinators, results, workdir, "1 coordinator SIGKILL + restart",
+                 coordinator, coordinator_kill, outage=outage, all_leave_active=True)
+
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+@pytest.mark.parametrize("outage", ["fail-closed", "local-only"])
+def test_coordinator_stopped_past_the_lease(request, coordinators, results, workdir, coordinator,
+                                            outage):
+    run_scenario(request, coordinators, results, workdir, "2 coordinator SIGSTOP > lease",
+                 coordinator, coordinator_stop, outage=outage, all_leave_active=True)
+
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+def test_node_killed_holding_leases(request, coordinators, results, workdir, coordinator):
+    run_scenario(request, coordinators, results, workdir, "3 node SIGKILL", coordinator,
+                 node_kill)
+
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+def test_node_stopped_past_its_lease(request, coordinators, results, workdir, coordinator):
+    run_scenario(request, coordinators, results, workdir, "4 node SIGSTOP > lease", coordinator,
+                 node_stop, hold=(0.05, 1.5), deadline=CALL_DEADLINE, resume_race=RESUME_RACE)
+
+
+def test_calls_outliving_the_lease_are_caught(request, coordinators, results, workdir):
+    """The negative control of the scenario above: without the client deadline, and with calls
+    longer than the coordinator lease, the stopped node's calls still run after its share has
+    been given to the others. The sampler must see Σ in-flight over L_global."""
+    row = run_scenario(request, coordinators, results, workdir,
+                       "4' node SIGSTOP > lease, no call deadline (control)", "redis",
+                       lambda n, c: node_stop(n, c, "no call deadline, holds 2.5-3.5 s"),
+                       hold=(2.5, 3.5), expect_violation=True, call_lease_ttl="5s")
+    assert row["max_in_flight"] > LIMIT
+
+
+# ---- clock skew ----
+
+def libfaketime() -> Optional[str]:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return found[0] if found else None
+
+
+def faketime_env(spec: str, monotonic: bool) -> dict:
+    """libfaketime preloaded into the node itself (not the `faketime` wrapper, which would stay
+    the test's child and leave the node behind when it is stopped or killed)."""
+    return {"LD_PRELOAD": libfaketime(), "FAKETIME": spec,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "0" if monotonic else "1"}
+
+
+@pytest.fixture(scope="session")
+def monotonic_faking(coordinators, workdir) -> Tuple[bool, str]:
+    """Whether a node whose CLOCK_MONOTONIC libfaketime fakes still beats: its heartbeat timer
+    waits on a condition variable against the monotonic clock."""
+    if libfaketime() is None:
+        return False, "faketime is not installed"
+    d = workdir / "faketime-probe"
+    d.mkdir()
+    n = Node(d, "probe", sluice_bin(), coordinators["redis"], "faketime-probe",
+             FleetConfig(heartbeat_ms=100, lease_ms=500), env=faketime_env("+0 x1.2", True))
+    try:
+        n.launch()
+        n.wait_serving(10)
+        time.sleep(0.5)
+        first = (n.state() or {}).get("heartbeats", 0)
+        time.sleep(1.5)
+        later = (n.state() or {}).get("heartbeats", 0)
+    except AssertionError as e:
+        return False, f"a node under libfaketime with CLOCK_MONOTONIC faked does not serve: {e}"
+    finally:
+        if n.proc is not None and n.proc.poll() is None:
+            n.proc.kill()  # its timers are what is in question: no graceful stop
+            n.proc.wait(5)
+        if n.client is not None:
+            n.client.close()
+            n.release_client.close()
+    if later - first >= 5:
+        return True, ""
+    return False, (f"under libfaketime with CLOCK_MONOTONIC faked the node's heartbeat timer "
+                   f"stalls ({later - first} beats in 1.5 s at a 100 ms heartbeat): the fake "
+                   f"monotonic time is epoch-based and libfaketime does not intercept "
+                   f"pthread_cond_clockwait, so a wait on std::condition_variable against "
+                   f"steady_clock never ends")
+
+
+SKEW_SPEC = "+120 x1.2"  # the wall clock 2 minutes ahead and 20% fast
+
+
+def skew_run(nodes, coord):
+    time.sleep(SKEW_SECONDS)
+    # The skew is in force: the skewed node's log lines are stamped ahead of the real time.
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) ",
+                        nodes[-1].log.read_text(), re.M)
+    ahead = calendar.timegm(time.strptime(stamps[-1], "%Y-%m-%dT%H:%M:%SZ")) - time.time()
+    assert ahead > 100, f"n2's clock is not skewed ({ahead:.0f} s ahead)"
+    return None, nodes, (f"n2's clock {SKEW_SPEC} for the whole run ({SKEW_SECONDS:.0f}s of "
+                         f"load; its log {ahead:.0f}s ahead)")
+
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+@pytest.mark.parametrize("clocks", ["realtime", "monotonic"])
+def test_clock_skew_on_one_node(request, coordinators, results, workdir, monotonic_faking,
+                                coordinator, clocks):
+    if libfaketime() is None:
+        pytest.skip("faketime is not installed (scripts/deps.sh installs it)")
+    if clocks == "monotonic" and not monotonic_faking[0]:
+        pytest.skip(monotonic_faking[1])
+    opts = [{}, {}, {"env": faketime_env(SKEW_SPEC, clocks == "monotonic")}]
+    run_scenario(request, coordinators, results, workdir, f"5 clock skew ({clocks})",
+                 coordinator, skew_run, node_opts=opts)
+
+
+# ---- packet loss between one node and the coordinator ----
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+def test_packet_loss_to_the_coordinator(request, coordinators, results, workdir, netns,
+                                        coordinator):
+    ns, why = netns
+    if ns is None:
+        pytest.skip(why)
+    dropped = {}
+
+    def lossy(nodes, coord):
+        ns.loss(LOSS_PERCENT, [coord.port])
+        time.sleep(LOSS_SECONDS)
+        dropped["n"] = ns.dropped()
+        ns.clear()
+        return time.monotonic(), nodes, (f"n2 in a network namespace, {LOSS_PERCENT}% of its "
+                                         f"coordinator packets dropped for {LOSS_SECONDS:.0f}s")
+
+    opts = [{}, {}, {"prefix": ns.prefix(), "host": ns.ns_ip, "coordinator_host": ns.host_ip}]
+    row = run_scenario(request, coordinators, results, workdir, "6 packet loss node-coordinator",
+                       coordinator, lossy, node_opts=opts)
+    assert dropped["n"] > 0, "nftables dropped no packet: the fault did not happen"
+    row["note"] += f"; {dropped['n']} packets dropped"
+    results.write()
