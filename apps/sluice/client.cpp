@@ -190,6 +190,7 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     if (resp.admitted()) {
       j["lease_id"] = resp.lease_id();
       j["ttl_seconds"] = seconds_of(resp.ttl());
+      if (resp.has_call_deadline()) j["call_deadline_seconds"] = seconds_of(resp.call_deadline());
     } else {
       j["rejection"] = json::parse(resp.rejection().problem_json(), nullptr, false);
     }
@@ -198,6 +199,9 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     fmt::print("{}\n", resp.lease_id());
     fmt::print(stderr, "admitted: lease {} for {} (release it with: sluice release {})\n",
                resp.lease_id(), duration_text(resp.ttl()), resp.lease_id());
+    if (resp.has_call_deadline())
+      fmt::print(stderr, "the call must end within {} (the fleet's call deadline)\n",
+                 duration_text(resp.call_deadline()));
   } else {
     const pb::Rejection& r = resp.rejection();
     fmt::print("refused ({} {}): {}; retry after {}\n", r.status(), r.title(), r.detail(),

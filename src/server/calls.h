@@ -71,6 +71,9 @@ struct AdmitResult {
   std::string chosen;  // what the policy chose (a cascade's node); empty when it names nothing
   // When the call must have ended (the engine's clock), for the backend; unset: no deadline.
   std::optional<Nanos> call_deadline;
+  // The same as time left from the admission (what the transports send: the caller's clock is
+  // not the engine's). Never negative.
+  std::optional<Nanos> call_timeout;
   Rejection refusal;  // when !admitted
   // Keeps alive what `refusal`'s views point into (the policy that refused).
   std::shared_ptr<const void> refusal_owner;

@@ -529,6 +529,7 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
   out.ttl = ttl;
   out.chosen = std::move(d.value().chosen);
   out.call_deadline = d.value().call_deadline;
+  if (out.call_deadline) out.call_timeout = std::max(Nanos{0}, *out.call_deadline - now);
   return out;
 }
 

@@ -220,6 +220,7 @@ grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* /*ctx*
     resp.set_lease_id(a.lease_id);
     to_proto(a.ttl, resp.mutable_ttl());
     resp.set_chosen(a.chosen);
+    if (a.call_timeout) to_proto(*a.call_timeout, resp.mutable_call_deadline());
   } else {
     const Rejection& rj = a.refusal;
     pb::Rejection* j = resp.mutable_rejection();

@@ -273,6 +273,7 @@ void do_admit(Engine& engine, HttpExchange& x) {
   if (a.admitted) {
     json j = {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}};
     if (!a.chosen.empty()) j["chosen"] = a.chosen;
+    if (a.call_timeout) j["call_deadline_ms"] = ms_of(*a.call_timeout);
     return ok_json(x, j);
   }
   HttpResponse res = to_http_response(a.refusal);

@@ -186,8 +186,11 @@ class Client:
             req.ttl.CopyFrom(_duration(ttl, "ttl"))
         resp = self._call(self._stub.Admit, req)
         if resp.admitted:
+            answered = time.monotonic()
+            deadline = (answered + _seconds(resp.call_deadline)
+                        if resp.HasField("call_deadline") else None)
             return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy,
-                         chosen=resp.chosen)
+                         admitted_at=answered, chosen=resp.chosen, deadline=deadline)
         r = resp.rejection
         raise Refused(
             r.status, title=r.title, type=r.type, detail=r.detail,

@@ -66,6 +66,8 @@ class Lease:
         released: set once the lease was released through the client.
         chosen: what the policy chose for the call (a cascade's node); empty when it names
             nothing.
+        deadline: :func:`time.monotonic` by which the call must have ended (a fleet policy's
+            call deadline: pass the time left on to the backend); ``None``: no deadline.
     """
 
     lease_id: str
@@ -75,6 +77,11 @@ class Lease:
     outcome: Optional[str] = None
     released: bool = False
     chosen: str = ""
+    deadline: Optional[float] = None
+
+    def time_left(self) -> Optional[float]:
+        """Seconds until :attr:`deadline` (never negative); ``None``: no deadline."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     def __str__(self) -> str:
         return self.lease_id

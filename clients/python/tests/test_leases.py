@@ -363,3 +363,23 @@ def test_every_concurrency_kind_admits_and_releases(client, policy, kwargs):
         assert in_flight(client, policy) == 1
     assert in_flight(client, policy) == 0
     assert client.policies()[policy].state["released"] == 1
+
+
+def test_a_fleet_admit_carries_the_call_deadline_to_pass_on(server, client):
+    """A fleet's bound holds only when no call outlives its deadline: the admission says it."""
+    deadline_s = client.policies()["inventory"].state["call_deadline_ms"] / 1000
+    assert deadline_s > 0
+    lease = client.admit("inventory")
+    assert lease.deadline is not None
+    assert 0 < lease.time_left() <= deadline_s
+    assert lease.deadline <= lease.admitted_at + deadline_s
+    client.release(lease)
+    r = server.http("POST", "/v1/admit", {"policy": "inventory"})
+    assert r.status == 200, r
+    assert 0 < r.json()["call_deadline_ms"] <= deadline_s * 1000
+    server.http("POST", "/v1/release", {"lease_id": r.json()["lease_id"]})
+    # A policy without one says nothing.
+    other = client.admit("small")
+    assert other.deadline is None and other.time_left() is None
+    client.release(other)
+    assert "call_deadline_ms" not in server.http("POST", "/v1/admit", {"policy": "small"}).json()
