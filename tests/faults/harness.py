@@ -359,6 +359,7 @@ class FleetConfig:
     lease_ms: int = 1000
     outage: str = "fail-closed"
     call_lease_ttl: str = "2s"  # server.lease_ttl: a lease nobody releases ends after this
+    call_deadline_ms: Optional[int] = None  # the fleet's call_deadline; None: its default
 
 
 class Node:
@@ -380,7 +381,9 @@ class Node:
             f"policies:\n  f:\n    kind: fleet\n    coordinator: coord\n    key: {key}\n"
             f"    algorithm: fixed\n    limit: {fleet.limit}\n"
             f"    heartbeat: {fleet.heartbeat_ms}ms\n    lease_ttl: {fleet.lease_ms}ms\n"
-            f"    outage: {fleet.outage}\n")
+            f"    outage: {fleet.outage}\n"
+            + (f"    call_deadline: {fleet.call_deadline_ms}ms\n"
+               if fleet.call_deadline_ms is not None else ""))
         self.proc: Optional[subprocess.Popen] = None
         self.grpc_port = self.http_port = 0
         self.client: Optional[sluice_client.Client] = None
@@ -464,11 +467,14 @@ class LoadGenerator:
     exactly the number of calls the backend sees.
 
     `deadline` (seconds): every call ends at most that long after its Admit was sent, whether
-    or not its node can be reached (a client that honours a call timeout)."""
+    or not its node can be reached (a client that honours a call timeout). `honour_deadline`:
+    every call also ends by the call deadline its admission named (Lease.deadline), as the
+    fleet's bound requires of a backend; False only for a control run that breaks the rule."""
 
     def __init__(self, nodes: List[Node], threads: int = 24, hold=(0.05, 0.3),
-                 deadline: Optional[float] = None, seed: int = 1):
+                 deadline: Optional[float] = None, seed: int = 1, honour_deadline: bool = True):
         self.nodes, self.threads, self.hold, self.deadline = nodes, threads, hold, deadline
+        self.honour_deadline = honour_deadline
         self._lock = threading.Lock()
         self._in_flight: Dict[str, int] = {n.name: 0 for n in nodes}
         self.calls: List[CallRecord] = []
@@ -518,6 +524,8 @@ class LoadGenerator:
             end = rec.admitted_at + rng.uniform(*self.hold)
             if self.deadline is not None:
                 end = min(end, sent + self.deadline)
+            if self.honour_deadline and lease.deadline is not None:
+                end = min(end, lease.deadline)  # the deadline the admission named
             time.sleep(max(0.0, end - time.monotonic()))
             with self._lock:
                 self._in_flight[node.name] -= 1
