@@ -193,7 +193,17 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   // The guard's own rules between fields (lease > heartbeat, ...), node_id aside.
   FleetGuardOptions probe = g;
   probe.node_id = "check";
-  if (std::string why = probe.validate(); !why.empty()) s.error(why);
+  // Its message starts with the field it names ("lease_ttl must be > heartbeat"): the error is
+  // placed there, its path first, as every other config error.
+  if (std::string why = probe.validate(); !why.empty()) {
+    const std::string field = why.substr(0, why.find_first_of(" :"));
+    if (field == "local" || field.empty() || why.size() <= field.size() + 1)
+      s.error(why);
+    else if (why[field.size() + 1] == '(')  // a sum of fields: the whole of it reads best
+      s.error(field, why);
+    else
+      s.error(field, why.substr(field.size() + 1));
+  }
   return body;
 }
 
