@@ -11,6 +11,7 @@ SLUICE_BUILD_PACKAGES=(
   libhiredis-dev redis-server redis-tools libpq-dev postgresql postgresql-client libyaml-cpp-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libboost-dev
   python3-grpcio python3-protobuf python3-pytest wrk curl
+  clang libclang-rt-14-dev
 )
 
 sluice_missing_packages() {
