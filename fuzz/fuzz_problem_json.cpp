@@ -2,7 +2,8 @@
 // Rejection built from the input.
 //
 // Every text field is valid UTF-8, as every one the server fills is: they come from the config
-// (yaml-cpp decodes it), a JSON body or a protobuf string field (both validated on parsing).
+// (whose loader refuses text that is not UTF-8), a JSON body or a protobuf string field (both
+// validated on parsing).
 //
 // Invariants: the document parses as a JSON object with the rejection's type, title, status,
 // detail and limit_type; `policy` iff one is set; the gateway's ids and reason iff the source is
