@@ -11,10 +11,11 @@
 #   tsan     ThreadSanitizer
 #   fuzz     the libFuzzer targets (scripts/fuzz.sh: clang, ASan + UBSan, build/fuzz), each run
 #            SLUICE_FUZZ_SECONDS (default 60) on a copy of its seed corpus; one test per target
-# Every build here treats warnings in sluice's own code as errors (SLUICE_WERROR=ON); a user's
-# build does not. Prints one summary line per configuration and a closing "N passed, N failed"
-# line; exits non-zero if anything failed to build or pass. SLUICE_SUITES="default"
-# (space-separated) selects suites; extra arguments are passed to ctest (e.g. -R Semaphore).
+# Every g++ build here treats warnings in sluice's own code as errors (SLUICE_WERROR=ON); a
+# user's build does not, nor does the clang build of the fuzz suite (scripts/fuzz.sh says why).
+# Prints one summary line per configuration and a closing "N passed, N failed" line; exits
+# non-zero if anything failed to build or pass. SLUICE_SUITES="default" (space-separated)
+# selects suites; extra arguments are passed to ctest (e.g. -R Semaphore).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=deps.sh
