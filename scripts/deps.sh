@@ -12,6 +12,7 @@ SLUICE_BUILD_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libboost-dev
   python3-grpcio python3-protobuf python3-pytest wrk curl
   faketime nftables iproute2
+  clang libclang-rt-14-dev
 )
 
 sluice_missing_packages() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh: the whole test suite, from a fresh Debian 12 machine (run as root).
 #
-# Installs missing packages, then runs four suites:
+# Installs missing packages, then runs five suites:
 #   release  the README's first command as a user types it (tests/readme/first_command.sh runs
 #            scripts/run.sh: the Release build, then sluice serve, used over HTTP, the CLI and
 #            the Python client, stopped by SIGTERM), then the Release build bench/README.md
@@ -9,10 +9,13 @@
 #   default  RelWithDebInfo: unit, property, stress, install/consumer and benchmark-smoke tests
 #   asan     AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan     ThreadSanitizer
-# Every build here treats warnings in sluice's own code as errors (SLUICE_WERROR=ON); a user's
-# build does not. Prints one summary line per configuration and a closing "N passed, N failed"
-# line; exits non-zero if anything failed to build or pass. SLUICE_SUITES="default"
-# (space-separated) selects suites; extra arguments are passed to ctest (e.g. -R Semaphore).
+#   fuzz     the libFuzzer targets (scripts/fuzz.sh: clang, ASan + UBSan, build/fuzz), each run
+#            SLUICE_FUZZ_SECONDS (default 60) on a copy of its seed corpus; one test per target
+# Every g++ build here treats warnings in sluice's own code as errors (SLUICE_WERROR=ON); a
+# user's build does not, nor does the clang build of the fuzz suite (scripts/fuzz.sh says why).
+# Prints one summary line per configuration and a closing "N passed, N failed" line; exits
+# non-zero if anything failed to build or pass. SLUICE_SUITES="default" (space-separated)
+# selects suites; extra arguments are passed to ctest (e.g. -R Semaphore).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=deps.sh
@@ -20,7 +23,7 @@ source "$root/scripts/deps.sh"
 sluice_install_packages "${SLUICE_BUILD_PACKAGES[@]}" || exit 1
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
-suites=${SLUICE_SUITES:-release default asan tsan}
+suites=${SLUICE_SUITES:-release default asan tsan fuzz}
 jobs=$(nproc)
 total_pass=0 total_fail=0 status=0
 
@@ -33,15 +36,16 @@ suite_flags() {
   esac
 }
 
-# One step of the release suite: counted as one test.
-release_step() {
-  local what=$1; shift
+# One step of the release (or fuzz) suite: counted as one test.
+suite_step() {
+  local suite=$1 what=$2; shift 2
   if "$@"; then
-    total_pass=$((total_pass + 1)); echo "=== release: $what: passed"
+    total_pass=$((total_pass + 1)); echo "=== $suite: $what: passed"
   else
-    total_fail=$((total_fail + 1)); echo "=== release: $what: FAILED"; return 1
+    total_fail=$((total_fail + 1)); echo "=== $suite: $what: FAILED"; return 1
   fi
 }
+release_step() { suite_step release "$@"; }
 
 bench_readme_build() {
   local dir="$root/build/release" log="$root/build/release.bench.log"
@@ -63,6 +67,16 @@ run_release() {
   return "$rc"
 }
 
+# The fuzz targets: one build, then each target is one test.
+run_fuzz() {
+  local rc=0 t
+  bash "$root/scripts/fuzz.sh" --build-only || return 1
+  for t in $(bash "$root/scripts/fuzz.sh" --list); do
+    suite_step fuzz "$t" bash "$root/scripts/fuzz.sh" --no-build "$t" || rc=1
+  done
+  return "$rc"
+}
+
 # Deterministic single-threaded searches (the exhaustive protocol model) gain nothing from a
 # sanitizer and run ten times slower under one: only the default build runs them.
 suite_ctest_args() {
@@ -74,6 +88,7 @@ suite_ctest_args() {
 run_suite() {
   local name=$1; shift
   [ "$name" = release ] && { run_release; return; }
+  [ "$name" = fuzz ] && { run_fuzz; return; }
   local dir="$root/build/test-$name" flags log
   flags=$(suite_flags "$name") || return 1
   echo "=== $name: configure + build ($dir)"

@@ -2,10 +2,10 @@
 //
 // What it is: load_config() parses and checks a whole file and returns either a SluiceConfig or
 // every problem found, each with its YAML line and column and the field's path
-// (`policies.checkout.limit`). Unknown keys are errors (a typo must not silently become a
-// default), and so is a key given twice in one mapping (at the second, naming the first's line).
-// A config serves at least one policy: an empty file, one of only comments, or a missing or
-// empty `policies:` is an error. The schema:
+// (`policies.checkout.limit`). The text must be UTF-8. Unknown keys are errors (a typo must not
+// silently become a default), and so is a key given twice in one mapping (at the second, naming
+// the first's line). A config serves at least one policy: an empty file, one of only comments,
+// or a missing or empty `policies:` is an error. The schema:
 //
 //   server:                      # optional
 //     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070

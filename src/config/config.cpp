@@ -2,9 +2,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -326,10 +328,55 @@ std::string format_duration(Nanos d) {
   return std::to_string(ns) + "ns";
 }
 
+namespace {
+
+// The offset of the first byte of `text` that is not part of a well-formed UTF-8 character
+// (overlong forms, surrogates and code points past U+10FFFF are not); npos when there is none.
+std::size_t first_non_utf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    const std::size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return i;
+    std::uint32_t cp = c & (0x7fu >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(text[i + k]);
+      if ((d >> 6) != 0x2) return i;
+      cp = (cp << 6) | (d & 0x3fu);
+    }
+    constexpr std::uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kLeast[n] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
 ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
   const std::string needs = " (" + std::string(kNeedsAPolicy) + ", under policies:)";
   if (yaml.find_first_not_of(" \t\r\n") == std::string_view::npos)
     return file_error("the file is empty" + needs);
+  // yaml-cpp passes bytes that are not UTF-8 through into names and strings, where every JSON
+  // rendering (problem+json, /v1/policies) would fail on them: refuse them here, at their place.
+  if (const std::size_t bad = first_non_utf8(yaml); bad != std::string_view::npos) {
+    YAML::Mark at;
+    const std::string_view before = yaml.substr(0, bad);
+    at.line = static_cast<int>(std::count(before.begin(), before.end(), '\n'));
+    const std::size_t line_start = before.rfind('\n');
+    at.column = static_cast<int>(line_start == std::string_view::npos ? bad : bad - line_start - 1);
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(yaml[bad]));
+    ConfigLoad out;
+    out.errors.push_back(Reader::make(at, "",
+                                      "the file is not UTF-8 text: byte " + std::string(hex) +
+                                          " does not begin a UTF-8 character here"));
+    return out;
+  }
   try {
     const YAML::Node root = YAML::Load(std::string(yaml));
     if (!root.IsDefined() || root.IsNull()) {

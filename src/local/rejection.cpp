@@ -99,7 +99,8 @@ std::string_view Rejection::limit_kind() const noexcept {
 std::optional<std::uint64_t> Rejection::retry_after_seconds() const noexcept {
   if (retry_after == Nanos::max()) return std::nullopt;
   const std::int64_t ns = std::max<std::int64_t>(0, retry_after.count());
-  return static_cast<std::uint64_t>((ns + 999'999'999) / 1'000'000'000);
+  // Rounded up without ns + 999'999'999, which overflows within a second of Nanos::max().
+  return static_cast<std::uint64_t>(ns / 1'000'000'000 + (ns % 1'000'000'000 != 0 ? 1 : 0));
 }
 
 std::string problem_json(const Rejection& r) {

@@ -33,6 +33,12 @@ namespace {
 
 double ms_of(Nanos d) { return static_cast<double>(d.count()) / 1e6; }
 
+// JSON text of `j`; bytes that are not UTF-8 (a request's path or body echoed in a message)
+// become U+FFFD instead of an exception that would leave the request without an answer.
+std::string text_of(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 unsigned http_status(StatusCode c) {
   switch (c) {
     case StatusCode::kInvalidArgument:
@@ -62,13 +68,13 @@ std::string code_name(StatusCode c) {
 void error(HttpExchange& x, const Status& s) {
   x.status = http_status(s.code());
   x.content_type = "application/json";
-  x.response = json{{"error", {{"code", code_name(s.code())}, {"message", s.message()}}}}.dump();
+  x.response = text_of(json{{"error", {{"code", code_name(s.code())}, {"message", s.message()}}}});
 }
 
 void ok_json(HttpExchange& x, const json& j, unsigned status = 200) {
   x.status = status;
   x.content_type = "application/json";
-  x.response = j.dump();
+  x.response = text_of(j);
 }
 
 // The request body as a JSON object; an error names what is wrong.
@@ -559,7 +565,7 @@ struct HttpServer::Impl {
     res.set(http::field::server, "sluice");
     res.set(http::field::content_type, "application/json");
     res.keep_alive(false);
-    res.body() = json{{"error", {{"code", code}, {"message", std::move(message)}}}}.dump();
+    res.body() = text_of(json{{"error", {{"code", code}, {"message", std::move(message)}}}});
     res.prepare_payload();
     beast::error_code ec;
     stream.expires_after(timeout);

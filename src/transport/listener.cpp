@@ -144,8 +144,7 @@ class Listener::Loop : public std::enable_shared_from_this<Listener::Loop> {
 
 Listener::Listener(net::io_context& ioc, std::string what, ListenerOptions options,
                    const Clock& clock)
-    : ioc_(ioc),
-      what_(std::move(what)),
+    : what_(std::move(what)),
       options_(options),
       clock_(clock),
       loop_(std::make_shared<Loop>(ioc, *this)) {}

@@ -109,7 +109,6 @@ class Listener final : public server::ServerPart {
   void failed(int err);
   void recovered();
 
-  boost::asio::io_context& ioc_;
   const std::string what_;
   const ListenerOptions options_;
   const Clock& clock_;

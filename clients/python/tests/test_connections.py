@@ -6,6 +6,7 @@ server process's own (RLIMIT_NOFILE set before exec).
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -201,3 +202,16 @@ def test_a_second_sigterm_during_the_drain_stops_at_once(start_server):
     assert server.proc.wait(timeout=5) == 0
     assert time.monotonic() - start < 2
     assert "second signal: stopping now, 1 lease(s) still held" in server.log()
+
+
+def test_a_path_that_is_not_utf8_is_answered_404(server):
+    """The 404 names the path; bytes that are not UTF-8 in it must not cost the answer."""
+    s = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+    s.sendall(b"GET /n\x9a\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    s.close()
+    assert data.startswith(b"HTTP/1.1 404"), data
+    body = json.loads(data.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["message"] == "path: no endpoint /n\ufffd\ufffd"

@@ -1,0 +1,193 @@
+// The gRPC API without a channel: GrpcService's methods called directly over a fresh Engine
+// (fuzz_support.h), each with a CallbackServerContext whose default reactor is in gRPC's test
+// mode (grpcpp/test/default_reactor_test_peer.h), so the status the service finishes with is
+// seen here.
+//
+// An input is a sequence of records: a byte (low 3 bits: the call: Check, Peek, CheckMany,
+// Admit, Release, Heartbeat, ListPolicies; bits 4-5: how far the clock moves first: 0, 10ms,
+// 1s, 2m), a two-byte little-endian length and that many bytes: the request message, serialized.
+// A record whose bytes do not parse as its message is skipped. A Release or Heartbeat whose
+// lease_id is "LEASE" gets the last lease an admit returned (lease ids are random).
+//
+// Invariants: every call finishes inline (these policies never defer) with OK or a code the
+// API documents (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE), with a
+// message when not OK; an admitted Admit has a lease id and a positive TTL, a refused one a
+// rejection of status 429 or 503 whose problem_json parses and carries that status; a
+// CheckMany's decisions never outnumber its checks, and it is allowed iff its denied_index is
+// -1; an OK Release reports how long it was held; ListPolicies counts the engine's leases; and
+// the engine's lease count is always admits minus releases and expiries.
+#include <google/protobuf/stubs/logging.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/test/default_reactor_test_peer.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "fuzz_support.h"
+#include "sluice/v1/sluice.pb.h"
+#include "transport/grpc_service.h"
+
+namespace {
+
+namespace pb = sluice::v1;
+using sluice::fuzz::EngineUnderTest;
+using sluice::fuzz::require;
+using sluice::transport::GrpcService;
+
+constexpr std::string_view kLeasePlaceholder = "LEASE";
+
+// Calls `method` on the service with a test-mode context; returns the status it finished with.
+template <class Req, class Resp>
+grpc::Status call(GrpcService& service,
+                  grpc::ServerUnaryReactor* (GrpcService::*method)(grpc::CallbackServerContext*,
+                                                                   const Req*, Resp*),
+                  const Req& req, Resp& resp, const char* name) {
+  grpc::CallbackServerContext ctx;
+  std::optional<grpc::Status> finished;
+  grpc::testing::DefaultReactorTestPeer peer(&ctx, [&finished](grpc::Status s) { finished = s; });
+  grpc::ServerUnaryReactor* reactor = (service.*method)(&ctx, &req, &resp);
+  require(reactor == peer.reactor(), std::string(name) + " answers on the default reactor");
+  require(finished.has_value(), std::string(name) + " must finish inline");
+  const grpc::Status& s = *finished;
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK:
+      break;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::UNAVAILABLE:
+      require(!s.error_message().empty(), std::string(name) + ": an error without a message");
+      break;
+    default:
+      require(false, std::string(name) + " finished with code " +
+                         std::to_string(static_cast<int>(s.error_code())) + ": " +
+                         s.error_message() + "\nrequest: " + req.ShortDebugString());
+  }
+  return s;
+}
+
+void check_decision(const pb::Decision& d, const char* name) {
+  require(d.allowed() || d.has_retry_after(), std::string(name) + ": a denial has a retry_after");
+}
+
+template <class Req>
+bool parse(Req& req, std::string_view bytes) {
+  return req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+}
+
+void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::string_view bytes) {
+  switch (what % 8) {
+    case 0:
+    case 1: {
+      pb::CheckRequest req;
+      if (!parse(req, bytes)) return;
+      pb::CheckResponse resp;
+      const bool peek = what % 8 == 1;
+      const grpc::Status s = peek ? call(service, &GrpcService::Peek, req, resp, "Peek")
+                                  : call(service, &GrpcService::Check, req, resp, "Check");
+      if (s.ok()) {
+        require(resp.has_decision(), "an OK check has a decision");
+        check_decision(resp.decision(), "Check");
+      }
+      break;
+    }
+    case 2: {
+      pb::CheckManyRequest req;
+      if (!parse(req, bytes)) return;
+      pb::CheckManyResponse resp;
+      if (call(service, &GrpcService::CheckMany, req, resp, "CheckMany").ok()) {
+        require(resp.decisions_size() <= req.checks_size(),
+                "CheckMany: more decisions than checks");
+        require(resp.allowed() == (resp.denied_index() == -1),
+                "CheckMany: allowed iff denied_index is -1");
+        if (!resp.allowed())
+          require(resp.denied_index() >= 0 && resp.denied_index() < resp.decisions_size() &&
+                      !resp.decisions(resp.denied_index()).allowed(),
+                  "CheckMany: denied_index names a denied decision");
+        for (const pb::Decision& d : resp.decisions()) check_decision(d, "CheckMany");
+      }
+      break;
+    }
+    case 3: {
+      pb::AdmitRequest req;
+      if (!parse(req, bytes)) return;
+      pb::AdmitResponse resp;
+      if (!call(service, &GrpcService::Admit, req, resp, "Admit").ok()) break;
+      if (resp.admitted()) {
+        require(resp.ttl().seconds() > 0 || resp.ttl().nanos() > 0, "a lease has a TTL");
+        t.admitted(resp.lease_id());
+      } else {
+        const pb::Rejection& r = resp.rejection();
+        require(r.status() == 429 || r.status() == 503, "a refusal is 429 or 503");
+        const auto j = nlohmann::json::parse(r.problem_json(), nullptr, false);
+        require(j.is_object() && j.value("status", 0u) == r.status() &&
+                    j.value("detail", "") == r.detail() && j.value("title", "") == r.title(),
+                "a refusal's problem_json agrees with its fields: " + r.problem_json());
+      }
+      break;
+    }
+    case 4: {
+      pb::ReleaseRequest req;
+      if (!parse(req, bytes)) return;
+      if (req.lease_id() == kLeasePlaceholder) req.set_lease_id(t.last_lease());
+      pb::ReleaseResponse resp;
+      if (call(service, &GrpcService::Release, req, resp, "Release").ok()) {
+        require(resp.has_held(), "an OK Release says how long the lease was held");
+        t.released();
+      }
+      break;
+    }
+    case 5: {
+      pb::HeartbeatRequest req;
+      if (!parse(req, bytes)) return;
+      if (req.lease_id() == kLeasePlaceholder) req.set_lease_id(t.last_lease());
+      pb::HeartbeatResponse resp;
+      if (call(service, &GrpcService::Heartbeat, req, resp, "Heartbeat").ok())
+        require(resp.has_ttl(), "an OK Heartbeat gives the TTL");
+      break;
+    }
+    default: {
+      pb::ListPoliciesRequest req;
+      if (!parse(req, bytes)) return;
+      pb::ListPoliciesResponse resp;
+      require(call(service, &GrpcService::ListPolicies, req, resp, "ListPolicies").ok(),
+              "ListPolicies always answers");
+      require(resp.leases() == t.engine().leases(), "ListPolicies counts the engine's leases");
+      require(
+          resp.policies_size() == static_cast<int>(sluice::fuzz::engine_config().policies.size()),
+          "ListPolicies lists every policy");
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+// Invalid UTF-8 in a string field fails the parse, as it should; protobuf would also log each.
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::string_view in(reinterpret_cast<const char*>(data), size);
+  EngineUnderTest t;
+  GrpcService service(t.engine());
+  for (int n = 0; n < 64 && in.size() >= 3; ++n) {
+    const auto head = static_cast<unsigned char>(in[0]);
+    const std::size_t len = static_cast<unsigned char>(in[1]) |
+                            (static_cast<std::size_t>(static_cast<unsigned char>(in[2])) << 8);
+    in.remove_prefix(3);
+    const std::string_view bytes = in.substr(0, len);
+    in.remove_prefix(bytes.size());
+    t.advance((head >> 4) & 3u);
+    run_record(t, service, head & 7u, bytes);
+    t.check_leases("after a call");
+  }
+  return 0;
+}
