@@ -5,9 +5,10 @@
 //
 // An input is a sequence of records: a byte (low 3 bits: the call: Check, Peek, CheckMany,
 // Admit, Release, Heartbeat, ListPolicies; bits 4-5: how far the clock moves first: 0, 10ms,
-// 1s, 2m), a two-byte little-endian length and that many bytes: the request message, serialized.
-// A record whose bytes do not parse as its message is skipped. A Release or Heartbeat whose
-// lease_id is "LEASE" gets the last lease an admit returned (lease ids are random).
+// 1s, 2m), a two-byte little-endian length and that many bytes: the raw request, as the service
+// receives it (it decodes requests itself: bytes that do not decode must be INVALID_ARGUMENT). A
+// Release or Heartbeat whose lease_id is "LEASE" gets the last lease an admit returned (lease ids
+// are random).
 //
 // Invariants: every call finishes inline (these policies never defer) with OK or a code the
 // API documents (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE), with a
@@ -41,22 +42,40 @@ using sluice::transport::GrpcService;
 
 constexpr std::string_view kLeasePlaceholder = "LEASE";
 
-// Calls `method` on the service with a test-mode context; returns the status it finished with.
+// Calls `method` on the service with `bytes` as the raw request and a test-mode context;
+// returns the status it finished with (the response decoded into `resp` when OK). Bytes that
+// do not decode as the request must be INVALID_ARGUMENT, never anything else.
 template <class Req, class Resp>
 grpc::Status call(GrpcService& service,
                   grpc::ServerUnaryReactor* (GrpcService::*method)(grpc::CallbackServerContext*,
-                                                                   const Req*, Resp*),
-                  const Req& req, Resp& resp, const char* name) {
+                                                                   const grpc::ByteBuffer*,
+                                                                   grpc::ByteBuffer*),
+                  std::string_view bytes, Resp& resp, const char* name) {
+  Req req;
+  const bool decodes = req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  grpc::Slice slice(bytes.data(), bytes.size());
+  const grpc::ByteBuffer in(&slice, 1);
+  grpc::ByteBuffer out;
   grpc::CallbackServerContext ctx;
   std::optional<grpc::Status> finished;
   grpc::testing::DefaultReactorTestPeer peer(&ctx, [&finished](grpc::Status s) { finished = s; });
-  grpc::ServerUnaryReactor* reactor = (service.*method)(&ctx, &req, &resp);
+  grpc::ServerUnaryReactor* reactor = (service.*method)(&ctx, &in, &out);
   require(reactor == peer.reactor(), std::string(name) + " answers on the default reactor");
   require(finished.has_value(), std::string(name) + " must finish inline");
   const grpc::Status& s = *finished;
+  if (!decodes) {
+    require(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT && !s.error_message().empty(),
+            std::string(name) + ": undecodable bytes must be INVALID_ARGUMENT, got " +
+                std::to_string(static_cast<int>(s.error_code())) + ": " + s.error_message());
+    return s;
+  }
   switch (s.error_code()) {
-    case grpc::StatusCode::OK:
+    case grpc::StatusCode::OK: {
+      grpc::ByteBuffer copy(out);
+      require(grpc::SerializationTraits<Resp>::Deserialize(&copy, &resp).ok(),
+              std::string(name) + ": the response decodes");
       break;
+    }
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::NOT_FOUND:
     case grpc::StatusCode::FAILED_PRECONDITION:
@@ -71,25 +90,30 @@ grpc::Status call(GrpcService& service,
   return s;
 }
 
-void check_decision(const pb::Decision& d, const char* name) {
-  require(d.allowed() || d.has_retry_after(), std::string(name) + ": a denial has a retry_after");
+// `bytes` with a Release's or Heartbeat's lease_id "LEASE" replaced by the last lease admitted.
+template <class Req>
+std::string with_lease(EngineUnderTest& t, std::string_view bytes) {
+  Req req;
+  if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) ||
+      req.lease_id() != kLeasePlaceholder)
+    return std::string(bytes);
+  req.set_lease_id(t.last_lease());
+  return req.SerializeAsString();
 }
 
-template <class Req>
-bool parse(Req& req, std::string_view bytes) {
-  return req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+void check_decision(const pb::Decision& d, const char* name) {
+  require(d.allowed() || d.has_retry_after(), std::string(name) + ": a denial has a retry_after");
 }
 
 void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::string_view bytes) {
   switch (what % 8) {
     case 0:
     case 1: {
-      pb::CheckRequest req;
-      if (!parse(req, bytes)) return;
       pb::CheckResponse resp;
       const bool peek = what % 8 == 1;
-      const grpc::Status s = peek ? call(service, &GrpcService::Peek, req, resp, "Peek")
-                                  : call(service, &GrpcService::Check, req, resp, "Check");
+      const grpc::Status s =
+          peek ? call<pb::CheckRequest>(service, &GrpcService::Peek, bytes, resp, "Peek")
+               : call<pb::CheckRequest>(service, &GrpcService::Check, bytes, resp, "Check");
       if (s.ok()) {
         require(resp.has_decision(), "an OK check has a decision");
         check_decision(resp.decision(), "Check");
@@ -98,9 +122,11 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
     }
     case 2: {
       pb::CheckManyRequest req;
-      if (!parse(req, bytes)) return;
+      const bool decodes = req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
       pb::CheckManyResponse resp;
-      if (call(service, &GrpcService::CheckMany, req, resp, "CheckMany").ok()) {
+      if (call<pb::CheckManyRequest>(service, &GrpcService::CheckMany, bytes, resp, "CheckMany")
+              .ok() &&
+          decodes) {
         require(resp.decisions_size() <= req.checks_size(),
                 "CheckMany: more decisions than checks");
         require(resp.allowed() == (resp.denied_index() == -1),
@@ -114,10 +140,8 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
       break;
     }
     case 3: {
-      pb::AdmitRequest req;
-      if (!parse(req, bytes)) return;
       pb::AdmitResponse resp;
-      if (!call(service, &GrpcService::Admit, req, resp, "Admit").ok()) break;
+      if (!call<pb::AdmitRequest>(service, &GrpcService::Admit, bytes, resp, "Admit").ok()) break;
       if (resp.admitted()) {
         require(resp.ttl().seconds() > 0 || resp.ttl().nanos() > 0, "a lease has a TTL");
         t.admitted(resp.lease_id());
@@ -132,30 +156,33 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
       break;
     }
     case 4: {
-      pb::ReleaseRequest req;
-      if (!parse(req, bytes)) return;
-      if (req.lease_id() == kLeasePlaceholder) req.set_lease_id(t.last_lease());
+      const std::string req = with_lease<pb::ReleaseRequest>(t, bytes);
       pb::ReleaseResponse resp;
-      if (call(service, &GrpcService::Release, req, resp, "Release").ok()) {
+      if (call<pb::ReleaseRequest>(service, &GrpcService::Release, req, resp, "Release").ok()) {
         require(resp.has_held(), "an OK Release says how long the lease was held");
         t.released();
       }
       break;
     }
     case 5: {
-      pb::HeartbeatRequest req;
-      if (!parse(req, bytes)) return;
-      if (req.lease_id() == kLeasePlaceholder) req.set_lease_id(t.last_lease());
+      const std::string req = with_lease<pb::HeartbeatRequest>(t, bytes);
       pb::HeartbeatResponse resp;
-      if (call(service, &GrpcService::Heartbeat, req, resp, "Heartbeat").ok())
+      if (call<pb::HeartbeatRequest>(service, &GrpcService::Heartbeat, req, resp, "Heartbeat").ok())
         require(resp.has_ttl(), "an OK Heartbeat gives the TTL");
       break;
     }
     default: {
       pb::ListPoliciesRequest req;
-      if (!parse(req, bytes)) return;
+      if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        pb::ListPoliciesResponse ignored;
+        (void)call<pb::ListPoliciesRequest>(service, &GrpcService::ListPolicies, bytes, ignored,
+                                            "ListPolicies");
+        break;
+      }
       pb::ListPoliciesResponse resp;
-      require(call(service, &GrpcService::ListPolicies, req, resp, "ListPolicies").ok(),
+      require(call<pb::ListPoliciesRequest>(service, &GrpcService::ListPolicies, bytes, resp,
+                                            "ListPolicies")
+                  .ok(),
               "ListPolicies always answers");
       require(resp.leases() == t.engine().leases(), "ListPolicies counts the engine's leases");
       require(

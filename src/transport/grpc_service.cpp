@@ -93,41 +93,44 @@ grpc::Status undecodable(const std::string& message) {
 }
 
 // One unary call: its request decoded from the raw bytes, its response encoded when it
-// finishes (once, from any thread: now, or when a deferred decision comes). It is the call's
-// reactor, and deletes itself when gRPC is done with it.
+// finishes (once, from any thread: now, or when a deferred decision comes) on the context's
+// default reactor. It lives from start() to finish() and deletes itself there, the response
+// being bytes by then.
 template <class Req, class Resp>
-class Unary final : public grpc::ServerUnaryReactor {
+class Unary final {
  public:
-  // Decodes `in`; on failure the call is already finished with the reason.
-  static Unary* start(const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-    auto* call = new Unary(out);
+  // Decodes `in`; nullptr when it cannot be decoded (`reactor` is then finished with why).
+  static Unary* start(grpc::ServerUnaryReactor* reactor, const grpc::ByteBuffer* in,
+                      grpc::ByteBuffer* out) {
+    auto* call = new Unary(reactor, out);
     grpc::ByteBuffer copy(*in);  // decoding consumes its buffer; the copy shares the slices
     decode_error.clear();
     if (!grpc::SerializationTraits<Req>::Deserialize(&copy, &call->req).ok()) {
-      call->failed_ = true;
-      call->Finish(undecodable(Req::descriptor()->full_name()));
+      delete call;
+      reactor->Finish(undecodable(Req::descriptor()->full_name()));
+      return nullptr;
     }
     return call;
   }
-  [[nodiscard]] bool failed() const noexcept { return failed_; }
 
-  void finish(const grpc::Status& s) {
+  void finish(grpc::Status s) {
     if (s.ok()) {
       bool own = false;
       if (grpc::Status e = grpc::SerializationTraits<Resp>::Serialize(resp, out_, &own); !e.ok())
-        return Finish(e);
+        s = e;
     }
-    Finish(s);
+    grpc::ServerUnaryReactor* reactor = reactor_;
+    delete this;
+    reactor->Finish(std::move(s));
   }
-  void OnDone() override { delete this; }
 
   Req req;
   Resp resp;
 
  private:
-  explicit Unary(grpc::ByteBuffer* out) : out_(out) {}
+  Unary(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out) : reactor_(reactor), out_(out) {}
+  grpc::ServerUnaryReactor* reactor_;
   grpc::ByteBuffer* out_;
-  bool failed_ = false;
 };
 
 }  // namespace
@@ -152,10 +155,11 @@ GrpcService::GrpcService(server::Engine& engine) : engine_(engine) {
   std::call_once(once, [] { google::protobuf::SetLogHandler(&protobuf_log); });
 }
 
-grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* /*ctx*/, const Bytes* in,
+grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* ctx, const Bytes* in,
                                              Bytes* out) {
-  auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(in, out);
-  if (call->failed()) return call;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   const auto answer = [resp = &call->resp](const StatusOr<RateDecision>& d) {
     if (d.ok()) fill(resp->mutable_decision(), d.value());
     return to_grpc(d.status());
@@ -163,23 +167,25 @@ grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* /*ctx*
   FinishLater<RateDecision, std::remove_pointer_t<decltype(call)>, decltype(answer)> later(call,
                                                                                            answer);
   if (auto d = engine_.check(call_of(call->req), later)) call->finish(answer(*d));
-  return call;
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* /*ctx*/, const Bytes* in,
+grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* ctx, const Bytes* in,
                                             Bytes* out) {
-  auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(in, out);
-  if (call->failed()) return call;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   auto d = engine_.peek(call_of(call->req));
   if (d.ok()) fill(call->resp.mutable_decision(), d.value());
   call->finish(to_grpc(d.status()));
-  return call;
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* /*ctx*/,
-                                                 const Bytes* in, Bytes* out) {
-  auto* call = Unary<pb::CheckManyRequest, pb::CheckManyResponse>::start(in, out);
-  if (call->failed()) return call;
+grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                                 Bytes* out) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::CheckManyRequest, pb::CheckManyResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   std::vector<CheckCall> calls;
   calls.reserve(static_cast<std::size_t>(call->req.checks_size()));
   for (const auto& c : call->req.checks()) calls.push_back(call_of(c));
@@ -194,25 +200,26 @@ grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* /*
   FinishLater<server::CheckManyResult, std::remove_pointer_t<decltype(call)>, decltype(answer)>
       later(call, answer);
   if (auto r = engine_.check_many(calls, later)) call->finish(answer(*r));
-  return call;
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* /*ctx*/, const Bytes* in,
+grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx, const Bytes* in,
                                              Bytes* out) {
-  auto* call = Unary<pb::AdmitRequest, pb::AdmitResponse>::start(in, out);
-  if (call->failed()) return call;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::AdmitRequest, pb::AdmitResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   const pb::AdmitRequest& req = call->req;
   pb::AdmitResponse& resp = call->resp;
   auto ttl = get_duration(req.has_ttl(), req.ttl(), "ttl");
   if (!ttl.ok()) {
     call->finish(to_grpc(ttl.status()));
-    return call;
+    return reactor;
   }
   auto r = engine_.admit(
       AdmitCall{req.policy(), req.key(), req.tenant(), req.upstream(), req.route(), ttl.value()});
   if (!r.ok()) {
     call->finish(to_grpc(r.status()));
-    return call;
+    return reactor;
   }
   const AdmitResult& a = r.value();
   resp.set_admitted(a.admitted);
@@ -236,13 +243,14 @@ grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* /*ctx*
     j->set_problem_json(problem_json(rj));
   }
   call->finish(grpc::Status::OK);
-  return call;
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* /*ctx*/,
-                                               const Bytes* in, Bytes* out) {
-  auto* call = Unary<pb::ReleaseRequest, pb::ReleaseResponse>::start(in, out);
-  if (call->failed()) return call;
+grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                               Bytes* out) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::ReleaseRequest, pb::ReleaseResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   const pb::ReleaseRequest& req = call->req;
   const auto status = [&]() -> Status {
     auto rtt = get_duration(req.has_rtt(), req.rtt(), "rtt");
@@ -254,13 +262,14 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* /*ct
     return held.status();
   }();
   call->finish(to_grpc(status));
-  return call;
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* /*ctx*/,
-                                                 const Bytes* in, Bytes* out) {
-  auto* call = Unary<pb::HeartbeatRequest, pb::HeartbeatResponse>::start(in, out);
-  if (call->failed()) return call;
+grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                                 Bytes* out) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::HeartbeatRequest, pb::HeartbeatResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   const pb::HeartbeatRequest& req = call->req;
   const auto status = [&]() -> Status {
     auto ttl = get_duration(req.has_ttl(), req.ttl(), "ttl");
@@ -270,13 +279,14 @@ grpc::ServerUnaryReactor* GrpcService::Heartbeat(grpc::CallbackServerContext* /*
     return applied.status();
   }();
   call->finish(to_grpc(status));
-  return call;
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext* /*ctx*/,
+grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext* ctx,
                                                     const Bytes* in, Bytes* out) {
-  auto* call = Unary<pb::ListPoliciesRequest, pb::ListPoliciesResponse>::start(in, out);
-  if (call->failed()) return call;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::ListPoliciesRequest, pb::ListPoliciesResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
   pb::ListPoliciesResponse& resp = call->resp;
   for (const PolicyInfo& p : engine_.policies()) {
     pb::PolicyState* s = resp.add_policies();
@@ -290,7 +300,7 @@ grpc::ServerUnaryReactor* GrpcService::ListPolicies(grpc::CallbackServerContext*
   resp.set_leases(engine_.leases());
   resp.set_config_generation(engine_.generation());
   call->finish(grpc::Status::OK);
-  return call;
+  return reactor;
 }
 
 }  // namespace sluice::transport
