@@ -10,7 +10,7 @@ What runs: one server on free loopback ports (its config below: a GCRA rate poli
 concurrency limit of 40 chained to it, a short lease TTL so killed clients' leases expire
 quickly). Worker processes of five threads each, every thread a loop of gRPC Admit (held
 20-80 ms, then Release), gRPC Check and CheckMany, and the same over the HTTP JSON mirror: seven
-workers keep the concurrency policy about 80% full (the report gives the measured mean). Every
+workers keep the concurrency policy 80-90% full (the report gives the measured mean). Every
 few seconds one worker is SIGKILLed in the middle of whatever it holds and a fresh one takes its
 place.
 
