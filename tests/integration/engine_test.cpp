@@ -19,18 +19,13 @@
 #include "sluice/config.h"
 #include "sluice/redis_coordinator.h"
 #include "sluice/testing/servers.h"
+#include "support/config_of.h"
 
 namespace sluice::server {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-SluiceConfig config_of(const std::string& yaml) {
-  ConfigLoad l = load_config(yaml, PolicyRegistry::builtin());
-  EXPECT_TRUE(l.config.has_value()) << (l.errors.empty() ? "" : l.errors[0].to_string("test"));
-  return l.config.value_or(SluiceConfig{});
-}
 
 // Waits up to `limit` for the engine to be ready (a fleet guard's beats come from its runner
 // thread); whether it is, with the reasons it is not in the failure message.

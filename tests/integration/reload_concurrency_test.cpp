@@ -19,20 +19,13 @@
 
 #include "server/engine.h"
 #include "sluice/config.h"
+#include "support/config_of.h"
 
 namespace sluice::server {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-SluiceConfig config_of(const std::string& yaml) {
-  ConfigLoad l = load_config(yaml, PolicyRegistry::builtin());
-  std::string why;
-  for (const auto& e : l.errors) why += e.to_string("test") + "\n";
-  EXPECT_TRUE(l.config.has_value()) << why;
-  return l.config.value_or(SluiceConfig{});
-}
 
 std::string fixed(int limit) {
   return "policies:\n  a:\n    kind: adaptive\n    algorithm: fixed\n    limit: " +

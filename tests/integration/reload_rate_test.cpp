@@ -19,18 +19,13 @@
 #include "server/policy.h"
 #include "server/routes.h"
 #include "sluice/config.h"
+#include "support/config_of.h"
 
 namespace sluice::server {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-SluiceConfig config_of(const std::string& yaml) {
-  ConfigLoad l = load_config(yaml, PolicyRegistry::builtin());
-  EXPECT_TRUE(l.config.has_value()) << (l.errors.empty() ? "" : l.errors[0].to_string("test"));
-  return l.config.value_or(SluiceConfig{});
-}
 
 std::string rate_yaml(const std::string& strategy, int limit, const std::string& period,
                       int max_keys = 1000) {

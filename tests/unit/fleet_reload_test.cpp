@@ -11,18 +11,13 @@
 
 #include "server/engine.h"
 #include "sluice/config.h"
+#include "support/config_of.h"
 
 namespace sluice::server {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-SluiceConfig config_of(const std::string& yaml) {
-  ConfigLoad l = load_config(yaml, PolicyRegistry::builtin());
-  EXPECT_TRUE(l.config.has_value()) << (l.errors.empty() ? "" : l.errors[0].to_string("test"));
-  return l.config.value_or(SluiceConfig{});
-}
 
 // The fleet policy f: a fixed limit of `limit`, heartbeat `heartbeat`, call deadline
 // `deadline` (set: its default follows the lease and the heartbeat), plus `extra` fields.
