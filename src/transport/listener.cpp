@@ -200,14 +200,18 @@ void Listener::close() {
 }
 
 void Listener::failed(int err) {
+  failing_.store(true, std::memory_order_relaxed);
   const std::lock_guard lock(mu_);
   if (!failing_since_) failing_since_ = clock_.now();
   failing_why_ = std::strerror(err);
 }
 
 void Listener::recovered() {
+  // Every accept calls this: the lock only while there is a failure to clear.
+  if (!failing_.load(std::memory_order_relaxed)) return;
   const std::lock_guard lock(mu_);
   failing_since_.reset();
+  failing_.store(false, std::memory_order_relaxed);
 }
 
 std::string Listener::problem() const {

@@ -115,6 +115,7 @@ class Listener final : public server::ServerPart {
   std::shared_ptr<Loop> loop_;
   std::shared_ptr<std::atomic<std::size_t>> open_ = std::make_shared<std::atomic<std::size_t>>(0);
   std::atomic<std::uint64_t> accepted_{0}, shed_full_{0}, shed_error_{0}, accept_errors_{0};
+  std::atomic<bool> failing_{false};  // failing_since_ is set (read without the lock)
   mutable std::mutex mu_;
   std::optional<Nanos> failing_since_;  // accepting fails since then (guarded by mu_)
   std::string failing_why_;
