@@ -23,10 +23,15 @@ namespace sluice {
 namespace gateway_detail {
 struct Access;
 struct Level;
+struct Pool;
 struct RouteState;
 struct Chain;
-// Gives back every unit of a permit on (access, route): route first, upstream pool last.
-void release_chain(Access& access, RouteState* route) noexcept;
+}  // namespace gateway_detail
+
+class Target;
+namespace gateway_detail {
+// Gives back every unit of a permit on `target`: route first, upstream pool last.
+void release_chain(const Target& target) noexcept;
 }  // namespace gateway_detail
 
 class Target {
@@ -40,16 +45,26 @@ class Target {
   friend class Gateway;
   friend class GatewayPermit;
   friend struct gateway_detail::Chain;
+  friend void gateway_detail::release_chain(const Target&) noexcept;
   Target(gateway_detail::Access* access, gateway_detail::RouteState* route,
-         gateway_detail::Level* tenant) noexcept
-      : access_(access), route_(route), tenant_(tenant) {}
+         gateway_detail::Level* tenant, gateway_detail::Pool* pool, gateway_detail::Level* binding,
+         gateway_detail::Level* per_tenant) noexcept
+      : access_(access),
+        route_(route),
+        tenant_(tenant),
+        pool_(pool),
+        binding_(binding),
+        per_tenant_(per_tenant) {}
 
   gateway_detail::Access* access_ = nullptr;
   gateway_detail::RouteState* route_ = nullptr;  // null: the call names no route
-  // The tenant's global level (null: none), also reachable through access_; kept here so the
-  // hot path can load it without waiting for access_ (two independent cache misses on a cold
-  // tenant instead of two in a row).
+  // The levels a call takes, in order (null: none), copied from *access_ so that an admission
+  // that succeeds never reads the Access record: on a cold tenant that is one cache miss fewer,
+  // and the levels' own lines are fetched at once rather than after access_'s line.
   gateway_detail::Level* tenant_ = nullptr;
+  gateway_detail::Pool* pool_ = nullptr;
+  gateway_detail::Level* binding_ = nullptr;
+  gateway_detail::Level* per_tenant_ = nullptr;
 };
 
 class [[nodiscard]] GatewayPermit {
@@ -70,7 +85,7 @@ class [[nodiscard]] GatewayPermit {
   // Gives every unit back; later calls do nothing.
   void release() noexcept {
     const Target t = std::exchange(target_, {});
-    if (t.access_ != nullptr) gateway_detail::release_chain(*t.access_, t.route_);
+    if (t.access_ != nullptr) gateway_detail::release_chain(t);
   }
   [[nodiscard]] bool held() const noexcept { return target_.valid(); }
   explicit operator bool() const noexcept { return held(); }

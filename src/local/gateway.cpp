@@ -19,8 +19,11 @@ namespace gateway_detail {
 // The one place that sees inside Target and GatewayPermit.
 struct Chain {
   static Target target(Access* access, RouteState* route) noexcept {
-    return {access, route, access->global};
+    return {access, route, access->global, access->pool, access->binding, access->per_tenant};
   }
+  static Pool& pool(const Target& t) noexcept { return *t.pool_; }
+  static Level* binding(const Target& t) noexcept { return t.binding_; }
+  static Level* per_tenant(const Target& t) noexcept { return t.per_tenant_; }
   static Level* tenant_level(const Target& t) noexcept { return t.tenant_; }
   static Access& access(const Target& t) noexcept { return *t.access_; }
   static RouteState* route(const Target& t) noexcept { return t.route_; }
@@ -34,35 +37,39 @@ struct Refusal {
   const Level* level;
 };
 
-void release_tenant(const Access& a) noexcept {
-  if (a.global != nullptr) a.global->sem.release_unit();
+void release_tenant(const Target& t) noexcept {
+  if (Level* global = Chain::tenant_level(t); global != nullptr) global->sem.release_unit();
 }
 
 // Takes the levels after the pool (binding, per-tenant, route). On refusal gives back the ones
 // it took and says which refused.
-bool take_tail(const Access& a, RouteState* r, Refusal& why) noexcept {
-  if (a.binding != nullptr && !a.binding->sem.try_acquire_unit()) {
-    why = {LimitLevel::kBinding, a.binding};
+bool take_tail(const Target& t, Refusal& why) noexcept {
+  Level* binding = Chain::binding(t);
+  Level* per_tenant = Chain::per_tenant(t);
+  RouteState* r = Chain::route(t);
+  if (binding != nullptr && !binding->sem.try_acquire_unit()) {
+    why = {LimitLevel::kBinding, binding};
     return false;
   }
-  if (a.per_tenant != nullptr && !a.per_tenant->sem.try_acquire_unit()) {
-    if (a.binding != nullptr) a.binding->sem.release_unit();
-    why = {LimitLevel::kPerTenant, a.per_tenant};
+  if (per_tenant != nullptr && !per_tenant->sem.try_acquire_unit()) {
+    if (binding != nullptr) binding->sem.release_unit();
+    why = {LimitLevel::kPerTenant, per_tenant};
     return false;
   }
   if (r != nullptr && r->limited && !r->level.sem.try_acquire_unit()) {
-    if (a.per_tenant != nullptr) a.per_tenant->sem.release_unit();
-    if (a.binding != nullptr) a.binding->sem.release_unit();
+    if (per_tenant != nullptr) per_tenant->sem.release_unit();
+    if (binding != nullptr) binding->sem.release_unit();
     why = {LimitLevel::kRoute, &r->level};
     return false;
   }
   return true;
 }
 
-void release_tail(const Access& a, RouteState* r) noexcept {
-  if (r != nullptr && r->limited) r->level.sem.release_unit();
-  if (a.per_tenant != nullptr) a.per_tenant->sem.release_unit();
-  if (a.binding != nullptr) a.binding->sem.release_unit();
+void release_tail(const Target& t) noexcept {
+  if (RouteState* r = Chain::route(t); r != nullptr && r->limited) r->level.sem.release_unit();
+  if (Level* per_tenant = Chain::per_tenant(t); per_tenant != nullptr)
+    per_tenant->sem.release_unit();
+  if (Level* binding = Chain::binding(t); binding != nullptr) binding->sem.release_unit();
 }
 
 Rejection make_rejection(const State& s, const Access& a, const RouteState* r, Refusal why,
@@ -115,16 +122,16 @@ void drain_locked(const State& s, Pool& p, Decided& decided) {
     Waiter w = std::move(p.queue.front());
     p.queue.pop_front();
     p.waiters.fetch_sub(1, std::memory_order_seq_cst);
-    const Access& a = Chain::access(w.target);
-    RouteState* r = Chain::route(w.target);
     Refusal why{};
-    if (take_tail(a, r, why)) {
+    if (take_tail(w.target, why)) {
       decided.emplace_back(std::move(w.callback), Admission(Chain::permit(w.target)));
     } else {
       p.level.sem.release_unit(std::memory_order_seq_cst);  // offered to the next waiter
-      release_tenant(a);
-      decided.emplace_back(std::move(w.callback),
-                           Admission(make_rejection(s, a, r, why, RejectReason::kLimitReached)));
+      release_tenant(w.target);
+      decided.emplace_back(
+          std::move(w.callback),
+          Admission(make_rejection(s, Chain::access(w.target), Chain::route(w.target), why,
+                                   RejectReason::kLimitReached)));
     }
   }
 }
@@ -173,24 +180,22 @@ bool claim_pool(const State& s, Pool& p) noexcept {
 
 // Pool unit held: take the rest, or give everything back.
 Admission finish(const State& s, Pool& p, const Target& t) noexcept {
-  const Access& a = Chain::access(t);
-  RouteState* r = Chain::route(t);
   Refusal why{};
-  if (take_tail(a, r, why)) [[likely]]
+  if (take_tail(t, why)) [[likely]]
     return Chain::permit(t);
   release_pool(s, p);
-  release_tenant(a);
-  return make_rejection(s, a, r, why, RejectReason::kLimitReached);
+  release_tenant(t);
+  return make_rejection(s, Chain::access(t), Chain::route(t), why, RejectReason::kLimitReached);
 }
 
 }  // namespace
 
-void release_chain(Access& access, RouteState* route) noexcept {
-  release_tail(access, route);
+void release_chain(const Target& target) noexcept {
+  release_tail(target);
   // The state outlives its permits; the pool knows it.
-  Pool& p = *access.pool;
+  Pool& p = Chain::pool(target);
   release_pool(*p.state, p);
-  release_tenant(access);
+  release_tenant(target);
 }
 
 }  // namespace gateway_detail
@@ -331,8 +336,8 @@ class Builder {
                   bool owner) {
     const Access* was = carried_.access(t.id, u.id);
     // Not make_shared: its control block would sit in front of the slot, in another line pair.
-    std::shared_ptr<AccessSlot> slot =
-        st_.accesses.emplace_back(std::shared_ptr<AccessSlot>(new AccessSlot()));
+    std::shared_ptr<AccessSlot> slot = st_.accesses.emplace_back(
+        std::shared_ptr<AccessSlot>(new AccessSlot(per_tenant_max.value_or(0))));
     Access& a = slot->access;
     a.tenant = &t;
     a.upstream = &u;
@@ -344,7 +349,7 @@ class Builder {
     if (per_tenant_max && *per_tenant_max < pool.configured) {
       std::shared_ptr<Level> carried = was != nullptr ? carried_.level(was->per_tenant) : nullptr;
       if (carried == nullptr)  // its own, beside it: one more line, not one more miss
-        carried = std::shared_ptr<Level>(slot, &slot->own_per_tenant.emplace(*per_tenant_max));
+        carried = std::shared_ptr<Level>(slot, &slot->own_per_tenant);
       a.per_tenant = level(std::move(carried), *per_tenant_max);
     }
     a.owner = owner;
@@ -452,16 +457,17 @@ Resolution Gateway::resolve(std::string_view tenant, std::string_view upstream,
 
 Admission Gateway::try_acquire(const Target& target) noexcept {
   const State& s = *state_;
-  const Access& a = Chain::access(target);
   Level* global = Chain::tenant_level(target);
   if (global != nullptr && !global->sem.try_acquire_unit())
-    return gateway_detail::make_rejection(s, a, Chain::route(target), {LimitLevel::kTenant, global},
+    return gateway_detail::make_rejection(s, Chain::access(target), Chain::route(target),
+                                          {LimitLevel::kTenant, global},
                                           RejectReason::kLimitReached);
-  Pool& p = *a.pool;
+  Pool& p = Chain::pool(target);
   if (!gateway_detail::claim_pool(s, p)) [[unlikely]] {
-    gateway_detail::release_tenant(a);
-    return gateway_detail::make_rejection(
-        s, a, Chain::route(target), {LimitLevel::kUpstream, &p.level}, RejectReason::kLimitReached);
+    gateway_detail::release_tenant(target);
+    return gateway_detail::make_rejection(s, Chain::access(target), Chain::route(target),
+                                          {LimitLevel::kUpstream, &p.level},
+                                          RejectReason::kLimitReached);
   }
   return gateway_detail::finish(s, p, target);
 }
@@ -476,13 +482,13 @@ Admission Gateway::try_acquire(std::string_view tenant, std::string_view upstrea
 AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCallback callback) {
   const State& s = *state_;
   const Access& a = Chain::access(target);
-  Pool& p = *a.pool;
+  Pool& p = Chain::pool(target);
   if (!p.queued) {
     callback(try_acquire(target));
     return {};
   }
   RouteState* r = Chain::route(target);
-  Level* global = a.global;
+  Level* global = Chain::tenant_level(target);
   if (global != nullptr && !global->sem.try_acquire_unit()) {
     callback(gateway_detail::make_rejection(s, a, r, {LimitLevel::kTenant, global},
                                             RejectReason::kLimitReached));
@@ -509,7 +515,7 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
     gateway_detail::drain_locked(s, p, decided);
     lock.unlock();
     gateway_detail::deliver(decided);
-    gateway_detail::release_tenant(a);
+    gateway_detail::release_tenant(target);
     callback(gateway_detail::make_rejection(s, a, r, {LimitLevel::kUpstream, &p.level},
                                             RejectReason::kQueueFull));
     return {};
@@ -529,7 +535,7 @@ std::size_t Gateway::expire(Nanos now, bool own_only) {
   // A queue shared with a predecessor or a successor also holds their waiters; `own_only`
   // leaves those to their own gateway.
   const auto stays = [&](const gateway_detail::Waiter& w) {
-    return w.deadline > now || (own_only && Chain::access(w.target).pool->state != &s);
+    return w.deadline > now || (own_only && Chain::pool(w.target).state != &s);
   };
   std::size_t expired = 0;
   for (Pool* p : s.queued_pools) {
@@ -542,9 +548,8 @@ std::size_t Gateway::expire(Nanos now, bool own_only) {
       p->waiters.fetch_sub(static_cast<std::uint32_t>(out.size()), std::memory_order_seq_cst);
     }
     for (auto& w : out) {
-      const Access& a = Chain::access(w.target);
-      gateway_detail::release_tenant(a);
-      w.callback(gateway_detail::make_rejection(s, a, Chain::route(w.target),
+      gateway_detail::release_tenant(w.target);
+      w.callback(gateway_detail::make_rejection(s, Chain::access(w.target), Chain::route(w.target),
                                                 {LimitLevel::kUpstream, &p->level},
                                                 RejectReason::kQueueTimeout));
     }
@@ -560,7 +565,7 @@ Admission Gateway::acquire_wait(const Target& target, Nanos timeout) {
     std::optional<Admission> result;
   };
   auto slot = std::make_shared<Slot>();
-  const Pool& p = *Chain::access(target).pool;
+  const Pool& p = Chain::pool(target);
   AcquireTicket ticket = acquire_async(target, SteadyClock::instance().now(), [slot](Admission a) {
     const std::lock_guard lock(slot->mu);
     slot->result.emplace(std::move(a));
@@ -595,7 +600,7 @@ bool AcquireTicket::cancel() noexcept {
     p->queue.erase(it);
     p->waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
-  gateway_detail::release_tenant(Chain::access(removed->target));
+  gateway_detail::release_tenant(removed->target);
   return true;
 }
 

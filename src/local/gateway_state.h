@@ -35,20 +35,17 @@
 
 namespace sluice::gateway_detail {
 
-// A semaphore plus the max in force (metrics and rejections read both). The max changes only
-// when a reconfigured gateway takes over (set_max); held units are never revoked.
+// A semaphore and the max in force (metrics and rejections read both), which is the
+// semaphore's own limit: a Level is one cache line. The max changes only when a reconfigured
+// gateway takes over (set_max); held units are never revoked. A configured max above
+// Semaphore::kMaxLimit reads as kMaxLimit, the limit that is enforced.
 struct Level {
-  explicit Level(std::uint32_t max) noexcept : sem(max), max_(max) {}
+  explicit Level(std::uint32_t max) noexcept : sem(max) {}
   Semaphore sem;
-  [[nodiscard]] std::uint32_t max() const noexcept { return max_.load(std::memory_order_relaxed); }
-  void set_max(std::uint32_t max) noexcept {
-    max_.store(max, std::memory_order_relaxed);  // a label: no other memory rides on it
-    sem.set_limit(max);
-  }
-
- private:
-  std::atomic<std::uint32_t> max_;
+  [[nodiscard]] std::uint32_t max() const noexcept { return sem.limit(); }
+  void set_max(std::uint32_t max) noexcept { sem.set_limit(max); }
 };
+static_assert(sizeof(Level) == 64);
 
 struct UpstreamState;
 struct State;
@@ -123,11 +120,11 @@ struct RouteState {
   bool limited;
 };
 
-// One tenant's way to one upstream: the levels its calls take, in acquisition order. The hot
-// path reads only this object's first cache line for every pointer it follows (the tenant's
-// global level is copied here rather than reached through the TenantState), and its own
-// per-tenant semaphore lives in the next line (AccessSlot), so an admission on a cold tenant
-// costs about two independent cache misses, not a chain of dependent ones.
+// One tenant's way to one upstream: the levels its calls take, in acquisition order (the
+// tenant's global level is copied here rather than reached through the TenantState). resolve()
+// copies them into the Target, so an admission that succeeds reads only the levels' own lines
+// (on a cold tenant, two misses at once: its global level and its per-tenant level); this
+// record is read again only to describe a refusal.
 struct Access {
   Level* global = nullptr;  // == tenant->global
   Pool* pool = nullptr;
@@ -138,14 +135,17 @@ struct Access {
   bool owner = false;
 };
 
-// An Access and, beside it, its per-tenant level when that is its own (built with it, not
-// carried over from a predecessor, whose level then lives in the predecessor's slot). One
-// allocation each, so a successor can share the level (an aliasing shared_ptr keeps the slot);
-// 128-byte aligned, so the two lines are one pair for the adjacent-line prefetcher.
+// An Access and, in the next line, its per-tenant level when that is its own (built with it,
+// not carried over from a predecessor, whose level then lives in the predecessor's slot; then
+// this one goes unused). One allocation each, so a successor can share the level (an aliasing
+// shared_ptr keeps the slot); 128 bytes, 128-byte aligned, so the two lines are one pair for
+// the adjacent-line prefetcher.
 struct alignas(128) AccessSlot {
+  explicit AccessSlot(std::uint32_t per_tenant_max) noexcept : own_per_tenant(per_tenant_max) {}
   Access access;
-  std::optional<Level> own_per_tenant;
+  Level own_per_tenant;
 };
+static_assert(sizeof(AccessSlot) == 128);
 
 struct UpstreamState {
   std::string id;

@@ -67,7 +67,9 @@ struct CallEnd {
 
 class LeasePermit {
  public:
-  static constexpr std::size_t kInlineBytes = 48;
+  // The largest built-in permit: a gateway lease (its permit carries the levels it holds, 48
+  // bytes, plus its generation and its policy).
+  static constexpr std::size_t kInlineBytes = 72;
 
   LeasePermit() noexcept = default;
 
