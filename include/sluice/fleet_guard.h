@@ -226,9 +226,10 @@ class FleetGuard {
  private:
   friend class FleetPermit;
 
-  // Permits by admission time, in buckets of width_ (epoch = admitted_at / width_): what lets
-  // the beat leave out the permits past their deadline without a record per permit. A word is
-  // (epoch << kCountBits) | count; a bucket's permits that passed their deadline move to
+  // Permits by admission time, in buckets of 2^width_shift_ ns (epoch = admitted_at >>
+  // width_shift_): what lets the beat leave out the permits past their deadline without a
+  // record per permit. A word is (epoch << kCountBits) | count; a bucket's permits that passed
+  // their deadline move to
   // overdue_ (by the sweep before a beat, or by the admission that reuses the bucket), and a
   // permit released after that takes itself off overdue_ instead.
   static constexpr int kBuckets = 16;
@@ -276,7 +277,9 @@ class FleetGuard {
   // admits or refuses one call around the moment it changes, as a read a moment earlier would.
   std::atomic<std::int64_t> admit_until_{std::numeric_limits<std::int64_t>::max()};
   const Nanos deadline_;  // call_deadline in force
-  const Nanos width_;     // bucket width: deadline_ / 8 (at least 1 ns)
+  // Bucket width, 2^width_shift_ ns: the power of two at or above deadline_ / 8 (so 16
+  // buckets span at least 2 x deadline_, and an epoch is a shift, not a division).
+  const int width_shift_;
   std::array<std::atomic<std::uint64_t>, kBuckets> buckets_{};
   std::atomic<std::int64_t> overdue_{0};  // may dip below 0 for a moment (a race of the sweep)
 

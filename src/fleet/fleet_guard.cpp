@@ -1,6 +1,7 @@
 #include "sluice/fleet_guard.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "core/tick_loop.h"
 
@@ -88,7 +89,8 @@ FleetGuard::FleetGuard(ConcurrencyCoordinator& coordinator,
       options_(std::move(options)),
       local_(std::move(algorithm), clock, options_.local),
       deadline_(std::max(deadline_of(options_), Nanos{1})),
-      width_(std::max(deadline_ / 8, Nanos{1})) {
+      width_shift_(std::bit_width(
+          static_cast<std::uint64_t>(std::max(deadline_ / 8, Nanos{1}).count()) - 1)) {
   // Before the first grant: fail-closed admits nothing, local-only admits up to L_local.
   apply_cap(options_.outage == OutageMode::kFailClosed ? 0 : AdaptiveGuard::kNoCap);
 }
@@ -131,7 +133,7 @@ void FleetGuard::finish_permit(FleetPermit& p, Outcome outcome, Nanos rtt) noexc
 }
 
 std::uint64_t FleetGuard::epoch_of(Nanos t) const noexcept {
-  return static_cast<std::uint64_t>(t.count() / width_.count()) % kSwept;
+  return static_cast<std::uint64_t>(t.count() >> width_shift_) % kSwept;
 }
 
 void FleetGuard::track(Nanos admitted_at) noexcept {
@@ -167,7 +169,7 @@ void FleetGuard::sweep(Nanos now) noexcept {
     std::uint64_t w = b.load(std::memory_order_relaxed);
     while ((w & kCountMask) > 0 && w >> kCountBits != kSwept) {
       // Every permit of epoch e was admitted before (e + 1) x width_.
-      const auto end = static_cast<std::int64_t>((w >> kCountBits) + 1) * width_.count();
+      const auto end = static_cast<std::int64_t>(((w >> kCountBits) + 1) << width_shift_);
       if (end + deadline_.count() > now.count()) break;
       if (b.compare_exchange_weak(w, kSwept << kCountBits, std::memory_order_relaxed)) {
         overdue_.fetch_add(static_cast<std::int64_t>(w & kCountMask), std::memory_order_relaxed);

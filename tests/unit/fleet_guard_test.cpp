@@ -447,7 +447,7 @@ TEST(FleetGuardCallDeadline, CallsPastTheirDeadlineAreLeftOutOfTheReportedInFlig
   std::vector<FleetPermit> late;
   for (int i = 0; i < 2; ++i) late.push_back(*g.acquire());
   // The next beat: the early three are 500 ms old, past their 375 ms deadline by more than
-  // the sweep's granularity (a bucket, call_deadline / 8).
+  // the sweep's granularity (a bucket, at most call_deadline / 4).
   w.clock.set(t0 + seconds(1));
   std::optional<FleetGuard::Beat> b = g.poll(w.clock.now());
   ASSERT_TRUE(b);
@@ -471,7 +471,7 @@ TEST(FleetGuardCallDeadline, OverdueCountsSurviveBucketReuseAndReleasesBalanceTh
   FleetGuard g(w.coordinator, fixed(64), w.clock, options("a"));
   Nanos next = g.tick(w.clock.now());
   std::vector<FleetPermit> held;
-  for (int step = 0; step < 60; ++step) {  // 60 x 31 ms: the 16 buckets of 46 ms wrap twice
+  for (int step = 0; step < 72; ++step) {  // 72 x 31 ms: the 16 buckets of 67 ms wrap twice
     if (w.clock.now() >= next) next = g.tick(w.clock.now());
     std::optional<FleetPermit> p = g.acquire();
     ASSERT_TRUE(p) << step;
@@ -484,8 +484,9 @@ TEST(FleetGuardCallDeadline, OverdueCountsSurviveBucketReuseAndReleasesBalanceTh
   ASSERT_TRUE(b);
   std::uint32_t past = 0;
   for (const FleetPermit& p : held) {
-    // Swept by bucket: a permit counts once its whole bucket is past (within 47 ms of its own).
-    past += p.deadline() + milliseconds(47) <= w.clock.now() ? 1 : 0;
+    // Swept by bucket: a permit counts once its whole bucket is past (within 68 ms of its own:
+    // a bucket is 2^26 ns, the power of two at or above call_deadline / 8 = 46.9 ms).
+    past += p.deadline() + milliseconds(68) <= w.clock.now() ? 1 : 0;
   }
   EXPECT_GE(g.stats().overdue, past);
   std::uint32_t due = 0;
