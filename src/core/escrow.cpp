@@ -1,0 +1,213 @@
+#include "sluice/escrow.h"
+
+#include <algorithm>
+
+#include "sluice/rate_strategy.h"
+
+namespace sluice {
+
+std::string_view to_string(LeaseStatus s) noexcept {
+  switch (s) {
+    case LeaseStatus::kGranted:
+      return "granted";
+    case LeaseStatus::kSpent:
+      return "spent";
+    case LeaseStatus::kWindowEnding:
+      return "window_ending";
+    case LeaseStatus::kStateLost:
+      return "state_lost";
+    case LeaseStatus::kSpecMismatch:
+      return "spec_mismatch";
+  }
+  return "unknown";
+}
+
+std::string validate(const LeaseRequest& r) {
+  if (r.region.empty()) return "region: must not be empty";
+  if (r.spec.limit == 0) return "limit: must be at least 1";
+  if (r.spec.period <= Nanos{0}) return "period: must be positive";
+  if (r.spec.period > kMaxRatePeriod) return "period: must be at most 100 years";
+  if (r.want == 0) return "want: must be at least 1";
+  if (r.min_window_left < Nanos{0}) return "min_window_left: must not be negative";
+  return {};
+}
+
+Nanos window_of(Nanos now, Nanos period) noexcept {
+  const std::int64_t p = period.count();
+  std::int64_t q = now.count() / p;
+  if (now.count() % p < 0) --q;  // floor, also before the epoch
+  return Nanos{q * p};
+}
+
+namespace {
+
+RegionLedger& region_of(Ledger& l, std::string_view region) {
+  auto it =
+      std::lower_bound(l.regions.begin(), l.regions.end(), region,
+                       [](const RegionLedger& r, std::string_view id) { return r.region < id; });
+  if (it == l.regions.end() || it->region != region) {
+    it = l.regions.insert(it, RegionLedger{});
+    it->region = std::string(region);
+  }
+  return *it;
+}
+
+// Moves the ledger to the window starting at `start` with `spec`: the whole budget, no grants.
+// Regions that did nothing in the window that ends are forgotten; the others keep their running
+// totals of what they gave up, so a late reconcile of that window is recognised as a repeat.
+void roll(Ledger& l, std::int64_t start, const BudgetSpec& spec) {
+  std::erase_if(l.regions, [&](const RegionLedger& r) {
+    return r.granted == 0 && r.relinquished_window < l.window_start;
+  });
+  for (RegionLedger& r : l.regions) r.granted = 0;
+  l.window_start = start;
+  l.spec = spec;
+  l.granted = 0;
+  l.returned = 0;
+}
+
+std::uint64_t left_in(const Ledger& l) noexcept {
+  const std::uint64_t used = l.granted - std::min(l.returned, l.granted);
+  return l.spec.limit - std::min(used, l.spec.limit);
+}
+
+bool window_open(const Ledger& l, std::int64_t now) noexcept {
+  return l.window_start != INT64_MIN && now < l.window_start + l.spec.period.count();
+}
+
+}  // namespace
+
+LeaseReply lease(Ledger& l, const LeaseRequest& req, Nanos now_in, std::int64_t origin_window) {
+  const std::int64_t now = std::max(now_in.count(), l.clock_high);
+  l.clock_high = now;
+  LeaseReply out;
+  out.coordinator_now = Nanos{now};
+  if (!window_open(l, now)) {
+    // A new window, aligned on the asker's period. With another period than the last window's
+    // it may start before that one ended, but nothing is admitted in it before `now`, which is
+    // past that end.
+    roll(l, window_of(Nanos{now}, req.spec.period).count(), req.spec);
+  }
+  out.window_start = Nanos{l.window_start};
+  out.window_end = Nanos{l.window_start + l.spec.period.count()};
+  out.spec = l.spec;
+  if (l.spec != req.spec) {
+    out.status = LeaseStatus::kSpecMismatch;
+    out.remaining = left_in(l);
+    return out;
+  }
+  if (l.window_start <= origin_window) {
+    out.status = LeaseStatus::kStateLost;
+    return out;
+  }
+  const std::uint64_t left = left_in(l);
+  out.remaining = left;
+  if (out.window_end.count() - now < req.min_window_left.count()) {
+    out.status = LeaseStatus::kWindowEnding;
+    return out;
+  }
+  if (left == 0) {
+    out.status = LeaseStatus::kSpent;
+    return out;
+  }
+  RegionLedger& me = region_of(l, req.region);
+  std::uint64_t regions = me.granted == 0 ? 1 : 0;
+  for (const RegionLedger& r : l.regions) regions += r.granted > 0 ? 1 : 0;
+  const std::uint64_t taper = std::max<std::uint64_t>(1, (left + 2 * regions - 1) / (2 * regions));
+  const std::uint64_t g = std::min({req.want, left, taper});
+  l.granted += g;
+  me.granted += g;
+  out.status = LeaseStatus::kGranted;
+  out.granted = g;
+  out.remaining = left - g;
+  return out;
+}
+
+std::uint64_t reconcile(Ledger& l, std::string_view region, Nanos window_start,
+                        std::uint64_t relinquished, Nanos now_in) {
+  const std::int64_t now = std::max(now_in.count(), l.clock_high);
+  const std::int64_t w = window_start.count();
+  if (l.window_start == INT64_MIN || w > l.window_start) return 0;  // a window never leased
+  RegionLedger& r = region_of(l, region);
+  if (r.relinquished_window > w) return 0;  // an older window than it already reported: stale
+  const std::uint64_t before = r.relinquished_window == w ? r.relinquished : 0;
+  if (relinquished <= before) return 0;  // a repeat
+  std::uint64_t delta = relinquished - before;
+  r.relinquished_window = w;
+  r.relinquished = relinquished;
+  if (w == l.window_start && window_open(l, now)) {
+    // Still the current window: the units go back into its budget, never more than the region
+    // was granted in it (what it gave up before included).
+    const std::uint64_t held = r.granted - std::min(before, r.granted);
+    delta = std::min(delta, held);
+    l.returned += delta;
+    return delta;
+  }
+  l.forfeited += delta;
+  return 0;
+}
+
+std::uint64_t remaining(const Ledger& l, const BudgetSpec& spec, Nanos now_in,
+                        std::int64_t origin_window) noexcept {
+  const std::int64_t now = std::max(now_in.count(), l.clock_high);
+  if (!window_open(l, now)) {
+    const std::int64_t start = window_of(Nanos{now}, spec.period).count();
+    return start <= origin_window ? 0 : spec.limit;
+  }
+  if (l.window_start <= origin_window) return 0;
+  return left_in(l);
+}
+
+Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at, std::uint32_t drift_ppm) noexcept {
+  const std::int64_t left =
+      std::max<std::int64_t>(0, reply.window_end.count() - reply.coordinator_now.count());
+  __extension__ typedef __int128 Wide;
+  const auto allowance =
+      static_cast<std::int64_t>((static_cast<Wide>(left) * drift_ppm + 999'999) / 1'000'000);
+  return sent_at + Nanos{left - std::min(allowance, left)};
+}
+
+std::uint64_t add_grant(Escrow& e, const LeaseReply& reply, Nanos expires_at) noexcept {
+  if (reply.granted == 0) return 0;
+  const std::int64_t w = reply.window_start.count();
+  if (w < e.window_start) return reply.granted;  // a reply for a window already over here
+  std::uint64_t lost = 0;
+  if (w > e.window_start) {
+    lost = e.units;
+    e = Escrow{};
+    e.window_start = w;
+    e.expires_at = expires_at;
+  } else {
+    // Each bound is no later than the window's true end: the later one is as safe and tighter.
+    e.expires_at = std::max(e.expires_at, expires_at);
+  }
+  e.units += reply.granted;
+  e.granted += reply.granted;
+  return lost;
+}
+
+std::uint64_t usable(const Escrow& e, Nanos now) noexcept {
+  return now < e.expires_at ? e.units : 0;
+}
+
+bool spend(Escrow& e, std::uint64_t hits, Nanos now) noexcept {
+  if (usable(e, now) < hits) return false;
+  e.units -= hits;
+  e.spent += hits;
+  return true;
+}
+
+void unspend(Escrow& e, std::uint64_t hits, Nanos now) noexcept {
+  if (now >= e.expires_at) return;
+  const std::uint64_t back = std::min(hits, e.spent);
+  e.units += back;
+  e.spent -= back;
+}
+
+std::uint64_t relinquish(Escrow& e) noexcept {
+  e.relinquished += e.units;
+  e.units = 0;
+  return e.relinquished;
+}
+
+}  // namespace sluice
