@@ -1,0 +1,147 @@
+// federation.h: a region's side of one global rate budget per key (federation).
+//
+// What it is: FederatedLimiter holds, per key, the escrow its region leased from a global
+// RateCoordinator (sluice/rate_coordinator.h) and decides checks from it (sluice/escrow.h has the
+// rules). The budget is a fixed window: `limit` units per window of `period` on the
+// coordinator's clock, for every region together, and the admissions spent from it never exceed
+// the limit in any window, whatever the number of regions (Δ = 0).
+//
+// A check:
+//   - is decided from escrow when the key's escrow covers it (no coordinator call), and then
+//     answered before check() returns; when what is left falls below `refill_below`, a lease is
+//     started in the background so that busy keys rarely wait;
+//   - otherwise joins the key's one lease call (concurrent checks of a key share it: no
+//     stampede) and is answered when it completes, at most `lease_timeout` later. Coordinator
+//     calls run on the IoExecutor, never on the caller's thread;
+//   - is refused without a call when the key's budget for this window is known to be spent
+//     (until the window ends on this region's clock), or while the coordinator is known to be
+//     unreachable (`retry_backoff` after a failure: fail closed, the escrow held keeps serving).
+// Every refusal says why (FederatedReason) and when to retry. Escrow that expires unspent is
+// forfeited and reconciled back (by sweep(), or the next check of its key).
+//
+// Thread-safety: every member is safe to call concurrently. Callbacks run on the caller's thread
+// (decided at once) or on the IoExecutor's (after a lease), never under the limiter's locks.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/clock.h"
+#include "sluice/escrow.h"
+#include "sluice/rate_coordinator.h"
+#include "sluice/rate_strategy.h"
+
+namespace sluice {
+
+enum class FederatedReason : std::uint8_t {
+  kAdmitted,
+  kBudgetSpent,             // the key's global budget for this window is spent
+  kCoordinatorUnreachable,  // escrow empty and the coordinator cannot be reached
+  kCoordinatorRestarted,    // the coordinator lost its state in this window: it counts as spent
+  kSpecMismatch,            // another region fixed this window with a different limit or period
+  kNeverFits,               // more hits than the limit: no window admits them
+};
+[[nodiscard]] std::string_view to_string(FederatedReason r) noexcept;
+
+struct FederatedDecision {
+  RateDecision rate;  // allowed, limit, remaining (escrow here + budget left globally), times
+  FederatedReason reason = FederatedReason::kAdmitted;
+};
+
+struct FederationOptions {
+  std::string region;              // non-empty: this region's id at the coordinator
+  BudgetSpec budget;               // limit per window, window length
+  std::uint64_t batch = 16;        // units per lease, >= 1
+  std::uint64_t refill_below = 0;  // 0: batch / 4 (at least 1)
+  Nanos lease_timeout = std::chrono::milliseconds(250);  // each coordinator call's bound
+  Nanos retry_backoff = std::chrono::seconds(1);         // after a failed call, before the next
+  // How much faster than this region's clock the coordinator's may run, in parts per million:
+  // escrow expires early by that share of the time its window had left.
+  std::uint32_t drift_ppm = 1000;
+  // A window with less than this left grants nothing (the region would expire it at once).
+  Nanos min_window_left = std::chrono::milliseconds(5);
+  // Empty when valid, else what is wrong, naming the field.
+  [[nodiscard]] std::string validate() const;
+};
+
+struct FederationStats {
+  std::uint64_t leases = 0;          // lease calls made
+  std::uint64_t lease_failures = 0;  // calls that failed or timed out
+  std::uint64_t granted = 0;         // units granted to this region
+  std::uint64_t spent = 0;           // units spent (admitted hits)
+  std::uint64_t forfeited = 0;       // units that expired unspent (or were given back)
+  std::uint64_t reconcile_failures = 0;
+  std::uint64_t keys = 0;  // keys held
+};
+
+// Runs one coordinator call off the caller's thread (a thread pool in a server; inline or a
+// simulated network in tests).
+using IoExecutor = std::function<void(std::function<void()>)>;
+
+class FederatedLimiter {
+ public:
+  using Callback = std::function<void(FederatedDecision)>;
+
+  // `coordinator` and `clock` must outlive the limiter. Precondition: options.validate() empty.
+  FederatedLimiter(RateCoordinator& coordinator, const Clock& clock, FederationOptions options,
+                   IoExecutor io);
+  // Waits for the coordinator calls it started (each is bounded by lease_timeout).
+  ~FederatedLimiter();
+  FederatedLimiter(const FederatedLimiter&) = delete;
+  FederatedLimiter& operator=(const FederatedLimiter&) = delete;
+
+  // Admits `hits` for `key` (all or nothing); `done` gets the decision (see above). hits == 0
+  // spends nothing and reports the key's allowance here.
+  void check(std::string_view key, std::uint64_t hits, Nanos now, Callback done);
+  // check() that waits for its answer (a library caller's convenience).
+  [[nodiscard]] FederatedDecision check_wait(std::string_view key, std::uint64_t hits);
+  // Gives back `hits` a check of `key` admitted (an all-or-nothing batch rolled back), while its
+  // escrow is still usable; afterwards they stay spent (never more permissive).
+  void refund(std::string_view key, std::uint64_t hits, Nanos now);
+  // Forfeits expired escrow (reconciling it) and forgets keys with nothing left to remember.
+  std::size_t sweep(Nanos now);
+  // Gives every key's unspent escrow back to the coordinator (shutdown, handover).
+  void relinquish_all(Nanos now);
+
+  [[nodiscard]] FederationStats stats() const;
+  [[nodiscard]] const FederationOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Key;
+  struct Shard;
+  struct Waiter;
+  using Tasks = std::vector<std::function<void()>>;
+
+  Shard& shard_of(std::string_view key) noexcept;
+  // Starts a lease of `want` units for `key` on the IoExecutor (call without a shard lock).
+  void lease_async(std::string key, std::uint64_t want);
+  void on_lease(const std::string& key, Nanos sent_at, StatusOr<LeaseReply> reply);
+  // Gives up `k`'s unspent escrow, if any (when `expired_only`, only once it has expired), and
+  // adds its reconcile to `io`.
+  void forfeit(const std::string& key, Key& k, Nanos now, bool expired_only, Tasks& io);
+  void send_reconcile(const std::string& key, Nanos window_start, std::uint64_t total);
+  void post(std::function<void()> task);
+  FederatedDecision decide_from(const Key& k, std::uint64_t hits, bool allowed,
+                                FederatedReason reason, Nanos now) const;
+
+  RateCoordinator& coordinator_;
+  const Clock& clock_;
+  const FederationOptions options_;
+  const std::uint64_t refill_below_;
+  IoExecutor io_;
+  std::unique_ptr<Shard[]> shards_;
+  std::mutex io_mu_;
+  std::condition_variable io_cv_;
+  std::uint64_t io_pending_ = 0;  // guarded by io_mu_
+  std::atomic<std::uint64_t> leases_{0}, lease_failures_{0}, granted_{0}, spent_{0};
+  std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0};
+};
+
+}  // namespace sluice

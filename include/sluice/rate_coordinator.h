@@ -1,0 +1,46 @@
+// rate_coordinator.h: federation's global coordinator interface (memory, Redis, PostgreSQL).
+//
+// What it is: the one place a key's global budget lives. lease() runs the escrow core's lease
+// (sluice/escrow.h) on the key's Ledger atomically with the coordinator's own clock, reconcile()
+// its reconcile, health() a cheap reachability probe. Every backend gives identical replies for
+// an identical sequence of calls at identical times (the conformance test). Named apart from the
+// fleet's ConcurrencyCoordinator: the two share no keys, tables or scripts.
+//
+// Errors are values (sluice/status.h): kInvalidArgument for a bad request, kUnavailable when the
+// backend cannot be reached, kDeadlineExceeded when the call did not finish within `timeout`.
+// Never throws.
+//
+// Thread-safety: every implementation is safe to call from any number of threads; calls on one
+// key are serialised by the backend.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "sluice/clock.h"
+#include "sluice/escrow.h"
+#include "sluice/status.h"
+
+namespace sluice {
+
+class RateCoordinator {
+ public:
+  virtual ~RateCoordinator() = default;
+
+  [[nodiscard]] virtual StatusOr<LeaseReply> lease(std::string_view key,
+                                                   const LeaseRequest& request,
+                                                   Nanos timeout) noexcept = 0;
+  // `region` gave up `relinquished` units in total in the window starting at `window_start`;
+  // returns the units given back to that window's budget (0 once it has ended).
+  [[nodiscard]] virtual StatusOr<std::uint64_t> reconcile(std::string_view key,
+                                                          std::string_view region,
+                                                          Nanos window_start,
+                                                          std::uint64_t relinquished,
+                                                          Nanos timeout) noexcept = 0;
+  // Ok when the coordinator answers.
+  [[nodiscard]] virtual Status health(Nanos timeout) noexcept = 0;
+  // "memory", "redis", "postgres": for stats and logs.
+  [[nodiscard]] virtual std::string_view backend() const noexcept = 0;
+};
+
+}  // namespace sluice

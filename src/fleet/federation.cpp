@@ -1,0 +1,342 @@
+#include "sluice/federation.h"
+
+#include <algorithm>
+#include <deque>
+#include <future>
+#include <utility>
+#include <vector>
+
+#include "core/string_map.h"
+
+namespace sluice {
+
+std::string_view to_string(FederatedReason r) noexcept {
+  switch (r) {
+    case FederatedReason::kAdmitted:
+      return "admitted";
+    case FederatedReason::kBudgetSpent:
+      return "budget_spent";
+    case FederatedReason::kCoordinatorUnreachable:
+      return "coordinator_unreachable";
+    case FederatedReason::kCoordinatorRestarted:
+      return "coordinator_restarted";
+    case FederatedReason::kSpecMismatch:
+      return "spec_mismatch";
+    case FederatedReason::kNeverFits:
+      return "never_fits";
+  }
+  return "unknown";
+}
+
+std::string FederationOptions::validate() const {
+  if (region.empty()) return "region: must not be empty";
+  if (budget.limit == 0) return "limit: must be at least 1";
+  if (budget.period <= Nanos{0}) return "window: must be positive";
+  if (budget.period > kMaxRatePeriod) return "window: must be at most 100 years";
+  if (batch == 0) return "batch: must be at least 1";
+  if (lease_timeout <= Nanos{0}) return "lease_timeout: must be positive";
+  if (retry_backoff <= Nanos{0}) return "retry_backoff: must be positive";
+  if (drift_ppm >= 1'000'000) return "drift_ppm: must be below 1000000";
+  if (min_window_left < Nanos{0}) return "min_window_left: must not be negative";
+  return {};
+}
+
+namespace {
+constexpr std::size_t kShards = 16;
+constexpr std::int64_t kNever = INT64_MIN;
+}  // namespace
+
+struct FederatedLimiter::Waiter {
+  std::uint64_t hits;
+  Callback done;
+};
+
+struct FederatedLimiter::Key {
+  Escrow escrow;
+  bool leasing = false;
+  std::uint64_t global_left = UINT64_MAX;  // budget left at the last reply (max: not known)
+  Nanos window_end{kNever};                // the last window's end on this clock (no allowance)
+  Nanos closed_until{kNever};              // no lease before this: the window is spent
+  FederatedReason closed_reason = FederatedReason::kBudgetSpent;
+  Nanos unreachable_until{kNever};  // no lease before this: the coordinator failed
+  std::deque<Waiter> waiters;       // FIFO; answered by the lease in flight
+};
+
+struct FederatedLimiter::Shard {
+  std::mutex mu;
+  StringMap<Key> keys;
+};
+
+FederatedLimiter::FederatedLimiter(RateCoordinator& coordinator, const Clock& clock,
+                                   FederationOptions options, IoExecutor io)
+    : coordinator_(coordinator),
+      clock_(clock),
+      options_(std::move(options)),
+      refill_below_(options_.refill_below != 0 ? options_.refill_below
+                                               : std::max<std::uint64_t>(1, options_.batch / 4)),
+      io_(std::move(io)),
+      shards_(std::make_unique<Shard[]>(kShards)) {}
+
+FederatedLimiter::~FederatedLimiter() {
+  std::unique_lock lock(io_mu_);
+  io_cv_.wait(lock, [&] { return io_pending_ == 0; });
+}
+
+FederatedLimiter::Shard& FederatedLimiter::shard_of(std::string_view key) noexcept {
+  return shards_[StringHash{}(key) % kShards];
+}
+
+void FederatedLimiter::post(std::function<void()> task) {
+  {
+    const std::lock_guard lock(io_mu_);
+    ++io_pending_;
+  }
+  io_([this, task = std::move(task)] {
+    task();
+    const std::lock_guard lock(io_mu_);
+    if (--io_pending_ == 0) io_cv_.notify_all();
+  });
+}
+
+FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits, bool allowed,
+                                                FederatedReason reason, Nanos now) const {
+  FederatedDecision d;
+  d.reason = reason;
+  d.rate.allowed = allowed;
+  d.rate.limit = options_.budget.limit;
+  const std::uint64_t here = usable(k.escrow, now);
+  const std::uint64_t there = k.global_left == UINT64_MAX ? 0 : k.global_left;
+  d.rate.remaining = std::min(options_.budget.limit, here + std::min(there, options_.budget.limit));
+  d.rate.reset_after = k.window_end.count() == kNever ? options_.budget.period
+                                                      : std::max(Nanos{0}, k.window_end - now);
+  if (!allowed) {
+    if (reason == FederatedReason::kNeverFits || hits > options_.budget.limit)
+      d.rate.retry_after = Nanos::max();
+    else if (reason == FederatedReason::kCoordinatorUnreachable)
+      d.rate.retry_after = std::max(Nanos{1}, k.unreachable_until - now);
+    else
+      d.rate.retry_after = std::max(Nanos{1}, k.closed_until - now);
+  }
+  return d;
+}
+
+void FederatedLimiter::lease_async(std::string key, std::uint64_t want) {
+  leases_.fetch_add(1, std::memory_order_relaxed);
+  post([this, key = std::move(key), want] {
+    LeaseRequest req;
+    req.region = options_.region;
+    req.spec = options_.budget;
+    req.want = want;
+    req.min_window_left = options_.min_window_left;
+    const Nanos sent_at = clock_.now();  // the reply cannot be decided before this
+    on_lease(key, sent_at, coordinator_.lease(key, req, options_.lease_timeout));
+  });
+}
+
+void FederatedLimiter::forfeit(const std::string& key, Key& k, Nanos now, bool expired_only,
+                               Tasks& io) {
+  if (k.escrow.units == 0 || (expired_only && now < k.escrow.expires_at)) return;
+  const std::uint64_t units = k.escrow.units;
+  const std::uint64_t total = relinquish(k.escrow);
+  forfeited_.fetch_add(units, std::memory_order_relaxed);
+  io.push_back(
+      [this, key, w = Nanos{k.escrow.window_start}, total] { send_reconcile(key, w, total); });
+}
+
+void FederatedLimiter::send_reconcile(const std::string& key, Nanos window_start,
+                                      std::uint64_t total) {
+  post([this, key, window_start, total] {
+    StatusOr<std::uint64_t> r =
+        coordinator_.reconcile(key, options_.region, window_start, total, options_.lease_timeout);
+    if (!r.ok()) reconcile_failures_.fetch_add(1, std::memory_order_relaxed);
+  });
+}
+
+void FederatedLimiter::check(std::string_view key, std::uint64_t hits, Nanos now, Callback done) {
+  Shard& s = shard_of(key);
+  FederatedDecision d;
+  std::uint64_t lease_want = 0;
+  std::string lease_key;
+  Tasks reconciles;
+  {
+    const std::lock_guard lock(s.mu);
+    auto it = s.keys.find(key);
+    if (it == s.keys.end()) it = s.keys.emplace(std::string(key), Key{}).first;
+    Key& k = it->second;
+    forfeit(it->first, k, now, true, reconciles);
+    if (hits > options_.budget.limit) {
+      d = decide_from(k, hits, false, FederatedReason::kNeverFits, now);
+    } else if (hits == 0) {
+      d = decide_from(k, 0, true, FederatedReason::kAdmitted, now);
+    } else if (k.waiters.empty() && spend(k.escrow, hits, now)) {
+      spent_.fetch_add(hits, std::memory_order_relaxed);
+      d = decide_from(k, hits, true, FederatedReason::kAdmitted, now);
+      if (usable(k.escrow, now) < refill_below_ && !k.leasing && now >= k.closed_until &&
+          now >= k.unreachable_until && k.global_left > 0) {
+        k.leasing = true;
+        lease_want = options_.batch;
+        lease_key = it->first;
+      }
+    } else if (now < k.closed_until) {
+      d = decide_from(k, hits, false, k.closed_reason, now);
+    } else if (now < k.unreachable_until) {
+      d = decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now);
+    } else {
+      k.waiters.push_back({hits, std::move(done)});
+      if (!k.leasing) {
+        k.leasing = true;
+        lease_want = std::max(options_.batch, hits - std::min(hits, usable(k.escrow, now)));
+        lease_key = it->first;
+      }
+      done = nullptr;
+    }
+  }
+  for (auto& r : reconciles) r();
+  if (lease_want > 0) lease_async(std::move(lease_key), lease_want);
+  if (done) done(d);
+}
+
+void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<LeaseReply> reply) {
+  Shard& s = shard_of(key);
+  std::vector<std::pair<Callback, FederatedDecision>> decided;
+  std::uint64_t again = 0;
+  {
+    const std::lock_guard lock(s.mu);
+    auto it = s.keys.find(key);
+    if (it == s.keys.end()) return;  // never: a key with a lease in flight is kept
+    Key& k = it->second;
+    k.leasing = false;
+    const Nanos now = clock_.now();
+    if (reply.ok()) {
+      const LeaseReply& r = reply.value();
+      k.unreachable_until = Nanos{kNever};
+      k.global_left = r.remaining;
+      k.window_end = sent_at + (r.window_end - r.coordinator_now);
+      if (r.granted > 0) {
+        granted_.fetch_add(r.granted, std::memory_order_relaxed);
+        const Nanos expires = escrow_expiry(r, sent_at, options_.drift_ppm);
+        forfeited_.fetch_add(add_grant(k.escrow, r, expires), std::memory_order_relaxed);
+        // A grant that arrives after its own expiry (a round trip longer than what the window
+        // had left) is no use: treat the window as over here rather than lease again at once.
+        if (now >= expires) {
+          k.closed_until = std::max(now + Nanos{1}, k.window_end);
+          k.closed_reason = FederatedReason::kBudgetSpent;
+        }
+      }
+      switch (r.status) {
+        case LeaseStatus::kGranted:
+          break;
+        case LeaseStatus::kSpent:
+        case LeaseStatus::kWindowEnding:
+          k.closed_until = std::max(now + Nanos{1}, k.window_end);
+          k.closed_reason = FederatedReason::kBudgetSpent;
+          break;
+        case LeaseStatus::kStateLost:
+          k.closed_until = std::max(now + Nanos{1}, k.window_end);
+          k.closed_reason = FederatedReason::kCoordinatorRestarted;
+          break;
+        case LeaseStatus::kSpecMismatch:
+          k.closed_until = now + options_.retry_backoff;
+          k.closed_reason = FederatedReason::kSpecMismatch;
+          break;
+      }
+    } else {
+      lease_failures_.fetch_add(1, std::memory_order_relaxed);
+      k.unreachable_until = now + options_.retry_backoff;
+    }
+    while (!k.waiters.empty()) {
+      Waiter& w = k.waiters.front();
+      if (spend(k.escrow, w.hits, now)) {
+        spent_.fetch_add(w.hits, std::memory_order_relaxed);
+        decided.emplace_back(std::move(w.done),
+                             decide_from(k, w.hits, true, FederatedReason::kAdmitted, now));
+      } else if (now < k.closed_until) {
+        decided.emplace_back(std::move(w.done),
+                             decide_from(k, w.hits, false, k.closed_reason, now));
+      } else if (now < k.unreachable_until) {
+        decided.emplace_back(
+            std::move(w.done),
+            decide_from(k, w.hits, false, FederatedReason::kCoordinatorUnreachable, now));
+      } else {
+        // The budget may hold more: lease again for the head of the queue.
+        k.leasing = true;
+        again = std::max(options_.batch, w.hits - std::min(w.hits, usable(k.escrow, now)));
+        break;
+      }
+      k.waiters.pop_front();
+    }
+  }
+  for (auto& [cb, d] : decided) cb(d);
+  if (again > 0) lease_async(key, again);
+}
+
+FederatedDecision FederatedLimiter::check_wait(std::string_view key, std::uint64_t hits) {
+  auto p = std::make_shared<std::promise<FederatedDecision>>();
+  std::future<FederatedDecision> f = p->get_future();
+  check(key, hits, clock_.now(), [p](FederatedDecision d) { p->set_value(std::move(d)); });
+  return f.get();
+}
+
+void FederatedLimiter::refund(std::string_view key, std::uint64_t hits, Nanos now) {
+  Shard& s = shard_of(key);
+  const std::lock_guard lock(s.mu);
+  auto it = s.keys.find(key);
+  if (it == s.keys.end()) return;
+  const std::uint64_t before = it->second.escrow.spent;
+  unspend(it->second.escrow, hits, now);
+  spent_.fetch_sub(before - it->second.escrow.spent, std::memory_order_relaxed);
+}
+
+std::size_t FederatedLimiter::sweep(Nanos now) {
+  std::size_t forgotten = 0;
+  for (std::size_t i = 0; i < kShards; ++i) {
+    Shard& s = shards_[i];
+    Tasks reconciles;
+    {
+      const std::lock_guard lock(s.mu);
+      for (auto it = s.keys.begin(); it != s.keys.end();) {
+        Key& k = it->second;
+        forfeit(it->first, k, now, true, reconciles);
+        const bool idle = !k.leasing && k.waiters.empty() && k.escrow.units == 0 &&
+                          now >= k.closed_until && now >= k.unreachable_until;
+        if (idle) {
+          it = s.keys.erase(it);
+          ++forgotten;
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& r : reconciles) r();
+  }
+  return forgotten;
+}
+
+void FederatedLimiter::relinquish_all(Nanos now) {
+  for (std::size_t i = 0; i < kShards; ++i) {
+    Shard& s = shards_[i];
+    Tasks reconciles;
+    {
+      const std::lock_guard lock(s.mu);
+      for (auto& [key, k] : s.keys) forfeit(key, k, now, false, reconciles);
+    }
+    for (auto& r : reconciles) r();
+  }
+}
+
+FederationStats FederatedLimiter::stats() const {
+  FederationStats st;
+  st.leases = leases_.load(std::memory_order_relaxed);
+  st.lease_failures = lease_failures_.load(std::memory_order_relaxed);
+  st.granted = granted_.load(std::memory_order_relaxed);
+  st.spent = spent_.load(std::memory_order_relaxed);
+  st.forfeited = forfeited_.load(std::memory_order_relaxed);
+  st.reconcile_failures = reconcile_failures_.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < kShards; ++i) {
+    const std::lock_guard lock(shards_[i].mu);
+    st.keys += shards_[i].keys.size();
+  }
+  return st;
+}
+
+}  // namespace sluice

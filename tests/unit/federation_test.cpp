@@ -1,0 +1,347 @@
+// FederatedLimiter on explicit time against the in-memory RateCoordinator: checks served from
+// escrow (one lease per batch), concurrent checks of a cold key sharing one lease, the global
+// budget shared by regions (never over the limit in a window), window roll and forfeit,
+// fail-closed outages, a coordinator that lost its state, a spec mismatch, clock skew between
+// regions, and the reasons and retry times a refusal carries.
+#include "sluice/federation.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sluice/memory_rate_coordinator.h"
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Coordinator calls queued until the test delivers them (a network the test drives).
+struct QueuedIo {
+  std::deque<std::function<void()>> calls;
+  IoExecutor executor() {
+    return [this](std::function<void()> f) { calls.push_back(std::move(f)); };
+  }
+  std::size_t run_all() {
+    std::size_t n = 0;
+    while (!calls.empty()) {
+      auto f = std::move(calls.front());
+      calls.pop_front();
+      f();
+      ++n;
+    }
+    return n;
+  }
+};
+
+IoExecutor inline_io() {
+  return [](std::function<void()> f) { f(); };
+}
+
+// A coordinator that fails every call while `down` (an outage), else forwards.
+class Switchable final : public RateCoordinator {
+ public:
+  explicit Switchable(RateCoordinator& inner) : inner_(inner) {}
+  bool down = false;
+  int calls = 0;
+  StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& r,
+                             Nanos timeout) noexcept override {
+    ++calls;
+    if (down) return Status(StatusCode::kUnavailable, "coordinator down");
+    return inner_.lease(key, r, timeout);
+  }
+  StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region, Nanos w,
+                                    std::uint64_t total, Nanos timeout) noexcept override {
+    ++calls;
+    if (down) return Status(StatusCode::kUnavailable, "coordinator down");
+    return inner_.reconcile(key, region, w, total, timeout);
+  }
+  Status health(Nanos timeout) noexcept override {
+    if (down) return Status(StatusCode::kUnavailable, "coordinator down");
+    return inner_.health(timeout);
+  }
+  std::string_view backend() const noexcept override { return "switchable"; }
+
+ private:
+  RateCoordinator& inner_;
+};
+
+FederationOptions opts(std::string region, std::uint64_t limit = 100) {
+  FederationOptions o;
+  o.region = std::move(region);
+  o.budget = {limit, seconds(10)};
+  o.batch = 16;
+  o.drift_ppm = 0;
+  return o;
+}
+
+FederatedDecision check_now(FederatedLimiter& f, std::string_view key, Nanos now,
+                            std::uint64_t hits = 1) {
+  FederatedDecision out;
+  bool answered = false;
+  f.check(key, hits, now, [&](FederatedDecision d) {
+    out = d;
+    answered = true;
+  });
+  EXPECT_TRUE(answered) << "check was not answered";
+  return out;
+}
+
+TEST(FederationOptions, ValidateNamesTheField) {
+  FederationOptions o = opts("eu");
+  EXPECT_EQ(o.validate(), "");
+  o.region.clear();
+  EXPECT_EQ(o.validate(), "region: must not be empty");
+  o = opts("eu");
+  o.batch = 0;
+  EXPECT_EQ(o.validate(), "batch: must be at least 1");
+  o = opts("eu");
+  o.budget.limit = 0;
+  EXPECT_EQ(o.validate(), "limit: must be at least 1");
+  o = opts("eu");
+  o.drift_ppm = 1'000'000;
+  EXPECT_EQ(o.validate(), "drift_ppm: must be below 1000000");
+}
+
+TEST(Federation, ChecksAreServedFromEscrowOneLeasePerBatch) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  Switchable sw(coord);
+  FederationOptions o = opts("eu", 1000);
+  o.refill_below = 1;  // refill only when empty, so every lease is counted exactly
+  FederatedLimiter f(sw, clock, o, inline_io());
+  for (int i = 0; i < 160; ++i) ASSERT_TRUE(check_now(f, "user:1", clock.now()).rate.allowed) << i;
+  // 160 checks at batch 16 (the taper never bites with 1000 left): the first check leases, and
+  // the check that spends a batch's last unit starts the next lease, so 1 + 10 leases.
+  EXPECT_EQ(sw.calls, 11);
+  EXPECT_EQ(f.stats().leases, 11u);
+  EXPECT_EQ(f.stats().spent, 160u);
+  EXPECT_EQ(coord.ledger("user:1")->granted, 176u);
+}
+
+TEST(Federation, ABusyKeyRefillsBeforeItRunsDry) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederatedLimiter f(coord, clock, opts("eu", 1000), io.executor());
+  f.check("k", 1, clock.now(), [](FederatedDecision) {});
+  ASSERT_EQ(io.run_all(), 1u);  // the first lease: 16 units, 15 left after the first check
+  int answered_at_once = 0;
+  for (int i = 0; i < 12; ++i)
+    f.check("k", 1, clock.now(), [&](FederatedDecision d) { answered_at_once += d.rate.allowed; });
+  EXPECT_EQ(answered_at_once, 12);
+  // Below refill_below (batch / 4 = 4) a lease was started in the background.
+  EXPECT_EQ(io.calls.size(), 1u);
+  io.run_all();
+  EXPECT_EQ(coord.ledger("k")->granted, 32u);
+}
+
+TEST(Federation, ConcurrentChecksOfAColdKeyShareOneLease) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederatedLimiter f(coord, clock, opts("eu", 1000), io.executor());
+  int allowed = 0, answered = 0;
+  for (int i = 0; i < 10; ++i) {
+    f.check("cold", 1, clock.now(), [&](FederatedDecision d) {
+      ++answered;
+      allowed += d.rate.allowed;
+    });
+  }
+  EXPECT_EQ(answered, 0);          // all wait for the one lease
+  EXPECT_EQ(io.calls.size(), 1u);  // no stampede
+  io.run_all();
+  EXPECT_EQ(answered, 10);
+  EXPECT_EQ(allowed, 10);
+  EXPECT_EQ(f.stats().leases, 1u);
+}
+
+TEST(Federation, RegionsShareOneBudgetAndNeverExceedItInAWindow) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter eu(coord, clock, opts("eu", 50), inline_io());
+  FederatedLimiter us(coord, clock, opts("us", 50), inline_io());
+  FederatedLimiter ap(coord, clock, opts("ap", 50), inline_io());
+  std::uint64_t admitted = 0;
+  FederatedDecision last;
+  for (int i = 0; i < 100; ++i) {
+    for (FederatedLimiter* f : {&eu, &us, &ap}) {
+      last = check_now(*f, "api-key", clock.now());
+      admitted += last.rate.allowed;
+    }
+  }
+  EXPECT_EQ(admitted, 50u);  // the whole budget, and not one more
+  EXPECT_FALSE(last.rate.allowed);
+  EXPECT_EQ(last.reason, FederatedReason::kBudgetSpent);
+  // Window [100 s, 110 s): retry when it ends here.
+  EXPECT_EQ(last.rate.retry_after, seconds(10));
+}
+
+TEST(Federation, AHotRegionCanDrawTheWholeBudget) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter hot(coord, clock, opts("eu", 300), inline_io());
+  FederatedLimiter cold(coord, clock, opts("us", 300), inline_io());
+  ASSERT_TRUE(check_now(cold, "k", clock.now()).rate.allowed);  // holds one batch
+  std::uint64_t admitted = 0;
+  for (int i = 0; i < 400; ++i) admitted += check_now(hot, "k", clock.now()).rate.allowed;
+  // All but what the cold region holds (one batch, 15 of it unspent).
+  EXPECT_EQ(admitted, 300u - 16u);
+}
+
+TEST(Federation, EscrowExpiresAtTheWindowEndAndIsReconciled) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter f(coord, clock, opts("eu", 100), inline_io());
+  ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);  // 16 leased, 15 unspent
+  clock.set(seconds(110));                                   // the next window
+  EXPECT_EQ(f.sweep(clock.now()), 1u);                       // forfeited, then forgotten
+  EXPECT_EQ(f.stats().forfeited, 15u);
+  EXPECT_EQ(coord.ledger("k")->forfeited, 15u);  // reconciled, counted, not carried
+  // The new window starts with the whole budget.
+  std::uint64_t admitted = 0;
+  for (int i = 0; i < 200; ++i) admitted += check_now(f, "k", clock.now()).rate.allowed;
+  EXPECT_EQ(admitted, 100u);
+}
+
+TEST(Federation, FailClosedServesHeldEscrowThenRefusesWhileTheCoordinatorIsDown) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  Switchable sw(coord);
+  FederationOptions o = opts("eu", 1000);
+  o.refill_below = 1;
+  FederatedLimiter f(sw, clock, o, inline_io());
+  ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  sw.down = true;
+  for (int i = 0; i < 15; ++i) EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed) << i;
+  const FederatedDecision d = check_now(f, "k", clock.now());
+  EXPECT_FALSE(d.rate.allowed);
+  EXPECT_EQ(d.reason, FederatedReason::kCoordinatorUnreachable);
+  EXPECT_EQ(d.rate.retry_after, seconds(1));  // retry_backoff
+  // Within the backoff no call is made.
+  const int calls = sw.calls;
+  EXPECT_FALSE(check_now(f, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(sw.calls, calls);
+  // After it, the coordinator is tried again (clock-driven): back, and serving.
+  sw.down = false;
+  clock.advance(seconds(1));
+  EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(f.stats().lease_failures, 1u);
+}
+
+TEST(Federation, ACoordinatorThatLostItsStateCountsTheWindowAsSpent) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederationOptions o = opts("eu", 1000);
+  o.refill_below = 1;
+  FederatedLimiter f(coord, clock, o, inline_io());
+  ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  coord.lose_state(seconds(10));  // a restart without durable state, mid-window
+  for (int i = 0; i < 15; ++i) EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  const FederatedDecision d = check_now(f, "k", clock.now());
+  EXPECT_FALSE(d.rate.allowed);
+  EXPECT_EQ(d.reason, FederatedReason::kCoordinatorRestarted);
+  EXPECT_EQ(d.rate.retry_after, seconds(10));
+  clock.set(seconds(110));
+  EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+}
+
+TEST(Federation, ARegionWithAnotherLimitIsRefusedForTheWindow) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter a(coord, clock, opts("eu", 100), inline_io());
+  FederatedLimiter b(coord, clock, opts("us", 200), inline_io());
+  ASSERT_TRUE(check_now(a, "k", clock.now()).rate.allowed);
+  const FederatedDecision d = check_now(b, "k", clock.now());
+  EXPECT_FALSE(d.rate.allowed);
+  EXPECT_EQ(d.reason, FederatedReason::kSpecMismatch);
+  EXPECT_EQ(coord.ledger("k")->granted, 16u);
+}
+
+TEST(Federation, MoreHitsThanTheLimitNeverFitAndZeroHitsSpendNothing) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter f(coord, clock, opts("eu", 10), inline_io());
+  const FederatedDecision big = check_now(f, "k", clock.now(), 11);
+  EXPECT_FALSE(big.rate.allowed);
+  EXPECT_EQ(big.reason, FederatedReason::kNeverFits);
+  EXPECT_EQ(big.rate.retry_after, Nanos::max());
+  EXPECT_TRUE(check_now(f, "k", clock.now(), 0).rate.allowed);
+  EXPECT_EQ(f.stats().leases, 0u);
+  // A check larger than the batch leases what it needs (here the whole limit).
+  EXPECT_TRUE(check_now(f, "k", clock.now(), 10).rate.allowed);
+}
+
+// The coordinator's clock runs 3 s ahead of one region's and 2 s behind another's: escrow is
+// timed from each region's own send time, so each expires by its window's end, and a window
+// never admits more than its limit.
+TEST(Federation, SkewedRegionClocksStillAdmitAtMostTheLimitPerWindow) {
+  ManualClock coord_clock(seconds(1000));
+  ManualClock behind(seconds(997));
+  ManualClock ahead(seconds(1002));
+  MemoryRateCoordinator coord(coord_clock);
+  FederationOptions o = opts("eu", 40);
+  o.drift_ppm = 1000;
+  FederatedLimiter a(coord, behind, o, inline_io());
+  o.region = "us";
+  FederatedLimiter b(coord, ahead, o, inline_io());
+  std::vector<std::uint64_t> per_window(8, 0);
+  for (int step = 0; step < 4000; ++step) {  // 40 s in 10 ms steps
+    for (auto* c : {&coord_clock, &behind, &ahead}) c->advance(milliseconds(10));
+    const auto w = static_cast<std::size_t>((coord_clock.now() - seconds(1000)) / seconds(10));
+    for (int i = 0; i < 3; ++i) {
+      per_window[w] += check_now(a, "k", behind.now()).rate.allowed;
+      per_window[w] += check_now(b, "k", ahead.now()).rate.allowed;
+    }
+  }
+  for (std::size_t w = 0; w < 4; ++w) {
+    EXPECT_LE(per_window[w], 40u) << "window " << w;
+    EXPECT_GE(per_window[w], 30u) << "window " << w;  // and the budget is used
+  }
+}
+
+TEST(Federation, RelinquishAllGivesUnspentEscrowBackToTheWindow) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter a(coord, clock, opts("eu", 32), inline_io());
+  FederatedLimiter b(coord, clock, opts("us", 32), inline_io());
+  ASSERT_TRUE(check_now(a, "k", clock.now()).rate.allowed);  // a holds 15 more
+  a.relinquish_all(clock.now());
+  EXPECT_EQ(coord.ledger("k")->returned, 15u);
+  std::uint64_t admitted = 0;
+  for (int i = 0; i < 40; ++i) admitted += check_now(b, "k", clock.now()).rate.allowed;
+  EXPECT_EQ(admitted, 31u);
+}
+
+TEST(Federation, RefundGivesHitsBackWhileTheEscrowIsUsable) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter f(coord, clock, opts("eu", 16), inline_io());
+  ASSERT_TRUE(check_now(f, "k", clock.now(), 16).rate.allowed);
+  EXPECT_FALSE(check_now(f, "k", clock.now()).rate.allowed);
+  f.refund("k", 4, clock.now());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  EXPECT_FALSE(check_now(f, "k", clock.now()).rate.allowed);
+}
+
+TEST(Federation, CheckWaitAnswersFromAnotherThread) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  std::vector<std::thread> threads;
+  IoExecutor io = [&](std::function<void()> f) { threads.emplace_back(std::move(f)); };
+  {
+    FederatedLimiter f(coord, clock, opts("eu", 100), io);
+    EXPECT_TRUE(f.check_wait("k", 1).rate.allowed);
+    for (auto& t : threads) t.join();
+  }
+}
+
+}  // namespace
+}  // namespace sluice
