@@ -111,13 +111,15 @@ bool duration_arg(const std::string& text, const char* name, std::optional<Nanos
 }
 
 json decision_json(const pb::Decision& d) {
-  return {{"allowed", d.allowed()},
-          {"limit", d.limit()},
-          {"remaining", d.remaining()},
-          {"reset_after_seconds", seconds_of(d.reset_after())},
-          // never: null, as over HTTP
-          {"retry_after_seconds",
-           is_never(d.retry_after()) ? json(nullptr) : json(seconds_of(d.retry_after()))}};
+  json j = {{"allowed", d.allowed()},
+            {"limit", d.limit()},
+            {"remaining", d.remaining()},
+            {"reset_after_seconds", seconds_of(d.reset_after())},
+            // never: null, as over HTTP
+            {"retry_after_seconds",
+             is_never(d.retry_after()) ? json(nullptr) : json(seconds_of(d.retry_after()))}};
+  if (!d.reason().empty()) j["reason"] = d.reason();
+  return j;
 }
 
 // The table's columns that depend on the kind. A rate policy holds no leases, and its limit is
@@ -141,6 +143,12 @@ PolicyRow policy_row(const pb::PolicyState& p) {
       row.note = "per " + format_duration(Nanos{std::llround(*period * 1e9)});
     if (const auto burst = number("burst"))
       row.note += fmt::format("{}burst {}", row.note.empty() ? "" : ", ", *burst);
+  } else if (p.kind() == "federated") {
+    row.in_flight = "-";
+    if (const auto window = number("window_seconds"))
+      row.note = "per " + format_duration(Nanos{std::llround(*window * 1e9)}) + " in all regions";
+    if (state.is_object() && state.contains("region") && state["region"].is_string())
+      row.note += fmt::format(" (this one: {})", state["region"].get<std::string>());
   } else if (p.kind() == "concurrency") {
     row.limit = "-";
     row.note = "a limit per tenant, upstream, binding and route (see its config)";
@@ -166,8 +174,9 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
   } else if (is_never(d.retry_after())) {
     fmt::print("denied: {} hits can never pass (the limit is {})\n", a.hits, d.limit());
   } else {
-    fmt::print("denied: {} of {} remaining; retry after {}\n", d.remaining(), d.limit(),
-               duration_text(d.retry_after()));
+    fmt::print("denied: {} of {} remaining; retry after {}{}\n", d.remaining(), d.limit(),
+               duration_text(d.retry_after()),
+               d.reason().empty() ? "" : fmt::format(" ({})", d.reason()));
   }
   return d.allowed() ? 0 : 1;
 }

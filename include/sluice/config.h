@@ -31,7 +31,7 @@
 //                                    # documented in config/example.yaml)
 //       rate: <rate policy>          # kinds of the admit family: a call passes that rate policy
 //                                    # first (429 when over, no permit taken), then the limit
-//       # federated, throttler, cascade: reserved for kinds not built yet: an error, never a
+//       # throttler, cascade: reserved for kinds not built yet: an error, never a
 //       # silent no-op
 //
 // Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,10 +57,13 @@ struct FederatedDecision {
 };
 
 struct FederationOptions {
-  std::string region;              // non-empty: this region's id at the coordinator
-  BudgetSpec budget;               // limit per window, window length
-  std::uint64_t batch = 16;        // units per lease, >= 1
-  std::uint64_t refill_below = 0;  // 0: batch / 4 (at least 1)
+  std::string region;  // non-empty: this region's id at the coordinator
+  // The budget's name at the coordinator: a key is "<budget_id>:<key>" there (empty: the key
+  // as it is), so budgets that share a coordinator never share a key. No ':'.
+  std::string budget_id;
+  BudgetSpec budget;                                     // limit per window, window length
+  std::uint64_t batch = 16;                              // units per lease, >= 1
+  std::uint64_t refill_below = 0;                        // 0: batch / 4 (at least 1)
   Nanos lease_timeout = std::chrono::milliseconds(250);  // each coordinator call's bound
   Nanos retry_backoff = std::chrono::seconds(1);         // after a failed call, before the next
   // How much faster than this region's clock the coordinator's may run, in parts per million:
@@ -100,6 +104,13 @@ class FederatedLimiter {
   // Admits `hits` for `key` (all or nothing); `done` gets the decision (see above). hits == 0
   // spends nothing and reports the key's allowance here.
   void check(std::string_view key, std::uint64_t hits, Nanos now, Callback done);
+  // check() when it can be decided now (from escrow, or a refusal already known); nullopt when
+  // it needs a lease, which is then started (a check() after it joins that lease).
+  [[nodiscard]] std::optional<FederatedDecision> try_check(std::string_view key, std::uint64_t hits,
+                                                           Nanos now);
+  // What check() would answer now, spending nothing and calling no one: from this region's
+  // escrow and what the last lease reply said of the budget left.
+  [[nodiscard]] FederatedDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const;
   // check() that waits for its answer (a library caller's convenience).
   [[nodiscard]] FederatedDecision check_wait(std::string_view key, std::uint64_t hits);
   // Gives back `hits` a check of `key` admitted (an all-or-nothing batch rolled back), while its
@@ -120,6 +131,10 @@ class FederatedLimiter {
   using Tasks = std::vector<std::function<void()>>;
 
   Shard& shard_of(std::string_view key) noexcept;
+  // check()'s decision, or nullopt when it needs a lease: then `park` (null: try_check) waits
+  // for it.
+  std::optional<FederatedDecision> decide(std::string_view key, std::uint64_t hits, Nanos now,
+                                          Callback* park);
   // Starts a lease of `want` units for `key` on the IoExecutor (call without a shard lock).
   void lease_async(std::string key, std::uint64_t want);
   void on_lease(const std::string& key, Nanos sent_at, StatusOr<LeaseReply> reply);
@@ -127,6 +142,7 @@ class FederatedLimiter {
   // adds its reconcile to `io`.
   void forfeit(const std::string& key, Key& k, Nanos now, bool expired_only, Tasks& io);
   void send_reconcile(const std::string& key, Nanos window_start, std::uint64_t total);
+  [[nodiscard]] std::string global_key(const std::string& key) const;
   void post(std::function<void()> task);
   FederatedDecision decide_from(const Key& k, std::uint64_t hits, bool allowed,
                                 FederatedReason reason, Nanos now) const;

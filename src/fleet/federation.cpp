@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <future>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,7 @@ std::string_view to_string(FederatedReason r) noexcept {
 
 std::string FederationOptions::validate() const {
   if (region.empty()) return "region: must not be empty";
+  if (budget_id.find(':') != std::string::npos) return "budget: must not contain ':'";
   if (budget.limit == 0) return "limit: must be at least 1";
   if (budget.period <= Nanos{0}) return "window: must be positive";
   if (budget.period > kMaxRatePeriod) return "window: must be at most 100 years";
@@ -63,7 +65,7 @@ struct FederatedLimiter::Key {
 };
 
 struct FederatedLimiter::Shard {
-  std::mutex mu;
+  mutable std::mutex mu;
   StringMap<Key> keys;
 };
 
@@ -80,6 +82,10 @@ FederatedLimiter::FederatedLimiter(RateCoordinator& coordinator, const Clock& cl
 FederatedLimiter::~FederatedLimiter() {
   std::unique_lock lock(io_mu_);
   io_cv_.wait(lock, [&] { return io_pending_ == 0; });
+}
+
+std::string FederatedLimiter::global_key(const std::string& key) const {
+  return options_.budget_id.empty() ? key : options_.budget_id + ":" + key;
 }
 
 FederatedLimiter::Shard& FederatedLimiter::shard_of(std::string_view key) noexcept {
@@ -103,6 +109,7 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
   FederatedDecision d;
   d.reason = reason;
   d.rate.allowed = allowed;
+  if (!allowed) d.rate.reason = to_string(reason);
   d.rate.limit = options_.budget.limit;
   const std::uint64_t here = usable(k.escrow, now);
   const std::uint64_t there = k.global_left == UINT64_MAX ? 0 : k.global_left;
@@ -129,7 +136,7 @@ void FederatedLimiter::lease_async(std::string key, std::uint64_t want) {
     req.want = want;
     req.min_window_left = options_.min_window_left;
     const Nanos sent_at = clock_.now();  // the reply cannot be decided before this
-    on_lease(key, sent_at, coordinator_.lease(key, req, options_.lease_timeout));
+    on_lease(key, sent_at, coordinator_.lease(global_key(key), req, options_.lease_timeout));
   });
 }
 
@@ -146,15 +153,16 @@ void FederatedLimiter::forfeit(const std::string& key, Key& k, Nanos now, bool e
 void FederatedLimiter::send_reconcile(const std::string& key, Nanos window_start,
                                       std::uint64_t total) {
   post([this, key, window_start, total] {
-    StatusOr<std::uint64_t> r =
-        coordinator_.reconcile(key, options_.region, window_start, total, options_.lease_timeout);
+    StatusOr<std::uint64_t> r = coordinator_.reconcile(global_key(key), options_.region,
+                                                       window_start, total, options_.lease_timeout);
     if (!r.ok()) reconcile_failures_.fetch_add(1, std::memory_order_relaxed);
   });
 }
 
-void FederatedLimiter::check(std::string_view key, std::uint64_t hits, Nanos now, Callback done) {
+std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, std::uint64_t hits,
+                                                          Nanos now, Callback* park) {
   Shard& s = shard_of(key);
-  FederatedDecision d;
+  std::optional<FederatedDecision> d;
   std::uint64_t lease_want = 0;
   std::string lease_key;
   Tasks reconciles;
@@ -182,18 +190,47 @@ void FederatedLimiter::check(std::string_view key, std::uint64_t hits, Nanos now
     } else if (now < k.unreachable_until) {
       d = decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now);
     } else {
-      k.waiters.push_back({hits, std::move(done)});
+      // It needs a lease: parked behind the key's lease call (started here if none is in
+      // flight), or, for try_check, left undecided (the lease is started all the same).
+      if (park != nullptr) k.waiters.push_back({hits, std::move(*park)});
       if (!k.leasing) {
         k.leasing = true;
         lease_want = std::max(options_.batch, hits - std::min(hits, usable(k.escrow, now)));
         lease_key = it->first;
       }
-      done = nullptr;
     }
   }
   for (auto& r : reconciles) r();
   if (lease_want > 0) lease_async(std::move(lease_key), lease_want);
-  if (done) done(d);
+  return d;
+}
+
+void FederatedLimiter::check(std::string_view key, std::uint64_t hits, Nanos now, Callback done) {
+  if (std::optional<FederatedDecision> d = decide(key, hits, now, &done)) done(*d);
+}
+
+std::optional<FederatedDecision> FederatedLimiter::try_check(std::string_view key,
+                                                             std::uint64_t hits, Nanos now) {
+  return decide(key, hits, now, nullptr);
+}
+
+FederatedDecision FederatedLimiter::peek(std::string_view key, std::uint64_t hits,
+                                         Nanos now) const {
+  const Shard& s = shards_[StringHash{}(key) % kShards];
+  const std::lock_guard lock(s.mu);
+  auto it = s.keys.find(key);
+  const Key none;
+  const Key& k = it == s.keys.end() ? none : it->second;
+  if (hits > options_.budget.limit)
+    return decide_from(k, hits, false, FederatedReason::kNeverFits, now);
+  const std::uint64_t here = usable(k.escrow, now);
+  if (here >= hits) return decide_from(k, hits, true, FederatedReason::kAdmitted, now);
+  if (now < k.closed_until) return decide_from(k, hits, false, k.closed_reason, now);
+  if (now < k.unreachable_until)
+    return decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now);
+  const bool may = k.global_left == UINT64_MAX || here + k.global_left >= hits;
+  return decide_from(k, hits, may, may ? FederatedReason::kAdmitted : FederatedReason::kBudgetSpent,
+                     now);
 }
 
 void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<LeaseReply> reply) {
@@ -297,8 +334,10 @@ std::size_t FederatedLimiter::sweep(Nanos now) {
       for (auto it = s.keys.begin(); it != s.keys.end();) {
         Key& k = it->second;
         forfeit(it->first, k, now, true, reconciles);
+        // Kept while its escrow's window lasts (a refund may still come for what it spent).
         const bool idle = !k.leasing && k.waiters.empty() && k.escrow.units == 0 &&
-                          now >= k.closed_until && now >= k.unreachable_until;
+                          now >= k.escrow.expires_at && now >= k.closed_until &&
+                          now >= k.unreachable_until;
         if (idle) {
           it = s.keys.erase(it);
           ++forgotten;

@@ -1,6 +1,7 @@
 #include "server/coordinators.h"
 
 #include "sluice/memory_coordinator.h"
+#include "sluice/memory_rate_coordinator.h"
 #include "sluice/postgres_coordinator.h"
 #include "sluice/redis_coordinator.h"
 
@@ -56,6 +57,8 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
   named->backend = std::string(inner.value()->backend());
   named->offer<ConcurrencyCoordinator>(
       std::make_shared<TimedConcurrencyCoordinator>(std::move(inner.value()), clock, named->stats));
+  if (spec.kind == CoordinatorSpec::Kind::kMemory)
+    named->offer<RateCoordinator>(std::make_shared<MemoryRateCoordinator>(clock));
   return named;
 }
 

@@ -37,6 +37,7 @@ void fill(pb::Decision* out, const RateDecision& d) {
   out->set_remaining(d.remaining);
   to_proto(d.reset_after, out->mutable_reset_after());
   to_proto(d.retry_after, out->mutable_retry_after());
+  if (!d.reason.empty()) out->set_reason(std::string(d.reason));
 }
 
 CheckCall call_of(const pb::CheckRequest& r) {

@@ -164,6 +164,7 @@ json decision_json(const RateDecision& d) {
       j["retry_after_ms"] = nullptr;  // never: more hits than the limit
     else
       j["retry_after_ms"] = ms_of(d.retry_after);
+    if (!d.reason.empty()) j["reason"] = d.reason;
   }
   return j;
 }

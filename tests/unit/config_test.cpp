@@ -328,7 +328,7 @@ policies:
       "defaults fill in the limits not set)",
       "t.yaml:19:38: policies.f.bindings[0].upstream: unknown upstream 'nowhere'",
       "t.yaml:20:29: policies.x.rate: no rate policy named 'missing' (rate must name a policy of "
-      "kind rate)",
+      "kind rate or federated)",
   };
   std::vector<std::string> got;
   for (const ConfigError& e : load.errors) got.push_back(e.to_string("t.yaml"));
@@ -354,7 +354,7 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
     heartbeat: 1s
     lease_ttl: 500ms
   d:
-    kind: federated
+    kind: throttler
   e:
     kind: teleport
   f:
@@ -389,10 +389,10 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
   const ConfigError* lease = find("policies.c.lease_ttl");  // the field's path first
   ASSERT_NE(lease, nullptr);
   EXPECT_EQ(lease->message, "must be > heartbeat");
-  const ConfigError* federated = find("policies.d.kind");
-  ASSERT_NE(federated, nullptr);
-  EXPECT_EQ(federated->line, 15);
-  EXPECT_NE(federated->message.find("not built"), std::string::npos);
+  const ConfigError* throttler = find("policies.d.kind");
+  ASSERT_NE(throttler, nullptr);
+  EXPECT_EQ(throttler->line, 15);
+  EXPECT_NE(throttler->message.find("not built"), std::string::npos);
   ASSERT_NE(find("policies.e.kind"), nullptr);
   // The gateway's own validation, placed at the fields it names.
   const ConfigError* owner = find("policies.f.upstreams[0].owner");

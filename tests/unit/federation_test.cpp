@@ -331,6 +331,50 @@ TEST(Federation, RefundGivesHitsBackWhileTheEscrowIsUsable) {
   EXPECT_FALSE(check_now(f, "k", clock.now()).rate.allowed);
 }
 
+TEST(Federation, TryCheckDecidesFromEscrowOrStartsTheLeaseAndSaysSo) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederatedLimiter f(coord, clock, opts("eu", 100), io.executor());
+  EXPECT_FALSE(f.try_check("k", 1, clock.now()).has_value());  // no escrow: needs a lease
+  EXPECT_EQ(io.calls.size(), 1u);                              // which it started
+  EXPECT_FALSE(f.try_check("k", 1, clock.now()).has_value());  // and does not start twice
+  EXPECT_EQ(io.calls.size(), 1u);
+  io.run_all();
+  const auto d = f.try_check("k", 1, clock.now());
+  ASSERT_TRUE(d.has_value());
+  EXPECT_TRUE(d->rate.allowed);
+  EXPECT_EQ(f.stats().spent, 1u);
+}
+
+TEST(Federation, PeekSpendsNothingAndCallsNoOne) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederatedLimiter f(coord, clock, opts("eu", 100), io.executor());
+  EXPECT_TRUE(f.peek("k", 5, clock.now()).rate.allowed);  // nothing known: the budget is whole
+  EXPECT_TRUE(io.calls.empty());
+  f.check("k", 1, clock.now(), [](FederatedDecision) {});
+  io.run_all();
+  const FederatedDecision p = f.peek("k", 15, clock.now());
+  EXPECT_TRUE(p.rate.allowed);
+  EXPECT_EQ(p.rate.remaining, 99u);  // 15 here + 84 at the coordinator
+  EXPECT_EQ(f.stats().spent, 1u);
+  EXPECT_FALSE(f.peek("k", 101, clock.now()).rate.allowed);
+}
+
+// A key whose escrow is all spent is kept until its window ends: a CheckMany's refund of what it
+// spent may still come, and must find it.
+TEST(Federation, ASweepKeepsAKeyWhoseSpentEscrowMayStillBeRefunded) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter f(coord, clock, opts("eu", 16), inline_io());
+  ASSERT_TRUE(check_now(f, "k", clock.now(), 16).rate.allowed);
+  EXPECT_EQ(f.sweep(clock.now()), 0u);
+  f.refund("k", 16, clock.now());
+  EXPECT_TRUE(check_now(f, "k", clock.now(), 16).rate.allowed);
+}
+
 TEST(Federation, CheckWaitAnswersFromAnotherThread) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);

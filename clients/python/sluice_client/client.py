@@ -68,6 +68,7 @@ def _decision(d) -> Decision:
         remaining=d.remaining,
         reset_after=_seconds(d.reset_after),
         retry_after=_seconds_or_never(d.retry_after) if not d.allowed else 0.0,
+        reason=d.reason,
     )
 
 

@@ -29,6 +29,9 @@ class Decision:
         reset_after: seconds until the key's allowance is whole again.
         retry_after: 0.0 when allowed; when denied, seconds until the same request would pass,
             or ``None`` when it never can (more hits than the policy allows at once).
+        reason: when denied for more than the key's own limit, why (a federated policy:
+            ``"budget_spent"``, ``"coordinator_unreachable"``, ``"coordinator_restarted"``,
+            ``"spec_mismatch"``, ``"never_fits"``); ``""`` otherwise.
     """
 
     allowed: bool
@@ -36,6 +39,7 @@ class Decision:
     remaining: int
     reset_after: float
     retry_after: Optional[float]
+    reason: str = ""
 
 
 class CheckManyResult(NamedTuple):

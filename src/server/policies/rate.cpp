@@ -63,12 +63,6 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   }
   Rejection refusal(std::string_view key, const RateDecision& d) const override {
     const RateRule r = limiter_->rule();
-    Rejection out;
-    out.source = "rate";
-    out.limit_type = "rate";
-    out.status = 429;
-    out.type = "urn:sluice:problem:rate-limit-exceeded";
-    out.title = "Rate Limit Exceeded";
     std::ostringstream detail;
     if (d.key_capacity)
       detail << "Rate policy " << name() << " holds state for its max_keys ("
@@ -77,15 +71,7 @@ class RateLimitPolicy final : public Policy, public RateFamily {
     else
       detail << "Rate policy " << name() << " allows " << r.limit << " per " << seconds_of(r.period)
              << "s for key '" << key << "'";
-    if (d.retry_after != Nanos::max())
-      detail << "; retry after " << seconds_of(d.retry_after) << "s";
-    out.detail_text = detail.str();
-    out.retry_after = d.retry_after;
-    out.policy = name();
-    out.current_in_flight = d.limit - std::min(d.limit, d.remaining);
-    out.max_concurrent = d.limit;
-    out.remaining = d.remaining;
-    return out;
+    return rate_refusal(name(), detail.str(), d);
   }
 
  protected:
@@ -155,6 +141,25 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
 }
 
 }  // namespace
+
+Rejection rate_refusal(std::string_view policy, std::string detail, const RateDecision& d) {
+  Rejection out;
+  out.source = "rate";
+  out.limit_type = "rate";
+  out.status = 429;
+  out.type = "urn:sluice:problem:rate-limit-exceeded";
+  out.title = "Rate Limit Exceeded";
+  std::ostringstream text;
+  text << detail;
+  if (d.retry_after != Nanos::max()) text << "; retry after " << seconds_of(d.retry_after) << "s";
+  out.detail_text = text.str();
+  out.retry_after = d.retry_after;
+  out.policy = policy;
+  out.current_in_flight = d.limit - std::min(d.limit, d.remaining);
+  out.max_concurrent = d.limit;
+  out.remaining = d.remaining;
+  return out;
+}
 
 PolicyKind rate_kind() { return PolicyKind("rate", PolicyKind::kRate, parse, build); }
 

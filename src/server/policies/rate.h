@@ -32,4 +32,9 @@ struct RateSpec final : PolicyBody {
 
 [[nodiscard]] PolicyKind rate_kind();
 
+// The 429 a rate-family policy named `policy` gives for `d`, a denied check: `detail` says what
+// the policy allows; the retry time is appended to it. Its views point into `policy`.
+[[nodiscard]] Rejection rate_refusal(std::string_view policy, std::string detail,
+                                     const RateDecision& d);
+
 }  // namespace sluice::server

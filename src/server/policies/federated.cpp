@@ -1,0 +1,232 @@
+// The federated kind: a FederatedLimiter per policy, its coordinator calls on a small pool.
+#include "server/policies/federated.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+#include "fleet/io_pool.h"
+#include "server/calls.h"
+#include "server/policies/rate.h"
+#include "sluice/rate_coordinator.h"
+
+namespace sluice::server {
+namespace {
+
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// How often expired escrow is forfeited and idle keys forgotten: once a window, within
+// [1 s, 60 s] (a check of a key forfeits its own expired escrow at once anyway).
+Nanos sweep_interval(const FederationOptions& o) {
+  return std::clamp<Nanos>(o.budget.period, std::chrono::seconds(1), std::chrono::seconds(60));
+}
+
+// A decision that arrives on another thread after check_or_defer() may or may not have
+// returned: whichever comes second answers (the returning call with the decision, or the
+// callback through the Completion the call deferred to).
+struct Handoff {
+  std::mutex mu;
+  bool returned = false;
+  std::optional<RateDecision> early;
+  Completion<RateDecision> later;
+};
+
+class FederatedPolicy final : public Policy, public RateFamily {
+ public:
+  FederatedPolicy(const BuildContext& c, const FederatedSpec& spec,
+                  std::shared_ptr<RateCoordinator> coordinator)
+      : Policy(c.name, "federated", c.spec.rate),
+        coordinator_(std::move(coordinator)),
+        clock_(c.clock),
+        pool_(spec.io_threads),
+        limiter_(*coordinator_, c.clock, spec.options, pool_.executor()) {
+    start_loop(c.clock, [this](Nanos now) {
+      limiter_.sweep(now);
+      return now + sweep_interval(limiter_.options());
+    });
+  }
+  // The loop uses the limiter: stopped first; then unspent escrow goes back to its window.
+  ~FederatedPolicy() override {
+    retire();
+    limiter_.relinquish_all(clock_.now());
+  }
+  FederatedPolicy(const FederatedPolicy&) = delete;
+  FederatedPolicy& operator=(const FederatedPolicy&) = delete;
+
+  [[nodiscard]] RateFamily* rate_family() noexcept override { return this; }
+
+  // Answered from escrow when it can be; otherwise parked until the key's lease returns (at
+  // most lease_timeout).
+  Decided<RateDecision> check_or_defer(std::string_view key, std::uint64_t hits, Nanos now,
+                                       Deferral<RateDecision>& later) override {
+    if (auto d = limiter_.try_check(key, hits, now)) return count(d->rate);
+    if (retired()) return Status(StatusCode::kUnavailable, "policy " + name() + " was retired");
+    auto h = std::make_shared<Handoff>();
+    limiter_.check(key, hits, now, [this, h](FederatedDecision d) {
+      std::unique_lock lock(h->mu);
+      if (!h->returned) {
+        h->early = d.rate;
+        return;
+      }
+      Completion<RateDecision> done = std::move(h->later);
+      lock.unlock();
+      done(count(d.rate));
+    });
+    const std::lock_guard lock(h->mu);
+    h->returned = true;
+    if (h->early) return count(*h->early);
+    h->later = later.defer();
+    return std::nullopt;
+  }
+  // The inline answer (a chained admit's gate): waits for the key's lease when it needs one, at
+  // most lease_timeout (every coordinator call is bounded by it).
+  RateDecision check(std::string_view key, std::uint64_t hits, Nanos now) override {
+    if (auto d = limiter_.try_check(key, hits, now)) return count(d->rate);
+    auto done = std::make_shared<OneShot<RateDecision>>();
+    auto set = std::make_shared<Once<void(RateDecision)>>(done->setter());
+    limiter_.check(key, hits, now, [set](FederatedDecision d) { (*set)(d.rate); });
+    return count(done->get());
+  }
+  RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const override {
+    return limiter_.peek(key, hits, now).rate;
+  }
+  void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
+    limiter_.refund(key, hits, now);
+  }
+  Rejection refusal(std::string_view key, const RateDecision& d) const override {
+    const FederationOptions& o = limiter_.options();
+    std::ostringstream detail;
+    detail << "Federated policy " << name() << " allows " << o.budget.limit << " per "
+           << seconds_of(o.budget.period) << "s for key '" << key << "' across every region";
+    if (!d.reason.empty()) detail << " (" << d.reason << ")";
+    Rejection out = rate_refusal(name(), detail.str(), d);
+    // No escrow here and no coordinator to lease from: the service, not the caller, is short.
+    if (d.reason == to_string(FederatedReason::kCoordinatorUnreachable)) out.status = 503;
+    return out;
+  }
+
+ protected:
+  void describe(nlohmann::json& j, PolicyInfo& info) const override {
+    const FederationOptions& o = limiter_.options();
+    const FederationStats st = limiter_.stats();
+    info.limit = o.budget.limit;
+    j["strategy"] = "fixed-window";
+    j["limit"] = o.budget.limit;
+    j["window_seconds"] = seconds_of(o.budget.period);
+    j["region"] = o.region;
+    j["batch"] = o.batch;
+    j["coordinator"] = std::string(coordinator_->backend());
+    j["keys"] = st.keys;
+    j["leases"] = st.leases;
+    j["lease_failures"] = st.lease_failures;
+    j["granted"] = st.granted;
+    j["spent"] = st.spent;
+    j["forfeited"] = st.forfeited;
+    j["allowed"] = allowed_.load(std::memory_order_relaxed);
+    j["denied"] = denied_.load(std::memory_order_relaxed);
+  }
+  void metrics(std::vector<MetricFamily>& out) const override {
+    const FederationStats st = limiter_.stats();
+    out.push_back(by_label("sluice_federated_decisions_total", "Federated checks by decision",
+                           "decision", {{"allowed", allowed_.load()}, {"denied", denied_.load()}}));
+    out.push_back(one("sluice_federated_leases_total", "Escrow lease calls to the coordinator",
+                      MetricType::Counter, static_cast<double>(st.leases)));
+    out.push_back(one("sluice_federated_lease_failures_total",
+                      "Lease calls that failed or timed out", MetricType::Counter,
+                      static_cast<double>(st.lease_failures)));
+    out.push_back(one("sluice_federated_granted_units_total", "Budget units leased as escrow",
+                      MetricType::Counter, static_cast<double>(st.granted)));
+    out.push_back(one("sluice_federated_spent_units_total", "Escrow units spent on admissions",
+                      MetricType::Counter, static_cast<double>(st.spent)));
+    out.push_back(one("sluice_federated_forfeited_units_total",
+                      "Escrow units that expired unspent or were given back", MetricType::Counter,
+                      static_cast<double>(st.forfeited)));
+    out.push_back(one("sluice_federated_keys", "Keys the federated policy holds escrow state for",
+                      MetricType::Gauge, static_cast<double>(st.keys)));
+  }
+
+ private:
+  const RateDecision& count(const RateDecision& d) {
+    (d.allowed ? allowed_ : denied_).fetch_add(1, std::memory_order_relaxed);
+    return d;
+  }
+
+  std::shared_ptr<RateCoordinator> coordinator_;  // declared before its users
+  const Clock& clock_;
+  IoPool pool_;  // outlives the limiter, which waits for the calls it posted
+  FederatedLimiter limiter_;
+  std::atomic<std::uint64_t> allowed_{0}, denied_{0};
+};
+
+std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
+                                        PolicySpec& spec) {
+  s.keys({"kind", "strategy", "limit", "window", "region", "budget", "batch", "coordinator",
+          "outage", "regional_escrow", "lease_timeout", "retry_backoff", "drift_ppm",
+          "min_window_left", "io_threads"});
+  auto body = std::make_shared<FederatedSpec>();
+  FederationOptions& o = body->options;
+  o.budget.period = std::chrono::seconds(1);
+  if (auto v = s.str("strategy"); v && *v != "fixed-window") {
+    if (*v == "sliding-window" || *v == "gcra")
+      s.error("strategy", "'" + *v +
+                              "' cannot be federated without overshoot: only fixed-window (a "
+                              "budget that starts whole at each window boundary) can be split "
+                              "into escrow that expires with its window");
+    else
+      s.error("strategy", "'" + *v + "' is not a strategy; federation runs fixed-window");
+  }
+  if (auto v = s.uint("limit", 1, std::numeric_limits<std::uint32_t>::max(), true))
+    o.budget.limit = *v;
+  if (auto d = s.duration("window")) o.budget.period = *d;
+  if (auto v = s.str("region", true)) o.region = *v;
+  o.budget_id = name;
+  if (auto v = s.str("budget")) o.budget_id = *v;
+  if (auto v = s.uint("batch", 1, 1'000'000)) o.batch = *v;
+  if (auto v = s.str("coordinator")) body->coordinator = *v;
+  spec.coordinators = {body->coordinator};
+  const bool has_regional = s.str("regional_escrow").has_value();
+  if (has_regional)
+    s.error("regional_escrow", "a regional escrow is not built in this version of sluice yet");
+  if (auto v = s.str("outage"); v && *v != "fail-closed") {
+    if (*v == "regional-only")
+      s.error("outage",
+              "regional-only serves from a regional escrow during a coordinator outage: it "
+              "needs regional_escrow");
+    else
+      s.error("outage", "'" + *v + "' is not an outage mode; one of fail-closed, regional-only");
+  }
+  if (auto d = s.duration("lease_timeout")) o.lease_timeout = *d;
+  if (auto d = s.duration("retry_backoff")) o.retry_backoff = *d;
+  if (auto v = s.uint("drift_ppm", 0, 999'999)) o.drift_ppm = static_cast<std::uint32_t>(*v);
+  if (auto d = s.duration("min_window_left")) o.min_window_left = *d;
+  if (auto v = s.uint("io_threads", 1, 64)) body->io_threads = *v;
+  if (o.min_window_left >= o.budget.period)
+    s.error("min_window_left", "must be shorter than the window");
+  if (std::string why = o.validate(); !why.empty() && !o.region.empty()) {
+    const std::string field = why.substr(0, why.find(':'));
+    s.error(field == "period" ? "window" : field, why.substr(why.find(':') + 2));
+  } else if (o.budget_id.empty()) {
+    s.error("budget", "must not be empty");
+  }
+  return body;
+}
+
+StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
+  const FederatedSpec& spec = *c.spec.as<FederatedSpec>();
+  auto coordinator =
+      c.coordinator<RateCoordinator>(spec.coordinator, "federation's rate-budget interface");
+  if (!coordinator.ok()) return coordinator.status();
+  if (std::string why = spec.options.validate(); !why.empty())
+    return Status(StatusCode::kInvalidArgument, why);
+  return std::shared_ptr<Policy>(
+      std::make_shared<FederatedPolicy>(c, spec, std::move(coordinator.value())));
+}
+
+}  // namespace
+
+PolicyKind federated_kind() { return PolicyKind("federated", PolicyKind::kRate, parse, build); }
+
+}  // namespace sluice::server

@@ -1,0 +1,47 @@
+// federated.h: the federated kind's fields (src/server/policies/federated.cpp): one global rate
+// budget per key across regions, with no overshoot (sluice/federation.h).
+//
+//   kind: federated
+//   strategy: fixed-window      # the only strategy federation runs (see below); the default
+//   limit: 1000                 # hits per window for every region together, required
+//   window: 60s                 # the global window, on the coordinator's clock; default 1s
+//   region: us-east             # this server's region, required
+//   budget: <name>              # the budget's name at the coordinator, shared by the regions
+//                               #   that split it; default the policy's name
+//   batch: 16                   # units per lease; default 16
+//   coordinator: global         # a coordinator of the config; default memory
+//   outage: fail-closed         # the only mode until a regional escrow exists (regional-only
+//                               #   needs regional_escrow, which is not built yet)
+//   lease_timeout: 250ms        # each coordinator call's bound (a check waits at most this)
+//   retry_backoff: 1s           # after a failed call, refuse without calling for this long
+//   drift_ppm: 1000             # how much faster the coordinator's clock may run than ours
+//   min_window_left: 5ms        # grant nothing when the window has less left than this
+//   io_threads: 4               # coordinator calls in flight at once
+//
+// Why only fixed windows: a fixed window's budget is a count that starts whole at each window
+// boundary, so a region can hold part of it as escrow that dies with the window (Δ = 0). A
+// sliding window's allowance at an instant depends on when in the previous window its hits
+// fell, and a token bucket's refills continuously: neither has a boundary at which escrow could
+// expire without being either lost or carried over (overshoot). Both are refused by field name.
+//
+// Reload: an unchanged spec keeps the policy, its escrow with it; a changed one builds a new
+// policy, and the old one gives its unspent escrow back to the window.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "server/registry.h"
+#include "sluice/federation.h"
+
+namespace sluice::server {
+
+struct FederatedSpec final : PolicyBody {
+  FederationOptions options;
+  std::string coordinator = "memory";
+  std::size_t io_threads = 4;
+};
+
+[[nodiscard]] PolicyKind federated_kind();
+
+}  // namespace sluice::server

@@ -1,0 +1,202 @@
+// The federated policy kind through the server's engine (no transport), on the embedded memory
+// coordinator: two regions' policies splitting one budget never admit more than its limit in a
+// window and say why they refuse; a check waits for its key's lease (deferred) and is then
+// answered; peek, CheckMany's all-or-nothing and a rate-chained admit work as for a rate
+// policy; the config's errors name their field; an unchanged reload keeps the escrow.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "server/engine.h"
+#include "server/registry.h"
+#include "sluice/config.h"
+#include "support/config_of.h"
+
+namespace sluice::server {
+namespace {
+
+using std::chrono::seconds;
+
+const char* kTwoRegions = R"(
+policies:
+  eu:
+    kind: federated
+    budget: api
+    region: eu-west
+    limit: 40
+    window: 10s
+    batch: 8
+  us:
+    kind: federated
+    budget: api
+    region: us-east
+    limit: 40
+    window: 10s
+    batch: 8
+  jobs:
+    kind: adaptive
+    algorithm: fixed
+    limit: 100
+    rate: eu
+)";
+
+class FederatedPolicyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = Engine::create(config_of(kTwoRegions), clock_);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    engine_ = std::move(e.value());
+  }
+  RateDecision check(std::string_view policy, std::string_view key, std::int64_t hits = 1) {
+    auto r = engine_->check(CheckCall{policy, key, hits});
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r.value() : RateDecision{};
+  }
+  nlohmann::json state(std::string_view policy) {
+    for (const PolicyInfo& p : engine_->policies())
+      if (p.name == policy) return nlohmann::json::parse(p.state_json);
+    ADD_FAILURE() << "no policy " << policy;
+    return {};
+  }
+
+  ManualClock clock_{seconds(1000)};
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(FederatedPolicyTest, TwoRegionsSplitOneBudgetAndNeverExceedIt) {
+  std::uint64_t allowed = 0;
+  RateDecision last;
+  for (int i = 0; i < 60; ++i) {
+    for (const char* region : {"eu", "us"}) {
+      last = check(region, "user:7");
+      allowed += last.allowed;
+    }
+  }
+  EXPECT_EQ(allowed, 40u);
+  EXPECT_FALSE(last.allowed);
+  EXPECT_EQ(last.reason, "budget_spent");
+  EXPECT_EQ(last.retry_after, seconds(10));  // the window [1000 s, 1010 s) ends
+  // Another key has its own budget; the next window a whole one.
+  EXPECT_TRUE(check("us", "user:8").allowed);
+  clock_.advance(seconds(10));
+  EXPECT_TRUE(check("eu", "user:7").allowed);
+  const nlohmann::json eu = state("eu");
+  EXPECT_EQ(eu["region"], "eu-west");
+  EXPECT_EQ(eu["coordinator"], "memory");
+  EXPECT_GT(eu["leases"].get<int>(), 0);
+}
+
+TEST_F(FederatedPolicyTest, PeekSpendsNothingAndHitsOverTheLimitNeverFit) {
+  ASSERT_TRUE(check("eu", "k").allowed);  // leases 8, spends 1
+  auto p = engine_->peek(CheckCall{"eu", "k", 7});
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p.value().allowed);
+  for (int i = 0; i < 7; ++i) EXPECT_TRUE(check("eu", "k").allowed) << i;
+  const RateDecision big = check("eu", "k", 41);
+  EXPECT_FALSE(big.allowed);
+  EXPECT_EQ(big.reason, "never_fits");
+  EXPECT_EQ(big.retry_after, Nanos::max());
+}
+
+TEST_F(FederatedPolicyTest, CheckManyIsAllOrNothingOverFederatedKeys) {
+  // 40 per window for the budget: 30 + 15 cannot both pass. Both wait for leases, which race
+  // for the budget, so either may be the one refused; the other is given back.
+  auto r = engine_->check_many(std::vector<CheckCall>{{"eu", "a", 30}, {"us", "a", 15}});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(r.value().allowed);
+  EXPECT_TRUE(r.value().denied_index == 0 || r.value().denied_index == 1);
+  // Nothing stays spent: 40 still pass in this window between the two regions (each holds the
+  // escrow it leased, unspent or refunded).
+  std::uint64_t allowed = 0;
+  for (int i = 0; i < 100; ++i) allowed += check(i % 2 == 0 ? "eu" : "us", "a").allowed;
+  EXPECT_EQ(allowed, 40u);
+}
+
+TEST_F(FederatedPolicyTest, AnAdmitChainedToAFederatedPolicyPassesItFirst) {
+  std::uint64_t admitted = 0;
+  for (int i = 0; i < 45; ++i) {
+    auto r = engine_->admit(AdmitCall{"jobs", "tenant-1", {}, {}, {}, std::nullopt});
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    if (r.value().admitted) {
+      ++admitted;
+      ASSERT_TRUE(engine_->release(r.value().lease_id, CallResult::kSuccess, std::nullopt).ok());
+    } else {
+      EXPECT_EQ(r.value().refusal.status, 429);
+      EXPECT_EQ(r.value().refusal.policy, "eu");
+    }
+  }
+  EXPECT_EQ(admitted, 40u);
+}
+
+TEST_F(FederatedPolicyTest, AnUnchangedReloadKeepsTheEscrow) {
+  ASSERT_TRUE(check("eu", "k").allowed);
+  const int leases = state("eu")["leases"].get<int>();
+  ASSERT_TRUE(engine_->reload(config_of(kTwoRegions)).ok());
+  // 7 units left of the batch of 8; 5 more spend them down to 2 (refill_below is batch / 4).
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(check("eu", "k").allowed);
+  EXPECT_EQ(state("eu")["leases"].get<int>(), leases) << "the escrow was not kept";
+}
+
+ConfigLoad load(const std::string& policy_body) {
+  return load_config("policies:\n  f:\n    kind: federated\n" + policy_body,
+                     PolicyRegistry::builtin());
+}
+
+const ConfigError* error_at(const ConfigLoad& l, const std::string& path) {
+  for (const ConfigError& e : l.errors)
+    if (e.path == path) return &e;
+  return nullptr;
+}
+
+TEST(FederatedConfig, ErrorsNameTheirField) {
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    strategy: gcra\n");
+    const ConfigError* e = error_at(l, "policies.f.strategy");
+    ASSERT_NE(e, nullptr);
+    EXPECT_NE(e->message.find("cannot be federated"), std::string::npos) << e->message;
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    strategy: sliding-window\n");
+    ASSERT_NE(error_at(l, "policies.f.strategy"), nullptr);
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    outage: regional-only\n");
+    const ConfigError* e = error_at(l, "policies.f.outage");
+    ASSERT_NE(e, nullptr);
+    EXPECT_NE(e->message.find("regional_escrow"), std::string::npos) << e->message;
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n");
+    ASSERT_NE(error_at(l, "policies.f.region"), nullptr);
+  }
+  {
+    const ConfigLoad l = load("    region: eu\n");
+    ASSERT_NE(error_at(l, "policies.f.limit"), nullptr);
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    batch: 0\n");
+    ASSERT_NE(error_at(l, "policies.f.batch"), nullptr);
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    coordinator: nowhere\n");
+    ASSERT_NE(error_at(l, "policies.f.coordinator"), nullptr);
+  }
+  {
+    const ConfigLoad l =
+        load("    limit: 10\n    region: eu\n    window: 1s\n    min_window_left: 2s\n");
+    ASSERT_NE(error_at(l, "policies.f.min_window_left"), nullptr);
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    budget: a:b\n");
+    ASSERT_NE(error_at(l, "policies.f.budget"), nullptr);
+  }
+  const ConfigLoad ok = load("    limit: 10\n    region: eu\n    window: 1m\n");
+  EXPECT_TRUE(ok.config.has_value());
+}
+
+}  // namespace
+}  // namespace sluice::server
