@@ -154,11 +154,13 @@ class FederatedPolicy final : public Policy, public RateFamily {
     return d;
   }
 
-  std::shared_ptr<RateCoordinator> coordinator_;  // declared before its users
+  // Declared before their users: the limiter's destructor waits for the coordinator calls it
+  // posted to the pool, whose callbacks count into allowed_ and denied_.
+  std::shared_ptr<RateCoordinator> coordinator_;
   const Clock& clock_;
-  IoPool pool_;  // outlives the limiter, which waits for the calls it posted
-  FederatedLimiter limiter_;
   std::atomic<std::uint64_t> allowed_{0}, denied_{0};
+  IoPool pool_;
+  FederatedLimiter limiter_;
 };
 
 std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
