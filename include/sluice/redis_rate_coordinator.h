@@ -4,8 +4,8 @@
 // picks the rule) that transcribes the escrow core of sluice/escrow.h rule for rule: the same
 // windows, taper, running totals per (region, window), clock_high and statuses; the conformance
 // test replays one sequence through it, the memory coordinator and the PostgreSQL one and
-// requires identical replies. Coordinator time is Redis TIME read inside the script (Redis 7
-// replicates a script's effects, so a script may read the clock and then write), or the
+// requires identical replies. Coordinator time is Redis TIME read inside the script (Redis 5 and
+// later replicate a script's effects, so a script may read the clock and then write), or the
 // caller's Clock in test mode. Windows are on that clock.
 //
 // Keys: a key's ledger is one hash, "<key_prefix>{<key>}" (one hash slot per key); its TTL is

@@ -7,7 +7,7 @@
 //          no window leased yet.
 // KEYS[2]  the origin marker: the coordinator time at which this Redis was first found without
 //          it (rule 3). A lease that finds none writes the current time.
-// ARGV     mode ("lease" or "reconcile"), now_us (-1: Redis TIME), min_ttl_ms, region, then
+// ARGV     mode ("lease" or "reconcile"), now_us (empty: Redis TIME), min_ttl_ms, region, then
 //          lease:      limit, period_us, want, min_window_left_us (rounded up)
 //          reconcile:  window_start_us, relinquished
 // Returns  lease: {status, granted, window_start_us, window_end_us, now_us, remaining, limit,
@@ -27,7 +27,7 @@ local mode = ARGV[1]
 local now = tonumber(ARGV[2])
 local min_ttl = tonumber(ARGV[3])
 local region = ARGV[4]
-if now < 0 then
+if now == nil then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

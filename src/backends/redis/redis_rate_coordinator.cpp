@@ -247,8 +247,9 @@ struct RedisRateCoordinator::Impl {
     return Status(StatusCode::kInternal, "redis: script missing after reload");
   }
 
+  // The caller's time in test mode; empty: the script reads Redis TIME.
   std::string now_arg() const {
-    return std::to_string(caller_clock != nullptr ? floor_us(caller_clock->now()) : -1);
+    return caller_clock != nullptr ? std::to_string(floor_us(caller_clock->now())) : std::string();
   }
 
   // Runs `body(deadline)` holding the gate, the whole call within `timeout`; never throws.
@@ -258,11 +259,15 @@ struct RedisRateCoordinator::Impl {
       const Deadline deadline = deadline_after(timeout);
       const backend_detail::CallGate::Hold hold(gate, timeout);
       if (!hold.held()) return busy();
-      return body(deadline);
+      try {
+        return body(deadline);
+      } catch (...) {
+        ctx.reset();  // it may be mid-protocol
+        throw;
+      }
     } catch (const std::bad_alloc&) {
       return Status(StatusCode::kInternal, "out of memory");
     } catch (const std::exception& e) {
-      ctx.reset();
       return Status(StatusCode::kInternal, std::string("redis: ") + e.what());
     }
   }
