@@ -56,8 +56,10 @@ PUBLIC_HEADERS = {
     "memory_rate_coordinator.h": "backends",
     "postgres_coordinator.h": "backends",
     "postgres_options.h": "core",
+    "postgres_rate_coordinator.h": "backends",
     "redis_coordinator.h": "backends",
     "redis_options.h": "core",
+    "redis_rate_coordinator.h": "backends",
     "config.h": "config",
     "config_section.h": "config",
 }

@@ -1,0 +1,361 @@
+// The Redis rate coordinator against real redis-servers the test starts on loopback: its storage
+// (one hash per key in one slot, expiring; an origin marker that does not), Redis TIME as the
+// coordinator's clock, the state-loss rule across a SIGKILL and restart, the maxmemory-policy
+// check, NOSCRIPT reload, concurrent regions, timeouts, bad input, and the lease latency.
+// Replies equal to the memory and PostgreSQL coordinators' step by step are in
+// rate_coordinator_conformance_test.cpp.
+#include "sluice/redis_rate_coordinator.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sluice/testing/servers.h"
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr Nanos kTimeout = seconds(2);
+// A window no test outlasts (a window boundary mid-test would change the counts).
+constexpr Nanos kLong = std::chrono::hours(24 * 365 * 10);
+
+// One redis-cli command's output (trailing newline removed).
+std::string cli(int port, const std::string& args) {
+  const std::string cmd =
+      "redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " " + args + " 2>&1";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    std::array<char, 512> buf{};
+    while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+    ::pclose(p);
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std::uint64_t want,
+                     Nanos min_left = Nanos{0}) {
+  LeaseRequest r;
+  r.region = std::move(region);
+  r.spec = {limit, period};
+  r.want = want;
+  r.min_window_left = min_left;
+  return r;
+}
+
+// The wall clock, which Redis TIME follows (only to check that the coordinator reads it).
+Nanos wall_now() { return std::chrono::system_clock::now().time_since_epoch(); }
+
+class RedisRateCoordinatorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_.start(); }
+  static void TearDownTestSuite() { server_.stop(); }
+  void SetUp() override { ASSERT_TRUE(server_.ok()) << server_.status().to_string(); }
+
+  static RedisOptions options(const std::string& prefix) {
+    RedisOptions o = RedisRateCoordinator::default_options();
+    o.port = server_->port();
+    o.key_prefix = prefix;
+    return o;
+  }
+  static std::unique_ptr<RedisRateCoordinator> connect(const std::string& prefix,
+                                                       const Clock* clock = nullptr) {
+    auto c = RedisRateCoordinator::connect(options(prefix), clock);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    if (!c.ok()) return nullptr;
+    return std::move(c.value());
+  }
+  // A coordinator on Redis TIME whose Redis has run long enough: its origin is long past.
+  static std::unique_ptr<RedisRateCoordinator> connect_settled(const std::string& prefix) {
+    EXPECT_EQ(cli(server_->port(), "SET " + prefix + "origin 0"), "OK");
+    return connect(prefix);
+  }
+
+  static testing::SuiteServer<testing::RedisServer> server_;
+};
+testing::SuiteServer<testing::RedisServer> RedisRateCoordinatorTest::server_;
+
+TEST_F(RedisRateCoordinatorTest, KeyIsOneExpiringHashInOneSlotAndTheOriginMarkerStays) {
+  ManualClock clock(seconds(5'000'000));
+  auto redis = connect("sluice:fed:", &clock);
+  ASSERT_NE(redis, nullptr);
+  const auto first = redis->lease("orders", request("us", 10, seconds(1), 4), kTimeout);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_EQ(first.value().status, LeaseStatus::kStateLost);  // a fresh Redis: its first window
+  const int port = server_->port();
+  EXPECT_EQ(cli(port, "TYPE 'sluice:fed:{orders}'"), "hash");
+  EXPECT_EQ(cli(port, "GET sluice:fed:origin"), "5000000000000");  // microseconds
+  EXPECT_EQ(cli(port, "PTTL sluice:fed:origin"), "-1");
+  const int ttl_ms = std::stoi(cli(port, "PTTL 'sluice:fed:{orders}'"));
+  EXPECT_GT(ttl_ms, 50'000);  // max(3 periods, 1 minute)
+  EXPECT_LE(ttl_ms, 60'000);
+  clock.advance(seconds(1));
+  const auto next = redis->lease("orders", request("us", 10, seconds(1), 4), kTimeout);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next.value().status, LeaseStatus::kGranted);
+  EXPECT_EQ(next.value().granted, 4u);
+  EXPECT_EQ(cli(port, "HGET 'sluice:fed:{orders}' r:us"), "4:0:");
+  // A long period keeps its key for three of them.
+  ASSERT_TRUE(redis->lease("daily", request("us", 10, std::chrono::hours(1), 1), kTimeout).ok());
+  EXPECT_GT(std::stoll(cli(port, "PTTL 'sluice:fed:{daily}'")), 3LL * 3'600'000 - 60'000);
+  // Nothing under the fleet's prefix.
+  EXPECT_EQ(cli(port, "KEYS 'sluice:fleet:*'"), "");
+}
+
+TEST_F(RedisRateCoordinatorTest, RedisTimeIsTheCoordinatorsClock) {
+  auto redis = connect_settled("time:fed:");
+  ASSERT_NE(redis, nullptr);
+  const Nanos before = wall_now();
+  const auto r = redis->lease("clock", request("us", 100, seconds(1), 5), kTimeout);
+  const Nanos after = wall_now();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const LeaseReply& reply = r.value();
+  EXPECT_EQ(reply.status, LeaseStatus::kGranted);
+  EXPECT_GE(reply.coordinator_now, before - seconds(1));  // same host: the same wall clock
+  EXPECT_LE(reply.coordinator_now, after + seconds(1));
+  EXPECT_EQ(reply.window_start.count() % seconds(1).count(), 0);
+  EXPECT_LE(reply.window_start, reply.coordinator_now);
+  EXPECT_LT(reply.coordinator_now, reply.window_end);
+  EXPECT_EQ(reply.window_end - reply.window_start, seconds(1));
+}
+
+// Waits (on the coordinator's own replies) until the window of `reply` has ended.
+void sleep_past(const LeaseReply& reply) {
+  std::this_thread::sleep_for(reply.window_end - reply.coordinator_now + milliseconds(20));
+}
+
+TEST(RedisRateCoordinator, RestartWithoutPersistenceLosesTheRestOfTheWindow) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  const int port = server.port();
+  RedisOptions o = RedisRateCoordinator::default_options();
+  o.port = port;
+  auto c = RedisRateCoordinator::connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  RedisRateCoordinator& redis = *c.value();
+  const LeaseRequest req = request("eu", 1000, seconds(1), 10);
+  // A fresh server: the first window is spent.
+  auto r = redis.lease("k", req, kTimeout);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().status, LeaseStatus::kStateLost);
+  sleep_past(r.value());
+  r = redis.lease("k", req, kTimeout);
+  ASSERT_TRUE(r.ok());
+  if (r.value().window_end - r.value().coordinator_now < milliseconds(600)) {
+    sleep_past(r.value());  // leave the restart most of a window
+    r = redis.lease("k", req, kTimeout);
+    ASSERT_TRUE(r.ok());
+  }
+  ASSERT_EQ(r.value().status, LeaseStatus::kGranted);
+  const Nanos granted_window = r.value().window_start;
+
+  // SIGKILL mid-window, and a new server (no persistence) on the same port.
+  ASSERT_EQ(::kill(server.pid(), SIGKILL), 0);
+  ::waitpid(server.pid(), nullptr, 0);
+  testing::RedisServer restarted;
+  ASSERT_TRUE(restarted.start({}, port).ok());
+  StatusOr<LeaseReply> lost = Status(StatusCode::kUnavailable, "not called");
+  for (int i = 0; i < 3 && !lost.ok(); ++i) lost = redis.lease("k", req, kTimeout);  // reconnects
+  ASSERT_TRUE(lost.ok()) << lost.status().to_string();
+  EXPECT_EQ(lost.value().status, LeaseStatus::kStateLost);
+  EXPECT_EQ(lost.value().granted, 0u);
+  EXPECT_EQ(lost.value().window_start, granted_window);  // the window it was granting in
+  // Every lease in that window is refused; the next window grants again.
+  const Nanos lost_window = lost.value().window_start;
+  int refused = 0;
+  for (;;) {
+    std::this_thread::sleep_for(milliseconds(50));
+    r = redis.lease("k", req, kTimeout);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    if (r.value().window_start != lost_window) break;
+    EXPECT_EQ(r.value().status, LeaseStatus::kStateLost);
+    ++refused;
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(r.value().window_start, lost_window);
+  EXPECT_EQ(r.value().status, LeaseStatus::kGranted);
+  EXPECT_EQ(r.value().granted, 10u);
+}
+
+TEST(RedisRateCoordinator, EvictionPolicyOtherThanNoevictionIsRefusedAtConnect) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  ASSERT_EQ(cli(server.port(), "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
+  RedisOptions o = RedisRateCoordinator::default_options();
+  o.port = server.port();
+  const auto refused = RedisRateCoordinator::connect(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  const std::string why = refused.status().message();
+  EXPECT_NE(why.find("maxmemory-policy is allkeys-lru"), std::string::npos) << why;
+  EXPECT_NE(why.find("noeviction"), std::string::npos) << why;
+  // A lazily opened coordinator refuses its first call the same way.
+  auto lazy = RedisRateCoordinator::open(o);
+  ASSERT_TRUE(lazy.ok());
+  const auto call = lazy.value()->lease("k", request("us", 5, seconds(1), 1), kTimeout);
+  EXPECT_EQ(call.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cli(server.port(), "DBSIZE"), "0");  // nothing written
+  ASSERT_EQ(cli(server.port(), "CONFIG SET maxmemory-policy noeviction"), "OK");
+  EXPECT_TRUE(RedisRateCoordinator::connect(o).ok());
+}
+
+TEST(RedisRateCoordinator, AUserWhoMayNotReadConfigIsRefusedWithHowToAllowIt) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  ASSERT_EQ(cli(server.port(), "ACL SETUSER fed on '>fed-pass' '~*' '&*' +@all -config"), "OK");
+  RedisOptions o = RedisRateCoordinator::default_options();
+  o.port = server.port();
+  o.username = "fed";
+  o.password = "fed-pass";
+  const auto refused = RedisRateCoordinator::connect(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  const std::string why = refused.status().message();
+  EXPECT_NE(why.find("maxmemory-policy"), std::string::npos) << why;
+  EXPECT_NE(why.find("+config|get"), std::string::npos) << why;
+  ASSERT_EQ(cli(server.port(), "ACL SETUSER fed '+config|get'"), "OK");
+  const auto allowed = RedisRateCoordinator::connect(o);
+  EXPECT_TRUE(allowed.ok()) << allowed.status().to_string();
+}
+
+TEST_F(RedisRateCoordinatorTest, FlushedScriptIsReloadedAndTheCallRetried) {
+  auto redis = connect_settled("flush:fed:");
+  ASSERT_NE(redis, nullptr);
+  const LeaseRequest req = request("us", 100, kLong, 7);
+  ASSERT_TRUE(redis->lease("flush", req, kTimeout).ok());
+  EXPECT_EQ(cli(server_->port(), "SCRIPT FLUSH"), "OK");
+  const auto r = redis->lease("flush", req, kTimeout);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().remaining, 86u);  // the retried call ran once
+}
+
+TEST_F(RedisRateCoordinatorTest, ConcurrentRegionsTogetherGetExactlyTheLimit) {
+  constexpr std::uint64_t kLimit = 600;
+  constexpr int kThreads = 4;
+  std::vector<std::unique_ptr<RedisRateCoordinator>> coordinators;
+  coordinators.push_back(connect_settled("race:fed:"));
+  coordinators.push_back(connect("race:fed:"));
+  ASSERT_NE(coordinators[0], nullptr);
+  ASSERT_NE(coordinators[1], nullptr);
+  std::atomic<std::uint64_t> granted{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      RedisRateCoordinator& c = *coordinators[static_cast<std::size_t>(t % 2)];
+      const LeaseRequest req = request("region-" + std::to_string(t), kLimit, kLong, 7);
+      for (;;) {
+        const auto r = c.lease("race", req, kTimeout);
+        if (!r.ok()) {
+          ++failures;
+          return;
+        }
+        if (r.value().status != LeaseStatus::kGranted) return;
+        granted += r.value().granted;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(granted.load(), kLimit);  // never more, and every unit went out
+}
+
+TEST_F(RedisRateCoordinatorTest, BadInputIsRefusedNamingTheFieldAndWritesNothing) {
+  auto redis = connect_settled("bad:fed:");
+  ASSERT_NE(redis, nullptr);
+  const auto field_of = [&](const LeaseRequest& req) -> std::string {
+    return redis->lease("bad", req, kTimeout).status().message();
+  };
+  EXPECT_NE(field_of(request("us", 5, Nanos{1'500}, 1)).find("period"), std::string::npos);
+  EXPECT_NE(field_of(request("us", (1ULL << 53) + 1, seconds(1), 1)).find("limit"),
+            std::string::npos);
+  EXPECT_NE(field_of(request("", 5, seconds(1), 1)).find("region"), std::string::npos);
+  EXPECT_NE(field_of(request("us", 5, seconds(1), 0)).find("want"), std::string::npos);
+  EXPECT_EQ(redis->lease("", request("us", 5, seconds(1), 1), kTimeout).status().code(),
+            StatusCode::kInvalidArgument);
+  const auto odd_window = redis->reconcile("bad", "us", Nanos{1'000'000'001}, 1, kTimeout);
+  EXPECT_EQ(odd_window.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(odd_window.status().message().find("window_start"), std::string::npos);
+  EXPECT_EQ(redis->reconcile("bad", "", seconds(1), 1, kTimeout).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cli(server_->port(), "EXISTS 'bad:fed:{bad}'"), "0");
+  // The fleet's prefix would share hashes with the fleet's script.
+  RedisOptions fleet = options("x");
+  fleet.key_prefix = RedisOptions{}.key_prefix;
+  const auto shared = RedisRateCoordinator::connect(fleet);
+  EXPECT_EQ(shared.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shared.status().message().find("key_prefix"), std::string::npos);
+}
+
+TEST_F(RedisRateCoordinatorTest, ReconcileGivesBackToTheCurrentWindowOnceOnly) {
+  auto redis = connect_settled("rec:fed:");
+  ASSERT_NE(redis, nullptr);
+  const LeaseRequest req = request("us", 100, kLong, 30);
+  const auto r = redis->lease("rec", req, kTimeout);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r.value().granted, 30u);
+  const Nanos w = r.value().window_start;
+  const auto back = redis->reconcile("rec", "us", w, 12, kTimeout);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back.value(), 12u);
+  EXPECT_EQ(redis->reconcile("rec", "us", w, 12, kTimeout).value(), 0u);   // a repeat
+  EXPECT_EQ(redis->reconcile("rec", "us", w, 40, kTimeout).value(), 18u);  // what it held
+  EXPECT_EQ(redis->reconcile("rec", "us", w - kLong, 5, kTimeout).value(), 0u);
+  const auto again = redis->lease("rec", request("eu", 100, kLong, 1), kTimeout);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().remaining, 99u);  // 100 - 30 + 30 given back - 1
+}
+
+TEST(RedisRateCoordinator, HealthPingsAndAHangingServerTimesOut) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  RedisOptions o = RedisRateCoordinator::default_options();
+  o.port = server.port();
+  auto c = RedisRateCoordinator::connect(o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c.value()->health(kTimeout).ok());
+  ASSERT_EQ(::kill(server.pid(), SIGSTOP), 0);
+  const auto start = std::chrono::steady_clock::now();
+  const Status hung = c.value()->health(milliseconds(200));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(hung.code(), StatusCode::kDeadlineExceeded) << hung.to_string();
+  EXPECT_LT(waited, milliseconds(1500));
+  const auto lease = c.value()->lease("k", request("us", 5, seconds(1), 1), milliseconds(200));
+  EXPECT_FALSE(lease.ok());
+  ASSERT_EQ(::kill(server.pid(), SIGCONT), 0);
+  EXPECT_TRUE(c.value()->health(kTimeout).ok());  // reconnected
+  RedisOptions nowhere = o;
+  nowhere.port = testing::free_port();
+  EXPECT_EQ(RedisRateCoordinator::connect(nowhere).status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(RedisRateCoordinatorTest, LeaseLatency) {
+  auto redis = connect_settled("latency:fed:");
+  ASSERT_NE(redis, nullptr);
+  constexpr int kLeases = 2000;
+  const LeaseRequest req = request("us", 1'000'000'000, kLong, 1);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kLeases; ++i) {
+    const auto r = redis->lease("latency", req, kTimeout);
+    ASSERT_TRUE(r.ok() && r.value().status == LeaseStatus::kGranted) << r.status().to_string();
+  }
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  std::printf("[latency] redis lease: %.1f us mean over %d sequential leases (loopback)\n",
+              static_cast<double>(us) / kLeases, kLeases);
+}
+
+}  // namespace
+}  // namespace sluice
