@@ -258,8 +258,12 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   const std::vector<RoundTripRow> trips = run_round_trips(o);
   out.table += "### Round trip (offered " + fmt("%.1f", o.load) +
                " x L, federated only)\n\nAs above, with a longer region-coordinator delay. A "
-               "region has one lease of a key in flight at a time, for a batch (or the head "
-               "waiter's hits): batch / round trip bounds what one region admits per second.\n\n" +
+               "region has one lease of a key in flight at a time; the checks that queue behind "
+               "it are what the next lease asks for (at least a batch). Were each lease a batch, "
+               "a region could admit at most batch / round trip per second (third column). "
+               "Escrow expires one one-way delay before its window ends (the region cannot tell "
+               "when in the round trip the coordinator decided), which is what the longest "
+               "delays cost.\n\n" +
                round_trip_table(trips) + "\n";
   out.files.emplace_back("federation-round-trip.csv", round_trip_csv(trips));
   for (const RoundTripRow& r : trips) {
