@@ -41,6 +41,7 @@ std::vector<SkewRow> run_skews(const FederationScenarioOptions& o, double load,
     c.windows = o.windows;
     c.seed = o.seed;
     c.one_way = o.one_way;
+    c.batch = o.batch;
     c.scheme = FederationScheme::kIndependent;
     row.independent = run_federation_sim(c);
     c.scheme = FederationScheme::kStatic;
@@ -131,11 +132,11 @@ std::string windows_csv(const std::vector<SkewRow>& rows) {
 }
 
 // U_capacity by skew, static and federated, over the table's skews and those near 1.
-std::string plot(std::vector<SkewRow> rows, double load) {
+std::string plot(std::vector<SkewRow> rows, double load, std::uint64_t batch) {
   std::sort(rows.begin(), rows.end(),
             [](const SkewRow& a, const SkewRow& b) { return a.skew < b.skew; });
   PlotSeries fixed{"static partition (L/K each)", "#d62728", {}, false};
-  PlotSeries federated{"federated (batch 16)", "#2ca02c", {}, false};
+  PlotSeries federated{"federated (batch " + std::to_string(batch) + ")", "#2ca02c", {}, false};
   for (const SkewRow& r : rows) {
     fixed.points.emplace_back(r.skew, r.fixed.u_capacity);
     federated.points.emplace_back(r.skew, r.federated.u_capacity);
@@ -161,6 +162,7 @@ std::vector<RoundTripRow> run_round_trips(const FederationScenarioOptions& o) {
     c.load = o.load;
     c.windows = o.windows;
     c.seed = o.seed;
+    c.batch = o.batch;
     c.one_way = row.one_way;
     row.uniform = run_federation_sim(c);
     c.skew = 1.0;
@@ -169,7 +171,7 @@ std::vector<RoundTripRow> run_round_trips(const FederationScenarioOptions& o) {
   return rows;
 }
 
-std::string round_trip_table(const std::vector<RoundTripRow>& rows) {
+std::string round_trip_table(const std::vector<RoundTripRow>& rows, std::uint64_t batch) {
   std::string t =
       "| one-way delay (ms) | round trip (ms) | batch / round trip (per s) | federated "
       "U_capacity, s = 0 | federated U_capacity, s = 1 | max admitted per window / limit |\n"
@@ -177,8 +179,8 @@ std::string round_trip_table(const std::vector<RoundTripRow>& rows) {
   for (const RoundTripRow& r : rows) {
     const double ms = std::chrono::duration<double, std::milli>(r.one_way).count();
     t += "| " + fmt("%.0f", ms) + " | " + fmt("%.0f", 2 * ms) + " | " +
-         fmt("%.0f", 16 / (2 * ms / 1000)) + " | " + fmt("%.3f", r.uniform.u_capacity) + " | " +
-         fmt("%.3f", r.hot.u_capacity) + " | " +
+         fmt("%.0f", static_cast<double>(batch) / (2 * ms / 1000)) + " | " +
+         fmt("%.3f", r.uniform.u_capacity) + " | " + fmt("%.3f", r.hot.u_capacity) + " | " +
          fmt("%.3f", std::max(r.uniform.max_admitted_over_limit, r.hot.max_admitted_over_limit)) +
          " |\n";
   }
@@ -206,7 +208,10 @@ std::string setup(const FederationScenarioOptions& o, double load) {
          std::to_string(o.windows) + " windows, seed " + std::to_string(o.seed) +
          "; Poisson arrivals of 1 hit, offered " + fmt("%.1f", load) +
          " x L per window in all; region 0 gets the share s + (1 - s) / 3, the others (1 - s) "
-         "/ 3 each; a refused request is lost. Federated: batch 16 (refill below 4), "
+         "/ 3 each; a refused request is lost. Federated: batch " +
+         std::to_string(o.batch) + " (a refill starts below " +
+         std::to_string(std::max<std::uint64_t>(1, o.batch / 4)) +
+         "), "
          "region-coordinator one-way delay " +
          fmt("%.1f", std::chrono::duration<double, std::milli>(o.one_way).count()) +
          " ms (round trip " +
@@ -240,7 +245,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
                  "\n";
     out.files.emplace_back("federation-" + tag + ".csv", csv(all));
     out.files.emplace_back("federation-" + tag + "-windows.csv", windows_csv(all));
-    out.files.emplace_back("federation-" + tag + ".svg", plot(all, load));
+    out.files.emplace_back("federation-" + tag + ".svg", plot(all, load, o.batch));
     for (const SkewRow& r : all)
       bounded(r.federated, " at s = " + fmt("%.2f", r.skew) + ", load " + fmt("%.1f", load));
     if (!main_load) continue;
@@ -264,7 +269,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
                "Escrow expires one one-way delay before its window ends (the region cannot tell "
                "when in the round trip the coordinator decided), which is what the longest "
                "delays cost.\n\n" +
-               round_trip_table(trips) + "\n";
+               round_trip_table(trips, o.batch) + "\n";
   out.files.emplace_back("federation-round-trip.csv", round_trip_csv(trips));
   for (const RoundTripRow& r : trips) {
     const std::string at =

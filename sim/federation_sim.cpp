@@ -44,15 +44,18 @@ class Workers {
   // Runs `task` on an idle worker until it first waits or ends (the caller holds the turn).
   void start(std::function<void()> task) {
     int id = 0;
-    while (id < static_cast<int>(workers_.size()) && workers_[static_cast<std::size_t>(id)]->busy)
-      ++id;
-    if (id == static_cast<int>(workers_.size())) {
-      workers_.push_back(std::make_unique<Worker>());
-      workers_.back()->thread = std::thread([this, id] { loop(id); });
+    {
+      const std::lock_guard lock(mu_);
+      while (id < static_cast<int>(workers_.size()) && workers_[static_cast<std::size_t>(id)]->busy)
+        ++id;
+      if (id == static_cast<int>(workers_.size())) {
+        workers_.push_back(std::make_unique<Worker>());
+        workers_.back()->thread = std::thread([this, id] { loop(id); });
+      }
+      Worker& w = *workers_[static_cast<std::size_t>(id)];
+      w.busy = true;
+      w.task = std::move(task);
     }
-    Worker& w = *workers_[static_cast<std::size_t>(id)];
-    w.busy = true;
-    w.task = std::move(task);
     transfer(id);
   }
   // The event loop gives the turn to `worker` until it waits again or ends.
@@ -65,9 +68,6 @@ class Workers {
     turn_ = workers_[static_cast<std::size_t>(self)]->return_to;
     cv_.notify_all();
     cv_.wait(lock, [&] { return turn_ == self; });
-  }
-  [[nodiscard]] bool idle() const {
-    return std::none_of(workers_.begin(), workers_.end(), [](const auto& w) { return w->busy; });
   }
 
  private:
@@ -88,8 +88,8 @@ class Workers {
   }
 
   void loop(int id) {
-    Worker& w = *workers_[static_cast<std::size_t>(id)];
     std::unique_lock lock(mu_);
+    Worker& w = *workers_[static_cast<std::size_t>(id)];
     for (;;) {
       cv_.wait(lock, [&] { return turn_ == id || quit_; });
       if (quit_) return;
@@ -108,7 +108,7 @@ class Workers {
   std::condition_variable cv_;
   int turn_ = kLoop;
   bool quit_ = false;
-  std::vector<std::unique_ptr<Worker>> workers_;  // grown only while holding the turn
+  std::vector<std::unique_ptr<Worker>> workers_;  // grown by the turn's holder, under mu_
 };
 
 // The network in front of the coordinator: a call reaches it `one_way` after it is made (the

@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   sim_federation->add_option("--windows", sim_fed.windows, "windows of 1 s per run")
       ->check(CLI::Range(1, 10000));
   sim_federation->add_option("--seed", sim_fed.seed, "seed of the arrivals");
+  sim_federation->add_option("--batch", sim_fed.batch, "units per lease (default 16)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}));
   sim_federation->callback([&] { exit_code = sluice::cli::run_sim_federation(sim_fed); });
 
   std::string config_path;

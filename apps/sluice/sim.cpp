@@ -40,6 +40,7 @@ int run_sim_federation(const FederationSimOptions& options) {
   sim::FederationScenarioOptions o;
   o.windows = options.windows;
   o.seed = options.seed;
+  o.batch = options.batch;
   const sim::ScenarioOutput out = sim::run_federation_scenario(o);
   fmt::print("## federation\n\n{}", out.table);
   if (!write_files("federation", options.out_dir, out)) return 2;

@@ -20,6 +20,7 @@ struct FederationSimOptions {
   std::string out_dir;  // where CSV and SVG files go; empty: none written
   int windows = 20;
   std::uint64_t seed = 1;
+  std::uint64_t batch = 16;  // each region's lease size
 };
 
 // Prints the skew table; exit code 1 if a claim did not hold, 2 if a file cannot be written.

@@ -101,6 +101,7 @@ struct FederationScenarioOptions {
   std::uint64_t seed = 1;
   double load = 1.2;
   Nanos one_way = std::chrono::milliseconds(1);
+  std::uint64_t batch = 16;
 };
 [[nodiscard]] ScenarioOutput run_federation_scenario(const FederationScenarioOptions& options);
 
