@@ -76,16 +76,7 @@ int run_sim_fleet(const SimOptions& options) {
       return 2;
     }
     fmt::print("## {}\n\n{}\n", name, out.table);
-    for (const auto& [file, content] : out.files) {
-      if (options.out_dir.empty()) continue;
-      const std::filesystem::path path = std::filesystem::path(options.out_dir) / file;
-      std::ofstream f(path);
-      f << content;
-      if (!f) {
-        fmt::print(stderr, "sluice sim fleet: cannot write {}\n", path.string());
-        return 2;
-      }
-    }
+    if (!write_files("fleet", options.out_dir, out)) return 2;
     if (out.failed_claims.empty()) {
       fmt::print("claims: all held\n\n");
     } else {
