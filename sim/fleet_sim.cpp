@@ -512,7 +512,7 @@ std::string to_csv(const FleetSimResult& r) {
 }
 
 std::string svg_plot(const std::string& title, const std::string& y_label,
-                     const std::vector<PlotSeries>& series) {
+                     const std::vector<PlotSeries>& series, const std::string& x_label) {
   constexpr double kW = 1180, kH = 400, kL = 70, kR = 480, kT = 40, kB = 50;
   double x_min = 1e300, x_max = -1e300, y_max = 0;
   for (const PlotSeries& s : series)
@@ -550,11 +550,14 @@ std::string svg_plot(const std::string& title, const std::string& y_label,
                   kH - kB + 18, x_max - x_min < 2 ? 2 : 1, xv);
     out += buf;
   }
+  std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">",
+                (kL + kW - kR) / 2, kH - 12);
+  out += buf;
+  out += x_label + "</text>\n";
   std::snprintf(buf, sizeof buf,
-                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time (s)</text>\n"
                 "<text x=\"16\" y=\"%.1f\" text-anchor=\"middle\" "
                 "transform=\"rotate(-90 16 %.1f)\">",
-                (kL + kW - kR) / 2, kH - 12, kH / 2, kH / 2);
+                kH / 2, kH / 2);
   out += buf;
   out += y_label + "</text>\n";
   int row = 0;

@@ -46,6 +46,17 @@ int main(int argc, char** argv) {
   sim_fleet->add_option("--scale", sim.scale, "shorten every run (0.05..1)")
       ->check(CLI::Range(0.05, 1.0));
   sim_fleet->callback([&] { exit_code = sluice::cli::run_sim_fleet(sim); });
+  sluice::cli::FederationSimOptions sim_fed;
+  CLI::App* sim_federation = sim_cmd->add_subcommand(
+      "federation",
+      "one global rate budget across 3 regions by skew: a table, CSV and SVG with --out");
+  sim_federation->add_option("--out", sim_fed.out_dir, "directory for the CSV and SVG files");
+  sim_federation->add_option("--windows", sim_fed.windows, "windows of 1 s per run")
+      ->check(CLI::Range(1, 10000));
+  sim_federation->add_option("--seed", sim_fed.seed, "seed of the arrivals");
+  sim_federation->add_option("--batch", sim_fed.batch, "units per lease (default 16)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}));
+  sim_federation->callback([&] { exit_code = sluice::cli::run_sim_federation(sim_fed); });
 
   std::string config_path;
   CLI::App* validate_cmd = app.add_subcommand(

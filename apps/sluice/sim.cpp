@@ -4,10 +4,53 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
+#include "sluice/sim/federation_sim.h"
 #include "sluice/sim/scenarios.h"
 
 namespace sluice::cli {
+
+namespace {
+
+// Creates `dir` (when not empty) and writes `out`'s files into it; false after printing why not.
+bool write_files(std::string_view command, const std::string& dir, const sim::ScenarioOutput& out) {
+  if (dir.empty()) return true;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    fmt::print(stderr, "sluice sim {}: --out {}: {}\n", command, dir, ec.message());
+    return false;
+  }
+  for (const auto& [file, content] : out.files) {
+    const std::filesystem::path path = std::filesystem::path(dir) / file;
+    std::ofstream f(path);
+    f << content;
+    if (!f) {
+      fmt::print(stderr, "sluice sim {}: cannot write {}\n", command, path.string());
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_sim_federation(const FederationSimOptions& options) {
+  sim::FederationScenarioOptions o;
+  o.windows = options.windows;
+  o.seed = options.seed;
+  o.batch = options.batch;
+  const sim::ScenarioOutput out = sim::run_federation_scenario(o);
+  fmt::print("## federation\n\n{}", out.table);
+  if (!write_files("federation", options.out_dir, out)) return 2;
+  if (out.failed_claims.empty()) {
+    fmt::print("claims: all held\n");
+    return 0;
+  }
+  for (const std::string& f : out.failed_claims) fmt::print("claim FAILED: {}\n", f);
+  return 1;
+}
 
 int run_sim_fleet(const SimOptions& options) {
   std::vector<std::string> names;
@@ -33,16 +76,7 @@ int run_sim_fleet(const SimOptions& options) {
       return 2;
     }
     fmt::print("## {}\n\n{}\n", name, out.table);
-    for (const auto& [file, content] : out.files) {
-      if (options.out_dir.empty()) continue;
-      const std::filesystem::path path = std::filesystem::path(options.out_dir) / file;
-      std::ofstream f(path);
-      f << content;
-      if (!f) {
-        fmt::print(stderr, "sluice sim fleet: cannot write {}\n", path.string());
-        return 2;
-      }
-    }
+    if (!write_files("fleet", options.out_dir, out)) return 2;
     if (out.failed_claims.empty()) {
       fmt::print("claims: all held\n\n");
     } else {

@@ -1,6 +1,8 @@
-// sim.h: `sluice sim fleet`: the fleet guard's simulation scenarios (sim/).
+// sim.h: `sluice sim fleet`: the fleet guard's simulation scenarios, and `sluice sim federation`:
+// one global rate budget across regions against per-region limits (sim/).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace sluice::cli {
@@ -13,5 +15,15 @@ struct SimOptions {
 
 // Prints each scenario's table; exit code 1 if a claim did not hold, 2 on bad options.
 int run_sim_fleet(const SimOptions& options);
+
+struct FederationSimOptions {
+  std::string out_dir;  // where CSV and SVG files go; empty: none written
+  int windows = 20;
+  std::uint64_t seed = 1;
+  std::uint64_t batch = 16;  // each region's lease size
+};
+
+// Prints the skew table; exit code 1 if a claim did not hold, 2 if a file cannot be written.
+int run_sim_federation(const FederationSimOptions& options);
 
 }  // namespace sluice::cli

@@ -11,8 +11,10 @@
 //     answered before check() returns; when what is left falls below `refill_below`, a lease is
 //     started in the background so that busy keys rarely wait;
 //   - otherwise joins the key's one lease call (concurrent checks of a key share it: no
-//     stampede) and is answered when it completes, at most `lease_timeout` later. Coordinator
-//     calls run on the IoExecutor, never on the caller's thread;
+//     stampede) and is answered when it completes, at most `lease_timeout` later; checks still
+//     queued after it are what the next lease asks for (at least a batch), so a region admits
+//     more than a batch per round trip when its checks come faster. Coordinator calls run on
+//     the IoExecutor, never on the caller's thread;
 //   - is refused without a call when the key's budget for this window is known to be spent
 //     (until the window ends on this region's clock), or while the coordinator is known to be
 //     unreachable (`retry_backoff` after a failure: fail closed, the escrow held keeps serving).

@@ -295,9 +295,11 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
             std::move(w.done),
             decide_from(k, w.hits, false, FederatedReason::kCoordinatorUnreachable, now));
       } else {
-        // The budget may hold more: lease again for the head of the queue.
+        // The budget may hold more: lease again, for the whole queue.
         k.leasing = true;
-        again = std::max(options_.batch, w.hits - std::min(w.hits, usable(k.escrow, now)));
+        std::uint64_t queued = 0;
+        for (const Waiter& q : k.waiters) queued += q.hits;
+        again = std::max(options_.batch, queued - std::min(queued, usable(k.escrow, now)));
         break;
       }
       k.waiters.pop_front();

@@ -163,6 +163,23 @@ TEST(Federation, ConcurrentChecksOfAColdKeyShareOneLease) {
   EXPECT_EQ(f.stats().leases, 1u);
 }
 
+// Checks that queue while a lease is in flight are served by the next lease, which asks for
+// all of them: a region admits more than one batch per round trip when its checks come faster.
+TEST(Federation, TheNextLeaseAsksForEveryQueuedCheck) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederatedLimiter f(coord, clock, opts("eu", 1000), io.executor());
+  int allowed = 0;
+  for (int i = 0; i < 40; ++i)
+    f.check("hot", 1, clock.now(), [&](FederatedDecision d) { allowed += d.rate.allowed; });
+  ASSERT_EQ(io.calls.size(), 1u);
+  io.run_all();  // 16 granted for the first 16; one more lease for the other 24
+  EXPECT_EQ(allowed, 40);
+  EXPECT_EQ(f.stats().leases, 2u);
+  EXPECT_EQ(f.stats().granted, 40u);
+}
+
 TEST(Federation, RegionsShareOneBudgetAndNeverExceedItInAWindow) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);

@@ -133,7 +133,7 @@ struct FleetSimResult {
 [[nodiscard]] std::string to_csv(const FleetSimResult& result);
 
 // A line plot (SVG) of sum(in_flight) with L_global and C as references, and optionally each
-// node's share.
+// node's share; `x_label` names the horizontal axis (time by default).
 struct PlotSeries {
   std::string label;
   std::string color;
@@ -141,6 +141,7 @@ struct PlotSeries {
   bool dashed = false;
 };
 [[nodiscard]] std::string svg_plot(const std::string& title, const std::string& y_label,
-                                   const std::vector<PlotSeries>& series);
+                                   const std::vector<PlotSeries>& series,
+                                   const std::string& x_label = "time (s)");
 
 }  // namespace sluice::sim

@@ -1,0 +1,389 @@
+#include "sluice/sim/federation_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <random>
+#include <thread>
+
+#include "sluice/federation.h"
+#include "sluice/memory_rate_coordinator.h"
+#include "sluice/rate_strategy.h"
+
+namespace sluice::sim {
+namespace {
+
+constexpr std::string_view kKey = "global";
+constexpr Nanos kSweepEvery = std::chrono::milliseconds(100);
+
+// Coordinator calls as coroutines on threads: a call runs on a worker from its start to its
+// end, giving the turn back whenever it waits for simulated time. Exactly one thread (the event
+// loop, id kLoop, or one worker) holds the turn; the others wait for it under `mu_`.
+class Workers {
+ public:
+  static constexpr int kLoop = -1;
+  // Asks the event loop to resume `worker` when the clock reaches `at`.
+  using Schedule = std::function<void(Nanos at, int worker)>;
+
+  explicit Workers(Schedule schedule) : schedule_(std::move(schedule)) {}
+  ~Workers() {
+    {
+      const std::lock_guard lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w->thread.join();
+  }
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+
+  // Runs `task` on an idle worker until it first waits or ends (the caller holds the turn).
+  void start(std::function<void()> task) {
+    int id = 0;
+    {
+      const std::lock_guard lock(mu_);
+      while (id < static_cast<int>(workers_.size()) && workers_[static_cast<std::size_t>(id)]->busy)
+        ++id;
+      if (id == static_cast<int>(workers_.size())) {
+        workers_.push_back(std::make_unique<Worker>());
+        workers_.back()->thread = std::thread([this, id] { loop(id); });
+      }
+      Worker& w = *workers_[static_cast<std::size_t>(id)];
+      w.busy = true;
+      w.task = std::move(task);
+    }
+    transfer(id);
+  }
+  // The event loop gives the turn to `worker` until it waits again or ends.
+  void resume(int worker) { transfer(worker); }
+  // A worker's call waits until the clock reaches `at` (the loop resumes it then).
+  void wait_until(Nanos at) {
+    std::unique_lock lock(mu_);
+    const int self = turn_;
+    schedule_(at, self);
+    turn_ = workers_[static_cast<std::size_t>(self)]->return_to;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return turn_ == self; });
+  }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::function<void()> task;
+    int return_to = kLoop;
+    bool busy = false;
+  };
+
+  void transfer(int to) {
+    std::unique_lock lock(mu_);
+    const int self = turn_;
+    workers_[static_cast<std::size_t>(to)]->return_to = self;
+    turn_ = to;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return turn_ == self; });
+  }
+
+  void loop(int id) {
+    std::unique_lock lock(mu_);
+    Worker& w = *workers_[static_cast<std::size_t>(id)];
+    for (;;) {
+      cv_.wait(lock, [&] { return turn_ == id || quit_; });
+      if (quit_) return;
+      std::function<void()> task = std::move(w.task);
+      lock.unlock();
+      task();
+      lock.lock();
+      w.busy = false;
+      turn_ = w.return_to;
+      cv_.notify_all();
+    }
+  }
+
+  Schedule schedule_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int turn_ = kLoop;
+  bool quit_ = false;
+  std::vector<std::unique_ptr<Worker>> workers_;  // grown by the turn's holder, under mu_
+};
+
+// The network in front of the coordinator: a call reaches it `one_way` after it is made (the
+// coordinator reads the clock then) and its reply returns `one_way` later.
+class DelayedCoordinator final : public RateCoordinator {
+ public:
+  using OnLease = std::function<void(const LeaseReply&)>;
+  using OnReturn = std::function<void(Nanos window_start, std::uint64_t returned)>;
+
+  DelayedCoordinator(RateCoordinator& inner, const Clock& clock, Workers& workers, Nanos one_way,
+                     OnLease on_lease, OnReturn on_return)
+      : inner_(inner),
+        clock_(clock),
+        workers_(workers),
+        one_way_(one_way),
+        on_lease_(std::move(on_lease)),
+        on_return_(std::move(on_return)) {}
+
+  StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
+                             Nanos timeout) noexcept override {
+    const Nanos sent = clock_.now();
+    workers_.wait_until(sent + one_way_);
+    StatusOr<LeaseReply> reply = inner_.lease(key, request, timeout);
+    if (reply.ok()) on_lease_(reply.value());
+    workers_.wait_until(sent + 2 * one_way_);
+    return reply;
+  }
+  StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region,
+                                    Nanos window_start, std::uint64_t relinquished,
+                                    Nanos timeout) noexcept override {
+    const Nanos sent = clock_.now();
+    workers_.wait_until(sent + one_way_);
+    StatusOr<std::uint64_t> back =
+        inner_.reconcile(key, region, window_start, relinquished, timeout);
+    if (back.ok()) on_return_(window_start, back.value());
+    workers_.wait_until(sent + 2 * one_way_);
+    return back;
+  }
+  Status health(Nanos timeout) noexcept override { return inner_.health(timeout); }
+  std::string_view backend() const noexcept override { return "simulated network"; }
+
+ private:
+  RateCoordinator& inner_;
+  const Clock& clock_;
+  Workers& workers_;
+  const Nanos one_way_;
+  OnLease on_lease_;
+  OnReturn on_return_;
+};
+
+enum class Kind : std::uint8_t { kArrival, kResume, kSweep };
+
+struct Event {
+  Nanos t;
+  std::uint64_t seq;
+  Kind kind;
+  int who;  // region, or worker
+  friend bool operator>(const Event& a, const Event& b) {
+    return a.t != b.t ? a.t > b.t : a.seq > b.seq;
+  }
+};
+
+struct Region {
+  double rate_per_ns = 0;
+  std::mt19937_64 rng;
+  FixedWindowState local;  // independent and static
+  RateRule rule;
+  std::uint64_t offered = 0, admitted = 0;  // within the measured windows
+};
+
+class Run {
+ public:
+  explicit Run(const FederationSimConfig& c) : c_(c), horizon_(c.window * c.windows) {
+    windows_.resize(static_cast<std::size_t>(c.windows));
+    const double per_window = c.load * static_cast<double>(c.limit);
+    const double k = c.regions;
+    for (int r = 0; r < c.regions; ++r) {
+      Region& g = regions_.emplace_back();
+      const double share = (r == 0 ? c.skew : 0.0) + (1 - c.skew) / k;
+      g.rate_per_ns = per_window * share / static_cast<double>(c.window.count());
+      g.rng.seed(c.seed * 7919 + static_cast<std::uint64_t>(r));
+      g.rule.strategy = RateStrategy::kFixedWindow;
+      g.rule.period = c.window;
+      g.rule.limit = c.limit;
+      if (c.scheme == FederationScheme::kStatic) {
+        const auto n = static_cast<std::uint64_t>(c.regions);
+        g.rule.limit = c.limit / n + (static_cast<std::uint64_t>(r) < c.limit % n ? 1 : 0);
+      }
+    }
+    if (c.scheme == FederationScheme::kFederated) build_federation();
+  }
+
+  FederationSimResult run() {
+    for (int r = 0; r < c_.regions; ++r) {
+      if (regions_[static_cast<std::size_t>(r)].rate_per_ns > 0)
+        push(next_gap(r), Kind::kArrival, r);
+      if (!limiters_.empty()) push(kSweepEvery, Kind::kSweep, r);
+    }
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      clock_.set(e.t);
+      handle(e);
+    }
+    return summarize();
+  }
+
+ private:
+  void build_federation() {
+    workers_ = std::make_unique<Workers>(
+        [this](Nanos at, int worker) { push(at, Kind::kResume, worker); });
+    memory_ = std::make_unique<MemoryRateCoordinator>(clock_);
+    network_ = std::make_unique<DelayedCoordinator>(
+        *memory_, clock_, *workers_, c_.one_way,
+        [this](const LeaseReply& r) {
+          FederationWindow* w = window_at(r.window_start);
+          if (w == nullptr) return;
+          ++w->leases;
+          w->handed_out += r.granted;
+        },
+        [this](Nanos window_start, std::uint64_t back) {
+          ++reconciles_;
+          if (back == 0) return;
+          if (FederationWindow* w = window_at(window_start)) w->handed_out -= back;
+        });
+    for (int r = 0; r < c_.regions; ++r) {
+      FederationOptions o;
+      o.region = "region-" + std::to_string(r);
+      o.budget = {c_.limit, c_.window};
+      o.batch = c_.batch;
+      limiters_.push_back(std::make_unique<FederatedLimiter>(
+          *network_, clock_, o,
+          [this](std::function<void()> call) { workers_->start(std::move(call)); }));
+    }
+  }
+
+  FederationWindow* window_at(Nanos t) {
+    if (t < Nanos{0} || t >= horizon_) return nullptr;
+    return &windows_[static_cast<std::size_t>(t / c_.window)];
+  }
+
+  Nanos next_gap(int r) {
+    Region& g = regions_[static_cast<std::size_t>(r)];
+    // Inverse CDF on 53 random bits: the same gaps with every standard library.
+    const double u = static_cast<double>(g.rng() >> 11) * 0x1.0p-53;
+    return Nanos{std::max<std::int64_t>(1, std::llround(-std::log1p(-u) / g.rate_per_ns))};
+  }
+
+  void push(Nanos t, Kind kind, int who) { events_.push(Event{t, seq_++, kind, who}); }
+
+  void admitted(Region& g) {
+    if (FederationWindow* w = window_at(clock_.now())) {
+      ++w->admitted;
+      ++g.admitted;
+    }
+  }
+
+  void handle(const Event& e) {
+    const Nanos now = e.t;
+    switch (e.kind) {
+      case Kind::kResume:
+        workers_->resume(e.who);
+        return;
+      case Kind::kSweep:
+        limiters_[static_cast<std::size_t>(e.who)]->sweep(now);
+        if (now + kSweepEvery < horizon_) push(now + kSweepEvery, Kind::kSweep, e.who);
+        return;
+      case Kind::kArrival:
+        break;
+    }
+    Region& g = regions_[static_cast<std::size_t>(e.who)];
+    if (FederationWindow* w = window_at(now)) {
+      ++w->offered;
+      ++g.offered;
+    }
+    if (c_.scheme == FederationScheme::kFederated) {
+      limiters_[static_cast<std::size_t>(e.who)]->check(kKey, 1, now,
+                                                        [this, &g](FederatedDecision d) {
+                                                          if (d.rate.allowed) admitted(g);
+                                                        });
+    } else if (decide(g.local, g.rule, 1, now).allowed) {
+      admitted(g);
+    }
+    const Nanos next = now + next_gap(e.who);
+    if (next < horizon_) push(next, Kind::kArrival, e.who);
+  }
+
+  FederationSimResult summarize() const {
+    FederationSimResult out;
+    out.windows = windows_;
+    out.reconciles = reconciles_;
+    for (std::size_t r = 0; r < regions_.size(); ++r) {
+      out.region_offered.push_back(regions_[r].offered);
+      out.region_admitted.push_back(regions_[r].admitted);
+      out.region_forfeited.push_back(limiters_.empty() ? 0 : limiters_[r]->stats().forfeited);
+    }
+    const auto limit = static_cast<double>(c_.limit);
+    double u = 0, over = 0, stranded = 0, unleased = 0;
+    int counted = 0;
+    std::uint64_t leases = 0, admitted = 0;
+    for (const FederationWindow& w : windows_) {
+      const double ratio = static_cast<double>(w.admitted) / limit;
+      out.max_admitted_over_limit = std::max(out.max_admitted_over_limit, ratio);
+      over += ratio;
+      const std::uint64_t cap = std::min(w.offered, c_.limit);
+      if (cap > 0) {
+        u += static_cast<double>(w.admitted) / static_cast<double>(cap);
+        ++counted;
+      }
+      stranded += static_cast<double>(w.handed_out) - static_cast<double>(w.admitted);
+      unleased += limit - static_cast<double>(w.handed_out);
+      leases += w.leases;
+      admitted += w.admitted;
+    }
+    const double n = static_cast<double>(windows_.size());
+    out.u_capacity = counted > 0 ? u / counted : 0;
+    out.mean_admitted_over_limit = over / n;
+    if (c_.scheme == FederationScheme::kFederated) {
+      out.mean_stranded = stranded / n;
+      out.mean_unleased = unleased / n;
+      out.leases_per_admission =
+          admitted > 0 ? static_cast<double>(leases) / static_cast<double>(admitted) : 0;
+    }
+    return out;
+  }
+
+  const FederationSimConfig& c_;
+  const Nanos horizon_;
+  ManualClock clock_{Nanos{0}};
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::uint64_t seq_ = 0;
+  std::vector<Region> regions_;
+  std::vector<FederationWindow> windows_;
+  std::uint64_t reconciles_ = 0;
+  // Destroyed in reverse: the limiters (which wait for their calls) before what they use.
+  std::unique_ptr<Workers> workers_;
+  std::unique_ptr<MemoryRateCoordinator> memory_;
+  std::unique_ptr<DelayedCoordinator> network_;
+  std::vector<std::unique_ptr<FederatedLimiter>> limiters_;
+};
+
+}  // namespace
+
+std::string_view to_string(FederationScheme s) noexcept {
+  switch (s) {
+    case FederationScheme::kIndependent:
+      return "independent";
+    case FederationScheme::kStatic:
+      return "static";
+    case FederationScheme::kFederated:
+      return "federated";
+  }
+  return "unknown";
+}
+
+std::string FederationSimConfig::validate() const {
+  if (regions < 1 || regions > 64) return "regions: must be in 1..64";
+  if (limit == 0) return "limit: must be at least 1";
+  if (window <= Nanos{0}) return "window: must be positive";
+  if (batch == 0) return "batch: must be at least 1";
+  if (!(load > 0) || load > 100) return "load: must be in (0, 100]";
+  if (!(skew >= 0) || skew > 1) return "skew: must be in [0, 1]";
+  if (one_way < Nanos{0}) return "one_way: must not be negative";
+  if (2 * one_way >= window) return "one_way: the round trip must be shorter than the window";
+  if (windows < 1 || windows > 100'000) return "windows: must be in 1..100000";
+  return {};
+}
+
+FederationSimResult run_federation_sim(const FederationSimConfig& config) {
+  return Run(config).run();
+}
+
+const std::vector<double>& federation_skews() {
+  static const std::vector<double> skews = {0.0, 0.25, 0.5, 0.75, 1.0};
+  return skews;
+}
+
+}  // namespace sluice::sim
