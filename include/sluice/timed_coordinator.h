@@ -1,11 +1,11 @@
-// timed_coordinator.h: coordinator call latency and errors, and a ConcurrencyCoordinator
-// decorator that records them.
+// timed_coordinator.h: coordinator call latency and errors, and the decorators of a
+// ConcurrencyCoordinator and a RateCoordinator that record them.
 //
 // What it is: CoordinatorCallStats is one named coordinator's latency histogram and error count
 // (every interface a coordinator serves records into the same one, so an operator sees one
-// figure per coordinator). TimedConcurrencyCoordinator forwards every call to the coordinator
-// it wraps and records how long it took on the given clock, and whether it failed. It changes
-// no result: the conformance of the wrapped coordinator is its conformance.
+// figure per coordinator). TimedConcurrencyCoordinator and TimedRateCoordinator forward every
+// call to the coordinator they wrap and record how long it took on the given clock, and whether
+// it failed. They change no result: the conformance of the wrapped coordinator is theirs.
 //
 // Thread-safety: every member is safe to call concurrently; the stats are relaxed atomics (a
 // scrape may see one call's bucket before its sum; each counter is exact on its own).
@@ -22,6 +22,7 @@
 
 #include "sluice/clock.h"
 #include "sluice/coordinator.h"
+#include "sluice/rate_coordinator.h"
 
 namespace sluice {
 
@@ -60,6 +61,27 @@ class TimedConcurrencyCoordinator final : public ConcurrencyCoordinator {
 
  private:
   std::unique_ptr<ConcurrencyCoordinator> inner_;
+  const Clock& clock_;
+  std::shared_ptr<CoordinatorCallStats> stats_;
+};
+
+class TimedRateCoordinator final : public RateCoordinator {
+ public:
+  // `clock` must outlive this; `stats` may be shared with the coordinator's other interfaces.
+  TimedRateCoordinator(std::unique_ptr<RateCoordinator> inner, const Clock& clock,
+                       std::shared_ptr<CoordinatorCallStats> stats)
+      : inner_(std::move(inner)), clock_(clock), stats_(std::move(stats)) {}
+
+  [[nodiscard]] StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
+                                           Nanos timeout) noexcept override;
+  [[nodiscard]] StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region,
+                                                  Nanos window_start, std::uint64_t relinquished,
+                                                  Nanos timeout) noexcept override;
+  [[nodiscard]] Status health(Nanos timeout) noexcept override;
+  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
+
+ private:
+  std::unique_ptr<RateCoordinator> inner_;
   const Clock& clock_;
   std::shared_ptr<CoordinatorCallStats> stats_;
 };

@@ -22,7 +22,7 @@ void CoordinatorCallStats::record(Nanos took, bool ok) noexcept {
 
 std::vector<MetricFamily> CoordinatorCallStats::collect(const std::string& backend) const {
   MetricFamily h{"sluice_coordinator_call_seconds",
-                 "Latency of coordinator calls (heartbeats and leaves)",
+                 "Latency of coordinator calls (heartbeats, leaves, leases, reconciles)",
                  MetricType::Histogram,
                  {}};
   ClientMetric m;
@@ -63,6 +63,31 @@ Status TimedConcurrencyCoordinator::leave(std::string_view key, std::string_view
                                           Nanos timeout) noexcept {
   const Nanos t0 = clock_.now();
   Status s = inner_->leave(key, node_id, timeout);
+  stats_->record(clock_.now() - t0, s.ok());
+  return s;
+}
+
+StatusOr<LeaseReply> TimedRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
+                                                 Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  StatusOr<LeaseReply> r = inner_->lease(key, request, timeout);
+  stats_->record(clock_.now() - t0, r.ok());
+  return r;
+}
+
+StatusOr<std::uint64_t> TimedRateCoordinator::reconcile(std::string_view key,
+                                                        std::string_view region, Nanos window_start,
+                                                        std::uint64_t relinquished,
+                                                        Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  StatusOr<std::uint64_t> r = inner_->reconcile(key, region, window_start, relinquished, timeout);
+  stats_->record(clock_.now() - t0, r.ok());
+  return r;
+}
+
+Status TimedRateCoordinator::health(Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  Status s = inner_->health(timeout);
   stats_->record(clock_.now() - t0, s.ok());
   return s;
 }

@@ -3,7 +3,9 @@
 #include "sluice/memory_coordinator.h"
 #include "sluice/memory_rate_coordinator.h"
 #include "sluice/postgres_coordinator.h"
+#include "sluice/postgres_rate_coordinator.h"
 #include "sluice/redis_coordinator.h"
+#include "sluice/redis_rate_coordinator.h"
 
 namespace sluice::server {
 
@@ -28,6 +30,45 @@ StatusOr<std::unique_ptr<ConcurrencyCoordinator>> connect_or_open(const std::str
             "); its fleet policies start in their outage mode and it is tried again on every "
             "heartbeat";
   return std::unique_ptr<ConcurrencyCoordinator>(std::move(opened.value()));
+}
+
+// Federation's coordinator on the same server as the fleet's, apart from it: its own keys
+// ("<fleet prefix>fed:", or "sluice:fed:" beside the default "sluice:fleet:") and tables
+// ("<fleet prefix>_fed", or "sluice_fed").
+RedisOptions rate_options(RedisOptions o) {
+  const RedisOptions fleet_default;
+  o.key_prefix = o.key_prefix == fleet_default.key_prefix
+                     ? RedisRateCoordinator::default_options().key_prefix
+                     : o.key_prefix + "fed:";
+  return o;
+}
+PostgresOptions rate_options(PostgresOptions o) {
+  const PostgresOptions fleet_default;
+  o.table_prefix = o.table_prefix == fleet_default.table_prefix
+                       ? PostgresRateCoordinator::default_options().table_prefix
+                       : o.table_prefix + "_fed";
+  return o;
+}
+
+// The rate interface of a Redis or PostgreSQL coordinator, connected when a federated policy
+// first asks for it: refused outright for a configuration it cannot run on (a Redis that may
+// evict), opened to connect on its first call when the server cannot be reached now.
+template <typename C, typename Options>
+void offer_rate(NamedCoordinator& named, Options options, const Clock& clock) {
+  auto stats = named.stats;
+  named.offer_lazy<RateCoordinator>([options = rate_options(std::move(options)), &clock,
+                                     stats]() -> StatusOr<std::shared_ptr<void>> {
+    auto c = C::connect(options);
+    if (!c.ok()) {
+      const StatusCode code = c.status().code();
+      if (code != StatusCode::kUnavailable && code != StatusCode::kDeadlineExceeded)
+        return c.status();
+      c = C::open(options);
+      if (!c.ok()) return c.status();
+    }
+    return std::shared_ptr<void>(std::make_shared<TimedRateCoordinator>(
+        std::unique_ptr<RateCoordinator>(std::move(c.value())), clock, stats));
+  });
 }
 
 }  // namespace
@@ -57,8 +98,18 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
   named->backend = std::string(inner.value()->backend());
   named->offer<ConcurrencyCoordinator>(
       std::make_shared<TimedConcurrencyCoordinator>(std::move(inner.value()), clock, named->stats));
-  if (spec.kind == CoordinatorSpec::Kind::kMemory)
-    named->offer<RateCoordinator>(std::make_shared<MemoryRateCoordinator>(clock));
+  switch (spec.kind) {
+    case CoordinatorSpec::Kind::kMemory:
+      named->offer<RateCoordinator>(std::make_shared<TimedRateCoordinator>(
+          std::make_unique<MemoryRateCoordinator>(clock), clock, named->stats));
+      break;
+    case CoordinatorSpec::Kind::kRedis:
+      offer_rate<RedisRateCoordinator>(*named, spec.redis, clock);
+      break;
+    case CoordinatorSpec::Kind::kPostgres:
+      offer_rate<PostgresRateCoordinator>(*named, spec.postgres, clock);
+      break;
+  }
   return named;
 }
 

@@ -3,10 +3,13 @@
 //
 // What it is: NamedCoordinator is one coordinator of the config (memory, Redis or PostgreSQL)
 // with the spec's fingerprint (a reload keeps it when unchanged) and every interface it serves,
-// by type (today the fleet's ConcurrencyCoordinator; a rate-budget or regional-escrow interface
-// is one more offer() in make_coordinator), each decorated to time its calls into the one
-// CoordinatorCallStats. A policy asks for the interface it needs through its BuildContext; its
-// identity includes every coordinator it names. make_coordinator() connects one.
+// by type (the fleet's ConcurrencyCoordinator, federation's RateCoordinator; a regional-escrow
+// interface is one more offer in make_coordinator), each decorated to time its calls into the
+// one CoordinatorCallStats. An interface may be offered lazily: it is connected when the first
+// policy asks for it (so a Redis that only fleet policies use is never held to federation's
+// requirements), and a failure to connect fails that policy's build, naming the coordinator. A
+// policy asks for the interface it needs through its BuildContext; its identity includes every
+// coordinator it names. make_coordinator() connects one.
 //
 // Thread-safety: a NamedCoordinator is built once, then shared read-only; its interfaces are
 // safe to call concurrently.
@@ -14,8 +17,10 @@
 
 #include <prometheus/metric_family.h>
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <typeindex>
 #include <vector>
@@ -36,13 +41,30 @@ struct NamedCoordinator {
   // Serves interface I (decorated into `stats`). For the builder of this coordinator.
   template <class I>
   void offer(std::shared_ptr<I> i) {
-    interfaces_.insert_or_assign(std::type_index(typeid(I)), std::shared_ptr<void>(std::move(i)));
+    std::shared_ptr<void> made = std::move(i);
+    offer_lazy<I>([made] { return StatusOr<std::shared_ptr<void>>(made); });
   }
-  // Interface I; null when it does not serve it.
+  // Serves interface I, made by `make` when it is first asked for (a failure is kept for no one:
+  // the next ask tries again).
   template <class I>
-  [[nodiscard]] std::shared_ptr<I> get() const {
+  void offer_lazy(std::function<StatusOr<std::shared_ptr<void>>()> make) {
+    auto slot = std::make_shared<Lazy>();
+    slot->make = std::move(make);
+    interfaces_.insert_or_assign(std::type_index(typeid(I)), std::move(slot));
+  }
+  // Interface I: null when it does not serve it, an error when it could not be made.
+  template <class I>
+  [[nodiscard]] StatusOr<std::shared_ptr<I>> get() const {
     auto it = interfaces_.find(std::type_index(typeid(I)));
-    return it == interfaces_.end() ? nullptr : std::static_pointer_cast<I>(it->second);
+    if (it == interfaces_.end()) return std::shared_ptr<I>();
+    Lazy& slot = *it->second;
+    const std::lock_guard lock(slot.mu);
+    if (slot.made == nullptr) {
+      StatusOr<std::shared_ptr<void>> made = slot.make();
+      if (!made.ok()) return made.status();
+      slot.made = std::move(made.value());
+    }
+    return std::static_pointer_cast<I>(slot.made);
   }
 
   // sluice_coordinator_call_seconds and sluice_coordinator_errors_total.
@@ -51,7 +73,12 @@ struct NamedCoordinator {
   }
 
  private:
-  std::map<std::type_index, std::shared_ptr<void>> interfaces_;
+  struct Lazy {
+    std::mutex mu;
+    std::function<StatusOr<std::shared_ptr<void>>()> make;
+    std::shared_ptr<void> made;  // guarded by mu
+  };
+  std::map<std::type_index, std::shared_ptr<Lazy>> interfaces_;
 };
 
 // Connects the coordinator `spec` describes. An error names it. A server that cannot be reached

@@ -60,7 +60,11 @@ class BuildContext {
     std::shared_ptr<NamedCoordinator> named = coordinators_ ? coordinators_(coordinator) : nullptr;
     if (named == nullptr)
       return Status(StatusCode::kInvalidArgument, "no coordinator named '" + coordinator + "'");
-    std::shared_ptr<I> i = named->get<I>();
+    StatusOr<std::shared_ptr<I>> got = named->get<I>();
+    if (!got.ok())
+      return Status(got.status().code(),
+                    "coordinator " + coordinator + ": " + got.status().message());
+    std::shared_ptr<I> i = std::move(got.value());
     if (i == nullptr)
       return Status(StatusCode::kInvalidArgument, "coordinator " + coordinator + " (" +
                                                       named->backend + ") does not serve " +

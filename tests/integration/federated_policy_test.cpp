@@ -2,23 +2,30 @@
 // coordinator: two regions' policies splitting one budget never admit more than its limit in a
 // window and say why they refuse; a check waits for its key's lease (deferred) and is then
 // answered; peek, CheckMany's all-or-nothing and a rate-chained admit work as for a rate
-// policy; the config's errors name their field; an unchanged reload keeps the escrow.
+// policy; the config's errors name their field; an unchanged reload keeps the escrow. Over a
+// real Redis: two engines (two regions) split one budget; a Redis that may evict keys is refused
+// to a federated policy, naming the setting, and never to a fleet policy on it.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/engine.h"
 #include "server/registry.h"
 #include "sluice/config.h"
+#include "sluice/testing/servers.h"
 #include "support/config_of.h"
 
 namespace sluice::server {
 namespace {
 
+using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 const char* kTwoRegions = R"(
@@ -196,6 +203,77 @@ TEST(FederatedConfig, ErrorsNameTheirField) {
   }
   const ConfigLoad ok = load("    limit: 10\n    region: eu\n    window: 1m\n");
   EXPECT_TRUE(ok.config.has_value());
+}
+
+std::string redis_cli(int port, const std::string& args) {
+  const std::string cmd = "redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " " + args;
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    std::array<char, 256> buf{};
+    while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+    ::pclose(p);
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+std::string region_yaml(int port, const std::string& region) {
+  return "coordinators:\n  global:\n    kind: redis\n    address: 127.0.0.1:" +
+         std::to_string(port) +
+         "\npolicies:\n  api:\n    kind: federated\n    coordinator: global\n"
+         "    region: " +
+         region + "\n    limit: 50\n    window: 2s\n    batch: 4\n";
+}
+
+TEST(FederatedRedis, TwoRegionEnginesSplitOneBudgetOnRedis) {
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.start().ok());
+  const SteadyClock& clock = SteadyClock::instance();
+  auto eu = Engine::create(config_of(region_yaml(redis.port(), "eu")), clock);
+  auto us = Engine::create(config_of(region_yaml(redis.port(), "us")), clock);
+  ASSERT_TRUE(eu.ok()) << eu.status().to_string();
+  ASSERT_TRUE(us.ok()) << us.status().to_string();
+  // A Redis that has never held a budget counts the window it is first asked in as spent: it
+  // cannot tell a fresh start from a restart that lost what it had leased.
+  auto first = eu.value()->check(CheckCall{"api", "k", 1});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_FALSE(first.value().allowed);
+  EXPECT_EQ(first.value().reason, "coordinator_restarted");
+  ASSERT_LE(first.value().retry_after, seconds(2));
+  std::this_thread::sleep_for(first.value().retry_after + milliseconds(20));
+  // The next window, in a burst well inside it: 50 in all between the two regions.
+  std::uint64_t allowed = 0;
+  RateDecision last;
+  for (int i = 0; i < 120; ++i) {
+    Engine& e = i % 2 == 0 ? *eu.value() : *us.value();
+    auto d = e.check(CheckCall{"api", "k", 1});
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    last = d.value();
+    allowed += last.allowed;
+  }
+  EXPECT_EQ(allowed, 50u);
+  EXPECT_EQ(last.reason, "budget_spent");
+  // Federation's keys are its own: none under the fleet's prefix.
+  EXPECT_EQ(redis_cli(redis.port(), "--scan --pattern 'sluice:fleet:*'"), "");
+  EXPECT_NE(redis_cli(redis.port(), "--scan --pattern 'sluice:fed:*'"), "");
+}
+
+TEST(FederatedRedis, ARedisThatMayEvictIsRefusedToFederationButNotToAFleet) {
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.start().ok());
+  ASSERT_EQ(redis_cli(redis.port(), "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
+  const std::string fleet_only =
+      "coordinators:\n  global:\n    kind: redis\n    address: 127.0.0.1:" +
+      std::to_string(redis.port()) +
+      "\npolicies:\n  f:\n    kind: fleet\n    coordinator: global\n    algorithm: fixed\n"
+      "    limit: 4\n";
+  auto fleet = Engine::create(config_of(fleet_only), SteadyClock::instance());
+  EXPECT_TRUE(fleet.ok()) << fleet.status().to_string();
+  auto fed = Engine::create(config_of(region_yaml(redis.port(), "eu")), SteadyClock::instance());
+  ASSERT_FALSE(fed.ok());
+  const std::string why = fed.status().message();
+  EXPECT_NE(why.find("coordinator global"), std::string::npos) << why;
+  EXPECT_NE(why.find("maxmemory-policy"), std::string::npos) << why;
 }
 
 }  // namespace
