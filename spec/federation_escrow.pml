@@ -1,0 +1,340 @@
+/* federation_escrow.pml: federation's escrow protocol, for spin.
+ *
+ * The same protocol as src/core/escrow.cpp (sluice::lease, reconcile, escrow_expiry, add_grant,
+ * spend, relinquish) and its exhaustive twin tests/model/federation_model_test.cpp: N = 2
+ * regions share one key of L units per window of P ticks. One global clock t (0 .. T - 1) is
+ * the coordinator's; region i reads t + i (a constant skew). Windows are numbered from 1 (0:
+ * none), so "no window" sorts before every window.
+ *
+ * The coordinator's ledger, rule for rule as the core (the spec is fixed, min_window_left 0):
+ * the window is the one t falls in, a new one starts with the whole budget and forgets its
+ * grants; a window at or before the origin window (the one a state loss happened in) is spent;
+ * a grant is min(B, left, taper), taper = max(1, ceil(left / (2 x regions))) with regions the
+ * regions granted in this window, the asker included; reconcile(region, window, total) keeps a
+ * running total per region and window: a repeat or an older window changes nothing, and while
+ * the window is current the new units go back into its budget (capped by what the region was
+ * granted there and has not given back), once it has ended they are only forfeited.
+ *
+ * Each region, in every interleaving: send (a lease request, when it has nothing usable and none
+ * outstanding, noting its clock), process (the coordinator decides it, not during an outage; the
+ * reply's expiry on the region's clock is the send time plus what was left of the window when
+ * the coordinator decided), drop (during an outage a request or a reply in transit is lost),
+ * deliver (add_grant: a newer window replaces the escrow and what is left of the old one is
+ * reconciled for its window; the same window adds and keeps the later expiry; an older window
+ * is lost), spend (one unit before the expiry on the region's clock: an admission, counted in
+ * the real window t is in), expire (past the expiry the units are relinquished and a reconcile
+ * with the window's running total is sent). The network holds up to NET reconciles; any of them
+ * may arrive first (reordering), and arrive again later (a duplicate stays in transit); one sent
+ * when the network is full pushes out the first slot's (a loss). The world: tick (the clock
+ * moves on), outage (the coordinator becomes unreachable or reachable again), loss (the
+ * coordinator's state is lost: an empty ledger, the origin window the one t is in).
+ *
+ * Checked, as assertions at the end of every step: Admitted (the admissions of the real window
+ * t is in never exceed L) and Ledger (granted - returned <= L in the ledger's window).
+ *
+ * -DREACH_LIMIT adds the assertion that fewer than L are admitted in a window, which must fail:
+ * the whole budget can be admitted, so the model is not vacuous.
+ *
+ * Deliberately broken variants spin must catch: -DBROKEN_ESCROW (spend ignores the expiry: escrow
+ * survives its window), -DBROKEN_RECONCILE (reconcile forgets the running total: a duplicate
+ * gives its units back again), -DBROKEN_RESTART (a coordinator that lost its state does not count
+ * its current window as spent), -DBROKEN_CARRY (an ended window's units go back into the current
+ * window's budget). Run: spin -a federation_escrow.pml && gcc -DSAFETY -o pan pan.c && ./pan
+ * (tests/spec/run_spin.sh does this in the test suite, the correct model and each variant).
+ */
+#ifndef N
+#define N 2
+#endif
+#ifndef L
+#define L 3
+#endif
+#ifndef B
+#define B 2
+#endif
+#ifndef P
+#define P 2
+#endif
+#ifndef T
+#define T 4
+#endif
+#define NET 2
+#define EXPIRED 0 /* an expiry already passed (all of them behave alike from then on) */
+#define CLOCK(i) (t + i + 1) /* region i's clock, shifted by 1 so that 0 can mean EXPIRED */
+#define WIN (t / P + 1) /* the window t is in */
+
+byte t;
+bit outage;
+byte admitted; /* admissions in the window t is in */
+
+/* The coordinator: the ledger of the key. */
+byte lw;        /* its window; 0: none */
+byte lgranted;
+byte lreturned;
+byte origin;    /* the window of the last state loss; 0: none */
+byte rgranted[N];
+byte rrel[N];   /* running total given back in window rrelw */
+byte rrelw[N];
+
+/* The regions: escrow, a request and a reply in transit. */
+byte ew[N];     /* the escrow's window; 0: none */
+byte eexp[N];   /* its expiry on the region's clock */
+byte eunits[N];
+byte erel[N];   /* running total relinquished in ew */
+bit req[N];
+byte sent[N];   /* the region's clock when it sent the request */
+bit rep[N];
+byte rgr[N];    /* the reply's grant, window and expiry */
+byte rwin[N];
+byte rexp[N];
+
+/* The network: reconciles in transit. */
+bit mused[NET];
+byte mreg[NET];
+byte mwin[NET];
+byte mtot[NET];
+
+hidden byte s_k, s_left, s_regions, s_taper, s_g, s_before, s_delta, s_held, s_lost, s_w, s_tot;
+
+inline post(me, w, total) {
+  if
+  :: !mused[0] -> s_k = 0
+  :: mused[0] && !mused[1] -> s_k = 1
+  :: else -> s_k = 0 /* full: the first slot's is lost */
+  fi;
+  mused[s_k] = 1;
+  mreg[s_k] = me;
+  mwin[s_k] = w;
+  mtot[s_k] = total
+}
+
+inline lease(me) {
+  if
+  :: lw == 0 || WIN > lw -> /* roll */
+    for (s_k : 0 .. N - 1) {
+      if
+      :: rgranted[s_k] == 0 && rrelw[s_k] < lw -> rrel[s_k] = 0; rrelw[s_k] = 0 /* forgotten */
+      :: else -> skip
+      fi;
+      rgranted[s_k] = 0
+    }
+    lw = WIN;
+    lgranted = 0;
+    lreturned = 0
+  :: else -> skip
+  fi;
+  s_g = 0;
+  if
+  :: lw <= origin -> skip /* state lost */
+  :: else ->
+    s_left = L - (lgranted - (lreturned < lgranted -> lreturned : lgranted));
+    if
+    :: s_left > 0 ->
+      s_regions = (rgranted[me] == 0 -> 1 : 0);
+      for (s_k : 0 .. N - 1) {
+        if :: rgranted[s_k] > 0 -> s_regions++ :: else -> skip fi
+      }
+      s_taper = (s_left + 2 * s_regions - 1) / (2 * s_regions);
+      if :: s_taper == 0 -> s_taper = 1 :: else -> skip fi;
+      s_g = (B < s_left -> B : s_left);
+      s_g = (s_taper < s_g -> s_taper : s_g);
+      lgranted = lgranted + s_g;
+      rgranted[me] = rgranted[me] + s_g
+    :: else -> skip /* spent */
+    fi
+  fi
+}
+
+inline reconcile(me, w, total) {
+  if
+  :: lw == 0 || w > lw -> skip /* a window never leased */
+  :: rrelw[me] > w -> skip /* older than one already reported */
+  :: else ->
+#ifdef BROKEN_RECONCILE
+    s_before = 0;
+#else
+    s_before = (rrelw[me] == w -> rrel[me] : 0);
+#endif
+    if
+    :: total <= s_before -> skip /* a repeat */
+    :: else ->
+      s_delta = total - s_before;
+      rrelw[me] = w;
+      rrel[me] = total;
+      if
+      :: w == lw && t < lw * P -> /* the current window: back into its budget */
+        s_held = rgranted[me] - (s_before < rgranted[me] -> s_before : rgranted[me]);
+        s_delta = (s_delta < s_held -> s_delta : s_held);
+        lreturned = lreturned + s_delta
+      :: else -> /* ended: forfeited */
+#ifdef BROKEN_CARRY
+        if
+        :: lw != WIN -> /* the roll the next lease would do */
+          lw = WIN; lgranted = 0; lreturned = 0;
+          for (s_k : 0 .. N - 1) { rgranted[s_k] = 0 }
+        :: else -> skip
+        fi;
+        lreturned = lreturned + s_delta
+#else
+        skip
+#endif
+      fi
+    fi
+  fi
+}
+
+/* Values that behave alike from now on become one (as in the twin): the ledger's granted and
+ * returned only by their difference (the only thing read); an expiry already passed
+ * on the region's clock becomes EXPIRED; empty escrow of an ended window with no reply of that
+ * window or an older one coming becomes no escrow (the next grant replaces either, losing
+ * nothing). Without -DBROKEN_CARRY also: a ledger whose window has ended becomes empty (the
+ * next lease rolls it; a reconcile of it only forfeits), and a region's running total for a
+ * window before the ledger's is forgotten (a reconcile of such a window changes nothing). */
+inline normalise() {
+  /* Only granted - returned is ever read: kept as that difference. */
+  s_k = (lgranted < lreturned -> lgranted : lreturned);
+  lgranted = lgranted - s_k;
+  lreturned = lreturned - s_k;
+  for (s_k : 0 .. N - 1) {
+    if :: eexp[s_k] != EXPIRED && eexp[s_k] <= CLOCK(s_k) -> eexp[s_k] = EXPIRED :: else -> skip fi;
+    if
+    :: ew[s_k] != 0 && ew[s_k] < WIN && eunits[s_k] == 0 && !(rep[s_k] && rwin[s_k] <= ew[s_k]) ->
+      ew[s_k] = 0; eexp[s_k] = 0; erel[s_k] = 0
+    :: else -> skip
+    fi
+  }
+#ifndef BROKEN_CARRY
+  if
+  :: lw != 0 && lw < WIN ->
+    lw = 0; lgranted = 0; lreturned = 0;
+    for (s_k : 0 .. N - 1) { rgranted[s_k] = 0 }
+  :: else -> skip
+  fi;
+  for (s_k : 0 .. N - 1) {
+    if :: rrelw[s_k] < lw || lw == 0 -> rrelw[s_k] = 0; rrel[s_k] = 0 :: else -> skip fi
+  }
+#endif
+}
+
+inline check() {
+  normalise();
+  assert(admitted <= L);            /* Admitted */
+#ifdef REACH_LIMIT
+  assert(admitted < L);             /* fails: a window's whole budget can be admitted */
+#endif
+  assert(lgranted <= L + lreturned) /* Ledger */
+}
+
+proctype Region(byte me) {
+end:
+  do
+  :: d_step { /* send: it leases when it has nothing usable */
+      !req[me] && !rep[me] && (eunits[me] == 0 || eexp[me] == EXPIRED) ->
+      req[me] = 1;
+      sent[me] = CLOCK(me);
+      check()
+    }
+  :: d_step { /* process: the coordinator decides */
+      req[me] && !outage ->
+      lease(me);
+      req[me] = 0;
+      if
+      :: s_g > 0 ->
+        rep[me] = 1;
+        rgr[me] = s_g;
+        rwin[me] = lw;
+        rexp[me] = sent[me] + lw * P - t /* escrow_expiry, drift 0 */
+      :: else -> skip
+      fi;
+      sent[me] = 0;
+      check()
+    }
+  :: d_step { /* drop: lost in an outage */
+      outage && (req[me] || rep[me]) ->
+      req[me] = 0; sent[me] = 0;
+      rep[me] = 0; rgr[me] = 0; rwin[me] = 0; rexp[me] = 0;
+      check()
+    }
+  :: d_step { /* deliver: add_grant */
+      rep[me] ->
+      if
+      :: rwin[me] > ew[me] ->
+        if :: eunits[me] > 0 -> post(me, ew[me], erel[me] + eunits[me]) :: else -> skip fi;
+        ew[me] = rwin[me]; eexp[me] = rexp[me]; eunits[me] = rgr[me]; erel[me] = 0
+      :: rwin[me] == ew[me] ->
+        eexp[me] = (rexp[me] > eexp[me] -> rexp[me] : eexp[me]);
+        eunits[me] = eunits[me] + rgr[me]
+      :: else -> skip /* a window already over here: lost */
+      fi;
+      rep[me] = 0; rgr[me] = 0; rwin[me] = 0; rexp[me] = 0;
+      check()
+    }
+  :: d_step { /* spend: one admission */
+#ifdef BROKEN_ESCROW
+      eunits[me] > 0 ->
+#else
+      eunits[me] > 0 && eexp[me] != EXPIRED ->
+#endif
+      eunits[me]--;
+      admitted++;
+      check()
+    }
+  :: d_step { /* expire: relinquish and reconcile */
+      eunits[me] > 0 && eexp[me] == EXPIRED ->
+      erel[me] = erel[me] + eunits[me];
+      eunits[me] = 0;
+      post(me, ew[me], erel[me]);
+      check()
+    }
+  od
+}
+
+/* A reconcile in transit (slot k) reaches the coordinator; `keep`: a copy stays in transit. */
+inline arrive(k, keep) {
+  mused[k] && !outage ->
+  s_w = mwin[k];
+  s_tot = mtot[k];
+  reconcile(mreg[k], s_w, s_tot);
+  if
+  :: !keep -> mused[k] = 0; mreg[k] = 0; mwin[k] = 0; mtot[k] = 0
+  :: else -> skip
+  fi;
+  check()
+}
+
+proctype World() {
+end:
+  do
+  :: d_step { arrive(0, 0) }
+  :: d_step { arrive(1, 0) }
+  :: d_step { arrive(0, 1) }
+  :: d_step { arrive(1, 1) }
+  :: d_step { /* tick */
+      t + 1 < T ->
+      if :: (t + 1) / P != t / P -> admitted = 0 :: else -> skip fi;
+      t++;
+      check()
+    }
+  :: d_step { /* outage: starts or ends */
+      outage = !outage;
+      check()
+    }
+  :: d_step { /* loss: the coordinator's state is gone */
+      lw = 0; lgranted = 0; lreturned = 0;
+      for (s_k : 0 .. N - 1) { rgranted[s_k] = 0; rrel[s_k] = 0; rrelw[s_k] = 0 }
+#ifndef BROKEN_RESTART
+      origin = WIN;
+#endif
+      check()
+    }
+  od
+}
+
+init {
+  byte n;
+  atomic {
+    for (n : 0 .. N - 1) {
+      run Region(n)
+    }
+    run World()
+  }
+}
