@@ -237,6 +237,7 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
   Shard& s = shard_of(key);
   std::vector<std::pair<Callback, FederatedDecision>> decided;
   std::uint64_t again = 0;
+  Tasks reconciles;
   {
     const std::lock_guard lock(s.mu);
     auto it = s.keys.find(key);
@@ -252,6 +253,9 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
       if (r.granted > 0) {
         granted_.fetch_add(r.granted, std::memory_order_relaxed);
         const Nanos expires = escrow_expiry(r, sent_at, options_.drift_ppm);
+        // A grant of a later window replaces what is left of the last one: give that up first,
+        // so its reconcile carries the window's whole running total.
+        if (r.window_start.count() > k.escrow.window_start) forfeit(key, k, now, false, reconciles);
         forfeited_.fetch_add(add_grant(k.escrow, r, expires), std::memory_order_relaxed);
         // A grant that arrives after its own expiry (a round trip longer than what the window
         // had left) is no use: treat the window as over here rather than lease again at once.
@@ -305,6 +309,7 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
       k.waiters.pop_front();
     }
   }
+  for (auto& r : reconciles) r();
   for (auto& [cb, d] : decided) cb(d);
   if (again > 0) lease_async(key, again);
 }

@@ -228,6 +228,22 @@ TEST(Federation, EscrowExpiresAtTheWindowEndAndIsReconciled) {
   EXPECT_EQ(admitted, 100u);
 }
 
+// The coordinator's clock ran ahead of this region's past what drift_ppm allows: a lease for a
+// check the escrow cannot cover comes back for the next window while the last window's escrow
+// still looks live here. What is left of it is given up and reconciled first.
+TEST(Federation, AGrantOfALaterWindowReconcilesWhatItReplaces) {
+  ManualClock region(seconds(100));
+  ManualClock coordinator_clock(seconds(100));
+  MemoryRateCoordinator coord(coordinator_clock);
+  FederatedLimiter f(coord, region, opts("eu", 100), inline_io());
+  ASSERT_TRUE(check_now(f, "k", region.now()).rate.allowed);  // 16 leased, 15 unspent
+  coordinator_clock.advance(seconds(10));                     // the coordinator is in [110, 120)
+  ASSERT_TRUE(check_now(f, "k", region.now(), 20).rate.allowed);
+  EXPECT_EQ(f.stats().forfeited, 15u);
+  EXPECT_EQ(coord.ledger("k")->forfeited, 15u);
+  EXPECT_EQ(coord.ledger("k")->window_start, Nanos(seconds(110)).count());
+}
+
 TEST(Federation, FailClosedServesHeldEscrowThenRefusesWhileTheCoordinatorIsDown) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
