@@ -249,7 +249,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     for (const SkewRow& r : all)
       bounded(r.federated, " at s = " + fmt("%.2f", r.skew) + ", load " + fmt("%.1f", load));
     if (!main_load) continue;
-    for (const SkewRow& r : rows)
+    for (const SkewRow& r : all)
       claim(out, r.federated.u_capacity >= 0.98,
             "federated U_capacity must be >= 0.98 at s = " + fmt("%.2f", r.skew) + ", measured " +
                 fmt("%.4f", r.federated.u_capacity));

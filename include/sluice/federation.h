@@ -13,8 +13,10 @@
 //   - otherwise joins the key's one lease call (concurrent checks of a key share it: no
 //     stampede) and is answered when it completes, at most `lease_timeout` later; checks still
 //     queued after it are what the next lease asks for (at least a batch), so a region admits
-//     more than a batch per round trip when its checks come faster. Coordinator calls run on
-//     the IoExecutor, never on the caller's thread;
+//     more than a batch per round trip when its checks come faster. A key's first lease in a
+//     window is a batch, or what the key spent here in the window before when that was less:
+//     a quiet key does not strand a batch of the budget in every region it is checked in.
+//     Coordinator calls run on the IoExecutor, never on the caller's thread;
 //   - is refused without a call when the key's budget for this window is known to be spent
 //     (until the window ends on this region's clock), or while the coordinator is known to be
 //     unreachable (`retry_backoff` after a failure: fail closed, the escrow held keeps serving).
@@ -145,6 +147,9 @@ class FederatedLimiter {
   void forfeit(const std::string& key, Key& k, Nanos now, bool expired_only, Tasks& io);
   void send_reconcile(const std::string& key, Nanos window_start, std::uint64_t total);
   [[nodiscard]] std::string global_key(const std::string& key) const;
+  // The size of a key's first lease in a window: a batch, or less for a key that spent less
+  // than a batch in the window before.
+  [[nodiscard]] std::uint64_t first_batch(const Key& k, Nanos now) const;
   void post(std::function<void()> task);
   FederatedDecision decide_from(const Key& k, std::uint64_t hits, bool allowed,
                                 FederatedReason reason, Nanos now) const;

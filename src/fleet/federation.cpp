@@ -88,6 +88,18 @@ std::string FederatedLimiter::global_key(const std::string& key) const {
   return options_.budget_id.empty() ? key : options_.budget_id + ":" + key;
 }
 
+std::uint64_t FederatedLimiter::first_batch(const Key& k, Nanos now) const {
+  // The key's last escrow is of the window that just ended (it expired less than a window
+  // ago): what this region spent in it is its demand, and a key that spent less than a batch
+  // leases only that much. Whatever it leased and did not spend would be stranded at the window's
+  // end, out of every other region's reach. A key whose demand grew gets the rest from the
+  // leases that follow (they ask for every check queued, at least a batch).
+  const bool last_window = k.escrow.window_start != kNever && now >= k.escrow.expires_at &&
+                           now - k.escrow.expires_at < options_.budget.period;
+  if (!last_window || k.escrow.spent >= options_.batch) return options_.batch;
+  return std::max<std::uint64_t>(1, k.escrow.spent);
+}
+
 FederatedLimiter::Shard& FederatedLimiter::shard_of(std::string_view key) noexcept {
   return shards_[StringHash{}(key) % kShards];
 }
@@ -179,8 +191,10 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
     } else if (k.waiters.empty() && spend(k.escrow, hits, now)) {
       spent_.fetch_add(hits, std::memory_order_relaxed);
       d = decide_from(k, hits, true, FederatedReason::kAdmitted, now);
-      if (usable(k.escrow, now) < refill_below_ && !k.leasing && now >= k.closed_until &&
-          now >= k.unreachable_until && k.global_left > 0) {
+      // A busy key (a batch or more leased in this window) refills before it runs dry; a quiet
+      // one, leased only what it needed, leases again when it needs more.
+      if (usable(k.escrow, now) < refill_below_ && k.escrow.granted >= options_.batch &&
+          !k.leasing && now >= k.closed_until && now >= k.unreachable_until && k.global_left > 0) {
         k.leasing = true;
         lease_want = options_.batch;
         lease_key = it->first;
@@ -195,7 +209,7 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
       if (park != nullptr) k.waiters.push_back({hits, std::move(*park)});
       if (!k.leasing) {
         k.leasing = true;
-        lease_want = std::max(options_.batch, hits - std::min(hits, usable(k.escrow, now)));
+        lease_want = std::max(first_batch(k, now), hits - std::min(hits, usable(k.escrow, now)));
         lease_key = it->first;
       }
     }
@@ -341,10 +355,11 @@ std::size_t FederatedLimiter::sweep(Nanos now) {
       for (auto it = s.keys.begin(); it != s.keys.end();) {
         Key& k = it->second;
         forfeit(it->first, k, now, true, reconciles);
-        // Kept while its escrow's window lasts (a refund may still come for what it spent).
+        // Kept while its escrow's window lasts (a refund may still come for what it spent), and
+        // a window longer, so that the next window's first lease is sized by its demand.
         const bool idle = !k.leasing && k.waiters.empty() && k.escrow.units == 0 &&
-                          now >= k.escrow.expires_at && now >= k.closed_until &&
-                          now >= k.unreachable_until;
+                          now >= k.escrow.expires_at + options_.budget.period &&
+                          now >= k.closed_until && now >= k.unreachable_until;
         if (idle) {
           it = s.keys.erase(it);
           ++forgotten;

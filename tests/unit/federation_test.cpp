@@ -219,9 +219,10 @@ TEST(Federation, EscrowExpiresAtTheWindowEndAndIsReconciled) {
   FederatedLimiter f(coord, clock, opts("eu", 100), inline_io());
   ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);  // 16 leased, 15 unspent
   clock.set(seconds(110));                                   // the next window
-  EXPECT_EQ(f.sweep(clock.now()), 1u);                       // forfeited, then forgotten
+  EXPECT_EQ(f.sweep(clock.now()), 0u);  // forfeited; kept a window longer (its demand)
   EXPECT_EQ(f.stats().forfeited, 15u);
   EXPECT_EQ(coord.ledger("k")->forfeited, 15u);  // reconciled, counted, not carried
+  EXPECT_EQ(f.sweep(seconds(120)), 1u);          // then forgotten
   // The new window starts with the whole budget.
   std::uint64_t admitted = 0;
   for (int i = 0; i < 200; ++i) admitted += check_now(f, "k", clock.now()).rate.allowed;
@@ -242,6 +243,29 @@ TEST(Federation, AGrantOfALaterWindowReconcilesWhatItReplaces) {
   EXPECT_EQ(f.stats().forfeited, 15u);
   EXPECT_EQ(coord.ledger("k")->forfeited, 15u);
   EXPECT_EQ(coord.ledger("k")->window_start, Nanos(seconds(110)).count());
+}
+
+// A key that spent less than a batch in a window leases only that much at the start of the
+// next: a batch leased and left unspent in every quiet region would be out of the busy
+// regions' reach until the window ends. When it needs more, it leases a batch again.
+TEST(Federation, AQuietKeyLeasesWhatItSpentInTheWindowBefore) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter f(coord, clock, opts("eu", 1000), inline_io());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(coord.ledger("k")->granted, 16u);  // a key not seen before: a batch
+  clock.set(seconds(110));
+  f.sweep(clock.now());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(coord.ledger("k")->granted, 3u);                 // its demand, not a batch
+  EXPECT_EQ(f.stats().leases, 2u);                           // and no refill started for it
+  ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);  // more than last time: a batch
+  EXPECT_EQ(coord.ledger("k")->granted, 19u);
+  // A key idle for longer than a window starts again from a batch.
+  clock.set(seconds(140));
+  f.sweep(clock.now());
+  ASSERT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(coord.ledger("k")->granted, 16u);
 }
 
 TEST(Federation, FailClosedServesHeldEscrowThenRefusesWhileTheCoordinatorIsDown) {
