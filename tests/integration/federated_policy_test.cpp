@@ -139,6 +139,22 @@ TEST_F(FederatedPolicyTest, AnAdmitChainedToAFederatedPolicyPassesItFirst) {
   EXPECT_EQ(admitted, 40u);
 }
 
+// Without a region, a server is a region of its own (its node id): how the processes of one
+// region share one coordinator.
+TEST(FederatedPolicy, ARegionDefaultsToTheServersNodeId) {
+  ManualClock clock{seconds(1000)};
+  auto e = Engine::create(config_of("server:\n  node_id: gw-7\npolicies:\n  api:\n"
+                                    "    kind: federated\n    limit: 10\n"),
+                          clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  for (const PolicyInfo& p : e.value()->policies()) {
+    if (p.name == "api") {
+      EXPECT_EQ(nlohmann::json::parse(p.state_json)["region"], "gw-7");
+    }
+  }
+  EXPECT_TRUE(e.value()->check(CheckCall{"api", "k", 1}).value().allowed);
+}
+
 TEST_F(FederatedPolicyTest, AnUnchangedReloadKeepsTheEscrow) {
   ASSERT_TRUE(check("eu", "k").allowed);
   const int leases = state("eu")["leases"].get<int>();
@@ -177,7 +193,7 @@ TEST(FederatedConfig, ErrorsNameTheirField) {
     EXPECT_NE(e->message.find("regional_escrow"), std::string::npos) << e->message;
   }
   {
-    const ConfigLoad l = load("    limit: 10\n");
+    const ConfigLoad l = load("    limit: 10\n    region: ''\n");
     ASSERT_NE(error_at(l, "policies.f.region"), nullptr);
   }
   {

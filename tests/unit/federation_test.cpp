@@ -180,6 +180,21 @@ TEST(Federation, TheNextLeaseAsksForEveryQueuedCheck) {
   EXPECT_EQ(f.stats().granted, 40u);
 }
 
+// A CheckMany issues its checks before it waits for any: cold keys lease at once, so the batch
+// waits for the slowest lease, not for their sum.
+TEST(Federation, ColdKeysLeaseConcurrently) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederatedLimiter f(coord, clock, opts("eu", 1000), io.executor());
+  int answered = 0;
+  for (const char* key : {"a", "b", "c"})
+    f.check(key, 1, clock.now(), [&](FederatedDecision d) { answered += d.rate.allowed; });
+  EXPECT_EQ(io.calls.size(), 3u);  // three leases in flight together
+  io.run_all();
+  EXPECT_EQ(answered, 3);
+}
+
 TEST(Federation, RegionsShareOneBudgetAndNeverExceedItInAWindow) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);

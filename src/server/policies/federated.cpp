@@ -36,13 +36,13 @@ struct Handoff {
 
 class FederatedPolicy final : public Policy, public RateFamily {
  public:
-  FederatedPolicy(const BuildContext& c, const FederatedSpec& spec,
+  FederatedPolicy(const BuildContext& c, const FederationOptions& options, std::size_t io_threads,
                   std::shared_ptr<RateCoordinator> coordinator)
       : Policy(c.name, "federated", c.spec.rate),
         coordinator_(std::move(coordinator)),
         clock_(c.clock),
-        pool_(spec.io_threads),
-        limiter_(*coordinator_, c.clock, spec.options, pool_.executor()) {
+        pool_(io_threads),
+        limiter_(*coordinator_, c.clock, options, pool_.executor()) {
     start_loop(c.clock, [this](Nanos now) {
       limiter_.sweep(now);
       return now + sweep_interval(limiter_.options());
@@ -183,7 +183,10 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto v = s.uint("limit", 1, std::numeric_limits<std::uint32_t>::max(), true))
     o.budget.limit = *v;
   if (auto d = s.duration("window")) o.budget.period = *d;
-  if (auto v = s.str("region", true)) o.region = *v;
+  if (auto v = s.str("region")) {
+    if (v->empty()) s.error("region", "must not be empty (leave it out for the server's node id)");
+    o.region = *v;
+  }
   o.budget_id = name;
   if (auto v = s.str("budget")) o.budget_id = *v;
   if (auto v = s.uint("batch", 1, 1'000'000)) o.batch = *v;
@@ -207,7 +210,9 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto v = s.uint("io_threads", 1, 64)) body->io_threads = *v;
   if (o.min_window_left >= o.budget.period)
     s.error("min_window_left", "must be shorter than the window");
-  if (std::string why = o.validate(); !why.empty() && !o.region.empty()) {
+  FederationOptions probe = o;  // the region, when not set, is the server's node id (build)
+  if (probe.region.empty()) probe.region = "node";
+  if (std::string why = probe.validate(); !why.empty()) {
     const std::string field = why.substr(0, why.find(':'));
     s.error(field == "period" ? "window" : field, why.substr(why.find(':') + 2));
   } else if (o.budget_id.empty()) {
@@ -221,10 +226,12 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   auto coordinator =
       c.coordinator<RateCoordinator>(spec.coordinator, "federation's rate-budget interface");
   if (!coordinator.ok()) return coordinator.status();
-  if (std::string why = spec.options.validate(); !why.empty())
+  FederationOptions options = spec.options;
+  if (options.region.empty()) options.region = c.node_id;
+  if (std::string why = options.validate(); !why.empty())
     return Status(StatusCode::kInvalidArgument, why);
-  return std::shared_ptr<Policy>(
-      std::make_shared<FederatedPolicy>(c, spec, std::move(coordinator.value())));
+  return std::shared_ptr<Policy>(std::make_shared<FederatedPolicy>(c, options, spec.io_threads,
+                                                                   std::move(coordinator.value())));
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 //   strategy: fixed-window      # the only strategy federation runs (see below); the default
 //   limit: 1000                 # hits per window for every region together, required
 //   window: 60s                 # the global window, on the coordinator's clock; default 1s
-//   region: us-east             # this server's region, required
+//   region: us-east             # this server's region at the coordinator; default the server's
+//                               #   node id: every process a region of its own, which is also
+//                               #   how processes of one region share one coordinator (each
+//                               #   leases its own batches; the bound holds for any number)
 //   budget: <name>              # the budget's name at the coordinator, shared by the regions
 //                               #   that split it; default the policy's name
 //   batch: 16                   # units per lease; default 16
