@@ -86,6 +86,9 @@ struct FederationStats {
   std::uint64_t spent = 0;           // units spent (admitted hits)
   std::uint64_t forfeited = 0;       // units that expired unspent (or were given back)
   std::uint64_t reconcile_failures = 0;
+  // Leases refused because another region fixed the window with another limit or window (a
+  // config rolled out to some regions only).
+  std::uint64_t spec_mismatches = 0;
   std::uint64_t keys = 0;  // keys held
 };
 
@@ -164,7 +167,7 @@ class FederatedLimiter {
   std::condition_variable io_cv_;
   std::uint64_t io_pending_ = 0;  // guarded by io_mu_
   std::atomic<std::uint64_t> leases_{0}, lease_failures_{0}, granted_{0}, spent_{0};
-  std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0};
+  std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0}, spec_mismatches_{0};
 };
 
 }  // namespace sluice

@@ -291,6 +291,7 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
           k.closed_reason = FederatedReason::kCoordinatorRestarted;
           break;
         case LeaseStatus::kSpecMismatch:
+          spec_mismatches_.fetch_add(1, std::memory_order_relaxed);
           k.closed_until = now + options_.retry_backoff;
           k.closed_reason = FederatedReason::kSpecMismatch;
           break;
@@ -393,6 +394,7 @@ FederationStats FederatedLimiter::stats() const {
   st.spent = spent_.load(std::memory_order_relaxed);
   st.forfeited = forfeited_.load(std::memory_order_relaxed);
   st.reconcile_failures = reconcile_failures_.load(std::memory_order_relaxed);
+  st.spec_mismatches = spec_mismatches_.load(std::memory_order_relaxed);
   for (std::size_t i = 0; i < kShards; ++i) {
     const std::lock_guard lock(shards_[i].mu);
     st.keys += shards_[i].keys.size();

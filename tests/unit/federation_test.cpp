@@ -335,6 +335,7 @@ TEST(Federation, ARegionWithAnotherLimitIsRefusedForTheWindow) {
   EXPECT_FALSE(d.rate.allowed);
   EXPECT_EQ(d.reason, FederatedReason::kSpecMismatch);
   EXPECT_EQ(coord.ledger("k")->granted, 16u);
+  EXPECT_EQ(b.stats().spec_mismatches, 1u);  // counted, for the operator's alert
 }
 
 TEST(Federation, MoreHitsThanTheLimitNeverFitAndZeroHitsSpendNothing) {

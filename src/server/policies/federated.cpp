@@ -125,6 +125,7 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["granted"] = st.granted;
     j["spent"] = st.spent;
     j["forfeited"] = st.forfeited;
+    j["spec_mismatches"] = st.spec_mismatches;
     j["allowed"] = allowed_.load(std::memory_order_relaxed);
     j["denied"] = denied_.load(std::memory_order_relaxed);
   }
@@ -144,6 +145,10 @@ class FederatedPolicy final : public Policy, public RateFamily {
     out.push_back(one("sluice_federated_forfeited_units_total",
                       "Escrow units that expired unspent or were given back", MetricType::Counter,
                       static_cast<double>(st.forfeited)));
+    out.push_back(
+        one("sluice_federated_spec_mismatches_total",
+            "Leases refused: another region fixed the window with another limit or window",
+            MetricType::Counter, static_cast<double>(st.spec_mismatches)));
     out.push_back(one("sluice_federated_keys", "Keys the federated policy holds escrow state for",
                       MetricType::Gauge, static_cast<double>(st.keys)));
   }
