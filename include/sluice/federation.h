@@ -52,6 +52,7 @@ enum class FederatedReason : std::uint8_t {
   kCoordinatorRestarted,    // the coordinator lost its state in this window: it counts as spent
   kSpecMismatch,            // another region fixed this window with a different limit or period
   kNeverFits,               // more hits than the limit: no window admits them
+  kKeyCapacity,             // a new key while max_keys keys are held
 };
 [[nodiscard]] std::string_view to_string(FederatedReason r) noexcept;
 
@@ -75,6 +76,9 @@ struct FederationOptions {
   std::uint32_t drift_ppm = 1000;
   // A window with less than this left grants nothing (the region would expire it at once).
   Nanos min_window_left = std::chrono::milliseconds(5);
+  // Keys held at once. A check of a new key beyond it is refused (kKeyCapacity) until sweep()
+  // forgets some: this bounds the memory and the lease calls a flood of new keys can cause.
+  std::size_t max_keys = 1'000'000;
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
 };
@@ -168,6 +172,7 @@ class FederatedLimiter {
   std::uint64_t io_pending_ = 0;  // guarded by io_mu_
   std::atomic<std::uint64_t> leases_{0}, lease_failures_{0}, granted_{0}, spent_{0};
   std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0}, spec_mismatches_{0};
+  std::atomic<std::size_t> keys_{0};
 };
 
 }  // namespace sluice

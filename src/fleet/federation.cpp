@@ -25,6 +25,8 @@ std::string_view to_string(FederatedReason r) noexcept {
       return "spec_mismatch";
     case FederatedReason::kNeverFits:
       return "never_fits";
+    case FederatedReason::kKeyCapacity:
+      return "key_capacity";
   }
   return "unknown";
 }
@@ -40,6 +42,7 @@ std::string FederationOptions::validate() const {
   if (retry_backoff <= Nanos{0}) return "retry_backoff: must be positive";
   if (drift_ppm >= 1'000'000) return "drift_ppm: must be below 1000000";
   if (min_window_left < Nanos{0}) return "min_window_left: must not be negative";
+  if (max_keys == 0) return "max_keys: must be at least 1";
   return {};
 }
 
@@ -124,7 +127,8 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
   if (!allowed) d.rate.reason = to_string(reason);
   d.rate.limit = options_.budget.limit;
   const std::uint64_t here = usable(k.escrow, now);
-  const std::uint64_t there = k.global_left == UINT64_MAX ? 0 : k.global_left;
+  // Not leased yet: as far as this region knows, the whole budget.
+  const std::uint64_t there = k.global_left == UINT64_MAX ? options_.budget.limit : k.global_left;
   d.rate.remaining = std::min(options_.budget.limit, here + std::min(there, options_.budget.limit));
   d.rate.reset_after = k.window_end.count() == kNever ? options_.budget.period
                                                       : std::max(Nanos{0}, k.window_end - now);
@@ -133,6 +137,8 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
       d.rate.retry_after = Nanos::max();
     else if (reason == FederatedReason::kCoordinatorUnreachable)
       d.rate.retry_after = std::max(Nanos{1}, k.unreachable_until - now);
+    else if (reason == FederatedReason::kKeyCapacity)
+      d.rate.retry_after = options_.budget.period;  // keys are forgotten a window or two idle
     else
       d.rate.retry_after = std::max(Nanos{1}, k.closed_until - now);
   }
@@ -181,7 +187,21 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
   {
     const std::lock_guard lock(s.mu);
     auto it = s.keys.find(key);
-    if (it == s.keys.end()) it = s.keys.emplace(std::string(key), Key{}).first;
+    if (it == s.keys.end()) {
+      // A new key: what needs no state is answered without it, and none is added past max_keys.
+      static const Key none;
+      if (hits == 0 || hits > options_.budget.limit)
+        return decide_from(none, hits, hits == 0,
+                           hits == 0 ? FederatedReason::kAdmitted : FederatedReason::kNeverFits,
+                           now);
+      if (keys_.load(std::memory_order_relaxed) >= options_.max_keys) {
+        FederatedDecision full = decide_from(none, hits, false, FederatedReason::kKeyCapacity, now);
+        full.rate.key_capacity = true;
+        return full;
+      }
+      it = s.keys.emplace(std::string(key), Key{}).first;
+      keys_.fetch_add(1, std::memory_order_relaxed);
+    }
     Key& k = it->second;
     forfeit(it->first, k, now, true, reconciles);
     if (hits > options_.budget.limit) {
@@ -363,6 +383,7 @@ std::size_t FederatedLimiter::sweep(Nanos now) {
                           now >= k.closed_until && now >= k.unreachable_until;
         if (idle) {
           it = s.keys.erase(it);
+          keys_.fetch_sub(1, std::memory_order_relaxed);
           ++forgotten;
         } else {
           ++it;
@@ -395,10 +416,7 @@ FederationStats FederatedLimiter::stats() const {
   st.forfeited = forfeited_.load(std::memory_order_relaxed);
   st.reconcile_failures = reconcile_failures_.load(std::memory_order_relaxed);
   st.spec_mismatches = spec_mismatches_.load(std::memory_order_relaxed);
-  for (std::size_t i = 0; i < kShards; ++i) {
-    const std::lock_guard lock(shards_[i].mu);
-    st.keys += shards_[i].keys.size();
-  }
+  st.keys = keys_.load(std::memory_order_relaxed);
   return st;
 }
 

@@ -380,6 +380,30 @@ TEST(Federation, SkewedRegionClocksStillAdmitAtMostTheLimitPerWindow) {
   }
 }
 
+// A flood of new keys cannot grow the limiter (or its lease calls) without bound: past max_keys
+// a new key is refused until idle ones are forgotten; keys already held are served as ever.
+TEST(Federation, NewKeysPastMaxKeysAreRefusedUntilIdleOnesAreForgotten) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederationOptions o = opts("eu", 100);
+  o.max_keys = 2;
+  FederatedLimiter f(coord, clock, o, inline_io());
+  ASSERT_TRUE(check_now(f, "a", clock.now()).rate.allowed);
+  ASSERT_TRUE(check_now(f, "b", clock.now()).rate.allowed);
+  const FederatedDecision full = check_now(f, "c", clock.now());
+  EXPECT_FALSE(full.rate.allowed);
+  EXPECT_TRUE(full.rate.key_capacity);
+  EXPECT_EQ(full.reason, FederatedReason::kKeyCapacity);
+  EXPECT_EQ(full.rate.retry_after, seconds(10));
+  EXPECT_EQ(f.stats().keys, 2u);
+  EXPECT_FALSE(coord.ledger("c").has_value());  // and no lease was made for it
+  EXPECT_TRUE(check_now(f, "a", clock.now()).rate.allowed);
+  EXPECT_TRUE(check_now(f, "c", clock.now(), 0).rate.allowed);  // 0 hits need no state
+  clock.set(seconds(125));  // a and b's escrow expired more than a window ago
+  EXPECT_EQ(f.sweep(clock.now()), 2u);
+  EXPECT_TRUE(check_now(f, "c", clock.now()).rate.allowed);
+}
+
 TEST(Federation, RelinquishAllGivesUnspentEscrowBackToTheWindow) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);

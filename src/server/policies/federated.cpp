@@ -120,6 +120,7 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["batch"] = o.batch;
     j["coordinator"] = std::string(coordinator_->backend());
     j["keys"] = st.keys;
+    j["max_keys"] = o.max_keys;
     j["leases"] = st.leases;
     j["lease_failures"] = st.lease_failures;
     j["granted"] = st.granted;
@@ -172,7 +173,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
                                         PolicySpec& spec) {
   s.keys({"kind", "strategy", "limit", "window", "region", "budget", "batch", "coordinator",
           "outage", "regional_escrow", "lease_timeout", "retry_backoff", "drift_ppm",
-          "min_window_left", "io_threads"});
+          "min_window_left", "io_threads", "max_keys"});
   auto body = std::make_shared<FederatedSpec>();
   FederationOptions& o = body->options;
   o.budget.period = std::chrono::seconds(1);
@@ -213,6 +214,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto v = s.uint("drift_ppm", 0, 999'999)) o.drift_ppm = static_cast<std::uint32_t>(*v);
   if (auto d = s.duration("min_window_left")) o.min_window_left = *d;
   if (auto v = s.uint("io_threads", 1, 64)) body->io_threads = *v;
+  if (auto v = s.uint("max_keys", 1, 100'000'000)) o.max_keys = *v;
   if (o.min_window_left >= o.budget.period)
     s.error("min_window_left", "must be shorter than the window");
   FederationOptions probe = o;  // the region, when not set, is the server's node id (build)

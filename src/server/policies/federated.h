@@ -20,6 +20,8 @@
 //   drift_ppm: 1000             # how much faster the coordinator's clock may run than ours
 //   min_window_left: 5ms        # grant nothing when the window has less left than this
 //   io_threads: 4               # coordinator calls in flight at once
+//   max_keys: 1000000           # keys held at once; a new key beyond it is refused
+//                               #   (reason key_capacity) until idle ones are forgotten
 //
 // Why only fixed windows: a fixed window's budget is a count that starts whole at each window
 // boundary, so a region can hold part of it as escrow that dies with the window (Δ = 0). A
