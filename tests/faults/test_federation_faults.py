@@ -161,14 +161,18 @@ def u_capacity(counts: Dict[int, harness.WindowCount], windows: List[int]) -> fl
 
 
 def report(fed_results: FederationResults, run: Run, counts: Dict[int, harness.WindowCount],
-           measured: List[int], u: float, fault: str = "", **extra) -> None:
-    slowest = max(r.received - r.sent for r in run.load.snapshot())
+           measured: List[int], u: float, fault: str = "", load: Optional[CheckLoad] = None,
+           **extra) -> None:
+    load = load or run.load
+    slowest = max(r.received - r.sent for r in load.snapshot())
     shown = [counts[i] for i in range(run.first, max(counts) + 1) if i in counts]
     reasons: Dict[str, int] = {}
     for c in shown:
         for k, v in c.refusals.items():
             reasons[k] = reasons.get(k, 0) + v
-    row = {"scenario": run.scenario, "skew": run.skew, "limit": LIMIT, "window_s": WINDOW,
+    skew = run.skew if load is run.load else f"{run.skew}, key {load.key}"
+    row = {"scenario": run.scenario, "skew": f"{skew}, {load.rate * WINDOW:.0f}/window",
+           "limit": LIMIT, "window_s": WINDOW,
            "batch": BATCH, "offered_x": OFFERED, "first_window": run.first,
            "upper": [c.upper for c in shown], "definite": [c.definite for c in shown],
            "assigned": [c.assigned for c in shown],
@@ -325,3 +329,33 @@ def test_coordinator_sigkill_and_restart_mid_window(tmp_path, redis, fed_results
                   + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))),
            after_restart=reasons, escrow_after_restart=escrow)
     assert u >= U_FLOOR, f"U_capacity after the restart {u:.3f} < {U_FLOOR:.3f}"
+
+
+def test_short_coordinator_pauses_across_window_boundaries(tmp_path, redis, fed_results):
+    """Redis stopped for 200 ms (less than the lease timeout) across each of three window
+    boundaries, under two keys: `k` at OFFERED x the limit, `warm` at 0.9 x it (its escrow is
+    live at the boundary, its budget not spent). The leases asked just before a boundary are
+    answered just after it, in the new window: no window over the limit, on either key."""
+    with Run(tmp_path, redis, "pauses", "uniform") as run:
+        warm = CheckLoad(run.nodes, 0.9 * LIMIT / WINDOW, SKEWS["uniform"], key="warm")
+        warm.start()
+        try:
+            first_pause = run.first + 1
+            for i in range(first_pause, first_pause + 3):
+                sleep_until(boundary(i) - 0.12)
+                redis.signal(signal.SIGSTOP)
+                sleep_until(boundary(i) + 0.08)
+                redis.signal(signal.SIGCONT)
+            sleep_until(boundary(first_pause + 3) + 0.1)
+        finally:
+            warm.stop()
+    for load in (run.load, warm):
+        records = load.snapshot()
+        counts = per_window(records, WINDOW, GUARD)
+        check_bound(records, counts, run)
+        measured = list(range(run.first, first_pause + 3))
+        reasons = {k for i in measured for k in counts[i].refusals}
+        assert reasons <= {"budget_spent", "coordinator_unreachable"}, reasons
+        report(fed_results, run, counts, measured, u_capacity(counts, measured),
+               fault="SIGSTOP 0.12 s before each of 3 boundaries, SIGCONT 0.08 s after",
+               load=load)
