@@ -227,7 +227,7 @@ def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, redis, fed
     assert u >= U_FLOOR, f"U_capacity {u:.3f} < {U_FLOOR:.3f}"
 
 
-def fault_run(tmp_path, redis, fed_results, scenario: str, at: float,
+def fault_run(tmp_path, redis, scenario: str, at: float,
               inject: Callable[[harness.Coordinator], Dict[str, float]], windows_after: int):
     """Steady load for one window, then in window f = first + 1 the fault at `at` x WINDOW into
     it; `inject` does it and returns its times; then `windows_after` full windows after the
@@ -258,8 +258,8 @@ def test_coordinator_sigstop_mid_window(tmp_path, redis, fed_results):
         coord.signal(signal.SIGCONT)
         return {"start": t0, "end": t1}
 
-    run, f, back, times, records, counts = fault_run(tmp_path, redis, fed_results, "sigstop",
-                                                     0.4, inject, 2)
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "sigstop", 0.4,
+                                                     inject, 2)
     t0, t1 = times["start"], times["end"]
     inside = f + 1  # wholly inside the outage
     assert back == f + 2
@@ -274,7 +274,7 @@ def test_coordinator_sigstop_mid_window(tmp_path, redis, fed_results):
     assert counts[inside].definite == 0, (counts[inside], run.logs())
     assert set(counts[inside].refusals) == {"coordinator_unreachable"}, counts[inside].refusals
     # Admissions resume after SIGCONT (within the retry backoff), at full capacity next window.
-    resumed = [r.received for r in records if r.allowed and r.sent > t1]
+    resumed = sorted(r.received for r in records if r.allowed and r.sent > t1)
     assert resumed, "no admission after SIGCONT"
     measured = list(range(back + 1, back + 3))
     u = u_capacity(counts, measured)
@@ -301,8 +301,8 @@ def test_coordinator_sigkill_and_restart_mid_window(tmp_path, redis, fed_results
         coord.start()
         return {"start": t0, "end": time.time()}
 
-    run, f, back, times, records, counts = fault_run(tmp_path, redis, fed_results, "sigkill",
-                                                     0.25, inject, 2)
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "sigkill", 0.25,
+                                                     inject, 2)
     t0, t1 = times["start"], times["end"]
     assert back == f, f"the restart took {t1 - t0:.2f} s, past the window"
     after = [r for r in records if r.sent > t1 and r.received < boundary(f + 1) - GUARD]
