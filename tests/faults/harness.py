@@ -10,6 +10,7 @@ setpriv's --pdeathsig would be cleared by its own --reuid) and is stopped by its
 from __future__ import annotations
 
 import ctypes
+import heapq
 import json
 import os
 import pwd
@@ -374,8 +375,17 @@ class Node:
         self.prefix, self.env = list(prefix), env
         self.config_path = workdir / f"{name}.yaml"
         self.log = workdir / f"{name}.log"
-        self.config_path.write_text(
-            f"server:\n  node_id: {name}\n  lease_ttl: {fleet.call_lease_ttl}\n"
+        self.config_path.write_text(self._config(coordinator, coordinator_host, key, fleet))
+        self.proc: Optional[subprocess.Popen] = None
+        self.grpc_port = self.http_port = 0
+        self.client: Optional[sluice_client.Client] = None
+        self.fault = ""  # "", "killed", "stopped": what the test is doing to it now
+        self.faulted = False  # the test killed or stopped it at some point
+
+    def _config(self, coordinator: Coordinator, coordinator_host: str, key: str,
+                fleet: FleetConfig) -> str:
+        return (
+            f"server:\n  node_id: {self.name}\n  lease_ttl: {fleet.call_lease_ttl}\n"
             f"  shutdown_grace: 1s\n"
             f"coordinators:\n  coord:\n{coordinator.config(coordinator_host)}"
             f"policies:\n  f:\n    kind: fleet\n    coordinator: coord\n    key: {key}\n"
@@ -384,11 +394,6 @@ class Node:
             f"    outage: {fleet.outage}\n"
             + (f"    call_deadline: {fleet.call_deadline_ms}ms\n"
                if fleet.call_deadline_ms is not None else ""))
-        self.proc: Optional[subprocess.Popen] = None
-        self.grpc_port = self.http_port = 0
-        self.client: Optional[sluice_client.Client] = None
-        self.fault = ""  # "", "killed", "stopped": what the test is doing to it now
-        self.faulted = False  # the test killed or stopped it at some point
 
     def launch(self) -> None:
         # Inside a namespace every port is free; on the host, the kernel's pick.
@@ -617,3 +622,203 @@ def fleet_whole(nodes: List[Node], limit: int) -> bool:
     return (all(s.get("phase") == "active" and s.get("l_global") == limit
                 and s.get("nodes") == len(nodes) for s in states)
             and sum(s.get("share", 0) for s in states) == limit)
+
+
+# ---- federation: regions sharing one rate budget, checks counted per coordinator window ----
+
+@dataclass
+class FederationConfig:
+    limit: int = 300  # hits per window for all regions together
+    window_ms: int = 2000  # the coordinator's window (Redis TIME, aligned on the Unix epoch)
+    batch: int = 16
+    budget: str = "hot"  # the budget's name at the coordinator, shared by the regions
+    lease_timeout_ms: int = 250
+    retry_backoff_ms: int = 1000
+
+
+class FederatedNode(Node):
+    """One `sluice serve` serving one region of a federated budget (policy `g`)."""
+
+    POLICY = "g"
+
+    def __init__(self, workdir: Path, region: str, binary: str, coordinator: Coordinator,
+                 fed: FederationConfig):
+        self.region, self.fed = region, fed
+        super().__init__(workdir, region, binary, coordinator, fed.budget, FleetConfig())
+
+    def _config(self, coordinator: Coordinator, coordinator_host: str, key: str,
+                fleet: FleetConfig) -> str:
+        f = self.fed
+        return (f"server:\n  node_id: {self.name}\n  shutdown_grace: 1s\n"
+                f"coordinators:\n  coord:\n{coordinator.config(coordinator_host)}"
+                f"policies:\n  {self.POLICY}:\n    kind: federated\n    coordinator: coord\n"
+                f"    budget: {f.budget}\n    region: {self.region}\n    limit: {f.limit}\n"
+                f"    window: {f.window_ms}ms\n    batch: {f.batch}\n"
+                f"    lease_timeout: {f.lease_timeout_ms}ms\n"
+                f"    retry_backoff: {f.retry_backoff_ms}ms\n")
+
+    def fed_state(self) -> Optional[dict]:
+        """The federated policy's counters from /v1/policies (granted, spent, forfeited,
+        leases, lease_failures...), or None when the node does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/v1/policies",
+                                        timeout=1.0) as r:
+                body = json.loads(r.read())
+        except (OSError, ValueError):
+            return None
+        return next((p for p in body.get("policies", []) if p.get("name") == self.POLICY), None)
+
+
+@dataclass
+class CheckRecord:
+    region: str
+    key: str
+    sent: float  # wall clock (time.time()) when the Check was sent
+    received: float  # ... and when its answer arrived; the decision fell in between
+    allowed: bool
+    reason: str  # the refusal's reason, "error: CODE" when the call failed, "" when allowed
+
+
+class CheckLoad:
+    """Paced Check calls over gRPC: for each region, `threads_per_region` threads that together
+    send `rate * weight / sum(weights)` checks per second on `key` (the weights: how the load is
+    skewed among the regions). Every call is recorded with its wall-clock send and answer times,
+    so the admissions can be attributed to the coordinator's windows (same machine, same
+    clock)."""
+
+    def __init__(self, nodes: List[FederatedNode], rate: float, weights: Sequence[float],
+                 key: str = "k", threads_per_region: int = 2):
+        assert len(weights) == len(nodes)
+        self.nodes, self.rate, self.weights, self.key = nodes, rate, list(weights), key
+        self.threads_per_region = threads_per_region
+        self.records: List[CheckRecord] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._workers: List[threading.Thread] = []
+
+    def start(self) -> None:
+        total = sum(self.weights)
+        for node, w in zip(self.nodes, self.weights):
+            if w <= 0:
+                continue
+            period = self.threads_per_region / (self.rate * w / total)
+            for i in range(self.threads_per_region):
+                t = threading.Thread(target=self._run,
+                                     args=(node, period, i * period / self.threads_per_region),
+                                     daemon=True)
+                t.start()
+                self._workers.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(10)
+        assert not any(t.is_alive() for t in self._workers), "a check thread did not finish"
+
+    def _run(self, node: FederatedNode, period: float, offset: float) -> None:
+        next_at = time.monotonic() + offset
+        while not self._stop.is_set():
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            # Paced, not bursty: a call that took longer than the period is not made up for.
+            next_at = max(next_at + period, time.monotonic())
+            sent = time.time()
+            try:
+                d = node.client.check(node.POLICY, self.key)
+                allowed, reason = d.allowed, ("" if d.allowed else d.reason)
+            except sluice_client.SluiceError as e:
+                allowed, reason = False, f"error: {getattr(e.code, 'name', e.code)}"
+            rec = CheckRecord(node.region, self.key, sent, time.time(), allowed, reason)
+            with self._lock:
+                self.records.append(rec)
+
+    def snapshot(self) -> List[CheckRecord]:
+        with self._lock:
+            return list(self.records)
+
+
+def window_of(t: float, window: float) -> int:
+    """The coordinator window that wall-clock time `t` falls in: windows are aligned on multiples
+    of the window since the Unix epoch."""
+    return int(t // window)
+
+
+def windows_touched(rec: CheckRecord, window: float, guard: float) -> range:
+    """Every window the decision of `rec` may have fallen in: its [sent, received] interval,
+    widened by `guard` on both sides (clock reads are not exactly at the decision)."""
+    return range(window_of(rec.sent - guard, window), window_of(rec.received + guard, window) + 1)
+
+
+@dataclass
+class WindowCount:
+    index: int
+    offered: int = 0  # checks sent in the window
+    admitted: int = 0  # admissions answered in the window (the point estimate)
+    definite: int = 0  # admissions whose whole guarded interval lies in the window
+    upper: int = 0  # admissions that may have fallen in the window (straddlers in both)
+    assigned: int = 0  # definite + the straddlers least_assignment() put here
+    refusals: Dict[str, int] = None  # reason -> refusals decided surely in the window
+
+    def __post_init__(self):
+        if self.refusals is None:
+            self.refusals = {}
+
+
+def per_window(records: Sequence[CheckRecord], window: float,
+               guard: float) -> Dict[int, WindowCount]:
+    """Admissions and refusals per coordinator window. `upper` counts an admission in every
+    window it may have fallen in, so it can only over-count: `upper <= limit` in every window
+    is a sound check of the bound."""
+    out: Dict[int, WindowCount] = {}
+
+    def at(i: int) -> WindowCount:
+        return out.setdefault(i, WindowCount(i))
+
+    for r in records:
+        at(window_of(r.sent, window)).offered += 1
+        span = windows_touched(r, window, guard)
+        if not r.allowed:
+            if len(span) == 1:
+                c = at(span[0])
+                c.refusals[r.reason] = c.refusals.get(r.reason, 0) + 1
+            continue
+        at(window_of(r.received, window)).admitted += 1
+        for i in span:
+            at(i).upper += 1
+        if len(span) == 1:
+            at(span[0]).definite += 1
+    return dict(sorted(out.items()))
+
+
+def least_assignment(records: Sequence[CheckRecord], counts: Dict[int, WindowCount],
+                     window: float, guard: float, limit: int) -> List[int]:
+    """Puts every admission that straddles a boundary into one of the windows it may have fallen
+    in, so that as few windows as possible exceed `limit` (earliest deadline first: each window
+    takes, while it has room, the straddlers whose last possible window ends soonest; what no
+    window has room for goes to its last). Sets each count's `assigned` and returns the windows
+    over `limit` even so: each of them is a proven overshoot, whatever the exact decision times
+    were. An empty list means the observations are consistent with the bound; the ambiguity
+    left is the straddlers' number (upper - assigned)."""
+    straddlers = []
+    for r in records:
+        if r.allowed:
+            span = windows_touched(r, window, guard)
+            if len(span) > 1:
+                straddlers.append((span.start, span.stop - 1))
+    for c in counts.values():
+        c.assigned = c.definite
+    straddlers.sort()
+    pending: List[int] = []  # last possible windows of the straddlers not yet placed
+    over, j = [], 0
+    for i in sorted(counts):
+        while j < len(straddlers) and straddlers[j][0] <= i:
+            heapq.heappush(pending, straddlers[j][1])
+            j += 1
+        c = counts[i]
+        while pending and (c.assigned < limit or pending[0] <= i):
+            heapq.heappop(pending)
+            c.assigned += 1
+        if c.assigned > limit:
+            over.append(i)
+    return over

@@ -1,0 +1,361 @@
+"""Federation as real processes: three `sluice serve` (one per region) split one global rate
+budget through one real Redis, driven over gRPC, with the bound checked in every coordinator
+window, steady and through coordinator faults.
+
+Setup: a Redis of this module's own (no persistence, so a restart comes back empty); three
+servers, each with a `federated` policy on the same budget and its own region, limit LIMIT per
+WINDOW, batch BATCH, lease_timeout 250 ms, retry_backoff 1 s, fail-closed; a load generator of
+two threads per region calling Check over gRPC on one hot key, paced at OFFERED x the limit's
+rate in total, split among the regions by a skew (uniform, or all of it on one region).
+
+Windows are on Redis's clock (TIME), aligned on multiples of WINDOW since the Unix epoch; the
+test runs on the same machine, so each call is attributed by the wall clock. A decision falls
+between a call's send and its answer: widened by GUARD on both sides, an admission whose interval
+lies in one window counts there ("definite"); one that straddles a boundary counts in every
+window it touches ("upper", which can only over-count). The bound checked: upper <= LIMIT in
+every window. U_capacity = admitted / min(offered, LIMIT) over the full windows of steady load.
+
+A fresh coordinator counts the window it finds its storage empty in as spent for every key
+(reason coordinator_restarted), so the first window of load is never measured.
+
+Figures go to $SLUICE_FEDERATION_RESULTS (default federation-results.md in the working
+directory) plus a .json beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import pytest
+
+import harness
+from conftest import sluice_bin
+from harness import (CheckLoad, FederatedNode, FederationConfig, least_assignment, per_window,
+                     window_of)
+
+LIMIT = 300
+WINDOW = 2.0
+BATCH = 16
+REGIONS = ["us-east", "eu-west", "ap-south"]
+OFFERED = 1.5  # the load, as a multiple of LIMIT per WINDOW
+GUARD = 0.02  # seconds: how far from a boundary an answer must be to count as inside a window
+STEADY_WINDOWS = 3
+# The most a window can lose to escrow: every other region holding a batch it cannot spend
+# before the window ends (its load stopped, or the budget ran out at the coordinator first).
+U_FLOOR = 1 - (len(REGIONS) - 1) * BATCH / LIMIT
+SKEWS = {"uniform": [1.0, 1.0, 1.0], "one-region": [1.0, 0.0, 0.0]}
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    coord = harness.RedisCoordinator(tmp_path_factory.mktemp("federation"))
+    try:
+        coord.start()
+        yield coord
+    finally:
+        coord.stop()
+
+
+class FederationResults:
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: List[dict] = []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.path.with_suffix(".json").write_text(json.dumps(self.rows, indent=1) + "\n")
+        lines = ["| scenario | skew | admitted per window by answer time [definite-upper] | "
+                 "max placed / limit | U_capacity | refusals by reason | slowest answer (ms) | "
+                 "fault |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in self.rows:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["reasons"].items()))
+            wins = " ".join(f"{a}" + (f" [{d}-{u}]" if d != u else "")
+                            for a, d, u in zip(r["admitted"], r["definite"], r["upper"]))
+            lines.append(f"| {r['scenario']} | {r['skew']} | {wins} | "
+                         f"{r['max_assigned']} / {r['limit']} | {r['u_capacity']:.3f} | "
+                         f"{reasons} | {r['slowest_ms']:.0f} | {r.get('fault', '')} |")
+        self.path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def fed_results() -> FederationResults:
+    return FederationResults(
+        Path(os.environ.get("SLUICE_FEDERATION_RESULTS", "federation-results.md")).resolve())
+
+
+def sleep_until(t: float) -> None:
+    delay = t - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def boundary(i: int) -> float:
+    """The wall-clock start of window i."""
+    return i * WINDOW
+
+
+class Run:
+    """Three regions on a fresh budget under load, and what the load saw."""
+
+    def __init__(self, workdir: Path, redis: harness.Coordinator, scenario: str, skew: str):
+        self.scenario, self.skew = scenario, skew
+        self.fed = FederationConfig(limit=LIMIT, window_ms=int(WINDOW * 1000), batch=BATCH,
+                                    budget=f"{scenario}-{uuid.uuid4().hex[:6]}")
+        d = workdir / self.fed.budget
+        d.mkdir()
+        self.nodes = [FederatedNode(d, r, sluice_bin(), redis, self.fed) for r in REGIONS]
+        self.load: Optional[CheckLoad] = None
+        self.first = 0  # the first window measured
+
+    def __enter__(self) -> "Run":
+        try:
+            for n in self.nodes:
+                n.launch()
+            for n in self.nodes:
+                n.wait_serving()
+            self.load = CheckLoad(self.nodes, OFFERED * LIMIT / WINDOW, SKEWS[self.skew])
+            self.load.start()
+            # The window the load starts in may be the one a fresh coordinator counts as spent.
+            self.first = window_of(time.time(), WINDOW) + 1
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.load is not None:
+            self.load.stop()
+        for n in self.nodes:
+            n.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n.name}\n{harness.tail(n.log)}" for n in self.nodes)
+
+
+def check_bound(records, counts: Dict[int, harness.WindowCount], run: Run) -> None:
+    """No window over the limit: each admission that straddles a boundary is put in one of the
+    windows it may have fallen in, and a window over the limit even so is a proven overshoot.
+    (Counting straddlers in both windows would flag every full window followed by an admission
+    early in the next one: at an offered load above the limit a window holds exactly LIMIT.)"""
+    errors = [r for r in records if r.reason.startswith("error")]
+    assert not errors, (f"{len(errors)} checks failed (no answer within the client's "
+                        f"{run.nodes[0].client.timeout} s), the first: {errors[0]}\n{run.logs()}")
+    over = least_assignment(records, counts, WINDOW, GUARD, LIMIT)
+    assert not over, (f"windows over the limit {LIMIT}: "
+                      + ", ".join(f"{i}: at least {counts[i].assigned} (definite "
+                                  f"{counts[i].definite}, upper {counts[i].upper})" for i in over)
+                      + f"\n{run.logs()}")
+
+
+def u_capacity(counts: Dict[int, harness.WindowCount], windows: List[int]) -> float:
+    admitted = sum(counts[i].admitted for i in windows)
+    usable = sum(min(counts[i].offered, LIMIT) for i in windows)
+    return admitted / usable if usable else 0.0
+
+
+def report(fed_results: FederationResults, run: Run, counts: Dict[int, harness.WindowCount],
+           measured: List[int], u: float, fault: str = "", load: Optional[CheckLoad] = None,
+           **extra) -> None:
+    load = load or run.load
+    slowest = max(r.received - r.sent for r in load.snapshot())
+    shown = [counts[i] for i in range(run.first, max(counts) + 1) if i in counts]
+    reasons: Dict[str, int] = {}
+    for c in shown:
+        for k, v in c.refusals.items():
+            reasons[k] = reasons.get(k, 0) + v
+    skew = run.skew if load is run.load else f"{run.skew}, key {load.key}"
+    row = {"scenario": run.scenario, "skew": f"{skew}, {load.rate * WINDOW:.0f}/window",
+           "limit": LIMIT, "window_s": WINDOW,
+           "batch": BATCH, "offered_x": OFFERED, "first_window": run.first,
+           "upper": [c.upper for c in shown], "definite": [c.definite for c in shown],
+           "assigned": [c.assigned for c in shown],
+           "admitted": [c.admitted for c in shown], "offered": [c.offered for c in shown],
+           "max_upper": max(c.upper for c in counts.values()),
+           "max_assigned": max(c.assigned for c in counts.values()), "measured": measured,
+           "u_capacity": u, "reasons": reasons, "fault": fault, "slowest_ms": slowest * 1000,
+           "per_window_refusals": [c.refusals for c in shown], **extra}
+    fed_results.add(row)
+    print(json.dumps(row))
+
+
+def test_window_accounting_places_straddlers_and_proves_overshoots():
+    """The accounting alone, on made-up calls (window 2 s, limit 3, guard 0.02 s)."""
+
+    def rec(sent, received, allowed=True):
+        return harness.CheckRecord("r", "k", sent, received, allowed, "" if allowed else "x")
+
+    # Window 10 ([20, 22)) full with 3; one admission straddles 22: it fits in window 11.
+    records = [rec(20.5, 20.6), rec(21.0, 21.1), rec(21.5, 21.6), rec(21.995, 22.001),
+               rec(22.5, 22.6), rec(21.2, 21.3, allowed=False)]
+    counts = per_window(records, 2.0, 0.02)
+    assert [(c.definite, c.upper) for c in counts.values()] == [(3, 4), (1, 2)]
+    assert counts[10].refusals == {"x": 1} and counts[10].offered == 5
+    assert least_assignment(records, counts, 2.0, 0.02, 3) == []
+    assert [c.assigned for c in counts.values()] == [3, 2]
+    # Window 11 full too: the straddler fits nowhere, an overshoot whatever its time was.
+    records += [rec(23.0, 23.1), rec(23.5, 23.6)]
+    counts = per_window(records, 2.0, 0.02)
+    assert least_assignment(records, counts, 2.0, 0.02, 3) == [11]
+    # A window with more definite admissions than the limit.
+    counts = per_window(records[:3] + [rec(21.7, 21.8)], 2.0, 0.02)
+    assert least_assignment(records[:3] + [rec(21.7, 21.8)], counts, 2.0, 0.02, 3) == [10]
+
+
+@pytest.mark.parametrize("skew", list(SKEWS))
+def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, redis, fed_results, skew):
+    with Run(tmp_path, redis, "steady", skew) as run:
+        last = run.first + STEADY_WINDOWS - 1
+        sleep_until(boundary(last + 1) + 0.1)
+    records = run.load.snapshot()
+    counts = per_window(records, WINDOW, GUARD)
+    check_bound(records, counts, run)
+    measured = list(range(run.first, last + 1))
+    u = u_capacity(counts, measured)
+    report(fed_results, run, counts, measured, u)
+    # Offered above the limit in every measured window, so the limit is what U is measured on.
+    for i in measured:
+        assert counts[i].offered > LIMIT, f"window {i}: only {counts[i].offered} checks offered"
+        # In a steady window a region refuses only for a spent budget.
+        assert set(counts[i].refusals) <= {"budget_spent"}, (i, counts[i].refusals, run.logs())
+    assert u >= U_FLOOR, f"U_capacity {u:.3f} < {U_FLOOR:.3f}"
+
+
+def fault_run(tmp_path, redis, scenario: str, at: float,
+              inject: Callable[[harness.Coordinator], Dict[str, float]], windows_after: int):
+    """Steady load for one window, then in window f = first + 1 the fault at `at` x WINDOW into
+    it; `inject` does it and returns its times; then `windows_after` full windows after the
+    window it ends in."""
+    with Run(tmp_path, redis, scenario, "uniform") as run:
+        f = run.first + 1
+        sleep_until(boundary(f) + at * WINDOW)
+        times = inject(redis)
+        back = window_of(times["end"], WINDOW)
+        sleep_until(boundary(back + 1 + windows_after) + 0.1)
+    records = run.load.snapshot()
+    counts = per_window(records, WINDOW, GUARD)
+    check_bound(records, counts, run)
+    return run, f, back, times, records, counts
+
+
+def test_coordinator_sigstop_mid_window(tmp_path, redis, fed_results):
+    """Redis stopped 0.4 windows into a window, for 1.6 windows: the regions serve the escrow
+    they hold, then refuse (coordinator_unreachable); a window wholly inside the outage admits
+    nothing; after SIGCONT admissions resume, at full capacity from the next window."""
+
+    def inject(coord):
+        t0 = time.time()
+        coord.signal(signal.SIGSTOP)
+        f = window_of(t0, WINDOW)
+        sleep_until(boundary(f + 2) + 0.05 * WINDOW)
+        t1 = time.time()
+        coord.signal(signal.SIGCONT)
+        return {"start": t0, "end": t1}
+
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "sigstop", 0.4,
+                                                     inject, 2)
+    t0, t1 = times["start"], times["end"]
+    inside = f + 1  # wholly inside the outage
+    assert back == f + 2
+    # Escrow served: admissions decided surely after the stop, in the window it happened in.
+    escrow = [r for r in records if r.allowed and r.sent > t0 + GUARD
+              and r.received < boundary(f + 1) - GUARD]
+    unreachable = sorted(r.sent for r in records if r.reason == "coordinator_unreachable")
+    assert unreachable, f"no refusal said coordinator_unreachable\n{run.logs()}"
+    first_unreachable = unreachable[0] - t0
+    # Nothing after the escrow: the window wholly inside the outage admits nothing, and refuses
+    # only because the coordinator cannot be reached.
+    assert counts[inside].definite == 0, (counts[inside], run.logs())
+    assert set(counts[inside].refusals) == {"coordinator_unreachable"}, counts[inside].refusals
+    # Admissions resume after SIGCONT (within the retry backoff), at full capacity next window.
+    resumed = sorted(r.received for r in records if r.allowed and r.sent > t1)
+    assert resumed, "no admission after SIGCONT"
+    measured = list(range(back + 1, back + 3))
+    u = u_capacity(counts, measured)
+    report(fed_results, run, counts, measured, u,
+           fault=(f"SIGSTOP {t0 - boundary(f):.2f} s into window +{f - run.first}, "
+                  f"SIGCONT {t1 - boundary(back):.2f} s into window +{back - run.first}; "
+                  f"escrow served after the stop: {len(escrow)}; first coordinator_unreachable "
+                  f"{first_unreachable:.2f} s after it; first admission "
+                  f"{resumed[0] - t1:.2f} s after SIGCONT"),
+           escrow_after_stop=len(escrow), first_unreachable_s=first_unreachable,
+           resumed_after_s=resumed[0] - t1)
+    assert u >= U_FLOOR, f"U_capacity after the outage {u:.3f} < {U_FLOOR:.3f}"
+
+
+def test_coordinator_sigkill_and_restart_mid_window(tmp_path, redis, fed_results):
+    """Redis killed 0.25 windows into a window and restarted at once on the same port, empty:
+    the regions serve the escrow they hold, the rest of that window is refused (the restarted
+    coordinator counts it as spent: coordinator_restarted; coordinator_unreachable while a
+    region's call failed), and the next windows admit at full capacity."""
+
+    def inject(coord):
+        t0 = time.time()
+        coord.kill()
+        coord.start()
+        return {"start": t0, "end": time.time()}
+
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "sigkill", 0.25,
+                                                     inject, 2)
+    t0, t1 = times["start"], times["end"]
+    assert back == f, f"the restart took {t1 - t0:.2f} s, past the window"
+    after = [r for r in records if r.sent > t1 and r.received < boundary(f + 1) - GUARD]
+    reasons: Dict[str, int] = {}
+    for r in after:
+        reasons[r.reason or "admitted"] = reasons.get(r.reason or "admitted", 0) + 1
+    assert "coordinator_restarted" in reasons, (reasons, run.logs())
+    # Once a region was told, it refuses for the rest of the window: no admission decided after
+    # its first coordinator_restarted (escrow held is spent before any lease is asked for).
+    for region in REGIONS:
+        told = [r.received for r in after if r.region == region
+                and r.reason == "coordinator_restarted"]
+        if told:
+            late = [r for r in after if r.region == region and r.allowed and r.sent > told[0]]
+            assert not late, f"{region} admitted {len(late)} after coordinator_restarted"
+    assert set(reasons) <= {"admitted", "coordinator_restarted", "coordinator_unreachable"}, \
+        reasons
+    escrow = reasons.get("admitted", 0)
+    measured = list(range(f + 1, f + 3))
+    u = u_capacity(counts, measured)
+    report(fed_results, run, counts, measured, u,
+           fault=(f"SIGKILL {t0 - boundary(f):.2f} s into window +{f - run.first}, back "
+                  f"{t1 - t0:.2f} s later (empty); after it in that window: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))),
+           after_restart=reasons, escrow_after_restart=escrow)
+    assert u >= U_FLOOR, f"U_capacity after the restart {u:.3f} < {U_FLOOR:.3f}"
+
+
+def test_short_coordinator_pauses_across_window_boundaries(tmp_path, redis, fed_results):
+    """Redis stopped for 200 ms (less than the lease timeout) across each of three window
+    boundaries, under two keys: `k` at OFFERED x the limit, `warm` at 0.9 x it (its escrow is
+    live at the boundary, its budget not spent). The leases asked just before a boundary are
+    answered just after it, in the new window: no window over the limit, on either key."""
+    with Run(tmp_path, redis, "pauses", "uniform") as run:
+        warm = CheckLoad(run.nodes, 0.9 * LIMIT / WINDOW, SKEWS["uniform"], key="warm")
+        warm.start()
+        try:
+            first_pause = run.first + 1
+            for i in range(first_pause, first_pause + 3):
+                sleep_until(boundary(i) - 0.12)
+                redis.signal(signal.SIGSTOP)
+                sleep_until(boundary(i) + 0.08)
+                redis.signal(signal.SIGCONT)
+            sleep_until(boundary(first_pause + 3) + 0.1)
+        finally:
+            warm.stop()
+    for load in (run.load, warm):
+        records = load.snapshot()
+        counts = per_window(records, WINDOW, GUARD)
+        check_bound(records, counts, run)
+        measured = list(range(run.first, first_pause + 3))
+        reasons = {k for i in measured for k in counts[i].refusals}
+        assert reasons <= {"budget_spent", "coordinator_unreachable"}, reasons
+        report(fed_results, run, counts, measured, u_capacity(counts, measured),
+               fault="SIGSTOP 0.12 s before each of 3 boundaries, SIGCONT 0.08 s after",
+               load=load)
