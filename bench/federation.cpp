@@ -392,6 +392,8 @@ void BM_FederatedRedis(benchmark::State& state) {
     const sluice::FederationStats st = limiter.stats();
     state.counters["leases"] = static_cast<double>(st.leases);
     state.counters["lease_failures"] = static_cast<double>(st.lease_failures);
+    state.counters["units_per_lease"] =
+        st.leases > 0 ? static_cast<double>(st.granted) / static_cast<double>(st.leases) : 0.0;
   }
 }
 
@@ -447,7 +449,7 @@ void BM_Floor_RedisBenchmarkLease(benchmark::State& state) {
                                    "-P",
                                    std::to_string(pipeline),
                                    "-n",
-                                   std::to_string(g_short ? 200 : 20'000 * std::max(1, pipeline)),
+                                   std::to_string(g_short ? 200 : 20'000 * (pipeline > 1 ? 4 : 1)),
                                    "--csv",
                                    "EVALSHA",
                                    std::string(load->str, load->len),
@@ -698,7 +700,14 @@ SLUICE_BENCH_RATIO("BM_PostgresLease/keys:64/real_time",
 SLUICE_BENCH_RATIO("BM_FederatedEscrow", "BM_RateLimiterFixedWindow", 0);
 SLUICE_BENCH_RATIO("BM_FederatedEscrow", "BM_Floor_FetchAddSub", 0);
 
+// ratio_main, with the repetitions of every benchmark interleaved at random unless the command
+// line says otherwise: the floors are other processes on a shared machine, and a load that comes
+// or goes mid-run then weighs on subject and floor alike.
 int main(int argc, char** argv) {
   g_short = short_run(argc, argv);
-  return sluice::bench::ratio_main(argc, argv);
+  std::vector<char*> args(argv, argv + argc);
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  if (!sluice::bench::has_flag(argc, argv, "--benchmark_enable_random_interleaving"))
+    args.push_back(interleave.data());
+  return sluice::bench::ratio_main(static_cast<int>(args.size()), args.data());
 }
