@@ -9,15 +9,15 @@
 //      mixes: "busy" = 64 keys in turn (limit 2^50 per hour: never binds), "over" = the same 64
 //      keys with their budget spent (limit 64 per hour, spent before the clock starts: every
 //      check is a refusal), "tail" = 100,000 keys in turn with a 1 s window, so a key's escrow
-//      has expired by its next check (every check leases; its forfeit is reconciled), "hot" =
-//      one key (limit 2^50 per hour).
-//      Redis's own counters (INFO stats total_commands_processed, INFO commandstats
-//      cmdstat_evalsha) are read before and after each run: commands per admitted check.
+//      has expired by its next check (every check leases; a key that comes round again also
+//      reconciles its expired escrow), "hot" = one key (limit 2^50 per hour). Redis's own
+//      counters (INFO stats total_commands_processed, INFO commandstats cmdstat_evalsha) are
+//      read before and after each run: commands and server time per admitted check.
 //   2. RedisRateCoordinator::lease against `redis-benchmark` sending the same EVALSHA (same
 //      script, key and arguments), at 1 and 50 connections (50 coordinators on 50 threads), and
-//      the tool pipelined (-P 16): the coordinator has no pipelining API, so that row is the
-//      tool's figure alone. PostgresRateCoordinator::lease against `pgbench -c 1` running the
-//      same two round trips (its statements, `;`-joined the same way) on one key and on 64 keys.
+//      the tool pipelined (-P 16): the coordinator has no pipelining API, so that row compares
+//      the 50 connections with it. PostgresRateCoordinator::lease against `pgbench -c 1` running
+//      the same two round trips (its statements, joined the same way) on one key and on 64 keys.
 //   3. In process: FederatedLimiter::try_check from escrow (memory coordinator, inline executor)
 //      against RateLimiter::check (fixed window), same 64 keys, caller's time.
 //
