@@ -9,7 +9,10 @@
 // A check:
 //   - is decided from escrow when the key's escrow covers it (no coordinator call), and then
 //     answered before check() returns; when what is left falls below `refill_below`, a lease is
-//     started in the background so that busy keys rarely wait;
+//     started in the background so that busy keys rarely wait (for what the key is expected to
+//     spend before the window ends at its rate so far, at least a batch, at most double what
+//     it was granted so far and 8 batches: a key that spends thousands a window costs a few
+//     leases, not one per batch);
 //   - otherwise joins the key's one lease call (concurrent checks of a key share it: no
 //     stampede) and is answered when it completes, at most `lease_timeout` later; checks still
 //     queued after it are what the next lease asks for (at least a batch), so a region admits
@@ -157,6 +160,8 @@ class FederatedLimiter {
   // The size of a key's first lease in a window: a batch, or less for a key that spent less
   // than a batch in the window before.
   [[nodiscard]] std::uint64_t first_batch(const Key& k, Nanos now) const;
+  // The size of a busy key's background refill.
+  [[nodiscard]] std::uint64_t refill_size(const Key& k, Nanos now) const;
   void post(std::function<void()> task);
   FederatedDecision decide_from(const Key& k, std::uint64_t hits, bool allowed,
                                 FederatedReason reason, Nanos now) const;

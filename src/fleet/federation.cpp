@@ -49,6 +49,8 @@ std::string FederationOptions::validate() const {
 namespace {
 constexpr std::size_t kShards = 16;
 constexpr std::int64_t kNever = INT64_MIN;
+// A refill asks for at most this many batches.
+constexpr std::uint64_t kMaxBatches = 8;
 }  // namespace
 
 struct FederatedLimiter::Waiter {
@@ -89,6 +91,25 @@ FederatedLimiter::~FederatedLimiter() {
 
 std::string FederatedLimiter::global_key(const std::string& key) const {
   return options_.budget_id.empty() ? key : options_.budget_id + ":" + key;
+}
+
+std::uint64_t FederatedLimiter::refill_size(const Key& k, Nanos now) const {
+  // What the key is expected to spend here before its window ends, at the rate it has spent
+  // since the window began, capped by what it was granted so far in the window (so refills at
+  // most double) and by kMaxBatches batches; never less than a batch. A key that spends
+  // thousands a window costs a few leases, not one per batch, while what a region holds when
+  // the window ends stays about what it would have spent (the coordinator's taper still cuts
+  // every ask when the budget runs low).
+  const Nanos elapsed = now - (k.window_end - options_.budget.period);
+  const Nanos left = k.window_end - now;
+  if (elapsed <= Nanos{0} || left <= Nanos{0}) return options_.batch;
+  __extension__ typedef unsigned __int128 Wide;
+  const auto expected = static_cast<std::uint64_t>(
+      std::min<Wide>(static_cast<Wide>(k.escrow.spent) * static_cast<std::uint64_t>(left.count()) /
+                         static_cast<std::uint64_t>(elapsed.count()),
+                     UINT64_MAX));
+  const std::uint64_t cap = std::min(k.escrow.granted, kMaxBatches * options_.batch);
+  return std::max(options_.batch, std::min(expected, cap));
 }
 
 std::uint64_t FederatedLimiter::first_batch(const Key& k, Nanos now) const {
@@ -216,7 +237,7 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
       if (usable(k.escrow, now) < refill_below_ && k.escrow.granted >= options_.batch &&
           !k.leasing && now >= k.closed_until && now >= k.unreachable_until && k.global_left > 0) {
         k.leasing = true;
-        lease_want = options_.batch;
+        lease_want = refill_size(k, now);
         lease_key = it->first;
       }
     } else if (now < k.closed_until) {

@@ -110,20 +110,40 @@ TEST(FederationOptions, ValidateNamesTheField) {
   EXPECT_EQ(o.validate(), "drift_ppm: must be below 1000000");
 }
 
-TEST(Federation, ChecksAreServedFromEscrowOneLeasePerBatch) {
+// A busy key's refill asks for what it is expected to spend before its window ends at its rate
+// so far: at most double what it was granted so far, and 8 batches; at least a batch.
+TEST(Federation, ABusyKeysRefillsGrowWithItsRateAndAQuietKeysDoNot) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
   Switchable sw(coord);
-  FederationOptions o = opts("eu", 1000);
+  FederationOptions o = opts("eu", 1'000'000);
   o.refill_below = 1;  // refill only when empty, so every lease is counted exactly
   FederatedLimiter f(sw, clock, o, inline_io());
-  for (int i = 0; i < 160; ++i) ASSERT_TRUE(check_now(f, "user:1", clock.now()).rate.allowed) << i;
-  // 160 checks at batch 16 (the taper never bites with 1000 left): the first check leases, and
-  // the check that spends a batch's last unit starts the next lease, so 1 + 10 leases.
-  EXPECT_EQ(sw.calls, 11);
-  EXPECT_EQ(f.stats().leases, 11u);
+  // 1,000 checks a second in a window of 10 s: the first check leases a batch (16); each refill
+  // doubles what the key holds, 16 -> 32 -> 64 -> 128 -> 256 units in 5 leases (the check that
+  // spends the last unit starts the next).
+  for (int i = 0; i < 160; ++i) {
+    clock.advance(milliseconds(1));
+    ASSERT_TRUE(check_now(f, "busy", clock.now()).rate.allowed) << i;
+  }
+  EXPECT_EQ(sw.calls, 5);
   EXPECT_EQ(f.stats().spent, 160u);
-  EXPECT_EQ(coord.ledger("user:1")->granted, 176u);
+  EXPECT_EQ(coord.ledger("busy")->granted, 256u);
+  // Then 8 batches (128) a refill: 1,000 checks take 11 leases (7 if refills kept doubling).
+  for (int i = 160; i < 1000; ++i) {
+    clock.advance(milliseconds(1));
+    ASSERT_TRUE(check_now(f, "busy", clock.now()).rate.allowed);
+  }
+  EXPECT_EQ(coord.ledger("busy")->granted, 1024u);
+  EXPECT_EQ(sw.calls, 11);
+  // Two checks a second in the next window: it would spend a batch at most before the window
+  // ends, so its refills stay a batch.
+  clock.set(seconds(110));
+  for (int i = 0; i < 18; ++i) {
+    clock.advance(milliseconds(500));
+    ASSERT_TRUE(check_now(f, "quiet", clock.now()).rate.allowed) << i;
+  }
+  EXPECT_EQ(coord.ledger("quiet")->granted, 32u);
 }
 
 TEST(Federation, ABusyKeyRefillsBeforeItRunsDry) {
