@@ -357,9 +357,12 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
       } else {
         // The budget may hold more: lease again, for the whole queue.
         k.leasing = true;
+        // A busy key's next lease is rate-sized, as its background refill would be.
         std::uint64_t queued = 0;
         for (const Waiter& q : k.waiters) queued += q.hits;
-        again = std::max(options_.batch, queued - std::min(queued, usable(k.escrow, now)));
+        const std::uint64_t size =
+            k.escrow.granted >= options_.batch ? refill_size(k, now) : options_.batch;
+        again = std::max(size, queued - std::min(queued, usable(k.escrow, now)));
         break;
       }
       k.waiters.pop_front();

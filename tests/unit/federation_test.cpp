@@ -146,6 +146,35 @@ TEST(Federation, ABusyKeysRefillsGrowWithItsRateAndAQuietKeysDoNot) {
   EXPECT_EQ(coord.ledger("quiet")->granted, 32u);
 }
 
+// A busy key whose checks outrun its leases (they park behind the one in flight) gets a
+// rate-sized lease next, as its background refill would be, not just what is parked.
+TEST(Federation, ABusyKeysLeaseAfterParkedChecksIsRateSized) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  QueuedIo io;
+  FederationOptions o = opts("eu", 1'000'000);
+  o.refill_below = 1;
+  FederatedLimiter f(coord, clock, o, io.executor());
+  int allowed = 0;
+  const auto check = [&] {
+    clock.advance(milliseconds(1));
+    f.check("hot", 1, clock.now(), [&](FederatedDecision d) { allowed += d.rate.allowed; });
+  };
+  check();
+  io.run_all();                          // 16 granted, 1 spent
+  for (int i = 0; i < 15; ++i) check();  // the 16th spend starts a refill (16: doubling)
+  for (int i = 0; i < 20; ++i) check();  // 20 checks park behind it
+  ASSERT_EQ(io.calls.size(), 1u);
+  io.calls.front()();  // the refill: 16 more, 16 of the 20 served
+  io.calls.pop_front();
+  EXPECT_EQ(coord.ledger("hot")->granted, 32u);
+  ASSERT_EQ(io.calls.size(), 1u);  // the lease for the 4 still parked
+  io.run_all();
+  // It asked for the rate-sized refill (double the 32 held so far), not for the 4 parked.
+  EXPECT_EQ(coord.ledger("hot")->granted, 64u);
+  EXPECT_EQ(allowed, 36);
+}
+
 TEST(Federation, ABusyKeyRefillsBeforeItRunsDry) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
