@@ -165,12 +165,29 @@ ConfigLoad file_error(std::string message) {
   return out;
 }
 
+// Why `name` cannot name a policy or a coordinator (empty: it can). A control character (a NUL,
+// a newline) would not survive the file being written out again, nor a log line or a metric
+// label.
+std::string name_problem(const std::string& name, std::string_view what) {
+  if (name.empty()) return "a " + std::string(what) + " needs a name";
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", c);
+      return "a " + std::string(what) + " name must not contain control characters (byte " + hex +
+             " at offset " + std::to_string(i) + ")";
+    }
+  }
+  return {};
+}
+
 void read_coordinators(Reader& r, const YAML::Node& cs, SluiceConfig& cfg) {
   if (!r.map(cs, "coordinators")) return;
   for (auto it = cs.begin(); it != cs.end(); ++it) {
     const std::string name = it->first.IsScalar() ? it->first.Scalar() : "";
-    if (name.empty()) {
-      r.error(it->first, "coordinators", "a coordinator needs a name");
+    if (const std::string why = name_problem(name, "coordinator"); !why.empty()) {
+      r.error(it->first, "coordinators", why);
       continue;
     }
     const std::string path = "coordinators." + name;
@@ -190,8 +207,8 @@ void read_policies(Reader& r, const YAML::Node& root, const PolicyKinds& kinds, 
   if (ps.size() == 0) r.error(ps, "policies", "is empty (" + std::string(kNeedsAPolicy) + ")");
   for (auto it = ps.begin(); it != ps.end(); ++it) {
     const std::string name = it->first.IsScalar() ? it->first.Scalar() : "";
-    if (name.empty()) {
-      r.error(it->first, "policies", "a policy needs a name");
+    if (const std::string why = name_problem(name, "policy"); !why.empty()) {
+      r.error(it->first, "policies", why);
       continue;
     }
     read_policy(r, it->second, "policies." + name, name, kinds, cfg);
@@ -354,6 +371,34 @@ std::size_t first_non_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+// The offset of the first control character YAML text may not contain (every C0 control but
+// tab, newline and carriage return, and DEL); npos when there is none. yaml-cpp reads some of
+// them into names as other bytes.
+std::size_t first_control(std::string_view text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F) return i;
+  }
+  return std::string_view::npos;
+}
+
+// A config that cannot be read at all, with one error at byte `offset` of `yaml`:
+// "<what>: byte 0xNN<after>".
+ConfigLoad text_error(std::string_view yaml, std::size_t offset, const std::string& what,
+                      const std::string& after) {
+  YAML::Mark at;
+  const std::string_view before = yaml.substr(0, offset);
+  at.line = static_cast<int>(std::count(before.begin(), before.end(), '\n'));
+  const std::size_t line_start = before.rfind('\n');
+  at.column =
+      static_cast<int>(line_start == std::string_view::npos ? offset : offset - line_start - 1);
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(yaml[offset]));
+  ConfigLoad out;
+  out.errors.push_back(Reader::make(at, "", what + ": byte " + std::string(hex) + after));
+  return out;
+}
+
 }  // namespace
 
 ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
@@ -363,19 +408,12 @@ ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
   // yaml-cpp passes bytes that are not UTF-8 through into names and strings, where every JSON
   // rendering (problem+json, /v1/policies) would fail on them: refuse them here, at their place.
   if (const std::size_t bad = first_non_utf8(yaml); bad != std::string_view::npos) {
-    YAML::Mark at;
-    const std::string_view before = yaml.substr(0, bad);
-    at.line = static_cast<int>(std::count(before.begin(), before.end(), '\n'));
-    const std::size_t line_start = before.rfind('\n');
-    at.column = static_cast<int>(line_start == std::string_view::npos ? bad : bad - line_start - 1);
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(yaml[bad]));
-    ConfigLoad out;
-    out.errors.push_back(Reader::make(at, "",
-                                      "the file is not UTF-8 text: byte " + std::string(hex) +
-                                          " does not begin a UTF-8 character here"));
-    return out;
+    return text_error(yaml, bad, "the file is not UTF-8 text",
+                      " does not begin a UTF-8 character here");
   }
+  if (const std::size_t bad = first_control(yaml); bad != std::string_view::npos)
+    return text_error(yaml, bad, "the file has a control character YAML text may not contain",
+                      " here");
   try {
     const YAML::Node root = YAML::Load(std::string(yaml));
     if (!root.IsDefined() || root.IsNull()) {

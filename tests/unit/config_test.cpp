@@ -185,6 +185,35 @@ TEST(Config, AConfigWithoutPoliciesIsAnError) {
 }
 
 // A directory or an empty file given as the config is one error that names the file.
+// A name with a control character would not survive the file being written out again (nor a
+// log line or a metric label): it is an error, naming the byte and where it is.
+TEST(Config, AControlCharacterInTheTextIsAnErrorAtItsPlace) {
+  const ConfigLoad l =
+      load_yaml(std::string_view("policies:\n  a_b\0c:\n    kind: adaptive\n", 38));
+  EXPECT_FALSE(l.config.has_value());
+  ASSERT_EQ(l.errors.size(), 1u);
+  EXPECT_EQ(l.errors[0].line, 2);
+  EXPECT_EQ(l.errors[0].column, 6);
+  EXPECT_EQ(l.errors[0].message,
+            "the file has a control character YAML text may not contain: byte 0x00 here");
+}
+
+TEST(Config, ANameWithAControlCharacterIsAnError) {
+  const ConfigLoad nul = load_yaml(
+      "policies:\n  \"a\\0b\":\n    kind: adaptive\n    algorithm: fixed\n    limit: 3\n");
+  EXPECT_FALSE(nul.config.has_value());
+  ASSERT_EQ(nul.errors.size(), 1u);
+  EXPECT_EQ(nul.errors[0].path, "policies");
+  EXPECT_EQ(nul.errors[0].message,
+            "a policy name must not contain control characters (byte 0x00 at offset 1)");
+  const ConfigLoad newline = load_yaml(
+      "coordinators:\n  \"r\\nx\":\n    kind: memory\npolicies:\n  p:\n    kind: adaptive\n"
+      "    algorithm: fixed\n    limit: 3\n");
+  ASSERT_FALSE(newline.errors.empty());
+  EXPECT_EQ(newline.errors[0].message,
+            "a coordinator name must not contain control characters (byte 0x0A at offset 1)");
+}
+
 TEST(Config, ADirectoryOrAnEmptyFileIsAnErrorNamingIt) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("sluice-config-test-" + std::to_string(::getpid()));
