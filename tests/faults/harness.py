@@ -34,10 +34,20 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+_HANDED_OUT: set = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on now, and one this suite has not handed out before: the
+    kernel may give the same free port twice to two nodes that are launched together, before
+    either has bound it."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def port_accepts(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -405,8 +415,16 @@ class Node:
         self.proc = spawn(args, self.log, env=env)
 
     def wait_serving(self, timeout: float = 20.0) -> None:
+        relaunches = [0]
+
         def up():
             if self.proc.poll() is not None:
+                # A port picked free can still be taken by another process before the node
+                # binds it: launch again on other ports (twice at most).
+                if "already in use" in tail(self.log) and relaunches[0] < 2:
+                    relaunches[0] += 1
+                    self.launch()
+                    return False
                 raise AssertionError(f"{self.name} exited:\n{tail(self.log)}")
             return "serving" in tail(self.log, 100000) and self.http_ok("/healthz")
         wait_until(up, timeout, what=f"{self.name} to serve")
