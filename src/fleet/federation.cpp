@@ -274,7 +274,7 @@ FederatedDecision FederatedLimiter::peek(std::string_view key, std::uint64_t hit
   const Shard& s = shards_[StringHash{}(key) % kShards];
   const std::lock_guard lock(s.mu);
   auto it = s.keys.find(key);
-  const Key none;
+  static const Key none;  // a key not held: nothing known here
   const Key& k = it == s.keys.end() ? none : it->second;
   if (hits > options_.budget.limit)
     return decide_from(k, hits, false, FederatedReason::kNeverFits, now);
