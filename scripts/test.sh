@@ -26,6 +26,7 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHAS
 suites=${SLUICE_SUITES:-release default asan tsan fuzz}
 jobs=$(nproc)
 total_pass=0 total_fail=0 status=0
+failed_names=()  # "suite: test", printed again at the end (a long log's tail is what CI shows)
 
 suite_flags() {
   case $1 in
@@ -42,7 +43,8 @@ suite_step() {
   if "$@"; then
     total_pass=$((total_pass + 1)); echo "=== $suite: $what: passed"
   else
-    total_fail=$((total_fail + 1)); echo "=== $suite: $what: FAILED"; return 1
+    total_fail=$((total_fail + 1)); failed_names+=("$suite: $what")
+    echo "=== $suite: $what: FAILED"; return 1
   fi
 }
 release_step() { suite_step release "$@"; }
@@ -111,6 +113,10 @@ run_suite() {
     pass=$(( $(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line") - fail ))
     total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
   fi
+  # ctest's closing list: "  123 - Suite.Name (Failed)"
+  local t
+  while IFS= read -r t; do failed_names+=("$name: $t"); done < <(
+    sed -n '/^The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]+[0-9]+ - (.*)$/\1/p')
   return "$rc"
 }
 
@@ -122,5 +128,6 @@ for s in $suites; do
 done
 echo "suites: $suites"
 [ "$status" = 0 ] || echo "some suite failed to build or pass (see above)"
+for t in "${failed_names[@]}"; do echo "failed: $t"; done
 echo "tests: $total_pass passed, $total_fail failed"
 exit "$status"
