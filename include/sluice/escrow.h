@@ -36,6 +36,27 @@
 // decided before then), less a drift allowance, so escrow always expires on the region's clock
 // no later than its window ends on the coordinator's. Unspent escrow is forfeited at expiry.
 //
+// The regional pool (L2; sluice/regional_escrow.h shares it): processes of one region may share
+// one pool per key between them and the coordinator. A process that finds the pool short leases
+// a regional batch from the coordinator, keeps what it needs and refills the pool with the rest;
+// the others take from the pool. The pool keeps the units of one coordinator window and an
+// expiry on the POOL's clock, which the refiller derived from its own escrow expiry and a pool
+// clock reading it saw before (so no unit outlives its window on the coordinator's clock); a
+// taker maps the time left onto its own clock from the moment it sent the take, as a region
+// does with a lease reply. Rules:
+//   P1. take(want) grants min(want, balance) while the pool's expiry has not passed (with
+//       `past_expiry`, the regional-only outage mode, whatever balance is left, of any window);
+//       a take that leaves the asker short makes it the refiller (`refill`) unless another
+//       process is refilling, for `refill_hold` (one refill in flight per pool and key);
+//   P2. refill(window, units, expires_at) adds units of `window` (a later window replaces the
+//       balance of an earlier one; an earlier window, or an expiry already past, accepts
+//       nothing: the refiller keeps its units) and ends the refill in flight;
+//   P3. release(window, units) takes back units of the pool's own window before its expiry,
+//       and accepts nothing otherwise (the process forfeits them).
+// Guarantee: units go into the pool only from coordinator grants of the pool's window (refills)
+// or back from processes (releases of units taken from it or granted in that window), and out
+// of it only once; outside the regional-only mode none is taken after its window's end.
+//
 // Thread-safety: pure functions on caller-owned values.
 #pragma once
 
@@ -162,5 +183,50 @@ void unspend(Escrow& e, std::uint64_t hits, Nanos now) noexcept;
 // Gives up every unspent unit (at expiry, or on shutdown) and returns the window's running total
 // given up: what to pass to reconcile() for e.window_start.
 std::uint64_t relinquish(Escrow& e) noexcept;
+
+// ---- the regional pool (L2) ----
+
+// One key's pool in a region. Times on the pool's clock.
+struct RegionalPool {
+  std::int64_t window_start = INT64_MIN;  // the coordinator window the balance belongs to
+  std::int64_t expires_at = INT64_MIN;    // take nothing at or after this (P1)
+  std::uint64_t balance = 0;
+  std::int64_t refilling_until = INT64_MIN;  // a refill is in flight until then
+  // The latest pool time seen: a clock that steps back stands still here instead.
+  std::int64_t clock_high = INT64_MIN;
+  friend bool operator==(const RegionalPool&, const RegionalPool&) = default;
+};
+
+struct PoolReply {
+  std::uint64_t granted = 0;  // units taken (take) or accepted (refill, release)
+  std::uint64_t balance = 0;  // left in the pool afterwards
+  Nanos window_start{INT64_MIN};
+  Nanos expires_in{0};  // the pool's time left before its expiry (<= 0: expired)
+  Nanos now{0};         // the pool's clock when it decided
+  bool refill = false;  // take: the asker is to lease for the pool (P1)
+  friend bool operator==(const PoolReply&, const PoolReply&) = default;
+};
+
+// P1. Precondition: want >= 1, refill_hold > 0.
+PoolReply pool_take(RegionalPool& pool, std::uint64_t want, Nanos refill_hold, bool past_expiry,
+                    Nanos now) noexcept;
+// P2. units == 0 only ends the refill in flight (a refiller whose lease failed).
+PoolReply pool_refill(RegionalPool& pool, Nanos window_start, std::uint64_t units, Nanos expires_at,
+                      Nanos now) noexcept;
+// P3.
+PoolReply pool_release(RegionalPool& pool, Nanos window_start, std::uint64_t units,
+                       Nanos now) noexcept;
+
+// The expiry to refill a pool with, on the pool's clock: `pool_now` is a pool reading the
+// refiller received at `seen_at` on its own clock (the take that made it the refiller), and
+// `escrow_expires` its own escrow's expiry for the units. The pool reading was taken before
+// `seen_at`, so the same span after it ends no later than the escrow does; `drift_ppm` allows
+// for the pool's clock running slower than the refiller's.
+[[nodiscard]] Nanos pool_expiry(Nanos pool_now, Nanos seen_at, Nanos escrow_expires,
+                                std::uint32_t drift_ppm) noexcept;
+
+// A take's expiry on the taker's clock, from the moment it sent the take (`sent_at`).
+[[nodiscard]] Nanos taken_expiry(const PoolReply& reply, Nanos sent_at,
+                                 std::uint32_t drift_ppm) noexcept;
 
 }  // namespace sluice

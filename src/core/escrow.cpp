@@ -158,13 +158,20 @@ std::uint64_t remaining(const Ledger& l, const BudgetSpec& spec, Nanos now_in,
   return left_in(l);
 }
 
-Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at, std::uint32_t drift_ppm) noexcept {
-  const std::int64_t left =
-      std::max<std::int64_t>(0, reply.window_end.count() - reply.coordinator_now.count());
+namespace {
+// `left`, less its drift allowance (rounded up), never negative.
+std::int64_t less_drift(std::int64_t left, std::uint32_t drift_ppm) noexcept {
+  left = std::max<std::int64_t>(0, left);
   __extension__ typedef __int128 Wide;
   const auto allowance =
       static_cast<std::int64_t>((static_cast<Wide>(left) * drift_ppm + 999'999) / 1'000'000);
-  return sent_at + Nanos{left - std::min(allowance, left)};
+  return left - std::min(allowance, left);
+}
+}  // namespace
+
+Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at, std::uint32_t drift_ppm) noexcept {
+  return sent_at +
+         Nanos{less_drift(reply.window_end.count() - reply.coordinator_now.count(), drift_ppm)};
 }
 
 std::uint64_t add_grant(Escrow& e, const LeaseReply& reply, Nanos expires_at) noexcept {
@@ -208,6 +215,84 @@ std::uint64_t relinquish(Escrow& e) noexcept {
   e.relinquished += e.units;
   e.units = 0;
   return e.relinquished;
+}
+
+// ---- the regional pool ----
+
+namespace {
+std::int64_t pool_clock(RegionalPool& p, Nanos now) noexcept {
+  p.clock_high = std::max(now.count(), p.clock_high);
+  return p.clock_high;
+}
+
+PoolReply pool_state(const RegionalPool& p, std::int64_t now) noexcept {
+  PoolReply out;
+  out.balance = p.balance;
+  out.window_start = Nanos{p.window_start};
+  out.expires_in = p.window_start == INT64_MIN ? Nanos{0} : Nanos{p.expires_at - now};
+  out.now = Nanos{now};
+  return out;
+}
+}  // namespace
+
+PoolReply pool_take(RegionalPool& p, std::uint64_t want, Nanos refill_hold, bool past_expiry,
+                    Nanos now_in) noexcept {
+  const std::int64_t now = pool_clock(p, now_in);
+  const bool live = now < p.expires_at || past_expiry;
+  const std::uint64_t g = live ? std::min(want, p.balance) : 0;
+  p.balance -= g;
+  PoolReply out = pool_state(p, now);
+  out.granted = g;
+  if (g < want && now >= p.refilling_until) {
+    out.refill = true;
+    p.refilling_until = now + std::max<std::int64_t>(1, refill_hold.count());
+  }
+  return out;
+}
+
+PoolReply pool_refill(RegionalPool& p, Nanos window_start, std::uint64_t units, Nanos expires_at,
+                      Nanos now_in) noexcept {
+  const std::int64_t now = pool_clock(p, now_in);
+  p.refilling_until = INT64_MIN;
+  const std::int64_t w = window_start.count();
+  std::uint64_t accepted = 0;
+  if (units > 0 && now < expires_at.count() && w >= p.window_start) {
+    if (w > p.window_start) {
+      p.window_start = w;
+      p.expires_at = expires_at.count();
+      p.balance = 0;
+    } else {
+      // Each expiry is no later than the window's end: the later one is as safe and tighter.
+      p.expires_at = std::max(p.expires_at, expires_at.count());
+    }
+    p.balance += units;
+    accepted = units;
+  }
+  PoolReply out = pool_state(p, now);
+  out.granted = accepted;
+  return out;
+}
+
+PoolReply pool_release(RegionalPool& p, Nanos window_start, std::uint64_t units,
+                       Nanos now_in) noexcept {
+  const std::int64_t now = pool_clock(p, now_in);
+  std::uint64_t accepted = 0;
+  if (window_start.count() == p.window_start && now < p.expires_at) {
+    p.balance += units;
+    accepted = units;
+  }
+  PoolReply out = pool_state(p, now);
+  out.granted = accepted;
+  return out;
+}
+
+Nanos pool_expiry(Nanos pool_now, Nanos seen_at, Nanos escrow_expires,
+                  std::uint32_t drift_ppm) noexcept {
+  return pool_now + Nanos{less_drift((escrow_expires - seen_at).count(), drift_ppm)};
+}
+
+Nanos taken_expiry(const PoolReply& reply, Nanos sent_at, std::uint32_t drift_ppm) noexcept {
+  return sent_at + Nanos{less_drift(reply.expires_in.count(), drift_ppm)};
 }
 
 }  // namespace sluice

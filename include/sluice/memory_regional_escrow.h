@@ -1,0 +1,49 @@
+// memory_regional_escrow.h: the embedded, in-process RegionalEscrow.
+//
+// What it is: a map from key to RegionalPool behind one mutex, running the pool rules of
+// sluice/escrow.h with time from an injected Clock (a ManualClock in tests and simulations:
+// deterministic). The reference the Redis pool must match, and the pool of limiters that
+// share one address space (tests, simulations, several policies of one server).
+//
+// Thread-safety: every member is safe to call concurrently (one mutex; calls are short).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "sluice/regional_escrow.h"
+
+namespace sluice {
+
+class MemoryRegionalEscrow final : public RegionalEscrow {
+ public:
+  // `clock` must outlive the pool.
+  explicit MemoryRegionalEscrow(const Clock& clock);
+
+  [[nodiscard]] StatusOr<PoolReply> take(std::string_view key, std::uint64_t want,
+                                         Nanos refill_hold, bool past_expiry,
+                                         Nanos timeout) noexcept override;
+  [[nodiscard]] StatusOr<PoolReply> refill(std::string_view key, Nanos window_start,
+                                           std::uint64_t units, Nanos expires_at,
+                                           Nanos timeout) noexcept override;
+  [[nodiscard]] StatusOr<PoolReply> release(std::string_view key, Nanos window_start,
+                                            std::uint64_t units, Nanos timeout) noexcept override;
+  [[nodiscard]] Status health(Nanos timeout) noexcept override;
+  [[nodiscard]] std::string_view backend() const noexcept override { return "memory"; }
+
+  // A copy of a key's pool (tests and introspection); nullopt for an unknown key.
+  [[nodiscard]] std::optional<RegionalPool> pool(std::string_view key) const;
+
+ private:
+  template <typename F>
+  StatusOr<PoolReply> run(std::string_view key, const char* what, F&& f) noexcept;
+
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  std::map<std::string, RegionalPool, std::less<>> keys_;
+};
+
+}  // namespace sluice
