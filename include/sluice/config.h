@@ -100,6 +100,8 @@ struct PolicySpec {
   std::string rate;
   // The coordinators (by name) the policy uses; each must be in SluiceConfig::coordinators.
   std::vector<std::string> coordinators;
+  // The field that names each of `coordinators`, for errors ("coordinator" where missing).
+  std::vector<std::string> coordinator_fields;
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
 
   // The body as the kind's type; null when it is of another kind.

@@ -26,6 +26,22 @@
 // Every refusal says why (FederatedReason) and when to retry. Escrow that expires unspent is
 // forfeited and reconciled back (by sweep(), or the next check of its key).
 //
+// With a regional pool (sluice/regional_escrow.h, shared by the region's processes), a lease
+// takes from the pool first; a process the pool leaves short leases from the coordinator, one
+// refiller per key at a time for `regional_batch` units, keeps what it needs and puts the rest
+// in the pool (the others lease for themselves meanwhile). Escrow a process gives up goes back
+// to the pool, not to the coordinator. While the pool cannot be reached, leases go straight to
+// the coordinator as without one (`retry_backoff` after each failure); what is given up then is
+// forfeited rather than given back, and the region's processes no longer share a batch.
+// Outage modes, when the coordinator cannot be reached:
+//   fail-closed    (default) the escrow held and the pool's balance for the current window keep
+//                  serving; then checks are refused (kCoordinatorUnreachable). Δ = 0 holds.
+//   regional-only  (needs a pool) the pool's whole balance keeps serving, whatever window it
+//                  was leased for, until spent (kRegionalBalanceSpent); the coordinator's health
+//                  is probed at most every `coordinator_health_check`, driven by checks (no
+//                  timer), and leasing resumes when it answers. During the outage a window may
+//                  admit more than the limit, by at most what the pools held at its onset.
+//
 // Thread-safety: every member is safe to call concurrently. Callbacks run on the caller's thread
 // (decided at once) or on the IoExecutor's (after a lease), never under the limiter's locks.
 #pragma once
@@ -45,6 +61,7 @@
 #include "sluice/escrow.h"
 #include "sluice/rate_coordinator.h"
 #include "sluice/rate_strategy.h"
+#include "sluice/regional_escrow.h"
 
 namespace sluice {
 
@@ -56,6 +73,7 @@ enum class FederatedReason : std::uint8_t {
   kSpecMismatch,            // another region fixed this window with a different limit or period
   kNeverFits,               // more hits than the limit: no window admits them
   kKeyCapacity,             // a new key while max_keys keys are held
+  kRegionalBalanceSpent,    // regional-only outage: the coordinator is down, the pool is empty
 };
 [[nodiscard]] std::string_view to_string(FederatedReason r) noexcept;
 
@@ -63,6 +81,9 @@ struct FederatedDecision {
   RateDecision rate;  // allowed, limit, remaining (escrow here + budget left globally), times
   FederatedReason reason = FederatedReason::kAdmitted;
 };
+
+enum class FederationOutage : std::uint8_t { kFailClosed, kRegionalOnly };
+[[nodiscard]] std::string_view to_string(FederationOutage o) noexcept;
 
 struct FederationOptions {
   std::string region;  // non-empty: this region's id at the coordinator
@@ -82,6 +103,11 @@ struct FederationOptions {
   // Keys held at once. A check of a new key beyond it is refused (kKeyCapacity) until sweep()
   // forgets some: this bounds the memory and the lease calls a flood of new keys can cause.
   std::size_t max_keys = 1'000'000;
+  // With a regional pool: what a refiller leases from the coordinator for the pool (0: 4 x
+  // batch), the outage mode, and how often a coordinator outage is probed.
+  std::uint64_t regional_batch = 0;
+  FederationOutage outage = FederationOutage::kFailClosed;
+  Nanos coordinator_health_check = std::chrono::seconds(5);
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
 };
@@ -97,6 +123,12 @@ struct FederationStats {
   // config rolled out to some regions only).
   std::uint64_t spec_mismatches = 0;
   std::uint64_t keys = 0;  // keys held
+  // With a regional pool:
+  std::uint64_t pool_taken = 0;     // units taken from it
+  std::uint64_t pool_refilled = 0;  // units this process put in it (refills and releases)
+  std::uint64_t pool_failures = 0;  // calls to it that failed or timed out
+  std::uint64_t outages = 0;        // regional-only outages entered
+  bool in_outage = false;           // in one now
 };
 
 // Runs one coordinator call off the caller's thread (a thread pool in a server; inline or a
@@ -107,9 +139,13 @@ class FederatedLimiter {
  public:
   using Callback = std::function<void(FederatedDecision)>;
 
-  // `coordinator` and `clock` must outlive the limiter. Precondition: options.validate() empty.
+  // `coordinator`, `pool` (null: none) and `clock` must outlive the limiter. Precondition:
+  // options.validate() empty, and a pool when options.outage is kRegionalOnly.
+  FederatedLimiter(RateCoordinator& coordinator, RegionalEscrow* pool, const Clock& clock,
+                   FederationOptions options, IoExecutor io);
   FederatedLimiter(RateCoordinator& coordinator, const Clock& clock, FederationOptions options,
-                   IoExecutor io);
+                   IoExecutor io)
+      : FederatedLimiter(coordinator, nullptr, clock, std::move(options), std::move(io)) {}
   // Waits for the coordinator calls it started (each is bounded by lease_timeout).
   ~FederatedLimiter();
   FederatedLimiter(const FederatedLimiter&) = delete;
@@ -142,6 +178,7 @@ class FederatedLimiter {
   struct Key;
   struct Shard;
   struct Waiter;
+  struct Outcome;
   using Tasks = std::vector<std::function<void()>>;
 
   Shard& shard_of(std::string_view key) noexcept;
@@ -151,11 +188,17 @@ class FederatedLimiter {
                                           Callback* park);
   // Starts a lease of `want` units for `key` on the IoExecutor (call without a shard lock).
   void lease_async(std::string key, std::uint64_t want);
-  void on_lease(const std::string& key, Nanos sent_at, StatusOr<LeaseReply> reply);
+  // One lease: from the coordinator, or through the pool.
+  Outcome lease_direct(const std::string& key, std::uint64_t want);
+  Outcome lease_through_pool(const std::string& key, std::uint64_t want);
+  void on_lease(const std::string& key, Outcome outcome);
+  // Regional-only outage: probes the coordinator when a probe is due (at most one in flight).
+  void maybe_probe(Nanos now);
   // Gives up `k`'s unspent escrow, if any (when `expired_only`, only once it has expired), and
   // adds its reconcile to `io`.
   void forfeit(const std::string& key, Key& k, Nanos now, bool expired_only, Tasks& io);
   void send_reconcile(const std::string& key, Nanos window_start, std::uint64_t total);
+  void send_release(const std::string& key, Nanos window_start, std::uint64_t units);
   [[nodiscard]] std::string global_key(const std::string& key) const;
   // The size of a key's first lease in a window: a batch, or less for a key that spent less
   // than a batch in the window before.
@@ -167,9 +210,11 @@ class FederatedLimiter {
                                 FederatedReason reason, Nanos now) const;
 
   RateCoordinator& coordinator_;
+  RegionalEscrow* const pool_;
   const Clock& clock_;
   const FederationOptions options_;
   const std::uint64_t refill_below_;
+  const std::uint64_t regional_batch_;
   IoExecutor io_;
   std::unique_ptr<Shard[]> shards_;
   std::mutex io_mu_;
@@ -178,6 +223,10 @@ class FederatedLimiter {
   std::atomic<std::uint64_t> leases_{0}, lease_failures_{0}, granted_{0}, spent_{0};
   std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0}, spec_mismatches_{0};
   std::atomic<std::size_t> keys_{0};
+  std::atomic<std::uint64_t> pool_taken_{0}, pool_refilled_{0}, pool_failures_{0}, outages_{0};
+  std::atomic<std::int64_t> pool_down_until_{INT64_MIN};  // ns: lease direct until then
+  std::atomic<bool> in_outage_{false};                    // regional-only outage
+  std::atomic<std::int64_t> next_probe_{INT64_MIN};       // ns: the outage's next health probe
 };
 
 }  // namespace sluice

@@ -245,9 +245,12 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
                          rate_kinds + ")");
         }
       }
-      for (const std::string& c : p.coordinators) {
+      for (std::size_t i = 0; i < p.coordinators.size(); ++i) {
+        const std::string& c = p.coordinators[i];
         if (cfg.coordinators.contains(c)) continue;
-        const std::string path = "policies." + name + ".coordinator";
+        const std::string path = "policies." + name + "." +
+                                 (i < p.coordinator_fields.size() ? p.coordinator_fields[i]
+                                                                  : std::string("coordinator"));
         const auto at = r.marks.find(path);
         r.error_at(at != r.marks.end() ? at->second : YAML::Mark::null_mark(), path,
                    "no coordinator named '" + c + "'");

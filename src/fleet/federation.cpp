@@ -27,8 +27,14 @@ std::string_view to_string(FederatedReason r) noexcept {
       return "never_fits";
     case FederatedReason::kKeyCapacity:
       return "key_capacity";
+    case FederatedReason::kRegionalBalanceSpent:
+      return "regional_balance_spent";
   }
   return "unknown";
+}
+
+std::string_view to_string(FederationOutage o) noexcept {
+  return o == FederationOutage::kRegionalOnly ? "regional-only" : "fail-closed";
 }
 
 std::string FederationOptions::validate() const {
@@ -43,6 +49,7 @@ std::string FederationOptions::validate() const {
   if (drift_ppm >= 1'000'000) return "drift_ppm: must be below 1000000";
   if (min_window_left < Nanos{0}) return "min_window_left: must not be negative";
   if (max_keys == 0) return "max_keys: must be at least 1";
+  if (coordinator_health_check <= Nanos{0}) return "coordinator_health_check: must be positive";
   return {};
 }
 
@@ -56,6 +63,18 @@ constexpr std::uint64_t kMaxBatches = 8;
 struct FederatedLimiter::Waiter {
   std::uint64_t hits;
   Callback done;
+};
+
+struct FederatedLimiter::Outcome {
+  bool outage = false;  // leased in a regional-only outage
+  // Units taken from the pool, of `pool_window`, usable until `pool_expires` on this clock.
+  std::uint64_t pool_units = 0;
+  Nanos pool_window{kNever};
+  Nanos pool_expires{kNever};
+  bool pool_spent = false;                    // in an outage: the pool had nothing
+  bool pool_unreachable = false;              // in an outage: nor could the pool be reached
+  Nanos sent_at{0};                           // when the coordinator's lease was sent
+  std::optional<StatusOr<LeaseReply>> reply;  // the coordinator's, when it was asked
 };
 
 struct FederatedLimiter::Key {
@@ -74,13 +93,15 @@ struct FederatedLimiter::Shard {
   StringMap<Key> keys;
 };
 
-FederatedLimiter::FederatedLimiter(RateCoordinator& coordinator, const Clock& clock,
-                                   FederationOptions options, IoExecutor io)
+FederatedLimiter::FederatedLimiter(RateCoordinator& coordinator, RegionalEscrow* pool,
+                                   const Clock& clock, FederationOptions options, IoExecutor io)
     : coordinator_(coordinator),
+      pool_(pool),
       clock_(clock),
       options_(std::move(options)),
       refill_below_(options_.refill_below != 0 ? options_.refill_below
                                                : std::max<std::uint64_t>(1, options_.batch / 4)),
+      regional_batch_(options_.regional_batch != 0 ? options_.regional_batch : 4 * options_.batch),
       io_(std::move(io)),
       shards_(std::make_unique<Shard[]>(kShards)) {}
 
@@ -169,13 +190,114 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
 void FederatedLimiter::lease_async(std::string key, std::uint64_t want) {
   leases_.fetch_add(1, std::memory_order_relaxed);
   post([this, key = std::move(key), want] {
-    LeaseRequest req;
-    req.region = options_.region;
-    req.spec = options_.budget;
-    req.want = want;
-    req.min_window_left = options_.min_window_left;
-    const Nanos sent_at = clock_.now();  // the reply cannot be decided before this
-    on_lease(key, sent_at, coordinator_.lease(global_key(key), req, options_.lease_timeout));
+    on_lease(key, pool_ != nullptr ? lease_through_pool(key, want) : lease_direct(key, want));
+  });
+}
+
+FederatedLimiter::Outcome FederatedLimiter::lease_direct(const std::string& key,
+                                                         std::uint64_t want) {
+  Outcome o;
+  LeaseRequest req;
+  req.region = options_.region;
+  req.spec = options_.budget;
+  req.want = want;
+  req.min_window_left = options_.min_window_left;
+  o.sent_at = clock_.now();  // the reply cannot be decided before this
+  o.reply = coordinator_.lease(global_key(key), req, options_.lease_timeout);
+  return o;
+}
+
+FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string& key,
+                                                               std::uint64_t want) {
+  Outcome o;
+  const std::string gk = global_key(key);
+  o.outage = options_.outage == FederationOutage::kRegionalOnly &&
+             in_outage_.load(std::memory_order_relaxed);
+  const auto pool_failed = [&](Nanos at) {
+    pool_failures_.fetch_add(1, std::memory_order_relaxed);
+    pool_down_until_.store((at + options_.retry_backoff).count(), std::memory_order_relaxed);
+  };
+  std::uint64_t ask = want;
+  bool refiller = false;
+  Nanos pool_now{0}, seen{0};
+  if (clock_.now().count() >= pool_down_until_.load(std::memory_order_relaxed)) {
+    const Nanos sent = clock_.now();
+    StatusOr<PoolReply> t =
+        pool_->take(gk, want, 2 * options_.lease_timeout, o.outage, options_.lease_timeout);
+    seen = clock_.now();
+    if (t.ok()) {
+      const PoolReply& p = t.value();
+      if (p.granted > 0) {
+        o.pool_units = p.granted;
+        o.pool_window = p.window_start;
+        o.pool_expires = taken_expiry(p, sent, options_.drift_ppm);
+        // Past its window (the outage mode): usable until the next probe is due at least.
+        if (o.outage)
+          o.pool_expires = std::max(o.pool_expires, seen + options_.coordinator_health_check);
+      }
+      if (o.outage) {
+        o.pool_spent = p.granted == 0;
+        return o;  // the coordinator is down: what the pool had is all there is
+      }
+      if (p.granted >= want) return o;
+      ask = want - p.granted;
+      if (p.refill) {
+        refiller = true;
+        pool_now = p.now;
+        ask = std::max(ask, regional_batch_);
+      }
+    } else {
+      pool_failed(seen);
+      if (o.outage) {
+        o.pool_unreachable = true;
+        return o;
+      }
+    }
+  } else if (o.outage) {
+    o.pool_unreachable = true;
+    return o;
+  }
+  // Straight to the coordinator: for the pool too when this process is its refiller.
+  Outcome direct = lease_direct(key, ask);
+  o.sent_at = direct.sent_at;
+  o.reply = std::move(direct.reply);
+  if (!refiller) return o;
+  std::uint64_t extra = 0;
+  if (o.reply->ok()) {
+    const LeaseReply& r = o.reply->value();
+    extra = r.granted - std::min(r.granted, want - o.pool_units);
+  }
+  if (extra == 0) {
+    // End the refill in flight, so that another process may become the refiller at once.
+    StatusOr<PoolReply> f = pool_->refill(gk, Nanos{kNever}, 0, Nanos{0}, options_.lease_timeout);
+    if (!f.ok()) pool_failed(clock_.now());
+    return o;
+  }
+  LeaseReply& r = o.reply->value();
+  const Nanos expires_at = pool_expiry(
+      pool_now, seen, escrow_expiry(r, o.sent_at, options_.drift_ppm), options_.drift_ppm);
+  StatusOr<PoolReply> f =
+      pool_->refill(gk, r.window_start, extra, expires_at, options_.lease_timeout);
+  if (f.ok() && f.value().granted == extra) {
+    r.granted -= extra;  // this process keeps the rest
+    pool_refilled_.fetch_add(extra, std::memory_order_relaxed);
+  } else if (!f.ok()) {
+    pool_failed(clock_.now());  // kept here: the units are this process's escrow
+  }
+  return o;
+}
+
+void FederatedLimiter::maybe_probe(Nanos now) {
+  if (!in_outage_.load(std::memory_order_relaxed)) return;
+  std::int64_t due = next_probe_.load(std::memory_order_relaxed);
+  if (now.count() < due) return;
+  // One probe per interval: the check that moves the next probe's time makes this one.
+  if (!next_probe_.compare_exchange_strong(due, (now + options_.coordinator_health_check).count(),
+                                           std::memory_order_relaxed))
+    return;
+  post([this] {
+    if (coordinator_.health(options_.lease_timeout).ok())
+      in_outage_.store(false, std::memory_order_relaxed);
   });
 }
 
@@ -185,8 +307,23 @@ void FederatedLimiter::forfeit(const std::string& key, Key& k, Nanos now, bool e
   const std::uint64_t units = k.escrow.units;
   const std::uint64_t total = relinquish(k.escrow);
   forfeited_.fetch_add(units, std::memory_order_relaxed);
-  io.push_back(
-      [this, key, w = Nanos{k.escrow.window_start}, total] { send_reconcile(key, w, total); });
+  const Nanos w{k.escrow.window_start};
+  if (pool_ != nullptr)
+    io.push_back([this, key, w, units] { send_release(key, w, units); });
+  else
+    io.push_back([this, key, w, total] { send_reconcile(key, w, total); });
+}
+
+void FederatedLimiter::send_release(const std::string& key, Nanos window_start,
+                                    std::uint64_t units) {
+  post([this, key, window_start, units] {
+    StatusOr<PoolReply> r =
+        pool_->release(global_key(key), window_start, units, options_.lease_timeout);
+    if (!r.ok())
+      pool_failures_.fetch_add(1, std::memory_order_relaxed);
+    else
+      pool_refilled_.fetch_add(r.value().granted, std::memory_order_relaxed);
+  });
 }
 
 void FederatedLimiter::send_reconcile(const std::string& key, Nanos window_start,
@@ -200,6 +337,7 @@ void FederatedLimiter::send_reconcile(const std::string& key, Nanos window_start
 
 std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, std::uint64_t hits,
                                                           Nanos now, Callback* park) {
+  maybe_probe(now);
   Shard& s = shard_of(key);
   std::optional<FederatedDecision> d;
   std::uint64_t lease_want = 0;
@@ -288,7 +426,7 @@ FederatedDecision FederatedLimiter::peek(std::string_view key, std::uint64_t hit
                      now);
 }
 
-void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<LeaseReply> reply) {
+void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
   Shard& s = shard_of(key);
   std::vector<std::pair<Callback, FederatedDecision>> decided;
   std::uint64_t again = 0;
@@ -300,8 +438,28 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
     Key& k = it->second;
     k.leasing = false;
     const Nanos now = clock_.now();
-    if (reply.ok()) {
-      const LeaseReply& r = reply.value();
+    if (o.pool_units > 0) {
+      granted_.fetch_add(o.pool_units, std::memory_order_relaxed);
+      pool_taken_.fetch_add(o.pool_units, std::memory_order_relaxed);
+      LeaseReply taken;
+      taken.granted = o.pool_units;
+      // Past its window in an outage: added to whatever window this escrow holds.
+      taken.window_start = std::max(o.pool_window, Nanos{k.escrow.window_start});
+      if (taken.window_start.count() > k.escrow.window_start)
+        forfeit(key, k, now, false, reconciles);
+      forfeited_.fetch_add(add_grant(k.escrow, taken, o.pool_expires), std::memory_order_relaxed);
+      if (!o.outage) k.window_end = std::max(k.window_end, o.pool_expires);
+    }
+    if (o.pool_spent) {
+      k.closed_until = now + options_.retry_backoff;
+      k.closed_reason = FederatedReason::kRegionalBalanceSpent;
+    }
+    if (o.pool_unreachable) k.unreachable_until = now + options_.retry_backoff;
+    const Nanos sent_at = o.sent_at;
+    if (!o.reply.has_value()) {
+      // Served by the pool alone.
+    } else if (o.reply->ok()) {
+      const LeaseReply& r = o.reply->value();
       k.unreachable_until = Nanos{kNever};
       k.global_left = r.remaining;
       k.window_end = sent_at + (r.window_end - r.coordinator_now);
@@ -339,7 +497,17 @@ void FederatedLimiter::on_lease(const std::string& key, Nanos sent_at, StatusOr<
       }
     } else {
       lease_failures_.fetch_add(1, std::memory_order_relaxed);
-      k.unreachable_until = now + options_.retry_backoff;
+      if (pool_ != nullptr && options_.outage == FederationOutage::kRegionalOnly) {
+        // Regional-only: the pool serves from now on (the checks still queued lease from it
+        // at once, below), and checks probe the coordinator until it answers.
+        if (!in_outage_.exchange(true, std::memory_order_relaxed)) {
+          outages_.fetch_add(1, std::memory_order_relaxed);
+          next_probe_.store((now + options_.coordinator_health_check).count(),
+                            std::memory_order_relaxed);
+        }
+      } else {
+        k.unreachable_until = now + options_.retry_backoff;
+      }
     }
     while (!k.waiters.empty()) {
       Waiter& w = k.waiters.front();
@@ -441,6 +609,11 @@ FederationStats FederatedLimiter::stats() const {
   st.reconcile_failures = reconcile_failures_.load(std::memory_order_relaxed);
   st.spec_mismatches = spec_mismatches_.load(std::memory_order_relaxed);
   st.keys = keys_.load(std::memory_order_relaxed);
+  st.pool_taken = pool_taken_.load(std::memory_order_relaxed);
+  st.pool_refilled = pool_refilled_.load(std::memory_order_relaxed);
+  st.pool_failures = pool_failures_.load(std::memory_order_relaxed);
+  st.outages = outages_.load(std::memory_order_relaxed);
+  st.in_outage = in_outage_.load(std::memory_order_relaxed);
   return st;
 }
 

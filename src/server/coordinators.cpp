@@ -2,6 +2,7 @@
 
 #include "sluice/memory_coordinator.h"
 #include "sluice/memory_rate_coordinator.h"
+#include "sluice/memory_regional_escrow.h"
 #include "sluice/postgres_coordinator.h"
 #include "sluice/postgres_rate_coordinator.h"
 #include "sluice/redis_coordinator.h"
@@ -102,6 +103,7 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
     case CoordinatorSpec::Kind::kMemory:
       named->offer<RateCoordinator>(std::make_shared<TimedRateCoordinator>(
           std::make_unique<MemoryRateCoordinator>(clock), clock, named->stats));
+      named->offer<RegionalEscrow>(std::make_shared<MemoryRegionalEscrow>(clock));
       break;
     case CoordinatorSpec::Kind::kRedis:
       offer_rate<RedisRateCoordinator>(*named, spec.redis, clock);

@@ -164,6 +164,54 @@ TEST_F(FederatedPolicyTest, AnUnchangedReloadKeepsTheEscrow) {
   EXPECT_EQ(state("eu")["leases"].get<int>(), leases) << "the escrow was not kept";
 }
 
+// Two processes of one region, as two policies of one engine sharing the memory coordinator's
+// regional pool: the first leases a regional batch, the second takes from the pool.
+TEST(FederatedPolicy, ProcessesOfARegionShareTheRegionalPool) {
+  const char* two_processes = R"(
+policies:
+  p1:
+    kind: federated
+    budget: api
+    region: eu
+    limit: 1000
+    window: 10s
+    batch: 8
+    regional_escrow: memory
+    regional_batch: 32
+  p2:
+    kind: federated
+    budget: api
+    region: eu
+    limit: 1000
+    window: 10s
+    batch: 8
+    regional_escrow: memory
+    regional_batch: 32
+    outage: regional-only
+)";
+  ManualClock clock(seconds(1000));
+  auto e = Engine::create(config_of(two_processes), clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& engine = *e.value();
+  const auto state = [&](std::string_view policy) {
+    for (const PolicyInfo& p : engine.policies())
+      if (p.name == policy) return nlohmann::json::parse(p.state_json);
+    ADD_FAILURE() << "no policy " << policy;
+    return nlohmann::json{};
+  };
+  for (const char* p : {"p1", "p2"}) {
+    auto r = engine.check(CheckCall{p, "k", 1});
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_TRUE(r.value().allowed);
+  }
+  EXPECT_EQ(state("p1")["pool_refilled"].get<int>(), 24);
+  EXPECT_EQ(state("p2")["pool_taken"].get<int>(), 8);
+  EXPECT_EQ(state("p2")["regional_escrow"], "memory");
+  EXPECT_EQ(state("p2")["outage"], "regional-only");
+  EXPECT_EQ(state("p1")["outage"], "fail-closed");
+  EXPECT_EQ(state("p1")["granted"].get<int>() + state("p2")["granted"].get<int>(), 16);
+}
+
 ConfigLoad load(const std::string& policy_body) {
   return load_config("policies:\n  f:\n    kind: federated\n" + policy_body,
                      PolicyRegistry::builtin());
@@ -191,6 +239,40 @@ TEST(FederatedConfig, ErrorsNameTheirField) {
     const ConfigError* e = error_at(l, "policies.f.outage");
     ASSERT_NE(e, nullptr);
     EXPECT_NE(e->message.find("regional_escrow"), std::string::npos) << e->message;
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    regional_batch: 64\n");
+    const ConfigError* e = error_at(l, "policies.f.regional_batch");
+    ASSERT_NE(e, nullptr);
+    EXPECT_NE(e->message.find("needs regional_escrow"), std::string::npos) << e->message;
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    regional_escrow: nowhere\n");
+    const ConfigError* e = error_at(l, "policies.f.regional_escrow");
+    ASSERT_NE(e, nullptr);
+    EXPECT_NE(e->message.find("no coordinator named 'nowhere'"), std::string::npos) << e->message;
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    regional_escrow: ''\n");
+    ASSERT_NE(error_at(l, "policies.f.regional_escrow"), nullptr);
+  }
+  {
+    const ConfigLoad l = load("    limit: 10\n    region: eu\n    outage: open\n");
+    const ConfigError* e = error_at(l, "policies.f.outage");
+    ASSERT_NE(e, nullptr);
+    EXPECT_NE(e->message.find("one of fail-closed, regional-only"), std::string::npos);
+  }
+  {
+    const ConfigLoad l = load(
+        "    limit: 10\n    region: eu\n    regional_escrow: memory\n"
+        "    coordinator_health_check: 0s\n");
+    ASSERT_NE(error_at(l, "policies.f.coordinator_health_check"), nullptr);
+  }
+  {
+    const ConfigLoad l = load(
+        "    limit: 10\n    region: eu\n    regional_escrow: memory\n"
+        "    outage: regional-only\n    regional_batch: 64\n    coordinator_health_check: 2s\n");
+    EXPECT_TRUE(l.config.has_value());
   }
   {
     const ConfigLoad l = load("    limit: 10\n    region: ''\n");

@@ -16,83 +16,18 @@
 #include <vector>
 
 #include "sluice/memory_rate_coordinator.h"
+#include "support/federation_fixtures.h"
 
 namespace sluice {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-// Coordinator calls queued until the test delivers them (a network the test drives).
-struct QueuedIo {
-  std::deque<std::function<void()>> calls;
-  IoExecutor executor() {
-    return [this](std::function<void()> f) { calls.push_back(std::move(f)); };
-  }
-  std::size_t run_all() {
-    std::size_t n = 0;
-    while (!calls.empty()) {
-      auto f = std::move(calls.front());
-      calls.pop_front();
-      f();
-      ++n;
-    }
-    return n;
-  }
-};
-
-IoExecutor inline_io() {
-  return [](std::function<void()> f) { f(); };
-}
-
-// A coordinator that fails every call while `down` (an outage), else forwards.
-class Switchable final : public RateCoordinator {
- public:
-  explicit Switchable(RateCoordinator& inner) : inner_(inner) {}
-  bool down = false;
-  int calls = 0;
-  StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& r,
-                             Nanos timeout) noexcept override {
-    ++calls;
-    if (down) return Status(StatusCode::kUnavailable, "coordinator down");
-    return inner_.lease(key, r, timeout);
-  }
-  StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region, Nanos w,
-                                    std::uint64_t total, Nanos timeout) noexcept override {
-    ++calls;
-    if (down) return Status(StatusCode::kUnavailable, "coordinator down");
-    return inner_.reconcile(key, region, w, total, timeout);
-  }
-  Status health(Nanos timeout) noexcept override {
-    if (down) return Status(StatusCode::kUnavailable, "coordinator down");
-    return inner_.health(timeout);
-  }
-  std::string_view backend() const noexcept override { return "switchable"; }
-
- private:
-  RateCoordinator& inner_;
-};
-
-FederationOptions opts(std::string region, std::uint64_t limit = 100) {
-  FederationOptions o;
-  o.region = std::move(region);
-  o.budget = {limit, seconds(10)};
-  o.batch = 16;
-  o.drift_ppm = 0;
-  return o;
-}
-
-FederatedDecision check_now(FederatedLimiter& f, std::string_view key, Nanos now,
-                            std::uint64_t hits = 1) {
-  FederatedDecision out;
-  bool answered = false;
-  f.check(key, hits, now, [&](FederatedDecision d) {
-    out = d;
-    answered = true;
-  });
-  EXPECT_TRUE(answered) << "check was not answered";
-  return out;
-}
+using testing_support::check_now;
+using testing_support::inline_io;
+using testing_support::opts;
+using testing_support::QueuedIo;
+using testing_support::Switchable;
 
 TEST(FederationOptions, ValidateNamesTheField) {
   FederationOptions o = opts("eu");

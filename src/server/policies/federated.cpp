@@ -11,6 +11,7 @@
 #include "server/calls.h"
 #include "server/policies/rate.h"
 #include "sluice/rate_coordinator.h"
+#include "sluice/regional_escrow.h"
 
 namespace sluice::server {
 namespace {
@@ -37,12 +38,14 @@ struct Handoff {
 class FederatedPolicy final : public Policy, public RateFamily {
  public:
   FederatedPolicy(const BuildContext& c, const FederationOptions& options, std::size_t io_threads,
-                  std::shared_ptr<RateCoordinator> coordinator)
+                  std::shared_ptr<RateCoordinator> coordinator,
+                  std::shared_ptr<RegionalEscrow> regional)
       : Policy(c.name, "federated", c.spec.rate),
         coordinator_(std::move(coordinator)),
+        regional_(std::move(regional)),
         clock_(c.clock),
         pool_(io_threads),
-        limiter_(*coordinator_, c.clock, options, pool_.executor()) {
+        limiter_(*coordinator_, regional_.get(), c.clock, options, pool_.executor()) {
     start_loop(c.clock, [this](Nanos now) {
       limiter_.sweep(now);
       return now + sweep_interval(limiter_.options());
@@ -119,6 +122,16 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["region"] = o.region;
     j["batch"] = o.batch;
     j["coordinator"] = std::string(coordinator_->backend());
+    j["outage"] = std::string(to_string(o.outage));
+    if (regional_ != nullptr) {
+      j["regional_escrow"] = std::string(regional_->backend());
+      j["regional_batch"] = o.regional_batch != 0 ? o.regional_batch : 4 * o.batch;
+      j["pool_taken"] = st.pool_taken;
+      j["pool_refilled"] = st.pool_refilled;
+      j["pool_failures"] = st.pool_failures;
+      j["outages"] = st.outages;
+      j["in_outage"] = st.in_outage;
+    }
     j["keys"] = st.keys;
     j["max_keys"] = o.max_keys;
     j["leases"] = st.leases;
@@ -152,6 +165,22 @@ class FederatedPolicy final : public Policy, public RateFamily {
             MetricType::Counter, static_cast<double>(st.spec_mismatches)));
     out.push_back(one("sluice_federated_keys", "Keys the federated policy holds escrow state for",
                       MetricType::Gauge, static_cast<double>(st.keys)));
+    if (regional_ == nullptr) return;
+    out.push_back(one("sluice_federated_pool_taken_units_total",
+                      "Escrow units taken from the regional pool", MetricType::Counter,
+                      static_cast<double>(st.pool_taken)));
+    out.push_back(one("sluice_federated_pool_refilled_units_total",
+                      "Escrow units this process put in the regional pool (refills and releases)",
+                      MetricType::Counter, static_cast<double>(st.pool_refilled)));
+    out.push_back(one("sluice_federated_pool_failures_total",
+                      "Regional pool calls that failed or timed out", MetricType::Counter,
+                      static_cast<double>(st.pool_failures)));
+    out.push_back(one("sluice_federated_outages_total",
+                      "Regional-only outages entered (the coordinator unreachable)",
+                      MetricType::Counter, static_cast<double>(st.outages)));
+    out.push_back(one("sluice_federated_in_outage",
+                      "1 while serving the regional pool's balance in a coordinator outage",
+                      MetricType::Gauge, st.in_outage ? 1.0 : 0.0));
   }
 
  private:
@@ -163,6 +192,7 @@ class FederatedPolicy final : public Policy, public RateFamily {
   // Declared before their users: the limiter's destructor waits for the coordinator calls it
   // posted to the pool, whose callbacks count into allowed_ and denied_.
   std::shared_ptr<RateCoordinator> coordinator_;
+  std::shared_ptr<RegionalEscrow> regional_;  // null: none
   const Clock& clock_;
   std::atomic<std::uint64_t> allowed_{0}, denied_{0};
   IoPool pool_;
@@ -172,8 +202,9 @@ class FederatedPolicy final : public Policy, public RateFamily {
 std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
                                         PolicySpec& spec) {
   s.keys({"kind", "strategy", "limit", "window", "region", "budget", "batch", "coordinator",
-          "outage", "regional_escrow", "lease_timeout", "retry_backoff", "drift_ppm",
-          "min_window_left", "io_threads", "max_keys"});
+          "outage", "regional_escrow", "regional_batch", "coordinator_health_check",
+          "lease_timeout", "retry_backoff", "drift_ppm", "min_window_left", "io_threads",
+          "max_keys"});
   auto body = std::make_shared<FederatedSpec>();
   FederationOptions& o = body->options;
   o.budget.period = std::chrono::seconds(1);
@@ -198,17 +229,33 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto v = s.uint("batch", 1, 1'000'000)) o.batch = *v;
   if (auto v = s.str("coordinator")) body->coordinator = *v;
   spec.coordinators = {body->coordinator};
-  const bool has_regional = s.str("regional_escrow").has_value();
-  if (has_regional)
-    s.error("regional_escrow", "a regional escrow is not built in this version of sluice yet");
+  if (auto v = s.str("regional_escrow")) {
+    if (v->empty())
+      s.error("regional_escrow", "must name a coordinator (memory or redis) to hold the pool");
+    body->regional_escrow = *v;
+    if (*v != body->coordinator) {
+      spec.coordinators.push_back(*v);
+      spec.coordinator_fields = {"coordinator", "regional_escrow"};
+    }
+  }
+  if (auto v = s.uint("regional_batch", 1, 100'000'000)) {
+    if (body->regional_escrow.empty())
+      s.error("regional_batch",
+              "is what a process leases for the regional pool: it needs "
+              "regional_escrow");
+    o.regional_batch = *v;
+  }
   if (auto v = s.str("outage"); v && *v != "fail-closed") {
-    if (*v == "regional-only")
+    if (*v != "regional-only")
+      s.error("outage", "'" + *v + "' is not an outage mode; one of fail-closed, regional-only");
+    else if (body->regional_escrow.empty())
       s.error("outage",
-              "regional-only serves from a regional escrow during a coordinator outage: it "
+              "regional-only serves the regional pool's balance during a coordinator outage: it "
               "needs regional_escrow");
     else
-      s.error("outage", "'" + *v + "' is not an outage mode; one of fail-closed, regional-only");
+      o.outage = FederationOutage::kRegionalOnly;
   }
+  if (auto d = s.duration("coordinator_health_check")) o.coordinator_health_check = *d;
   if (auto d = s.duration("lease_timeout")) o.lease_timeout = *d;
   if (auto d = s.duration("retry_backoff")) o.retry_backoff = *d;
   if (auto v = s.uint("drift_ppm", 0, 999'999)) o.drift_ppm = static_cast<std::uint32_t>(*v);
@@ -237,8 +284,14 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   if (options.region.empty()) options.region = c.node_id;
   if (std::string why = options.validate(); !why.empty())
     return Status(StatusCode::kInvalidArgument, why);
-  return std::shared_ptr<Policy>(std::make_shared<FederatedPolicy>(c, options, spec.io_threads,
-                                                                   std::move(coordinator.value())));
+  std::shared_ptr<RegionalEscrow> regional;
+  if (!spec.regional_escrow.empty()) {
+    auto r = c.coordinator<RegionalEscrow>(spec.regional_escrow, "a regional escrow (pool)");
+    if (!r.ok()) return r.status();
+    regional = std::move(r.value());
+  }
+  return std::shared_ptr<Policy>(std::make_shared<FederatedPolicy>(
+      c, options, spec.io_threads, std::move(coordinator.value()), std::move(regional)));
 }
 
 }  // namespace

@@ -13,8 +13,17 @@
 //                               #   that split it; default the policy's name
 //   batch: 16                   # units per lease; default 16
 //   coordinator: global         # a coordinator of the config; default memory
-//   outage: fail-closed         # the only mode until a regional escrow exists (regional-only
-//                               #   needs regional_escrow, which is not built yet)
+//   regional_escrow: l2        # a coordinator (memory or redis) holding this region's pool,
+//                               #   shared by the region's processes (sluice/federation.h);
+//                               #   default none: each process leases for itself
+//   regional_batch: 64          # what a process the pool leaves short leases for it; default
+//                               #   4 x batch; needs regional_escrow
+//   outage: fail-closed         # fail-closed (default) or regional-only (needs regional_escrow:
+//                               #   the pool's balance serves through a coordinator outage,
+//                               #   past its window: a window may then exceed the limit by what
+//                               #   the pools held when the outage began)
+//   coordinator_health_check: 5s  # in a regional-only outage, how often checks probe the
+//                               #   coordinator
 //   lease_timeout: 250ms        # each coordinator call's bound (a check waits at most this)
 //   retry_backoff: 1s           # after a failed call, refuse without calling for this long
 //   drift_ppm: 1000             # how much faster the coordinator's clock may run than ours
@@ -44,6 +53,7 @@ namespace sluice::server {
 struct FederatedSpec final : PolicyBody {
   FederationOptions options;
   std::string coordinator = "memory";
+  std::string regional_escrow;  // a coordinator's name; empty: none
   std::size_t io_threads = 4;
 };
 
