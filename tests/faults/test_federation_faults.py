@@ -84,9 +84,9 @@ class FederationResults:
     def add(self, row: dict) -> None:
         self.rows.append(row)
         self.path.with_suffix(".json").write_text(json.dumps(self.rows, indent=1) + "\n")
-        lines = ["| scenario | coordinator | skew | admitted per window by answer time [definite-upper] | "
-                 "max placed / limit | U_capacity | refusals by reason | slowest answer (ms) | "
-                 "fault |",
+        lines = ["| scenario | coordinator | skew | admitted per window by answer time "
+                 "[definite-upper] | max placed / limit | U_capacity | refusals by reason | "
+                 "slowest answer (ms) | fault |",
                  "|---|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["reasons"].items()))
@@ -185,7 +185,8 @@ def report(fed_results: FederationResults, run: Run, counts: Dict[int, harness.W
         for k, v in c.refusals.items():
             reasons[k] = reasons.get(k, 0) + v
     skew = run.skew if load is run.load else f"{run.skew}, key {load.key}"
-    row = {"scenario": run.scenario, "coordinator": run.coordinator, "skew": f"{skew}, {load.rate * WINDOW:.0f}/window",
+    row = {"scenario": run.scenario, "coordinator": run.coordinator,
+           "skew": f"{skew}, {load.rate * WINDOW:.0f}/window",
            "limit": LIMIT, "window_s": WINDOW,
            "batch": BATCH, "offered_x": OFFERED, "first_window": run.first,
            "upper": [c.upper for c in shown], "definite": [c.definite for c in shown],
@@ -260,9 +261,9 @@ def fault_run(tmp_path, coord, scenario: str, at: float,
 
 
 def test_coordinator_sigstop_mid_window(tmp_path, coord, fed_results):
-    """The coordinator stopped 0.4 windows into a window, for 1.6 windows: the regions serve the escrow
-    they hold, then refuse (coordinator_unreachable); a window wholly inside the outage admits
-    nothing; after SIGCONT admissions resume, at full capacity from the next window."""
+    """The coordinator stopped 0.4 windows into a window, for 1.6 windows: the regions serve the
+    escrow they hold, then refuse (coordinator_unreachable); a window wholly inside the outage
+    admits nothing; after SIGCONT admissions resume, at full capacity from the next window."""
 
     def inject(c, run):
         t0 = time.time()
@@ -406,9 +407,9 @@ def test_coordinator_sigkill_and_restart_mid_window(tmp_path, coord, fed_results
 
 
 def test_short_coordinator_pauses_across_window_boundaries(tmp_path, coord, fed_results):
-    """The coordinator stopped for 200 ms (less than the lease timeout) across each of three window
-    boundaries, under two keys: `k` at OFFERED x the limit, `warm` at 0.9 x it (its escrow is
-    live at the boundary, its budget not spent). The leases asked just before a boundary are
+    """The coordinator stopped for 200 ms (less than the lease timeout) across each of three
+    window boundaries, under two keys: `k` at OFFERED x the limit, `warm` at 0.9 x it (its escrow
+    is live at the boundary, its budget not spent). The leases asked just before a boundary are
     answered just after it, in the new window: no window over the limit, on either key."""
     with Run(tmp_path, coord, "pauses", "uniform") as run:
         warm = CheckLoad(run.nodes, 0.9 * LIMIT / WINDOW, SKEWS["uniform"], key="warm")
