@@ -1,22 +1,30 @@
 """Federation as real processes: three `sluice serve` (one per region) split one global rate
-budget through one real Redis, driven over gRPC, with the bound checked in every coordinator
-window, steady and through coordinator faults.
+budget through one real coordinator, driven over gRPC, with the bound checked in every
+coordinator window, steady and through coordinator faults. Every scenario runs once per
+coordinator backend:
 
-Setup: a Redis of this module's own (no persistence, so a restart comes back empty); three
-servers, each with a `federated` policy on the same budget and its own region, limit LIMIT per
-WINDOW, batch BATCH, lease_timeout 250 ms, retry_backoff 1 s, fail-closed; a load generator of
-two threads per region calling Check over gRPC on one hot key, paced at OFFERED x the limit's
-rate in total, split among the regions by a skew (uniform, or all of it on one region).
+- `redis`: a Redis of this module's own, no persistence, so a restart comes back empty;
+- `postgres`: a PostgreSQL of this module's own (initdb into a temporary directory), commits
+  waiting for their WAL to be written (synchronous_commit on), so a SIGKILL + restart keeps
+  every grant it acknowledged.
 
-Windows are on Redis's clock (TIME), aligned on multiples of WINDOW since the Unix epoch; the
-test runs on the same machine, so each call is attributed by the wall clock. A decision falls
-between a call's send and its answer: widened by GUARD on both sides, an admission whose interval
-lies in one window counts there ("definite"); one that straddles a boundary counts in every
-window it touches ("upper", which can only over-count). The bound checked: upper <= LIMIT in
-every window. U_capacity = admitted / min(offered, LIMIT) over the full windows of steady load.
+Setup: three servers, each with a `federated` policy on the same budget and its own region,
+limit LIMIT per WINDOW, batch BATCH, lease_timeout 250 ms, retry_backoff 1 s, fail-closed; a
+load generator of two threads per region calling Check over gRPC on one hot key, paced at
+OFFERED x the limit's rate in total, split among the regions by a skew (uniform, or all of it on
+one region).
+
+Windows are on the coordinator's clock (Redis TIME, PostgreSQL clock_timestamp()), aligned on
+multiples of WINDOW since the Unix epoch; the test runs on the same machine, so each call is
+attributed by the wall clock. A decision falls between a call's send and its answer: widened by
+GUARD on both sides, an admission whose interval lies in one window counts there ("definite");
+one that straddles a boundary counts in every window it touches ("upper", which can only over-
+count). The bound checked: upper <= LIMIT in every window. U_capacity = admitted / min(offered,
+LIMIT) over the full windows of steady load.
 
 A fresh coordinator counts the window it finds its storage empty in as spent for every key
-(reason coordinator_restarted), so the first window of load is never measured.
+(reason coordinator_restarted), so the first window of load is never measured. A PostgreSQL
+that restarts with its tables intact has not lost its state and says nothing of the kind.
 
 Figures go to $SLUICE_FEDERATION_RESULTS (default federation-results.md in the working
 directory) plus a .json beside it.
@@ -30,7 +38,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -50,16 +58,22 @@ STEADY_WINDOWS = 3
 # before the window ends (its load stopped, or the budget ran out at the coordinator first).
 U_FLOOR = 1 - (len(REGIONS) - 1) * BATCH / LIMIT
 SKEWS = {"uniform": [1.0, 1.0, 1.0], "one-region": [1.0, 0.0, 0.0]}
+BACKENDS = ["redis", "postgres"]
+WINDOW_NS = int(WINDOW * 1e9)
 
 
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    coord = harness.RedisCoordinator(tmp_path_factory.mktemp("federation"))
+@pytest.fixture(scope="module", params=BACKENDS)
+def coord(request, tmp_path_factory) -> harness.Coordinator:
+    """The coordinator every region of a scenario shares, one per backend (the scenarios run
+    on one, then on the other)."""
+    d = tmp_path_factory.mktemp(f"federation-{request.param}")
+    c = (harness.RedisCoordinator(d) if request.param == "redis"
+         else harness.PostgresCoordinator(d, synchronous_commit="on"))
     try:
-        coord.start()
-        yield coord
+        c.start()
+        yield c
     finally:
-        coord.stop()
+        c.stop()
 
 
 class FederationResults:
@@ -70,15 +84,15 @@ class FederationResults:
     def add(self, row: dict) -> None:
         self.rows.append(row)
         self.path.with_suffix(".json").write_text(json.dumps(self.rows, indent=1) + "\n")
-        lines = ["| scenario | skew | admitted per window by answer time [definite-upper] | "
-                 "max placed / limit | U_capacity | refusals by reason | slowest answer (ms) | "
-                 "fault |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = ["| scenario | coordinator | skew | admitted per window by answer time "
+                 "[definite-upper] | max placed / limit | U_capacity | refusals by reason | "
+                 "slowest answer (ms) | fault |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["reasons"].items()))
             wins = " ".join(f"{a}" + (f" [{d}-{u}]" if d != u else "")
                             for a, d, u in zip(r["admitted"], r["definite"], r["upper"]))
-            lines.append(f"| {r['scenario']} | {r['skew']} | {wins} | "
+            lines.append(f"| {r['scenario']} | {r['coordinator']} | {r['skew']} | {wins} | "
                          f"{r['max_assigned']} / {r['limit']} | {r['u_capacity']:.3f} | "
                          f"{reasons} | {r['slowest_ms']:.0f} | {r.get('fault', '')} |")
         self.path.write_text("\n".join(lines) + "\n")
@@ -104,13 +118,13 @@ def boundary(i: int) -> float:
 class Run:
     """Three regions on a fresh budget under load, and what the load saw."""
 
-    def __init__(self, workdir: Path, redis: harness.Coordinator, scenario: str, skew: str):
-        self.scenario, self.skew = scenario, skew
+    def __init__(self, workdir: Path, coord: harness.Coordinator, scenario: str, skew: str):
+        self.scenario, self.skew, self.coordinator = scenario, skew, coord.kind
         self.fed = FederationConfig(limit=LIMIT, window_ms=int(WINDOW * 1000), batch=BATCH,
                                     budget=f"{scenario}-{uuid.uuid4().hex[:6]}")
         d = workdir / self.fed.budget
         d.mkdir()
-        self.nodes = [FederatedNode(d, r, sluice_bin(), redis, self.fed) for r in REGIONS]
+        self.nodes = [FederatedNode(d, r, sluice_bin(), coord, self.fed) for r in REGIONS]
         self.load: Optional[CheckLoad] = None
         self.first = 0  # the first window measured
 
@@ -171,7 +185,8 @@ def report(fed_results: FederationResults, run: Run, counts: Dict[int, harness.W
         for k, v in c.refusals.items():
             reasons[k] = reasons.get(k, 0) + v
     skew = run.skew if load is run.load else f"{run.skew}, key {load.key}"
-    row = {"scenario": run.scenario, "skew": f"{skew}, {load.rate * WINDOW:.0f}/window",
+    row = {"scenario": run.scenario, "coordinator": run.coordinator,
+           "skew": f"{skew}, {load.rate * WINDOW:.0f}/window",
            "limit": LIMIT, "window_s": WINDOW,
            "batch": BATCH, "offered_x": OFFERED, "first_window": run.first,
            "upper": [c.upper for c in shown], "definite": [c.definite for c in shown],
@@ -209,8 +224,8 @@ def test_window_accounting_places_straddlers_and_proves_overshoots():
 
 
 @pytest.mark.parametrize("skew", list(SKEWS))
-def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, redis, fed_results, skew):
-    with Run(tmp_path, redis, "steady", skew) as run:
+def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, coord, fed_results, skew):
+    with Run(tmp_path, coord, "steady", skew) as run:
         last = run.first + STEADY_WINDOWS - 1
         sleep_until(boundary(last + 1) + 0.1)
     records = run.load.snapshot()
@@ -227,15 +242,16 @@ def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, redis, fed
     assert u >= U_FLOOR, f"U_capacity {u:.3f} < {U_FLOOR:.3f}"
 
 
-def fault_run(tmp_path, redis, scenario: str, at: float,
-              inject: Callable[[harness.Coordinator], Dict[str, float]], windows_after: int):
+def fault_run(tmp_path, coord, scenario: str, at: float,
+              inject: Callable[[harness.Coordinator, "Run"], Dict[str, object]],
+              windows_after: int):
     """Steady load for one window, then in window f = first + 1 the fault at `at` x WINDOW into
-    it; `inject` does it and returns its times; then `windows_after` full windows after the
-    window it ends in."""
-    with Run(tmp_path, redis, scenario, "uniform") as run:
+    it; `inject` does it and returns its times ("start", "end") and anything it saw; then
+    `windows_after` full windows after the window it ends in."""
+    with Run(tmp_path, coord, scenario, "uniform") as run:
         f = run.first + 1
         sleep_until(boundary(f) + at * WINDOW)
-        times = inject(redis)
+        times = inject(coord, run)
         back = window_of(times["end"], WINDOW)
         sleep_until(boundary(back + 1 + windows_after) + 0.1)
     records = run.load.snapshot()
@@ -244,21 +260,21 @@ def fault_run(tmp_path, redis, scenario: str, at: float,
     return run, f, back, times, records, counts
 
 
-def test_coordinator_sigstop_mid_window(tmp_path, redis, fed_results):
-    """Redis stopped 0.4 windows into a window, for 1.6 windows: the regions serve the escrow
-    they hold, then refuse (coordinator_unreachable); a window wholly inside the outage admits
-    nothing; after SIGCONT admissions resume, at full capacity from the next window."""
+def test_coordinator_sigstop_mid_window(tmp_path, coord, fed_results):
+    """The coordinator stopped 0.4 windows into a window, for 1.6 windows: the regions serve the
+    escrow they hold, then refuse (coordinator_unreachable); a window wholly inside the outage
+    admits nothing; after SIGCONT admissions resume, at full capacity from the next window."""
 
-    def inject(coord):
+    def inject(c, run):
         t0 = time.time()
-        coord.signal(signal.SIGSTOP)
+        c.signal(signal.SIGSTOP)
         f = window_of(t0, WINDOW)
         sleep_until(boundary(f + 2) + 0.05 * WINDOW)
         t1 = time.time()
-        coord.signal(signal.SIGCONT)
+        c.signal(signal.SIGCONT)
         return {"start": t0, "end": t1}
 
-    run, f, back, times, records, counts = fault_run(tmp_path, redis, "sigstop", 0.4,
+    run, f, back, times, records, counts = fault_run(tmp_path, coord, "sigstop", 0.4,
                                                      inject, 2)
     t0, t1 = times["start"], times["end"]
     inside = f + 1  # wholly inside the outage
@@ -289,19 +305,44 @@ def test_coordinator_sigstop_mid_window(tmp_path, redis, fed_results):
     assert u >= U_FLOOR, f"U_capacity after the outage {u:.3f} < {U_FLOOR:.3f}"
 
 
-def test_coordinator_sigkill_and_restart_mid_window(tmp_path, redis, fed_results):
-    """Redis killed 0.25 windows into a window and restarted at once on the same port, empty:
-    the regions serve the escrow they hold, the rest of that window is refused (the restarted
-    coordinator counts it as spent: coordinator_restarted; coordinator_unreachable while a
-    region's call failed), and the next windows admit at full capacity."""
+def ledger(c: harness.PostgresCoordinator, run: Run, key: str = "k") -> Tuple[int, int, int]:
+    """The PostgreSQL coordinator's ledger row of `key` in the run's budget: (window start in
+    ns, units granted in that window, units given back to it)."""
+    rows = c.query("SELECT window_start, granted, returned FROM sluice_fed_ledger "
+                   f"WHERE key = '{run.fed.budget}:{key}'")
+    assert len(rows) == 1, f"no ledger row for {run.fed.budget}:{key}: {rows}"
+    return int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
 
-    def inject(coord):
+
+def test_coordinator_sigkill_and_restart_mid_window(tmp_path, coord, fed_results):
+    """The coordinator killed 0.25 windows into a window and restarted at once on the same port
+    (and, for PostgreSQL, the same data directory); the regions serve the escrow they hold,
+    then, by backend:
+
+    - state lost (Redis without persistence): the rest of that window is refused (the
+      restarted coordinator counts it as spent: coordinator_restarted; coordinator_unreachable
+      while a region's call failed), and no region admits after it was told;
+    - state kept (PostgreSQL, commits durable): the restarted coordinator's ledger still holds
+      the window's grants, at least every admission answered before the kill; nothing is
+      refused as coordinator_restarted, in that window or any other; refusals are only
+      coordinator_unreachable (a region's call failed on the dropped connection: its retry
+      backoff) and budget_spent, and the window stays within the limit with what the regions
+      lease after the restart.
+
+    Either way the next windows admit at full capacity."""
+
+    def inject(c, run):
         t0 = time.time()
-        coord.kill()
-        coord.start()
-        return {"start": t0, "end": time.time()}
+        c.kill()
+        c.start()
+        out = {"start": t0, "end": time.time()}
+        if c.keeps_state():
+            # At once, before any lease of the next window can roll the ledger over.
+            out["ledger"] = ledger(c, run)
+            out["read_at"] = time.time()
+        return out
 
-    run, f, back, times, records, counts = fault_run(tmp_path, redis, "sigkill", 0.25,
+    run, f, back, times, records, counts = fault_run(tmp_path, coord, "sigkill", 0.25,
                                                      inject, 2)
     t0, t1 = times["start"], times["end"]
     assert back == f, f"the restart took {t1 - t0:.2f} s, past the window"
@@ -309,43 +350,77 @@ def test_coordinator_sigkill_and_restart_mid_window(tmp_path, redis, fed_results
     reasons: Dict[str, int] = {}
     for r in after:
         reasons[r.reason or "admitted"] = reasons.get(r.reason or "admitted", 0) + 1
-    assert "coordinator_restarted" in reasons, (reasons, run.logs())
-    # Once a region was told, it refuses for the rest of the window: no admission decided after
-    # its first coordinator_restarted (escrow held is spent before any lease is asked for).
-    for region in REGIONS:
-        told = [r.received for r in after if r.region == region
-                and r.reason == "coordinator_restarted"]
-        if told:
-            late = [r for r in after if r.region == region and r.allowed and r.sent > told[0]]
-            assert not late, f"{region} admitted {len(late)} after coordinator_restarted"
-    assert set(reasons) <= {"admitted", "coordinator_restarted", "coordinator_unreachable"}, \
-        reasons
-    escrow = reasons.get("admitted", 0)
+    extra: Dict[str, object] = {}
+    if coord.keeps_state():
+        # From the first measured window on (a coordinator met for the first time counts the
+        # window it creates its state in as spent).
+        restarted = [r for r in records if r.reason == "coordinator_restarted"
+                     and r.sent >= boundary(run.first)]
+        assert not restarted, (f"{len(restarted)} refused as coordinator_restarted though the "
+                               f"coordinator kept its state, the first: {restarted[0]}\n"
+                               f"{run.logs()}")
+        assert set(reasons) <= {"admitted", "coordinator_unreachable", "budget_spent"}, reasons
+        # Every admission answered before the kill, decided surely in the window, came from a
+        # grant the coordinator acknowledged before it: the restarted coordinator must count
+        # it (a grant given back is one a region did not spend, so granted - returned is at
+        # least what the regions spent).
+        window_start, granted, returned = times["ledger"]
+        before = sum(1 for r in records if r.allowed and r.received < t0
+                     and r.sent - GUARD >= boundary(f))
+        assert window_start == f * WINDOW_NS, (
+            f"the ledger is on window {window_start // WINDOW_NS}, not {f} (read "
+            f"{times['read_at'] - boundary(f):.2f} s into it)")
+        assert granted - returned >= before, (
+            f"the restarted coordinator forgot grants: granted {granted} - returned {returned} "
+            f"< {before} admitted before the kill\n{run.logs()}")
+        state = (f"state kept: ledger granted {granted}, returned {returned}, read "
+                 f"{times['read_at'] - t1:.2f} s after; admitted before the kill: {before}")
+        extra = {"ledger_granted": granted, "ledger_returned": returned,
+                 "admitted_before_kill": before}
+    else:
+        assert "coordinator_restarted" in reasons, (reasons, run.logs())
+        # Once a region was told, it refuses for the rest of the window: no admission decided
+        # after its first coordinator_restarted (escrow held is spent before any lease is
+        # asked for).
+        for region in REGIONS:
+            told = [r.received for r in after if r.region == region
+                    and r.reason == "coordinator_restarted"]
+            if told:
+                late = [r for r in after if r.region == region and r.allowed
+                        and r.sent > told[0]]
+                assert not late, f"{region} admitted {len(late)} after coordinator_restarted"
+        assert set(reasons) <= {"admitted", "coordinator_restarted",
+                                "coordinator_unreachable"}, reasons
+        state = "empty"
+    resumed = sorted(r.received for r in records if r.allowed and r.sent > t1)
+    assert resumed, "no admission after the restart"
     measured = list(range(f + 1, f + 3))
     u = u_capacity(counts, measured)
     report(fed_results, run, counts, measured, u,
            fault=(f"SIGKILL {t0 - boundary(f):.2f} s into window +{f - run.first}, back "
-                  f"{t1 - t0:.2f} s later (empty); after it in that window: "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))),
-           after_restart=reasons, escrow_after_restart=escrow)
+                  f"{t1 - t0:.2f} s later ({state}); after it in that window: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+                  + f"; first admission {resumed[0] - t1:.2f} s after the restart"),
+           after_restart=reasons, escrow_after_restart=reasons.get("admitted", 0),
+           resumed_after_s=resumed[0] - t1, **extra)
     assert u >= U_FLOOR, f"U_capacity after the restart {u:.3f} < {U_FLOOR:.3f}"
 
 
-def test_short_coordinator_pauses_across_window_boundaries(tmp_path, redis, fed_results):
-    """Redis stopped for 200 ms (less than the lease timeout) across each of three window
-    boundaries, under two keys: `k` at OFFERED x the limit, `warm` at 0.9 x it (its escrow is
-    live at the boundary, its budget not spent). The leases asked just before a boundary are
+def test_short_coordinator_pauses_across_window_boundaries(tmp_path, coord, fed_results):
+    """The coordinator stopped for 200 ms (less than the lease timeout) across each of three
+    window boundaries, under two keys: `k` at OFFERED x the limit, `warm` at 0.9 x it (its escrow
+    is live at the boundary, its budget not spent). The leases asked just before a boundary are
     answered just after it, in the new window: no window over the limit, on either key."""
-    with Run(tmp_path, redis, "pauses", "uniform") as run:
+    with Run(tmp_path, coord, "pauses", "uniform") as run:
         warm = CheckLoad(run.nodes, 0.9 * LIMIT / WINDOW, SKEWS["uniform"], key="warm")
         warm.start()
         try:
             first_pause = run.first + 1
             for i in range(first_pause, first_pause + 3):
                 sleep_until(boundary(i) - 0.12)
-                redis.signal(signal.SIGSTOP)
+                coord.signal(signal.SIGSTOP)
                 sleep_until(boundary(i) + 0.08)
-                redis.signal(signal.SIGCONT)
+                coord.signal(signal.SIGCONT)
             sleep_until(boundary(first_pause + 3) + 0.1)
         finally:
             warm.stop()
