@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "integration/server_clients.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice::postgres_detail {
@@ -22,27 +23,7 @@ using std::chrono::seconds;
 
 constexpr Nanos kTimeout = seconds(5);
 
-// The test's own blocking libpq connection; `value` returns a statement's single value.
-class RawConn {
- public:
-  explicit RawConn(const std::string& conninfo) : c_(PQconnectdb(conninfo.c_str())) {}
-  ~RawConn() { PQfinish(c_); }
-  RawConn(const RawConn&) = delete;
-  RawConn& operator=(const RawConn&) = delete;
-  std::string value(const std::string& sql) {
-    PGresult* r = PQexec(c_, sql.c_str());
-    const ExecStatusType st = PQresultStatus(r);
-    EXPECT_TRUE(st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-        << sql << ": " << PQresultErrorMessage(r);
-    std::string out;
-    if (st == PGRES_TUPLES_OK && PQntuples(r) > 0 && PQnfields(r) > 0) out = PQgetvalue(r, 0, 0);
-    PQclear(r);
-    return out;
-  }
-
- private:
-  PGconn* c_;
-};
+using test_clients::RawConn;
 
 class PgConnectionTest : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/server_clients.h"
 #include "sluice/memory_rate_coordinator.h"
 #include "sluice/testing/servers.h"
 
@@ -37,29 +38,7 @@ LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std:
   return r;
 }
 
-// The test's own libpq connection (blocking calls) for setup and inspection.
-class RawConn {
- public:
-  explicit RawConn(const std::string& conninfo) : c_(PQconnectdb(conninfo.c_str())) {}
-  ~RawConn() { PQfinish(c_); }
-  RawConn(const RawConn&) = delete;
-  RawConn& operator=(const RawConn&) = delete;
-
-  // Runs `sql`; its single value ("" for none or NULL), a failure is a test failure.
-  std::string value(const std::string& sql) {
-    PGresult* r = PQexec(c_, sql.c_str());
-    const ExecStatusType st = PQresultStatus(r);
-    EXPECT_TRUE(st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-        << sql << ": " << PQresultErrorMessage(r);
-    std::string out;
-    if (st == PGRES_TUPLES_OK && PQntuples(r) > 0 && PQnfields(r) > 0) out = PQgetvalue(r, 0, 0);
-    PQclear(r);
-    return out;
-  }
-
- private:
-  PGconn* c_;
-};
+using test_clients::RawConn;
 
 class PostgresRateCoordinatorTest : public ::testing::Test {
  protected:

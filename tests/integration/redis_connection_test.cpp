@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "integration/server_clients.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice::redis_detail {
@@ -26,19 +27,7 @@ using std::chrono::seconds;
 
 constexpr Nanos kTimeout = seconds(2);
 
-// One redis-cli command's output (trailing newline removed).
-std::string cli(int port, const std::string& args) {
-  const std::string cmd =
-      "redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " " + args + " 2>&1";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    std::array<char, 512> buf{};
-    while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-    ::pclose(p);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
+using test_clients::cli;
 
 const char* const kAdd = "return redis.call('INCRBY', KEYS[1], ARGV[1])";
 const char* const kJoin = "return redis.call('GET', KEYS[1]) .. ':' .. ARGV[1] .. ':' .. #KEYS";

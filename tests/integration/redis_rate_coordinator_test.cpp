@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/server_clients.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {
@@ -31,19 +32,7 @@ constexpr Nanos kTimeout = seconds(2);
 // A window no test outlasts (a window boundary mid-test would change the counts).
 constexpr Nanos kLong = std::chrono::hours(24 * 365 * 10);
 
-// One redis-cli command's output (trailing newline removed).
-std::string cli(int port, const std::string& args) {
-  const std::string cmd =
-      "redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " " + args + " 2>&1";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    std::array<char, 512> buf{};
-    while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-    ::pclose(p);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
+using test_clients::cli;
 
 LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std::uint64_t want,
                      Nanos min_left = Nanos{0}) {
