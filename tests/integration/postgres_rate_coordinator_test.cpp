@@ -1,8 +1,9 @@
 // The PostgreSQL rate coordinator against a real PostgreSQL the suite starts on loopback: tables
 // and the origin row created on first use, the server's clock as the coordinator's, the
 // state-loss rule when the tables are emptied or the origin row deleted, the sweep of idle keys,
-// concurrent regions, a held key lock, bad input, health, and the lease latency. Replies equal
-// to the memory and Redis coordinators' step by step are in rate_coordinator_conformance_test.cpp.
+// a held key lock, bad input, and the lease latency. Concurrent regions and health, alike on
+// every backend, are in rate_coordinator_backends_test.cpp; replies equal to the memory and Redis
+// coordinators' step by step in rate_coordinator_conformance_test.cpp.
 #include "sluice/postgres_rate_coordinator.h"
 
 #include <gtest/gtest.h>
@@ -176,36 +177,6 @@ TEST_F(PostgresRateCoordinatorTest, IdleKeysAreSweptByLaterLeasesWithoutChanging
   EXPECT_EQ(late.value(), memory.reconcile("idle", "us", seconds(9'000'001), 3, kTimeout).value());
 }
 
-TEST_F(PostgresRateCoordinatorTest, ConcurrentRegionsTogetherGetExactlyTheLimit) {
-  constexpr std::uint64_t kLimit = 300;
-  constexpr int kThreads = 4;
-  std::vector<std::unique_ptr<PostgresRateCoordinator>> coordinators;
-  coordinators.push_back(connect_settled("race_fed"));
-  coordinators.push_back(connect("race_fed"));
-  ASSERT_NE(coordinators[0], nullptr);
-  ASSERT_NE(coordinators[1], nullptr);
-  std::atomic<std::uint64_t> granted{0};
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      PostgresRateCoordinator& c = *coordinators[static_cast<std::size_t>(t % 2)];
-      const LeaseRequest req = request("region-" + std::to_string(t), kLimit, kLong, 7);
-      for (;;) {
-        const auto r = c.lease("race", req, kTimeout);
-        if (!r.ok()) {
-          ++failures;
-          return;
-        }
-        if (r.value().status != LeaseStatus::kGranted) return;
-        granted += r.value().granted;
-      }
-    });
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(granted.load(), kLimit);  // never more, and every unit went out
-}
-
 TEST_F(PostgresRateCoordinatorTest, AHeldKeyLockYieldsDeadlineExceededAndTheNextCallSucceeds) {
   auto pg = connect_settled("lock_fed");
   ASSERT_NE(pg, nullptr);
@@ -247,17 +218,6 @@ TEST_F(PostgresRateCoordinatorTest, BadInputIsRefusedNamingTheField) {
   o.conninfo = "no_such_option=1";
   EXPECT_NE(PostgresRateCoordinator::open(o).status().message().find("conninfo"),
             std::string::npos);
-}
-
-TEST_F(PostgresRateCoordinatorTest, HealthAnswersWhenTheServerDoes) {
-  auto pg = connect_settled("health_fed");
-  ASSERT_NE(pg, nullptr);
-  EXPECT_TRUE(pg->health(kTimeout).ok());
-  PostgresOptions o = options("health_fed");
-  o.conninfo = "host=127.0.0.1 port=" + std::to_string(testing::free_port()) + " user=postgres";
-  auto nowhere = PostgresRateCoordinator::open(o);
-  ASSERT_TRUE(nowhere.ok());
-  EXPECT_EQ(nowhere.value()->health(seconds(2)).code(), StatusCode::kUnavailable);
 }
 
 TEST_F(PostgresRateCoordinatorTest, LeaseLatency) {
