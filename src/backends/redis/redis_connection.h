@@ -17,15 +17,15 @@
 //
 // Errors are values, never exceptions: kDeadlineExceeded (no reply in time, or the connection
 // stayed busy with other calls for the whole timeout), kUnavailable (cannot connect, connection
-// lost), kPermissionDenied (AUTH refused), kInvalidArgument (SELECT refused), what the
-// ConnectCheck returns, kInternal (a script's error reply, SCRIPT LOAD refused, an exception in
-// a call's body). A reply of any other command is handed back as is, error replies included:
+// lost), kPermissionDenied (AUTH refused), kInvalidArgument (SELECT refused, no script i), what
+// the ConnectCheck returns, kInternal (a script's error reply, SCRIPT LOAD refused, an exception
+// in a call's body). A reply of any other command is handed back as is, error replies included:
 // what an error means is the caller's to say.
 //
 // Thread-safety: every member is safe to call concurrently; calls are serialised (one command
 // on the wire at a time). A Session exists only inside call() and must not escape it.
 //
-// Use (one script, one key, two arguments):
+// Use (one script, one key, two arguments; several commands under one timeout with call()):
 //   RedisConnection conn(options, {{"counter", kCounterLua}});
 //   StatusOr<RedisConnection::Reply> r = conn.eval(0, {"k"}, {"1", "60000"}, timeout);
 #pragma once
