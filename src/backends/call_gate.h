@@ -9,9 +9,14 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
+#include <new>
+#include <string>
+#include <type_traits>
 
 #include "sluice/clock.h"
+#include "sluice/status.h"
 
 namespace sluice::backend_detail {
 
@@ -68,5 +73,30 @@ class CallGate {
   std::condition_variable free_;
   bool busy_ = false;
 };
+
+// Runs `body()` holding `gate` (waited for at most `timeout`) and returns what it returns, a
+// Status or a StatusOr<T>. Never throws: a gate still busy after `timeout` yields
+// kDeadlineExceeded with `busy_message`; an exception out of `body` first calls `on_throw()`
+// (where a connection left mid-protocol is dropped) and yields kInternal, "out of memory" or
+// the exception's text after `prefix`.
+template <typename F, typename G>
+std::invoke_result_t<F&> call_holding(CallGate& gate, std::chrono::nanoseconds timeout,
+                                      const char* busy_message, const char* prefix, F&& body,
+                                      G&& on_throw) noexcept {
+  try {
+    const CallGate::Hold hold(gate, timeout);
+    if (!hold.held()) return Status(StatusCode::kDeadlineExceeded, busy_message);
+    try {
+      return body();
+    } catch (...) {
+      on_throw();
+      throw;
+    }
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kInternal, "out of memory");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kInternal, std::string(prefix) + e.what());
+  }
+}
 
 }  // namespace sluice::backend_detail

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/server_clients.h"
 #include "sluice/memory_coordinator.h"
 #include "sluice/testing/servers.h"
 
@@ -33,40 +34,7 @@ NodeReport report(std::string id, std::uint32_t l_local, std::uint32_t in_flight
   return NodeReport{std::move(id), l_local, in_flight, acked, lease};
 }
 
-// The test's own libpq connection (blocking calls) for setup and inspection.
-class RawConn {
- public:
-  explicit RawConn(const std::string& conninfo) : c_(PQconnectdb(conninfo.c_str())) {}
-  ~RawConn() { PQfinish(c_); }
-  RawConn(const RawConn&) = delete;
-  RawConn& operator=(const RawConn&) = delete;
-
-  [[nodiscard]] bool ok() const { return PQstatus(c_) == CONNECTION_OK; }
-  [[nodiscard]] std::string error() const { return PQerrorMessage(c_); }
-
-  // Every row of `sql` as text ("" for NULL); a failure is a test failure and no rows.
-  std::vector<std::vector<std::string>> rows(const std::string& sql) {
-    PGresult* r = PQexec(c_, sql.c_str());
-    std::vector<std::vector<std::string>> out;
-    const ExecStatusType st = PQresultStatus(r);
-    EXPECT_TRUE(st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-        << sql << ": " << PQresultErrorMessage(r);
-    for (int i = 0; st == PGRES_TUPLES_OK && i < PQntuples(r); ++i) {
-      out.emplace_back();
-      for (int j = 0; j < PQnfields(r); ++j) out.back().emplace_back(PQgetvalue(r, i, j));
-    }
-    PQclear(r);
-    return out;
-  }
-  // The single value of `sql`.
-  std::string value(const std::string& sql) {
-    const auto r = rows(sql);
-    return r.size() == 1 && r[0].size() == 1 ? r[0][0] : "<no single value>";
-  }
-
- private:
-  PGconn* c_;
-};
+using test_clients::RawConn;
 
 std::string config_name(const CoordinatorConfig& c) {
   return std::string(to_string(c.aggregate)) + "/" + std::string(to_string(c.allocation)) +

@@ -1,8 +1,9 @@
 // The PostgreSQL rate coordinator against a real PostgreSQL the suite starts on loopback: tables
 // and the origin row created on first use, the server's clock as the coordinator's, the
 // state-loss rule when the tables are emptied or the origin row deleted, the sweep of idle keys,
-// concurrent regions, a held key lock, bad input, health, and the lease latency. Replies equal
-// to the memory and Redis coordinators' step by step are in rate_coordinator_conformance_test.cpp.
+// a held key lock, bad input, and the lease latency. Concurrent regions and health, alike on
+// every backend, are in rate_coordinator_backends_test.cpp; replies equal to the memory and Redis
+// coordinators' step by step in rate_coordinator_conformance_test.cpp.
 #include "sluice/postgres_rate_coordinator.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/server_clients.h"
 #include "sluice/memory_rate_coordinator.h"
 #include "sluice/testing/servers.h"
 
@@ -37,29 +39,7 @@ LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std:
   return r;
 }
 
-// The test's own libpq connection (blocking calls) for setup and inspection.
-class RawConn {
- public:
-  explicit RawConn(const std::string& conninfo) : c_(PQconnectdb(conninfo.c_str())) {}
-  ~RawConn() { PQfinish(c_); }
-  RawConn(const RawConn&) = delete;
-  RawConn& operator=(const RawConn&) = delete;
-
-  // Runs `sql`; its single value ("" for none or NULL), a failure is a test failure.
-  std::string value(const std::string& sql) {
-    PGresult* r = PQexec(c_, sql.c_str());
-    const ExecStatusType st = PQresultStatus(r);
-    EXPECT_TRUE(st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-        << sql << ": " << PQresultErrorMessage(r);
-    std::string out;
-    if (st == PGRES_TUPLES_OK && PQntuples(r) > 0 && PQnfields(r) > 0) out = PQgetvalue(r, 0, 0);
-    PQclear(r);
-    return out;
-  }
-
- private:
-  PGconn* c_;
-};
+using test_clients::RawConn;
 
 class PostgresRateCoordinatorTest : public ::testing::Test {
  protected:
@@ -197,36 +177,6 @@ TEST_F(PostgresRateCoordinatorTest, IdleKeysAreSweptByLaterLeasesWithoutChanging
   EXPECT_EQ(late.value(), memory.reconcile("idle", "us", seconds(9'000'001), 3, kTimeout).value());
 }
 
-TEST_F(PostgresRateCoordinatorTest, ConcurrentRegionsTogetherGetExactlyTheLimit) {
-  constexpr std::uint64_t kLimit = 300;
-  constexpr int kThreads = 4;
-  std::vector<std::unique_ptr<PostgresRateCoordinator>> coordinators;
-  coordinators.push_back(connect_settled("race_fed"));
-  coordinators.push_back(connect("race_fed"));
-  ASSERT_NE(coordinators[0], nullptr);
-  ASSERT_NE(coordinators[1], nullptr);
-  std::atomic<std::uint64_t> granted{0};
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      PostgresRateCoordinator& c = *coordinators[static_cast<std::size_t>(t % 2)];
-      const LeaseRequest req = request("region-" + std::to_string(t), kLimit, kLong, 7);
-      for (;;) {
-        const auto r = c.lease("race", req, kTimeout);
-        if (!r.ok()) {
-          ++failures;
-          return;
-        }
-        if (r.value().status != LeaseStatus::kGranted) return;
-        granted += r.value().granted;
-      }
-    });
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(granted.load(), kLimit);  // never more, and every unit went out
-}
-
 TEST_F(PostgresRateCoordinatorTest, AHeldKeyLockYieldsDeadlineExceededAndTheNextCallSucceeds) {
   auto pg = connect_settled("lock_fed");
   ASSERT_NE(pg, nullptr);
@@ -268,17 +218,6 @@ TEST_F(PostgresRateCoordinatorTest, BadInputIsRefusedNamingTheField) {
   o.conninfo = "no_such_option=1";
   EXPECT_NE(PostgresRateCoordinator::open(o).status().message().find("conninfo"),
             std::string::npos);
-}
-
-TEST_F(PostgresRateCoordinatorTest, HealthAnswersWhenTheServerDoes) {
-  auto pg = connect_settled("health_fed");
-  ASSERT_NE(pg, nullptr);
-  EXPECT_TRUE(pg->health(kTimeout).ok());
-  PostgresOptions o = options("health_fed");
-  o.conninfo = "host=127.0.0.1 port=" + std::to_string(testing::free_port()) + " user=postgres";
-  auto nowhere = PostgresRateCoordinator::open(o);
-  ASSERT_TRUE(nowhere.ok());
-  EXPECT_EQ(nowhere.value()->health(seconds(2)).code(), StatusCode::kUnavailable);
 }
 
 TEST_F(PostgresRateCoordinatorTest, LeaseLatency) {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/server_clients.h"
 #include "sluice/memory_coordinator.h"
 #include "sluice/testing/servers.h"
 
@@ -28,20 +29,7 @@ using std::chrono::seconds;
 
 constexpr Nanos kTimeout = seconds(2);
 
-// One redis-cli command's output (trailing newline removed).
-std::string cli(int port, const std::string& args, const std::string& password = {}) {
-  std::string cmd = "redis-cli -h 127.0.0.1 -p " + std::to_string(port);
-  if (!password.empty()) cmd += " --no-auth-warning -a " + password;
-  cmd += " " + args + " 2>&1";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    std::array<char, 512> buf{};
-    while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-    ::pclose(p);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
+using test_clients::cli;
 
 NodeReport report(std::string id, std::uint32_t l_local, std::uint32_t in_flight = 0,
                   std::uint64_t acked = 0, Nanos lease = seconds(2)) {

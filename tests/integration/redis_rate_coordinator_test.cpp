@@ -1,9 +1,9 @@
 // The Redis rate coordinator against real redis-servers the test starts on loopback: its storage
 // (one hash per key in one slot, expiring; an origin marker that does not), Redis TIME as the
 // coordinator's clock, the state-loss rule across a SIGKILL and restart, the maxmemory-policy
-// check, NOSCRIPT reload, concurrent regions, timeouts, bad input, and the lease latency.
-// Replies equal to the memory and PostgreSQL coordinators' step by step are in
-// rate_coordinator_conformance_test.cpp.
+// check, NOSCRIPT reload, timeouts, bad input, and the lease latency. Concurrent regions and
+// health, alike on every backend, are in rate_coordinator_backends_test.cpp; replies equal to the
+// memory and PostgreSQL coordinators' step by step in rate_coordinator_conformance_test.cpp.
 #include "sluice/redis_rate_coordinator.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/server_clients.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {
@@ -31,19 +32,7 @@ constexpr Nanos kTimeout = seconds(2);
 // A window no test outlasts (a window boundary mid-test would change the counts).
 constexpr Nanos kLong = std::chrono::hours(24 * 365 * 10);
 
-// One redis-cli command's output (trailing newline removed).
-std::string cli(int port, const std::string& args) {
-  const std::string cmd =
-      "redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " " + args + " 2>&1";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    std::array<char, 512> buf{};
-    while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-    ::pclose(p);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
+using test_clients::cli;
 
 LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std::uint64_t want,
                      Nanos min_left = Nanos{0}) {
@@ -239,36 +228,6 @@ TEST_F(RedisRateCoordinatorTest, FlushedScriptIsReloadedAndTheCallRetried) {
   const auto r = redis->lease("flush", req, kTimeout);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r.value().remaining, 86u);  // the retried call ran once
-}
-
-TEST_F(RedisRateCoordinatorTest, ConcurrentRegionsTogetherGetExactlyTheLimit) {
-  constexpr std::uint64_t kLimit = 600;
-  constexpr int kThreads = 4;
-  std::vector<std::unique_ptr<RedisRateCoordinator>> coordinators;
-  coordinators.push_back(connect_settled("race:fed:"));
-  coordinators.push_back(connect("race:fed:"));
-  ASSERT_NE(coordinators[0], nullptr);
-  ASSERT_NE(coordinators[1], nullptr);
-  std::atomic<std::uint64_t> granted{0};
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      RedisRateCoordinator& c = *coordinators[static_cast<std::size_t>(t % 2)];
-      const LeaseRequest req = request("region-" + std::to_string(t), kLimit, kLong, 7);
-      for (;;) {
-        const auto r = c.lease("race", req, kTimeout);
-        if (!r.ok()) {
-          ++failures;
-          return;
-        }
-        if (r.value().status != LeaseStatus::kGranted) return;
-        granted += r.value().granted;
-      }
-    });
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(granted.load(), kLimit);  // never more, and every unit went out
 }
 
 TEST_F(RedisRateCoordinatorTest, BadInputIsRefusedNamingTheFieldAndWritesNothing) {

@@ -1,0 +1,218 @@
+#include "backends/redis/redis_connection.h"
+
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sluice::redis_detail {
+namespace {
+
+using backend_detail::deadline_after;
+using backend_detail::mono_now;
+
+// What is left of a deadline, as a socket timeout (at least 1 ms: 0 would mean "no timeout").
+timeval to_timeval(Nanos d) {
+  d = std::max(d, Nanos{std::chrono::milliseconds(1)});
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
+}
+
+// A failed I/O on the context: timeout or lost connection (the context is unusable after).
+Status io_error(const redisContext* c) {
+  const std::string what = c->errstr;
+  // hiredis 0.14 reports a socket timeout as an I/O error with EAGAIN's text; later versions
+  // have REDIS_ERR_TIMEOUT.
+  bool timed_out = c->err == REDIS_ERR_IO &&
+                   (what == std::strerror(EAGAIN) || what == std::strerror(EWOULDBLOCK));
+#ifdef REDIS_ERR_TIMEOUT
+  timed_out = timed_out || c->err == REDIS_ERR_TIMEOUT;
+#endif
+  if (timed_out) return Status(StatusCode::kDeadlineExceeded, "redis: no reply within the timeout");
+  return Status(StatusCode::kUnavailable, "redis: " + what);
+}
+
+std::string text_of(const redisReply* r) { return std::string(r->str, r->len); }
+
+}  // namespace
+
+std::string RedisConnection::options_error(const RedisOptions& o) {
+  if (o.host.empty()) return "redis: host must not be empty";
+  if (o.port <= 0 || o.port > 65535) return "redis: port must be in 1..65535";
+  if (o.connect_timeout <= Nanos{0}) return "redis: connect_timeout must be > 0";
+  if (o.database < 0) return "redis: database must be >= 0";
+  return {};
+}
+
+RedisConnection::RedisConnection(RedisOptions options, std::vector<Script> scripts,
+                                 ConnectCheck check)
+    : options_(std::move(options)),
+      scripts_(std::move(scripts)),
+      check_(std::move(check)),
+      shas_(scripts_.size()) {}
+
+RedisConnection::~RedisConnection() = default;
+
+StatusOr<RedisConnection::Reply> RedisConnection::command(const std::vector<std::string>& args,
+                                                          Nanos timeout) noexcept {
+  return call(timeout, [&](Session& s) { return s.command(args); });
+}
+
+StatusOr<RedisConnection::Reply> RedisConnection::eval(std::size_t script,
+                                                       const std::vector<std::string>& keys,
+                                                       const std::vector<std::string>& args,
+                                                       Nanos timeout) noexcept {
+  return call(timeout, [&](Session& s) { return s.eval(script, keys, args); });
+}
+
+Status RedisConnection::connect(Nanos timeout) noexcept {
+  return call(timeout, [](Session& s) { return s.connect(); });
+}
+
+std::string RedisConnection::script_sha(std::size_t script) const {
+  const std::lock_guard lock(sha_mu_);
+  return script < shas_.size() ? shas_[script] : std::string();
+}
+
+StatusOr<RedisConnection::Reply> RedisConnection::Session::command(
+    const std::vector<std::string>& args) {
+  if (Status s = connect(); !s.ok()) return s;
+  return conn_.send(args, deadline_);
+}
+
+StatusOr<RedisConnection::Reply> RedisConnection::Session::eval(
+    std::size_t script, const std::vector<std::string>& keys,
+    const std::vector<std::string>& args) {
+  return conn_.eval_locked(script, keys, args, deadline_);
+}
+
+Status RedisConnection::Session::connect() {
+  if (conn_.ctx_) return {};
+  return conn_.connect_locked(deadline_);
+}
+
+StatusOr<RedisConnection::Reply> RedisConnection::send(const std::vector<std::string>& args,
+                                                       Nanos deadline) {
+  if (!ctx_) return Status(StatusCode::kUnavailable, "redis: not connected");
+  const Nanos left = deadline - mono_now();
+  if (left <= Nanos{0})
+    return Status(StatusCode::kDeadlineExceeded, "redis: no time left for the call");
+  redisSetTimeout(ctx_.get(), to_timeval(left));
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
+  for (const auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  Reply r(static_cast<redisReply*>(
+      redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
+  if (!r) {
+    Status s = io_error(ctx_.get());
+    drop();
+    return s;
+  }
+  return r;
+}
+
+StatusOr<RedisConnection::Reply> RedisConnection::checked(const std::vector<std::string>& args,
+                                                          Nanos deadline, StatusCode code,
+                                                          const char* what) {
+  auto r = send(args, deadline);
+  if (r.ok() && r.value()->type == REDIS_REPLY_ERROR) {
+    drop();
+    return Status(code, std::string("redis: ") + what + ": " + text_of(r.value().get()));
+  }
+  return r;
+}
+
+// All before the earlier of the call's deadline and connect_timeout from now: a reconnect to a
+// hung server must not outlast the call.
+Status RedisConnection::connect_locked(Nanos deadline) {
+  deadline = std::min(deadline, deadline_after(options_.connect_timeout));
+  const Nanos left = deadline - mono_now();
+  if (left <= Nanos{0})
+    return Status(StatusCode::kDeadlineExceeded, "redis: no time left to connect");
+  Context c(redisConnectWithTimeout(options_.host.c_str(), options_.port, to_timeval(left)));
+  if (!c) return Status(StatusCode::kUnavailable, "redis: cannot allocate a connection");
+  if (c->err != 0)
+    return Status(StatusCode::kUnavailable, "redis: cannot connect to " + options_.host + ":" +
+                                                std::to_string(options_.port) + ": " + c->errstr);
+  ctx_ = std::move(c);
+  if (!options_.password.empty()) {
+    std::vector<std::string> auth = {"AUTH"};
+    if (!options_.username.empty()) auth.push_back(options_.username);
+    auth.push_back(options_.password);
+    if (auto r = checked(auth, deadline, StatusCode::kPermissionDenied, "AUTH failed"); !r.ok())
+      return r.status();
+  }
+  if (options_.database != 0) {
+    auto r = checked({"SELECT", std::to_string(options_.database)}, deadline,
+                     StatusCode::kInvalidArgument, "SELECT failed");
+    if (!r.ok()) return r.status();
+  }
+  if (!check_.command.empty()) {
+    auto r = send(check_.command, deadline);
+    if (!r.ok()) return r.status();
+    if (Status s = check_.verify(*r.value()); !s.ok()) {
+      drop();
+      return s;
+    }
+  }
+  return load_scripts_locked(deadline);
+}
+
+Status RedisConnection::load_scripts_locked(Nanos deadline) {
+  for (std::size_t i = 0; i < scripts_.size(); ++i) {
+    auto r = checked({"SCRIPT", "LOAD", scripts_[i].source}, deadline, StatusCode::kInternal,
+                     "SCRIPT LOAD failed");
+    if (!r.ok()) return r.status();
+    if (r.value()->type != REDIS_REPLY_STRING) {
+      drop();
+      return Status(StatusCode::kInternal, "redis: SCRIPT LOAD did not return a SHA");
+    }
+    const std::lock_guard lock(sha_mu_);
+    shas_[i] = text_of(r.value().get());
+  }
+  return {};
+}
+
+StatusOr<RedisConnection::Reply> RedisConnection::eval_locked(std::size_t script,
+                                                              const std::vector<std::string>& keys,
+                                                              const std::vector<std::string>& args,
+                                                              Nanos deadline) {
+  if (script >= scripts_.size())
+    return Status(StatusCode::kInvalidArgument, "script: no script " + std::to_string(script) +
+                                                    " (" + std::to_string(scripts_.size()) +
+                                                    " loaded)");
+  std::vector<std::string> full = {"EVALSHA", "", std::to_string(keys.size())};
+  full.reserve(3 + keys.size() + args.size());
+  full.insert(full.end(), keys.begin(), keys.end());
+  full.insert(full.end(), args.begin(), args.end());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!ctx_) {
+      if (Status s = connect_locked(deadline); !s.ok()) return s;
+    }
+    full[1] = shas_[script];
+    auto r = send(full, deadline);
+    if (!r.ok()) return r.status();
+    if (r.value()->type != REDIS_REPLY_ERROR) return r;
+    const std::string err = text_of(r.value().get());
+    if (attempt == 0 && err.rfind("NOSCRIPT", 0) == 0) {
+      if (Status s = load_scripts_locked(deadline); !s.ok()) return s;
+      continue;  // a restarted or flushed server: load the scripts and retry once
+    }
+    return Status(StatusCode::kInternal,
+                  "redis: " + scripts_[script].name + " script failed: " + err);
+  }
+  return Status(StatusCode::kInternal, "redis: script missing after reload");
+}
+
+}  // namespace sluice::redis_detail

@@ -1,0 +1,154 @@
+// redis_connection.h (private): one hiredis connection to one Redis server, with the Lua scripts
+// its user runs on it, for the Redis coordinators (and anything else that runs scripts there).
+//
+// What it is: the connection a Redis backend needs and nothing of what it stores. On every
+// (re)connect, within the earlier of the call's deadline and RedisOptions::connect_timeout, it
+// sends AUTH (password, or ACL user and password) when a password is set, SELECT when the
+// database is not 0, the user's ConnectCheck when it has one, and SCRIPT LOAD of each script.
+// eval(i, keys, args) runs script i by its SHA; a NOSCRIPT reply (a restarted or flushed server)
+// loads every script again and retries the call once. key_prefix is not read: keys are the
+// user's.
+//
+// Timeouts and reconnects: a call holds the connection for its whole length, waiting for it
+// counts against the call's timeout, and every read and write on the socket is bounded by what
+// is left of it. A failed I/O (a timeout, a lost or refused connection) drops the connection;
+// the next call reconnects. Nothing is retried but the NOSCRIPT case above: a call that timed
+// out may or may not have run on the server.
+//
+// Errors are values, never exceptions: kDeadlineExceeded (no reply in time, or the connection
+// stayed busy with other calls for the whole timeout), kUnavailable (cannot connect, connection
+// lost), kPermissionDenied (AUTH refused), kInvalidArgument (SELECT refused, no script i), what
+// the ConnectCheck returns, kInternal (a script's error reply, SCRIPT LOAD refused, an exception
+// in a call's body). A reply of any other command is handed back as is, error replies included:
+// what an error means is the caller's to say.
+//
+// Thread-safety: every member is safe to call concurrently; calls are serialised (one command
+// on the wire at a time). A Session exists only inside call() and must not escape it.
+//
+// Use (one script, one key, two arguments; several commands under one timeout with call()):
+//   RedisConnection conn(options, {{"counter", kCounterLua}});
+//   StatusOr<RedisConnection::Reply> r = conn.eval(0, {"k"}, {"1", "60000"}, timeout);
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backends/call_gate.h"
+#include "sluice/redis_options.h"
+#include "sluice/status.h"
+
+namespace sluice::redis_detail {
+
+class RedisConnection {
+ public:
+  struct ReplyDeleter {
+    void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+  };
+  using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+  // A Lua script: `name` appears in its error messages ("redis: <name> script failed: ...").
+  struct Script {
+    std::string name;
+    std::string source;
+  };
+
+  // A command sent on every (re)connect after AUTH and SELECT, before the scripts load; its
+  // reply (an error reply included) goes to `verify`, whose non-ok Status refuses the
+  // connection (dropped; the call fails with that Status).
+  struct ConnectCheck {
+    std::vector<std::string> command;
+    std::function<Status(const redisReply&)> verify;
+  };
+
+  // The calls made while holding the connection (inside call()), each within the call's
+  // deadline. Each connects first when there is no connection.
+  class Session {
+   public:
+    // One command (argv form); its reply, error replies included.
+    [[nodiscard]] StatusOr<Reply> command(const std::vector<std::string>& args);
+    // EVALSHA of script `script` with `keys` and `args`; an error reply is kInternal.
+    [[nodiscard]] StatusOr<Reply> eval(std::size_t script, const std::vector<std::string>& keys,
+                                       const std::vector<std::string>& args);
+    // Connects (AUTH, SELECT, the check, SCRIPT LOAD) unless connected.
+    [[nodiscard]] Status connect();
+    // The deadline on the steady clock (backend_detail::mono_now()).
+    [[nodiscard]] Nanos deadline() const noexcept { return deadline_; }
+
+   private:
+    friend class RedisConnection;
+    Session(RedisConnection& conn, Nanos deadline) noexcept : conn_(conn), deadline_(deadline) {}
+    RedisConnection& conn_;
+    Nanos deadline_;
+  };
+
+  // Why `options` cannot reach a server (host, port, connect_timeout, database), naming the
+  // field; empty when they can. key_prefix is the user's to check.
+  [[nodiscard]] static std::string options_error(const RedisOptions& options);
+
+  // Does not connect: the first call does. `options` must pass options_error().
+  RedisConnection(RedisOptions options, std::vector<Script> scripts, ConnectCheck check = {});
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  // Runs `body(Session&)` holding the connection, the whole call (the wait for the connection
+  // included) within `timeout`, and returns what it returns (Status or StatusOr<T>). An
+  // exception out of `body` drops the connection and becomes kInternal.
+  template <typename F>
+  std::invoke_result_t<F&, Session&> call(Nanos timeout, F&& body) noexcept;
+
+  // Shorthands, each one call().
+  [[nodiscard]] StatusOr<Reply> command(const std::vector<std::string>& args,
+                                        Nanos timeout) noexcept;
+  [[nodiscard]] StatusOr<Reply> eval(std::size_t script, const std::vector<std::string>& keys,
+                                     const std::vector<std::string>& args, Nanos timeout) noexcept;
+  // Connects unless connected (a failure is returned, and the next call tries again).
+  [[nodiscard]] Status connect(Nanos timeout) noexcept;
+
+  // The SHA1 of script `script` as the server last reported it (empty before the first load).
+  [[nodiscard]] std::string script_sha(std::size_t script) const;
+  [[nodiscard]] const RedisOptions& options() const noexcept { return options_; }
+
+ private:
+  struct ContextDeleter {
+    void operator()(redisContext* c) const noexcept { redisFree(c); }
+  };
+  using Context = std::unique_ptr<redisContext, ContextDeleter>;
+
+  // The members below need the gate held.
+  StatusOr<Reply> send(const std::vector<std::string>& args, Nanos deadline);
+  StatusOr<Reply> checked(const std::vector<std::string>& args, Nanos deadline, StatusCode code,
+                          const char* what);
+  Status connect_locked(Nanos deadline);
+  Status load_scripts_locked(Nanos deadline);
+  StatusOr<Reply> eval_locked(std::size_t script, const std::vector<std::string>& keys,
+                              const std::vector<std::string>& args, Nanos deadline);
+  void drop() noexcept { ctx_.reset(); }
+
+  const RedisOptions options_;
+  const std::vector<Script> scripts_;
+  const ConnectCheck check_;
+  backend_detail::CallGate gate_;  // one call at a time; waiting counts against its deadline
+  Context ctx_;                    // guarded by gate_; null when disconnected
+  mutable std::mutex sha_mu_;
+  std::vector<std::string> shas_;  // one per script; written under gate_ and sha_mu_
+};
+
+template <typename F>
+std::invoke_result_t<F&, RedisConnection::Session&> RedisConnection::call(Nanos timeout,
+                                                                          F&& body) noexcept {
+  Session session(*this, backend_detail::deadline_after(timeout));
+  return backend_detail::call_holding(
+      gate_, timeout, "redis: the connection was busy with another call for the whole timeout",
+      "redis: ", [&] { return body(session); },
+      [this]() noexcept { drop(); });  // it may be mid-protocol
+}
+
+}  // namespace sluice::redis_detail

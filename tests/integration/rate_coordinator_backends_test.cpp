@@ -1,0 +1,160 @@
+// The Redis and PostgreSQL rate coordinators under one typed suite, for what both must do alike
+// whatever they store in: regions racing through two coordinators on one server together get
+// exactly the limit, and health answers while the server does and is kUnavailable where no
+// server listens. Each backend's storage, clock, state loss and timeouts are in its own test
+// (redis_rate_coordinator_test.cpp, postgres_rate_coordinator_test.cpp); replies equal step by
+// step to the memory coordinator's are in rate_coordinator_conformance_test.cpp.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "integration/server_clients.h"
+#include "sluice/postgres_rate_coordinator.h"
+#include "sluice/redis_rate_coordinator.h"
+#include "sluice/testing/servers.h"
+
+namespace sluice {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr Nanos kTimeout = seconds(5);
+// A window no test outlasts (a window boundary mid-test would change the counts).
+constexpr Nanos kLong = std::chrono::hours(24 * 365 * 10);
+
+// A backend as the suite uses it: its server, a coordinator on the key space `name` (its origin
+// long past when `settled`: a first window not spent), and one where no server listens.
+struct RedisBackend {
+  using Server = testing::RedisServer;
+  static constexpr std::uint64_t kRaceLimit = 600;
+
+  static StatusOr<std::unique_ptr<RateCoordinator>> connect(const Server& server,
+                                                            const std::string& name, bool settled) {
+    RedisOptions o = RedisRateCoordinator::default_options();
+    o.port = server.port();
+    o.key_prefix = name + ":fed:";
+    if (settled) {
+      EXPECT_EQ(test_clients::cli(server.port(), "SET " + o.key_prefix + "origin 0"), "OK");
+    }
+    auto c = RedisRateCoordinator::connect(o);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<RateCoordinator>(std::move(c.value()));
+  }
+  static std::unique_ptr<RateCoordinator> nowhere() {
+    RedisOptions o = RedisRateCoordinator::default_options();
+    o.port = testing::free_port();
+    auto c = RedisRateCoordinator::open(o);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return c.ok() ? std::move(c.value()) : nullptr;
+  }
+};
+
+struct PostgresBackend {
+  using Server = testing::PostgresServer;
+  static constexpr std::uint64_t kRaceLimit = 300;
+
+  static StatusOr<std::unique_ptr<RateCoordinator>> connect(const Server& server,
+                                                            const std::string& name, bool settled) {
+    PostgresOptions o = PostgresRateCoordinator::default_options();
+    o.conninfo = server.conninfo();
+    o.table_prefix = name + "_fed";
+    auto c = PostgresRateCoordinator::connect(o);
+    if (!c.ok()) return c.status();
+    if (settled) {
+      test_clients::RawConn raw(server.conninfo());
+      raw.value("INSERT INTO " + o.table_prefix + "_origin VALUES (1, 0) ON CONFLICT DO NOTHING");
+    }
+    return std::unique_ptr<RateCoordinator>(std::move(c.value()));
+  }
+  static std::unique_ptr<RateCoordinator> nowhere() {
+    PostgresOptions o = PostgresRateCoordinator::default_options();
+    o.conninfo = "host=127.0.0.1 port=" + std::to_string(testing::free_port()) + " user=postgres";
+    auto c = PostgresRateCoordinator::open(o);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return c.ok() ? std::move(c.value()) : nullptr;
+  }
+};
+
+template <typename Backend>
+class RateCoordinatorBackends : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_.start(); }
+  static void TearDownTestSuite() { server_.stop(); }
+  void SetUp() override { ASSERT_TRUE(server_.ok()) << server_.status().to_string(); }
+
+  static std::unique_ptr<RateCoordinator> connect(const std::string& name, bool settled = false) {
+    auto c = Backend::connect(*server_.operator->(), name, settled);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return c.ok() ? std::move(c.value()) : nullptr;
+  }
+
+  static testing::SuiteServer<typename Backend::Server> server_;
+};
+template <typename Backend>
+testing::SuiteServer<typename Backend::Server> RateCoordinatorBackends<Backend>::server_;
+
+struct BackendName {
+  template <typename Backend>
+  static std::string GetName(int) {
+    return std::is_same_v<Backend, RedisBackend> ? "Redis" : "Postgres";
+  }
+};
+using Backends = ::testing::Types<RedisBackend, PostgresBackend>;
+TYPED_TEST_SUITE(RateCoordinatorBackends, Backends, BackendName);
+
+LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std::uint64_t want) {
+  LeaseRequest r;
+  r.region = std::move(region);
+  r.spec = {limit, period};
+  r.want = want;
+  return r;
+}
+
+TYPED_TEST(RateCoordinatorBackends, ConcurrentRegionsTogetherGetExactlyTheLimit) {
+  constexpr std::uint64_t kLimit = TypeParam::kRaceLimit;
+  constexpr int kThreads = 4;
+  std::vector<std::unique_ptr<RateCoordinator>> coordinators;
+  coordinators.push_back(this->connect("race", true));
+  coordinators.push_back(this->connect("race"));
+  ASSERT_NE(coordinators[0], nullptr);
+  ASSERT_NE(coordinators[1], nullptr);
+  std::atomic<std::uint64_t> granted{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      RateCoordinator& c = *coordinators[static_cast<std::size_t>(t % 2)];
+      const LeaseRequest req = request("region-" + std::to_string(t), kLimit, kLong, 7);
+      for (;;) {
+        const auto r = c.lease("race", req, kTimeout);
+        if (!r.ok()) {
+          ++failures;
+          return;
+        }
+        if (r.value().status != LeaseStatus::kGranted) return;
+        granted += r.value().granted;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(granted.load(), kLimit);  // never more, and every unit went out
+}
+
+TYPED_TEST(RateCoordinatorBackends,
+           HealthAnswersWhenTheServerDoesAndIsUnavailableWhereNoneListens) {
+  auto c = this->connect("health", true);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->health(kTimeout).ok());
+  auto nowhere = TypeParam::nowhere();
+  ASSERT_NE(nowhere, nullptr);
+  EXPECT_EQ(nowhere->health(seconds(2)).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace sluice
