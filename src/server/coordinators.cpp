@@ -7,6 +7,7 @@
 #include "sluice/postgres_rate_coordinator.h"
 #include "sluice/redis_coordinator.h"
 #include "sluice/redis_rate_coordinator.h"
+#include "sluice/redis_regional_escrow.h"
 
 namespace sluice::server {
 
@@ -72,6 +73,27 @@ void offer_rate(NamedCoordinator& named, Options options, const Clock& clock) {
   });
 }
 
+// The regional pool on a Redis coordinator, connected when a federated policy first names it as
+// its regional_escrow: its own keys ("<fleet prefix>pool:", or "sluice:pool:" beside the default
+// "sluice:fleet:"), opened to connect on its first call when the server cannot be reached now.
+void offer_pool(NamedCoordinator& named, RedisOptions options) {
+  const RedisOptions fleet_default;
+  options.key_prefix = options.key_prefix == fleet_default.key_prefix
+                           ? RedisRegionalEscrow::default_options().key_prefix
+                           : options.key_prefix + "pool:";
+  named.offer_lazy<RegionalEscrow>([options]() -> StatusOr<std::shared_ptr<void>> {
+    auto p = RedisRegionalEscrow::connect(options);
+    if (!p.ok()) {
+      const StatusCode code = p.status().code();
+      if (code != StatusCode::kUnavailable && code != StatusCode::kDeadlineExceeded)
+        return p.status();
+      p = RedisRegionalEscrow::open(options);
+      if (!p.ok()) return p.status();
+    }
+    return std::shared_ptr<void>(std::shared_ptr<RegionalEscrow>(std::move(p.value())));
+  });
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& name,
@@ -107,6 +129,7 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
       break;
     case CoordinatorSpec::Kind::kRedis:
       offer_rate<RedisRateCoordinator>(*named, spec.redis, clock);
+      offer_pool(*named, spec.redis);
       break;
     case CoordinatorSpec::Kind::kPostgres:
       offer_rate<PostgresRateCoordinator>(*named, spec.postgres, clock);

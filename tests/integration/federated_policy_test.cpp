@@ -356,6 +356,46 @@ TEST(FederatedRedis, TwoRegionEnginesSplitOneBudgetOnRedis) {
   EXPECT_NE(redis_cli(redis.port(), "--scan --pattern 'sluice:fed:*'"), "");
 }
 
+// Two processes of one region share a regional pool on a second Redis (the region's own): one
+// leases a regional batch from the global coordinator and fills the pool, the other takes from
+// it; together they admit exactly the limit in a window.
+TEST(FederatedRedis, TwoProcessesOfARegionShareAPoolOnTheirRegionalRedis) {
+  testing::RedisServer global, regional;
+  ASSERT_TRUE(global.start().ok());
+  ASSERT_TRUE(regional.start().ok());
+  const std::string yaml =
+      "coordinators:\n  global:\n    kind: redis\n    address: 127.0.0.1:" +
+      std::to_string(global.port()) +
+      "\n  eu:\n    kind: redis\n    address: 127.0.0.1:" + std::to_string(regional.port()) +
+      "\npolicies:\n  api:\n    kind: federated\n    coordinator: global\n"
+      "    regional_escrow: eu\n    regional_batch: 12\n    region: eu\n"
+      "    limit: 50\n    window: 2s\n    batch: 4\n";
+  const SteadyClock& clock = SteadyClock::instance();
+  auto p1 = Engine::create(config_of(yaml), clock);
+  auto p2 = Engine::create(config_of(yaml), clock);
+  ASSERT_TRUE(p1.ok()) << p1.status().to_string();
+  ASSERT_TRUE(p2.ok()) << p2.status().to_string();
+  auto first = p1.value()->check(CheckCall{"api", "k", 1});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_EQ(first.value().reason, "coordinator_restarted");  // a fresh global Redis
+  std::this_thread::sleep_for(first.value().retry_after + milliseconds(20));
+  ASSERT_TRUE(p1.value()->check(CheckCall{"api", "k", 1}).value().allowed);
+  EXPECT_EQ(redis_cli(regional.port(), "HGET sluice:pool:{api:k} b"), "8");
+  // A batch from the pool; three of it spent leave one, above the background refill's mark.
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(p2.value()->check(CheckCall{"api", "k", 1}).value().allowed);
+  EXPECT_EQ(redis_cli(regional.port(), "HGET sluice:pool:{api:k} b"), "4");
+  std::uint64_t allowed = 4;
+  for (int i = 0; i < 100; ++i) {
+    Engine& e = i % 2 == 0 ? *p1.value() : *p2.value();
+    allowed += e.check(CheckCall{"api", "k", 1}).value().allowed;
+  }
+  EXPECT_EQ(allowed, 50u);
+  // The pool lives on the regional Redis only, apart from the budget's ledger.
+  EXPECT_EQ(redis_cli(global.port(), "--scan --pattern 'sluice:pool:*'"), "");
+  EXPECT_EQ(redis_cli(regional.port(), "--scan --pattern 'sluice:fed:*'"), "");
+}
+
 TEST(FederatedRedis, ARedisThatMayEvictIsRefusedToFederationButNotToAFleet) {
   testing::RedisServer redis;
   ASSERT_TRUE(redis.start().ok());

@@ -62,6 +62,7 @@ PUBLIC_HEADERS = {
     "redis_coordinator.h": "backends",
     "redis_options.h": "core",
     "redis_rate_coordinator.h": "backends",
+    "redis_regional_escrow.h": "backends",
     "config.h": "config",
     "config_section.h": "config",
 }
