@@ -16,6 +16,10 @@
 // new, truncated or recreated tables deny the rest of their first window. A database restored
 // from a backup has an origin row but has forgotten recent grants: delete the origin row after
 // a restore (DELETE FROM <prefix>_origin) so that the window it resumes in counts as spent.
+// A grant must be durable before its reply leaves: every transaction sets synchronous_commit on
+// for itself (SET LOCAL), whatever the server's default (with it off, a crash forgets the last
+// grants acknowledged, and nothing would count their window as spent). A failover to a replica
+// that had not received them is a loss the origin row cannot see: use synchronous replication.
 //
 // Clean-up: piggybacked on lease calls, at most once per 10 s of coordinator time per
 // coordinator, in the lease's own transaction: up to 1000 keys idle for max(3 periods, 1 minute)

@@ -1,6 +1,7 @@
 // The PostgreSQL rate coordinator: two round trips per call on one libpq connection.
 //
-//   1. BEGIN; SET LOCAL timeouts; pg_advisory_xact_lock on "<prefix>:<key>"; (a lease: insert
+//   1. BEGIN; SET LOCAL timeouts and synchronous_commit; pg_advisory_xact_lock on "<prefix>:<key>";
+//   (a lease: insert
 //      the origin row if there is none); read the server's clock, the origin, the key's ledger
 //      row and its region rows (ordered by region, "C");
 //   2. (after sluice::lease or sluice::reconcile ran here on the Ledger built from the rows)
@@ -117,6 +118,7 @@ struct PostgresRateCoordinator::Impl {
   // clock, the origin and the key's ledger.
   StatusOr<Loaded> lock_and_read(Session& db, const std::string& k, bool with_origin) const {
     std::string sql = db.begin();
+    sql += "SET LOCAL synchronous_commit = on;";  // a grant is durable before it is answered
     sql += "SELECT pg_advisory_xact_lock(hashtextextended(" + lock_prefix + " || " + k + ", 0));";
     if (with_origin)
       sql += "INSERT INTO " + origin_table + " (id, origin_ns) VALUES (1, " + now_sql() +
