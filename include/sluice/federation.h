@@ -16,7 +16,9 @@
 //   - otherwise joins the key's one lease call (concurrent checks of a key share it: no
 //     stampede) and is answered when it completes, at most `lease_timeout` later; checks still
 //     queued after it are what the next lease asks for (at least a batch), so a region admits
-//     more than a batch per round trip when its checks come faster. A key's first lease in a
+//     more than a batch per round trip when its checks come faster. Leases of different keys
+//     that wait at the same moment go to the coordinator together, in one lease_many() call
+//     (one round trip on Redis, up to 64 at a time). A key's first lease in a
 //     window is a batch, or what the key spent here in the window before when that was less:
 //     a quiet key does not strand a batch of the budget in every region it is checked in.
 //     Coordinator calls run on the IoExecutor, never on the caller's thread;
@@ -188,6 +190,8 @@ class FederatedLimiter {
                                           Callback* park);
   // Starts a lease of `want` units for `key` on the IoExecutor (call without a shard lock).
   void lease_async(std::string key, std::uint64_t want);
+  // Sends every queued lease, up to kPipeline at a time, until the queue is empty.
+  void drain_leases();
   // One lease: from the coordinator, or through the pool.
   Outcome lease_direct(const std::string& key, std::uint64_t want);
   Outcome lease_through_pool(const std::string& key, std::uint64_t want);
@@ -227,6 +231,10 @@ class FederatedLimiter {
   std::atomic<std::int64_t> pool_down_until_{INT64_MIN};  // ns: lease direct until then
   std::atomic<bool> in_outage_{false};                    // regional-only outage
   std::atomic<std::int64_t> next_probe_{INT64_MIN};       // ns: the outage's next health probe
+  // Leases waiting to be sent (no pool): one drainer at a time sends them in batches.
+  std::mutex lease_mu_;
+  std::vector<std::pair<std::string, std::uint64_t>> lease_queue_;  // guarded by lease_mu_
+  bool draining_ = false;                                           // guarded by lease_mu_
 };
 
 }  // namespace sluice

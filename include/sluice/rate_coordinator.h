@@ -15,13 +15,21 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "sluice/clock.h"
 #include "sluice/escrow.h"
 #include "sluice/status.h"
 
 namespace sluice {
+
+// One lease of a lease_many() call.
+struct LeaseCall {
+  std::string_view key;
+  const LeaseRequest* request = nullptr;  // non-null
+};
 
 class RateCoordinator {
  public:
@@ -30,6 +38,22 @@ class RateCoordinator {
   [[nodiscard]] virtual StatusOr<LeaseReply> lease(std::string_view key,
                                                    const LeaseRequest& request,
                                                    Nanos timeout) noexcept = 0;
+  // Several leases (of different keys, or the same) in one call: exactly what lease() would
+  // reply to each, one reply per call in order, each as if made in that order. A backend that
+  // pipelines sends them all in one round trip (Redis); the default makes one lease() after
+  // another, each within `timeout`. An empty vector when it could not allocate (every call
+  // failed).
+  [[nodiscard]] virtual std::vector<StatusOr<LeaseReply>> lease_many(
+      std::span<const LeaseCall> calls, Nanos timeout) noexcept {
+    std::vector<StatusOr<LeaseReply>> out;
+    try {
+      out.reserve(calls.size());
+      for (const LeaseCall& c : calls) out.push_back(lease(c.key, *c.request, timeout));
+    } catch (...) {
+      out.clear();
+    }
+    return out;
+  }
   // `region` gave up `relinquished` units in total in the window starting at `window_start`;
   // returns the units given back to that window's budget (0 once it has ended).
   [[nodiscard]] virtual StatusOr<std::uint64_t> reconcile(std::string_view key,

@@ -67,6 +67,9 @@ class RedisRateCoordinator final : public RateCoordinator {
 
   [[nodiscard]] StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
                                            Nanos timeout) noexcept override;
+  // Pipelined: every lease written before any reply is read, one round trip for all.
+  [[nodiscard]] std::vector<StatusOr<LeaseReply>> lease_many(std::span<const LeaseCall> calls,
+                                                             Nanos timeout) noexcept override;
   [[nodiscard]] StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region,
                                                   Nanos window_start, std::uint64_t relinquished,
                                                   Nanos timeout) noexcept override;

@@ -74,6 +74,10 @@ class TimedRateCoordinator final : public RateCoordinator {
 
   [[nodiscard]] StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
                                            Nanos timeout) noexcept override;
+  // One observation for the whole call (a pipelined batch is one round trip); an error counted
+  // when any lease of it failed.
+  [[nodiscard]] std::vector<StatusOr<LeaseReply>> lease_many(std::span<const LeaseCall> calls,
+                                                             Nanos timeout) noexcept override;
   [[nodiscard]] StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region,
                                                   Nanos window_start, std::uint64_t relinquished,
                                                   Nanos timeout) noexcept override;

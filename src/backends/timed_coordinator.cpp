@@ -75,6 +75,16 @@ StatusOr<LeaseReply> TimedRateCoordinator::lease(std::string_view key, const Lea
   return r;
 }
 
+std::vector<StatusOr<LeaseReply>> TimedRateCoordinator::lease_many(std::span<const LeaseCall> calls,
+                                                                   Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  std::vector<StatusOr<LeaseReply>> r = inner_->lease_many(calls, timeout);
+  const bool ok = r.size() == calls.size() &&
+                  std::all_of(r.begin(), r.end(), [](const auto& x) { return x.ok(); });
+  stats_->record(clock_.now() - t0, ok);
+  return r;
+}
+
 StatusOr<std::uint64_t> TimedRateCoordinator::reconcile(std::string_view key,
                                                         std::string_view region, Nanos window_start,
                                                         std::uint64_t relinquished,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <future>
+#include <iterator>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -58,6 +59,8 @@ constexpr std::size_t kShards = 16;
 constexpr std::int64_t kNever = INT64_MIN;
 // A refill asks for at most this many batches.
 constexpr std::uint64_t kMaxBatches = 8;
+// Leases sent in one lease_many() call, at most.
+constexpr std::size_t kPipeline = 64;
 }  // namespace
 
 struct FederatedLimiter::Waiter {
@@ -189,9 +192,63 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
 
 void FederatedLimiter::lease_async(std::string key, std::uint64_t want) {
   leases_.fetch_add(1, std::memory_order_relaxed);
-  post([this, key = std::move(key), want] {
-    on_lease(key, pool_ != nullptr ? lease_through_pool(key, want) : lease_direct(key, want));
-  });
+  if (pool_ != nullptr) {
+    post([this, key = std::move(key), want] { on_lease(key, lease_through_pool(key, want)); });
+    return;
+  }
+  bool start = false;
+  {
+    const std::lock_guard lock(lease_mu_);
+    lease_queue_.emplace_back(std::move(key), want);
+    start = !std::exchange(draining_, true);
+  }
+  if (start) post([this] { drain_leases(); });
+}
+
+void FederatedLimiter::drain_leases() {
+  std::vector<std::pair<std::string, std::uint64_t>> batch;
+  for (;;) {
+    batch.clear();
+    {
+      const std::lock_guard lock(lease_mu_);
+      if (lease_queue_.empty()) {
+        draining_ = false;
+        return;
+      }
+      const std::size_t n = std::min(lease_queue_.size(), kPipeline);
+      batch.assign(std::make_move_iterator(lease_queue_.begin()),
+                   std::make_move_iterator(lease_queue_.begin() + static_cast<long>(n)));
+      lease_queue_.erase(lease_queue_.begin(), lease_queue_.begin() + static_cast<long>(n));
+    }
+    if (batch.size() == 1) {
+      on_lease(batch[0].first, lease_direct(batch[0].first, batch[0].second));
+      continue;
+    }
+    std::vector<std::string> keys;
+    std::vector<LeaseRequest> requests(batch.size());
+    std::vector<LeaseCall> calls(batch.size());
+    keys.reserve(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      keys.push_back(global_key(batch[i].first));
+      requests[i].region = options_.region;
+      requests[i].spec = options_.budget;
+      requests[i].want = batch[i].second;
+      requests[i].min_window_left = options_.min_window_left;
+      calls[i] = LeaseCall{keys[i], &requests[i]};
+    }
+    const Nanos sent_at = clock_.now();  // no reply can be decided before this
+    std::vector<StatusOr<LeaseReply>> replies =
+        coordinator_.lease_many(calls, options_.lease_timeout);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      Outcome o;
+      o.sent_at = sent_at;
+      if (i < replies.size())
+        o.reply = std::move(replies[i]);
+      else
+        o.reply = StatusOr<LeaseReply>(Status(StatusCode::kInternal, "lease_many: no reply"));
+      on_lease(batch[i].first, std::move(o));
+    }
+  }
 }
 
 FederatedLimiter::Outcome FederatedLimiter::lease_direct(const std::string& key,

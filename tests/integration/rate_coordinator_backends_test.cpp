@@ -146,6 +146,40 @@ TYPED_TEST(RateCoordinatorBackends, ConcurrentRegionsTogetherGetExactlyTheLimit)
   EXPECT_EQ(granted.load(), kLimit);  // never more, and every unit went out
 }
 
+// lease_many() (pipelined on Redis, one lease after another on PostgreSQL) replies to each call
+// as lease() would, in order, and a bad call fails alone.
+TYPED_TEST(RateCoordinatorBackends, LeaseManyRepliesAsOneLeaseAfterAnother) {
+  auto many = this->connect("many", true);
+  auto one = this->connect("one", true);
+  ASSERT_NE(many, nullptr);
+  ASSERT_NE(one, nullptr);
+  const std::vector<std::string> keys = {"a", "b", "a", "c", "b", "a", "a"};
+  std::vector<LeaseRequest> reqs;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    reqs.push_back(request(i % 2 == 0 ? "eu" : "us", 40, kLong, 5 + 4 * i));
+  reqs[3].region.clear();  // refused alone, naming the field
+  for (int round = 0; round < 3; ++round) {
+    std::vector<LeaseCall> calls;
+    for (std::size_t i = 0; i < keys.size(); ++i) calls.push_back(LeaseCall{keys[i], &reqs[i]});
+    const std::vector<StatusOr<LeaseReply>> got = many->lease_many(calls, kTimeout);
+    ASSERT_EQ(got.size(), keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const StatusOr<LeaseReply> want = one->lease(keys[i], reqs[i], kTimeout);
+      ASSERT_EQ(got[i].ok(), want.ok()) << "round " << round << " call " << i;
+      if (!want.ok()) {
+        EXPECT_EQ(got[i].status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(got[i].status().message().find("region"), std::string::npos);
+        continue;
+      }
+      LeaseReply a = got[i].value(), b = want.value();
+      a.coordinator_now = b.coordinator_now = Nanos{0};  // each server call reads its clock
+      EXPECT_EQ(a, b) << "round " << round << " call " << i;
+    }
+  }
+  // By now every key's budget is spent: the replies said so alike.
+  EXPECT_EQ(one->lease("a", reqs[0], kTimeout).value().status, LeaseStatus::kSpent);
+}
+
 TYPED_TEST(RateCoordinatorBackends,
            HealthAnswersWhenTheServerDoesAndIsUnavailableWhereNoneListens) {
   auto c = this->connect("health", true);

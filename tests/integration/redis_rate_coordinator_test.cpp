@@ -230,6 +230,21 @@ TEST_F(RedisRateCoordinatorTest, FlushedScriptIsReloadedAndTheCallRetried) {
   EXPECT_EQ(r.value().remaining, 86u);  // the retried call ran once
 }
 
+TEST_F(RedisRateCoordinatorTest, PipelinedLeasesReloadAFlushedScriptAndRunOnce) {
+  auto redis = connect_settled("pipe:fed:");
+  ASSERT_NE(redis, nullptr);
+  const LeaseRequest req = request("us", 100, kLong, 7);
+  ASSERT_TRUE(redis->lease("p1", req, kTimeout).ok());
+  EXPECT_EQ(cli(server_->port(), "SCRIPT FLUSH"), "OK");
+  const std::vector<LeaseCall> calls = {{"p1", &req}, {"p2", &req}, {"p1", &req}};
+  const auto r = redis->lease_many(calls, kTimeout);
+  ASSERT_EQ(r.size(), 3u);
+  for (const auto& x : r) ASSERT_TRUE(x.ok()) << x.status().to_string();
+  EXPECT_EQ(r[0].value().remaining, 86u);  // each retried call ran once
+  EXPECT_EQ(r[1].value().remaining, 93u);
+  EXPECT_EQ(r[2].value().remaining, 79u);
+}
+
 TEST_F(RedisRateCoordinatorTest, BadInputIsRefusedNamingTheFieldAndWritesNothing) {
   auto redis = connect_settled("bad:fed:");
   ASSERT_NE(redis, nullptr);

@@ -7,8 +7,10 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/federation.h"
 #include "sluice/rate_coordinator.h"
@@ -44,11 +46,19 @@ class Switchable final : public RateCoordinator {
   explicit Switchable(RateCoordinator& inner) : inner_(inner) {}
   bool down = false;
   int calls = 0;
+  std::vector<std::uint64_t> wants;  // each lease's ask, in order
   StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& r,
                              Nanos timeout) noexcept override {
     ++calls;
+    wants.push_back(r.want);
     if (down) return Status(StatusCode::kUnavailable, "coordinator down");
     return inner_.lease(key, r, timeout);
+  }
+  int batches = 0;  // lease_many() calls
+  std::vector<StatusOr<LeaseReply>> lease_many(std::span<const LeaseCall> calls,
+                                               Nanos timeout) noexcept override {
+    ++batches;
+    return RateCoordinator::lease_many(calls, timeout);  // lease() for each, counted there
   }
   StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region, Nanos w,
                                     std::uint64_t total, Nanos timeout) noexcept override {

@@ -86,10 +86,11 @@ TEST(Federation, ABusyKeysRefillsGrowWithItsRateAndAQuietKeysDoNot) {
 TEST(Federation, ABusyKeysLeaseAfterParkedChecksIsRateSized) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
+  Switchable sw(coord);
   QueuedIo io;
   FederationOptions o = opts("eu", 1'000'000);
   o.refill_below = 1;
-  FederatedLimiter f(coord, clock, o, io.executor());
+  FederatedLimiter f(sw, clock, o, io.executor());
   int allowed = 0;
   const auto check = [&] {
     clock.advance(milliseconds(1));
@@ -100,12 +101,11 @@ TEST(Federation, ABusyKeysLeaseAfterParkedChecksIsRateSized) {
   for (int i = 0; i < 15; ++i) check();  // the 16th spend starts a refill (16: doubling)
   for (int i = 0; i < 20; ++i) check();  // 20 checks park behind it
   ASSERT_EQ(io.calls.size(), 1u);
-  io.calls.front()();  // the refill: 16 more, 16 of the 20 served
-  io.calls.pop_front();
-  EXPECT_EQ(coord.ledger("hot")->granted, 32u);
-  ASSERT_EQ(io.calls.size(), 1u);  // the lease for the 4 still parked
+  // The refill (16 more, 16 of the 20 served), then the lease for the 4 still parked, sent by
+  // the same drainer once the refill's reply is in.
   io.run_all();
-  // It asked for the rate-sized refill (double the 32 held so far), not for the 4 parked.
+  // That lease asked for the rate-sized refill (double the 32 held so far), not for the 4 parked.
+  EXPECT_EQ(sw.wants, (std::vector<std::uint64_t>{16, 16, 32}));
   EXPECT_EQ(coord.ledger("hot")->granted, 64u);
   EXPECT_EQ(allowed, 36);
 }
@@ -169,14 +169,25 @@ TEST(Federation, TheNextLeaseAsksForEveryQueuedCheck) {
 TEST(Federation, ColdKeysLeaseConcurrently) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
+  Switchable sw(coord);
   QueuedIo io;
-  FederatedLimiter f(coord, clock, opts("eu", 1000), io.executor());
+  FederatedLimiter f(sw, clock, opts("eu", 1000), io.executor());
   int answered = 0;
   for (const char* key : {"a", "b", "c"})
     f.check(key, 1, clock.now(), [&](FederatedDecision d) { answered += d.rate.allowed; });
-  EXPECT_EQ(io.calls.size(), 3u);  // three leases in flight together
+  // The three leases go together, in one lease_many() call (one round trip on Redis), not one
+  // after another's reply.
+  EXPECT_EQ(io.calls.size(), 1u);
   io.run_all();
   EXPECT_EQ(answered, 3);
+  EXPECT_EQ(sw.batches, 1);
+  EXPECT_EQ(sw.calls, 3);
+  // A lease queued while a batch is out goes in the next one, by the same drainer.
+  for (const char* key : {"d", "e"})
+    f.check(key, 1, clock.now(), [&](FederatedDecision d) { answered += d.rate.allowed; });
+  io.run_all();
+  EXPECT_EQ(answered, 5);
+  EXPECT_EQ(sw.batches, 2);
 }
 
 TEST(Federation, RegionsShareOneBudgetAndNeverExceedItInAWindow) {

@@ -92,6 +92,11 @@ StatusOr<RedisConnection::Reply> RedisConnection::Session::eval(
   return conn_.eval_locked(script, keys, args, deadline_);
 }
 
+StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::Session::eval_many(
+    std::size_t script, const std::vector<EvalCall>& calls) {
+  return conn_.eval_many_locked(script, calls, deadline_);
+}
+
 Status RedisConnection::Session::connect() {
   if (conn_.ctx_) return {};
   return conn_.connect_locked(deadline_);
@@ -213,6 +218,79 @@ StatusOr<RedisConnection::Reply> RedisConnection::eval_locked(std::size_t script
                   "redis: " + scripts_[script].name + " script failed: " + err);
   }
   return Status(StatusCode::kInternal, "redis: script missing after reload");
+}
+
+StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::eval_many_locked(
+    std::size_t script, const std::vector<EvalCall>& calls, Nanos deadline) {
+  if (script >= scripts_.size())
+    return Status(StatusCode::kInvalidArgument, "script: no script " + std::to_string(script) +
+                                                    " (" + std::to_string(scripts_.size()) +
+                                                    " loaded)");
+  std::vector<StatusOr<Reply>> out;
+  out.reserve(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i)
+    out.emplace_back(Status(StatusCode::kInternal, "redis: no reply"));
+  std::vector<std::size_t> todo(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) todo[i] = i;
+  for (int attempt = 0; attempt < 2 && !todo.empty(); ++attempt) {
+    if (!ctx_) {
+      if (Status s = connect_locked(deadline); !s.ok()) return s;
+    }
+    const Nanos left = deadline - mono_now();
+    if (left <= Nanos{0})
+      return Status(StatusCode::kDeadlineExceeded, "redis: no time left for the call");
+    redisSetTimeout(ctx_.get(), to_timeval(left));
+    const std::string sha = shas_[script];
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const std::size_t i : todo) {
+      const EvalCall& c = calls[i];
+      const std::string nkeys = std::to_string(c.keys.size());
+      argv.assign({"EVALSHA", sha.c_str(), nkeys.c_str()});
+      lens.assign({7, sha.size(), nkeys.size()});
+      for (const auto* part : {&c.keys, &c.args}) {
+        for (const std::string& a : *part) {
+          argv.push_back(a.data());
+          lens.push_back(a.size());
+        }
+      }
+      // Appended to hiredis's output buffer (copied there): written by the first read below.
+      if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(),
+                                 lens.data()) != REDIS_OK) {
+        Status st = io_error(ctx_.get());
+        drop();
+        return st;
+      }
+    }
+    std::vector<std::size_t> again;
+    for (const std::size_t i : todo) {
+      void* raw = nullptr;
+      if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
+        Status st = io_error(ctx_.get());
+        drop();  // replies still owed would arrive on the next call: the connection is done
+        return st;
+      }
+      Reply r(static_cast<redisReply*>(raw));
+      if (r->type != REDIS_REPLY_ERROR) {
+        out[i] = std::move(r);
+        continue;
+      }
+      const std::string err = text_of(r.get());
+      if (attempt == 0 && err.rfind("NOSCRIPT", 0) == 0)
+        again.push_back(i);
+      else
+        out[i] = Status(StatusCode::kInternal,
+                        "redis: " + scripts_[script].name + " script failed: " + err);
+    }
+    if (!again.empty() && attempt == 0) {
+      // A restarted or flushed server: load the scripts and send those calls again, once.
+      if (Status st = load_scripts_locked(deadline); !st.ok()) return st;
+    }
+    todo = std::move(again);
+  }
+  for (const std::size_t i : todo)
+    out[i] = Status(StatusCode::kInternal, "redis: script missing after reload");
+  return out;
 }
 
 }  // namespace sluice::redis_detail

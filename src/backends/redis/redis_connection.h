@@ -53,6 +53,12 @@ class RedisConnection {
   };
   using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
+  // One script call's KEYS and ARGV (eval_many).
+  struct EvalCall {
+    std::vector<std::string> keys;
+    std::vector<std::string> args;
+  };
+
   // A Lua script: `name` appears in its error messages ("redis: <name> script failed: ...").
   struct Script {
     std::string name;
@@ -76,6 +82,12 @@ class RedisConnection {
     // EVALSHA of script `script` with `keys` and `args`; an error reply is kInternal.
     [[nodiscard]] StatusOr<Reply> eval(std::size_t script, const std::vector<std::string>& keys,
                                        const std::vector<std::string>& args);
+    // Every call of `calls` as EVALSHA of script `script`, pipelined: all are written before
+    // any reply is read (one round trip). One reply per call, in order; an error reply is that
+    // call's kInternal; NOSCRIPT loads the scripts and sends the calls it hit again, once. A
+    // failed I/O fails them all (the error Status).
+    [[nodiscard]] StatusOr<std::vector<StatusOr<Reply>>> eval_many(
+        std::size_t script, const std::vector<EvalCall>& calls);
     // Connects (AUTH, SELECT, the check, SCRIPT LOAD) unless connected.
     [[nodiscard]] Status connect();
     // The deadline on the steady clock (backend_detail::mono_now()).
@@ -130,6 +142,9 @@ class RedisConnection {
   Status load_scripts_locked(Nanos deadline);
   StatusOr<Reply> eval_locked(std::size_t script, const std::vector<std::string>& keys,
                               const std::vector<std::string>& args, Nanos deadline);
+  StatusOr<std::vector<StatusOr<Reply>>> eval_many_locked(std::size_t script,
+                                                          const std::vector<EvalCall>& calls,
+                                                          Nanos deadline);
   void drop() noexcept { ctx_.reset(); }
 
   const RedisOptions options_;

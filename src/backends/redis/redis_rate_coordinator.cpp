@@ -96,12 +96,17 @@ struct RedisRateCoordinator::Impl {
                       "maxmemory-policy noeviction or in redis.conf");
   }
 
+  // The script's keys for `key`: its hash and the origin marker.
+  std::vector<std::string> keys_of(std::string_view key) const {
+    return {ledger_prefix + "{" + std::string(key) + "}", ledger_prefix + "origin"};
+  }
   // Runs the script with `args` on the key's hash and the origin marker.
   StatusOr<RedisConnection::Reply> run_script(RedisConnection::Session& s, std::string_view key,
                                               const std::vector<std::string>& args) const {
-    return s.eval(0, {ledger_prefix + "{" + std::string(key) + "}", ledger_prefix + "origin"},
-                  args);
+    return s.eval(0, keys_of(key), args);
   }
+  // A lease's script call (the request checked by lease_error()).
+  RedisConnection::EvalCall lease_call(std::string_view key, const LeaseRequest& request) const;
 
   // The caller's time in test mode; empty: the script reads Redis TIME.
   std::string now_arg() const {
@@ -138,10 +143,11 @@ StatusOr<std::unique_ptr<RedisRateCoordinator>> RedisRateCoordinator::connect(
   return c;
 }
 
-StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
-                                                 Nanos timeout) noexcept {
+namespace {
+
+// Why a lease cannot be sent (ok when it can).
+Status lease_error(std::string_view key, const LeaseRequest& request) {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "key: must not be empty");
-  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
   if (std::string why = validate(request); !why.empty())
     return Status(StatusCode::kInvalidArgument, std::move(why));
   if (request.spec.period % std::chrono::microseconds(1) != Nanos{0})
@@ -150,19 +156,68 @@ StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const Lea
   if (request.spec.limit > kMaxExact)
     return Status(StatusCode::kInvalidArgument,
                   "limit: must be at most 2^53 on the redis coordinator");
+  return {};
+}
+
+}  // namespace
+
+RedisConnection::EvalCall RedisRateCoordinator::Impl::lease_call(
+    std::string_view key, const LeaseRequest& request) const {
+  // A grant never exceeds the limit, so a larger want asks for the same.
+  const std::uint64_t want = std::min(request.want, request.spec.limit);
+  const auto min_left = std::chrono::ceil<std::chrono::microseconds>(request.min_window_left);
+  return {keys_of(key),
+          {"lease", now_arg(), std::to_string(kMinTtlMs), request.region,
+           std::to_string(request.spec.limit), std::to_string(floor_us(request.spec.period)),
+           std::to_string(want), std::to_string(min_left.count())}};
+}
+
+StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
+                                                 Nanos timeout) noexcept {
+  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
+  if (Status bad = lease_error(key, request); !bad.ok()) return bad;
   const Impl& m = *impl_;
   return impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<LeaseReply> {
-    // A grant never exceeds the limit, so a larger want asks for the same.
-    const std::uint64_t want = std::min(request.want, request.spec.limit);
-    const auto min_left = std::chrono::ceil<std::chrono::microseconds>(request.min_window_left);
-    auto r = m.run_script(
-        s, key,
-        {"lease", m.now_arg(), std::to_string(kMinTtlMs), request.region,
-         std::to_string(request.spec.limit), std::to_string(floor_us(request.spec.period)),
-         std::to_string(want), std::to_string(min_left.count())});
+    RedisConnection::EvalCall c = m.lease_call(key, request);
+    auto r = s.eval(0, c.keys, c.args);
     if (!r.ok()) return r.status();
     return lease_reply_of(r.value().get());
   });
+}
+
+std::vector<StatusOr<LeaseReply>> RedisRateCoordinator::lease_many(std::span<const LeaseCall> calls,
+                                                                   Nanos timeout) noexcept {
+  std::vector<StatusOr<LeaseReply>> out;
+  try {
+    out.reserve(calls.size());
+    std::vector<RedisConnection::EvalCall> sent;
+    std::vector<std::size_t> slot;  // the call each sent lease answers
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      Status bad = timeout <= Nanos{0}
+                       ? Status(StatusCode::kInvalidArgument, "timeout: must be > 0")
+                       : lease_error(calls[i].key, *calls[i].request);
+      out.emplace_back(bad.ok() ? Status(StatusCode::kInternal, "redis: no reply") : bad);
+      if (!bad.ok()) continue;
+      sent.push_back(impl_->lease_call(calls[i].key, *calls[i].request));
+      slot.push_back(i);
+    }
+    if (sent.empty()) return out;
+    using Replies = std::vector<StatusOr<RedisConnection::Reply>>;
+    StatusOr<Replies> replies = impl_->conn.call(
+        timeout,
+        [&](RedisConnection::Session& s) -> StatusOr<Replies> { return s.eval_many(0, sent); });
+    for (std::size_t j = 0; j < slot.size(); ++j) {
+      if (!replies.ok())
+        out[slot[j]] = replies.status();
+      else if (!replies.value()[j].ok())
+        out[slot[j]] = replies.value()[j].status();
+      else
+        out[slot[j]] = lease_reply_of(replies.value()[j].value().get());
+    }
+  } catch (...) {
+    out.clear();
+  }
+  return out;
 }
 
 StatusOr<std::uint64_t> RedisRateCoordinator::reconcile(std::string_view key,
