@@ -289,16 +289,22 @@ std::string pool_table(const std::vector<PoolRow>& rows, const std::vector<SkewR
 std::string pool_csv(const std::vector<PoolRow>& rows, const std::vector<SkewRow>& single,
                      std::uint64_t batch) {
   std::string out =
-      "skew,setup,u_capacity,max_admitted_over_limit,stranded_per_window,leases_per_admission,"
-      "pool_taken_per_window\n";
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    for (const auto& [setup, r] : pool_setups(rows[i], single[i], batch)) {
+      "skew,processes,regional_batch,u_capacity,max_admitted_over_limit,stranded_per_window,"
+      "leases_per_admission,pool_taken_per_window\n";
+  // processes and regional batch (0: no pool) of each setup, in pool_setups' order.
+  const std::string keys[] = {"1,0", "3,0", "3," + std::to_string(4 * batch),
+                              "3," + std::to_string(16 * batch)};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto setups = pool_setups(rows[i], single[i], batch);
+    for (std::size_t j = 0; j < setups.size(); ++j) {
+      const FederationSimResult* r = setups[j].second;
       char buf[160];
       std::snprintf(buf, sizeof buf, ",%.4f,%.4f,%.2f,%.5f,%.1f\n", r->u_capacity,
                     r->max_admitted_over_limit, r->mean_stranded, r->leases_per_admission,
                     static_cast<double>(r->pool_taken) / static_cast<double>(r->windows.size()));
-      out += fmt("%.2f", rows[i].skew) + "," + setup + buf;
+      out += fmt("%.2f", rows[i].skew) + "," + keys[j] + buf;
     }
+  }
   return out;
 }
 
@@ -334,6 +340,18 @@ std::string process_table(const std::vector<ProcessRow>& rows) {
          fmt("%.3f", std::max(r.own.max_admitted_over_limit, r.pooled.max_admitted_over_limit)) +
          " |\n";
   return t;
+}
+
+// Coordinator leases per admission by processes per region, with and without a pool.
+std::string process_plot(const std::vector<ProcessRow>& rows) {
+  PlotSeries own{"each process its own leases", "#d62728", {}, false};
+  PlotSeries pooled{"a pool per region", "#2ca02c", {}, false};
+  for (const ProcessRow& r : rows) {
+    own.points.emplace_back(r.processes, r.own.leases_per_admission);
+    pooled.points.emplace_back(r.processes, r.pooled.leases_per_admission);
+  }
+  return svg_plot("Coordinator leases per admission: K = 3 regions, s = 0.5",
+                  "lease calls per admission", {own, pooled}, "processes per region");
 }
 
 // ---- a coordinator outage ----
@@ -480,6 +498,31 @@ std::string outage_summary(const std::vector<OutageRun>& runs) {
   return t;
 }
 
+// Admitted / limit per window (at the window's middle) through the outage, by mode.
+std::string outage_plot(const std::vector<OutageRun>& runs) {
+  static const char* const kColors[] = {"#d62728", "#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd"};
+  std::vector<PlotSeries> series;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    PlotSeries s{outage_label(runs[i].config), kColors[i % 5], {}, i >= 3};
+    for (std::size_t k = 0; k < runs[i].result.windows.size(); ++k)
+      s.points.emplace_back(static_cast<double>(k) + 0.5,
+                            static_cast<double>(runs[i].result.windows[k].admitted) /
+                                static_cast<double>(runs[i].config.limit));
+    series.push_back(std::move(s));
+  }
+  const FederationSimConfig& c = runs.front().config;
+  const double start = std::chrono::duration<double>(c.outage_start).count();
+  const double end = std::chrono::duration<double>(c.outage_end).count();
+  // The outage as a box from 0 to the limit.
+  series.push_back({"outage " + outage_span(c),
+                    "#000000",
+                    {{start, 0.0}, {start, 1.0}, {end, 1.0}, {end, 0.0}},
+                    true});
+  return svg_plot("Admitted / limit per window through a coordinator outage (load " +
+                      fmt("%.1f", c.load) + ", s = 0.5)",
+                  "admitted / limit", series, "time (s)");
+}
+
 std::string outage_csv(const std::vector<OutageRun>& runs) {
   std::string out =
       "outage_start_s,outage_end_s,load,skew,mode,failure,health_check_s,window,in_outage,offered,"
@@ -518,6 +561,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
           "federated max admitted per window / limit must be <= 1" + at + ", measured " +
               fmt("%.4f", r.max_admitted_over_limit));
   };
+  std::vector<SkewRow> main_rows;  // one process per region at `load`, for the pool table
   std::vector<double> loads = {o.load};
   if (o.load != 1.0) loads.push_back(1.0);
   for (const double load : loads) {
@@ -537,6 +581,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     for (const SkewRow& r : all)
       bounded(r.federated, " at s = " + fmt("%.2f", r.skew) + ", load " + fmt("%.1f", load));
     if (!main_load) continue;
+    main_rows = rows;
     for (const SkewRow& r : all)
       claim(out, r.federated.u_capacity >= 0.98,
             "federated U_capacity must be >= 0.98 at s = " + fmt("%.2f", r.skew) + ", measured " +
@@ -561,13 +606,18 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   out.files.emplace_back("federation-round-trip.csv", round_trip_csv(trips));
   // Processes sharing a regional pool.
   {
-    const std::vector<SkewRow> single = run_skews(o, o.load, federation_skews());
     const std::vector<PoolRow> pools = run_pools(o);
-    out.table += "### Three processes per region, with and without a regional pool\n\n" +
-                 pool_table(pools, single, o.batch) + "\n";
-    out.files.emplace_back("federation-pool.csv", pool_csv(pools, single, o.batch));
+    out.table += "### Three processes per region, with and without a regional pool (offered " +
+                 fmt("%.1f", o.load) +
+                 " x L)\n\nAs above, with each region's arrivals spread at random over 3 "
+                 "processes, each its own FederatedLimiter: leasing for itself, or sharing the "
+                 "region's pool (a MemoryRegionalEscrow behind the same one-way delay). Leases "
+                 "count coordinator calls only.\n\n" +
+                 pool_table(pools, main_rows, o.batch) + "\n";
+    out.files.emplace_back("federation-pool.csv", pool_csv(pools, main_rows, o.batch));
     const std::vector<ProcessRow> procs = run_processes(o, 0.5);
-    out.table += process_table(procs) + "\n";
+    out.table += "By processes per region, s = 0.50:\n\n" + process_table(procs) + "\n";
+    out.files.emplace_back("federation-pool-processes.svg", process_plot(procs));
     for (const PoolRow& r : pools) {
       const std::string at = " at s = " + fmt("%.2f", r.skew);
       bounded(r.own, " with 3 processes" + at);
@@ -590,11 +640,21 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   // A coordinator outage.
   {
     std::vector<OutageRun> runs = run_outages(o, o.load, std::chrono::milliseconds(4500));
-    out.table += "### Coordinator outage\n\n" + outage_windows_table(runs) + "\n";
+    out.table +=
+        "### Coordinator outage\n\n3 processes per region sharing a pool, " +
+        std::to_string(kOutageWindows) +
+        " windows, s = 0.50; the coordinator unreachable for 3 s (refused: each call fails one "
+        "round trip after it is made; timeout: at lease_timeout, 250 ms); the pools stay "
+        "reachable. Admitted / limit per window; (+n): admitted beyond the window's own "
+        "grants.\n\nOffered " +
+        fmt("%.1f", o.load) + " x L, outage 4.50-7.50 s:\n\n" + outage_windows_table(runs) +
+        "\nOffered 0.6 x L, outage 4.90-7.90 s (the pools still hold units when it begins):\n\n";
     const std::vector<OutageRun> low = run_outages(o, 0.6, std::chrono::milliseconds(4900));
     out.table += outage_windows_table(low) + "\n";
     const std::vector<OutageRun> brief = run_short_outages(o);
-    out.table += outage_windows_table(brief) + "\n";
+    out.table += "An 80 ms outage across a window's end (5.97-6.05 s), s = 0.75, offered " +
+                 fmt("%.1f", o.load) + " x L:\n\n" + outage_windows_table(brief) + "\n";
+    out.files.emplace_back("federation-outage.svg", outage_plot(runs));
     runs.insert(runs.end(), low.begin(), low.end());
     runs.insert(runs.end(), brief.begin(), brief.end());
     out.table += outage_summary(runs) + "\n";
