@@ -221,6 +221,337 @@ std::string setup(const FederationScenarioOptions& o, double load) {
          "max over windows of admitted / L.\n\n";
 }
 
+// ---- processes per region, with and without a regional pool ----
+
+constexpr int kProcesses = 3;
+// How much U_capacity three processes sharing a pool may lose against three leasing for
+// themselves: the pool's remainder of a regional batch strands at a window's end in a region
+// whose demand is below it (0.015 at s = 0.75 over 20 windows).
+constexpr double kPoolMargin = 0.03;
+
+struct PoolRow {
+  double skew = 0;
+  // M processes leasing for themselves; sharing a pool (regional batch 4 x batch, the default);
+  // sharing a pool whose regional batch is one batch.
+  FederationSimResult own, pooled, small;
+};
+
+FederationSimConfig pool_config(const FederationScenarioOptions& o, double skew, bool pool) {
+  FederationSimConfig c;
+  c.load = o.load;
+  c.skew = skew;
+  c.windows = o.windows;
+  c.seed = o.seed;
+  c.one_way = o.one_way;
+  c.batch = o.batch;
+  c.processes = kProcesses;
+  c.regional_pool = pool;
+  return c;
+}
+
+std::vector<PoolRow> run_pools(const FederationScenarioOptions& o) {
+  std::vector<PoolRow> rows;
+  for (const double s : federation_skews()) {
+    PoolRow& row = rows.emplace_back();
+    row.skew = s;
+    row.own = run_federation_sim(pool_config(o, s, false));
+    row.pooled = run_federation_sim(pool_config(o, s, true));
+    FederationSimConfig c = pool_config(o, s, true);
+    c.regional_batch = 16 * o.batch;
+    row.small = run_federation_sim(c);
+  }
+  return rows;
+}
+
+// Each setup of a pool row, with the one-process run of the main table at the same skew.
+std::vector<std::pair<std::string, const FederationSimResult*>> pool_setups(const PoolRow& r,
+                                                                            const SkewRow& single,
+                                                                            std::uint64_t batch) {
+  return {{"1 process per region (above)", &single.federated},
+          {"3 processes, each its own leases", &r.own},
+          {"3 processes, a pool (regional batch " + std::to_string(4 * batch) + ")", &r.pooled},
+          {"3 processes, a pool (regional batch " + std::to_string(16 * batch) + ")", &r.small}};
+}
+
+std::string pool_table(const std::vector<PoolRow>& rows, const std::vector<SkewRow>& single,
+                       std::uint64_t batch) {
+  std::string t =
+      "| skew | setup | U_capacity | max admitted per window / limit | stranded escrow per window "
+      "| coordinator leases per admission |\n|---|---|---|---|---|---|\n";
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (const auto& [setup, r] : pool_setups(rows[i], single[i], batch))
+      t += "| " + fmt("%.2f", rows[i].skew) + " | " + setup + " | " + fmt("%.3f", r->u_capacity) +
+           " | " + fmt("%.3f", r->max_admitted_over_limit) + " | " + fmt("%.1f", r->mean_stranded) +
+           " | " + fmt("%.4f", r->leases_per_admission) + " |\n";
+  return t;
+}
+
+std::string pool_csv(const std::vector<PoolRow>& rows, const std::vector<SkewRow>& single,
+                     std::uint64_t batch) {
+  std::string out =
+      "skew,processes,regional_batch,u_capacity,max_admitted_over_limit,stranded_per_window,"
+      "leases_per_admission,pool_taken_per_window\n";
+  // processes and regional batch (0: no pool) of each setup, in pool_setups' order.
+  const std::string keys[] = {"1,0", "3,0", "3," + std::to_string(4 * batch),
+                              "3," + std::to_string(16 * batch)};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto setups = pool_setups(rows[i], single[i], batch);
+    for (std::size_t j = 0; j < setups.size(); ++j) {
+      const FederationSimResult* r = setups[j].second;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ",%.4f,%.4f,%.2f,%.5f,%.1f\n", r->u_capacity,
+                    r->max_admitted_over_limit, r->mean_stranded, r->leases_per_admission,
+                    static_cast<double>(r->pool_taken) / static_cast<double>(r->windows.size()));
+      out += fmt("%.2f", rows[i].skew) + "," + keys[j] + buf;
+    }
+  }
+  return out;
+}
+
+// Coordinator leases per admission as the processes per region grow, at one skew.
+struct ProcessRow {
+  int processes = 1;
+  FederationSimResult own, pooled;
+};
+
+std::vector<ProcessRow> run_processes(const FederationScenarioOptions& o, double skew) {
+  std::vector<ProcessRow> rows;
+  for (const int m : {1, 3, 6, 9}) {
+    ProcessRow& row = rows.emplace_back();
+    row.processes = m;
+    FederationSimConfig c = pool_config(o, skew, false);
+    c.processes = m;
+    row.own = run_federation_sim(c);
+    c.regional_pool = true;
+    row.pooled = run_federation_sim(c);
+  }
+  return rows;
+}
+
+std::string process_table(const std::vector<ProcessRow>& rows) {
+  std::string t =
+      "| processes per region | U_capacity, own leases | U_capacity, pool | coordinator leases "
+      "per admission, own leases | coordinator leases per admission, pool | max admitted per "
+      "window / limit (both) |\n|---|---|---|---|---|---|\n";
+  for (const ProcessRow& r : rows)
+    t += "| " + std::to_string(r.processes) + " | " + fmt("%.3f", r.own.u_capacity) + " | " +
+         fmt("%.3f", r.pooled.u_capacity) + " | " + fmt("%.4f", r.own.leases_per_admission) +
+         " | " + fmt("%.4f", r.pooled.leases_per_admission) + " | " +
+         fmt("%.3f", std::max(r.own.max_admitted_over_limit, r.pooled.max_admitted_over_limit)) +
+         " |\n";
+  return t;
+}
+
+// Coordinator leases per admission by processes per region, with and without a pool.
+std::string process_plot(const std::vector<ProcessRow>& rows) {
+  PlotSeries own{"each process its own leases", "#d62728", {}, false};
+  PlotSeries pooled{"a pool per region", "#2ca02c", {}, false};
+  for (const ProcessRow& r : rows) {
+    own.points.emplace_back(r.processes, r.own.leases_per_admission);
+    pooled.points.emplace_back(r.processes, r.pooled.leases_per_admission);
+  }
+  return svg_plot("Coordinator leases per admission: K = 3 regions, s = 0.5",
+                  "lease calls per admission", {own, pooled}, "processes per region");
+}
+
+// ---- a coordinator outage ----
+
+constexpr int kOutageWindows = 12;
+
+struct OutageRun {
+  FederationSimConfig config;
+  FederationSimResult result;
+};
+
+std::string outage_label(const FederationSimConfig& c) {
+  std::string out =
+      std::string(to_string(c.outage)) + ", " + std::string(to_string(c.outage_failure));
+  if (c.outage == FederationOutage::kRegionalOnly)
+    out += ", probe every " +
+           fmt("%g s", std::chrono::duration<double>(c.coordinator_health_check).count());
+  return out;
+}
+
+std::string outage_span(const FederationSimConfig& c) {
+  return fmt("%.2f", std::chrono::duration<double>(c.outage_start).count()) + "-" +
+         fmt("%.2f s", std::chrono::duration<double>(c.outage_end).count());
+}
+
+// Three processes per region sharing a pool, the coordinator unreachable during [start, end).
+FederationSimConfig outage_config(const FederationScenarioOptions& o, double load, double skew,
+                                  Nanos start, Nanos end) {
+  FederationSimConfig c = pool_config(o, skew, true);
+  c.load = load;
+  c.windows = kOutageWindows;
+  c.outage_start = start;
+  c.outage_end = end;
+  return c;
+}
+
+// Fail-closed and regional-only (probing at the default interval, and every second), the
+// coordinator's calls refused or timing out, unreachable during [start, start + 3 s) at s = 0.5.
+std::vector<OutageRun> run_outages(const FederationScenarioOptions& o, double load, Nanos start) {
+  const Nanos probe = FederationOptions{}.coordinator_health_check;
+  const struct {
+    FederationOutage mode;
+    OutageFailure failure;
+    Nanos health_check;
+  } specs[] = {{FederationOutage::kFailClosed, OutageFailure::kRefused, probe},
+               {FederationOutage::kRegionalOnly, OutageFailure::kRefused, probe},
+               {FederationOutage::kRegionalOnly, OutageFailure::kRefused, std::chrono::seconds(1)},
+               {FederationOutage::kFailClosed, OutageFailure::kTimeout, probe},
+               {FederationOutage::kRegionalOnly, OutageFailure::kTimeout, probe}};
+  std::vector<OutageRun> runs;
+  for (const auto& spec : specs) {
+    FederationSimConfig c = outage_config(o, load, 0.5, start, start + std::chrono::seconds(3));
+    c.outage_failure = spec.failure;
+    c.outage = spec.mode;
+    c.coordinator_health_check = spec.health_check;
+    runs.push_back({c, run_federation_sim(c)});
+  }
+  return runs;
+}
+
+// A short outage across a window's end at s = 0.75, where the cold regions' pools still hold
+// units when the window ends and the coordinator is back early in the next one: regional-only
+// spends those units in a window that also gets its whole limit.
+std::vector<OutageRun> run_short_outages(const FederationScenarioOptions& o) {
+  std::vector<OutageRun> runs;
+  for (const FederationOutage m :
+       {FederationOutage::kFailClosed, FederationOutage::kRegionalOnly}) {
+    FederationSimConfig c = outage_config(o, o.load, 0.75, std::chrono::milliseconds(5970),
+                                          std::chrono::milliseconds(6050));
+    c.outage = m;
+    c.coordinator_health_check = std::chrono::milliseconds(100);
+    runs.push_back({c, run_federation_sim(c)});
+  }
+  return runs;
+}
+
+// The windows the outage touches: from the one it begins in to the one it ends in.
+bool in_outage(const FederationSimConfig& c, std::size_t k) {
+  const auto first = static_cast<std::size_t>(c.outage_start / c.window);
+  const auto last = static_cast<std::size_t>(c.outage_end / c.window);
+  return k >= first && k <= last;
+}
+
+// The degraded bound's budget: what the pools held at the onset, counting the refills in flight
+// then (their leases reached the coordinator before it).
+std::uint64_t onset_bound(const FederationSimResult& r) {
+  return r.onset_pool_balance + r.refilled_in_outage;
+}
+
+std::uint64_t excess_over_limit(const OutageRun& r) {
+  std::uint64_t most = 0;
+  for (std::size_t k = 0; k < r.result.windows.size(); ++k)
+    if (in_outage(r.config, k) && r.result.windows[k].admitted > r.config.limit)
+      most = std::max(most, r.result.windows[k].admitted - r.config.limit);
+  return most;
+}
+
+std::string outage_windows_table(const std::vector<OutageRun>& runs) {
+  std::string t = "| window | offered / limit |";
+  std::string rule = "|---|---|";
+  for (const OutageRun& r : runs) {
+    t += " " + outage_label(r.config) + " |";
+    rule += "---|";
+  }
+  t += "\n" + rule + "\n";
+  const OutageRun& first = runs.front();
+  const auto limit = static_cast<double>(first.config.limit);
+  for (std::size_t k = 2; k < first.result.windows.size(); ++k) {
+    t += "| " + std::to_string(k) + (in_outage(first.config, k) ? " (outage)" : "") + " | " +
+         fmt("%.3f", static_cast<double>(first.result.windows[k].offered) / limit) + " |";
+    for (const OutageRun& r : runs) {
+      const FederationWindow& w = r.result.windows[k];
+      t += " " + fmt("%.3f", static_cast<double>(w.admitted) / limit);
+      if (w.admitted > w.handed_out) t += " (+" + std::to_string(w.admitted - w.handed_out) + ")";
+      t += " |";
+    }
+    t += "\n";
+  }
+  return t;
+}
+
+std::string outage_summary(const std::vector<OutageRun>& runs) {
+  std::string t =
+      "| outage | load, skew | mode, failure | pools' balance at onset + refills in flight | "
+      "escrow held by processes at onset | released to the pools during the outage | admitted "
+      "beyond the windows' own grants | most admitted over the limit in a window | refused: "
+      "coordinator unreachable | refused: regional balance spent |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const OutageRun& r : runs) {
+    std::uint64_t unreachable = 0, spent = 0;
+    for (const FederationWindow& w : r.result.windows) {
+      unreachable += w.refused_unreachable;
+      spent += w.refused_balance_spent;
+    }
+    t += "| " + outage_span(r.config) + " | " + fmt("%.1f", r.config.load) + ", " +
+         fmt("%.2f", r.config.skew) + " | " + outage_label(r.config) + " | " +
+         std::to_string(r.result.onset_pool_balance) + " + " +
+         std::to_string(r.result.refilled_in_outage) + " | " +
+         std::to_string(r.result.onset_escrow_held) + " | " +
+         std::to_string(r.result.released_in_outage) + " | " +
+         std::to_string(r.result.beyond_grants) + " | " + std::to_string(excess_over_limit(r)) +
+         " | " + std::to_string(unreachable) + " | " + std::to_string(spent) + " |\n";
+  }
+  return t;
+}
+
+// Admitted / limit per window (at the window's middle) through the outage, by mode.
+std::string outage_plot(const std::vector<OutageRun>& runs) {
+  static const char* const kColors[] = {"#d62728", "#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd"};
+  std::vector<PlotSeries> series;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    PlotSeries s{outage_label(runs[i].config), kColors[i % 5], {}, i >= 3};
+    for (std::size_t k = 0; k < runs[i].result.windows.size(); ++k)
+      s.points.emplace_back(static_cast<double>(k) + 0.5,
+                            static_cast<double>(runs[i].result.windows[k].admitted) /
+                                static_cast<double>(runs[i].config.limit));
+    series.push_back(std::move(s));
+  }
+  const FederationSimConfig& c = runs.front().config;
+  const double start = std::chrono::duration<double>(c.outage_start).count();
+  const double end = std::chrono::duration<double>(c.outage_end).count();
+  // The outage as a box from 0 to the limit.
+  series.push_back({"outage " + outage_span(c),
+                    "#000000",
+                    {{start, 0.0}, {start, 1.0}, {end, 1.0}, {end, 0.0}},
+                    true});
+  return svg_plot("Admitted / limit per window through a coordinator outage (load " +
+                      fmt("%.1f", c.load) + ", s = 0.5)",
+                  "admitted / limit", series, "time (s)");
+}
+
+std::string outage_csv(const std::vector<OutageRun>& runs) {
+  std::string out =
+      "outage_start_s,outage_end_s,load,skew,mode,failure,health_check_s,window,in_outage,offered,"
+      "admitted,handed_out,leases,refused_unreachable,refused_balance_spent,onset_pool_balance,"
+      "refilled_in_outage,released_in_outage,onset_escrow_held\n";
+  for (const OutageRun& r : runs) {
+    const FederationSimConfig& c = r.config;
+    char head[160];
+    std::snprintf(head, sizeof head, "%.2f,%.2f,%.1f,%.2f,%s,%s,%g,",
+                  std::chrono::duration<double>(c.outage_start).count(),
+                  std::chrono::duration<double>(c.outage_end).count(), c.load, c.skew,
+                  std::string(to_string(c.outage)).c_str(),
+                  std::string(to_string(c.outage_failure)).c_str(),
+                  std::chrono::duration<double>(c.coordinator_health_check).count());
+    for (std::size_t k = 0; k < r.result.windows.size(); ++k) {
+      const FederationWindow& w = r.result.windows[k];
+      out += head + std::to_string(k) + "," + (in_outage(c, k) ? "1" : "0") + "," +
+             std::to_string(w.offered) + "," + std::to_string(w.admitted) + "," +
+             std::to_string(w.handed_out) + "," + std::to_string(w.leases) + "," +
+             std::to_string(w.refused_unreachable) + "," + std::to_string(w.refused_balance_spent) +
+             "," + std::to_string(r.result.onset_pool_balance) + "," +
+             std::to_string(r.result.refilled_in_outage) + "," +
+             std::to_string(r.result.released_in_outage) + "," +
+             std::to_string(r.result.onset_escrow_held) + "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
@@ -230,6 +561,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
           "federated max admitted per window / limit must be <= 1" + at + ", measured " +
               fmt("%.4f", r.max_admitted_over_limit));
   };
+  std::vector<SkewRow> main_rows;  // one process per region at `load`, for the pool table
   std::vector<double> loads = {o.load};
   if (o.load != 1.0) loads.push_back(1.0);
   for (const double load : loads) {
@@ -249,6 +581,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     for (const SkewRow& r : all)
       bounded(r.federated, " at s = " + fmt("%.2f", r.skew) + ", load " + fmt("%.1f", load));
     if (!main_load) continue;
+    main_rows = rows;
     for (const SkewRow& r : all)
       claim(out, r.federated.u_capacity >= 0.98,
             "federated U_capacity must be >= 0.98 at s = " + fmt("%.2f", r.skew) + ", measured " +
@@ -271,6 +604,83 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
                "delays cost.\n\n" +
                round_trip_table(trips, o.batch) + "\n";
   out.files.emplace_back("federation-round-trip.csv", round_trip_csv(trips));
+  // Processes sharing a regional pool.
+  {
+    const std::vector<PoolRow> pools = run_pools(o);
+    out.table += "### Three processes per region, with and without a regional pool (offered " +
+                 fmt("%.1f", o.load) +
+                 " x L)\n\nAs above, with each region's arrivals spread at random over 3 "
+                 "processes, each its own FederatedLimiter: leasing for itself, or sharing the "
+                 "region's pool (a MemoryRegionalEscrow behind the same one-way delay). Leases "
+                 "count coordinator calls only.\n\n" +
+                 pool_table(pools, main_rows, o.batch) + "\n";
+    out.files.emplace_back("federation-pool.csv", pool_csv(pools, main_rows, o.batch));
+    const std::vector<ProcessRow> procs = run_processes(o, 0.5);
+    out.table += "By processes per region, s = 0.50:\n\n" + process_table(procs) + "\n";
+    out.files.emplace_back("federation-pool-processes.svg", process_plot(procs));
+    for (const PoolRow& r : pools) {
+      const std::string at = " at s = " + fmt("%.2f", r.skew);
+      bounded(r.own, " with 3 processes" + at);
+      bounded(r.pooled, " with 3 processes and a pool" + at);
+      bounded(r.small, " with 3 processes and a pool of regional batch 256" + at);
+      claim(out, r.pooled.u_capacity >= r.own.u_capacity - kPoolMargin,
+            "U_capacity with a pool must be within " + fmt("%.2f", kPoolMargin) +
+                " of 3 processes leasing for themselves" + at + ", measured " +
+                fmt("%.4f", r.pooled.u_capacity) + " vs " + fmt("%.4f", r.own.u_capacity));
+      claim(out, r.pooled.leases_per_admission < r.own.leases_per_admission,
+            "a pool must cost fewer coordinator leases per admission" + at + ", measured " +
+                fmt("%.4f", r.pooled.leases_per_admission) + " vs " +
+                fmt("%.4f", r.own.leases_per_admission));
+    }
+    for (const ProcessRow& r : procs) {
+      bounded(r.own, " with " + std::to_string(r.processes) + " processes");
+      bounded(r.pooled, " with " + std::to_string(r.processes) + " processes and a pool");
+    }
+  }
+  // A coordinator outage.
+  {
+    std::vector<OutageRun> runs = run_outages(o, o.load, std::chrono::milliseconds(4500));
+    out.table +=
+        "### Coordinator outage\n\n3 processes per region sharing a pool, " +
+        std::to_string(kOutageWindows) +
+        " windows, s = 0.50; the coordinator unreachable for 3 s (refused: each call fails one "
+        "round trip after it is made; timeout: at lease_timeout, 250 ms); the pools stay "
+        "reachable. Admitted / limit per window; (+n): admitted beyond the window's own "
+        "grants.\n\nOffered " +
+        fmt("%.1f", o.load) + " x L, outage 4.50-7.50 s:\n\n" + outage_windows_table(runs) +
+        "\nOffered 0.6 x L, outage 4.90-7.90 s (the pools still hold units when it begins):\n\n";
+    const std::vector<OutageRun> low = run_outages(o, 0.6, std::chrono::milliseconds(4900));
+    out.table += outage_windows_table(low) + "\n";
+    const std::vector<OutageRun> brief = run_short_outages(o);
+    out.table += "An 80 ms outage across a window's end (5.97-6.05 s), s = 0.75, offered " +
+                 fmt("%.1f", o.load) + " x L:\n\n" + outage_windows_table(brief) + "\n";
+    out.files.emplace_back("federation-outage.svg", outage_plot(runs));
+    runs.insert(runs.end(), low.begin(), low.end());
+    runs.insert(runs.end(), brief.begin(), brief.end());
+    out.table += outage_summary(runs) + "\n";
+    out.files.emplace_back("federation-outage.csv", outage_csv(runs));
+    for (const OutageRun& r : runs) {
+      const std::string what = outage_label(r.config) + ", outage " + outage_span(r.config) +
+                               ", load " + fmt("%.1f", r.config.load);
+      if (r.config.outage == FederationOutage::kFailClosed) {
+        bounded(r.result, " in a fail-closed outage (" + what + ")");
+        claim(out, r.result.beyond_grants == 0,
+              "fail-closed must admit nothing beyond a window's own grants (" + what +
+                  "), measured " + std::to_string(r.result.beyond_grants));
+        continue;
+      }
+      claim(out, r.result.outages > 0, "regional-only must enter the outage (" + what + ")");
+      claim(out, r.result.beyond_grants <= onset_bound(r.result),
+            "regional-only must admit beyond the windows' own grants at most the pools' balance "
+            "at the onset with the refills in flight (" +
+                what + "), measured " + std::to_string(r.result.beyond_grants) + " > " +
+                std::to_string(onset_bound(r.result)));
+      claim(out, excess_over_limit(r) <= onset_bound(r.result),
+            "regional-only must exceed the limit in a window by at most the pools' balance at "
+            "the onset (" +
+                what + "), measured " + std::to_string(excess_over_limit(r)));
+    }
+  }
   for (const RoundTripRow& r : trips) {
     const std::string at =
         " at one-way " +

@@ -12,6 +12,7 @@
 
 #include "sluice/federation.h"
 #include "sluice/memory_rate_coordinator.h"
+#include "sluice/memory_regional_escrow.h"
 #include "sluice/rate_strategy.h"
 
 namespace sluice::sim {
@@ -112,24 +113,31 @@ class Workers {
 };
 
 // The network in front of the coordinator: a call reaches it `one_way` after it is made (the
-// coordinator reads the clock then) and its reply returns `one_way` later.
+// coordinator reads the clock then) and its reply returns `one_way` later. A call that would
+// reach it during the outage [outage_start, outage_end) fails instead (see the header).
 class DelayedCoordinator final : public RateCoordinator {
  public:
   using OnLease = std::function<void(const LeaseReply&)>;
   using OnReturn = std::function<void(Nanos window_start, std::uint64_t returned)>;
+  struct Outage {
+    Nanos start{0}, end{0};
+    OutageFailure failure = OutageFailure::kRefused;
+  };
 
   DelayedCoordinator(RateCoordinator& inner, const Clock& clock, Workers& workers, Nanos one_way,
-                     OnLease on_lease, OnReturn on_return)
+                     Outage outage, OnLease on_lease, OnReturn on_return)
       : inner_(inner),
         clock_(clock),
         workers_(workers),
         one_way_(one_way),
+        outage_(outage),
         on_lease_(std::move(on_lease)),
         on_return_(std::move(on_return)) {}
 
   StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
                              Nanos timeout) noexcept override {
     const Nanos sent = clock_.now();
+    if (down(sent)) return fail(sent, timeout);
     workers_.wait_until(sent + one_way_);
     StatusOr<LeaseReply> reply = inner_.lease(key, request, timeout);
     if (reply.ok()) on_lease_(reply.value());
@@ -140,6 +148,7 @@ class DelayedCoordinator final : public RateCoordinator {
                                     Nanos window_start, std::uint64_t relinquished,
                                     Nanos timeout) noexcept override {
     const Nanos sent = clock_.now();
+    if (down(sent)) return fail(sent, timeout);
     workers_.wait_until(sent + one_way_);
     StatusOr<std::uint64_t> back =
         inner_.reconcile(key, region, window_start, relinquished, timeout);
@@ -147,25 +156,105 @@ class DelayedCoordinator final : public RateCoordinator {
     workers_.wait_until(sent + 2 * one_way_);
     return back;
   }
-  Status health(Nanos timeout) noexcept override { return inner_.health(timeout); }
+  Status health(Nanos timeout) noexcept override {
+    const Nanos sent = clock_.now();
+    if (down(sent)) return fail(sent, timeout);
+    workers_.wait_until(sent + one_way_);
+    Status s = inner_.health(timeout);
+    workers_.wait_until(sent + 2 * one_way_);
+    return s;
+  }
   std::string_view backend() const noexcept override { return "simulated network"; }
 
  private:
+  // Whether a call made at `sent` would reach the coordinator during the outage.
+  bool down(Nanos sent) const noexcept {
+    const Nanos arrives = sent + one_way_;
+    return arrives >= outage_.start && arrives < outage_.end;
+  }
+  Status fail(Nanos sent, Nanos timeout) {
+    if (outage_.failure == OutageFailure::kTimeout) {
+      workers_.wait_until(sent + timeout);
+      return Status(StatusCode::kDeadlineExceeded, "coordinator call timed out");
+    }
+    workers_.wait_until(sent + 2 * one_way_);
+    return Status(StatusCode::kUnavailable, "coordinator unreachable");
+  }
+
   RateCoordinator& inner_;
   const Clock& clock_;
   Workers& workers_;
   const Nanos one_way_;
+  const Outage outage_;
   OnLease on_lease_;
   OnReturn on_return_;
 };
 
-enum class Kind : std::uint8_t { kArrival, kResume, kSweep };
+// The network in front of a region's pool: as for the coordinator, `one_way` each way; the pool
+// decides on arrival, on the one clock. `on_accepted` hears of every unit a refill or a release
+// put in the pool, when the pool decided.
+class DelayedPool final : public RegionalEscrow {
+ public:
+  using OnAccepted = std::function<void(bool refill, std::uint64_t units)>;
+
+  DelayedPool(RegionalEscrow& inner, const Clock& clock, Workers& workers, Nanos one_way,
+              OnAccepted on_accepted)
+      : inner_(inner),
+        clock_(clock),
+        workers_(workers),
+        one_way_(one_way),
+        on_accepted_(std::move(on_accepted)) {}
+
+  // Runs `f` at the pool when the call arrives; returns its reply a round trip after the call.
+  template <typename F>
+  auto relay(F&& f) {
+    const Nanos sent = clock_.now();
+    workers_.wait_until(sent + one_way_);
+    auto reply = f();
+    workers_.wait_until(sent + 2 * one_way_);
+    return reply;
+  }
+
+  StatusOr<PoolReply> take(std::string_view key, std::uint64_t want, Nanos refill_hold,
+                           bool past_expiry, Nanos timeout) noexcept override {
+    return relay([&] { return inner_.take(key, want, refill_hold, past_expiry, timeout); });
+  }
+  StatusOr<PoolReply> refill(std::string_view key, Nanos window_start, std::uint64_t units,
+                             Nanos expires_at, Nanos timeout) noexcept override {
+    return relay([&] {
+      StatusOr<PoolReply> r = inner_.refill(key, window_start, units, expires_at, timeout);
+      if (r.ok() && r.value().granted > 0) on_accepted_(true, r.value().granted);
+      return r;
+    });
+  }
+  StatusOr<PoolReply> release(std::string_view key, Nanos window_start, std::uint64_t units,
+                              Nanos timeout) noexcept override {
+    return relay([&] {
+      StatusOr<PoolReply> r = inner_.release(key, window_start, units, timeout);
+      if (r.ok() && r.value().granted > 0) on_accepted_(false, r.value().granted);
+      return r;
+    });
+  }
+  Status health(Nanos timeout) noexcept override {
+    return relay([&] { return inner_.health(timeout); });
+  }
+  std::string_view backend() const noexcept override { return "simulated network"; }
+
+ private:
+  RegionalEscrow& inner_;
+  const Clock& clock_;
+  Workers& workers_;
+  const Nanos one_way_;
+  OnAccepted on_accepted_;
+};
+
+enum class Kind : std::uint8_t { kArrival, kResume, kSweep, kOnset };
 
 struct Event {
   Nanos t;
   std::uint64_t seq;
   Kind kind;
-  int who;  // region, or worker
+  int who;  // region, process (sweep) or worker
   friend bool operator>(const Event& a, const Event& b) {
     return a.t != b.t ? a.t > b.t : a.seq > b.seq;
   }
@@ -174,6 +263,7 @@ struct Event {
 struct Region {
   double rate_per_ns = 0;
   std::mt19937_64 rng;
+  std::mt19937_64 pick;    // which of the region's processes an arrival goes to
   FixedWindowState local;  // independent and static
   RateRule rule;
   std::uint64_t offered = 0, admitted = 0;  // within the measured windows
@@ -190,6 +280,7 @@ class Run {
       const double share = (r == 0 ? c.skew : 0.0) + (1 - c.skew) / k;
       g.rate_per_ns = per_window * share / static_cast<double>(c.window.count());
       g.rng.seed(c.seed * 7919 + static_cast<std::uint64_t>(r));
+      g.pick.seed(c.seed * 104729 + static_cast<std::uint64_t>(r));
       g.rule.strategy = RateStrategy::kFixedWindow;
       g.rule.period = c.window;
       g.rule.limit = c.limit;
@@ -205,8 +296,11 @@ class Run {
     for (int r = 0; r < c_.regions; ++r) {
       if (regions_[static_cast<std::size_t>(r)].rate_per_ns > 0)
         push(next_gap(r), Kind::kArrival, r);
-      if (!limiters_.empty()) push(kSweepEvery, Kind::kSweep, r);
+      if (limiters_.empty()) continue;
+      for (int p = 0; p < c_.processes; ++p) push(kSweepEvery, Kind::kSweep, r * c_.processes + p);
     }
+    if (!limiters_.empty() && c_.outage_end > c_.outage_start)
+      push(c_.outage_start, Kind::kOnset, 0);
     while (!events_.empty()) {
       const Event e = events_.top();
       events_.pop();
@@ -223,6 +317,7 @@ class Run {
     memory_ = std::make_unique<MemoryRateCoordinator>(clock_);
     network_ = std::make_unique<DelayedCoordinator>(
         *memory_, clock_, *workers_, c_.one_way,
+        DelayedCoordinator::Outage{c_.outage_start, c_.outage_end, c_.outage_failure},
         [this](const LeaseReply& r) {
           FederationWindow* w = window_at(r.window_start);
           if (w == nullptr) return;
@@ -239,10 +334,46 @@ class Run {
       o.region = "region-" + std::to_string(r);
       o.budget = {c_.limit, c_.window};
       o.batch = c_.batch;
-      limiters_.push_back(std::make_unique<FederatedLimiter>(
-          *network_, clock_, o,
-          [this](std::function<void()> call) { workers_->start(std::move(call)); }));
+      o.regional_batch = c_.regional_batch;
+      o.outage = c_.outage;
+      o.coordinator_health_check = c_.coordinator_health_check;
+      RegionalEscrow* pool = nullptr;
+      if (c_.regional_pool) {
+        pools_.push_back(std::make_unique<MemoryRegionalEscrow>(clock_));
+        pool_networks_.push_back(std::make_unique<DelayedPool>(
+            *pools_.back(), clock_, *workers_, c_.one_way, [this](bool refill, std::uint64_t n) {
+              const Nanos now = clock_.now();
+              if (now < c_.outage_start || now >= c_.outage_end) return;
+              (refill ? refilled_in_outage_ : released_in_outage_) += n;
+            }));
+        pool = pool_networks_.back().get();
+      }
+      for (int p = 0; p < c_.processes; ++p)
+        limiters_.push_back(std::make_unique<FederatedLimiter>(
+            *network_, pool, clock_, o,
+            [this](std::function<void()> call) { workers_->start(std::move(call)); }));
     }
+  }
+
+  // The outage's onset: what the pools and the processes hold.
+  void record_onset() {
+    for (const auto& pool : pools_)
+      if (const std::optional<RegionalPool> p = pool->pool(kKey)) onset_pool_balance_ += p->balance;
+    for (const auto& l : limiters_) {
+      const FederationStats st = l->stats();
+      onset_escrow_held_ += st.granted - std::min(st.granted, st.spent + st.forfeited);
+    }
+  }
+
+  void decided(Region& g, const FederatedDecision& d) {
+    if (d.rate.allowed) {
+      admitted(g);
+      return;
+    }
+    FederationWindow* w = window_at(clock_.now());
+    if (w == nullptr) return;
+    if (d.reason == FederatedReason::kCoordinatorUnreachable) ++w->refused_unreachable;
+    if (d.reason == FederatedReason::kRegionalBalanceSpent) ++w->refused_balance_spent;
   }
 
   FederationWindow* window_at(Nanos t) {
@@ -276,6 +407,9 @@ class Run {
         limiters_[static_cast<std::size_t>(e.who)]->sweep(now);
         if (now + kSweepEvery < horizon_) push(now + kSweepEvery, Kind::kSweep, e.who);
         return;
+      case Kind::kOnset:
+        record_onset();
+        return;
       case Kind::kArrival:
         break;
     }
@@ -285,10 +419,10 @@ class Run {
       ++g.offered;
     }
     if (c_.scheme == FederationScheme::kFederated) {
-      limiters_[static_cast<std::size_t>(e.who)]->check(kKey, 1, now,
-                                                        [this, &g](FederatedDecision d) {
-                                                          if (d.rate.allowed) admitted(g);
-                                                        });
+      int process = e.who * c_.processes;
+      if (c_.processes > 1) process += static_cast<int>(g.pick() % c_.processes);
+      limiters_[static_cast<std::size_t>(process)]->check(
+          kKey, 1, now, [this, &g](const FederatedDecision& d) { decided(g, d); });
     } else if (decide(g.local, g.rule, 1, now).allowed) {
       admitted(g);
     }
@@ -300,11 +434,23 @@ class Run {
     FederationSimResult out;
     out.windows = windows_;
     out.reconciles = reconciles_;
+    const auto m = static_cast<std::size_t>(c_.processes);
     for (std::size_t r = 0; r < regions_.size(); ++r) {
       out.region_offered.push_back(regions_[r].offered);
       out.region_admitted.push_back(regions_[r].admitted);
-      out.region_forfeited.push_back(limiters_.empty() ? 0 : limiters_[r]->stats().forfeited);
+      std::uint64_t forfeited = 0;
+      for (std::size_t p = 0; p < m && !limiters_.empty(); ++p) {
+        const FederationStats st = limiters_[r * m + p]->stats();
+        forfeited += st.forfeited;
+        out.outages += st.outages;
+        out.pool_taken += st.pool_taken;
+      }
+      out.region_forfeited.push_back(forfeited);
     }
+    out.onset_pool_balance = onset_pool_balance_;
+    out.onset_escrow_held = onset_escrow_held_;
+    out.refilled_in_outage = refilled_in_outage_;
+    out.released_in_outage = released_in_outage_;
     const auto limit = static_cast<double>(c_.limit);
     double u = 0, over = 0, stranded = 0, unleased = 0;
     int counted = 0;
@@ -322,6 +468,8 @@ class Run {
       unleased += limit - static_cast<double>(w.handed_out);
       leases += w.leases;
       admitted += w.admitted;
+      if (c_.scheme == FederationScheme::kFederated && w.admitted > w.handed_out)
+        out.beyond_grants += w.admitted - w.handed_out;
     }
     const double n = static_cast<double>(windows_.size());
     out.u_capacity = counted > 0 ? u / counted : 0;
@@ -343,10 +491,14 @@ class Run {
   std::vector<Region> regions_;
   std::vector<FederationWindow> windows_;
   std::uint64_t reconciles_ = 0;
+  std::uint64_t onset_pool_balance_ = 0, onset_escrow_held_ = 0;
+  std::uint64_t refilled_in_outage_ = 0, released_in_outage_ = 0;
   // Destroyed in reverse: the limiters (which wait for their calls) before what they use.
   std::unique_ptr<Workers> workers_;
   std::unique_ptr<MemoryRateCoordinator> memory_;
   std::unique_ptr<DelayedCoordinator> network_;
+  std::vector<std::unique_ptr<MemoryRegionalEscrow>> pools_;
+  std::vector<std::unique_ptr<DelayedPool>> pool_networks_;
   std::vector<std::unique_ptr<FederatedLimiter>> limiters_;
 };
 
@@ -364,6 +516,16 @@ std::string_view to_string(FederationScheme s) noexcept {
   return "unknown";
 }
 
+std::string_view to_string(OutageFailure f) noexcept {
+  switch (f) {
+    case OutageFailure::kRefused:
+      return "refused";
+    case OutageFailure::kTimeout:
+      return "timeout";
+  }
+  return "unknown";
+}
+
 std::string FederationSimConfig::validate() const {
   if (regions < 1 || regions > 64) return "regions: must be in 1..64";
   if (limit == 0) return "limit: must be at least 1";
@@ -374,6 +536,17 @@ std::string FederationSimConfig::validate() const {
   if (one_way < Nanos{0}) return "one_way: must not be negative";
   if (2 * one_way >= window) return "one_way: the round trip must be shorter than the window";
   if (windows < 1 || windows > 100'000) return "windows: must be in 1..100000";
+  const bool federated = scheme == FederationScheme::kFederated;
+  if (processes < 1 || processes > 64) return "processes: must be in 1..64";
+  if (processes > 1 && !federated) return "processes: more than 1 needs the federated scheme";
+  if (regional_pool && !federated) return "regional_pool: needs the federated scheme";
+  if (regional_batch != 0 && !regional_pool) return "regional_batch: needs regional_pool";
+  if (outage_start < Nanos{0} || outage_end < outage_start)
+    return "outage_end: must not be before outage_start (both >= 0)";
+  if (outage_end > outage_start && !federated) return "outage_start: needs the federated scheme";
+  if (outage == FederationOutage::kRegionalOnly && !regional_pool)
+    return "outage: regional-only needs regional_pool";
+  if (coordinator_health_check <= Nanos{0}) return "coordinator_health_check: must be positive";
   return {};
 }
 

@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   sluice::cli::FederationSimOptions sim_fed;
   CLI::App* sim_federation = sim_cmd->add_subcommand(
       "federation",
-      "one global rate budget across 3 regions by skew: a table, CSV and SVG with --out");
+      "one global rate budget across 3 regions by skew, with processes sharing a regional pool "
+      "and through a coordinator outage: tables, CSV and SVG with --out");
   sim_federation->add_option("--out", sim_fed.out_dir, "directory for the CSV and SVG files");
   sim_federation->add_option("--windows", sim_fed.windows, "windows of 1 s per run")
       ->check(CLI::Range(1, 10000));

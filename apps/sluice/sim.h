@@ -23,7 +23,8 @@ struct FederationSimOptions {
   std::uint64_t batch = 16;  // each region's lease size
 };
 
-// Prints the skew table; exit code 1 if a claim did not hold, 2 if a file cannot be written.
+// Prints the skew, regional pool and coordinator outage tables; exit code 1 if a claim did not
+// hold, 2 if a file cannot be written.
 int run_sim_federation(const FederationSimOptions& options);
 
 }  // namespace sluice::cli

@@ -143,12 +143,24 @@ TEST(FederationSim, ScenarioClaimsHold) {
   EXPECT_NE(out.table.find("| skew | static U_capacity | federated U_capacity | max admitted per "
                            "window / limit | independent admitted / limit |"),
             std::string::npos);
-  bool plotted = false;
-  for (const auto& [name, content] : out.files)
+  // The regional pool's and the coordinator outage's tables (federation_pool_sim_test.cpp
+  // asserts their bounds).
+  EXPECT_NE(out.table.find("### Three processes per region, with and without a regional pool"),
+            std::string::npos);
+  EXPECT_NE(out.table.find("### Coordinator outage"), std::string::npos);
+  bool plotted = false, outage_plotted = false, pool_csv = false;
+  for (const auto& [name, content] : out.files) {
     if (name == "federation-load-1.2.svg")
       plotted = content.find("skew s") != std::string::npos &&
                 content.find("<polyline") != std::string::npos;
+    if (name == "federation-outage.svg")
+      outage_plotted = content.find("regional-only") != std::string::npos &&
+                       content.find("<polyline") != std::string::npos;
+    if (name == "federation-pool.csv") pool_csv = content.find("\n0.75,3,64,") != std::string::npos;
+  }
   EXPECT_TRUE(plotted);
+  EXPECT_TRUE(outage_plotted);
+  EXPECT_TRUE(pool_csv);
   for (const std::string& f : out.failed_claims) ADD_FAILURE() << f;
 }
 

@@ -32,6 +32,25 @@
 // window ends, so handed_out_k - admitted_k is exactly the escrow that expired unspent
 // (stranded) and L - handed_out_k the budget never leased.
 //
+// Processes and the regional pool: each region may run `processes` (M) processes, each its own
+// FederatedLimiter; a region's arrivals go to one of them at random (a seeded stream of its
+// own, so the runs with and without a pool see the same arrivals at the same processes). With
+// `regional_pool`, a region's processes share one MemoryRegionalEscrow behind the same simulated
+// network (every pool call arrives `one_way` after it is made, its reply `one_way` later);
+// without, each process leases for itself. A window's `leases` counts coordinator lease calls
+// only, never pool calls.
+//
+// A coordinator outage: every coordinator call (lease, reconcile, health probe) that would
+// reach the coordinator during [outage_start, outage_end) fails: with kRefused its error is back
+// one round trip after the call was made (a refused connection), with kTimeout the call hangs
+// until its timeout (FederationOptions::lease_timeout) and fails then. The pools stay
+// reachable. At outage_start the run records what the pools held (onset_pool_balance) and what
+// escrow the processes held (onset_escrow_held); during the outage, what the pools accepted
+// (a refill whose lease reached the coordinator before the outage arrives after its onset). A
+// regional-only outage (`outage`) may admit, in a window, units granted for an earlier one:
+// admitted_k - handed_out_k when positive (never in fail-closed, where every admission is spent
+// from its own window's grants).
+//
 // Thread-safety: none (one simulation at a time per object; see above for its own threads).
 #pragma once
 
@@ -41,6 +60,7 @@
 #include <vector>
 
 #include "sluice/clock.h"
+#include "sluice/federation.h"
 #include "sluice/sim/scenarios.h"
 
 namespace sluice::sim {
@@ -48,6 +68,11 @@ namespace sluice::sim {
 enum class FederationScheme : std::uint8_t { kIndependent, kStatic, kFederated };
 
 [[nodiscard]] std::string_view to_string(FederationScheme s) noexcept;
+
+// How a coordinator call fails during an outage (see above).
+enum class OutageFailure : std::uint8_t { kRefused, kTimeout };
+
+[[nodiscard]] std::string_view to_string(OutageFailure f) noexcept;
 
 struct FederationSimConfig {
   FederationScheme scheme = FederationScheme::kFederated;
@@ -60,6 +85,18 @@ struct FederationSimConfig {
   Nanos one_way = std::chrono::milliseconds(1);  // region <-> coordinator, each way
   int windows = 20;
   std::uint64_t seed = 1;
+  // Federated only: processes per region (M), each its own FederatedLimiter, and whether they
+  // share a regional pool (`regional_batch`: FederationOptions::regional_batch, 0: 4 x batch).
+  int processes = 1;
+  bool regional_pool = false;
+  std::uint64_t regional_batch = 0;
+  // Federated only: the coordinator is unreachable during [outage_start, outage_end) (none when
+  // equal); `outage` needs a pool for kRegionalOnly.
+  Nanos outage_start{0};
+  Nanos outage_end{0};
+  OutageFailure outage_failure = OutageFailure::kRefused;
+  FederationOutage outage = FederationOutage::kFailClosed;
+  Nanos coordinator_health_check = std::chrono::seconds(5);  // FederationOptions' default
 
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
@@ -70,6 +107,10 @@ struct FederationWindow {
   std::uint64_t admitted = 0;
   std::uint64_t handed_out = 0;  // federated: granted less given back while the window ran
   std::uint64_t leases = 0;      // federated: lease calls the coordinator decided in it
+  // Refusals decided in it because the coordinator could not be reached (fail-closed) or the
+  // pool's balance was spent in a regional-only outage.
+  std::uint64_t refused_unreachable = 0;
+  std::uint64_t refused_balance_spent = 0;
 };
 
 struct FederationSimResult {
@@ -83,6 +124,19 @@ struct FederationSimResult {
   std::uint64_t reconciles = 0;         // federated: reconcile calls
   // Per region, over the run: arrivals, admissions and (federated) escrow forfeited unspent.
   std::vector<std::uint64_t> region_offered, region_admitted, region_forfeited;
+  // With an outage: the pools' balance (whatever window it belongs to) and the escrow the
+  // processes held (granted less spent less forfeited) at outage_start; regional-only outages
+  // entered (over all processes); admitted beyond the window's own grants, summed over the
+  // windows (sum of max(0, admitted_k - handed_out_k)).
+  std::uint64_t onset_pool_balance = 0;
+  std::uint64_t onset_escrow_held = 0;
+  // Units the pools accepted during the outage: refills (of grants the coordinator decided
+  // before it: in flight at its onset) and releases (escrow the processes gave back).
+  std::uint64_t refilled_in_outage = 0;
+  std::uint64_t released_in_outage = 0;
+  std::uint64_t outages = 0;
+  std::uint64_t beyond_grants = 0;
+  std::uint64_t pool_taken = 0;  // units the processes took from their pools, over the run
 };
 
 // Runs one scheme. Precondition: config.validate() is empty.
