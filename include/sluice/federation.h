@@ -42,7 +42,10 @@
 //                  was leased for, until spent (kRegionalBalanceSpent); the coordinator's health
 //                  is probed at most every `coordinator_health_check`, driven by checks (no
 //                  timer), and leasing resumes when it answers. During the outage a window may
-//                  admit more than the limit, by at most what the pools held at its onset.
+//                  admit more than the limit, by at most what the pools held at its onset
+//                  (with refills granted before it still in flight); a process's own escrow
+//                  still expires with its window (given up when it would share the later
+//                  expiry of units served past theirs).
 //
 // Thread-safety: every member is safe to call concurrently. Callbacks run on the caller's thread
 // (decided at once) or on the IoExecutor's (after a lease), never under the limiter's locks.

@@ -502,6 +502,13 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
       taken.granted = o.pool_units;
       // Past its window in an outage: added to whatever window this escrow holds.
       taken.window_start = std::max(o.pool_window, Nanos{k.escrow.window_start});
+      if (o.outage && k.escrow.units > 0 && o.pool_expires > k.escrow.expires_at) {
+        // What this process still holds of its own leases must not take the later expiry of
+        // units served past their window: given up (not to the pool), so that an outage serves
+        // beyond the windows' own grants no more than the pools held at its onset.
+        forfeited_.fetch_add(k.escrow.units, std::memory_order_relaxed);
+        (void)relinquish(k.escrow);
+      }
       if (taken.window_start.count() > k.escrow.window_start)
         forfeit(key, k, now, false, reconciles);
       forfeited_.fetch_add(add_grant(k.escrow, taken, o.pool_expires), std::memory_order_relaxed);

@@ -193,6 +193,28 @@ TEST(FederationPool, RegionalOnlyProbesTheCoordinatorOnTheClockAndResumesWhenItA
   EXPECT_EQ(r->check(0).reason, FederatedReason::kAdmitted);
 }
 
+// A process in a regional-only outage that still holds units of its own lease when it takes
+// from the pool (a background refill) gives them up rather than let them share the later expiry
+// of units served past their window: after the window, no more is admitted than the pool held
+// at the onset.
+TEST(FederationPool, RegionalOnlyServesNoOwnEscrowPastItsWindow) {
+  FederationOptions o = pooled();
+  o.outage = FederationOutage::kRegionalOnly;
+  Region r(o);
+  ASSERT_TRUE(r.check(0).rate.allowed);  // the refiller keeps 16; the pool holds 48
+  r.sw.down = true;                      // the onset: 48 in the pool
+  (void)r.check(0, "a");                 // another key's lease fails: process 0 is in the outage
+  ASSERT_TRUE(r.procs[0]->stats().in_outage);
+  r.clock.set(milliseconds(109'000));
+  // 15 left; spending 12 leaves 3, below refill_below (4): a background take from the pool.
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(r.check(0).rate.allowed);
+  r.clock.set(milliseconds(110'500));  // the next window
+  std::uint64_t admitted = 0;
+  for (int i = 0; i < 200; ++i) admitted += r.check(i % 3).rate.allowed ? 1 : 0;
+  EXPECT_LE(admitted, 48u);
+  EXPECT_GT(admitted, 0u);  // the mode does serve the pool past its window
+}
+
 // Two regions of three processes, each with its own pool, one coordinator: random checks,
 // clock steps, call deliveries and outages of the coordinator and of each pool, in fail-closed.
 // Every admission is counted in the coordinator's window it happened in (one clock, no drift):
