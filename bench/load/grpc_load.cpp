@@ -108,13 +108,15 @@ std::unique_ptr<grpc::Server> listen(grpc::Service* service, int& port) {
   return b.BuildAndStart();
 }
 
-enum class Kind { kEcho, kCheck, kAdmitRelease };
+enum class Kind { kEcho, kCheck, kFederatedCheck, kAdmitRelease };
 const char* name(Kind k) {
   switch (k) {
     case Kind::kEcho:
       return "echo (floor)";
     case Kind::kCheck:
       return "Check";
+    case Kind::kFederatedCheck:
+      return "Check (federated)";
     case Kind::kAdmitRelease:
       return "Admit+Release";
   }
@@ -152,7 +154,8 @@ class Driver {
                                    [this, c](grpc::Status s) { finish(c, s.ok()); });
         break;
       case Kind::kCheck:
-        c->check_req.set_policy("bench-rate");
+      case Kind::kFederatedCheck:
+        c->check_req.set_policy(kind_ == Kind::kCheck ? "bench-rate" : "bench-federated");
         c->check_req.set_key(key);
         stubs_.sluice->async()->Check(
             &c->ctx, &c->check_req, &c->check_resp,
@@ -324,6 +327,12 @@ policies:
     strategy: gcra
     limit: 1000000000
     period: 1s
+  bench-federated:
+    kind: federated
+    region: bench
+    limit: 1000000000
+    window: 60s
+    batch: 1024
   bench-concurrency:
     kind: adaptive
     algorithm: fixed
@@ -563,13 +572,15 @@ int main(int argc, char** argv) {
   Stubs& stubs = connections.front();
 
   std::vector<Result> results;
-  double best_echo = 0, best_check = 0;
+  double best_echo = 0, best_check = 0, best_federated = 0;
   for (int c : levels) {
-    for (Kind k : {Kind::kEcho, Kind::kCheck, Kind::kAdmitRelease}) {
+    for (Kind k : {Kind::kEcho, Kind::kCheck, Kind::kFederatedCheck, Kind::kAdmitRelease}) {
       results.push_back(
           with_server_cpu(server.pid, [&] { return closed_loop(stubs, k, c, seconds); }));
       if (k == Kind::kEcho) best_echo = std::max(best_echo, results.back().ops_per_s);
       if (k == Kind::kCheck) best_check = std::max(best_check, results.back().ops_per_s);
+      if (k == Kind::kFederatedCheck)
+        best_federated = std::max(best_federated, results.back().ops_per_s);
     }
   }
   // Open loop, `repeat` times each, interleaved: Check and echo at half the best Check rate,
@@ -658,6 +669,10 @@ int main(int argc, char** argv) {
   }
   std::printf("best Check / best echo throughput: %.2fx (target >= 0.70)\n",
               best_check / best_echo);
+  // A federated Check decided from escrow (memory coordinator, 1,024 keys, batch 1,024) against
+  // the local rate policy's Check: what federation costs the server per call.
+  std::printf("best federated Check / best rate Check throughput: %.2fx (target >= 0.90)\n",
+              best_federated / best_check);
   std::printf(
       "p99 at half the best Check rate: %.3f ms, median of %d runs (target <= 2 ms); at or under "
       "2 ms in %d of %d runs, the echo floor in %d of %d\n",
