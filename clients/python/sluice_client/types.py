@@ -31,7 +31,8 @@ class Decision:
             or ``None`` when it never can (more hits than the policy allows at once).
         reason: when denied for more than the key's own limit, why (a federated policy:
             ``"budget_spent"``, ``"coordinator_unreachable"``, ``"coordinator_restarted"``,
-            ``"spec_mismatch"``, ``"never_fits"``, ``"key_capacity"``); ``""`` otherwise.
+            ``"spec_mismatch"``, ``"never_fits"``, ``"key_capacity"``,
+            ``"regional_balance_spent"``); ``""`` otherwise.
     """
 
     allowed: bool
