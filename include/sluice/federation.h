@@ -11,7 +11,7 @@
 //     answered before check() returns; when what is left falls below `refill_below`, a lease is
 //     started in the background so that busy keys rarely wait (for what the key is expected to
 //     spend before the window ends at its rate so far, at least a batch, at most double what
-//     it was granted so far and 8 batches: a key that spends thousands a window costs a few
+//     it was granted so far and 16 batches: a key that spends thousands a window costs a few
 //     leases, not one per batch);
 //   - otherwise joins the key's one lease call (concurrent checks of a key share it: no
 //     stampede) and is answered when it completes, at most `lease_timeout` later; checks still

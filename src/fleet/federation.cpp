@@ -58,7 +58,7 @@ namespace {
 constexpr std::size_t kShards = 16;
 constexpr std::int64_t kNever = INT64_MIN;
 // A refill asks for at most this many batches.
-constexpr std::uint64_t kMaxBatches = 8;
+constexpr std::uint64_t kMaxBatches = 16;
 // Leases sent in one lease_many() call, at most.
 constexpr std::size_t kPipeline = 64;
 }  // namespace
