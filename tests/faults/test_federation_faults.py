@@ -648,8 +648,8 @@ def test_pool_redis_sigkill_mid_window_falls_through_to_the_coordinator(tmp_path
 
 @pytest.mark.parametrize("outage", ["regional-only", "fail-closed"])
 def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_results, outage):
-    """The global coordinator stopped in the last 0.6 s of a window, as soon as the pool holds a
-    batch (0.25 s before the window's end at the latest), and resumed 0.6 s into the next; POOL_REGION, offered a tenth of another region's load per
+    """The global coordinator stopped in the last 0.35 s of a window, as soon as the pool holds a
+    batch (0.1 s before the window's end at the latest), and resumed 0.6 s into the next; POOL_REGION, offered a tenth of another region's load per
     process, leases a regional batch early in each window and has part of it left in the pool
     at the boundary; it runs `outage`.
 
@@ -666,10 +666,10 @@ def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_re
     with PoolRun(tmp_path, pool_redis, "pool-sigstop", outage, pool_weight=0.05) as run:
         f = run.first + 1
         # The stop: late in window f, as soon as the pool holds a batch (the processes take
-        # what it holds into their escrow a batch at a time), 0.25 s before its end at the
-        # latest.
-        sleep_until(boundary(f + 1) - 0.6)
-        while time.time() < boundary(f + 1) - 0.25 and run.pool_balance() < BATCH:
+        # what it holds into their escrow a batch at a time: the later, the more likely some
+        # is left at the end), 0.1 s before its end at the latest.
+        sleep_until(boundary(f + 1) - 0.35)
+        while time.time() < boundary(f + 1) - 0.1 and run.pool_balance() < BATCH:
             time.sleep(0.005)
         t0 = time.time()
         run.global_redis.signal(signal.SIGSTOP)
