@@ -26,6 +26,11 @@ A fresh coordinator counts the window it finds its storage empty in as spent for
 (reason coordinator_restarted), so the first window of load is never measured. A PostgreSQL
 that restarts with its tables intact has not lost its state and says nothing of the kind.
 
+A second part, against Redis only: one region run as POOL_PROCESSES processes sharing a
+regional pool on a Redis of its own (the global coordinator another Redis), steady, with the
+pool's Redis killed, and with the coordinator stopped in either outage mode of the pooled
+region (regional-only: the pool's balance serves past its window; fail-closed: it does not).
+
 Figures go to $SLUICE_FEDERATION_RESULTS (default federation-results.md in the working
 directory) plus a .json beside it.
 """
@@ -649,9 +654,9 @@ def test_pool_redis_sigkill_mid_window_falls_through_to_the_coordinator(tmp_path
 @pytest.mark.parametrize("outage", ["regional-only", "fail-closed"])
 def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_results, outage):
     """The global coordinator stopped in the last 0.35 s of a window, as soon as the pool holds a
-    batch (0.1 s before the window's end at the latest), and resumed 0.6 s into the next; POOL_REGION, offered a tenth of another region's load per
-    process, leases a regional batch early in each window and has part of it left in the pool
-    at the boundary; it runs `outage`.
+    batch (0.1 s before the window's end at the latest), and resumed 0.6 s into the next.
+    POOL_REGION, each of its processes offered a twentieth of another region's load, spends a
+    refill slowly, so its pool may still hold units at the window's end; it runs `outage`.
 
     - regional-only: its processes enter the outage (in_outage) when their first lease of the
       new window fails, and serve the pool's balance past its window (admissions in the new
@@ -711,9 +716,11 @@ def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_re
     served = [r for r in records if r.allowed and r.region == POOL_REGION
               and r.sent >= onset_read and r.received < t1]
     # Its admissions decided surely in the new window while every pooled process was still in
-    # the outage (leasing nothing, with SIGCONT or not): the pool's balance past its window.
+    # the outage (leasing nothing, with SIGCONT or not), or, fail-closed, before SIGCONT: the
+    # pool's balance past its window.
     carried = sum(1 for r in records if r.allowed and r.region == POOL_REGION
-                  and r.sent - GUARD >= boundary(f + 1) and r.received < first_out)
+                  and r.sent - GUARD >= boundary(f + 1)
+                  and r.received < (first_out if regional else t1))
     # Refusals in the new window once the first lease of it has failed, before SIGCONT.
     failed_by = boundary(f + 1) + run.fed.lease_timeout_ms / 1000 + 0.05
     refused = {}
@@ -732,7 +739,8 @@ def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_re
                   f"stop the pool held {balance} (+{in_transit} landing after; {at_end} at the "
                   f"window's end), the pooled processes' escrow {escrow}; {POOL_REGION} "
                   f"admitted {len(served)} from then until SIGCONT, and {carried} in the new "
-                  f"window before any process left the outage, refused there {refused}; placed per window from the stop's: {list(placed.values())} "
+                  f"window before any process left the outage, refused there {refused}; "
+                  f"placed per window from the stop's: {list(placed.values())} "
                   f"(excess {excess}); in_outage false {cleared - t1:.2f} s after SIGCONT; "
                   f"first {POOL_REGION} lease "
                   + (f"{resumed[0]:.2f} s after it" if resumed else "never")),
