@@ -684,26 +684,44 @@ class FederationConfig:
     retry_backoff_ms: int = 1000
 
 
+@dataclass
+class PoolConfig:
+    """A regional pool shared by the processes of one region: its Redis (a coordinator entry
+    of its own, `pool`, named by the policy's regional_escrow) and the policy's pool fields."""
+    redis: Coordinator
+    regional_batch: int = 64
+    outage: str = "fail-closed"  # or regional-only
+    health_check_ms: int = 1000  # coordinator_health_check
+
+
 class FederatedNode(Node):
-    """One `sluice serve` serving one region of a federated budget (policy `g`)."""
+    """One `sluice serve` serving one region of a federated budget (policy `g`); `name` tells
+    apart the processes of one region (default: the region), `pool` gives them a regional
+    pool."""
 
     POLICY = "g"
 
     def __init__(self, workdir: Path, region: str, binary: str, coordinator: Coordinator,
-                 fed: FederationConfig):
-        self.region, self.fed = region, fed
-        super().__init__(workdir, region, binary, coordinator, fed.budget, FleetConfig())
+                 fed: FederationConfig, name: Optional[str] = None,
+                 pool: Optional[PoolConfig] = None):
+        self.region, self.fed, self.pool = region, fed, pool
+        super().__init__(workdir, name or region, binary, coordinator, fed.budget,
+                         FleetConfig())
 
     def _config(self, coordinator: Coordinator, coordinator_host: str, key: str,
                 fleet: FleetConfig) -> str:
-        f = self.fed
+        f, p = self.fed, self.pool
         return (f"server:\n  node_id: {self.name}\n  shutdown_grace: 1s\n"
                 f"coordinators:\n  coord:\n{coordinator.config(coordinator_host)}"
-                f"policies:\n  {self.POLICY}:\n    kind: federated\n    coordinator: coord\n"
+                + (f"  pool:\n{p.redis.config(coordinator_host)}" if p else "")
+                + f"policies:\n  {self.POLICY}:\n    kind: federated\n    coordinator: coord\n"
                 f"    budget: {f.budget}\n    region: {self.region}\n    limit: {f.limit}\n"
                 f"    window: {f.window_ms}ms\n    batch: {f.batch}\n"
                 f"    lease_timeout: {f.lease_timeout_ms}ms\n"
-                f"    retry_backoff: {f.retry_backoff_ms}ms\n")
+                f"    retry_backoff: {f.retry_backoff_ms}ms\n"
+                + (f"    regional_escrow: pool\n    regional_batch: {p.regional_batch}\n"
+                   f"    outage: {p.outage}\n"
+                   f"    coordinator_health_check: {p.health_check_ms}ms\n" if p else ""))
 
     def fed_state(self) -> Optional[dict]:
         """The federated policy's counters from /v1/policies (granted, spent, forfeited,
@@ -715,6 +733,51 @@ class FederatedNode(Node):
         except (OSError, ValueError):
             return None
         return next((p for p in body.get("policies", []) if p.get("name") == self.POLICY), None)
+
+
+def redis_cli(c: Coordinator, *args: str) -> str:
+    """One redis-cli command on `c`'s Redis; its output, stripped."""
+    r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(c.port), *args],
+                       capture_output=True, text=True, timeout=5)
+    if r.returncode != 0:
+        raise AssertionError(f"redis-cli {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+@dataclass
+class RedisLease:
+    t: float  # Redis's clock when it received the call (same machine: the wall clock)
+    region: str
+    want: int
+
+
+class RedisMonitor:
+    """`redis-cli monitor` on a coordinator Redis, started and stopped by its pid: every lease
+    call (the escrow script's "lease" mode) that reached it, with its region and size. MONITOR
+    lists a command when Redis reads it: a lease sent while Redis was stopped shows up once it
+    runs again."""
+
+    def __init__(self, c: Coordinator, log: Path):
+        self.log = log
+        self.proc = spawn(["redis-cli", "-h", "127.0.0.1", "-p", str(c.port), "monitor"], log)
+        wait_until(lambda: "OK" in tail(log, 100), 5, what="redis-cli monitor")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def leases(self) -> List[RedisLease]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            # 1700000000.123456 [0 127.0.0.1:4242] "EVALSHA" "<sha>" "2" "<k1>" "<k2>" "lease"
+            # "<now>" "<ttl>" "<region>" "<limit>" "<period>" "<want>" "<min left>"
+            head, _, rest = line.partition(" [")
+            words = rest.split('"')[1::2]  # the quoted words (ours never hold a quote)
+            if len(words) < 12 or words[0].upper() != "EVALSHA" or words[5] != "lease":
+                continue
+            out.append(RedisLease(float(head), words[8], int(words[11])))
+        return out
 
 
 @dataclass

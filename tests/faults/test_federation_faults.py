@@ -26,6 +26,11 @@ A fresh coordinator counts the window it finds its storage empty in as spent for
 (reason coordinator_restarted), so the first window of load is never measured. A PostgreSQL
 that restarts with its tables intact has not lost its state and says nothing of the kind.
 
+A second part, against Redis only: one region run as POOL_PROCESSES processes sharing a
+regional pool on a Redis of its own (the global coordinator another Redis), steady, with the
+pool's Redis killed, and with the coordinator stopped in either outage mode of the pooled
+region (regional-only: the pool's balance serves past its window; fail-closed: it does not).
+
 Figures go to $SLUICE_FEDERATION_RESULTS (default federation-results.md in the working
 directory) plus a .json beside it.
 """
@@ -122,11 +127,17 @@ class Run:
         self.scenario, self.skew, self.coordinator = scenario, skew, coord.kind
         self.fed = FederationConfig(limit=LIMIT, window_ms=int(WINDOW * 1000), batch=BATCH,
                                     budget=f"{scenario}-{uuid.uuid4().hex[:6]}")
-        d = workdir / self.fed.budget
-        d.mkdir()
-        self.nodes = [FederatedNode(d, r, sluice_bin(), coord, self.fed) for r in REGIONS]
+        self.dir = workdir / self.fed.budget
+        self.dir.mkdir()
+        self.nodes = self.make_nodes(coord)
         self.load: Optional[CheckLoad] = None
         self.first = 0  # the first window measured
+
+    def make_nodes(self, coord: harness.Coordinator) -> List[FederatedNode]:
+        return [FederatedNode(self.dir, r, sluice_bin(), coord, self.fed) for r in REGIONS]
+
+    def weights(self) -> List[float]:
+        return SKEWS[self.skew]
 
     def __enter__(self) -> "Run":
         try:
@@ -134,7 +145,7 @@ class Run:
                 n.launch()
             for n in self.nodes:
                 n.wait_serving()
-            self.load = CheckLoad(self.nodes, OFFERED * LIMIT / WINDOW, SKEWS[self.skew])
+            self.load = CheckLoad(self.nodes, OFFERED * LIMIT / WINDOW, self.weights())
             self.load.start()
             # The window the load starts in may be the one a fresh coordinator counts as spent.
             self.first = window_of(time.time(), WINDOW) + 1
@@ -434,3 +445,325 @@ def test_short_coordinator_pauses_across_window_boundaries(tmp_path, coord, fed_
         report(fed_results, run, counts, measured, u_capacity(counts, measured),
                fault="SIGSTOP 0.12 s before each of 3 boundaries, SIGCONT 0.08 s after",
                load=load)
+
+
+# ---- a regional pool: one region of several processes sharing a pool on a Redis of its own ----
+
+POOL_REGION = "eu-west"
+POOL_PROCESSES = 3
+# 8 batches, the largest lease a process asks for itself. The coordinator grants at most
+# ceil(remaining / (2 x regions)) (escrow.h, rule 4): 150 to a window's first lease, 50 once
+# the three regions have leased in it; a refiller keeps what it needs and pools the rest.
+REGIONAL_BATCH = 128
+HEALTH_CHECK = 1.0  # seconds: coordinator_health_check
+# Steady with a pool, a window may also lose what the pool holds unspent at its end.
+U_FLOOR_POOL = 1 - ((len(REGIONS) - 1) * BATCH + REGIONAL_BATCH) / LIMIT
+
+
+@pytest.fixture(scope="module")
+def pool_redis(tmp_path_factory) -> Tuple[harness.RedisCoordinator, harness.RedisCoordinator]:
+    """(the global coordinator, the pooled region's Redis): two Redis of this module's own."""
+    d = tmp_path_factory.mktemp("federation-pool")
+    started: List[harness.RedisCoordinator] = []
+    try:
+        for name in ("global", "regional"):
+            c = harness.RedisCoordinator(d / name)
+            started.append(c)
+            c.start()
+        yield started[0], started[1]
+    finally:
+        for c in started:
+            c.stop()
+
+
+class PoolRun(Run):
+    """Run's regions, POOL_REGION as POOL_PROCESSES processes sharing a regional pool (the
+    others one process each, no pool), the load spread over the processes (each pooled one
+    weighted `pool_weight`, the others 1); the global
+    Redis's lease calls recorded (MONITOR) from before the servers start."""
+
+    def __init__(self, workdir: Path, redis: Tuple[harness.RedisCoordinator, ...],
+                 scenario: str, outage: str = "fail-closed", pool_weight: float = 1.0):
+        self.global_redis, self.regional_redis = redis
+        self.pool = harness.PoolConfig(self.regional_redis, REGIONAL_BATCH, outage,
+                                       int(HEALTH_CHECK * 1000))
+        self.pool_weight = pool_weight
+        super().__init__(workdir, self.global_redis, scenario, "uniform")
+        if pool_weight != 1.0:
+            self.skew = f"{POOL_REGION}'s processes x{pool_weight} each"
+        self.coordinator = f"redis + pool on redis ({outage})"
+        self.monitor: Optional[harness.RedisMonitor] = None
+
+    def make_nodes(self, coord: harness.Coordinator) -> List[FederatedNode]:
+        nodes = []
+        for r in REGIONS:
+            if r != POOL_REGION:
+                nodes.append(FederatedNode(self.dir, r, sluice_bin(), coord, self.fed))
+                continue
+            nodes += [FederatedNode(self.dir, r, sluice_bin(), coord, self.fed,
+                                    name=f"{r}-{i}", pool=self.pool)
+                      for i in range(1, POOL_PROCESSES + 1)]
+        return nodes
+
+    def weights(self) -> List[float]:
+        return [self.pool_weight if n.pool is not None else 1.0 for n in self.nodes]
+
+    def __enter__(self) -> "PoolRun":
+        self.monitor = harness.RedisMonitor(self.global_redis, self.dir / "global-monitor.log")
+        try:
+            super().__enter__()
+        except BaseException:
+            self.monitor.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self.monitor.stop()
+
+    def pooled(self) -> List[FederatedNode]:
+        return [n for n in self.nodes if n.pool is not None]
+
+    def pool_key(self, key: str = "k") -> str:
+        return f"sluice:pool:{{{self.fed.budget}:{key}}}"
+
+    def pool_balance(self) -> int:
+        """The pool's balance now (HGET on the regional Redis; 0 for no pool yet)."""
+        return int(harness.redis_cli(self.regional_redis, "HGET", self.pool_key(), "b") or 0)
+
+    def pooled_states(self) -> List[dict]:
+        states = [n.fed_state() for n in self.pooled()]
+        assert all(s is not None for s in states), f"a pooled process did not answer\n{self.logs()}"
+        return states
+
+
+def held_escrow(states: List[dict]) -> int:
+    """Units the processes hold as escrow: granted - spent - forfeited."""
+    return sum(s["granted"] - s["spent"] - s["forfeited"] for s in states)
+
+
+def region_admitted(records, region: str, start: float, end: float) -> int:
+    """Admissions of `region` answered in [start, end)."""
+    return sum(1 for r in records if r.allowed and r.region == region and start <= r.received < end)
+
+
+def leases_per_window(leases: List[harness.RedisLease], windows: List[int]) -> Dict[str, list]:
+    """Per region, the sizes asked by its lease calls in each of `windows`."""
+    out: Dict[str, list] = {}
+    for lease in leases:
+        i = window_of(lease.t, WINDOW)
+        if i in windows:
+            out.setdefault(lease.region, [[] for _ in windows])[windows.index(i)].append(
+                lease.want)
+    return out
+
+
+def test_pool_steady_load_leases_one_regional_batch_at_a_time(tmp_path, pool_redis,
+                                                              fed_results):
+    """Steady load over five processes, three of them one region sharing a pool: no window
+    over the limit, every pooled process served from the pool, none of its calls failing,
+    and most of what the pooled region asks the coordinator for asked in regional batches (a
+    process the pool leaves short while another refills leases for itself)."""
+    with PoolRun(tmp_path, pool_redis, "pool-steady") as run:
+        last = run.first + STEADY_WINDOWS - 1
+        sleep_until(boundary(last + 1) + 0.1)
+        states = run.pooled_states()
+        keys = harness.redis_cli(run.regional_redis, "--scan", "--pattern", "sluice:pool:*")
+    records = run.load.snapshot()
+    counts = per_window(records, WINDOW, GUARD)
+    check_bound(records, counts, run)
+    measured = list(range(run.first, last + 1))
+    u = u_capacity(counts, measured)
+    leases = leases_per_window(run.monitor.leases(), measured)
+    pooled = leases.get(POOL_REGION, [[] for _ in measured])
+    admitted = [region_admitted(records, POOL_REGION, boundary(i), boundary(i + 1))
+                for i in measured]
+    report(fed_results, run, counts, measured, u,
+           fault=(f"{POOL_REGION}: {POOL_PROCESSES} processes on a pool; its coordinator "
+                  f"leases per window (sizes asked): {pooled}; admitted there per window: "
+                  f"{admitted}; pool_taken per process: {[s['pool_taken'] for s in states]}, "
+                  f"pool_refilled: {[s['pool_refilled'] for s in states]}"),
+           pool_leases=pooled, pool_region_admitted=admitted,
+           pool_taken=[s["pool_taken"] for s in states],
+           pool_refilled=[s["pool_refilled"] for s in states],
+           other_leases={r: v for r, v in leases.items() if r != POOL_REGION})
+    assert keys.split() == [run.pool_key()], keys
+    for i in measured:
+        assert counts[i].offered > LIMIT, f"window {i}: only {counts[i].offered} checks offered"
+        assert set(counts[i].refusals) <= {"budget_spent"}, (i, counts[i].refusals, run.logs())
+    # Every pooled process took from the pool, and what went into it came from their leases.
+    assert all(s["pool_taken"] > 0 for s in states), states
+    assert all(s["pool_failures"] == 0 and not s["in_outage"] for s in states), states
+    assert sum(s["pool_taken"] for s in states) <= sum(s["pool_refilled"] for s in states)
+    for i, sizes in enumerate(pooled):
+        # The pool's refiller asks for a regional batch; a process left short while another
+        # refills asks for itself, so most of what the region leases comes in regional batches.
+        big = [w for w in sizes if w >= REGIONAL_BATCH]
+        assert sum(big) * 2 > sum(sizes), (measured[i], sizes)
+        # A lease of a regional batch or more is a refiller's, and asks exactly one: what it
+        # needs itself (at most 8 batches) or the regional batch, whichever is more.
+        assert all(w == REGIONAL_BATCH for w in big), (measured[i], sizes)
+    assert u >= U_FLOOR_POOL, f"U_capacity {u:.3f} < {U_FLOOR_POOL:.3f}"
+
+
+def test_pool_redis_sigkill_mid_window_falls_through_to_the_coordinator(tmp_path, pool_redis,
+                                                                       fed_results):
+    """The pool's Redis killed 0.3 windows into a window and started again (empty) at the start
+    of the second window after: meanwhile the pooled processes lease straight from the
+    coordinator (no refusal but budget_spent, no window over the limit, the region still
+    served), and they take from the pool again once it is back."""
+    with PoolRun(tmp_path, pool_redis, "pool-redis-sigkill") as run:
+        f = run.first + 1
+        sleep_until(boundary(f) + 0.3 * WINDOW)
+        t0 = time.time()
+        run.regional_redis.kill()
+        sleep_until(boundary(f + 2))
+        down = run.pooled_states()
+        t1 = time.time()
+        run.regional_redis.start()
+        sleep_until(boundary(f + 4) + 0.1)
+        after = run.pooled_states()
+    records = run.load.snapshot()
+    counts = per_window(records, WINDOW, GUARD)
+    check_bound(records, counts, run)
+    measured = list(range(f + 1, f + 4))
+    u = u_capacity(counts, measured)
+    leases = leases_per_window(run.monitor.leases(), [f + 1])
+    admitted = [region_admitted(records, POOL_REGION, boundary(i), boundary(i + 1))
+                for i in range(f, f + 4)]
+    retaken = sum(a["pool_taken"] - d["pool_taken"] for a, d in zip(after, down))
+    report(fed_results, run, counts, measured, u,
+           fault=(f"pool Redis SIGKILL {t0 - boundary(f):.2f} s into window +{f - run.first}, "
+                  f"restarted empty {t1 - t0:.2f} s later; {POOL_REGION} admitted per window "
+                  f"from the kill's: {admitted}; its coordinator leases in the window without a "
+                  f"pool: {leases.get(POOL_REGION)}; pool_failures per process "
+                  f"{[d['pool_failures'] for d in down]}; taken from the pool after the "
+                  f"restart: {retaken}"),
+           pool_failures=[d["pool_failures"] for d in down], pool_region_admitted=admitted,
+           retaken=retaken)
+    for i in range(f, f + 4):
+        assert set(counts[i].refusals) <= {"budget_spent"}, (i, counts[i].refusals, run.logs())
+    # Every pooled process found the pool gone, and its region went on leasing.
+    assert all(d["pool_failures"] > 0 for d in down), down
+    assert leases.get(POOL_REGION), f"no lease of {POOL_REGION} without its pool"
+    assert admitted[1] > 0, f"{POOL_REGION} admitted nothing without its pool"
+    assert retaken > 0, f"nothing taken from the pool after its restart: {down} -> {after}"
+    assert u >= U_FLOOR_POOL, f"U_capacity {u:.3f} < {U_FLOOR_POOL:.3f}"
+
+
+@pytest.mark.parametrize("outage", ["regional-only", "fail-closed"])
+def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_results, outage):
+    """The global coordinator stopped in the last 0.35 s of a window, as soon as the pool holds a
+    batch (0.1 s before the window's end at the latest), and resumed 0.6 s into the next.
+    POOL_REGION, each of its processes offered a twentieth of another region's load, spends a
+    refill slowly, so its pool may still hold units at the window's end; it runs `outage`.
+
+    - regional-only: its processes enter the outage (in_outage) when their first lease of the
+      new window fails, and serve the pool's balance past its window (admissions in the new
+      window while the coordinator is stopped), refusing only regional_balance_spent once it
+      is spent; what they admit from the stop until SIGCONT is at most what the pool and their
+      escrow held at the stop, and no window admits more than the limit + that; after SIGCONT
+      in_outage is false again within coordinator_health_check (+ a probe's lease timeout) and
+      the region leases again.
+    - fail-closed: no window over the limit; nothing admitted in the new window while the
+      coordinator is stopped, refusals there only coordinator_unreachable; no outage entered."""
+    regional = outage == "regional-only"
+    with PoolRun(tmp_path, pool_redis, "pool-sigstop", outage, pool_weight=0.05) as run:
+        f = run.first + 1
+        # The stop: late in window f, as soon as the pool holds a batch (the processes take
+        # what it holds into their escrow a batch at a time: the later, the more likely some
+        # is left at the end), 0.1 s before its end at the latest.
+        sleep_until(boundary(f + 1) - 0.35)
+        while time.time() < boundary(f + 1) - 0.1 and run.pool_balance() < BATCH:
+            time.sleep(0.005)
+        t0 = time.time()
+        run.global_redis.signal(signal.SIGSTOP)
+        balance = run.pool_balance()
+        escrow = held_escrow(run.pooled_states())
+        onset_read = time.time()
+        # What is left at the window's end (a refill whose lease was answered before the stop
+        # lands in the pool within the lease timeout: what the pool gained since is counted).
+        sleep_until(boundary(f + 1) - 0.03)
+        at_end = run.pool_balance()
+        in_transit = max(0, at_end - balance)
+        sleep_until(boundary(f + 1) + 0.3 * WINDOW)
+        during = run.pooled_states()
+        t1 = time.time()
+        run.global_redis.signal(signal.SIGCONT)
+        # When the first and the last pooled process are out of the outage again.
+        outs: List[float] = []
+
+        def all_out() -> Optional[float]:
+            states = run.pooled_states()
+            if not outs and any(not s["in_outage"] for s in states):
+                outs.append(time.time())
+            return all(not s["in_outage"] for s in states) and time.time()
+
+        cleared = harness.wait_until(all_out, HEALTH_CHECK + 2, interval=0.02,
+                                     what="in_outage back to false")
+        first_out = outs[0]
+        sleep_until(boundary(f + 3) + 0.1)
+        end = run.pooled_states()
+    records = run.load.snapshot()
+    counts = per_window(records, WINDOW, GUARD)
+    errors = [r for r in records if r.reason.startswith("error")]
+    assert not errors, f"{len(errors)} checks failed, the first: {errors[0]}\n{run.logs()}"
+    allowance = balance + escrow + in_transit if regional else 0
+    over = least_assignment(records, counts, WINDOW, GUARD, LIMIT)
+    placed = {i: counts[i].assigned for i in range(f, f + 3)}
+    excess = max(0, max(placed.values()) - LIMIT)
+    # The pooled region's admissions asked after the onset was read, answered before SIGCONT.
+    served = [r for r in records if r.allowed and r.region == POOL_REGION
+              and r.sent >= onset_read and r.received < t1]
+    # Its admissions decided surely in the new window while every pooled process was still in
+    # the outage (leasing nothing, with SIGCONT or not), or, fail-closed, before SIGCONT: the
+    # pool's balance past its window.
+    carried = sum(1 for r in records if r.allowed and r.region == POOL_REGION
+                  and r.sent - GUARD >= boundary(f + 1)
+                  and r.received < (first_out if regional else t1))
+    # Refusals in the new window once the first lease of it has failed, before SIGCONT.
+    failed_by = boundary(f + 1) + run.fed.lease_timeout_ms / 1000 + 0.05
+    refused = {}
+    for r in records:
+        if not r.allowed and r.region == POOL_REGION and failed_by <= r.sent and r.received < t1:
+            refused[r.reason] = refused.get(r.reason, 0) + 1
+    # Leases sent during the stop reach Redis at SIGCONT (their callers gone): count those
+    # sent after the outage was over here, and after any still queued would have timed out.
+    after = max(cleared, t1 + run.fed.lease_timeout_ms / 1000)
+    resumed = [lease.t - t1 for lease in run.monitor.leases()
+               if lease.region == POOL_REGION and lease.t > after]
+    measured = [f + 2]  # the first window after the one SIGCONT falls in
+    report(fed_results, run, counts, measured, u_capacity(counts, measured),
+           fault=(f"coordinator SIGSTOP {boundary(f + 1) - t0:.2f} s before window "
+                  f"+{f + 1 - run.first}, SIGCONT {t1 - boundary(f + 1):.2f} s into it; at the "
+                  f"stop the pool held {balance} (+{in_transit} landing after; {at_end} at the "
+                  f"window's end), the pooled processes' escrow {escrow}; {POOL_REGION} "
+                  f"admitted {len(served)} from then until SIGCONT, and {carried} in the new "
+                  f"window before any process left the outage, refused there {refused}; "
+                  f"placed per window from the stop's: {list(placed.values())} "
+                  f"(excess {excess}); in_outage false {cleared - t1:.2f} s after SIGCONT; "
+                  f"first {POOL_REGION} lease "
+                  + (f"{resumed[0]:.2f} s after it" if resumed else "never")),
+           pool_balance_at_stop=balance, in_transit=in_transit, pool_at_end=at_end,
+           escrow_at_stop=escrow,
+           served_in_outage=len(served), carried=carried, refused_in_outage=refused,
+           excess=excess, cleared_after_s=cleared - t1, outages=[s["outages"] for s in end])
+    assert resumed, f"{POOL_REGION} never leased again after SIGCONT\n{run.logs()}"
+    assert any(r.allowed and r.region == POOL_REGION and r.sent > cleared for r in records)
+    if regional:
+        assert all(s["in_outage"] for s in during), during
+        assert all(s["outages"] >= 1 for s in end), end
+        assert cleared - t1 <= HEALTH_CHECK + 2 * run.fed.lease_timeout_ms / 1000, cleared - t1
+        assert len(served) <= balance + escrow + in_transit, (len(served), balance, escrow,
+                                                              in_transit)
+        if at_end > 0:
+            assert carried > 0, f"nothing served past the window (pool {at_end} at its end)"
+        assert set(refused) <= {"regional_balance_spent"}, refused
+        assert all(i >= f and counts[i].assigned <= LIMIT + allowance for i in over), (
+            f"windows over the limit: {[(i, counts[i].assigned) for i in over]}, allowed "
+            f"{LIMIT} + {allowance} from window {f} on\n{run.logs()}")
+    else:
+        assert not over, f"windows over the limit: {[(i, counts[i].assigned) for i in over]}"
+        assert all(s["outages"] == 0 and not s["in_outage"] for s in during + end)
+        assert carried == 0, f"{carried} admitted past the window in fail-closed"
+        assert set(refused) <= {"coordinator_unreachable"}, refused
