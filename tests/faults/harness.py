@@ -243,8 +243,12 @@ class PostgresCoordinator(Coordinator):
     kind = "postgres"
 
     def __init__(self, workdir: Path, extra_hosts: Sequence[str] = (),
-                 synchronous_commit: str = "off"):
+                 synchronous_commit: str = "off", durable_commits: bool = False):
+        # durable_commits: the client sets synchronous_commit on for its own transactions (the
+        # federation coordinator does), so what it commits survives whatever the server's
+        # setting.
         self.synchronous_commit = synchronous_commit
+        self.durable_commits = durable_commits
         # Its own directory under /tmp: pytest's are private to root, and the server runs as
         # `postgres` when the test runs as root.
         super().__init__(Path(tempfile.mkdtemp(prefix="sluice-faults-")), extra_hosts)
@@ -281,7 +285,7 @@ class PostgresCoordinator(Coordinator):
         return r.returncode == 0
 
     def keeps_state(self) -> bool:
-        return self.synchronous_commit != "off"
+        return self.durable_commits or self.synchronous_commit != "off"
 
     def query(self, sql: str) -> List[List[str]]:
         """Rows of `sql` run with psql (text, one list of fields per row)."""

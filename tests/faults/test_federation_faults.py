@@ -4,9 +4,9 @@ coordinator window, steady and through coordinator faults. Every scenario runs o
 coordinator backend:
 
 - `redis`: a Redis of this module's own, no persistence, so a restart comes back empty;
-- `postgres`: a PostgreSQL of this module's own (initdb into a temporary directory), commits
-  waiting for their WAL to be written (synchronous_commit on), so a SIGKILL + restart keeps
-  every grant it acknowledged.
+- `postgres`: a PostgreSQL of this module's own (initdb into a temporary directory) with
+  synchronous_commit off server-wide; the coordinator turns it on for its own transactions, so
+  a SIGKILL + restart keeps every grant it acknowledged.
 
 Setup: three servers, each with a `federated` policy on the same budget and its own region,
 limit LIMIT per WINDOW, batch BATCH, lease_timeout 250 ms, retry_backoff 1 s, fail-closed; a
@@ -73,7 +73,9 @@ def coord(request, tmp_path_factory) -> harness.Coordinator:
     on one, then on the other)."""
     d = tmp_path_factory.mktemp(f"federation-{request.param}")
     c = (harness.RedisCoordinator(d) if request.param == "redis"
-         else harness.PostgresCoordinator(d, synchronous_commit="on"))
+         # The server's default off, as in the fleet suite: the federation coordinator sets
+         # synchronous_commit on for its own transactions, which the restart scenario shows.
+         else harness.PostgresCoordinator(d, synchronous_commit="off", durable_commits=True))
     try:
         c.start()
         yield c
