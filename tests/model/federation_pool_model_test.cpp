@@ -52,8 +52,9 @@
 // received the take; a pool that accepts a release into a later window than the units'.
 //
 // A refill whose reply is lost AFTER the pool applied it (a timeout on a slow reply) leaves the
-// units both in the pool and in the refiller's escrow: see RefillTimeoutAfterThePoolAppliedIt
-// below (a known fault of the limiter, searched for separately).
+// units both in the pool and in the refiller's escrow, and a window admits more than the limit:
+// a KNOWN FAULT of the limiter, searched for separately (the DISABLED_KnownFault_ tests below,
+// one on this search, one on the real FederatedLimiter).
 //
 // The refiller's lease goes out when it sees the take's reply (the limiter sends it at once):
 // pool_expiry from the lease's own send time instead of `seen` would only be earlier, so it is
