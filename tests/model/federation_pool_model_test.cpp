@@ -1,0 +1,1157 @@
+// Exhaustive state-space search of federation's regional pool (the "BFS twin" of the pool rules in
+// src/core/escrow.cpp and of FederatedLimiter's use of them; spec/federation_pool.pml is the same
+// protocol for spin). Beside federation_model_test.cpp, which searches the escrow protocol
+// without a pool: the coordinator, the pool and the escrow are the real core (sluice::lease,
+// reconcile, escrow_expiry, add_grant, spend, relinquish, pool_take, pool_refill, pool_release,
+// pool_expiry, taken_expiry); the clocks, the network and the failures are modelled here.
+//
+// Region "a" has two processes (p0, p1) sharing one pool; region "b" (optional) leases directly,
+// as in federation_model_test.cpp. One key of `limit` units per window of `period` ticks. One
+// global clock t; the coordinator reads it as it is, the pool and every process read it shifted by
+// a constant offset of their own (skew, no drift: the drift allowance is 0). Fail-closed mode.
+// A process that runs dry leases `batch` as FederatedLimiter::lease_through_pool does, every
+// message taking its time (the clock may tick between a request and its processing, and between
+// a reply and its delivery):
+//   take       it sends pool_take(batch), noting its own clock (sent);
+//   pool       the pool runs pool_take on its own clock; the reply travels back;
+//   taken      the reply arrives (seen, on the process's clock): what it granted joins the
+//              escrow, expiring at taken_expiry(reply, sent), tagged with the pool's window (or
+//              the escrow's, if later: the limiter's rule); if that leaves it short it leases
+//              the rest from the coordinator, for a regional batch when the reply made it the
+//              refiller (keeping the pool's reading and `seen`);
+//   lease      the coordinator runs lease() (not during its outage);
+//   leased     the reply arrives: a process that is not the refiller adds the grant
+//              (escrow_expiry from the lease's send time); the refiller keeps what it needs and
+//              sends refill(window, rest, pool_expiry(pool reading, seen, its escrow expiry)),
+//              or refill(0) to end the refill in flight when nothing is left over (or the
+//              lease failed);
+//   refill     the pool runs pool_refill; its reply travels back;
+//   refilled   the reply arrives: units the pool accepted leave the refiller's grant, the rest
+//              joins its escrow;
+//   spend      a process admits one request from its escrow (spend() on its clock);
+//   expire     escrow past its expiry is relinquished and released to the pool (one release in
+//              transit per process); so is the rest of an older window's escrow that a later
+//              window's units replace;
+//   release    the pool runs pool_release;
+//   drop       during the pool's outage, a take, refill or release (request or reply) is lost:
+//              a process whose take is lost leases its batch from the coordinator directly, one
+//              whose refill is lost keeps its whole grant (the limiter's rule on a failed
+//              refill); during the coordinator's outage a lease (request or reply) is lost;
+//   restart    a process loses its escrow and whatever it was waiting for;
+//   tick, coordinator outage / pool outage (on or off), coordinator loss (an empty ledger whose
+//   origin window is the current one), pool loss (an empty pool);
+//   region b   send, process, deliver, spend, expire and reconcile, as federation_model_test.cpp.
+// Invariant, in every reachable state:
+//   Admitted  the admissions stamped with the real (global-clock) window they happen in never
+//             exceed `limit` in that window (Δ = 0).
+// Broken variants, small wrappers around the real core here, must be caught by the same search:
+// a fail-closed pool that serves past its expiry (as the regional-only mode does, the taker
+// keeping the units a while); a refill whose expiry counts the time left from the TAKE's
+// send time (as if the pool had read its clock then, not at some time up to `seen`); a refill
+// whose expiry is the escrow's expiry taken as pool time; a taker whose expiry counts from when it
+// received the take; a pool that accepts a release into a later window than the units'.
+//
+// A refill whose reply is lost AFTER the pool applied it (a timeout on a slow reply) leaves the
+// units both in the pool and in the refiller's escrow, and a window admits more than the limit:
+// a KNOWN FAULT of the limiter, searched for separately (the DISABLED_KnownFault_ tests below,
+// one on this search, one on the real FederatedLimiter).
+//
+// The refiller's lease goes out when it sees the take's reply (the limiter sends it at once):
+// pool_expiry from the lease's own send time instead of `seen` would only be earlier, so it is
+// no broken variant. Each search below turns on one kind of failure (all at once is too big
+// for the suite); federation_model_test.cpp searches the coordinator's side without a pool.
+//
+// Finite space: the clock is bounded, so every counter is (checked). The state leaves out what
+// cannot change what happens next, as an exact bisimulation of the real core: the ledger's and
+// the pool's clock high-water marks (no clock steps back here), an expiry already passed (on the
+// process's clock for escrow, the pool's for the pool: compared only with later times or taken
+// the max of with a later one), a refill hold already over, a ledger whose window has ended (the
+// next lease rolls it), and the admissions of a window that has ended.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "sluice/escrow.h"
+#include "sluice/federation.h"
+#include "sluice/memory_rate_coordinator.h"
+#include "sluice/memory_regional_escrow.h"
+#include "support/federation_fixtures.h"
+
+namespace sluice {
+namespace {
+
+constexpr int kProcs = 2;                       // processes of region "a"
+constexpr std::int8_t kNone = -1;               // no window (INT64_MIN in the core)
+constexpr std::int8_t kExpired = -100;          // an expiry already passed
+constexpr std::size_t kMaxStates = 12'000'000;  // a configuration too big for the suite fails
+
+enum class Variant {
+  kCorrect,
+  kPoolServesPastExpiry,    // fail-closed serving as regional-only does, past the pool's expiry
+  kRefillFromTakeSent,      // pool_expiry counts the time left from the take's send time
+  kRefillEscrowAsPoolTime,  // the escrow's expiry (process clock) stamped as the pool's expiry
+  kTakerFromReceipt,        // taken_expiry from when the take's reply arrived
+  kReleaseIntoLaterWindow,  // pool_release accepts units of any window into the pool's
+};
+constexpr std::array<const char*, 6> kVariantNames = {"correct",
+                                                      "pool-serves-past-expiry",
+                                                      "refill-from-take-sent",
+                                                      "refill-escrow-as-pool-time",
+                                                      "taker-from-receipt",
+                                                      "release-into-later-window"};
+
+struct Config {
+  std::uint64_t limit = 3;
+  std::uint64_t batch = 1;                          // what a process leases
+  std::uint64_t regional_batch = 2;                 // what a refiller leases for the pool
+  std::int64_t period = 2;                          // ticks per window
+  std::int64_t ticks = 4;                           // t runs 0 .. ticks - 1
+  std::int64_t refill_hold = 2;                     // pool ticks
+  std::array<std::int8_t, kProcs> offset = {0, 1};  // each process's clock is t + offset
+  std::int8_t pool_offset = -1;                     // the pool's clock is t + pool_offset
+  std::int8_t b_offset = 1;                         // region b's
+  bool region_b = false;                            // a second region leasing directly
+  bool coordinator_outages = true;
+  bool pool_outages = true;
+  bool coordinator_losses = true;  // the coordinator may lose its state
+  bool pool_losses = true;         // the pool may lose its state
+  bool restarts = true;            // a process may restart
+  // A refill's reply may be lost after the pool applied it (the refiller keeps its units).
+  bool lost_refill_replies = false;
+  Variant variant = Variant::kCorrect;
+};
+
+enum Phase : std::uint8_t {
+  kIdle,
+  kTakeSent,     // take request in transit (sent)
+  kTakeReply,    // take reply in transit (granted, window, expires_in, pool_now, refill)
+  kLeaseSent,    // lease request in transit (sent = the lease's send time, want)
+  kLeaseReply,   // lease reply in transit (granted, window, expires = escrow_expiry)
+  kRefillSent,   // refill request in transit (extra, refill_expires; the grant kept aside)
+  kRefillReply,  // refill reply in transit (accepted)
+};
+
+struct Proc {
+  std::int8_t e_window;  // the Escrow
+  std::int8_t e_expires;
+  std::uint8_t e_units;
+  std::uint8_t phase;
+  std::int8_t sent;  // take: its send time; lease: the lease's
+  std::uint8_t want;
+  std::uint8_t refiller;
+  std::int8_t pool_now;  // refiller: the pool's reading in its take reply, and when it was seen
+  std::int8_t seen;
+  std::int8_t take_sent;  // refiller: its take's send time (a broken variant reads it)
+  std::uint8_t granted;   // the reply in transit, or the grant kept aside during a refill
+  std::int8_t window;
+  std::int8_t expires;  // take: expires_in; lease: escrow_expiry
+  std::int8_t reading;  // take: the pool's clock when it decided
+  std::uint8_t refill;  // take: the reply makes it the refiller; refill: accepted
+  std::uint8_t extra;   // refill: the units for the pool
+  std::int8_t refill_expires;
+  std::int8_t rel_window;  // a release in transit (kNone: none)
+  std::uint8_t rel_units;
+};
+
+struct RegionB {
+  std::int8_t e_window;
+  std::int8_t e_expires;
+  std::uint8_t e_units;
+  std::uint8_t e_relinquished;
+  std::uint8_t phase;  // kIdle, kLeaseSent, kLeaseReply
+  std::int8_t sent;
+  std::uint8_t granted;
+  std::int8_t window;
+  std::int8_t expires;
+  std::int8_t rec_window;  // a reconcile in transit (kNone: none)
+  std::uint8_t rec_total;
+};
+
+struct Rec {  // the coordinator's RegionLedger of "a" and "b"
+  std::uint8_t present;
+  std::uint8_t granted;
+  std::uint8_t relinquished;
+  std::int8_t relinquished_window;
+};
+
+struct State {
+  std::uint8_t t;
+  std::uint8_t coord_down;
+  std::uint8_t pool_down;
+  std::uint8_t admitted;  // admissions in the window t is in
+  std::int8_t origin;     // the ledger's origin window; kNone: no loss
+  std::int8_t l_window;
+  std::uint8_t l_granted;
+  std::uint8_t l_returned;
+  std::array<Rec, 2> rec;
+  // The pool (times on its clock).
+  std::int8_t p_window;
+  std::int8_t p_expires;
+  std::uint8_t p_balance;
+  std::int8_t p_refilling;  // refilling_until; kExpired: none in flight
+  std::array<Proc, kProcs> proc;
+  RegionB b;
+};
+static_assert(std::is_trivially_copyable_v<State>);
+static_assert(std::has_unique_object_representations_v<State>);  // compared and hashed as bytes
+
+enum Action : std::uint8_t {
+  // per process
+  kTake,
+  kPoolTake,
+  kTaken,
+  kLease,
+  kLeased,
+  kRefill,
+  kRefilled,
+  kSpend,
+  kExpire,
+  kRelease,
+  kDrop,
+  kDropRelease,
+  kLoseRefillReply,
+  kRestart,
+  // global (owner 0)
+  kTick,
+  kCoordOutage,
+  kPoolOutage,
+  kCoordLoss,
+  kPoolLoss,
+  kBSend,
+  kBProcess,
+  kBDrop,
+  kBDeliver,
+  kBSpend,
+  kBExpire,
+  kBReconcile,
+  kActions,
+};
+constexpr std::array<const char*, kActions> kActionNames = {"take",
+                                                            "pool-take",
+                                                            "taken",
+                                                            "lease",
+                                                            "leased",
+                                                            "refill",
+                                                            "refilled",
+                                                            "spend",
+                                                            "expire",
+                                                            "release",
+                                                            "drop",
+                                                            "drop-release",
+                                                            "lose-refill-reply",
+                                                            "restart",
+                                                            "tick",
+                                                            "coord-outage",
+                                                            "pool-outage",
+                                                            "coord-loss",
+                                                            "pool-loss",
+                                                            "b.send",
+                                                            "b.process",
+                                                            "b.drop",
+                                                            "b.deliver",
+                                                            "b.spend",
+                                                            "b.expire",
+                                                            "b.reconcile"};
+constexpr Action kFirstGlobal = kTick;
+
+std::uint64_t hash_of(const State& s) {
+  std::array<std::uint64_t, (sizeof(State) + 7) / 8> words{};
+  std::memcpy(words.data(), &s, sizeof(State));
+  std::uint64_t h = 0x9E37'79B9'7F4A'7C15ull;
+  for (std::uint64_t w : words) {
+    h = (h ^ w) * 0xBF58'476D'1CE4'E5B9ull;
+    h ^= h >> 29;
+  }
+  h *= 0x94D0'49BB'1331'11EBull;
+  return h ^ (h >> 32);
+}
+
+struct Result {
+  std::size_t states = 0;
+  std::string violation;  // empty: the invariant held in every state
+  std::string trace;
+  std::uint64_t max_admitted = 0;
+  bool refill_accepted = false;   // some refill put units in the pool
+  bool taken = false;             // some take granted units
+  bool release_accepted = false;  // some release went back into the pool
+  bool b_spent = false;           // region b admitted
+  bool loss_refused = false;      // some lease was refused for a coordinator's state loss
+};
+
+class Explorer {
+ public:
+  explicit Explorer(Config c) : c_(c) {}
+
+  Result run() {
+    State init;
+    std::memset(static_cast<void*>(&init), 0, sizeof(init));
+    init.origin = kNone;
+    init.l_window = kNone;
+    for (Rec& r : init.rec) r.relinquished_window = kNone;
+    init.p_window = kNone;
+    init.p_expires = kExpired;
+    init.p_refilling = kExpired;
+    for (Proc& p : init.proc) clear_proc(p, true);
+    init.b.e_window = kNone;
+    init.b.rec_window = kNone;
+    Result r;
+    insert(init, 0, 0, 0);
+    for (std::size_t at = 0; at < entries_.size(); ++at) {
+      const State s = entries_[at].state;
+      ++r.states;
+      r.max_admitted = std::max<std::uint64_t>(r.max_admitted, s.admitted);
+      if (s.admitted > c_.limit) {
+        r.violation = "Admitted: " + std::to_string(s.admitted) + " admissions in window " +
+                      std::to_string(s.t / c_.period) + " > limit " + std::to_string(c_.limit);
+        r.trace = trace_to(at);
+        return r;
+      }
+      for (std::uint8_t a = 0; a < kActions; ++a) {
+        const int owners = a >= kFirstGlobal ? 1 : kProcs;
+        for (int i = 0; i < owners; ++i) {
+          State n = s;
+          if (!step(n, i, static_cast<Action>(a), r)) continue;
+          if (!harness_error_.empty()) {
+            r.violation = "Harness: " + harness_error_;
+            r.trace = trace_to(at);
+            return r;
+          }
+          insert(n, static_cast<std::uint32_t>(at), a, static_cast<std::uint8_t>(i));
+        }
+      }
+    }
+    return r;
+  }
+
+ private:
+  struct Entry {
+    State state;
+    std::uint32_t parent;
+    std::uint8_t action;
+    std::uint8_t owner;
+  };
+
+  // The visited set: open addressing of (hash tag << 32 | index + 1) into entries_, which is
+  // also the BFS queue.
+  void insert(const State& s, std::uint32_t parent, std::uint8_t action, std::uint8_t owner) {
+    if (entries_.size() >= kMaxStates) {
+      if (harness_error_.empty())
+        harness_error_ = "more than " + std::to_string(kMaxStates) + " states";
+      return;
+    }
+    if ((entries_.size() + 1) * 2 > table_.size()) grow();
+    const std::size_t mask = table_.size() - 1;
+    const std::uint64_t h = hash_of(s);
+    const std::uint64_t tag = h >> 32;
+    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
+      const std::uint64_t held = table_[slot];
+      if (held == 0) {
+        entries_.push_back({s, parent, action, owner});
+        table_[slot] = tag << 32 | entries_.size();
+        return;
+      }
+      if ((held >> 32) == tag &&
+          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
+        return;
+    }
+  }
+
+  void grow() {
+    std::vector<std::uint64_t> table(std::max<std::size_t>(1024, table_.size() * 2), 0);
+    const std::size_t mask = table.size() - 1;
+    for (std::uint64_t held : table_) {
+      if (held == 0) continue;
+      std::size_t slot = hash_of(entries_[(held & 0xFFFF'FFFFu) - 1].state) & mask;
+      while (table[slot] != 0) slot = (slot + 1) & mask;
+      table[slot] = held;
+    }
+    table_.swap(table);
+  }
+
+  BudgetSpec spec() const { return BudgetSpec{c_.limit, Nanos{c_.period}}; }
+  std::int64_t start_of(std::int8_t w) const { return w == kNone ? INT64_MIN : w * c_.period; }
+  std::int8_t index_of(std::int64_t start) {
+    if (start == INT64_MIN) return kNone;
+    if (start < 0 || start % c_.period != 0 || start / c_.period > 100) harness_error_ = "window";
+    return static_cast<std::int8_t>(start / c_.period);
+  }
+  std::uint8_t small(std::uint64_t v, const char* what) {
+    if (v > 250 && harness_error_.empty()) harness_error_ = std::string(what) + " out of range";
+    return static_cast<std::uint8_t>(v);
+  }
+  std::int8_t tiny(std::int64_t v, const char* what) {
+    if ((v < -100 || v > 100) && harness_error_.empty())
+      harness_error_ = std::string(what) + " out of range";
+    return static_cast<std::int8_t>(v);
+  }
+  Nanos proc_now(const State& s, int i) const { return Nanos{s.t + c_.offset[i]}; }
+  Nanos pool_now(const State& s) const { return Nanos{s.t + c_.pool_offset}; }
+  Nanos b_now(const State& s) const { return Nanos{s.t + c_.b_offset}; }
+
+  static void clear_proc(Proc& p, bool with_escrow) {
+    const Proc keep = p;
+    std::memset(static_cast<void*>(&p), 0, sizeof(p));
+    p.e_window = kNone;
+    p.window = kNone;
+    p.rel_window = kNone;
+    if (!with_escrow) {
+      p.e_window = keep.e_window;
+      p.e_expires = keep.e_expires;
+      p.e_units = keep.e_units;
+      p.rel_window = keep.rel_window;
+      p.rel_units = keep.rel_units;
+    }
+  }
+
+  // ---- the coordinator ----
+
+  Ledger& to_ledger(const State& s) {
+    Ledger& l = scratch_;
+    l.regions.clear();
+    l.clock_high = INT64_MIN;
+    l.forfeited = 0;
+    l.spec = BudgetSpec{};
+    l.window_start = start_of(s.l_window);
+    if (s.l_window != kNone) l.spec = spec();
+    l.granted = s.l_granted;
+    l.returned = s.l_returned;
+    for (int i = 0; i < 2; ++i) {
+      const Rec& r = s.rec[i];
+      if (!r.present) continue;
+      RegionLedger g;
+      g.region = i == 0 ? "a" : "b";
+      g.granted = r.granted;
+      g.relinquished = r.relinquished;
+      g.relinquished_window = start_of(r.relinquished_window);
+      l.regions.push_back(std::move(g));
+    }
+    return l;
+  }
+
+  void from_ledger(const Ledger& l, State& s) {
+    if (l.window_start != INT64_MIN && !(l.spec == spec())) harness_error_ = "ledger spec";
+    s.l_window = index_of(l.window_start);
+    const std::uint64_t both = std::min(l.granted, l.returned);
+    s.l_granted = small(l.granted - both, "granted");
+    s.l_returned = small(l.returned - both, "returned");
+    for (Rec& r : s.rec) r = Rec{0, 0, 0, kNone};
+    for (const RegionLedger& g : l.regions) {
+      if (g.region != "a" && g.region != "b") {
+        harness_error_ = "unexpected region '" + g.region + "'";
+        return;
+      }
+      s.rec[g.region == "a" ? 0 : 1] =
+          Rec{1, small(g.granted, "granted"), small(g.relinquished, "relinquished"),
+              index_of(g.relinquished_window)};
+    }
+  }
+
+  // lease() for `region` at the coordinator's clock; the reply, or nothing granted.
+  LeaseReply coordinate_lease(State& s, const char* region, std::uint64_t want, Result& out) {
+    Ledger& l = to_ledger(s);
+    LeaseRequest req;
+    req.region = region;
+    req.spec = spec();
+    req.want = want;
+    const LeaseReply reply = lease(l, req, Nanos{s.t}, start_of(s.origin));
+    from_ledger(l, s);
+    if (reply.status == LeaseStatus::kStateLost) out.loss_refused = true;
+    if (reply.granted > 0 &&
+        (reply.window_end - reply.window_start != Nanos{c_.period} || !(reply.spec == spec())))
+      harness_error_ = "reply";
+    return reply;
+  }
+
+  // ---- the pool ----
+
+  RegionalPool to_pool(const State& s) const {
+    RegionalPool p;
+    p.window_start = start_of(s.p_window);
+    p.expires_at = s.p_expires;  // kExpired: a time already passed
+    p.balance = s.p_balance;
+    p.refilling_until = s.p_refilling == kExpired ? INT64_MIN : s.p_refilling;
+    return p;
+  }
+  void from_pool(const RegionalPool& p, State& s) {
+    s.p_window = index_of(p.window_start);
+    s.p_expires = p.expires_at <= kExpired ? kExpired : tiny(p.expires_at, "pool expiry");
+    s.p_balance = small(p.balance, "balance");
+    s.p_refilling =
+        p.refilling_until == INT64_MIN ? kExpired : tiny(p.refilling_until, "refilling_until");
+  }
+
+  // ---- a process's escrow ----
+
+  Escrow escrow_of(const Proc& g) const {
+    Escrow e;
+    e.window_start = start_of(g.e_window);
+    e.expires_at = Nanos{g.e_expires};
+    e.units = g.e_units;
+    return e;
+  }
+  void from_escrow(const Escrow& e, Proc& g) {
+    g.e_window = index_of(e.window_start);
+    g.e_expires = tiny(e.expires_at.count(), "expires_at");
+    g.e_units = small(e.units, "units");
+  }
+
+  // Gives up the process's escrow and sends it back to the pool (one release in transit per
+  // process: a newer one pushes the older out, a loss).
+  void release_escrow(State& s, int i) {
+    Proc& g = s.proc[i];
+    Escrow e = escrow_of(g);
+    const std::uint64_t units = e.units;
+    if (units == 0) return;
+    relinquish(e);
+    from_escrow(e, g);
+    g.rel_window = g.e_window;
+    g.rel_units = small(units, "release");
+  }
+
+  // The limiter's on_lease for `granted` units of `window` expiring at `expires` (a later
+  // window's units replace the escrow, whose rest is released first; an older window's are
+  // added to the escrow's window, as on_lease does for units taken from the pool).
+  void add_units(State& s, int i, std::uint64_t granted, std::int8_t window, Nanos expires,
+                 bool from_pool) {
+    if (granted == 0) return;
+    Proc& g = s.proc[i];
+    LeaseReply r;
+    r.granted = granted;
+    r.window_start = Nanos{start_of(window)};
+    if (from_pool) r.window_start = std::max(r.window_start, Nanos{start_of(g.e_window)});
+    if (r.window_start.count() > start_of(g.e_window)) release_escrow(s, i);
+    Escrow e = escrow_of(g);
+    add_grant(e, r, expires);
+    from_escrow(e, g);
+  }
+
+  // The refiller's lease is over (`granted` of `window`, escrow expiry `expires`; 0: refused or
+  // lost): it keeps what it needs and sends the rest to the pool, or ends the refill in flight.
+  void after_lease(State& s, int i, std::uint64_t granted, std::int8_t window,
+                   std::int8_t expires) {
+    Proc& g = s.proc[i];
+    const std::uint64_t extra = granted - std::min<std::uint64_t>(granted, g.want);
+    g.phase = kRefillSent;
+    g.granted = small(granted, "granted");
+    g.window = window;
+    g.expires = expires;
+    g.extra = small(extra, "extra");
+    g.refill_expires = 0;
+    if (extra == 0) return;
+    Nanos at{0};
+    const Nanos escrow_expires{expires};
+    switch (c_.variant) {
+      case Variant::kRefillFromTakeSent:
+        at = pool_expiry(Nanos{g.pool_now}, Nanos{g.take_sent}, escrow_expires, 0);
+        break;
+      case Variant::kRefillEscrowAsPoolTime:
+        at = escrow_expires;
+        break;
+      default:
+        at = pool_expiry(Nanos{g.pool_now}, Nanos{g.seen}, escrow_expires, 0);
+    }
+    g.refill_expires = tiny(at.count(), "refill expiry");
+  }
+
+  // The refill call is over: the units the pool accepted leave the grant, the rest is kept.
+  void after_refill(State& s, int i, bool accepted) {
+    Proc& g = s.proc[i];
+    const std::uint64_t keep = accepted ? g.granted - g.extra : g.granted;
+    const std::int8_t window = g.window;
+    const Nanos expires{g.expires};
+    clear_proc(g, false);
+    add_units(s, i, keep, window, expires, false);
+  }
+
+  // One atomic step of process i (or of the world, for the global actions); false if the
+  // action is not enabled.
+  bool step(State& s, int i, Action a, Result& r) {
+    Proc& g = s.proc[i];
+    switch (a) {
+      case kTake:  // a process that runs dry leases (through the pool while it is up)
+        if (g.phase != kIdle || usable(escrow_of(g), proc_now(s, i)) > 0) return false;
+        g.want = small(c_.batch, "want");
+        g.sent = tiny(proc_now(s, i).count(), "sent");
+        g.phase = kTakeSent;
+        break;
+      case kPoolTake: {
+        if (g.phase != kTakeSent || s.pool_down) return false;
+        RegionalPool p = to_pool(s);
+        const bool past = c_.variant == Variant::kPoolServesPastExpiry;
+        const PoolReply reply = pool_take(p, g.want, Nanos{c_.refill_hold}, past, pool_now(s));
+        from_pool(p, s);
+        g.phase = kTakeReply;
+        g.granted = small(reply.granted, "taken");
+        g.window = reply.granted > 0 ? index_of(reply.window_start.count()) : kNone;
+        g.reading = tiny(reply.now.count(), "pool now");
+        g.refill = reply.granted < g.want && reply.refill ? 1 : 0;
+        if (!g.refill) g.reading = 0;
+        if (reply.granted > 0) r.taken = true;
+        // taken_expiry() is a pure function of the reply and the send time: computed here, so
+        // that neither need travel along (but for the variants that read them on arrival).
+        if (c_.variant == Variant::kTakerFromReceipt) {
+          g.expires = reply.granted > 0 ? tiny(reply.expires_in.count(), "expires_in") : 0;
+        } else {
+          g.expires = reply.granted > 0
+                          ? tiny(taken_expiry(reply, Nanos{g.sent}, 0).count(), "taken expiry")
+                          : 0;
+          if (!(c_.variant == Variant::kRefillFromTakeSent && g.refill)) g.sent = 0;
+        }
+        break;
+      }
+      case kTaken: {
+        if (g.phase != kTakeReply) return false;
+        const Nanos seen = proc_now(s, i);
+        if (g.granted > 0) {
+          Nanos expires{g.expires};
+          if (c_.variant == Variant::kTakerFromReceipt) {
+            PoolReply p;
+            p.granted = g.granted;
+            p.expires_in = Nanos{g.expires};
+            expires = taken_expiry(p, seen, 0);
+          }
+          // Served past its expiry, as regional-only does: usable a while (the limiter's rule).
+          if (c_.variant == Variant::kPoolServesPastExpiry)
+            expires = std::max(expires, seen + Nanos{c_.period});
+          add_units(s, i, g.granted, g.window, expires, true);
+        }
+        if (g.granted >= g.want) {
+          clear_proc(g, false);
+          break;
+        }
+        const std::uint64_t need = g.want - g.granted;
+        const bool refiller = g.refill != 0;
+        const std::int8_t reading = g.reading, take_sent = g.sent;
+        clear_proc(g, false);
+        g.phase = kLeaseSent;
+        g.want = small(need, "need");
+        g.sent = tiny(seen.count(), "sent");
+        if (refiller) {
+          g.refiller = 1;
+          g.pool_now = reading;
+          g.seen = tiny(seen.count(), "seen");
+          g.take_sent = take_sent;
+        }
+        break;
+      }
+      case kLease: {
+        if (g.phase != kLeaseSent || s.coord_down) return false;
+        const std::uint64_t ask =
+            g.refiller ? std::max<std::uint64_t>(g.want, c_.regional_batch) : g.want;
+        const LeaseReply reply = coordinate_lease(s, "a", ask, r);
+        g.phase = kLeaseReply;
+        g.granted = small(reply.granted, "granted");
+        g.window = reply.granted > 0 ? index_of(reply.window_start.count()) : kNone;
+        g.expires =
+            reply.granted > 0 ? tiny(escrow_expiry(reply, Nanos{g.sent}, 0).count(), "expiry") : 0;
+        g.sent = 0;  // the refiller's lease went out when it saw the take's reply (`seen`)
+        break;
+      }
+      case kLeased:
+        if (g.phase != kLeaseReply) return false;
+        if (g.refiller) {
+          after_lease(s, i, g.granted, g.window, g.expires);
+        } else {
+          const std::uint64_t granted = g.granted;
+          const std::int8_t window = g.window;
+          const Nanos expires{g.expires};
+          clear_proc(g, false);
+          add_units(s, i, granted, window, expires, false);
+        }
+        break;
+      case kRefill: {
+        if (g.phase != kRefillSent || s.pool_down) return false;
+        RegionalPool p = to_pool(s);
+        const PoolReply reply = g.extra == 0
+                                    ? pool_refill(p, Nanos{INT64_MIN}, 0, Nanos{0}, pool_now(s))
+                                    : pool_refill(p, Nanos{start_of(g.window)}, g.extra,
+                                                  Nanos{g.refill_expires}, pool_now(s));
+        from_pool(p, s);
+        g.phase = kRefillReply;
+        g.refill = g.extra > 0 && reply.granted == g.extra ? 1 : 0;
+        if (g.refill) r.refill_accepted = true;
+        break;
+      }
+      case kRefilled:
+        if (g.phase != kRefillReply) return false;
+        after_refill(s, i, g.refill != 0);
+        break;
+      case kSpend: {
+        Escrow e = escrow_of(g);
+        if (!spend(e, 1, proc_now(s, i))) return false;
+        from_escrow(e, g);
+        s.admitted = small(s.admitted + 1u, "admitted");
+        break;
+      }
+      case kExpire: {
+        const Escrow e = escrow_of(g);
+        if (e.units == 0 || usable(e, proc_now(s, i)) != 0) return false;
+        release_escrow(s, i);
+        break;
+      }
+      case kRelease: {
+        if (g.rel_window == kNone || s.pool_down) return false;
+        RegionalPool p = to_pool(s);
+        Nanos window{start_of(g.rel_window)};
+        if (c_.variant == Variant::kReleaseIntoLaterWindow && p.window_start > window.count())
+          window = Nanos{p.window_start};
+        const PoolReply reply = pool_release(p, window, g.rel_units, pool_now(s));
+        from_pool(p, s);
+        if (reply.granted > 0) r.release_accepted = true;
+        g.rel_window = kNone;
+        g.rel_units = 0;
+        break;
+      }
+      case kDrop:
+        switch (g.phase) {
+          case kTakeSent:
+          case kTakeReply: {  // the pool failed: lease the batch directly
+            if (!s.pool_down) return false;
+            const std::uint8_t want = g.want;
+            clear_proc(g, false);
+            g.phase = kLeaseSent;
+            g.want = want;
+            g.sent = tiny(proc_now(s, i).count(), "sent");
+            break;
+          }
+          case kLeaseSent:
+          case kLeaseReply:  // the coordinator failed
+            if (!s.coord_down) return false;
+            if (g.refiller)
+              after_lease(s, i, 0, kNone, 0);
+            else
+              clear_proc(g, false);
+            break;
+          case kRefillSent:  // the refill failed: the refiller keeps its grant
+            if (!s.pool_down) return false;
+            after_refill(s, i, false);
+            break;
+          default:
+            return false;
+        }
+        break;
+      case kDropRelease:
+        if (g.rel_window == kNone || !s.pool_down) return false;
+        g.rel_window = kNone;
+        g.rel_units = 0;
+        break;
+      case kLoseRefillReply:  // a reply later than the call's timeout: the call failed
+        if (!c_.lost_refill_replies || g.phase != kRefillReply) return false;
+        after_refill(s, i, false);
+        break;
+      case kRestart: {
+        if (!c_.restarts || (g.phase == kIdle && g.e_window == kNone)) return false;
+        const std::int8_t rel_window = g.rel_window;
+        const std::uint8_t rel_units = g.rel_units;
+        clear_proc(g, true);
+        g.rel_window = rel_window;
+        g.rel_units = rel_units;
+        break;
+      }
+      case kTick: {
+        if (s.t + 1 >= c_.ticks) return false;
+        const auto before = s.t / c_.period;
+        ++s.t;
+        if (s.t / c_.period != before) s.admitted = 0;
+        break;
+      }
+      case kCoordOutage:
+        if (!c_.coordinator_outages) return false;
+        s.coord_down ^= 1;
+        break;
+      case kPoolOutage:
+        if (!c_.pool_outages) return false;
+        s.pool_down ^= 1;
+        break;
+      case kCoordLoss:
+        if (!c_.coordinator_losses) return false;
+        from_ledger(Ledger{}, s);
+        s.origin = index_of(window_of(Nanos{s.t}, Nanos{c_.period}).count());
+        break;
+      case kPoolLoss:
+        if (!c_.pool_losses || (s.p_window == kNone && s.p_refilling == kExpired)) return false;
+        from_pool(RegionalPool{}, s);
+        break;
+      default:
+        return step_b(s, a, r);
+    }
+    normalise(s);
+    return true;
+  }
+
+  // Region b, leasing directly (federation_model_test.cpp's region).
+  bool step_b(State& s, Action a, Result& r) {
+    if (!c_.region_b) return false;
+    RegionB& b = s.b;
+    const auto b_escrow = [&] {
+      Escrow e;
+      e.window_start = start_of(b.e_window);
+      e.expires_at = Nanos{b.e_expires};
+      e.units = b.e_units;
+      e.relinquished = b.e_relinquished;
+      return e;
+    };
+    const auto b_store = [&](const Escrow& e) {
+      b.e_window = index_of(e.window_start);
+      b.e_expires = tiny(e.expires_at.count(), "b expiry");
+      b.e_units = small(e.units, "b units");
+      b.e_relinquished = small(e.relinquished, "b relinquished");
+    };
+    switch (a) {
+      case kBSend:
+        if (b.phase != kIdle || usable(b_escrow(), b_now(s)) > 0) return false;
+        b.phase = kLeaseSent;
+        b.sent = tiny(b_now(s).count(), "sent");
+        break;
+      case kBProcess: {
+        if (b.phase != kLeaseSent || s.coord_down) return false;
+        const LeaseReply reply = coordinate_lease(s, "b", c_.batch, r);
+        if (reply.granted == 0) {
+          b.phase = kIdle;
+          b.sent = 0;
+          break;
+        }
+        b.phase = kLeaseReply;
+        b.granted = small(reply.granted, "granted");
+        b.window = index_of(reply.window_start.count());
+        b.expires = tiny(escrow_expiry(reply, Nanos{b.sent}, 0).count(), "expiry");
+        b.sent = 0;
+        break;
+      }
+      case kBDrop:
+        if (b.phase == kIdle || !s.coord_down) return false;
+        b.phase = kIdle;
+        b.sent = b.granted = 0;
+        b.window = b.expires = 0;
+        break;
+      case kBDeliver: {
+        if (b.phase != kLeaseReply) return false;
+        LeaseReply reply;
+        reply.granted = b.granted;
+        reply.window_start = Nanos{start_of(b.window)};
+        Escrow e = b_escrow();
+        const Escrow before = e;
+        const std::uint64_t lost = add_grant(e, reply, Nanos{b.expires});
+        b_store(e);
+        if (lost > 0 && reply.window_start.count() > before.window_start) {
+          b.rec_window = index_of(before.window_start);
+          b.rec_total = small(before.relinquished + lost, "total");
+        }
+        b.phase = kIdle;
+        b.granted = 0;
+        b.window = b.expires = 0;
+        break;
+      }
+      case kBSpend: {
+        Escrow e = b_escrow();
+        if (!spend(e, 1, b_now(s))) return false;
+        b_store(e);
+        s.admitted = small(s.admitted + 1u, "admitted");
+        r.b_spent = true;
+        break;
+      }
+      case kBExpire: {
+        Escrow e = b_escrow();
+        if (e.units == 0 || usable(e, b_now(s)) != 0) return false;
+        const std::uint64_t total = relinquish(e);
+        b_store(e);
+        b.rec_window = b.e_window;
+        b.rec_total = small(total, "total");
+        break;
+      }
+      case kBReconcile: {
+        if (b.rec_window == kNone || s.coord_down) return false;
+        Ledger& l = to_ledger(s);
+        reconcile(l, "b", Nanos{start_of(b.rec_window)}, b.rec_total, Nanos{s.t});
+        from_ledger(l, s);
+        b.rec_window = kNone;
+        b.rec_total = 0;
+        break;
+      }
+      default:
+        return false;
+    }
+    normalise(s);
+    return true;
+  }
+
+  void normalise(State& s) const {
+    const auto current = static_cast<std::int8_t>(s.t / c_.period);
+    if (s.l_window != kNone && s.l_window < current) {  // the next lease rolls it
+      s.l_window = kNone;
+      s.l_granted = s.l_returned = 0;
+      for (Rec& r : s.rec) r.granted = 0;
+    }
+    for (Rec& r : s.rec) {
+      if (r.relinquished_window != kNone &&
+          (s.l_window == kNone || r.relinquished_window < s.l_window)) {
+        r.relinquished_window = kNone;
+        r.relinquished = 0;
+      }
+      if (r.granted == 0 && r.relinquished_window == kNone) r = Rec{0, 0, 0, kNone};
+    }
+    const std::int64_t pool_t = pool_now(s).count();
+    if (s.p_expires != kExpired && s.p_expires <= pool_t) s.p_expires = kExpired;
+    if (s.p_refilling != kExpired && s.p_refilling <= pool_t) s.p_refilling = kExpired;
+    for (int i = 0; i < kProcs; ++i) {
+      Proc& g = s.proc[i];
+      if (g.e_window != kNone && g.e_expires <= proc_now(s, i).count()) g.e_expires = kExpired;
+    }
+    if (s.b.e_window != kNone && s.b.e_expires <= b_now(s).count()) s.b.e_expires = kExpired;
+  }
+
+  std::string describe(const State& s) const {
+    std::string out = "t=" + std::to_string(s.t) + " (w" + std::to_string(s.t / c_.period) +
+                      " admitted=" + std::to_string(s.admitted) + ")";
+    if (s.coord_down) out += " COORD-DOWN";
+    if (s.pool_down) out += " POOL-DOWN";
+    out += " pool[";
+    if (s.p_window != kNone)
+      out += "w" + std::to_string(s.p_window) + " bal=" + std::to_string(s.p_balance) +
+             " exp=" + std::to_string(s.p_expires);
+    if (s.p_refilling != kExpired) out += " refilling<" + std::to_string(s.p_refilling);
+    out += "]";
+    static constexpr std::array<const char*, 7> kPhases = {
+        "", "take-sent", "take-reply", "lease-sent", "lease-reply", "refill-sent", "refill-reply"};
+    for (int i = 0; i < kProcs; ++i) {
+      const Proc& g = s.proc[i];
+      out += " p" + std::to_string(i) + "[";
+      if (g.e_window != kNone)
+        out += "w" + std::to_string(g.e_window) + " u=" + std::to_string(g.e_units) +
+               " exp=" + std::to_string(g.e_expires);
+      if (g.phase != kIdle) {
+        out += std::string(" ") + kPhases[g.phase] + "(sent=" + std::to_string(g.sent) + " +" +
+               std::to_string(g.granted) + " w" + std::to_string(g.window) +
+               " exp=" + std::to_string(g.expires);
+        if (g.refiller)
+          out += " refiller pool_now=" + std::to_string(g.pool_now) +
+                 " seen=" + std::to_string(g.seen);
+        if (g.phase >= kRefillSent)
+          out +=
+              " extra=" + std::to_string(g.extra) + " pool_exp=" + std::to_string(g.refill_expires);
+        out += ")";
+      }
+      if (g.rel_window != kNone)
+        out +=
+            " release(w" + std::to_string(g.rel_window) + " " + std::to_string(g.rel_units) + ")";
+      out += "]";
+    }
+    if (c_.region_b) {
+      out += " b[";
+      if (s.b.e_window != kNone)
+        out += "w" + std::to_string(s.b.e_window) + " u=" + std::to_string(s.b.e_units) +
+               " exp=" + std::to_string(s.b.e_expires);
+      if (s.b.phase != kIdle) out += " " + std::string(kPhases[s.b.phase]);
+      out += "]";
+    }
+    out += " | coord";
+    if (s.l_window != kNone)
+      out += " w" + std::to_string(s.l_window) +
+             " granted-returned=" + std::to_string(static_cast<int>(s.l_granted) - s.l_returned);
+    if (s.origin != kNone) out += " origin=w" + std::to_string(s.origin);
+    return out;
+  }
+
+  std::string trace_to(std::size_t at) const {
+    std::vector<std::size_t> path;
+    for (std::size_t k = at; k != 0; k = entries_[k].parent) path.push_back(k);
+    std::string out;
+    int step_no = 0;
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      const Entry& e = entries_[*it];
+      const std::string who =
+          e.action >= kFirstGlobal ? std::string() : "p" + std::to_string(e.owner) + ".";
+      out += "  " + std::to_string(++step_no) + ". " + who + kActionNames[e.action] + "  ->  " +
+             describe(e.state) + "\n";
+    }
+    return out;
+  }
+
+  Config c_;
+  Ledger scratch_;
+  std::vector<Entry> entries_;
+  std::vector<std::uint64_t> table_;
+  std::string harness_error_;
+};
+
+Result explore(const Config& c) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = Explorer(c).run();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "[pool model] limit=%llu batch=%llu regional_batch=%llu period=%lld ticks=%lld "
+      "offsets={p0 %d, p1 %d, pool %d, b %d}%s %s: %zu states, max admitted per window=%llu, "
+      "%.0f ms%s\n",
+      static_cast<unsigned long long>(c.limit), static_cast<unsigned long long>(c.batch),
+      static_cast<unsigned long long>(c.regional_batch), static_cast<long long>(c.period),
+      static_cast<long long>(c.ticks), c.offset[0], c.offset[1], c.pool_offset, c.b_offset,
+      c.region_b ? " +region b" : "", kVariantNames[static_cast<int>(c.variant)], r.states,
+      static_cast<unsigned long long>(r.max_admitted), ms,
+      r.violation.empty() ? "" : (" -> " + r.violation).c_str());
+  return r;
+}
+
+void expect_holds(const Config& c) {
+  const Result r = explore(c);
+  EXPECT_EQ(r.violation, "") << r.trace;
+  EXPECT_GT(r.states, 100'000u);
+  // Not vacuous: a window's whole budget is admitted, refills reach the pool, takes are served
+  // from it, escrow goes back into it, region b admits beside it, and a coordinator that lost
+  // its state refuses a lease.
+  EXPECT_EQ(r.max_admitted, c.limit);
+  EXPECT_TRUE(r.refill_accepted);
+  EXPECT_TRUE(r.taken);
+  EXPECT_TRUE(r.release_accepted);
+  EXPECT_EQ(r.b_spent, c.region_b);
+  EXPECT_EQ(r.loss_refused, c.coordinator_losses);
+}
+
+void expect_caught(const Config& c) {
+  const Result r = explore(c);
+  EXPECT_EQ(r.violation.rfind("Admitted", 0), 0u) << r.violation << "\n" << r.trace;
+  std::printf("[pool model]   counterexample:\n%s", r.trace.c_str());
+}
+
+// The processes of region "a" alone, every message slow, the pool down and up, and no failure
+// of the coordinator: the space the broken variants are searched in.
+Config pool_only() {
+  Config c;
+  c.limit = 3;
+  c.coordinator_outages = false;
+  c.coordinator_losses = false;
+  c.pool_outages = false;
+  c.pool_losses = false;
+  c.restarts = false;
+  return c;
+}
+
+Config broken(Variant v) {
+  Config c = pool_only();
+  c.variant = v;
+  return c;
+}
+
+// Named FederationModel.* with the other federation searches (the sanitizer suites skip them);
+// ctest runs them side by side, each a few seconds to a quarter of a minute.
+TEST(FederationModel, PoolNeverAdmitsMoreThanTheLimitPerWindowThroughPoolLossesAndRestarts) {
+  Config c = pool_only();
+  c.pool_losses = true;
+  c.restarts = true;
+  c.ticks = 3;
+  expect_holds(c);
+}
+
+TEST(FederationModel, PoolNeverAdmitsMoreThanTheLimitPerWindowThroughBothOutages) {
+  Config c = pool_only();
+  c.pool_outages = true;
+  c.coordinator_outages = true;
+  c.ticks = 3;
+  expect_holds(c);
+}
+
+TEST(FederationModel, PoolNeverAdmitsMoreThanTheLimitPerWindowThroughCoordinatorLosses) {
+  Config c = pool_only();
+  c.coordinator_losses = true;
+  c.ticks = 3;
+  expect_holds(c);
+}
+
+TEST(FederationModel, PoolNeverAdmitsMoreThanTheLimitPerWindowBesideARegionLeasingDirectly) {
+  Config c = pool_only();
+  c.region_b = true;
+  c.ticks = 2;  // one window: across a boundary the space is too big for the suite
+  expect_holds(c);
+}
+
+TEST(FederationModel, APoolThatServesPastItsExpiryIsCaught) {
+  expect_caught(broken(Variant::kPoolServesPastExpiry));
+}
+
+TEST(FederationModel, ARefillExpiryCountedFromTheTakesSendTimeIsCaught) {
+  expect_caught(broken(Variant::kRefillFromTakeSent));
+}
+
+TEST(FederationModel, ARefillExpiryThatTakesEscrowTimeForPoolTimeIsCaught) {
+  expect_caught(broken(Variant::kRefillEscrowAsPoolTime));
+}
+
+TEST(FederationModel, ATakerExpiryCountedFromTheReplysArrivalIsCaught) {
+  expect_caught(broken(Variant::kTakerFromReceipt));
+}
+
+TEST(FederationModel, AReleaseAcceptedIntoALaterWindowIsCaught) {
+  expect_caught(broken(Variant::kReleaseIntoLaterWindow));
+}
+
+// KNOWN FAULT (FederatedLimiter::lease_through_pool, src/fleet/federation.cpp): a refill the pool
+// applied but whose reply came too late (the call timed out) is taken for a refill that failed,
+// and the refiller keeps the units the pool now holds too: the region can spend them twice and
+// a window admits more than the limit. Disabled until the limiter stops counting on a failed
+// refill having changed nothing; run it with --gtest_also_run_disabled_tests.
+TEST(FederationModel, DISABLED_KnownFault_PoolNeverAdmitsMoreThanTheLimitWhenARefillTimesOut) {
+  Config c = pool_only();
+  c.pool_outages = true;
+  c.lost_refill_replies = true;
+  expect_holds(c);
+}
+
+// The same fault on the real FederatedLimiter: a pool whose first refill is applied but answers
+// too late (kDeadlineExceeded, as a slow Redis reply does). The refiller keeps the regional
+// batch it put in the pool, the other process takes it from the pool too, and the region admits
+// more than the limit in one window. Disabled with the search above (KNOWN FAULT).
+class LateFirstRefill final : public RegionalEscrow {
+ public:
+  explicit LateFirstRefill(RegionalEscrow& inner) : inner_(inner) {}
+  StatusOr<PoolReply> take(std::string_view key, std::uint64_t want, Nanos hold, bool past,
+                           Nanos timeout) noexcept override {
+    return inner_.take(key, want, hold, past, timeout);
+  }
+  StatusOr<PoolReply> refill(std::string_view key, Nanos w, std::uint64_t units, Nanos expires_at,
+                             Nanos timeout) noexcept override {
+    StatusOr<PoolReply> r = inner_.refill(key, w, units, expires_at, timeout);
+    if (units == 0 || late_ == 0) return r;
+    --late_;
+    return Status(StatusCode::kDeadlineExceeded, "refill reply too late");  // but applied
+  }
+  StatusOr<PoolReply> release(std::string_view key, Nanos w, std::uint64_t units,
+                              Nanos timeout) noexcept override {
+    return inner_.release(key, w, units, timeout);
+  }
+  Status health(Nanos timeout) noexcept override { return inner_.health(timeout); }
+  std::string_view backend() const noexcept override { return "late-first-refill"; }
+
+ private:
+  RegionalEscrow& inner_;
+  int late_ = 1;
+};
+
+TEST(FederationModel, DISABLED_KnownFault_ALimiterWhoseRefillTimesOutAdmitsNoMoreThanTheLimit) {
+  ManualClock clock{std::chrono::seconds(100)};  // the window [100 s, 110 s)
+  MemoryRateCoordinator coord{clock};
+  MemoryRegionalEscrow mem{clock};
+  LateFirstRefill pool{mem};
+  FederationOptions o = testing_support::opts("eu", 100);
+  o.batch = 1;
+  o.regional_batch = 8;
+  FederatedLimiter p0(coord, &pool, clock, o, testing_support::inline_io());
+  FederatedLimiter p1(coord, &pool, clock, o, testing_support::inline_io());
+  std::uint64_t admitted = 0;
+  for (int i = 0; i < 300; ++i) {
+    FederatedLimiter& p = i % 2 == 0 ? p0 : p1;
+    admitted += testing_support::check_now(p, "k", clock.now()).rate.allowed ? 1 : 0;
+  }
+  EXPECT_EQ(admitted, 100u) << "the refill's units were spent by the refiller and from the pool";
+}
+
+}  // namespace
+}  // namespace sluice
