@@ -56,8 +56,8 @@
  * arrived), -DBROKEN_RELEASE_LATER (a release is accepted into a later window than its units').
  *
  * -DREFILL_TIMEOUT lets a refill's reply be lost after the pool applied it (a call that timed
- * out); the refiller then keeps its grant, as the limiter does on a failed refill. It fails: a
- * known fault of the limiter (the units are both in the pool and in the refiller's escrow).
+ * out); the refiller then gives up what it sent, as the limiter does on any failed refill (had
+ * it kept its grant, the units would be both in the pool and in its escrow: a window went over).
  */
 #ifndef L
 #define L 3
@@ -382,16 +382,18 @@ end:
       fi;
       check()
     }
-  :: d_step { /* drop: the pool fails a refill (the refiller keeps its grant) */
+  :: d_step { /* drop: the pool fails a refill (the refiller gives up what it sent: the call
+              * may have been applied) */
       phase[me] == REFILL_SENT ->
-      after_refill(me, 0);
+      after_refill(me, 1);
       check()
     }
 #endif
 #ifdef REFILL_TIMEOUT
-  :: d_step { /* a refill the pool applied whose reply comes too late: taken as failed */
+  :: d_step { /* a refill the pool applied whose reply comes too late: taken as failed, what
+              * it sent given up */
       phase[me] == REFILL_REPLY ->
-      after_refill(me, 0);
+      after_refill(me, 1);
       check()
     }
 #endif

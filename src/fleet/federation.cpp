@@ -339,7 +339,12 @@ FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string
     r.granted -= extra;  // this process keeps the rest
     pool_refilled_.fetch_add(extra, std::memory_order_relaxed);
   } else if (!f.ok()) {
-    pool_failed(clock_.now());  // kept here: the units are this process's escrow
+    // A failed call may still have been applied (a reply lost or late after the pool ran it):
+    // the units may be in the pool, so this process must not spend them too. Given up.
+    pool_failed(clock_.now());
+    r.granted -= extra;
+    forfeited_.fetch_add(extra, std::memory_order_relaxed);
+    granted_.fetch_add(extra, std::memory_order_relaxed);
   }
   return o;
 }
