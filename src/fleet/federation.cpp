@@ -123,7 +123,9 @@ std::uint64_t FederatedLimiter::refill_size(const Key& k, Nanos now) const {
   // most double) and by kMaxBatches batches; never less than a batch. A key that spends
   // thousands a window costs a few leases, not one per batch, while what a region holds when
   // the window ends stays about what it would have spent (the coordinator's taper still cuts
-  // every ask when the budget runs low).
+  // every ask when the budget runs low). No window known yet (escrow served by the pool in a
+  // regional-only outage only): a batch.
+  if (k.window_end.count() == kNever) return options_.batch;
   const Nanos elapsed = now - (k.window_end - options_.budget.period);
   const Nanos left = k.window_end - now;
   if (elapsed <= Nanos{0} || left <= Nanos{0}) return options_.batch;

@@ -17,7 +17,9 @@
 //                               #   shared by the region's processes (sluice/federation.h);
 //                               #   default none: each process leases for itself
 //   regional_batch: 64          # what a process the pool leaves short leases for it; default
-//                               #   4 x batch; needs regional_escrow
+//                               #   4 x batch; needs regional_escrow. The coordinator grants at
+//                               #   most remaining / (2 x regions) at once, so the pool saves
+//                               #   lease calls only where that is well above a batch
 //   outage: fail-closed         # fail-closed (default) or regional-only (needs regional_escrow:
 //                               #   the pool's balance serves through a coordinator outage,
 //                               #   past its window: a window may then exceed the limit by what
