@@ -97,6 +97,17 @@ StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::Session
   return conn_.eval_many_locked(script, calls, deadline_);
 }
 
+Status RedisConnection::ping(Nanos timeout) noexcept {
+  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
+  return call(timeout, [](Session& s) -> Status {
+    auto r = s.command({"PING"});
+    if (!r.ok()) return r.status();
+    if (r.value()->type == REDIS_REPLY_ERROR)
+      return Status(StatusCode::kUnavailable, "redis: PING: " + text_of(r.value().get()));
+    return {};
+  });
+}
+
 Status RedisConnection::Session::connect() {
   if (conn_.ctx_) return {};
   return conn_.connect_locked(deadline_);

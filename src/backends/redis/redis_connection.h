@@ -123,6 +123,8 @@ class RedisConnection {
                                      const std::vector<std::string>& args, Nanos timeout) noexcept;
   // Connects unless connected (a failure is returned, and the next call tries again).
   [[nodiscard]] Status connect(Nanos timeout) noexcept;
+  // PING within `timeout`: ok when the server answers it (an error reply is kUnavailable).
+  [[nodiscard]] Status ping(Nanos timeout) noexcept;
 
   // The SHA1 of script `script` as the server last reported it (empty before the first load).
   [[nodiscard]] std::string script_sha(std::size_t script) const;

@@ -245,15 +245,6 @@ StatusOr<std::uint64_t> RedisRateCoordinator::reconcile(std::string_view key,
   });
 }
 
-Status RedisRateCoordinator::health(Nanos timeout) noexcept {
-  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
-  return impl_->conn.call(timeout, [](RedisConnection::Session& s) -> Status {
-    auto r = s.command({"PING"});
-    if (!r.ok()) return r.status();
-    if (r.value()->type == REDIS_REPLY_ERROR)
-      return Status(StatusCode::kUnavailable, "redis: PING: " + text_of(r.value().get()));
-    return {};
-  });
-}
+Status RedisRateCoordinator::health(Nanos timeout) noexcept { return impl_->conn.ping(timeout); }
 
 }  // namespace sluice

@@ -21,8 +21,6 @@ constexpr std::int64_t kKeepMs = 3'600'000;                  // a pool outlives 
 std::int64_t floor_us(Nanos d) { return std::chrono::floor<std::chrono::microseconds>(d).count(); }
 std::int64_t ceil_us(Nanos d) { return std::chrono::ceil<std::chrono::microseconds>(d).count(); }
 
-std::string text_of(const redisReply* r) { return std::string(r->str, r->len); }
-
 std::string options_error(const RedisOptions& o) {
   if (std::string why = RedisConnection::options_error(o); !why.empty()) return why;
   if (o.key_prefix.empty()) return "redis: key_prefix must not be empty";
@@ -159,15 +157,6 @@ StatusOr<PoolReply> RedisRegionalEscrow::release(std::string_view key, Nanos win
   }
 }
 
-Status RedisRegionalEscrow::health(Nanos timeout) noexcept {
-  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
-  return impl_->conn.call(timeout, [](RedisConnection::Session& s) -> Status {
-    auto r = s.command({"PING"});
-    if (!r.ok()) return r.status();
-    if (r.value()->type == REDIS_REPLY_ERROR)
-      return Status(StatusCode::kUnavailable, "redis: PING: " + text_of(r.value().get()));
-    return {};
-  });
-}
+Status RedisRegionalEscrow::health(Nanos timeout) noexcept { return impl_->conn.ping(timeout); }
 
 }  // namespace sluice
