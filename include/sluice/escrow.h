@@ -53,9 +53,14 @@
 //       nothing: the refiller keeps its units) and ends the refill in flight;
 //   P3. release(window, units) takes back units of the pool's own window before its expiry,
 //       and accepts nothing otherwise (the process forfeits them).
-// Guarantee: units go into the pool only from coordinator grants of the pool's window (refills)
-// or back from processes (releases of units taken from it or granted in that window), and out
-// of it only once; outside the regional-only mode none is taken after its window's end.
+// Every take adds its `want` to the pool's `demand` (what the region's processes asked of it),
+// which a refill of a later window restarts from 0: a window's first refill is sized by the
+// region's demand in the window before (regional_refill_size), so a quiet region's pool is not
+// left holding units it will not spend before the window ends. Demand decides no grant: the
+// guarantee below does not depend on it. Guarantee: units go into the pool only from coordinator
+// grants of the pool's window (refills) or back from processes (releases of units taken from it or
+// granted in that window), and out of it only once; outside the regional-only mode none is taken
+// after its window's end.
 //
 // Thread-safety: pure functions on caller-owned values.
 #pragma once
@@ -191,6 +196,7 @@ struct RegionalPool {
   std::int64_t window_start = INT64_MIN;  // the coordinator window the balance belongs to
   std::int64_t expires_at = INT64_MIN;    // take nothing at or after this (P1)
   std::uint64_t balance = 0;
+  std::uint64_t demand = 0;  // units asked by takes since window_start's first refill (<= 2^53)
   std::int64_t refilling_until = INT64_MIN;  // a refill is in flight until then
   // The latest pool time seen: a clock that steps back stands still here instead.
   std::int64_t clock_high = INT64_MIN;
@@ -200,6 +206,7 @@ struct RegionalPool {
 struct PoolReply {
   std::uint64_t granted = 0;  // units taken (take) or accepted (refill, release)
   std::uint64_t balance = 0;  // left in the pool afterwards
+  std::uint64_t demand = 0;   // the pool's demand afterwards (this take's want included)
   Nanos window_start{INT64_MIN};
   Nanos expires_in{0};  // the pool's time left before its expiry (<= 0: expired)
   Nanos now{0};         // the pool's clock when it decided
@@ -216,6 +223,15 @@ PoolReply pool_refill(RegionalPool& pool, Nanos window_start, std::uint64_t unit
 // P3.
 PoolReply pool_release(RegionalPool& pool, Nanos window_start, std::uint64_t units,
                        Nanos now) noexcept;
+
+// What a refiller leases from the coordinator for the pool, from the take that made it the
+// refiller (`take`, on a pool of windows of `period`): for a window's first refill, when the
+// pool's last window ended less than a period ago, what the region asked of it in that window
+// (its demand) if less than `regional_batch`; otherwise `regional_batch`. (Sizing a refill
+// within a window by the demand's rate so far was measured in `sluice sim federation` and
+// bought nothing, while slowing the recovery after a regional-only outage.)
+[[nodiscard]] std::uint64_t regional_refill_size(const PoolReply& take, Nanos period,
+                                                 std::uint64_t regional_batch) noexcept;
 
 // The expiry to refill a pool with, on the pool's clock: `pool_now` is a pool reading the
 // refiller received at `seen_at` on its own clock (the take that made it the refiller), and

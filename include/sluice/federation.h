@@ -30,12 +30,15 @@
 //
 // With a regional pool (sluice/regional_escrow.h, shared by the region's processes), a lease
 // takes from the pool first; a process the pool leaves short leases from the coordinator, one
-// refiller per key at a time for `regional_batch` units, keeps what it needs and puts the rest
-// in the pool (the others lease for themselves meanwhile). Escrow a process gives up goes back
-// to the pool, not to the coordinator. While the pool cannot be reached, leases go straight to
-// the coordinator as without one (`retry_backoff` after each failure); what is given up then is
-// forfeited rather than given back, and the region's processes no longer share a batch.
-// Outage modes, when the coordinator cannot be reached:
+// refiller per key at a time, keeps what it needs and puts the rest in the pool (the others
+// lease for themselves meanwhile). The refiller asks for `regional_batch` units, or, for a
+// window's first refill, for what the region asked of the pool in the window before when that
+// was less (the pool's demand): a quiet region's pool then holds about what it will spend, not
+// a regional batch that would expire there unspent, out of every other region's reach. Escrow a
+// process gives up goes back to the pool, not to the coordinator. While the pool cannot be reached,
+// leases go straight to the coordinator as without one (`retry_backoff` after each failure); what
+// is given up then is forfeited rather than given back, and the region's processes no longer share
+// a batch. Outage modes, when the coordinator cannot be reached:
 //   fail-closed    (default) the escrow held and the pool's balance for the current window keep
 //                  serving; then checks are refused (kCoordinatorUnreachable). Δ = 0 holds.
 //   regional-only  (needs a pool) the pool's whole balance keeps serving, whatever window it
@@ -109,7 +112,8 @@ struct FederationOptions {
   // forgets some: this bounds the memory and the lease calls a flood of new keys can cause.
   std::size_t max_keys = 1'000'000;
   // With a regional pool: what a refiller leases from the coordinator for the pool (0: 4 x
-  // batch), the outage mode, and how often a coordinator outage is probed.
+  // batch; a window's first refill asks less when the region asked less in the window before),
+  // the outage mode, and how often a coordinator outage is probed.
   std::uint64_t regional_batch = 0;
   FederationOutage outage = FederationOutage::kFailClosed;
   Nanos coordinator_health_check = std::chrono::seconds(5);

@@ -228,6 +228,7 @@ std::int64_t pool_clock(RegionalPool& p, Nanos now) noexcept {
 PoolReply pool_state(const RegionalPool& p, std::int64_t now) noexcept {
   PoolReply out;
   out.balance = p.balance;
+  out.demand = p.demand;
   out.window_start = Nanos{p.window_start};
   out.expires_in = p.window_start == INT64_MIN ? Nanos{0} : Nanos{p.expires_at - now};
   out.now = Nanos{now};
@@ -241,6 +242,9 @@ PoolReply pool_take(RegionalPool& p, std::uint64_t want, Nanos refill_hold, bool
   const bool live = now < p.expires_at || past_expiry;
   const std::uint64_t g = live ? std::min(want, p.balance) : 0;
   p.balance -= g;
+  // Capped at 2^53, as the Redis pool's numbers are (exact Lua doubles).
+  constexpr std::uint64_t kDemandCap = std::uint64_t{1} << 53;
+  p.demand = std::min(kDemandCap, p.demand + std::min(want, kDemandCap));
   PoolReply out = pool_state(p, now);
   out.granted = g;
   if (g < want && now >= p.refilling_until) {
@@ -261,6 +265,7 @@ PoolReply pool_refill(RegionalPool& p, Nanos window_start, std::uint64_t units, 
       p.window_start = w;
       p.expires_at = expires_at.count();
       p.balance = 0;
+      p.demand = 0;
     } else {
       // Each expiry is no later than the window's end: the later one is as safe and tighter.
       p.expires_at = std::max(p.expires_at, expires_at.count());
@@ -284,6 +289,13 @@ PoolReply pool_release(RegionalPool& p, Nanos window_start, std::uint64_t units,
   PoolReply out = pool_state(p, now);
   out.granted = accepted;
   return out;
+}
+
+std::uint64_t regional_refill_size(const PoolReply& take, Nanos period,
+                                   std::uint64_t regional_batch) noexcept {
+  const bool last_window = take.window_start.count() != INT64_MIN && take.expires_in <= Nanos{0} &&
+                           take.expires_in > -period;
+  return last_window ? std::min(regional_batch, take.demand) : regional_batch;
 }
 
 Nanos pool_expiry(Nanos pool_now, Nanos seen_at, Nanos escrow_expires,

@@ -303,7 +303,7 @@ FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string
       if (p.refill) {
         refiller = true;
         pool_now = p.now;
-        ask = std::max(ask, regional_batch_);
+        ask = std::max(ask, regional_refill_size(p, options_.budget.period, regional_batch_));
       }
     } else {
       pool_failed(seen);

@@ -68,6 +68,31 @@ TEST(FederationPool, ProcessesOfARegionLeaseOneRegionalBatchAtATime) {
   EXPECT_EQ(r.procs[1]->stats().leases, 1u);
 }
 
+TEST(FederationPool, AQuietRegionsRefillerLeasesWhatTheRegionAskedNotARegionalBatch) {
+  Region r(pooled());
+  // [100 s, 110 s): a pool with no history gets a whole regional batch; the two other
+  // processes ask it for a batch each (the refill of the window restarted the count after the
+  // refiller's own ask).
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(r.check(i).rate.allowed);
+  EXPECT_EQ(r.coord.ledger("k")->granted, 64u);
+  EXPECT_EQ(r.mem.pool("k")->demand, 32u);
+  // The next window: each process spent 1, so it asks 1 (its demand); the refiller leases what
+  // the region asked in the window before (32, and its own 1 now), not 64.
+  r.clock.advance(seconds(10));
+  ASSERT_TRUE(r.check(0).rate.allowed);
+  EXPECT_EQ(r.coord.ledger("k")->window_start, Nanos{seconds(110)}.count());
+  EXPECT_EQ(r.coord.ledger("k")->granted, 33u);
+  EXPECT_EQ(r.mem.pool("k")->balance, 32u);
+  ASSERT_TRUE(r.check(1).rate.allowed);
+  ASSERT_TRUE(r.check(2).rate.allowed);
+  EXPECT_EQ(r.mem.pool("k")->demand, 2u);
+  // The window after: the others asked 2 in the window before, and the refiller asks 1 now: 3.
+  r.clock.advance(seconds(10));
+  ASSERT_TRUE(r.check(0).rate.allowed);
+  EXPECT_EQ(r.coord.ledger("k")->granted, 3u);
+  EXPECT_EQ(r.sw.calls, 3);  // one lease per window, all through the refiller
+}
+
 TEST(FederationPool, TheRegionSpendsExactlyTheBudgetWithOneLeasePerRegionalBatch) {
   Region r(pooled());
   std::uint64_t admitted = 0;

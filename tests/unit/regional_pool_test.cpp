@@ -101,6 +101,52 @@ TEST(RegionalPool, APoolClockThatStepsBackStandsStill) {
   EXPECT_EQ(pool_take(p, 1, kHold, false, Nanos{200}).granted, 0u);
 }
 
+TEST(RegionalPool, DemandCountsEveryTakesAskUntilALaterWindowsRefill) {
+  RegionalPool p = filled(10);
+  EXPECT_EQ(p.demand, 0u);
+  EXPECT_EQ(pool_take(p, 4, kHold, false, Nanos{120}).demand, 4u);
+  // What was asked, granted or not (this one is short by 6).
+  EXPECT_EQ(pool_take(p, 12, kHold, false, Nanos{130}).demand, 16u);
+  // Neither a refill of the same window nor a release restarts it.
+  EXPECT_EQ(pool_refill(p, Nanos{100}, 5, Nanos{200}, Nanos{140}).demand, 16u);
+  EXPECT_EQ(pool_release(p, Nanos{100}, 1, Nanos{150}).demand, 16u);
+  // Past the expiry the asks still count: the window that ended is the demand a refiller of
+  // the next one reads.
+  EXPECT_EQ(pool_take(p, 3, kHold, false, Nanos{250}).demand, 19u);
+  // The next window's refill restarts it.
+  EXPECT_EQ(pool_refill(p, Nanos{1100}, 8, Nanos{1200}, Nanos{260}).demand, 0u);
+  EXPECT_EQ(pool_take(p, 2, kHold, false, Nanos{270}).demand, 2u);
+  // Capped at 2^53, as the Redis pool's exact numbers are.
+  pool_take(p, UINT64_MAX, kHold, false, Nanos{280});
+  EXPECT_EQ(pool_take(p, UINT64_MAX, kHold, false, Nanos{290}).demand, std::uint64_t{1} << 53);
+}
+
+TEST(RegionalPool, AWindowsFirstRefillIsSizedByTheLastWindowsDemand) {
+  const Nanos period{1000};
+  PoolReply t;
+  // No window yet: nothing known of the region's demand, a whole regional batch.
+  EXPECT_EQ(regional_refill_size(t, period, 64), 64u);
+  t.window_start = Nanos{5000};
+  t.demand = 30;
+  // Within the pool's window: a regional batch.
+  t.expires_in = Nanos{250};
+  EXPECT_EQ(regional_refill_size(t, period, 64), 64u);
+  // The pool's window just ended: what the region asked in it.
+  t.expires_in = Nanos{-10};
+  EXPECT_EQ(regional_refill_size(t, period, 64), 30u);
+  t.expires_in = Nanos{0};
+  EXPECT_EQ(regional_refill_size(t, period, 64), 30u);
+  t.expires_in = Nanos{1} - period;
+  EXPECT_EQ(regional_refill_size(t, period, 64), 30u);
+  // ... at most the regional batch.
+  t.demand = 500;
+  EXPECT_EQ(regional_refill_size(t, period, 64), 64u);
+  // A window that ended a period ago or more says nothing of this one.
+  t.demand = 30;
+  t.expires_in = -period;
+  EXPECT_EQ(regional_refill_size(t, period, 64), 64u);
+}
+
 TEST(RegionalPool, ExpiriesAreMappedWithoutOutlivingTheWindow) {
   // The refiller saw pool time 1000 at its own 50, and its escrow expires at its 850: the pool
   // gets 1000 + 800, less 1% drift (8, rounded up).

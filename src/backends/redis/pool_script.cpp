@@ -1,13 +1,15 @@
 // The Redis regional pool script: sluice/escrow.h's pool_take(), pool_refill() and
 // pool_release() (P1-P3), transcribed rule for rule (src/core/escrow.cpp), on one key's pool.
 //
-// KEYS[1]  the key's pool hash: "w" window start, "x" expiry, "b" balance, "r" refilling until,
-//          "h" clock_high. No "w": no window yet (an empty pool); no "r": no refill in flight.
+// KEYS[1]  the key's pool hash: "w" window start, "x" expiry, "b" balance, "d" demand,
+//          "r" refilling until, "h" clock_high. No "w": no window yet (an empty pool); no "r": no
+//          refill in flight.
 // ARGV     mode ("take", "refill" or "release"), now_us (empty: Redis TIME), keep_ms, then
 //          take:     want, refill_hold_us, past_expiry ("1" or "0")
 //          refill:   window_start_us, units, expires_at_us
 //          release:  window_start_us, units
-// Returns  {granted, balance, has_window (0/1), window_start_us, expires_in_us, now_us, refill}
+// Returns  {granted, balance, has_window (0/1), window_start_us, expires_in_us, now_us, refill,
+//          demand}
 //
 // Times are whole microseconds and counts at most 2^53: every number is an exact Lua double;
 // they are written with %.0f (tostring would switch to exponent notation). The hash expires
@@ -28,9 +30,10 @@ if now == nil then
 end
 local function num(x) return string.format('%.0f', x) end
 
-local raw = redis.call('HMGET', KEYS[1], 'w', 'x', 'b', 'r', 'h')
+local raw = redis.call('HMGET', KEYS[1], 'w', 'x', 'b', 'r', 'h', 'd')
 local w, x, b, r, h = tonumber(raw[1]), tonumber(raw[2]), tonumber(raw[3]) or 0,
                       tonumber(raw[4]), tonumber(raw[5])
+local d = tonumber(raw[6]) or 0
 -- A clock that steps back stands still at the latest time seen.
 if h ~= nil and h > now then now = h end
 
@@ -39,6 +42,7 @@ if mode == 'take' then
   local want, hold, past = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
   if past or (x ~= nil and now < x) then granted = math.min(want, b) end
   b = b - granted
+  d = math.min(d + want, 9007199254740992)
   if granted < want and (r == nil or now >= r) then
     refill = 1
     r = now + math.max(1, hold)
@@ -48,7 +52,7 @@ elseif mode == 'refill' then
   r = nil
   if units > 0 and now < exp and (w == nil or win >= w) then
     if w == nil or win > w then
-      w, x, b = win, exp, 0
+      w, x, b, d = win, exp, 0, 0
     elseif exp > x then
       x = exp
     end
@@ -65,15 +69,15 @@ else
   return redis.error_reply('unknown mode ' .. tostring(mode))
 end
 
-redis.call('HSET', KEYS[1], 'b', num(b), 'h', num(now))
+redis.call('HSET', KEYS[1], 'b', num(b), 'd', num(d), 'h', num(now))
 if w ~= nil then redis.call('HSET', KEYS[1], 'w', num(w), 'x', num(x)) end
 if r ~= nil then redis.call('HSET', KEYS[1], 'r', num(r)) else redis.call('HDEL', KEYS[1], 'r') end
 local ttl = keep
 if x ~= nil and x > now then ttl = keep + math.ceil((x - now) / 1000) end
 redis.call('PEXPIRE', KEYS[1], num(ttl))
 
-if w == nil then return { granted, b, 0, 0, 0, now, refill } end
-return { granted, b, 1, w, x - now, now, refill }
+if w == nil then return { granted, b, 0, 0, 0, now, refill, d } end
+return { granted, b, 1, w, x - now, now, refill, d }
 )lua";
   return script;
 }

@@ -32,13 +32,14 @@ std::string options_error(const RedisOptions& o) {
 
 StatusOr<PoolReply> pool_reply_of(const redisReply* r) {
   const Status bad(StatusCode::kInternal, "redis: unexpected regional pool reply");
-  if (r->type != REDIS_REPLY_ARRAY || r->elements != 7) return bad;
-  std::int64_t v[7];
-  for (std::size_t i = 0; i < 7; ++i) {
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != 8) return bad;
+  std::int64_t v[8];
+  for (std::size_t i = 0; i < 8; ++i) {
     if (r->element[i]->type != REDIS_REPLY_INTEGER) return bad;
     v[i] = r->element[i]->integer;
   }
-  if (v[0] < 0 || v[1] < 0 || (v[2] != 0 && v[2] != 1) || (v[6] != 0 && v[6] != 1)) return bad;
+  if (v[0] < 0 || v[1] < 0 || (v[2] != 0 && v[2] != 1) || (v[6] != 0 && v[6] != 1) || v[7] < 0)
+    return bad;
   const auto us = [](std::int64_t x) { return Nanos{std::chrono::microseconds(x)}; };
   PoolReply out;
   out.granted = static_cast<std::uint64_t>(v[0]);
@@ -47,6 +48,7 @@ StatusOr<PoolReply> pool_reply_of(const redisReply* r) {
   out.expires_in = us(v[4]);
   out.now = us(v[5]);
   out.refill = v[6] == 1;
+  out.demand = static_cast<std::uint64_t>(v[7]);
   return out;
 }
 
