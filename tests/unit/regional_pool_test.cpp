@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "sluice/clock.h"
 #include "sluice/escrow.h"
@@ -184,6 +185,36 @@ TEST(MemoryRegionalEscrow, RunsTheRulesOnItsClockAndRefusesBadInputNamingTheFiel
   EXPECT_NE(l2.take("k", 1, Nanos{0}, false, Nanos{1}).status().message().find("refill_hold"),
             std::string::npos);
   EXPECT_EQ(l2.pool("k")->balance, 3u);  // nothing written by a refused call
+}
+
+TEST(MemoryRegionalEscrow, ForgetsAPoolKeepAfterItsExpiryOrItsLastCall) {
+  const Nanos keep{1000};
+  ManualClock clock(Nanos{0});
+  MemoryRegionalEscrow l2(clock, keep);
+  // 1,000 keys each with units of window 100 expiring at 200; one key never refilled.
+  for (int i = 0; i < 1000; ++i)
+    ASSERT_TRUE(l2.refill("k" + std::to_string(i), Nanos{100}, 5, Nanos{200}, Nanos{1}).ok());
+  clock.set(Nanos{200});
+  ASSERT_TRUE(l2.take("empty", 1, kHold, false, Nanos{1}).ok());
+  // A key that keeps being used past the others' expiry.
+  ASSERT_TRUE(l2.refill("busy", Nanos{1100}, 5, Nanos{2000}, Nanos{1}).ok());
+  EXPECT_EQ(l2.size(), 1002u);
+  // Just inside `keep` after the expiry: nothing is forgotten yet (a regional-only outage may
+  // still serve those balances).
+  clock.set(Nanos{1199});
+  ASSERT_TRUE(l2.take("busy", 1, kHold, false, Nanos{1}).ok());
+  EXPECT_EQ(l2.size(), 1002u);
+  EXPECT_EQ(l2.pool("k7")->balance, 5u);
+  // Past it: the next call sweeps them, the pool with no window too (its last call was at
+  // 200); the busy key stays.
+  clock.set(Nanos{1500});
+  ASSERT_TRUE(l2.take("busy", 1, kHold, false, Nanos{1}).ok());
+  EXPECT_EQ(l2.size(), 1u);
+  EXPECT_FALSE(l2.pool("k7").has_value());
+  EXPECT_FALSE(l2.pool("empty").has_value());
+  EXPECT_EQ(l2.pool("busy")->balance, 3u);
+  // A forgotten key starts afresh, and a late release of its old window is refused.
+  EXPECT_EQ(l2.release("k7", Nanos{100}, 5, Nanos{1}).value().granted, 0u);
 }
 
 }  // namespace

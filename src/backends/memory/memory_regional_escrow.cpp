@@ -1,10 +1,22 @@
 #include "sluice/memory_regional_escrow.h"
 
+#include <algorithm>
 #include <string>
 
 namespace sluice {
 
-MemoryRegionalEscrow::MemoryRegionalEscrow(const Clock& clock) : clock_(clock) {}
+MemoryRegionalEscrow::MemoryRegionalEscrow(const Clock& clock, Nanos keep)
+    : clock_(clock), keep_(std::max(Nanos{1}, keep)), next_sweep_(clock.now() + keep_ / 4) {}
+
+void MemoryRegionalEscrow::sweep(Nanos now) {
+  next_sweep_ = now + std::max(Nanos{1}, keep_ / 4);
+  std::erase_if(keys_, [&](const auto& entry) {
+    const RegionalPool& p = entry.second;
+    // Its expiry, or its last call (clock_high) when it never had a window.
+    const std::int64_t last = p.window_start == INT64_MIN ? p.clock_high : p.expires_at;
+    return last <= now.count() - keep_.count() && p.refilling_until <= now.count();
+  });
+}
 
 template <typename F>
 StatusOr<PoolReply> MemoryRegionalEscrow::run(std::string_view key, const char* what,
@@ -12,9 +24,11 @@ StatusOr<PoolReply> MemoryRegionalEscrow::run(std::string_view key, const char* 
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "key: must not be empty");
   try {
     const std::lock_guard lock(mu_);
+    const Nanos now = clock_.now();
+    if (now >= next_sweep_) sweep(now);
     auto it = keys_.find(key);
     if (it == keys_.end()) it = keys_.emplace(std::string(key), RegionalPool{}).first;
-    return f(it->second, clock_.now());
+    return f(it->second, now);
   } catch (const std::exception& e) {
     return Status(StatusCode::kInternal, std::string(what) + ": " + e.what());
   }
@@ -46,6 +60,11 @@ StatusOr<PoolReply> MemoryRegionalEscrow::release(std::string_view key, Nanos wi
 }
 
 Status MemoryRegionalEscrow::health(Nanos /*timeout*/) noexcept { return {}; }
+
+std::size_t MemoryRegionalEscrow::size() const {
+  const std::lock_guard lock(mu_);
+  return keys_.size();
+}
 
 std::optional<RegionalPool> MemoryRegionalEscrow::pool(std::string_view key) const {
   const std::lock_guard lock(mu_);
