@@ -3,9 +3,10 @@
 //
 // What it is: CoordinatorCallStats is one named coordinator's latency histogram and error count
 // (every interface a coordinator serves records into the same one, so an operator sees one
-// figure per coordinator). TimedConcurrencyCoordinator and TimedRateCoordinator forward every
-// call to the coordinator they wrap and record how long it took on the given clock, and whether
-// it failed. They change no result: the conformance of the wrapped coordinator is theirs.
+// figure per coordinator). TimedConcurrencyCoordinator, TimedRateCoordinator and
+// TimedRegionalEscrow forward every call to the coordinator they wrap and record how long it took
+// on the given clock, and whether it failed. They change no result: the conformance of the wrapped
+// coordinator is theirs.
 //
 // Thread-safety: every member is safe to call concurrently; the stats are relaxed atomics (a
 // scrape may see one call's bucket before its sum; each counter is exact on its own).
@@ -23,6 +24,7 @@
 #include "sluice/clock.h"
 #include "sluice/coordinator.h"
 #include "sluice/rate_coordinator.h"
+#include "sluice/regional_escrow.h"
 
 namespace sluice {
 
@@ -86,6 +88,30 @@ class TimedRateCoordinator final : public RateCoordinator {
 
  private:
   std::unique_ptr<RateCoordinator> inner_;
+  const Clock& clock_;
+  std::shared_ptr<CoordinatorCallStats> stats_;
+};
+
+class TimedRegionalEscrow final : public RegionalEscrow {
+ public:
+  // `clock` must outlive this; `stats` may be shared with the coordinator's other interfaces.
+  TimedRegionalEscrow(std::shared_ptr<RegionalEscrow> inner, const Clock& clock,
+                      std::shared_ptr<CoordinatorCallStats> stats)
+      : inner_(std::move(inner)), clock_(clock), stats_(std::move(stats)) {}
+
+  [[nodiscard]] StatusOr<PoolReply> take(std::string_view key, std::uint64_t want,
+                                         Nanos refill_hold, bool past_expiry,
+                                         Nanos timeout) noexcept override;
+  [[nodiscard]] StatusOr<PoolReply> refill(std::string_view key, Nanos window_start,
+                                           std::uint64_t units, Nanos expires_at,
+                                           Nanos timeout) noexcept override;
+  [[nodiscard]] StatusOr<PoolReply> release(std::string_view key, Nanos window_start,
+                                            std::uint64_t units, Nanos timeout) noexcept override;
+  [[nodiscard]] Status health(Nanos timeout) noexcept override;
+  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
+
+ private:
+  std::shared_ptr<RegionalEscrow> inner_;
   const Clock& clock_;
   std::shared_ptr<CoordinatorCallStats> stats_;
 };

@@ -21,10 +21,11 @@ void CoordinatorCallStats::record(Nanos took, bool ok) noexcept {
 }
 
 std::vector<MetricFamily> CoordinatorCallStats::collect(const std::string& backend) const {
-  MetricFamily h{"sluice_coordinator_call_seconds",
-                 "Latency of coordinator calls (heartbeats, leaves, leases, reconciles)",
-                 MetricType::Histogram,
-                 {}};
+  MetricFamily h{
+      "sluice_coordinator_call_seconds",
+      "Latency of coordinator calls (heartbeats, leaves, leases, reconciles, regional pool calls)",
+      MetricType::Histogram,
+      {}};
   ClientMetric m;
   m.label = {{"backend", backend}};
   std::uint64_t cumulative = 0;
@@ -96,6 +97,39 @@ StatusOr<std::uint64_t> TimedRateCoordinator::reconcile(std::string_view key,
 }
 
 Status TimedRateCoordinator::health(Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  Status s = inner_->health(timeout);
+  stats_->record(clock_.now() - t0, s.ok());
+  return s;
+}
+
+StatusOr<PoolReply> TimedRegionalEscrow::take(std::string_view key, std::uint64_t want,
+                                              Nanos refill_hold, bool past_expiry,
+                                              Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  StatusOr<PoolReply> r = inner_->take(key, want, refill_hold, past_expiry, timeout);
+  stats_->record(clock_.now() - t0, r.ok());
+  return r;
+}
+
+StatusOr<PoolReply> TimedRegionalEscrow::refill(std::string_view key, Nanos window_start,
+                                                std::uint64_t units, Nanos expires_at,
+                                                Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  StatusOr<PoolReply> r = inner_->refill(key, window_start, units, expires_at, timeout);
+  stats_->record(clock_.now() - t0, r.ok());
+  return r;
+}
+
+StatusOr<PoolReply> TimedRegionalEscrow::release(std::string_view key, Nanos window_start,
+                                                 std::uint64_t units, Nanos timeout) noexcept {
+  const Nanos t0 = clock_.now();
+  StatusOr<PoolReply> r = inner_->release(key, window_start, units, timeout);
+  stats_->record(clock_.now() - t0, r.ok());
+  return r;
+}
+
+Status TimedRegionalEscrow::health(Nanos timeout) noexcept {
   const Nanos t0 = clock_.now();
   Status s = inner_->health(timeout);
   stats_->record(clock_.now() - t0, s.ok());

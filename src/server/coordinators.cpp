@@ -76,12 +76,13 @@ void offer_rate(NamedCoordinator& named, Options options, const Clock& clock) {
 // The regional pool on a Redis coordinator, connected when a federated policy first names it as
 // its regional_escrow: its own keys ("<fleet prefix>pool:", or "sluice:pool:" beside the default
 // "sluice:fleet:"), opened to connect on its first call when the server cannot be reached now.
-void offer_pool(NamedCoordinator& named, RedisOptions options) {
+void offer_pool(NamedCoordinator& named, RedisOptions options, const Clock& clock) {
   const RedisOptions fleet_default;
   options.key_prefix = options.key_prefix == fleet_default.key_prefix
                            ? RedisRegionalEscrow::default_options().key_prefix
                            : options.key_prefix + "pool:";
-  named.offer_lazy<RegionalEscrow>([options]() -> StatusOr<std::shared_ptr<void>> {
+  auto stats = named.stats;
+  named.offer_lazy<RegionalEscrow>([options, &clock, stats]() -> StatusOr<std::shared_ptr<void>> {
     auto p = RedisRegionalEscrow::connect(options);
     if (!p.ok()) {
       const StatusCode code = p.status().code();
@@ -90,7 +91,9 @@ void offer_pool(NamedCoordinator& named, RedisOptions options) {
       p = RedisRegionalEscrow::open(options);
       if (!p.ok()) return p.status();
     }
-    return std::shared_ptr<void>(std::shared_ptr<RegionalEscrow>(std::move(p.value())));
+    return std::shared_ptr<void>(
+        std::shared_ptr<RegionalEscrow>(std::make_shared<TimedRegionalEscrow>(
+            std::shared_ptr<RegionalEscrow>(std::move(p.value())), clock, stats)));
   });
 }
 
@@ -125,11 +128,12 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
     case CoordinatorSpec::Kind::kMemory:
       named->offer<RateCoordinator>(std::make_shared<TimedRateCoordinator>(
           std::make_unique<MemoryRateCoordinator>(clock), clock, named->stats));
-      named->offer<RegionalEscrow>(std::make_shared<MemoryRegionalEscrow>(clock));
+      named->offer<RegionalEscrow>(std::make_shared<TimedRegionalEscrow>(
+          std::make_shared<MemoryRegionalEscrow>(clock), clock, named->stats));
       break;
     case CoordinatorSpec::Kind::kRedis:
       offer_rate<RedisRateCoordinator>(*named, spec.redis, clock);
-      offer_pool(*named, spec.redis);
+      offer_pool(*named, spec.redis, clock);
       break;
     case CoordinatorSpec::Kind::kPostgres:
       offer_rate<PostgresRateCoordinator>(*named, spec.postgres, clock);

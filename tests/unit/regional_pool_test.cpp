@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "sluice/clock.h"
 #include "sluice/escrow.h"
 #include "sluice/memory_regional_escrow.h"
+#include "sluice/timed_coordinator.h"
 
 namespace sluice {
 namespace {
@@ -215,6 +218,24 @@ TEST(MemoryRegionalEscrow, ForgetsAPoolKeepAfterItsExpiryOrItsLastCall) {
   EXPECT_EQ(l2.pool("busy")->balance, 3u);
   // A forgotten key starts afresh, and a late release of its old window is refused.
   EXPECT_EQ(l2.release("k7", Nanos{100}, 5, Nanos{1}).value().granted, 0u);
+}
+
+TEST(TimedRegionalEscrow, RecordsEveryPoolCallAndItsFailuresChangingNoReply) {
+  ManualClock clock(Nanos{110});
+  auto stats = std::make_shared<CoordinatorCallStats>();
+  auto inner = std::make_shared<MemoryRegionalEscrow>(clock);
+  TimedRegionalEscrow timed(inner, clock, stats);
+  EXPECT_EQ(timed.backend(), "memory");
+  ASSERT_EQ(timed.refill("k", Nanos{100}, 6, Nanos{200}, Nanos{1}).value().granted, 6u);
+  ASSERT_EQ(timed.take("k", 4, kHold, false, Nanos{1}).value().balance, 2u);
+  ASSERT_EQ(timed.release("k", Nanos{100}, 1, Nanos{1}).value().balance, 3u);
+  ASSERT_TRUE(timed.health(Nanos{1}).ok());
+  ASSERT_FALSE(timed.take("k", 0, kHold, false, Nanos{1}).ok());  // want 0: refused
+  EXPECT_EQ(inner->pool("k")->balance, 3u);
+  const std::vector<prometheus::MetricFamily> m = stats->collect("memory");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].metric.at(0).histogram.sample_count, 5u);
+  EXPECT_EQ(m[1].metric.at(0).counter.value, 1.0);
 }
 
 }  // namespace
