@@ -39,6 +39,7 @@ PUBLIC_HEADERS = {
     "regional_escrow.h": "core",
     "rate_strategy.h": "core",
     "status.h": "core",
+    "throttler.h": "core",
     "timed_coordinator.h": "backends",
     "vegas_limit.h": "core",
     "adaptive_guard.h": "local",

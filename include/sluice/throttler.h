@@ -1,0 +1,150 @@
+// throttler.h: the collaborative throttler's decision (the check that batch jobs ask before each
+// chunk of work, in the shape of the Vitess tablet throttler and GitHub's freno), pure.
+//
+// What it is: metrics are sampled in the background by probes (the server's; one sample per
+// host per metric, cached), so a check is a lookup, never a query. A check of an app decides
+// from the cached samples and the app's rules:
+//   1. an unknown app gets the defaults; an app's own rule, else the `all` rule, gives its
+//      metric set and thresholds (a metric the app names that the throttler does not have is
+//      kUnknownMetric, 404);
+//   2. an exempt app (its own rule) passes whatever the metrics say (reason "exempt");
+//   3. each metric of the set is checked in the scope asked: `self` is the metric's first host,
+//      `shard` the worst of its hosts after ignoring up to `ignore_hosts` of the worst (a host
+//      whose probe failed, or whose sample is stale, counts as worse than any value). A metric
+//      is over when its value is above its threshold, and counts as over (fail closed) when its
+//      sample is missing, failed, or older than `stale_intervals` times the probe interval that
+//      was in force when it was taken: a sample taken while the probe was dormant stays good
+//      for as long as a dormant interval allows, so the first check after an idle spell does
+//      not fail merely because probing had slowed down (the probe speeds up on that check);
+//   4. any metric over: 429 (reason names why: threshold_exceeded, probe_failed, stale_sample,
+//      no_sample), the worst one reported as the check's metric;
+//   5. an app explicitly throttled (its own rule or `all`, until its expiry) is refused 417 with
+//      the rule's ratio as the probability (`random` in [0, 1) is the caller's draw);
+//   6. a low-priority check (p=low) is refused 429 ("low_priority") while any normal-priority
+//      check was refused within `low_priority_hold`: background work yields first;
+//   7. otherwise 200.
+// Every check records itself in the ThrottlerState (per-app counts and times for the audit, the
+// last refusal of a normal-priority app, "recently checked").
+//
+// Probing cadence (probe_interval): the fast interval while checks come, the dormant interval
+// once none came for `idle_after`: an idle throttler costs the database almost nothing.
+//
+// Thread-safety: pure functions on caller-owned values (the server holds a lock around a check).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/clock.h"
+
+namespace sluice {
+
+// One probe's latest sample of one host.
+struct ThrottleSample {
+  std::string host;           // how the probe names it ("replica-1:3306", "self")
+  double value = 0;           // meaningful when `error` is empty and taken
+  Nanos taken_at{INT64_MIN};  // the caller's clock when taken; INT64_MIN: none yet
+  Nanos interval{0};          // the probe interval in force when it was taken
+  std::string error;          // the probe failed: why
+};
+
+// A metric: its hosts' samples and how it is judged.
+struct ThrottleMetric {
+  std::string name;
+  double threshold = 0;
+  double stale_intervals = 2;         // a sample older than this many of its interval is stale
+  std::size_t ignore_hosts = 0;       // shard scope: the worst hosts ignored (at most hosts - 1)
+  std::vector<ThrottleSample> hosts;  // the first is `self`
+};
+
+// An app's rule (set in the config or at run time).
+struct ThrottleAppRule {
+  std::vector<std::string> metrics;                       // empty: every metric
+  std::map<std::string, double, std::less<>> thresholds;  // per metric, over the metric's own
+  bool exempt = false;
+  // Explicitly throttled until this time (INT64_MIN: not), refused with this probability.
+  Nanos throttled_until{INT64_MIN};
+  double ratio = 1;
+};
+
+enum class ThrottleScope { kDefault, kSelf, kShard };
+
+struct ThrottleCheck {
+  std::string_view app;  // empty: the throttler's default app
+  ThrottleScope scope = ThrottleScope::kDefault;
+  bool low_priority = false;
+  double random = 0;  // a uniform draw in [0, 1) for a throttle ratio
+};
+
+struct ThrottleOptions {
+  std::string default_app = "default";
+  ThrottleScope default_scope = ThrottleScope::kShard;
+  Nanos low_priority_hold = std::chrono::seconds(1);
+  Nanos recently = std::chrono::seconds(1);  // "RecentlyChecked": any check within this
+  // Apps the audit tracks by name; checks of further apps are counted under "(other)", so a
+  // client inventing app names cannot grow the state or the metrics' cardinality.
+  std::size_t max_apps = 1000;
+};
+
+// What a check found for one metric.
+struct ThrottleMetricResult {
+  std::string name;
+  std::string scope;  // "self" or "shard"
+  std::string host;   // the host that decided (the worst counted)
+  double value = 0;
+  double threshold = 0;
+  bool over = false;
+  std::string reason;  // "ok", "threshold_exceeded", "probe_failed", "stale_sample", "no_sample"
+  std::string detail;  // a failed probe's error, or how stale
+};
+
+struct ThrottleResult {
+  unsigned status = 200;  // 200, 429, 417 (app throttled), 404 (unknown metric)
+  std::string app;        // the app checked (the default app when none was named)
+  std::string reason;     // "ok", "exempt", "app_throttled", "low_priority", or the metric's
+  std::string message;    // for people: what was over, or what was not found
+  // The metric that decided: the worst over, else the one nearest its threshold.
+  std::string metric;
+  std::string scope;
+  double value = 0;
+  double threshold = 0;
+  bool recently_checked = false;  // another check came within ThrottleOptions::recently
+  std::vector<ThrottleMetricResult> metrics;
+};
+
+// Per-app audit and the state rules 5-6 need.
+struct ThrottleAppStats {
+  std::uint64_t checks = 0, refused = 0;
+  Nanos first_check{INT64_MIN}, last_check{INT64_MIN};
+  std::string last_client;  // the address of its last check (the transport's)
+};
+struct ThrottlerState {
+  Nanos last_check{INT64_MIN};
+  Nanos last_normal_refusal{INT64_MIN};
+  std::map<std::string, ThrottleAppStats, std::less<>> apps;
+};
+
+[[nodiscard]] std::string_view to_string(ThrottleScope s) noexcept;
+// "self", "shard" (or "" for the default); nullopt for anything else.
+[[nodiscard]] std::optional<ThrottleScope> parse_scope(std::string_view s) noexcept;
+
+// Decides `check` at `now` and records it in `state` (the client's address `client` for the
+// audit). `rules` by app name ("all" applies to every app without a rule of its own).
+[[nodiscard]] ThrottleResult throttle_check(
+    const std::vector<ThrottleMetric>& metrics,
+    const std::map<std::string, ThrottleAppRule, std::less<>>& rules, const ThrottleOptions& o,
+    ThrottlerState& state, const ThrottleCheck& check, std::string_view client, Nanos now);
+
+// The probe interval in force at `now`: `fast` while a check came within `idle_after`,
+// `dormant` otherwise (and before any check).
+[[nodiscard]] Nanos probe_interval(Nanos last_check, Nanos now, Nanos fast, Nanos dormant,
+                                   Nanos idle_after) noexcept;
+
+}  // namespace sluice

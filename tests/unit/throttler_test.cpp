@@ -1,0 +1,248 @@
+// The throttler's check (sluice/throttler.h), rule by rule, on explicit time: thresholds, the
+// fail-closed samples (failed, stale, missing), staleness judged against the interval a sample
+// was taken under, scopes and ignored hosts, app rules (metric sets, thresholds, exempt, `all`,
+// explicit throttles with a ratio), low priority, the audit's bounded app count and the probing
+// cadence.
+#include "sluice/throttler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Rules = std::map<std::string, ThrottleAppRule, std::less<>>;
+
+const Nanos kNow = seconds(1000);
+const Nanos kFast = milliseconds(100);
+
+ThrottleSample sample(std::string host, double value, Nanos age = milliseconds(50),
+                      Nanos interval = kFast) {
+  ThrottleSample s;
+  s.host = std::move(host);
+  s.value = value;
+  s.taken_at = kNow - age;
+  s.interval = interval;
+  return s;
+}
+
+ThrottleMetric metric(std::string name, double threshold, std::vector<ThrottleSample> hosts) {
+  ThrottleMetric m;
+  m.name = std::move(name);
+  m.threshold = threshold;
+  m.hosts = std::move(hosts);
+  return m;
+}
+
+struct Throttler {
+  explicit Throttler(std::vector<ThrottleMetric> m) : metrics(std::move(m)) {}
+
+  std::vector<ThrottleMetric> metrics;
+  Rules rules;
+  ThrottleOptions options;
+  ThrottlerState state;
+
+  ThrottleResult check(std::string_view app, ThrottleScope scope = ThrottleScope::kDefault,
+                       bool low = false, double random = 0.5, Nanos now = kNow) {
+    return throttle_check(metrics, rules, options, state, ThrottleCheck{app, scope, low, random},
+                          "127.0.0.1:5000", now);
+  }
+};
+
+TEST(Throttler, UnderEveryThresholdIsOkAndTheNearestMetricIsReported) {
+  Throttler t({metric("lag", 5, {sample("r1", 1.0)}), metric("load", 8, {sample("self", 6.0)})});
+  const ThrottleResult r = t.check("gh-ost");
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(r.reason, "ok");
+  EXPECT_EQ(r.app, "gh-ost");
+  EXPECT_EQ(r.metric, "load");  // 6 / 8 is nearer its threshold than 1 / 5
+  EXPECT_DOUBLE_EQ(r.value, 6.0);
+  EXPECT_DOUBLE_EQ(r.threshold, 8.0);
+  ASSERT_EQ(r.metrics.size(), 2u);
+  EXPECT_FALSE(r.metrics[0].over);
+  EXPECT_EQ(r.scope, "shard");
+}
+
+TEST(Throttler, AMetricOverItsThresholdRefuses429NamingItsValueAndHost) {
+  Throttler t({metric("lag", 5, {sample("r1", 7.2)}), metric("load", 8, {sample("self", 6.0)})});
+  const ThrottleResult r = t.check("vreplication");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.reason, "threshold_exceeded");
+  EXPECT_EQ(r.metric, "lag");
+  EXPECT_DOUBLE_EQ(r.value, 7.2);
+  EXPECT_DOUBLE_EQ(r.threshold, 5.0);
+  EXPECT_NE(r.message.find("r1"), std::string::npos) << r.message;
+  // At the threshold exactly is not over.
+  t.metrics[0].hosts[0].value = 5.0;
+  EXPECT_EQ(t.check("vreplication").status, 200u);
+}
+
+TEST(Throttler, AFailedMissingOrStaleSampleCountsAsOverAndSaysSo) {
+  Throttler t({metric("lag", 5, {sample("r1", 0.1)})});
+  t.metrics[0].hosts[0].error = "connection refused";
+  ThrottleResult r = t.check("a");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.reason, "probe_failed");
+  EXPECT_NE(r.message.find("connection refused"), std::string::npos) << r.message;
+
+  t.metrics[0].hosts[0] = ThrottleSample{};  // never sampled
+  t.metrics[0].hosts[0].host = "r1";
+  r = t.check("a");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.reason, "no_sample");
+
+  // Stale: older than 2 fast intervals (200 ms).
+  t.metrics[0].hosts[0] = sample("r1", 0.1, milliseconds(201));
+  r = t.check("a");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.reason, "stale_sample");
+  t.metrics[0].hosts[0] = sample("r1", 0.1, milliseconds(200));
+  EXPECT_EQ(t.check("a").status, 200u);
+
+  t.metrics[0].hosts.clear();
+  EXPECT_EQ(t.check("a").reason, "no_sample");
+}
+
+// The first check after an idle spell: the last sample was taken while the probe was dormant
+// (every 5 s), 3 s ago. Judged against the fast interval it would be stale and throttle every
+// job's first check; judged against the interval it was taken under it is good.
+TEST(Throttler, ASampleTakenWhileDormantIsJudgedAgainstTheDormantInterval) {
+  Throttler t({metric("lag", 5, {sample("r1", 0.5, seconds(3), seconds(5))})});
+  EXPECT_EQ(t.check("gh-ost").status, 200u);
+  // ... and is stale once older than two dormant intervals.
+  t.metrics[0].hosts[0] = sample("r1", 0.5, seconds(11), seconds(5));
+  EXPECT_EQ(t.check("gh-ost").reason, "stale_sample");
+}
+
+TEST(Throttler, ShardScopeIsTheWorstHostAfterIgnoringTheWorstNAndSelfIsTheFirst) {
+  Throttler t({metric("lag", 5, {sample("self", 1), sample("r2", 9), sample("r3", 3)})});
+  ThrottleResult r = t.check("a", ThrottleScope::kShard);
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.metrics[0].host, "r2");
+  EXPECT_EQ(t.check("a", ThrottleScope::kSelf).status, 200u);
+  EXPECT_EQ(t.check("a", ThrottleScope::kSelf).metrics[0].host, "self");
+  // Ignoring one bad host: the next worst decides.
+  t.metrics[0].ignore_hosts = 1;
+  r = t.check("a");
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(r.metrics[0].host, "r3");
+  // A failed host is the worst there is: it is the one ignored, r2's 9 decides.
+  t.metrics[0].hosts[0].error = "timeout";
+  r = t.check("a");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.metrics[0].host, "r2");
+  // Never all of them: ignoring more than hosts - 1 still judges one.
+  t.metrics[0].ignore_hosts = 10;
+  EXPECT_EQ(t.check("a").metrics[0].host, "r3");
+}
+
+TEST(Throttler, AnAppsRuleSetsItsMetricsAndThresholdsAndAllIsTheCatchAll) {
+  Throttler t({metric("lag", 5, {sample("r1", 7)}), metric("load", 8, {sample("self", 1)})});
+  t.rules["purge"].metrics = {"load"};
+  EXPECT_EQ(t.check("purge").status, 200u);  // lag is not its metric
+  EXPECT_EQ(t.check("purge").metrics.size(), 1u);
+  t.rules["migrate"].thresholds["lag"] = 10;
+  EXPECT_EQ(t.check("migrate").status, 200u);
+  EXPECT_EQ(t.check("other").status, 429u);  // defaults
+  t.rules["all"].thresholds["lag"] = 20;
+  EXPECT_EQ(t.check("other").status, 200u);  // `all` for apps without a rule
+  t.rules["purge"].metrics = {"lag", "replication"};
+  const ThrottleResult r = t.check("purge");
+  EXPECT_EQ(r.status, 404u);
+  EXPECT_EQ(r.reason, "unknown_metric");
+  EXPECT_EQ(r.metric, "replication");
+}
+
+// Checks a minute apart: samples taken under a long interval stay good for that long.
+const Nanos kSlow = seconds(100);
+
+TEST(Throttler, AnExplicitlyThrottledAppIsRefused417WithItsRatioUntilItsExpiry) {
+  Throttler t({metric("lag", 5, {sample("r1", 1, milliseconds(50), kSlow)})});
+  t.rules["batch"].throttled_until = kNow + seconds(60);
+  t.rules["batch"].ratio = 0.25;
+  EXPECT_EQ(t.check("batch", ThrottleScope::kDefault, false, 0.1).status, 417u);
+  EXPECT_EQ(t.check("batch", ThrottleScope::kDefault, false, 0.1).reason, "app_throttled");
+  EXPECT_EQ(t.check("batch", ThrottleScope::kDefault, false, 0.3).status, 200u);
+  EXPECT_EQ(t.check("batch", ThrottleScope::kDefault, false, 0.1, kNow + seconds(60)).status,
+            200u);  // expired
+  // Still obeys the metrics: over the threshold is 429, not 417.
+  t.metrics[0].hosts[0].value = 9;
+  EXPECT_EQ(t.check("batch", ThrottleScope::kDefault, false, 0.1).status, 429u);
+  // `all` throttles every app, even one with a rule of its own.
+  t.metrics[0].hosts[0].value = 1;
+  t.rules["all"].throttled_until = kNow + seconds(1);
+  EXPECT_EQ(t.check("anyone", ThrottleScope::kDefault, false, 0.99).status, 417u);
+  t.rules["migrate"].thresholds["lag"] = 6;
+  EXPECT_EQ(t.check("migrate", ThrottleScope::kDefault, false, 0.99).status, 417u);
+}
+
+TEST(Throttler, AnExemptAppPassesWhateverTheMetricsAndThrottlesSay) {
+  Throttler t({metric("lag", 5, {sample("r1", 50)})});
+  t.rules["rescue"].exempt = true;
+  t.rules["all"].throttled_until = kNow + seconds(60);
+  const ThrottleResult r = t.check("rescue");
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(r.reason, "exempt");
+  EXPECT_TRUE(r.metrics[0].over);  // still reported
+}
+
+TEST(Throttler, LowPriorityYieldsWhileANormalAppWasRefusedRecently) {
+  Throttler t({metric("lag", 5, {sample("r1", 1, milliseconds(50), kSlow)})});
+  EXPECT_EQ(t.check("bg", ThrottleScope::kDefault, true).status, 200u);
+  t.rules["ddl"].throttled_until = kNow + seconds(60);
+  ASSERT_EQ(t.check("ddl", ThrottleScope::kDefault, false, 0).status, 417u);
+  ThrottleResult r = t.check("bg", ThrottleScope::kDefault, true, 0.5, kNow + milliseconds(500));
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.reason, "low_priority");
+  // A normal-priority app is not held back by it, and the hold ends.
+  EXPECT_EQ(t.check("web", ThrottleScope::kDefault, false, 0.5, kNow + milliseconds(600)).status,
+            200u);
+  EXPECT_EQ(t.check("bg", ThrottleScope::kDefault, true, 0.5, kNow + seconds(1)).status, 200u);
+  // A refused low-priority check does not itself hold others back.
+  t.metrics[0].hosts[0].value = 9;
+  ASSERT_EQ(t.check("bg", ThrottleScope::kDefault, true, 0.5, kNow + seconds(5)).status, 429u);
+  t.metrics[0].hosts[0].value = 1;
+  EXPECT_EQ(t.check("bg2", ThrottleScope::kDefault, true, 0.5, kNow + seconds(5) + kFast).status,
+            200u);
+}
+
+TEST(Throttler, TheAuditCountsChecksPerAppWithABoundedNumberOfApps) {
+  Throttler t({metric("lag", 5, {sample("r1", 1)})});
+  t.options.max_apps = 3;
+  EXPECT_FALSE(t.check("a").recently_checked);
+  EXPECT_TRUE(
+      t.check("a", ThrottleScope::kDefault, false, 0.5, kNow + milliseconds(10)).recently_checked);
+  EXPECT_EQ(t.check("").app, "default");
+  for (int i = 0; i < 100; ++i) (void)t.check("made-up-" + std::to_string(i));
+  EXPECT_EQ(t.state.apps.size(), 4u);  // a, default, made-up-0, (other)
+  EXPECT_EQ(t.state.apps.at("a").checks, 2u);
+  EXPECT_EQ(t.state.apps.at("(other)").checks, 99u);
+  EXPECT_EQ(t.state.apps.at("a").last_client, "127.0.0.1:5000");
+  EXPECT_EQ(t.state.apps.at("a").first_check, kNow);
+  EXPECT_EQ(t.state.apps.at("a").last_check, kNow + milliseconds(10));
+}
+
+TEST(Throttler, ProbingIsDormantUntilAChecksComesAndAfterAnIdleSpell) {
+  const Nanos dormant = seconds(5), idle = seconds(10);
+  EXPECT_EQ(probe_interval(Nanos{INT64_MIN}, kNow, kFast, dormant, idle), dormant);
+  EXPECT_EQ(probe_interval(kNow - seconds(1), kNow, kFast, dormant, idle), kFast);
+  EXPECT_EQ(probe_interval(kNow - seconds(10), kNow, kFast, dormant, idle), kFast);
+  EXPECT_EQ(probe_interval(kNow - seconds(11), kNow, kFast, dormant, idle), dormant);
+}
+
+TEST(Throttler, ScopesParseAndPrint) {
+  EXPECT_EQ(parse_scope(""), ThrottleScope::kDefault);
+  EXPECT_EQ(parse_scope("self"), ThrottleScope::kSelf);
+  EXPECT_EQ(parse_scope("shard"), ThrottleScope::kShard);
+  EXPECT_FALSE(parse_scope("cluster").has_value());
+  EXPECT_EQ(to_string(ThrottleScope::kSelf), "self");
+}
+
+}  // namespace
+}  // namespace sluice
