@@ -152,6 +152,22 @@ PolicyRow policy_row(const pb::PolicyState& p) {
   } else if (p.kind() == "concurrency") {
     row.limit = "-";
     row.note = "a limit per tenant, upstream, binding and route (see its config)";
+  } else if (p.kind() == "throttler") {
+    // Each metric's worst host against its threshold ("load 1.85/32").
+    row.in_flight = "-";
+    row.limit = "-";
+    if (state.is_object() && state.contains("metrics") && state["metrics"].is_array())
+      for (const json& m : state["metrics"]) {
+        double worst = 0;
+        bool failed = false;
+        for (const json& h : m.value("hosts", json::array())) {
+          worst = std::max(worst, h.value("value", 0.0));
+          failed = failed || h.contains("error");
+        }
+        row.note += fmt::format("{}{} {}{}/{}", row.note.empty() ? "" : ", ",
+                                m.value("name", std::string("?")), failed ? "failed " : "", worst,
+                                m.value("threshold", 0.0));
+      }
   }
   return row;
 }

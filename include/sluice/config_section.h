@@ -47,6 +47,13 @@ class ConfigSection {
                                     bool required = false);
   std::optional<std::uint32_t> u32(std::string_view key, std::uint32_t min = 0);
   std::optional<bool> boolean(std::string_view key);
+  // A finite decimal number ("5", "0.25", "1e3").
+  std::optional<double> number(std::string_view key, bool required = false);
+  // A list of scalars; nullopt when absent, or not a list of scalars (an error).
+  std::optional<std::vector<std::string>> strings(std::string_view key);
+  // A mapping of names to numbers (`thresholds: {lag: 2, load: 8}`), in the file's order; an
+  // entry that is not a number is an error at it (and left out).
+  std::optional<std::vector<std::pair<std::string, double>>> numbers(std::string_view key);
   // A positive duration: an integer and a unit (ns, us, ms, s, m, h).
   std::optional<Nanos> duration(std::string_view key);
   // One of `names`; an error lists them.
@@ -65,6 +72,11 @@ class ConfigSection {
   std::optional<ConfigSection> map(std::string_view key, bool required = false);
   // A list of mappings: `each(section)` for every entry ("<key>[<i>]"); a non-list is an error.
   void each(std::string_view key, const std::function<void(ConfigSection&)>& each);
+  // A mapping of named mappings (`metrics: {lag: {...}, load: {...}}`): `each(name, section)`
+  // for every entry, in the file's order ("<key>.<name>"); an entry that is not a mapping is
+  // an error, and so is a `key` that is not a mapping.
+  void named(std::string_view key,
+             const std::function<void(const std::string& name, ConfigSection&)>& each);
 
   // An error at `key` (or at the section when it has no such key), path "<path>.<key>".
   void error(std::string_view key, const std::string& message);

@@ -118,7 +118,6 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
 // Kinds reserved for engines not built yet: naming one is an error that says so, never a
 // silent no-op.
 const std::pair<std::string_view, std::string_view> kReserved[] = {
-    {"throttler", "a collaborative throttler's check API"},
     {"cascade", "a health-weighted fallback cascade over backend nodes"},
 };
 

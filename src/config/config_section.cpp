@@ -1,9 +1,13 @@
 #include "sluice/config_section.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
 #include "config/reader.h"
 #include "sluice/aimd_limit.h"
@@ -93,6 +97,50 @@ std::optional<bool> ConfigSection::boolean(std::string_view key) {
   return reader_->boolean(node(node_), key, path_);
 }
 
+std::optional<double> ConfigSection::number(std::string_view key, bool required) {
+  const std::optional<std::string> text = reader_->str(node(node_), key, path_, required);
+  if (!text) return std::nullopt;
+  double v = 0;
+  const char* first = text->data();
+  const char* last = first + text->size();
+  const auto [end, ec] = std::from_chars(first, last, v);
+  if (ec != std::errc{} || end != last || text->empty() || !std::isfinite(v)) {
+    error(key, "must be a number, not '" + *text + "'");
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<std::vector<std::string>> ConfigSection::strings(std::string_view key) {
+  const YAML::Node list = node(node_)[std::string(key)];
+  const std::string path = Reader::join(path_, key);
+  if (!reader_->sequence(list, path)) return std::nullopt;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].IsScalar()) {
+      reader_->error(list[i], path + "[" + std::to_string(i) + "]", "must be a string");
+      return std::nullopt;
+    }
+    out.push_back(list[i].Scalar());
+  }
+  return out;
+}
+
+std::optional<std::vector<std::pair<std::string, double>>> ConfigSection::numbers(
+    std::string_view key) {
+  std::optional<ConfigSection> m = map(key);
+  if (!m) return std::nullopt;
+  std::vector<std::pair<std::string, double>> out;
+  for (auto it = node(m->node_).begin(); it != node(m->node_).end(); ++it) {
+    if (!it->first.IsScalar()) {
+      reader_->error(it->first, m->path_, "keys must be plain names");
+      continue;
+    }
+    if (auto v = m->number(it->first.Scalar())) out.emplace_back(it->first.Scalar(), *v);
+  }
+  return out;
+}
+
 std::optional<Nanos> ConfigSection::duration(std::string_view key) {
   return reader_->duration(node(node_), key, path_);
 }
@@ -121,6 +169,24 @@ void ConfigSection::each(std::string_view key, const std::function<void(ConfigSe
     if (!reader_->map(list[i], p, true)) continue;
     ConfigSection entry = reader_->section(list[i], p);
     f(entry);
+  }
+}
+
+void ConfigSection::named(std::string_view key,
+                          const std::function<void(const std::string& name, ConfigSection&)>& f) {
+  const YAML::Node m = node(node_)[std::string(key)];
+  const std::string path = Reader::join(path_, key);
+  if (!reader_->map(m, path)) return;
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      reader_->error(it->first, path, "keys must be plain names");
+      continue;
+    }
+    const std::string name = it->first.Scalar();
+    const std::string p = Reader::join(path, name);
+    if (!reader_->map(it->second, p, true)) continue;
+    ConfigSection entry = reader_->section(it->second, p);
+    f(name, entry);
   }
 }
 

@@ -52,6 +52,12 @@ step "POST /v1/check: $out"
 metrics=$(curl -sf "127.0.0.1:$http/metrics") || fail "GET /metrics: curl exit $?"
 grep -q '^sluice_fleet_l_global{policy="inventory"}' <<<"$metrics" || fail "/metrics has no sluice_fleet_l_global"
 
+# The throttler on the host's load average: 200, or 429 on a host loaded past its threshold.
+code=$(curl -s -o /dev/null -w '%{http_code}' -I "127.0.0.1:$http/throttler/check?app=demo") ||
+  fail "HEAD /throttler/check: curl exit $?"
+[[ $code == 200 || $code == 429 ]] || fail "HEAD /throttler/check?app=demo answered $code"
+step "HEAD /throttler/check?app=demo: $code"
+
 "$B" policies >"$dir/out" 2>&1 || fail "sluice policies: $(cat "$dir/out")"
 "$B" check api-rate alice >"$dir/out" 2>&1 || fail "sluice check: $(cat "$dir/out")"
 lease=$("$B" admit small 2>"$dir/err") || fail "sluice admit small: $(cat "$dir/err")"

@@ -903,7 +903,8 @@ TEST(ToyKindConfig, ItsParserReportsItsOwnErrorsWithTheirLines) {
   // An unknown kind lists every kind the loader knows, the toy among them.
   const ConfigLoad unknown = load_config("policies:\n  p:\n    kind: tyo\n", kinds);
   ASSERT_EQ(unknown.errors.size(), 1u);
-  EXPECT_NE(unknown.errors[0].message.find("rate, adaptive, fleet, concurrency, federated, toy"),
+  EXPECT_NE(unknown.errors[0].message.find(
+                "rate, adaptive, fleet, concurrency, federated, throttler, toy"),
             std::string::npos)
       << unknown.errors[0].message;
   // Without its registration the loader does not know it.

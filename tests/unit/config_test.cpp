@@ -383,7 +383,7 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
     heartbeat: 1s
     lease_ttl: 500ms
   d:
-    kind: throttler
+    kind: cascade
   e:
     kind: teleport
   f:
@@ -418,10 +418,10 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
   const ConfigError* lease = find("policies.c.lease_ttl");  // the field's path first
   ASSERT_NE(lease, nullptr);
   EXPECT_EQ(lease->message, "must be > heartbeat");
-  const ConfigError* throttler = find("policies.d.kind");
-  ASSERT_NE(throttler, nullptr);
-  EXPECT_EQ(throttler->line, 15);
-  EXPECT_NE(throttler->message.find("not built"), std::string::npos);
+  const ConfigError* reserved = find("policies.d.kind");
+  ASSERT_NE(reserved, nullptr);
+  EXPECT_EQ(reserved->line, 15);
+  EXPECT_NE(reserved->message.find("not built"), std::string::npos);
   ASSERT_NE(find("policies.e.kind"), nullptr);
   // The gateway's own validation, placed at the fields it names.
   const ConfigError* owner = find("policies.f.upstreams[0].owner");

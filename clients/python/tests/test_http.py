@@ -9,7 +9,7 @@ from conftest import metric, wait_until
 from sluice_client import Refused
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
-DEFAULT_POLICIES = {"api-rate", "per-minute", "search", "small", "inventory", "gateway"}
+DEFAULT_POLICIES = {"api-rate", "per-minute", "search", "small", "inventory", "gateway", "db"}
 
 
 def test_check_200_then_429_with_retry_after(server, key):
@@ -227,7 +227,8 @@ def test_health_ready_and_policies(server):
     assert body["generation"] == 1 and body["draining"] is False and body["leases"] == 0
     kinds = {p["name"]: p["kind"] for p in body["policies"]}
     assert kinds == {"api-rate": "rate", "per-minute": "rate", "search": "adaptive",
-                     "small": "adaptive", "inventory": "fleet", "gateway": "concurrency"}
+                     "small": "adaptive", "inventory": "fleet", "gateway": "concurrency",
+                     "db": "throttler"}
 
 
 def test_grpc_policies_match_http(client):

@@ -4,7 +4,8 @@
 
 namespace sluice::server {
 
-#define SLUICE_BUILTIN_POLICY_KINDS(X) X(rate) X(adaptive) X(fleet) X(concurrency) X(federated)
+#define SLUICE_BUILTIN_POLICY_KINDS(X) \
+  X(rate) X(adaptive) X(fleet) X(concurrency) X(federated) X(throttler)
 
 #define SLUICE_DECLARE_KIND(name) PolicyKind name##_kind();
 SLUICE_BUILTIN_POLICY_KINDS(SLUICE_DECLARE_KIND)
