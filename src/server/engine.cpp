@@ -116,6 +116,13 @@ Status build_coordinators(const SluiceConfig& config, const Clock& clock, const 
   return {};
 }
 
+// Publishes `set`'s policies (as served) to `directory`.
+void publish(PolicyDirectory& directory, const PolicySet& set) {
+  PolicyDirectory::Policies policies;
+  for (const auto& [name, entry] : set.policies) policies.emplace(name, entry.served);
+  directory.publish(std::move(policies));
+}
+
 // Retires every policy `set` built that `old` (may be null) does not serve: a set that failed
 // to build, or to commit, must not leave loops or fleet memberships behind.
 void retire_built(const PolicySet& set, const PolicySet* old) {
@@ -133,7 +140,8 @@ void retire_built(const PolicySet& set, const PolicySet* old) {
 // reconfigure at commit) every one that can take its changed spec in place.
 Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
                  const PolicySet* old, const std::string& node_id, std::uint64_t generation,
-                 const std::shared_ptr<RuntimeStateStore>& state, PolicySet& set) {
+                 const std::shared_ptr<RuntimeStateStore>& state,
+                 const std::shared_ptr<const PolicyDirectory>& directory, PolicySet& set) {
   set.settings = config.server;
   set.settings.node_id = node_id;
   if (old != nullptr && config.server.state_file != old->settings.state_file) {
@@ -169,7 +177,7 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
     if (kind == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": no policy kind named '" + spec.kind + "'");
-    const BuildContext context(name, spec, clock, policy_node, coordinators, state);
+    const BuildContext context(name, spec, clock, policy_node, coordinators, state, directory);
     if (was != nullptr && was->base->kind() == spec.kind && was->base->rate_name() == spec.rate) {
       auto in_place = was->base->reconfigure(context);
       if (!in_place.ok())
@@ -199,12 +207,14 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
   return {};
 }
 
-StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
-                                           const PolicyRegistry& kinds, const PolicySet* old,
-                                           const std::string& node_id, std::uint64_t generation,
-                                           const std::shared_ptr<RuntimeStateStore>& state) {
+StatusOr<std::shared_ptr<PolicySet>> build(
+    const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
+    const PolicySet* old, const std::string& node_id, std::uint64_t generation,
+    const std::shared_ptr<RuntimeStateStore>& state,
+    const std::shared_ptr<const PolicyDirectory>& directory) {
   auto set = std::make_shared<PolicySet>();
-  if (Status s = build_set(config, clock, kinds, old, node_id, generation, state, *set); !s.ok()) {
+  if (Status s = build_set(config, clock, kinds, old, node_id, generation, state, directory, *set);
+      !s.ok()) {
     retire_built(*set, old);
     return s;
   }
@@ -223,15 +233,22 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, con
   if (!state.ok())
     return Status(state.status().code(), "server.state_file: " + state.status().message());
   std::shared_ptr<RuntimeStateStore> store = std::move(state.value());
-  auto set = build(config, clock, kinds, nullptr, node_id, 1, store);
+  auto directory = std::make_shared<PolicyDirectory>();
+  auto set = build(config, clock, kinds, nullptr, node_id, 1, store, directory);
   if (!set.ok()) return set.status();
+  publish(*directory, *set.value());
   return std::unique_ptr<Engine>(
-      new Engine(clock, kinds, std::move(store), std::move(set.value())));
+      new Engine(clock, kinds, std::move(store), std::move(directory), std::move(set.value())));
 }
 
 Engine::Engine(const Clock& clock, const PolicyRegistry& kinds,
-               std::shared_ptr<RuntimeStateStore> state, std::shared_ptr<const PolicySet> set)
-    : clock_(clock), kinds_(kinds), state_(std::move(state)), set_(std::move(set)) {}
+               std::shared_ptr<RuntimeStateStore> state, std::shared_ptr<PolicyDirectory> directory,
+               std::shared_ptr<const PolicySet> set)
+    : clock_(clock),
+      kinds_(kinds),
+      state_(std::move(state)),
+      directory_(std::move(directory)),
+      set_(std::move(set)) {}
 
 Engine::~Engine() { close(); }
 
@@ -628,8 +645,8 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   const std::lock_guard lock(reload_mu_);
   const auto old = current();
   // The node id stays: fleets know this server by it.
-  auto next =
-      build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1, state_);
+  auto next = build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1,
+                    state_, directory_);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();
@@ -660,6 +677,7 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   }
   // Serve the new set first, then retire what it replaced (a fleet policy's retire waits for
   // its runner and leaves its fleet): calls never see a gap where the policy refuses.
+  publish(*directory_, *set);
   std::shared_ptr<const PolicySet> previous = std::move(set);
   {
     const std::lock_guard lock(set_mu_);

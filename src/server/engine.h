@@ -147,7 +147,7 @@ class Engine {
 
  private:
   Engine(const Clock& clock, const PolicyRegistry& kinds, std::shared_ptr<RuntimeStateStore> state,
-         std::shared_ptr<const PolicySet> set);
+         std::shared_ptr<PolicyDirectory> directory, std::shared_ptr<const PolicySet> set);
   [[nodiscard]] std::shared_ptr<const PolicySet> current() const;
   [[nodiscard]] Status usable() const;
 
@@ -155,6 +155,8 @@ class Engine {
   const PolicyRegistry& kinds_;
   // Rules set at run time (server.state_file), opened at start: every generation shares it.
   const std::shared_ptr<RuntimeStateStore> state_;
+  // The policies serving now, for policies that look others up (published at each commit).
+  const std::shared_ptr<PolicyDirectory> directory_;
   mutable std::mutex parts_mu_;
   std::vector<std::pair<std::string, const ServerPart*>> parts_;
   mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,20 +30,46 @@
 
 namespace sluice::server {
 
+// The policies the server serves now, by name, as a policy looks another up at run time (a
+// throttler's probe of a policy's utilisation): the engine publishes each config generation
+// when it starts serving it. It holds weak references, so a lookup never keeps a retired policy
+// alive; during a reload a lookup sees the generation still serving.
+class PolicyDirectory {
+ public:
+  using Policies = std::map<std::string, std::weak_ptr<Policy>, std::less<>>;
+  // The policy named `name` now (null: none, or retired and gone).
+  [[nodiscard]] std::shared_ptr<Policy> find(std::string_view name) const {
+    const std::lock_guard lock(mu_);
+    auto it = policies_.find(name);
+    return it == policies_.end() ? nullptr : it->second.lock();
+  }
+  void publish(Policies policies) {
+    const std::lock_guard lock(mu_);
+    policies_.swap(policies);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  Policies policies_;
+};
+
 // What a builder gets: the policy's name and spec, the clock, the server's node id for this
 // config generation, the config's coordinators (each interface of each, timed into its
-// metrics) and the server's runtime-state store (rules set at run time, persisted).
+// metrics), the server's runtime-state store (rules set at run time, persisted) and the
+// directory of the policies it serves (null in a context without an engine).
 class BuildContext {
  public:
   using Coordinators = std::function<std::shared_ptr<NamedCoordinator>(const std::string& name)>;
 
   BuildContext(const std::string& name, const PolicySpec& spec, const Clock& clock,
                const std::string& node_id, Coordinators coordinators,
-               std::shared_ptr<RuntimeStateStore> state)
+               std::shared_ptr<RuntimeStateStore> state,
+               std::shared_ptr<const PolicyDirectory> directory = nullptr)
       : name(name),
         spec(spec),
         clock(clock),
         node_id(node_id),
+        directory(std::move(directory)),
         coordinators_(std::move(coordinators)),
         state_(std::move(state)) {}
 
@@ -50,6 +77,7 @@ class BuildContext {
   const PolicySpec& spec;
   const Clock& clock;
   const std::string& node_id;
+  const std::shared_ptr<const PolicyDirectory> directory;
 
   // Interface I (ConcurrencyCoordinator, and the rate-budget and escrow interfaces to come) of
   // the coordinator named `coordinator` (one the spec lists in spec.coordinators). An error

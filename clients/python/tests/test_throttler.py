@@ -3,6 +3,7 @@
 --throttle-http polls it) and the freno shape (/check/APP/STORE_TYPE/STORE_NAME), over a metric
 a command probe reads from a file the test writes."""
 
+import signal
 import subprocess
 import time
 
@@ -197,6 +198,62 @@ policies:
     started = time.monotonic()
     wait_until(lambda: status_of(server) == 429, 2.5, what="the fast interval")
     assert time.monotonic() - started < 2.0
+
+
+UTILISATION = """
+policies:
+  pool:
+    kind: adaptive
+    algorithm: fixed
+    limit: 2
+  db:
+    kind: throttler
+    fast_interval: 50ms
+    dormant_interval: 50ms
+    metrics:
+      pool:
+        probe: policy
+        policy: pool
+        threshold: 0.5
+      gone:
+        probe: policy
+        policy: nowhere
+        threshold: 1
+    apps:
+      batch:
+        metrics: [pool]
+"""
+
+
+def test_a_policys_utilisation_is_a_metric(start_server, tmp_path):
+    server = start_server(UTILISATION)
+    client = server.client()
+    assert status_of(server, "/throttler/check?app=batch") == 200
+    leases = [client.admit("pool") for _ in range(2)]
+    wait_until(lambda: status_of(server, "/throttler/check?app=batch") == 429, 5,
+               what="429 at full utilisation")
+    body = check(server, "/throttler/check?app=batch").json()
+    assert body["Value"] == 1.0 and body["MetricName"] == "pool", body
+    for lease in leases:
+        client.release(lease)
+    wait_until(lambda: status_of(server, "/throttler/check?app=batch") == 200, 5,
+               what="200 once released")
+    # A probe of a policy that does not exist fails closed, saying so.
+    body = check(server, "/throttler/check?app=other").json()
+    assert body["StatusCode"] == 429 and body["MetricName"] == "gone"
+    assert "no policy named 'nowhere'" in body["Message"], body
+
+    # The probe follows reloads: `pool` renamed `nowhere`, the first metric fails closed naming
+    # the policy gone, the second sees the one added.
+    server.write_config(UTILISATION.replace("  pool:\n    kind: adaptive",
+                                            "  nowhere:\n    kind: adaptive"))
+    server.signal(signal.SIGHUP)
+
+    def reloaded():
+        body = check(server, "/throttler/check?app=other").json()
+        return ("no policy named 'pool'" in body["Metrics"]["pool"]["Message"]
+                and body["Metrics"]["gone"]["StatusCode"] == 200)
+    wait_until(reloaded, 5, what="the probes to see the reload")
 
 
 def test_config_errors_name_their_field(tmp_path):

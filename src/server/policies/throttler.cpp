@@ -18,6 +18,10 @@
 //       probe: loadavg       # the host's 1-minute load average (/proc/loadavg)
 //       threshold: 8         # over it: 429 (> 0)
 //       ignore_hosts: 0      # shard scope: the worst hosts not counted
+//     api:
+//       probe: policy        # a sluice policy's utilisation: in flight / limit (an adaptive,
+//       policy: search       #   fleet or other admit-family policy with one limit)
+//       threshold: 0.9
 //     queue:
 //       probe: command       # a command that prints a number (its first word), run by
 //       command: "cat /var/run/queue-depth"   # /bin/sh -c; non-zero exit, no number or
@@ -72,7 +76,7 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-enum class ProbeKind { kLoadAvg, kCommand };
+enum class ProbeKind { kLoadAvg, kCommand, kPolicy };
 
 struct MetricSpec {
   std::string name;
@@ -81,6 +85,7 @@ struct MetricSpec {
   std::size_t ignore_hosts = 0;
   std::string command;  // kCommand
   Nanos timeout = std::chrono::seconds(1);
+  std::string policy;  // kPolicy
 };
 
 struct ThrottlerSpec final : PolicyBody {
@@ -220,12 +225,49 @@ class CommandProbe final : public Probe {
   const Nanos timeout_;
 };
 
-std::unique_ptr<Probe> make_probe(const MetricSpec& m) {
+// A sluice policy's utilisation, in flight / limit, looked up by name among the policies the
+// server serves now (so a reload that replaces it is followed); the host is its name.
+class PolicyProbe final : public Probe {
+ public:
+  PolicyProbe(std::shared_ptr<const PolicyDirectory> directory, std::string policy)
+      : directory_(std::move(directory)), policy_(std::move(policy)) {}
+
+  void sample(std::vector<ThrottleSample>& hosts) override {
+    hosts.resize(1);
+    ThrottleSample& s = hosts.front();
+    s.host = policy_;
+    const std::shared_ptr<Policy> p = directory_ ? directory_->find(policy_) : nullptr;
+    if (p == nullptr) {
+      s.error = "no policy named '" + policy_ + "' is serving";
+      return;
+    }
+    if (p->admit_family() == nullptr) {
+      s.error = "policy " + policy_ + " is a " + p->kind() + " policy: it has no calls in flight";
+      return;
+    }
+    const PolicyInfo info = p->info();
+    if (info.limit == 0) {
+      s.error = "policy " + policy_ + " has no single limit";
+      return;
+    }
+    s.value = static_cast<double>(info.in_flight) / static_cast<double>(info.limit);
+    s.error.clear();
+  }
+
+ private:
+  const std::shared_ptr<const PolicyDirectory> directory_;
+  const std::string policy_;
+};
+
+std::unique_ptr<Probe> make_probe(const MetricSpec& m,
+                                  const std::shared_ptr<const PolicyDirectory>& directory) {
   switch (m.probe) {
     case ProbeKind::kLoadAvg:
       return std::make_unique<LoadAvgProbe>();
     case ProbeKind::kCommand:
       return std::make_unique<CommandProbe>(m.command, m.timeout);
+    case ProbeKind::kPolicy:
+      return std::make_unique<PolicyProbe>(directory, m.policy);
   }
   return nullptr;
 }
@@ -244,7 +286,7 @@ class ThrottlerPolicy final : public Policy {
       tm.stale_intervals = spec_.stale_intervals;
       tm.ignore_hosts = m.ignore_hosts;
       metrics_.push_back(std::move(tm));
-      probes_.push_back(make_probe(m));
+      probes_.push_back(make_probe(m, c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
     }
     start_loop(c.clock, [this](Nanos now) { return tick(now); });
@@ -427,12 +469,22 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
       body->stale_intervals = *v;
   }
   s.named("metrics", [&](const std::string& metric, ConfigSection& m) {
-    m.keys({"probe", "threshold", "ignore_hosts", "command", "timeout"});
+    m.keys({"probe", "threshold", "ignore_hosts", "command", "timeout", "policy"});
     MetricSpec spec;
     spec.name = metric;
-    if (auto p = m.choice<ProbeKind>(
-            "probe", {{"loadavg", ProbeKind::kLoadAvg}, {"command", ProbeKind::kCommand}}, true))
+    if (auto p = m.choice<ProbeKind>("probe",
+                                     {{"loadavg", ProbeKind::kLoadAvg},
+                                      {"command", ProbeKind::kCommand},
+                                      {"policy", ProbeKind::kPolicy}},
+                                     true))
       spec.probe = *p;
+    if (auto v = m.str("policy", spec.probe == ProbeKind::kPolicy)) {
+      if (spec.probe != ProbeKind::kPolicy)
+        m.error("policy", "is for probe: policy");
+      else if (v->empty() || *v == name)
+        m.error("policy", v->empty() ? "must name a policy" : "must name another policy");
+      spec.policy = *v;
+    }
     if (auto c = m.str("command", spec.probe == ProbeKind::kCommand)) {
       if (spec.probe != ProbeKind::kCommand)
         m.error("command", "is for probe: command");
