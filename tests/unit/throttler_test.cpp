@@ -36,6 +36,7 @@ ThrottleMetric metric(std::string name, double threshold, std::vector<ThrottleSa
   ThrottleMetric m;
   m.name = std::move(name);
   m.threshold = threshold;
+  m.stale_intervals = 2;
   m.hosts = std::move(hosts);
   return m;
 }

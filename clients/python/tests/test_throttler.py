@@ -18,6 +18,7 @@ policies:
     shard: main
     fast_interval: 50ms
     dormant_interval: 50ms
+    stale_intervals: 40
     low_priority_hold: 5s
 {extra}
     metrics:
@@ -41,6 +42,7 @@ def test_under_the_threshold_is_200_and_over_it_429_with_value_and_reason(start_
     value = tmp_path / "depth"
     value.write_text("1.5\n")
     server = start_server(config(value))
+    wait_until(lambda: status_of(server) == 200, 5, what="the first sample")
     r = check(server)
     assert r.status == 200, r
     body = r.json()
@@ -90,7 +92,7 @@ def test_a_probe_that_fails_counts_as_over_and_says_why(start_server, tmp_path):
     value = tmp_path / "depth"
     value.write_text("1\n")
     server = start_server(config(value))
-    assert status_of(server) == 200
+    wait_until(lambda: status_of(server) == 200, 5, what="the first sample")
     value.unlink()
     wait_until(lambda: status_of(server) == 429, 5, what="fail closed")
     body = check(server).json()
@@ -102,26 +104,48 @@ def test_a_probe_that_fails_counts_as_over_and_says_why(start_server, tmp_path):
     assert status_of(server) == 429
 
 
-def test_a_command_past_its_timeout_is_killed_and_counts_as_over(start_server, tmp_path):
+def test_a_command_past_its_timeout_is_killed_and_delays_no_other_metric(start_server,
+                                                                        tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
     server = start_server(f"""
 policies:
   db:
     kind: throttler
     fast_interval: 50ms
     dormant_interval: 50ms
+    stale_intervals: 20
     metrics:
       slow:
         probe: command
         command: "sleep 30; echo 1"
-        timeout: 200ms
+        timeout: 1500ms
         threshold: 5
+      depth:
+        probe: command
+        command: "cat {value}"
+        threshold: 5
+    apps:
+      quick:
+        metrics: [depth]
 """)
     wait_until(lambda: "did not finish" in check(server).json()["Message"], 5,
                what="the probe's timeout")
     assert status_of(server) == 429
-    # The killed command is not left running.
+    # A command past its timeout is killed: only the probe's current attempt is running, never
+    # the ones before it (each would otherwise sleep its 30 s).
+    time.sleep(2)
     out = subprocess.run(["pgrep", "-f", "sleep 30; echo 1"], capture_output=True, text=True)
-    assert out.stdout.strip() == "", out.stdout
+    assert len(out.stdout.split()) <= 1, out.stdout
+    # The slow probe holds its own loop only: `depth` is sampled every 50 ms meanwhile (its
+    # samples would be stale after 1 s, and refused, if they waited behind the 1.5 s one).
+    for _ in range(10):
+        r = check(server, "/throttler/check?app=quick")
+        assert r.status == 200, r
+        time.sleep(0.1)
+    value.write_text("9\n")
+    wait_until(lambda: check(server, "/throttler/check?app=quick").json()["reason"]
+               == "threshold_exceeded", 3, what="the fast metric's new value")
 
 
 def test_app_rules_exempt_and_per_app_thresholds(start_server, tmp_path):
@@ -159,6 +183,7 @@ def test_scope_self_and_bad_arguments(start_server, tmp_path):
     value = tmp_path / "depth"
     value.write_text("1\n")
     server = start_server(config(value))
+    wait_until(lambda: status_of(server) == 200, 5, what="the first sample")
     body = check(server, "/throttler/check-self?app=a").json()
     assert body["Scope"] == "self" and body["StatusCode"] == 200
     assert check(server, "/throttler/check?scope=self").json()["Scope"] == "self"
@@ -210,6 +235,7 @@ policies:
     kind: throttler
     fast_interval: 50ms
     dormant_interval: 50ms
+    stale_intervals: 40
     metrics:
       pool:
         probe: policy
@@ -228,7 +254,8 @@ policies:
 def test_a_policys_utilisation_is_a_metric(start_server, tmp_path):
     server = start_server(UTILISATION)
     client = server.client()
-    assert status_of(server, "/throttler/check?app=batch") == 200
+    wait_until(lambda: status_of(server, "/throttler/check?app=batch") == 200, 5,
+               what="the first sample")
     leases = [client.admit("pool") for _ in range(2)]
     wait_until(lambda: status_of(server, "/throttler/check?app=batch") == 429, 5,
                what="429 at full utilisation")
@@ -282,3 +309,102 @@ policies:
     out = subprocess.run([sluice_bin(), "validate", str(none)], capture_output=True,
                          text=True)
     assert out.returncode != 0 and "policies.db.metrics" in out.stdout + out.stderr
+
+
+def admin(server, path, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return server.http("POST", path, headers=headers)
+
+
+def test_throttling_an_app_at_run_time_refuses_it_417_until_unthrottled(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(config(value))
+    wait_until(lambda: status_of(server) == 200, 5, what="the first sample")
+
+    r = admin(server, "/throttler/throttle-app?app=gh-ost&duration=1h&ratio=1")
+    assert r.status == 200, r
+    assert r.json()["rule"]["ratio"] == 1 and r.json()["rule"]["throttled_seconds_left"] > 3500
+    r = check(server)
+    assert r.status == 417 and r.json()["reason"] == "app_throttled", r
+    assert status_of(server, "/throttler/check?app=other") == 200
+    listed = server.http("GET", "/throttler/throttled-apps").json()["apps"]
+    assert "gh-ost" in listed and listed["gh-ost"]["ratio"] == 1
+    # Still obeys the metrics: over the threshold is 429, not 417.
+    value.write_text("9\n")
+    wait_until(lambda: status_of(server) == 429, 5, what="429 over the threshold")
+    value.write_text("1\n")
+    wait_until(lambda: status_of(server) == 417, 5, what="417 again")
+
+    assert admin(server, "/throttler/unthrottle-app?app=gh-ost").status == 200
+    assert status_of(server) == 200
+    assert "gh-ost" not in server.http("GET", "/throttler/throttled-apps").json()["apps"]
+
+    # freno's verbs: /throttle-app/APP/TTL_MINUTES/RATIO and /unthrottle-app/APP.
+    assert admin(server, "/throttle-app/purge/10/1").status == 200
+    assert status_of(server, "/check/purge/mysql/main") == 417
+    assert admin(server, "/unthrottle-app/purge").status == 200
+    assert status_of(server, "/check/purge/mysql/main") == 200
+
+    # `all` throttles every app; an exempt app passes anyway.
+    assert admin(server, "/throttler/throttle-app?app=all").status == 200
+    assert status_of(server, "/throttler/check?app=anyone") == 417
+    assert admin(server, "/throttler/exempt-app?app=rescue").status == 200
+    r = check(server, "/throttler/check?app=rescue")
+    assert r.status == 200 and r.json()["reason"] == "exempt"
+    assert admin(server, "/throttler/unthrottle-app?app=all").status == 200
+
+    # A ratio throttles that share of checks.
+    assert admin(server, "/throttler/throttle-app?app=half&ratio=0.5").status == 200
+    refused = sum(status_of(server, "/throttler/check?app=half") == 417 for _ in range(200))
+    assert 60 <= refused <= 140, refused
+
+    # Bad input names the argument and changes nothing.
+    for path, word in [("/throttler/throttle-app?app=x&ratio=2", "ratio"),
+                       ("/throttler/throttle-app?app=x&duration=soon", "duration"),
+                       ("/throttler/throttle-app", "app"),
+                       ("/throttle-app/x/abc", "ttl_minutes"),
+                       ("/throttler/exempt-app?app=x&exempt=maybe", "exempt")]:
+        r = admin(server, path)
+        assert r.status == 400 and word in r.text, (path, r)
+    assert "x" not in server.http("GET", "/throttler/throttled-apps").json()["apps"]
+
+    recent = server.http("GET", "/throttler/recent-apps").json()["apps"]
+    names = [a["app"] for a in recent]
+    assert "half" == names[0] and "gh-ost" in names
+    assert next(a for a in recent if a["app"] == "half")["checks"] == 200
+
+
+def test_admin_verbs_need_the_token_when_one_is_set(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    with_token = "server:\n  admin_token: s3cret\npolicies:"
+    server = start_server(config(value).replace("policies:", with_token, 1))
+    for path in ["/throttler/throttle-app?app=a", "/throttler/unthrottle-app?app=a",
+                 "/throttler/exempt-app?app=a", "/throttle-app/a/10/1", "/unthrottle-app/a"]:
+        r = admin(server, path)
+        assert r.status == 401, (path, r)
+        assert admin(server, path, token="wrong").status == 401
+    assert admin(server, "/throttler/throttle-app?app=a", token="s3cret").status == 200
+    # Checking needs no token.
+    wait_until(lambda: status_of(server, "/throttler/check?app=a") == 417, 5, what="417")
+
+
+def test_rules_set_at_run_time_survive_a_restart(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    state = tmp_path / "state.json"
+    text = config(value).replace("policies:", f"server:\n  state_file: {state}\npolicies:", 1)
+    server = start_server(text)
+    assert admin(server, "/throttler/throttle-app?app=migrate&duration=1h").status == 200
+    assert admin(server, "/throttler/exempt-app?app=rescue").status == 200
+    server.stop()
+    again = start_server(text)
+    wait_until(lambda: status_of(again, "/throttler/check?app=other") == 200, 5,
+               what="the first sample")
+    assert status_of(again, "/throttler/check?app=migrate") == 417
+    value.write_text("9\n")
+    wait_until(lambda: status_of(again, "/throttler/check?app=other") == 429, 5, what="429")
+    assert status_of(again, "/throttler/check?app=rescue") == 200
+    left = again.http("GET", "/throttler/throttled-apps").json()["apps"]["migrate"]
+    assert 3000 < left["throttled_seconds_left"] <= 3600

@@ -1,6 +1,6 @@
 // The throttler kind: the collaborative check API that batch jobs ask before each chunk of work
-// (sluice/throttler.h decides), over metrics its probes sample in the policy's loop, so a check
-// is a lookup and never waits on a database.
+// (sluice/throttler.h decides), over metrics its probes sample in loops of their own (one
+// per metric), so a check is a lookup and never waits on a database.
 //
 //   kind: throttler
 //   shard: main              # what a check's `shard=` (or freno's store name) selects; default:
@@ -11,7 +11,7 @@
 //   fast_interval: 100ms     # sampling while checks come
 //   dormant_interval: 5s     # sampling once no check came for idle_after (and before any)
 //   idle_after: 10s
-//   stale_intervals: 2       # a sample older than this many of its interval counts as over
+//   stale_intervals: 5       # a sample older than this many of its interval counts as over
 //   low_priority_hold: 1s    # p=low is refused this long after a normal app was refused
 //   metrics:                 # at least one
 //     load:
@@ -41,6 +41,19 @@
 //                                                                  is the shard)
 // Status: 200 ok, 429 over a threshold (or a probe failed, or its sample is stale: fail
 // closed), 417 the app is throttled, 404 an unknown metric or shard, 400 a malformed argument.
+//
+// Admin verbs (GET or POST; 401 without `Authorization: Bearer <server.admin_token>` when the
+// server has one), each taking `shard=` too and answering the app's rule now:
+//   /throttler/throttle-app?app=A[&duration=1h][&ratio=1]   refuse A (417) with that
+//                                                           probability until the time is up
+//   /throttler/unthrottle-app?app=A
+//   /throttler/exempt-app?app=A[&exempt=true|false]
+//   /throttle-app/A[/TTL_MINUTES[/RATIO]], /unthrottle-app/A  the freno shape (TTL 0: an hour)
+// `app=all` throttles every app (an exempt one still passes). The rules are kept in the
+// server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
+// the time left; servers do not share them (each its own file). Listings (GET, no token):
+// /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
+// checked, most recent first, with counts, rate and last client address).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -54,6 +67,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -67,6 +81,7 @@
 #include <vector>
 
 #include "server/registry.h"
+#include "sluice/config.h"
 #include "sluice/throttler.h"
 
 namespace sluice::server {
@@ -94,7 +109,7 @@ struct ThrottlerSpec final : PolicyBody {
   Nanos fast_interval = std::chrono::milliseconds(100);
   Nanos dormant_interval = std::chrono::seconds(5);
   Nanos idle_after = std::chrono::seconds(10);
-  double stale_intervals = 2;
+  double stale_intervals = ThrottleMetric{}.stale_intervals;
   std::vector<MetricSpec> metrics;
   std::map<std::string, ThrottleAppRule, std::less<>> apps;
 };
@@ -278,7 +293,10 @@ class ThrottlerPolicy final : public Policy {
       : Policy(c.name, "throttler", ""),
         clock_(c.clock),
         spec_(spec),
+        state_store_(c.runtime_state()),
+        rules_(spec.apps),
         rng_(std::random_device{}()) {
+    load_runtime_rules();
     for (const MetricSpec& m : spec_.metrics) {
       ThrottleMetric tm;
       tm.name = m.name;
@@ -289,13 +307,84 @@ class ThrottlerPolicy final : public Policy {
       probes_.push_back(make_probe(m, c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
     }
-    start_loop(c.clock, [this](Nanos now) { return tick(now); });
+    for (std::size_t i = 0; i < metrics_.size(); ++i)
+      start_loop(c.clock, [this, i](Nanos now) { return tick(i, now); });
   }
   ~ThrottlerPolicy() override { retire(); }
   ThrottlerPolicy(const ThrottlerPolicy&) = delete;
   ThrottlerPolicy& operator=(const ThrottlerPolicy&) = delete;
 
   [[nodiscard]] const std::string& shard() const noexcept { return spec_.shard; }
+
+  // ---- rules set at run time (admin), kept in the server's state file ----
+
+  // Throttles `app` for `duration` with probability `ratio` (an app "all": every app).
+  Status throttle(const std::string& app, Nanos duration, double ratio) {
+    if (Status s = check_app(app); !s.ok()) return s;
+    if (!(ratio > 0 && ratio <= 1)) return bad("ratio: must be in (0, 1]");
+    if (duration <= Nanos{0} || duration > kMaxThrottle)
+      return bad("duration: must be positive and at most a year");
+    const std::lock_guard lock(admin_mu_);
+    RuntimeRule r = runtime_rule(app);
+    r.until_unix_ms =
+        unix_ms_now() + std::chrono::ceil<std::chrono::milliseconds>(duration).count();
+    r.ratio = ratio;
+    return save(app, r);
+  }
+  Status unthrottle(const std::string& app) {
+    if (Status s = check_app(app); !s.ok()) return s;
+    const std::lock_guard lock(admin_mu_);
+    RuntimeRule r = runtime_rule(app);
+    r.until_unix_ms = 0;
+    r.ratio = 1;
+    return save(app, r);
+  }
+  Status exempt(const std::string& app, bool exempt) {
+    if (Status s = check_app(app); !s.ok()) return s;
+    if (app == "all") return bad("app: 'all' cannot be exempt (name the apps)");
+    const std::lock_guard lock(admin_mu_);
+    RuntimeRule r = runtime_rule(app);
+    r.exempt = exempt;
+    return save(app, r);
+  }
+  // The apps with a rule (config or run time): throttled until when, ratio, exempt.
+  nlohmann::json rules_json() const {
+    const Nanos now = clock_.now();
+    const std::lock_guard lock(mu_);
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [app, r] : rules_) {
+      nlohmann::json j = {{"exempt", r.exempt}};
+      if (now < r.throttled_until) {
+        j["throttled_seconds_left"] = secs(r.throttled_until - now);
+        j["ratio"] = r.ratio;
+      }
+      if (!r.metrics.empty()) j["metrics"] = r.metrics;
+      if (!r.thresholds.empty()) j["thresholds"] = r.thresholds;
+      out[app] = std::move(j);
+    }
+    return out;
+  }
+  // The apps that checked, most recent first: the audit.
+  nlohmann::json recent_apps_json() const {
+    const Nanos now = clock_.now();
+    const std::lock_guard lock(mu_);
+    std::vector<std::pair<Nanos, std::string>> order;
+    for (const auto& [name, a] : state_.apps) order.emplace_back(a.last_check, name);
+    std::sort(order.rbegin(), order.rend());
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [at, name] : order) {
+      const ThrottleAppStats& a = state_.apps.at(name);
+      const double span = secs(a.last_check - a.first_check);
+      out.push_back(
+          {{"app", name},
+           {"checks", a.checks},
+           {"refused", a.refused},
+           {"seconds_since_last_check", secs(now - at)},
+           {"checks_per_second", span > 0 ? static_cast<double>(a.checks - 1) / span : 0.0},
+           {"last_client", a.last_client}});
+    }
+    return out;
+  }
 
   ThrottleResult check(std::string_view app, ThrottleScope scope, bool low_priority,
                        std::string_view client) {
@@ -306,7 +395,7 @@ class ThrottlerPolicy final : public Policy {
       const std::lock_guard lock(mu_);
       was_dormant = interval_at(now) != spec_.fast_interval;
       const double draw = std::uniform_real_distribution<double>(0, 1)(rng_);
-      r = throttle_check(metrics_, spec_.apps, spec_.options, state_,
+      r = throttle_check(metrics_, rules_, spec_.options, state_,
                          ThrottleCheck{app, scope, low_priority, draw}, client, now);
     }
     if (was_dormant) wake_loops();  // sample at the fast interval from now on
@@ -390,51 +479,114 @@ class ThrottlerPolicy final : public Policy {
                           spec_.idle_after);
   }
 
-  // Samples every metric that is due at the interval in force, outside the lock (a probe may
-  // take a while); returns when the next one is due.
-  Nanos tick(Nanos now) {
+  // Samples metric `i` when it is due at the interval in force, outside the lock (a probe may
+  // take a while: each metric has its own loop, so a slow probe delays no other metric's
+  // samples); returns when it is due next. A sample is stamped with the time its probe started
+  // (the oldest its reading can be) and the interval in force then.
+  Nanos tick(std::size_t i, Nanos now) {
     Nanos interval;
-    std::vector<std::size_t> due;
-    Nanos next = Nanos::max();
+    std::vector<ThrottleSample> hosts;
     {
       const std::lock_guard lock(mu_);
       interval = interval_at(now);
-      for (std::size_t i = 0; i < metrics_.size(); ++i) {
-        const Nanos at = last_sampled_[i].count() == INT64_MIN ? now : last_sampled_[i] + interval;
-        if (at <= now)
-          due.push_back(i);
-        else
-          next = std::min(next, at);
-      }
+      const Nanos last = last_sampled_[i];
+      if (last.count() != INT64_MIN && last + interval > now) return last + interval;
+      hosts = metrics_[i].hosts;
     }
-    for (std::size_t i : due) {
-      std::vector<ThrottleSample> hosts;
-      {
-        const std::lock_guard lock(mu_);
-        hosts = metrics_[i].hosts;
-      }
-      probes_[i]->sample(hosts);
-      const Nanos taken = clock_.now();
-      for (ThrottleSample& s : hosts) {
-        s.taken_at = taken;
-        s.interval = interval;
-      }
-      const std::lock_guard lock(mu_);
-      metrics_[i].hosts = std::move(hosts);
-      last_sampled_[i] = taken;
-      next = std::min(next, taken + interval);
+    const Nanos started = clock_.now();
+    probes_[i]->sample(hosts);
+    for (ThrottleSample& s : hosts) {
+      s.taken_at = started;
+      s.interval = interval;
     }
-    return next;
+    const std::lock_guard lock(mu_);
+    metrics_[i].hosts = std::move(hosts);
+    last_sampled_[i] = started;
+    return started + interval;
+  }
+
+  // An app's rule as set at run time, as the state file keeps it (expiry in wall-clock
+  // milliseconds, so that a restart keeps the time left; 0: not throttled).
+  struct RuntimeRule {
+    std::int64_t until_unix_ms = 0;
+    double ratio = 1;
+    bool exempt = false;
+  };
+  static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
+
+  static Status bad(std::string message) {
+    return Status(StatusCode::kInvalidArgument, std::move(message));
+  }
+  static Status check_app(const std::string& app) {
+    if (app.empty()) return bad("app: must name an app");
+    if (app.size() > 256) return bad("app: at most 256 bytes");
+    return {};
+  }
+  static std::int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  // The rule stored for `app` (the defaults when none).
+  RuntimeRule runtime_rule(const std::string& app) const {
+    RuntimeRule r;
+    auto v = state_store_.get(app);
+    if (v.ok() && v.value()) {
+      const nlohmann::json& j = *v.value();
+      r.until_unix_ms = j.value("throttled_until_unix_ms", std::int64_t{0});
+      r.ratio = j.value("ratio", 1.0);
+      r.exempt = j.value("exempt", false);
+    }
+    return r;
+  }
+  // Stores `r` for `app` (durably; erased when it says nothing) and applies it.
+  Status save(const std::string& app, const RuntimeRule& r) {
+    const bool empty = r.until_unix_ms == 0 && !r.exempt;
+    Status s = empty ? state_store_.erase(app)
+                     : state_store_.put(app, {{"throttled_until_unix_ms", r.until_unix_ms},
+                                              {"ratio", r.ratio},
+                                              {"exempt", r.exempt}});
+    if (!s.ok()) return s;
+    apply(app, r);
+    return {};
+  }
+  // Applies a stored rule over the config's rule for `app`.
+  void apply(const std::string& app, const RuntimeRule& r) {
+    const Nanos now = clock_.now();
+    const std::int64_t left_ms = r.until_unix_ms - unix_ms_now();
+    const std::lock_guard lock(mu_);
+    auto config = spec_.apps.find(app);
+    ThrottleAppRule rule = config != spec_.apps.end() ? config->second : ThrottleAppRule{};
+    if (r.until_unix_ms != 0 && left_ms > 0) {
+      rule.throttled_until = now + std::chrono::milliseconds(left_ms);
+      rule.ratio = r.ratio;
+    }
+    rule.exempt = rule.exempt || r.exempt;
+    const bool says_nothing =
+        config == spec_.apps.end() && !rule.exempt && rule.throttled_until.count() == INT64_MIN;
+    if (says_nothing)
+      rules_.erase(app);
+    else
+      rules_[app] = std::move(rule);
+  }
+  void load_runtime_rules() {
+    for (const auto& [app, v] : state_store_.list()) {
+      (void)v;
+      apply(app, runtime_rule(app));
+    }
   }
 
   const Clock& clock_;
   const ThrottlerSpec spec_;
-  std::vector<std::unique_ptr<Probe>> probes_;  // used by the loop only
+  RuntimeState state_store_;
+  std::mutex admin_mu_;  // one admin change at a time (read, change, write a rule)
+  std::vector<std::unique_ptr<Probe>> probes_;  // probes_[i] used by metric i's loop only
   mutable std::mutex mu_;
-  std::vector<ThrottleMetric> metrics_;  // guarded by mu_
-  std::vector<Nanos> last_sampled_;      // guarded by mu_
-  ThrottlerState state_;                 // guarded by mu_
-  std::mt19937_64 rng_;                  // guarded by mu_
+  std::vector<ThrottleMetric> metrics_;                        // guarded by mu_
+  std::vector<Nanos> last_sampled_;                            // guarded by mu_
+  ThrottlerState state_;                                       // guarded by mu_
+  std::map<std::string, ThrottleAppRule, std::less<>> rules_;  // config + run time; mu_
+  std::mt19937_64 rng_;                                        // guarded by mu_
 };
 
 // ---- the config ----
@@ -619,6 +771,85 @@ HttpRoute vitess_route(std::string pattern, bool self) {
                    }};
 }
 
+RouteReply ok_json(nlohmann::json body) {
+  RouteReply out;
+  out.body = body.dump();
+  return out;
+}
+
+// An admin change's answer: 200 with the app's rules now, or the error (400 for bad input).
+Decided<RouteReply> changed(const Status& s, const ThrottlerPolicy& t, const std::string& app) {
+  if (!s.ok()) return s;
+  nlohmann::json rules = t.rules_json();
+  return ok_json(
+      {{"app", app}, {"rule", rules.contains(app) ? rules[app] : nlohmann::json::object()}});
+}
+
+// A duration argument ("30m", "1h"); `fallback` when absent.
+StatusOr<Nanos> duration_arg(std::optional<std::string_view> text, Nanos fallback,
+                             const char* name) {
+  if (!text) return fallback;
+  const std::optional<Nanos> d = parse_duration(*text);
+  if (!d || *d <= Nanos{0})
+    return Status(StatusCode::kInvalidArgument, std::string(name) +
+                                                    ": must be a positive duration such as 30m "
+                                                    "or 1h, not '" +
+                                                    std::string(*text) + "'");
+  return *d;
+}
+
+StatusOr<double> ratio_arg(std::optional<std::string_view> text) {
+  if (!text) return 1.0;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+  if (ec != std::errc{} || end != text->data() + text->size() || !(v > 0 && v <= 1))
+    return Status(StatusCode::kInvalidArgument,
+                  "ratio: must be a number in (0, 1], not '" + std::string(*text) + "'");
+  return v;
+}
+
+// An admin route of the throttler named by `shard=` (or the first).
+using AdminAction = std::function<Decided<RouteReply>(const RouteRequest&, ThrottlerPolicy&)>;
+HttpRoute admin_route(std::string pattern, AdminAction action) {
+  return HttpRoute{
+      {"GET", "POST"},
+      std::move(pattern),
+      true,
+      [action = std::move(action)](const RouteRequest& req, const KindPolicies& ps,
+                                   Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+        auto t = find(ps, req.arg("shard"));
+        if (!t.ok()) return not_found(t.status());
+        return action(req, *t.value());
+      }};
+}
+
+// The app a route names: its {app} segment, else its `app=` argument.
+std::string app_of(const RouteRequest& req) {
+  const std::string_view segment = req.param("app");
+  return std::string(!segment.empty() ? segment : req.arg("app").value_or(""));
+}
+
+// freno: /throttle-app/{app}[/{ttl_minutes}[/{ratio}]] (a TTL of 0 or none: an hour).
+Decided<RouteReply> freno_throttle(const RouteRequest& req, ThrottlerPolicy& t) {
+  Nanos ttl = std::chrono::hours(1);
+  const std::string_view minutes = req.param("ttl_minutes");
+  if (!minutes.empty()) {
+    std::uint64_t m = 0;
+    const auto [end, ec] = std::from_chars(minutes.data(), minutes.data() + minutes.size(), m);
+    if (ec != std::errc{} || end != minutes.data() + minutes.size() || m > 366 * 24 * 60)
+      return Status(
+          StatusCode::kInvalidArgument,
+          "ttl_minutes: must be a whole number of minutes, not '" + std::string(minutes) + "'");
+    if (m > 0) ttl = std::chrono::minutes(m);
+  }
+  const std::string_view ratio_text = req.param("ratio");
+  auto ratio =
+      ratio_arg(ratio_text.empty() ? std::nullopt : std::optional<std::string_view>(ratio_text));
+  if (!ratio.ok()) return ratio.status();
+  const std::string app = app_of(req);
+  return changed(t.throttle(app, ttl, ratio.value()), t, app);
+}
+
 PolicyKind throttler_kind_impl() {
   PolicyKind kind("throttler", 0, parse, build);
   kind.routes.push_back(vitess_route("/throttler/check", false));
@@ -634,6 +865,55 @@ PolicyKind throttler_kind_impl() {
                                                                      ThrottleScope::kDefault, false,
                                                                      req.peer));
                                   }});
+  // Rules at run time (admin; kept in server.state_file): the Vitess and freno verbs.
+  kind.routes.push_back(
+      admin_route("/throttler/throttle-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
+        auto d = duration_arg(req.arg("duration"), std::chrono::hours(1), "duration");
+        if (!d.ok()) return Decided<RouteReply>(d.status());
+        auto ratio = ratio_arg(req.arg("ratio"));
+        if (!ratio.ok()) return Decided<RouteReply>(ratio.status());
+        const std::string app = app_of(req);
+        return changed(t.throttle(app, d.value(), ratio.value()), t, app);
+      }));
+  kind.routes.push_back(
+      admin_route("/throttler/unthrottle-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
+        const std::string app = app_of(req);
+        return changed(t.unthrottle(app), t, app);
+      }));
+  kind.routes.push_back(
+      admin_route("/throttler/exempt-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
+        const std::string_view e = req.arg("exempt").value_or("true");
+        if (e != "true" && e != "false")
+          return Decided<RouteReply>(
+              Status(StatusCode::kInvalidArgument,
+                     "exempt: must be true or false, not '" + std::string(e) + "'"));
+        const std::string app = app_of(req);
+        return changed(t.exempt(app, e == "true"), t, app);
+      }));
+  for (const char* pattern : {"/throttle-app/{app}", "/throttle-app/{app}/{ttl_minutes}",
+                              "/throttle-app/{app}/{ttl_minutes}/{ratio}"})
+    kind.routes.push_back(admin_route(pattern, freno_throttle));
+  kind.routes.push_back(
+      admin_route("/unthrottle-app/{app}", [](const RouteRequest& req, ThrottlerPolicy& t) {
+        const std::string app = app_of(req);
+        return changed(t.unthrottle(app), t, app);
+      }));
+  // Read-only listings: the rules, and the apps that checked (the audit).
+  const auto listing = [](std::string pattern, bool recent) {
+    return HttpRoute{{"GET"},
+                     std::move(pattern),
+                     false,
+                     [recent](const RouteRequest& req, const KindPolicies& ps,
+                              Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+                       auto t = find(ps, req.arg("shard"));
+                       if (!t.ok()) return not_found(t.status());
+                       return ok_json(recent
+                                          ? nlohmann::json{{"apps", t.value()->recent_apps_json()}}
+                                          : nlohmann::json{{"apps", t.value()->rules_json()}});
+                     }};
+  };
+  kind.routes.push_back(listing("/throttler/throttled-apps", false));
+  kind.routes.push_back(listing("/throttler/recent-apps", true));
   return kind;
 }
 
