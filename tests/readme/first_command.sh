@@ -56,7 +56,12 @@ grep -q '^sluice_fleet_l_global{policy="inventory"}' <<<"$metrics" || fail "/met
 code=$(curl -s -o /dev/null -w '%{http_code}' -I "127.0.0.1:$http/throttler/check?app=demo") ||
   fail "HEAD /throttler/check: curl exit $?"
 [[ $code == 200 || $code == 429 ]] || fail "HEAD /throttler/check?app=demo answered $code"
-step "HEAD /throttler/check?app=demo: $code"
+# Its second metric, the search policy's utilisation, is 0 with nothing in flight: 200.
+body=$(curl -s "127.0.0.1:$http/throttler/check?app=demo") || fail "GET /throttler/check: curl exit $?"
+/usr/bin/python3 -c 'import json, sys; m = json.loads(sys.argv[1])["Metrics"]["search"]
+sys.exit(0 if m["StatusCode"] == 200 and m["Value"] == 0 else 1)' "$body" ||
+  fail "GET /throttler/check?app=demo: the search metric is not ok: $body"
+step "HEAD /throttler/check?app=demo: $code (the search metric: ok)"
 
 "$B" policies >"$dir/out" 2>&1 || fail "sluice policies: $(cat "$dir/out")"
 "$B" check api-rate alice >"$dir/out" 2>&1 || fail "sluice check: $(cat "$dir/out")"

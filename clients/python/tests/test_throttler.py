@@ -398,7 +398,10 @@ def test_rules_set_at_run_time_survive_a_restart(start_server, tmp_path):
     server = start_server(text)
     assert admin(server, "/throttler/throttle-app?app=migrate&duration=1h").status == 200
     assert admin(server, "/throttler/exempt-app?app=rescue").status == 200
+    assert admin(server, "/throttler/throttle-app?app=brief&duration=500ms").status == 200
+    assert "brief" in state.read_text()
     server.stop()
+    time.sleep(0.6)  # brief's throttle runs out while the server is down
     again = start_server(text)
     wait_until(lambda: status_of(again, "/throttler/check?app=other") == 200, 5,
                what="the first sample")
@@ -406,5 +409,20 @@ def test_rules_set_at_run_time_survive_a_restart(start_server, tmp_path):
     value.write_text("9\n")
     wait_until(lambda: status_of(again, "/throttler/check?app=other") == 429, 5, what="429")
     assert status_of(again, "/throttler/check?app=rescue") == 200
-    left = again.http("GET", "/throttler/throttled-apps").json()["apps"]["migrate"]
-    assert 3000 < left["throttled_seconds_left"] <= 3600
+    apps = again.http("GET", "/throttler/throttled-apps").json()["apps"]
+    assert 3000 < apps["migrate"]["throttled_seconds_left"] <= 3600
+    assert apps["rescue"]["exempt"] is True
+    # A throttle that ran out while the server was down is gone, from the file too.
+    assert "brief" not in apps and "brief" not in state.read_text()
+
+
+def test_the_default_configs_throttler_answers_its_first_check_from_good_samples(server):
+    # Its `search` metric reads a policy the engine publishes after building the throttler: the
+    # probe's first try fails, and is retried at the fast interval, not the dormant one (5 s),
+    # so the first check, half a second in, sees a good sample and no check is needed to wake it.
+    time.sleep(0.5)
+    r = check(server, "/throttler/check?app=demo")
+    body = r.json()
+    assert body["Metrics"]["search"]["StatusCode"] == 200, body
+    assert body["Metrics"]["search"]["Value"] == 0
+    assert body["Metrics"]["load"]["reason"] in ("ok", "threshold_exceeded"), body

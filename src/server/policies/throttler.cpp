@@ -306,6 +306,7 @@ class ThrottlerPolicy final : public Policy {
       metrics_.push_back(std::move(tm));
       probes_.push_back(make_probe(m, c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
+      failed_.push_back(false);
     }
     for (std::size_t i = 0; i < metrics_.size(); ++i)
       start_loop(c.clock, [this, i](Nanos now) { return tick(i, now); });
@@ -353,8 +354,10 @@ class ThrottlerPolicy final : public Policy {
     const std::lock_guard lock(mu_);
     nlohmann::json out = nlohmann::json::object();
     for (const auto& [app, r] : rules_) {
+      const bool throttled = now < r.throttled_until;
+      if (!throttled && !r.exempt && r.metrics.empty() && r.thresholds.empty()) continue;
       nlohmann::json j = {{"exempt", r.exempt}};
-      if (now < r.throttled_until) {
+      if (throttled) {
         j["throttled_seconds_left"] = secs(r.throttled_until - now);
         j["ratio"] = r.ratio;
       }
@@ -479,10 +482,12 @@ class ThrottlerPolicy final : public Policy {
                           spec_.idle_after);
   }
 
-  // Samples metric `i` when it is due at the interval in force, outside the lock (a probe may
-  // take a while: each metric has its own loop, so a slow probe delays no other metric's
-  // samples); returns when it is due next. A sample is stamped with the time its probe started
-  // (the oldest its reading can be) and the interval in force then.
+  // Samples metric `i` when it is due at the interval in force (the fast one after a failed
+  // sample, so a probe that failed while dormant, or before the policies it reads were
+  // published, is retried at once), outside the lock: a probe may take a while, and each
+  // metric has its own loop, so a slow probe delays no other metric's samples. Returns when it
+  // is due next. A sample is stamped with the time its probe started (the oldest its reading
+  // can be) and the interval in force then.
   Nanos tick(std::size_t i, Nanos now) {
     Nanos interval;
     std::vector<ThrottleSample> hosts;
@@ -490,19 +495,23 @@ class ThrottlerPolicy final : public Policy {
       const std::lock_guard lock(mu_);
       interval = interval_at(now);
       const Nanos last = last_sampled_[i];
-      if (last.count() != INT64_MIN && last + interval > now) return last + interval;
+      const Nanos wait = failed_[i] ? std::min(interval, spec_.fast_interval) : interval;
+      if (last.count() != INT64_MIN && last + wait > now) return last + wait;
       hosts = metrics_[i].hosts;
     }
     const Nanos started = clock_.now();
     probes_[i]->sample(hosts);
+    bool failed = false;
     for (ThrottleSample& s : hosts) {
       s.taken_at = started;
       s.interval = interval;
+      failed = failed || !s.error.empty();
     }
     const std::lock_guard lock(mu_);
     metrics_[i].hosts = std::move(hosts);
     last_sampled_[i] = started;
-    return started + interval;
+    failed_[i] = failed;
+    return started + (failed ? std::min(interval, spec_.fast_interval) : interval);
   }
 
   // An app's rule as set at run time, as the state file keeps it (expiry in wall-clock
@@ -569,10 +578,24 @@ class ThrottlerPolicy final : public Policy {
     else
       rules_[app] = std::move(rule);
   }
+  // At start: every stored rule, less the throttles that ran out while the server was down
+  // (erased from the file, so it does not keep what no longer says anything).
   void load_runtime_rules() {
+    const std::int64_t now_ms = unix_ms_now();
     for (const auto& [app, v] : state_store_.list()) {
       (void)v;
-      apply(app, runtime_rule(app));
+      RuntimeRule r = runtime_rule(app);
+      if (r.until_unix_ms != 0 && r.until_unix_ms <= now_ms) {
+        r.until_unix_ms = 0;
+        r.ratio = 1;
+        if (!(r.exempt
+                  ? state_store_.put(
+                        app, {{"throttled_until_unix_ms", 0}, {"ratio", 1.0}, {"exempt", true}})
+                  : state_store_.erase(app))
+                 .ok())
+          continue;  // kept in the file; it says nothing now either way
+      }
+      apply(app, r);
     }
   }
 
@@ -582,9 +605,10 @@ class ThrottlerPolicy final : public Policy {
   std::mutex admin_mu_;  // one admin change at a time (read, change, write a rule)
   std::vector<std::unique_ptr<Probe>> probes_;  // probes_[i] used by metric i's loop only
   mutable std::mutex mu_;
-  std::vector<ThrottleMetric> metrics_;                        // guarded by mu_
-  std::vector<Nanos> last_sampled_;                            // guarded by mu_
-  ThrottlerState state_;                                       // guarded by mu_
+  std::vector<ThrottleMetric> metrics_;  // guarded by mu_
+  std::vector<Nanos> last_sampled_;      // guarded by mu_
+  std::vector<bool> failed_;             // the last sample failed; guarded by mu_
+  ThrottlerState state_;                 // guarded by mu_
   std::map<std::string, ThrottleAppRule, std::less<>> rules_;  // config + run time; mu_
   std::mt19937_64 rng_;                                        // guarded by mu_
 };
