@@ -46,11 +46,18 @@ class PolicyDirectory {
   void publish(Policies policies) {
     const std::lock_guard lock(mu_);
     policies_.swap(policies);
+    published_ = true;
+  }
+  // Whether a generation was published yet (false while the server builds its first).
+  [[nodiscard]] bool published() const {
+    const std::lock_guard lock(mu_);
+    return published_;
   }
 
  private:
   mutable std::mutex mu_;
   Policies policies_;
+  bool published_ = false;
 };
 
 // What a builder gets: the policy's name and spec, the clock, the server's node id for this

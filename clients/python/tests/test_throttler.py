@@ -417,10 +417,9 @@ def test_rules_set_at_run_time_survive_a_restart(start_server, tmp_path):
 
 
 def test_the_default_configs_throttler_answers_its_first_check_from_good_samples(server):
-    # Its `search` metric reads a policy the engine publishes after building the throttler: the
-    # probe's first try fails, and is retried at the fast interval, not the dormant one (5 s),
-    # so the first check, half a second in, sees a good sample and no check is needed to wake it.
-    time.sleep(0.5)
+    # Its `search` metric reads a policy that the engine publishes only after building the
+    # throttler, whose probes start at once: until the first publish a failed sample is retried
+    # every millisecond, so the very first check (as soon as the server answers) sees a good one.
     r = check(server, "/throttler/check?app=demo")
     body = r.json()
     assert body["Metrics"]["search"]["StatusCode"] == 200, body

@@ -293,6 +293,7 @@ class ThrottlerPolicy final : public Policy {
       : Policy(c.name, "throttler", ""),
         clock_(c.clock),
         spec_(spec),
+        directory_(c.directory),
         state_store_(c.runtime_state()),
         rules_(spec.apps),
         rng_(std::random_device{}()) {
@@ -306,7 +307,7 @@ class ThrottlerPolicy final : public Policy {
       metrics_.push_back(std::move(tm));
       probes_.push_back(make_probe(m, c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
-      failed_.push_back(false);
+      last_.push_back(Last::kOk);
     }
     for (std::size_t i = 0; i < metrics_.size(); ++i)
       start_loop(c.clock, [this, i](Nanos now) { return tick(i, now); });
@@ -495,10 +496,16 @@ class ThrottlerPolicy final : public Policy {
       const std::lock_guard lock(mu_);
       interval = interval_at(now);
       const Nanos last = last_sampled_[i];
-      const Nanos wait = failed_[i] ? std::min(interval, spec_.fast_interval) : interval;
+      const Nanos wait = last_[i] == Last::kOk       ? interval
+                         : last_[i] == Last::kFailed ? std::min(interval, spec_.fast_interval)
+                                                     : kBeforePublish;
       if (last.count() != INT64_MIN && last + wait > now) return last + wait;
       hosts = metrics_[i].hosts;
     }
+    // Before the engine has published its first generation a policy probe cannot find the
+    // policies it reads: a sample that started then and failed is retried a millisecond later
+    // (right after the build), so the server's first check already sees a good one.
+    const bool unpublished = directory_ != nullptr && !directory_->published();
     const Nanos started = clock_.now();
     probes_[i]->sample(hosts);
     bool failed = false;
@@ -510,8 +517,10 @@ class ThrottlerPolicy final : public Policy {
     const std::lock_guard lock(mu_);
     metrics_[i].hosts = std::move(hosts);
     last_sampled_[i] = started;
-    failed_[i] = failed;
-    return started + (failed ? std::min(interval, spec_.fast_interval) : interval);
+    last_[i] = !failed ? Last::kOk : unpublished ? Last::kFailedUnpublished : Last::kFailed;
+    if (!failed) return started + interval;
+    if (unpublished) return started + kBeforePublish;
+    return started + std::min(interval, spec_.fast_interval);
   }
 
   // An app's rule as set at run time, as the state file keeps it (expiry in wall-clock
@@ -522,6 +531,7 @@ class ThrottlerPolicy final : public Policy {
     bool exempt = false;
   };
   static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
+  static constexpr Nanos kBeforePublish = std::chrono::milliseconds(1);
 
   static Status bad(std::string message) {
     return Status(StatusCode::kInvalidArgument, std::move(message));
@@ -601,14 +611,17 @@ class ThrottlerPolicy final : public Policy {
 
   const Clock& clock_;
   const ThrottlerSpec spec_;
+  const std::shared_ptr<const PolicyDirectory> directory_;  // null without an engine
   RuntimeState state_store_;
   std::mutex admin_mu_;  // one admin change at a time (read, change, write a rule)
   std::vector<std::unique_ptr<Probe>> probes_;  // probes_[i] used by metric i's loop only
   mutable std::mutex mu_;
   std::vector<ThrottleMetric> metrics_;  // guarded by mu_
   std::vector<Nanos> last_sampled_;      // guarded by mu_
-  std::vector<bool> failed_;             // the last sample failed; guarded by mu_
-  ThrottlerState state_;                 // guarded by mu_
+  // How the last sample went: ok, failed, or failed before the first publish.
+  enum class Last { kOk, kFailed, kFailedUnpublished };
+  std::vector<Last> last_;                                     // guarded by mu_
+  ThrottlerState state_;                                       // guarded by mu_
   std::map<std::string, ThrottleAppRule, std::less<>> rules_;  // config + run time; mu_
   std::mt19937_64 rng_;                                        // guarded by mu_
 };
