@@ -72,7 +72,7 @@ ThrottleMetricResult evaluate(const ThrottleMetric& m, double threshold, Throttl
   if (m.hosts.empty()) {
     r.over = true;
     r.reason = "no_sample";
-    r.detail = "metric " + m.name + " has no hosts";
+    r.detail = "no sample of metric " + m.name + " yet";
     return r;
   }
   std::vector<Judged> hosts;
