@@ -6,7 +6,7 @@
 // from the cached samples and the app's rules:
 //   1. an unknown app gets the defaults; an app's own rule, else the `all` rule, gives its
 //      metric set and thresholds (a metric the app names that the throttler does not have is
-//      kUnknownMetric, 404);
+//      404, reason "unknown_metric");
 //   2. an exempt app (its own rule) passes whatever the metrics say (reason "exempt");
 //   3. each metric of the set is checked in the scope asked: `self` is the metric's first host,
 //      `shard` the worst of its hosts after ignoring up to `ignore_hosts` of the worst (a host
