@@ -3,12 +3,31 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <utility>
 
 namespace sluice {
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
+
+namespace {
+
+// Runs `call` (a forwarded coordinator call), recording into `stats` how long it took on
+// `clock` and whether `ok` says it succeeded (by default: its result's ok()).
+template <class Call, class Ok>
+auto timed(const Clock& clock, CoordinatorCallStats& stats, Call call, Ok ok) {
+  const Nanos t0 = clock.now();
+  auto result = call();
+  stats.record(clock.now() - t0, ok(result));
+  return result;
+}
+template <class Call>
+auto timed(const Clock& clock, CoordinatorCallStats& stats, Call call) {
+  return timed(clock, stats, std::move(call), [](const auto& r) { return r.ok(); });
+}
+
+}  // namespace
 
 void CoordinatorCallStats::record(Nanos took, bool ok) noexcept {
   const double s = std::chrono::duration<double>(took).count();
@@ -54,86 +73,62 @@ std::vector<MetricFamily> CoordinatorCallStats::collect(const std::string& backe
 StatusOr<Grant> TimedConcurrencyCoordinator::heartbeat(std::string_view key,
                                                        const NodeReport& report,
                                                        Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<Grant> g = inner_->heartbeat(key, report, timeout);
-  stats_->record(clock_.now() - t0, g.ok());
-  return g;
+  return timed(clock_, *stats_, [&] { return inner_->heartbeat(key, report, timeout); });
 }
 
 Status TimedConcurrencyCoordinator::leave(std::string_view key, std::string_view node_id,
                                           Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  Status s = inner_->leave(key, node_id, timeout);
-  stats_->record(clock_.now() - t0, s.ok());
-  return s;
+  return timed(clock_, *stats_, [&] { return inner_->leave(key, node_id, timeout); });
 }
 
 StatusOr<LeaseReply> TimedRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
                                                  Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<LeaseReply> r = inner_->lease(key, request, timeout);
-  stats_->record(clock_.now() - t0, r.ok());
-  return r;
+  return timed(clock_, *stats_, [&] { return inner_->lease(key, request, timeout); });
 }
 
 std::vector<StatusOr<LeaseReply>> TimedRateCoordinator::lease_many(std::span<const LeaseCall> calls,
                                                                    Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  std::vector<StatusOr<LeaseReply>> r = inner_->lease_many(calls, timeout);
-  const bool ok = r.size() == calls.size() &&
-                  std::all_of(r.begin(), r.end(), [](const auto& x) { return x.ok(); });
-  stats_->record(clock_.now() - t0, ok);
-  return r;
+  return timed(
+      clock_, *stats_, [&] { return inner_->lease_many(calls, timeout); },
+      [&](const std::vector<StatusOr<LeaseReply>>& r) {
+        return r.size() == calls.size() &&
+               std::all_of(r.begin(), r.end(), [](const auto& x) { return x.ok(); });
+      });
 }
 
 StatusOr<std::uint64_t> TimedRateCoordinator::reconcile(std::string_view key,
                                                         std::string_view region, Nanos window_start,
                                                         std::uint64_t relinquished,
                                                         Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<std::uint64_t> r = inner_->reconcile(key, region, window_start, relinquished, timeout);
-  stats_->record(clock_.now() - t0, r.ok());
-  return r;
+  return timed(clock_, *stats_,
+               [&] { return inner_->reconcile(key, region, window_start, relinquished, timeout); });
 }
 
 Status TimedRateCoordinator::health(Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  Status s = inner_->health(timeout);
-  stats_->record(clock_.now() - t0, s.ok());
-  return s;
+  return timed(clock_, *stats_, [&] { return inner_->health(timeout); });
 }
 
 StatusOr<PoolReply> TimedRegionalEscrow::take(std::string_view key, std::uint64_t want,
                                               Nanos refill_hold, bool past_expiry,
                                               Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<PoolReply> r = inner_->take(key, want, refill_hold, past_expiry, timeout);
-  stats_->record(clock_.now() - t0, r.ok());
-  return r;
+  return timed(clock_, *stats_,
+               [&] { return inner_->take(key, want, refill_hold, past_expiry, timeout); });
 }
 
 StatusOr<PoolReply> TimedRegionalEscrow::refill(std::string_view key, Nanos window_start,
                                                 std::uint64_t units, Nanos expires_at,
                                                 Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<PoolReply> r = inner_->refill(key, window_start, units, expires_at, timeout);
-  stats_->record(clock_.now() - t0, r.ok());
-  return r;
+  return timed(clock_, *stats_,
+               [&] { return inner_->refill(key, window_start, units, expires_at, timeout); });
 }
 
 StatusOr<PoolReply> TimedRegionalEscrow::release(std::string_view key, Nanos window_start,
                                                  std::uint64_t units, Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  StatusOr<PoolReply> r = inner_->release(key, window_start, units, timeout);
-  stats_->record(clock_.now() - t0, r.ok());
-  return r;
+  return timed(clock_, *stats_, [&] { return inner_->release(key, window_start, units, timeout); });
 }
 
 Status TimedRegionalEscrow::health(Nanos timeout) noexcept {
-  const Nanos t0 = clock_.now();
-  Status s = inner_->health(timeout);
-  stats_->record(clock_.now() - t0, s.ok());
-  return s;
+  return timed(clock_, *stats_, [&] { return inner_->health(timeout); });
 }
 
 }  // namespace sluice
