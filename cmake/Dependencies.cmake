@@ -5,6 +5,7 @@ find_package(prometheus-cpp CONFIG REQUIRED COMPONENTS core)    # prometheus-cpp
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)      # PkgConfig::HIREDIS (Redis)
 find_package(PostgreSQL REQUIRED)                                # PostgreSQL::PostgreSQL (libpq)
+pkg_check_modules(MARIADB REQUIRED IMPORTED_TARGET libmariadb)   # PkgConfig::MARIADB (throttler probes)
 find_package(yaml-cpp CONFIG REQUIRED)                           # yaml-cpp (the config file)
 
 if(SLUICE_BUILD_APPS)

@@ -9,11 +9,16 @@ SLUICE_BUILD_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libfmt-dev spin
   libhiredis-dev redis-server redis-tools libpq-dev postgresql postgresql-client libyaml-cpp-dev
+  libmariadb-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libboost-dev
   python3-grpcio python3-protobuf python3-pytest wrk curl
   faketime nftables iproute2
   clang libclang-rt-14-dev
 )
+
+# What only the tests need (scripts/test.sh installs them; the README's first command does not):
+# a MariaDB server, started by the throttler's suite as a primary and a replica on loopback.
+SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client)
 
 sluice_missing_packages() {
   local p

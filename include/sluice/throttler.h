@@ -81,6 +81,9 @@ struct ThrottleCheck {
   ThrottleScope scope = ThrottleScope::kDefault;
   bool low_priority = false;
   double random = 0;  // a uniform draw in [0, 1) for a throttle ratio
+  // The caller's own threshold for every metric of this check (freno's check-read: a reader
+  // that tolerates more lag, or less, than the writers the thresholds are set for); 0: none.
+  double threshold = 0;
 };
 
 struct ThrottleOptions {

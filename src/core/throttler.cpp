@@ -173,6 +173,7 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
         auto t = rule->thresholds.find(m->name);
         if (t != rule->thresholds.end()) threshold = t->second;
       }
+      if (check.threshold > 0) threshold = check.threshold;
       out.metrics.push_back(evaluate(*m, threshold, scope, now));
     }
     const ThrottleMetricResult* decided = nullptr;

@@ -160,6 +160,21 @@ TEST(Throttler, AnAppsRuleSetsItsMetricsAndThresholdsAndAllIsTheCatchAll) {
   EXPECT_EQ(r.metric, "replication");
 }
 
+TEST(Throttler, ACheckersOwnThresholdReplacesEveryMetricsThresholdForThatCheckOnly) {
+  Throttler t({metric("lag", 5, {sample("r1", 7)}), metric("load", 8, {sample("self", 1)})});
+  t.rules["purge"].thresholds["lag"] = 6;
+  ThrottleCheck c{"purge", ThrottleScope::kDefault, false, 0.5};
+  c.threshold = 10;  // a reader that tolerates 10 s of lag (freno's check-read)
+  ThrottleResult r = throttle_check(t.metrics, t.rules, t.options, t.state, c, "", kNow);
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(r.metrics.at(0).threshold, 10);
+  c.threshold = 0.5;  // and one that tolerates less: the load metric is now over too
+  r = throttle_check(t.metrics, t.rules, t.options, t.state, c, "", kNow);
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.metrics.at(1).reason, "threshold_exceeded");
+  EXPECT_EQ(t.check("purge").status, 429u);  // the rule's 6 again without it
+}
+
 // Checks a minute apart: samples taken under a long interval stay good for that long.
 const Nanos kSlow = seconds(100);
 

@@ -15,6 +15,9 @@
         except Refused as r:                                   # 429 (rate) or 503 (limit)
             print(r.status, r.detail, r.retry_after)
 
+For the throttler's check API (HTTP), see :mod:`sluice_client.throttler`
+(:class:`ThrottlerClient`, :func:`run_in_chunks`).
+
 The generated stubs (``sluice.v1.sluice_pb2`` and ``sluice_pb2_grpc``) must be importable; they
 are generated at build time from ``proto/sluice/v1/sluice.proto`` (see the README).
 """
@@ -22,6 +25,8 @@ are generated at build time from ``proto/sluice/v1/sluice.proto`` (see the READM
 from . import errors
 from .client import Client, Seconds
 from .errors import *  # noqa: F401,F403  (the error classes; errors.__all__ lists them)
+from .throttler import (Backoff, CheckResult, ChunkStats, ThrottledTimeout, ThrottlerClient,
+                        run_in_chunks, wait_until_allowed)
 from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
 
 __all__ = [
@@ -33,4 +38,11 @@ __all__ = [
     "PolicyState",
     "Policies",
     "OUTCOMES",
+    "ThrottlerClient",
+    "CheckResult",
+    "Backoff",
+    "ChunkStats",
+    "ThrottledTimeout",
+    "wait_until_allowed",
+    "run_in_chunks",
 ] + errors.__all__

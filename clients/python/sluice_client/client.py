@@ -111,6 +111,7 @@ class Client:
         else:
             self._channel = grpc.secure_channel(target, credentials, options=list(options))
         self._stub = sluice_pb2_grpc.SluiceStub(self._channel)
+        self._throttler = sluice_pb2_grpc.ThrottlerStub(self._channel)
 
     # ---- lifecycle ----
 
@@ -282,6 +283,24 @@ class Client:
         if not valid:
             raise ValueError(f"lease.outcome: must be one of {', '.join(OUTCOMES)}, "
                              f"not {chosen!r} (the lease was released as 'ignored')")
+
+    # ---- the throttler ----
+
+    def throttler_check(self, app: str = "", *, shard: str = "", scope: str = "",
+                        low_priority: bool = False, threshold: float = 0.0):
+        """One throttler check over gRPC (sluice.v1.Throttler/Check), as GET /throttler/check
+        answers it: a :class:`sluice_client.throttler.CheckResult` (``ok`` for status 200; 429
+        over a threshold or failing closed, 417 the app is throttled). ``threshold`` > 0 is this
+        check's own for every metric. NOT_FOUND (no throttler serves ``shard``) and
+        INVALID_ARGUMENT raise."""
+        from .throttler import CheckResult  # the HTTP helper's result, one shape for both
+
+        req = sluice_pb2.ThrottlerCheckRequest(app=app, shard=shard, scope=scope,
+                                               low_priority=low_priority, threshold=threshold)
+        resp = self._call(self._throttler.Check, req)
+        return CheckResult(ok=resp.status_code == 200, status=resp.status_code,
+                           reason=resp.reason, value=resp.value, threshold=resp.threshold,
+                           metric=resp.metric or None, message=resp.message)
 
     # ---- state ----
 

@@ -185,6 +185,7 @@ Status PgConnection::ensure_connected(Nanos deadline) {
   }
   if (PQsetnonblocking(c.get(), 1) != 0) return unavailable(c.get());
   conn_ = std::move(c);
+  if (setup_.empty()) return {};  // nothing to set up (a probe's connection): no transaction
   Session session(*this, deadline);
   std::string sql = session.begin();
   sql += "SET LOCAL client_min_messages = warning;";

@@ -6,8 +6,9 @@
 // (re)connect opens the connection (libpq's asynchronous API, non-blocking mode) and runs the
 // user's `setup` statements (CREATE TABLE IF NOT EXISTS ...) in one transaction serialised on
 // the advisory lock (hashtext('sluice'), hashtext(table_prefix)), so that concurrent first uses
-// never race on the catalog; a failed setup drops the connection. `conninfo` goes to libpq as
-// is (sslmode, passwords, service files).
+// never race on the catalog; a failed setup drops the connection. An empty setup runs nothing
+// (no transaction, no lock: a read-only user on a replica connects as is). `conninfo` goes to
+// libpq as is (sslmode, passwords, service files).
 //
 // Timeouts: a call holds the connection for its whole length and waiting for it counts against
 // the call's timeout. Every wait on the socket is a poll() bounded by the call's deadline;

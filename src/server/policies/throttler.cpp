@@ -27,6 +27,29 @@
 //       command: "cat /var/run/queue-depth"   # /bin/sh -c; non-zero exit, no number or
 //       timeout: 1s          # running past `timeout` (then killed) is a failed probe
 //       threshold: 1000
+//     lag:
+//       probe: mysql_heartbeat   # or mysql_lag (Seconds_Behind_Source/_Master),
+//       hosts: [10.0.0.2:3306, 10.0.0.3]   # mysql_threads_running; every host is sampled
+//       user: throttler          # (REPLICATION CLIENT, SELECT on the heartbeat table)
+//       password_env: THROTTLER_DB_PASSWORD   # or password: ...
+//       heartbeat_table: meta.heartbeat       # pt-heartbeat's table; heartbeat_utc: true
+//       timeout: 1s              # per host and sample: connect and query
+//       threshold: 1             # seconds
+//     pg:
+//       probe: postgres_lag      # or postgres_active (backends running a query)
+//       hosts: [10.0.0.4:5432]
+//       conninfo: "user=throttler dbname=postgres sslmode=require"   # keyword=value
+//       threshold: 1
+//     cache:
+//       probe: redis             # an INFO field, or replica_offset_lag (bytes, on a primary)
+//       hosts: [10.0.0.5:6379]
+//       field: used_memory
+//       threshold: 4e9
+//     queue_http:
+//       probe: http              # GET; a 2xx body that starts with a number
+//       url: http://127.0.0.1:9000/queue-depth
+//       threshold: 1000
+// What each probe measures, exactly: backends/probes/probe.h.
 //   apps:                    # rules by app name; `all` applies to apps without their own
 //     gh-ost:
 //       metrics: [load]      # default: every metric
@@ -54,19 +77,11 @@
 // the time left; servers do not share them (each its own file). Listings (GET, no token):
 // /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
 // checked, most recent first, with counts, rate and last client address).
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <fstream>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
@@ -74,12 +89,12 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "backends/probes/probe.h"
+#include "server/proto_wire.h"
 #include "server/registry.h"
 #include "sluice/config.h"
 #include "sluice/throttler.h"
@@ -91,16 +106,17 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-enum class ProbeKind { kLoadAvg, kCommand, kPolicy };
+using probes::Probe;
+
+// How a metric's probe is made (the server's policy directory: for a policy probe).
+using MakeProbe =
+    std::function<std::unique_ptr<Probe>(const std::shared_ptr<const PolicyDirectory>&)>;
 
 struct MetricSpec {
   std::string name;
-  ProbeKind probe = ProbeKind::kLoadAvg;
   double threshold = 0;
   std::size_t ignore_hosts = 0;
-  std::string command;  // kCommand
-  Nanos timeout = std::chrono::seconds(1);
-  std::string policy;  // kPolicy
+  MakeProbe make;
 };
 
 struct ThrottlerSpec final : PolicyBody {
@@ -115,130 +131,6 @@ struct ThrottlerSpec final : PolicyBody {
 };
 
 double secs(Nanos d) { return std::chrono::duration<double>(d).count(); }
-
-// One metric's sampler: fills in every host's sample (value or error), called from the loop.
-class Probe {
- public:
-  virtual ~Probe() = default;
-  virtual void sample(std::vector<ThrottleSample>& hosts) = 0;
-};
-
-// The host's 1-minute load average, from /proc/loadavg.
-class LoadAvgProbe final : public Probe {
- public:
-  void sample(std::vector<ThrottleSample>& hosts) override {
-    hosts.resize(1);
-    ThrottleSample& s = hosts.front();
-    s.host = "self";
-    std::ifstream in("/proc/loadavg");
-    double v = 0;
-    if (in >> v && std::isfinite(v)) {
-      s.value = v;
-      s.error.clear();
-    } else {
-      s.error = "cannot read /proc/loadavg";
-    }
-  }
-};
-
-// A command's number: `/bin/sh -c command`, its standard output's first word, within
-// `timeout` (past it the command's process group is killed). Its own process group, standard
-// input from /dev/null, standard error discarded.
-class CommandProbe final : public Probe {
- public:
-  CommandProbe(std::string command, Nanos timeout)
-      : command_(std::move(command)), timeout_(timeout) {}
-
-  void sample(std::vector<ThrottleSample>& hosts) override {
-    hosts.resize(1);
-    ThrottleSample& s = hosts.front();
-    s.host = "self";
-    std::string error;
-    const std::optional<double> v = run(error);
-    if (v) {
-      s.value = *v;
-      s.error.clear();
-    } else {
-      s.error = std::move(error);
-    }
-  }
-
- private:
-  std::optional<double> run(std::string& error) const {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) {
-      error = "pipe: " + std::string(std::strerror(errno));
-      return std::nullopt;
-    }
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      error = "fork: " + std::string(std::strerror(errno));
-      ::close(out[0]);
-      ::close(out[1]);
-      return std::nullopt;
-    }
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      const int null = ::open("/dev/null", O_RDWR);
-      ::dup2(null, STDIN_FILENO);
-      ::dup2(null, STDERR_FILENO);
-      ::dup2(out[1], STDOUT_FILENO);
-      ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);  // as the child does: whichever runs first
-    ::close(out[1]);
-    std::string text;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    bool timed_out = false;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        timed_out = true;
-        break;
-      }
-      pollfd p{out[0], POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready <= 0) continue;
-      char buf[256];
-      const ssize_t n = ::read(out[0], buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // end of output
-      if (text.size() < 4096) text.append(buf, static_cast<std::size_t>(n));
-    }
-    ::close(out[0]);
-    if (timed_out) ::kill(-pid, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (timed_out) {
-      error = "command did not finish within " + std::to_string(secs(timeout_)) + "s";
-      return std::nullopt;
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      error = WIFEXITED(status)
-                  ? "command exited with " + std::to_string(WEXITSTATUS(status))
-                  : "command was killed by signal " + std::to_string(WTERMSIG(status));
-      return std::nullopt;
-    }
-    std::istringstream in(text);
-    std::string word;
-    in >> word;
-    double v = 0;
-    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
-    if (word.empty() || ec != std::errc{} || end != word.data() + word.size() ||
-        !std::isfinite(v)) {
-      error = "command printed '" + word.substr(0, 64) + "', not a number";
-      return std::nullopt;
-    }
-    return v;
-  }
-
-  const std::string command_;
-  const Nanos timeout_;
-};
 
 // A sluice policy's utilisation, in flight / limit, looked up by name among the policies the
 // server serves now (so a reload that replaces it is followed); the host is its name.
@@ -274,19 +166,6 @@ class PolicyProbe final : public Probe {
   const std::string policy_;
 };
 
-std::unique_ptr<Probe> make_probe(const MetricSpec& m,
-                                  const std::shared_ptr<const PolicyDirectory>& directory) {
-  switch (m.probe) {
-    case ProbeKind::kLoadAvg:
-      return std::make_unique<LoadAvgProbe>();
-    case ProbeKind::kCommand:
-      return std::make_unique<CommandProbe>(m.command, m.timeout);
-    case ProbeKind::kPolicy:
-      return std::make_unique<PolicyProbe>(directory, m.policy);
-  }
-  return nullptr;
-}
-
 class ThrottlerPolicy final : public Policy {
  public:
   ThrottlerPolicy(const BuildContext& c, const ThrottlerSpec& spec)
@@ -305,7 +184,7 @@ class ThrottlerPolicy final : public Policy {
       tm.stale_intervals = spec_.stale_intervals;
       tm.ignore_hosts = m.ignore_hosts;
       metrics_.push_back(std::move(tm));
-      probes_.push_back(make_probe(m, c.directory));
+      probes_.push_back(m.make(c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
       last_.push_back(Last::kOk);
     }
@@ -390,8 +269,9 @@ class ThrottlerPolicy final : public Policy {
     return out;
   }
 
+  // `threshold` > 0: the caller's own for every metric (freno's check-read).
   ThrottleResult check(std::string_view app, ThrottleScope scope, bool low_priority,
-                       std::string_view client) {
+                       std::string_view client, double threshold = 0) {
     const Nanos now = clock_.now();
     bool was_dormant = false;
     ThrottleResult r;
@@ -400,7 +280,7 @@ class ThrottlerPolicy final : public Policy {
       was_dormant = interval_at(now) != spec_.fast_interval;
       const double draw = std::uniform_real_distribution<double>(0, 1)(rng_);
       r = throttle_check(metrics_, rules_, spec_.options, state_,
-                         ThrottleCheck{app, scope, low_priority, draw}, client, now);
+                         ThrottleCheck{app, scope, low_priority, draw, threshold}, client, now);
     }
     if (was_dormant) wake_loops();  // sample at the fast interval from now on
     return r;
@@ -628,6 +508,182 @@ class ThrottlerPolicy final : public Policy {
 
 // ---- the config ----
 
+// The probes a metric may name, and the settings each takes beside probe, threshold and
+// ignore_hosts.
+enum class ProbeKind {
+  kLoadAvg,
+  kCommand,
+  kPolicy,
+  kMysqlLag,
+  kMysqlHeartbeat,
+  kMysqlThreadsRunning,
+  kPostgresLag,
+  kPostgresActive,
+  kRedis,
+  kHttp
+};
+const std::map<std::string, std::vector<std::string_view>, std::less<>>& probe_settings() {
+  static const std::map<std::string, std::vector<std::string_view>, std::less<>> settings = {
+      {"loadavg", {}},
+      {"command", {"command", "timeout"}},
+      {"policy", {"policy"}},
+      {"mysql_lag", {"hosts", "user", "password", "password_env", "timeout"}},
+      {"mysql_heartbeat",
+       {"hosts", "user", "password", "password_env", "timeout", "heartbeat_table",
+        "heartbeat_utc"}},
+      {"mysql_threads_running", {"hosts", "user", "password", "password_env", "timeout"}},
+      {"postgres_lag", {"hosts", "conninfo", "password_env", "timeout"}},
+      {"postgres_active", {"hosts", "conninfo", "password_env", "timeout"}},
+      {"redis", {"hosts", "field", "username", "password", "password_env", "timeout"}},
+      {"http", {"url", "timeout"}},
+  };
+  return settings;
+}
+
+// A metric's probe from its settings (errors reported on `m`; null when it has none).
+MakeProbe metric_probe(const std::string& policy, ConfigSection& m) {
+  m.keys({"probe", "threshold", "ignore_hosts", "command", "timeout", "policy", "hosts", "user",
+          "password", "password_env", "heartbeat_table", "heartbeat_utc", "conninfo", "field",
+          "username", "url"});
+  const std::optional<ProbeKind> kind =
+      m.choice<ProbeKind>("probe",
+                          {{"loadavg", ProbeKind::kLoadAvg},
+                           {"command", ProbeKind::kCommand},
+                           {"policy", ProbeKind::kPolicy},
+                           {"mysql_lag", ProbeKind::kMysqlLag},
+                           {"mysql_heartbeat", ProbeKind::kMysqlHeartbeat},
+                           {"mysql_threads_running", ProbeKind::kMysqlThreadsRunning},
+                           {"postgres_lag", ProbeKind::kPostgresLag},
+                           {"postgres_active", ProbeKind::kPostgresActive},
+                           {"redis", ProbeKind::kRedis},
+                           {"http", ProbeKind::kHttp}},
+                          true);
+  if (!kind) return nullptr;
+  const std::string probe = *m.str("probe");
+  const auto& allowed = probe_settings().at(probe);
+  for (std::string_view key :
+       {"command", "timeout", "policy", "hosts", "user", "password", "password_env",
+        "heartbeat_table", "heartbeat_utc", "conninfo", "field", "username", "url"})
+    if (m.has(key) && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      m.error(key, "is not a setting of probe: " + probe);
+
+  Nanos timeout = std::chrono::seconds(1);
+  if (auto d = m.duration("timeout")) {
+    if (*d <= Nanos{0} || *d > std::chrono::minutes(1))
+      m.error("timeout", "must be more than 0 and at most 1m");
+    else
+      timeout = *d;
+  }
+  // hosts: "host[:port]" each, at least one.
+  const auto hosts = [&](int default_port) {
+    std::vector<probes::Endpoint> out;
+    const auto list = m.strings("hosts");
+    if (!list) {
+      if (!m.has("hosts")) m.error("hosts", "is required: the hosts to sample, host[:port] each");
+      return out;
+    }
+    if (list->empty()) m.error("hosts", "must name at least one host");
+    for (const std::string& h : *list) {
+      probes::Endpoint e;
+      if (std::string error = probes::parse_endpoint(h, default_port, e); !error.empty())
+        m.error("hosts", error);
+      else
+        out.push_back(std::move(e));
+    }
+    return out;
+  };
+  // password, or password_env: the environment variable that holds it (read now).
+  const auto password = [&]() -> std::string {
+    if (m.has("password") && m.has("password_env"))
+      m.error("password_env", "give password or password_env, not both");
+    if (auto env = m.str("password_env")) {
+      const char* v = std::getenv(env->c_str());
+      if (v == nullptr) {
+        m.error("password_env", "names " + *env + ", which is not set");
+        return {};
+      }
+      return v;
+    }
+    return m.str("password").value_or("");
+  };
+
+  switch (*kind) {
+    case ProbeKind::kLoadAvg:
+      return [](const auto&) { return probes::loadavg_probe(); };
+    case ProbeKind::kCommand: {
+      std::string command = m.str("command", true).value_or("");
+      if (m.has("command") && command.empty()) m.error("command", "must not be empty");
+      return [command, timeout](const auto&) { return probes::command_probe(command, timeout); };
+    }
+    case ProbeKind::kPolicy: {
+      std::string target = m.str("policy", true).value_or("");
+      if (m.has("policy") && (target.empty() || target == policy))
+        m.error("policy", target.empty() ? "must name a policy" : "must name another policy");
+      return [target](const std::shared_ptr<const PolicyDirectory>& directory) {
+        return std::unique_ptr<Probe>(std::make_unique<PolicyProbe>(directory, target));
+      };
+    }
+    case ProbeKind::kMysqlLag:
+    case ProbeKind::kMysqlHeartbeat:
+    case ProbeKind::kMysqlThreadsRunning: {
+      probes::MysqlProbeOptions o;
+      o.measure = *kind == ProbeKind::kMysqlLag         ? probes::MysqlMeasure::kLag
+                  : *kind == ProbeKind::kMysqlHeartbeat ? probes::MysqlMeasure::kHeartbeat
+                                                        : probes::MysqlMeasure::kThreadsRunning;
+      o.hosts = hosts(3306);
+      o.user = m.str("user", true).value_or("");
+      o.password = password();
+      o.timeout = timeout;
+      if (auto t = m.str("heartbeat_table")) {
+        if (std::string error = probes::heartbeat_table_error(*t); !error.empty())
+          m.error("heartbeat_table", error);
+        o.heartbeat_table = *t;
+      }
+      if (auto u = m.boolean("heartbeat_utc")) o.heartbeat_utc = *u;
+      return [o](const auto&) { return probes::mysql_probe(o); };
+    }
+    case ProbeKind::kPostgresLag:
+    case ProbeKind::kPostgresActive: {
+      probes::PostgresProbeOptions o;
+      o.measure = *kind == ProbeKind::kPostgresLag ? probes::PostgresMeasure::kLag
+                                                   : probes::PostgresMeasure::kActive;
+      o.hosts = hosts(5432);
+      o.conninfo = m.str("conninfo").value_or("");
+      if (o.conninfo.find("://") != std::string::npos)
+        m.error("conninfo", "must be keyword=value pairs (the hosts are added to it), not a URI");
+      if (m.has("password_env")) {
+        std::string p = password();
+        std::string q = "'";
+        for (const char c : p)
+          q += (c == '\\' || c == '\'') ? std::string{'\\', c} : std::string{c};
+        o.conninfo += " password=" + q + "'";
+      }
+      o.timeout = timeout;
+      return [o](const auto&) { return probes::postgres_probe(o); };
+    }
+    case ProbeKind::kRedis: {
+      probes::RedisProbeOptions o;
+      o.hosts = hosts(6379);
+      o.field = m.str("field", true).value_or("");
+      if (m.has("field") && o.field.empty()) m.error("field", "must name an INFO field");
+      o.username = m.str("username").value_or("");
+      o.password = password();
+      o.timeout = timeout;
+      return [o](const auto&) { return probes::redis_probe(o); };
+    }
+    case ProbeKind::kHttp: {
+      probes::HttpProbeOptions o;
+      o.url = m.str("url", true).value_or("");
+      if (m.has("url"))
+        if (std::string error = probes::http_url_error(o.url); !error.empty())
+          m.error("url", error);
+      o.timeout = timeout;
+      return [o](const auto&) { return probes::http_probe(o); };
+    }
+  }
+  return nullptr;
+}
+
 std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
   s.keys({"kind", "shard", "scope", "default_app", "fast_interval", "dormant_interval",
@@ -658,33 +714,9 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
       body->stale_intervals = *v;
   }
   s.named("metrics", [&](const std::string& metric, ConfigSection& m) {
-    m.keys({"probe", "threshold", "ignore_hosts", "command", "timeout", "policy"});
     MetricSpec spec;
     spec.name = metric;
-    if (auto p = m.choice<ProbeKind>("probe",
-                                     {{"loadavg", ProbeKind::kLoadAvg},
-                                      {"command", ProbeKind::kCommand},
-                                      {"policy", ProbeKind::kPolicy}},
-                                     true))
-      spec.probe = *p;
-    if (auto v = m.str("policy", spec.probe == ProbeKind::kPolicy)) {
-      if (spec.probe != ProbeKind::kPolicy)
-        m.error("policy", "is for probe: policy");
-      else if (v->empty() || *v == name)
-        m.error("policy", v->empty() ? "must name a policy" : "must name another policy");
-      spec.policy = *v;
-    }
-    if (auto c = m.str("command", spec.probe == ProbeKind::kCommand)) {
-      if (spec.probe != ProbeKind::kCommand)
-        m.error("command", "is for probe: command");
-      else if (c->empty())
-        m.error("command", "must not be empty");
-      spec.command = *c;
-    }
-    if (auto d = m.duration("timeout")) {
-      if (spec.probe != ProbeKind::kCommand) m.error("timeout", "is for probe: command");
-      spec.timeout = *d;
-    }
+    spec.make = metric_probe(name, m);
     if (auto t = m.number("threshold", true)) {
       if (*t <= 0)
         m.error("threshold", "must be > 0");
@@ -814,6 +846,106 @@ RouteReply ok_json(nlohmann::json body) {
   return out;
 }
 
+// freno's checks: /check/{app}/{store_type}/{store_name} (the store name is the shard),
+// /check-read/.../{threshold} with the reader's own threshold, and their -if-exists forms, which
+// answer 200 for a store no throttler serves (a client that may ask about stores not yet
+// throttled).
+HttpRoute freno_route(std::string pattern, bool if_exists) {
+  return HttpRoute{
+      {"GET", "HEAD"},
+      std::move(pattern),
+      false,
+      [if_exists](const RouteRequest& req, const KindPolicies& ps,
+                  Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+        auto t = find(ps, req.param("store_name"));
+        if (!t.ok()) {
+          if (!if_exists) return not_found(t.status());
+          return ok_json({{"StatusCode", 200}, {"Message", t.status().message()}});
+        }
+        double threshold = 0;
+        if (const std::string_view text = req.param("threshold"); !text.empty()) {
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), threshold);
+          if (ec != std::errc{} || end != text.data() + text.size() || !(threshold > 0) ||
+              !std::isfinite(threshold))
+            return bad_request("threshold: must be a number > 0, not '" + std::string(text) + "'");
+        }
+        return reply_of(t.value()->check(req.param("app"), ThrottleScope::kDefault, false, req.peer,
+                                         threshold));
+      }};
+}
+
+// gRPC sluice.v1.Throttler/Check: ThrottlerCheckRequest -> ThrottlerCheckResponse (declared in
+// proto/sluice/v1/sluice.proto), read and written with proto_wire.h.
+Decided<std::string> grpc_check(std::string_view request, const KindPolicies& ps,
+                                Deferral<std::string>& /*later*/) {
+  std::string app, shard, scope_text;
+  bool low = false;
+  double threshold = 0;
+  WireReader in(request);
+  const char* mistyped = nullptr;  // a field whose wire type is not its declared one
+  const auto typed = [&](unsigned type, const char* name) {
+    if (in.type() != type) mistyped = name;
+    return in.type() == type;
+  };
+  while (in.next() && mistyped == nullptr) {
+    switch (in.field()) {
+      case 1:
+        if (typed(2, "app")) app = in.bytes_value();
+        break;
+      case 2:
+        if (typed(2, "shard")) shard = in.bytes_value();
+        break;
+      case 3:
+        if (typed(2, "scope")) scope_text = in.bytes_value();
+        break;
+      case 4:
+        if (typed(0, "low_priority")) low = in.varint_value() != 0;
+        break;
+      case 5:
+        if (typed(1, "threshold")) threshold = in.double_value();
+        break;
+      default:
+        break;  // a field of a later version
+    }
+  }
+  if (mistyped != nullptr)
+    return Status(StatusCode::kInvalidArgument, std::string(mistyped) + ": wrong wire type");
+  if (!in.ok()) return Status(StatusCode::kInvalidArgument, "request: not a ThrottlerCheckRequest");
+  if (app.size() > 256) return Status(StatusCode::kInvalidArgument, "app: at most 256 bytes");
+  if (threshold < 0 || !std::isfinite(threshold))
+    return Status(StatusCode::kInvalidArgument, "threshold: must be >= 0 (0: the metrics' own)");
+  const std::optional<ThrottleScope> scope = parse_scope(scope_text);
+  if (!scope)
+    return Status(StatusCode::kInvalidArgument,
+                  "scope: must be self or shard, not '" + scope_text + "'");
+  auto t = find(ps, shard.empty() ? std::nullopt : std::optional<std::string_view>(shard));
+  if (!t.ok()) return t.status();
+  const ThrottleResult r = t.value()->check(app, *scope, low, "grpc", threshold);
+  WireWriter out;
+  out.int32(1, static_cast<std::int32_t>(r.status))
+      .str(2, r.reason)
+      .dbl(3, r.value)
+      .dbl(4, r.threshold)
+      .str(5, r.message)
+      .str(6, r.app)
+      .str(7, r.metric)
+      .str(8, r.scope)
+      .boolean(9, r.recently_checked);
+  for (const ThrottleMetricResult& m : r.metrics) {
+    WireWriter w;
+    w.str(1, m.name)
+        .int32(2, m.over ? 429 : 200)
+        .dbl(3, m.value)
+        .dbl(4, m.threshold)
+        .str(5, m.reason)
+        .str(6, m.detail)
+        .str(7, m.scope)
+        .str(8, m.host);
+    out.bytes(10, w.data());
+  }
+  return out.data();
+}
+
 // An admin change's answer: 200 with the app's rules now, or the error (400 for bad input).
 Decided<RouteReply> changed(const Status& s, const ThrottlerPolicy& t, const std::string& app) {
   if (!s.ok()) return s;
@@ -891,17 +1023,13 @@ PolicyKind throttler_kind_impl() {
   PolicyKind kind("throttler", 0, parse, build);
   kind.routes.push_back(vitess_route("/throttler/check", false));
   kind.routes.push_back(vitess_route("/throttler/check-self", true));
-  kind.routes.push_back(HttpRoute{{"GET", "HEAD"},
-                                  "/check/{app}/{store_type}/{store_name}",
-                                  false,
-                                  [](const RouteRequest& req, const KindPolicies& ps,
-                                     Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-                                    auto t = find(ps, req.param("store_name"));
-                                    if (!t.ok()) return not_found(t.status());
-                                    return reply_of(t.value()->check(req.param("app"),
-                                                                     ThrottleScope::kDefault, false,
-                                                                     req.peer));
-                                  }});
+  kind.routes.push_back(freno_route("/check/{app}/{store_type}/{store_name}", false));
+  kind.routes.push_back(
+      freno_route("/check-read/{app}/{store_type}/{store_name}/{threshold}", false));
+  kind.routes.push_back(freno_route("/check-if-exists/{app}/{store_type}/{store_name}", true));
+  kind.routes.push_back(
+      freno_route("/check-read-if-exists/{app}/{store_type}/{store_name}/{threshold}", true));
+  kind.methods.push_back(GrpcMethod{"/sluice.v1.Throttler/Check", grpc_check});
   // Rules at run time (admin; kept in server.state_file): the Vitess and freno verbs.
   kind.routes.push_back(
       admin_route("/throttler/throttle-app", [](const RouteRequest& req, ThrottlerPolicy& t) {

@@ -1,0 +1,210 @@
+"""The throttler beyond the Vitess shape: the same check over gRPC (sluice.v1.Throttler/Check),
+freno's check-read (the reader's own threshold) and -if-exists checks, the HTTP URL probe, and
+the config errors of the network probes."""
+
+import http.server
+import subprocess
+import threading
+
+import grpc
+import pytest
+
+from conftest import sluice_bin, wait_until
+
+
+def config(value_file, extra_metrics=""):
+    return f"""
+policies:
+  db:
+    kind: throttler
+    shard: main
+    fast_interval: 50ms
+    dormant_interval: 50ms
+    stale_intervals: 40
+    metrics:
+      depth:
+        probe: command
+        command: "cat {value_file}"
+        threshold: 5
+{extra_metrics}
+"""
+
+
+def test_the_grpc_check_answers_as_the_http_check_does(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("3\n")
+    server = start_server(config(value))
+    wait_until(lambda: server.http("GET", "/throttler/check?app=x").status == 200, 5,
+               what="the first sample")
+    with server.client() as c:
+        r = c.throttler_check("purge")
+        assert r.ok and r.status == 200 and r.reason == "ok", r
+        assert r.value == 3 and r.threshold == 5 and r.metric == "depth"
+        assert c.throttler_check("purge", shard="main", scope="self").ok
+        # The reader's own threshold, as check-read: under 3 the same sample is over.
+        low = c.throttler_check("purge", threshold=2)
+        assert low.status == 429 and low.reason == "threshold_exceeded" and low.threshold == 2
+        with pytest.raises(Exception) as e:
+            c.throttler_check("purge", shard="nope")
+        assert "no throttler serves shard 'nope'" in str(e.value)
+        with pytest.raises(Exception) as e:
+            c.throttler_check("purge", scope="galaxy")
+        assert "scope" in str(e.value)
+    # The same in the audit: gRPC checks are counted as the app's.
+    apps = server.http("GET", "/throttler/recent-apps").json()["apps"]
+    assert any(a["app"] == "purge" and a["checks"] >= 3 for a in apps), apps
+
+    value.write_text("7\n")
+    wait_until(lambda: server.http("GET", "/throttler/check?app=x").status == 429, 5,
+               what="429 once over")
+    with server.client() as c:
+        r = c.throttler_check("purge")
+        assert not r.ok and r.status == 429 and r.value == 7, r
+
+
+def test_a_malformed_grpc_request_is_invalid_argument(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(config(value))
+    channel = grpc.insecure_channel(server.grpc_target)
+    call = channel.unary_unary("/sluice.v1.Throttler/Check")
+    for bad in (b"\x0a\x05ab", b"\x08\x01", b"\xff"):  # truncated; app as a varint; bad key
+        with pytest.raises(grpc.RpcError) as e:
+            call(bad, timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (bad, e.value)
+    channel.close()
+
+
+def test_freno_check_read_and_if_exists(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("3\n")
+    server = start_server(config(value))
+    wait_until(lambda: server.http("HEAD", "/check/a/mysql/main").status == 200, 5,
+               what="the first sample")
+    assert server.http("HEAD", "/check-read/a/mysql/main/10").status == 200
+    r = server.http("GET", "/check-read/a/mysql/main/2.5")
+    assert r.status == 429 and r.json()["Threshold"] == 2.5, r
+    assert server.http("HEAD", "/check-read/a/mysql/main/abc").status == 400
+    assert server.http("HEAD", "/check-read/a/mysql/main/0").status == 400
+    # An unknown store: 404, and 200 for the -if-exists forms.
+    assert server.http("HEAD", "/check/a/mysql/other").status == 404
+    assert server.http("HEAD", "/check-if-exists/a/mysql/other").status == 200
+    assert server.http("HEAD", "/check-read-if-exists/a/mysql/other/1").status == 200
+    # A known one is checked as usual by them.
+    assert server.http("HEAD", "/check-read-if-exists/a/mysql/main/1").status == 429
+    assert server.http("HEAD", "/check-if-exists/a/mysql/main").status == 200
+
+
+class _NumberServer:
+    """An HTTP server on loopback whose GET /n answers `self.body` with `self.status`."""
+
+    def __init__(self):
+        self.body, self.status = b"12.5\n", 200
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path != "/n":
+                    self.send_error(404)
+                    return
+                self.send_response(outer.status)
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_http_probe_reads_a_number_from_a_url_and_fails_closed(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    web = _NumberServer()
+    try:
+        server = start_server(config(value, f"""
+      queue:
+        probe: http
+        url: http://127.0.0.1:{web.port}/n
+        timeout: 500ms
+        threshold: 20
+"""))
+
+        def queue():
+            return server.http("GET", "/throttler/check?app=x").json()["Metrics"]["queue"]
+
+        wait_until(lambda: queue()["StatusCode"] == 200, 5, what="the URL's first sample")
+        assert queue()["Value"] == 12.5
+        web.body = b"25 jobs\n"
+        wait_until(lambda: queue()["Value"] == 25, 5, what="the new value")
+        assert server.http("HEAD", "/throttler/check?app=x").status == 429
+        web.body, web.status = b"oops", 200
+        wait_until(lambda: queue()["reason"] == "probe_failed", 5, what="a body with no number")
+        assert "not a number" in queue()["Message"], queue()
+        web.body, web.status = b"3", 503
+        wait_until(lambda: "answered 503" in queue()["Message"], 5, what="a 503")
+        assert server.http("HEAD", "/throttler/check?app=x").status == 429
+        web.status = 200
+        wait_until(lambda: queue()["StatusCode"] == 200, 5, what="recovery")
+    finally:
+        web.close()
+    wait_until(lambda: "cannot connect" in queue()["Message"], 5, what="the URL gone")
+    assert queue()["reason"] == "probe_failed"
+
+
+def test_network_probe_config_errors_name_their_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""
+policies:
+  db:
+    kind: throttler
+    metrics:
+      lag:
+        probe: mysql_lag
+        hosts: ["10.0.0.1:99999", "[::1"]
+        command: "echo 1"
+        threshold: 1
+      pg:
+        probe: postgres_lag
+        conninfo: "postgresql://u@h/db"
+        threshold: 1
+      beat:
+        probe: mysql_heartbeat
+        hosts: [db]
+        user: t
+        heartbeat_table: "meta.heart beat"
+        password: x
+        password_env: SLUICE_TEST_NO_SUCH_VARIABLE
+        threshold: 1
+      web:
+        probe: http
+        url: https://example.com/n
+        threshold: 1
+      cache:
+        probe: redis
+        hosts: [127.0.0.1]
+        threshold: 1
+""")
+    out = subprocess.run([sluice_bin(), "validate", str(bad)], capture_output=True, text=True)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    for expected in (
+            "policies.db.metrics.lag.hosts: '10.0.0.1:99999': the port must be 1..65535",
+            "policies.db.metrics.lag.hosts: '[::1': an unclosed '['",
+            "policies.db.metrics.lag.command: is not a setting of probe: mysql_lag",
+            "policies.db.metrics.lag.user",
+            "policies.db.metrics.pg.hosts: is required",
+            "policies.db.metrics.pg.conninfo: must be keyword=value pairs",
+            "policies.db.metrics.beat.heartbeat_table: must be [database.]table",
+            "policies.db.metrics.beat.password_env: give password or password_env, not both",
+            "policies.db.metrics.web.url: must start with http://",
+            "policies.db.metrics.cache.field"):
+        assert expected in text, (expected, text)
