@@ -19,43 +19,20 @@
 #include <utility>
 #include <vector>
 
+#include "backends/http_client.h"
 #include "backends/probes/probe.h"
 
 namespace sluice::probes {
 
 std::string Endpoint::name() const {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  backend_detail::HttpUrl u;
+  u.host = host;
+  u.port = port;
+  return u.authority();
 }
 
 std::string parse_endpoint(const std::string& text, int default_port, Endpoint& out) {
-  std::string host = text;
-  std::string port;
-  if (!text.empty() && text.front() == '[') {
-    const auto close = text.find(']');
-    if (close == std::string::npos) return "'" + text + "': an unclosed '['";
-    host = text.substr(1, close - 1);
-    const std::string rest = text.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest.front() != ':') return "'" + text + "': expected ':' after ']'";
-      port = rest.substr(1);
-    }
-  } else if (const auto colon = text.rfind(':'); colon != std::string::npos) {
-    if (text.find(':') != colon) return "'" + text + "': an IPv6 address goes in brackets";
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-  }
-  if (host.empty()) return "'" + text + "': no host";
-  out.host = host;
-  out.port = default_port;
-  if (!port.empty() || text.back() == ':') {
-    int p = 0;
-    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-    if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || p < 1 || p > 65535)
-      return "'" + text + "': the port must be 1..65535";
-    out.port = p;
-  }
-  return {};
+  return backend_detail::parse_host_port(text, default_port, out.host, out.port);
 }
 
 void sample_each(std::vector<ThrottleSample>& hosts, const std::vector<Endpoint>& endpoints,
