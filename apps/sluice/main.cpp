@@ -12,6 +12,7 @@
 #include "server/registry.h"
 #include "sim.h"
 #include "sluice/config.h"
+#include "throttler_cli.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluice: admission control for shared backends"};
@@ -150,6 +151,58 @@ int main(int argc, char** argv) {
   CLI::App* policies_cmd = app.add_subcommand("policies", "list a running server's policies");
   client_flags(policies_cmd);
   policies_cmd->callback([&] { exit_code = sluice::cli::run_policies(client); });
+
+  // The throttler, over the server's HTTP API.
+  sluice::cli::ThrottlerCliOptions throttler;
+  if (const char* env = std::getenv("SLUICE_HTTP")) throttler.http = env;
+  if (const char* env = std::getenv("SLUICE_ADMIN_TOKEN")) throttler.token = env;
+  CLI::App* throttler_cmd =
+      app.add_subcommand("throttler", "ask a running server's throttler, or set its per-app rules");
+  throttler_cmd->require_subcommand(1);
+  const auto throttler_flags = [&](CLI::App* c) {
+    c->add_option("--http", throttler.http,
+                  "the server's HTTP base URL (default $SLUICE_HTTP or http://127.0.0.1:8080)");
+    c->add_option("--shard", throttler.shard, "the throttler's shard (default: the first)");
+    c->add_option("--timeout", throttler.timeout_seconds, "seconds to wait for each reply")
+        ->check(CLI::Range(0.001, 3600.0));
+    c->add_flag("--json", throttler.json, "print the reply as JSON");
+  };
+  sluice::cli::ThrottlerCheckArgs throttler_check;
+  CLI::App* tcheck = throttler_cmd->add_subcommand(
+      "check", "may APP do one more chunk of work? (exit 0 yes, 1 no, 2 error or unreachable)");
+  tcheck->add_option("app", throttler_check.app, "the app that asks (default sluice-cli)");
+  tcheck->add_option("--scope", throttler_check.scope, "self or shard (default: the server's)");
+  tcheck->add_flag("--low", throttler_check.low_priority, "ask at low priority (p=low)");
+  tcheck->add_option("--wait", throttler_check.wait,
+                     "wait until allowed, at most this long (e.g. 10m), backing off 1s-2s-4s");
+  throttler_flags(tcheck);
+  tcheck->callback(
+      [&] { exit_code = sluice::cli::run_throttler_check(throttler, throttler_check); });
+  std::string throttled_app, throttle_duration, throttle_ratio;
+  for (const char* verb : {"throttle", "unthrottle", "exempt", "unexempt"}) {
+    const std::string v = verb;
+    CLI::App* c = throttler_cmd->add_subcommand(
+        verb, v == "throttle"     ? "refuse APP (417) until the duration is up"
+              : v == "unthrottle" ? "lift APP's throttle"
+              : v == "exempt"     ? "let APP pass whatever the metrics say"
+                                  : "end APP's exemption");
+    c->add_option("app", throttled_app, "the app (all: every app)")->required();
+    if (v == "throttle") {
+      c->add_option("--duration", throttle_duration, "how long (default 1h)");
+      c->add_option("--ratio", throttle_ratio, "the probability of refusal, (0, 1] (default 1)");
+    }
+    c->add_option("--token", throttler.token,
+                  "the server's admin token (default $SLUICE_ADMIN_TOKEN)");
+    throttler_flags(c);
+    c->callback([&, v] {
+      exit_code = sluice::cli::run_throttler_admin(throttler, v, throttled_app, throttle_duration,
+                                                   throttle_ratio);
+    });
+  }
+  CLI::App* tapps = throttler_cmd->add_subcommand(
+      "apps", "the apps with rules, and the apps that checked (counts, rate, last address)");
+  throttler_flags(tapps);
+  tapps->callback([&] { exit_code = sluice::cli::run_throttler_apps(throttler); });
 
   CLI11_PARSE(app, argc, argv);
   return exit_code;

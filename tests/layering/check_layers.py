@@ -41,6 +41,7 @@ PUBLIC_HEADERS = {
     "status.h": "core",
     "throttler.h": "core",
     "timed_coordinator.h": "backends",
+    "throttler_client.h": "backends",
     "vegas_limit.h": "core",
     "adaptive_guard.h": "local",
     "gateway.h": "local",

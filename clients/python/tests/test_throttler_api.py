@@ -5,6 +5,7 @@ the config errors of the network probes."""
 import http.server
 import subprocess
 import threading
+import time
 
 import grpc
 import pytest
@@ -208,3 +209,60 @@ policies:
             "policies.db.metrics.web.url: must start with http://",
             "policies.db.metrics.cache.field"):
         assert expected in text, (expected, text)
+
+
+def cli(server, *args, token=None, timeout=30):
+    env = {"SLUICE_HTTP": f"http://127.0.0.1:{server.http_port}", "PATH": "/usr/bin:/bin"}
+    if token:
+        env["SLUICE_ADMIN_TOKEN"] = token
+    return subprocess.run([sluice_bin(), "throttler", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_the_cli_checks_waits_and_sets_rules(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("3\n")
+    server = start_server(config(value, "") + "\nserver:\n  admin_token: s3cret\n")
+    wait_until(lambda: server.http("GET", "/throttler/check?app=x").status == 200, 5,
+               what="the first sample")
+    out = cli(server, "check", "purge")
+    assert out.returncode == 0 and "allowed (200): ok, depth 3 (threshold 5)" in out.stdout, out
+    out = cli(server, "check", "purge", "--json")
+    assert out.returncode == 0, out
+    assert '"metric":"depth"' in out.stdout and '"ok":true' in out.stdout, out
+
+    # Admin verbs need the token.
+    out = cli(server, "throttle", "purge", "--duration", "1h")
+    assert out.returncode == 2 and "401" in out.stderr, out
+    out = cli(server, "throttle", "purge", "--duration", "1h", "--ratio", "2", token="s3cret")
+    assert out.returncode == 2 and "ratio: must be a number in (0, 1]" in out.stderr, out
+    out = cli(server, "throttle", "purge", "--duration", "1h", token="s3cret")
+    assert out.returncode == 0 and "throttled_seconds_left" in out.stdout, out
+    out = cli(server, "check", "purge")
+    assert out.returncode == 1 and "refused (417): app_throttled" in out.stdout, out
+    out = cli(server, "apps")
+    assert out.returncode == 0, out
+    assert "purge" in out.stdout.split("apps that checked")[0], out  # its rule
+    assert "checks" in out.stdout.split("apps that checked")[1], out
+
+    # --wait backs off until allowed: unthrottled 1.5 s into the wait.
+    waiting = subprocess.Popen(
+        [sluice_bin(), "throttler", "check", "purge", "--wait", "20s", "--http",
+         f"http://127.0.0.1:{server.http_port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert cli(server, "unthrottle", "purge", token="s3cret").returncode == 0
+    stdout, stderr = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0 and "allowed (200)" in stdout, (stdout, stderr)
+    assert "checking again in" in stderr, stderr
+
+    # A wait that runs out is a refusal (1); errors are 2.
+    value.write_text("9\n")
+    wait_until(lambda: server.http("GET", "/throttler/check?app=x").status == 429, 5,
+               what="429 once over")
+    out = cli(server, "check", "purge", "--wait", "1500ms")
+    assert out.returncode == 1 and "threshold_exceeded" in out.stdout, out
+    out = cli(server, "check", "purge", "--shard", "nope")
+    assert out.returncode == 2 and "no throttler serves shard 'nope'" in out.stdout, out
+    out = cli(server, "check", "purge", "--http", "http://127.0.0.1:1")
+    assert out.returncode == 2 and "unreachable" in out.stdout, out
