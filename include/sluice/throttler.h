@@ -130,6 +130,7 @@ struct ThrottleAppStats {
 };
 struct ThrottlerState {
   Nanos last_check{INT64_MIN};
+  Nanos last_refusal{INT64_MIN};  // of any check (429 or 417)
   Nanos last_normal_refusal{INT64_MIN};
   std::map<std::string, ThrottleAppStats, std::less<>> apps;
 };
@@ -144,6 +145,24 @@ struct ThrottlerState {
     const std::vector<ThrottleMetric>& metrics,
     const std::map<std::string, ThrottleAppRule, std::less<>>& rules, const ThrottleOptions& o,
     ThrottlerState& state, const ThrottleCheck& check, std::string_view client, Nanos now);
+
+// The non-compliance audit of one metric: load that no checking app explains. A collaborative
+// throttler only works if what loads the system asks first; when a metric's value has been over
+// its threshold (shard scope, the metric's own threshold; a failed probe is not load) for
+// `window` and no check was refused within `window`, nobody is being held back: the load comes
+// from work that does not check, or that stopped checking while the load rose. Choose `window`
+// longer than a compliant client's longest sleep between checks (its backoff cap, 4 s with
+// jitter by default), or it would count a compliant client's pause as non-compliance.
+struct LoadAudit {
+  Nanos over_since{INT64_MIN};  // over its threshold since (INT64_MIN: not over)
+  bool unexplained = false;     // now
+  std::uint64_t episodes = 0;   // times it became unexplained
+  Nanos unexplained_for{0};     // in total
+  Nanos last_audit{INT64_MIN};
+};
+// Updates `audit` from `m`'s samples and the checks recorded in `state`, at `now` (each sample).
+void audit_load(const ThrottleMetric& m, const ThrottlerState& state, Nanos window, Nanos now,
+                LoadAudit& audit);
 
 // The probe interval in force at `now`: `fast` while a check came within `idle_after`,
 // `dormant` otherwise (and before any check).

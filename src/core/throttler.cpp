@@ -216,8 +216,10 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
 
   // The record: what the audit and rules 5-6 read.
   state.last_check = now;
-  if ((out.status == 429 || out.status == 417) && !check.low_priority)
-    state.last_normal_refusal = now;
+  if (out.status == 429 || out.status == 417) {
+    state.last_refusal = now;
+    if (!check.low_priority) state.last_normal_refusal = now;
+  }
   auto it = state.apps.find(out.app);
   if (it == state.apps.end()) {
     const std::string name = state.apps.size() < o.max_apps ? out.app : "(other)";
@@ -230,6 +232,24 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
   a.last_check = now;
   a.last_client = std::string(client);
   return out;
+}
+
+void audit_load(const ThrottleMetric& m, const ThrottlerState& state, Nanos window, Nanos now,
+                LoadAudit& audit) {
+  const ThrottleMetricResult r = evaluate(m, m.threshold, ThrottleScope::kShard, now);
+  const bool over = r.reason == "threshold_exceeded";
+  if (!over) {
+    audit.over_since = Nanos{kNone};
+  } else if (audit.over_since.count() == kNone) {
+    audit.over_since = now;
+  }
+  const bool held_back = state.last_refusal.count() != kNone && now - state.last_refusal < window;
+  const bool unexplained = over && now - audit.over_since >= window && !held_back;
+  if (audit.unexplained && unexplained && audit.last_audit.count() != kNone)
+    audit.unexplained_for += now - audit.last_audit;
+  if (unexplained && !audit.unexplained) ++audit.episodes;
+  audit.unexplained = unexplained;
+  audit.last_audit = now;
 }
 
 Nanos probe_interval(Nanos last_check, Nanos now, Nanos fast, Nanos dormant,

@@ -244,6 +244,45 @@ TEST(Throttler, TheAuditCountsChecksPerAppWithABoundedNumberOfApps) {
   EXPECT_EQ(t.state.apps.at("a").last_check, kNow + milliseconds(10));
 }
 
+// The non-compliance audit: load over a threshold that no refused check explains.
+TEST(Throttler, LoadOverAThresholdWhileNobodyIsHeldBackIsUnexplained) {
+  const Nanos window = seconds(10);
+  Throttler t({metric("lag", 5, {sample("r1", 7)})});
+  LoadAudit a;
+  const auto audit_at = [&](Nanos at, double value) {
+    t.metrics[0].hosts[0] = sample("r1", value);
+    t.metrics[0].hosts[0].taken_at = at - milliseconds(50);
+    audit_load(t.metrics[0], t.state, window, at, a);
+  };
+  // Over, but not yet for a whole window: not unexplained.
+  audit_at(kNow, 7);
+  audit_at(kNow + seconds(9), 7);
+  EXPECT_FALSE(a.unexplained);
+  // A window over with no check at all: unexplained (the load does not ask).
+  audit_at(kNow + seconds(10), 7);
+  EXPECT_TRUE(a.unexplained);
+  EXPECT_EQ(a.episodes, 1u);
+  audit_at(kNow + seconds(12), 7);
+  EXPECT_EQ(a.unexplained_for, seconds(2));
+  // A compliant app checks and is refused: the load is explained (someone is held back).
+  EXPECT_EQ(t.check("purge", ThrottleScope::kDefault, false, 0.5, kNow + seconds(12)).status, 429u);
+  audit_at(kNow + seconds(13), 7);
+  EXPECT_FALSE(a.unexplained);
+  // It stops checking while the load stays up: unexplained again a window after its refusal.
+  audit_at(kNow + seconds(21), 7);
+  EXPECT_FALSE(a.unexplained);
+  audit_at(kNow + seconds(22), 7);
+  EXPECT_TRUE(a.unexplained);
+  EXPECT_EQ(a.episodes, 2u);
+  // Under the threshold: nothing to explain; a failed probe is not load either.
+  audit_at(kNow + seconds(23), 1);
+  EXPECT_FALSE(a.unexplained);
+  EXPECT_EQ(a.over_since.count(), INT64_MIN);
+  t.metrics[0].hosts[0].error = "cannot connect";
+  for (int s = 24; s < 40; ++s) audit_load(t.metrics[0], t.state, window, kNow + seconds(s), a);
+  EXPECT_FALSE(a.unexplained);
+}
+
 TEST(Throttler, ProbingIsDormantUntilAChecksComesAndAfterAnIdleSpell) {
   const Nanos dormant = seconds(5), idle = seconds(10);
   EXPECT_EQ(probe_interval(Nanos{INT64_MIN}, kNow, kFast, dormant, idle), dormant);

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from conftest import sluice_bin, wait_until
+from conftest import metric, sluice_bin, wait_until
 
 
 def config(value_file, extra_metrics=""):
@@ -266,3 +266,32 @@ def test_the_cli_checks_waits_and_sets_rules(start_server, tmp_path):
     assert out.returncode == 2 and "no throttler serves shard 'nope'" in out.stdout, out
     out = cli(server, "check", "purge", "--http", "http://127.0.0.1:1")
     assert out.returncode == 2 and "unreachable" in out.stdout, out
+
+
+def test_load_that_no_refused_check_explains_is_signalled(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("9\n")  # over the threshold from the start, and nobody checks
+    server = start_server(config(value).replace("stale_intervals: 40",
+                                                "stale_intervals: 40\n    unexplained_after: 400ms"))
+
+    def gauge():
+        return metric(server.metrics(), "sluice_throttler_unexplained_load", metric="depth")
+
+    wait_until(lambda: gauge() == 1, 5, what="the unexplained-load signal")
+    audit = server.http("GET", "/throttler/recent-apps").json()["unexplained_load"]["depth"]
+    assert audit["now"] is True and audit["episodes"] == 1, audit
+    # A compliant app asks and is held back: the load is explained while it keeps asking.
+    assert server.http("HEAD", "/throttler/check?app=purge").status == 429
+    wait_until(lambda: gauge() == 0, 5, what="the signal cleared by a refused check")
+    # It stops asking (checks stopped while the load stays up): the signal comes back.
+    wait_until(lambda: gauge() == 1, 5, what="the signal after checks stopped")
+    def audit():
+        return server.http("GET", "/throttler/recent-apps").json()["unexplained_load"]["depth"]
+
+    wait_until(lambda: audit()["seconds"] > 0, 5, what="unexplained time counted")
+    assert audit()["episodes"] == 2, audit()
+    assert metric(server.metrics(), "sluice_throttler_unexplained_load_seconds_total",
+                  metric="depth") > 0
+    # Under the threshold there is nothing to explain.
+    value.write_text("1\n")
+    wait_until(lambda: gauge() == 0, 5, what="the signal gone under the threshold")

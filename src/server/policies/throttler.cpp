@@ -13,6 +13,10 @@
 //   idle_after: 10s
 //   stale_intervals: 5       # a sample older than this many of its interval counts as over
 //   low_priority_hold: 1s    # p=low is refused this long after a normal app was refused
+//   unexplained_after: 10s   # a metric over its threshold this long while no check was
+//                            #   refused: load no checking app explains (the audit's signal,
+//                            #   sluice_throttler_unexplained_load{metric}); longer than a
+//                            #   client's longest backoff
 //   metrics:                 # at least one
 //     load:
 //       probe: loadavg       # the host's 1-minute load average (/proc/loadavg)
@@ -76,7 +80,8 @@
 // server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
 // the time left; servers do not share them (each its own file). Listings (GET, no token):
 // /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
-// checked, most recent first, with counts, rate and last client address).
+// checked, most recent first, with counts, rate and last client address; and per metric
+// whether its load is unexplained by refused checks, sluice/throttler.h: audit_load).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -125,6 +130,7 @@ struct ThrottlerSpec final : PolicyBody {
   Nanos fast_interval = std::chrono::milliseconds(100);
   Nanos dormant_interval = std::chrono::seconds(5);
   Nanos idle_after = std::chrono::seconds(10);
+  Nanos unexplained_after = std::chrono::seconds(10);
   double stale_intervals = ThrottleMetric{}.stale_intervals;
   std::vector<MetricSpec> metrics;
   std::map<std::string, ThrottleAppRule, std::less<>> apps;
@@ -186,6 +192,7 @@ class ThrottlerPolicy final : public Policy {
       metrics_.push_back(std::move(tm));
       probes_.push_back(m.make(c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
+      audits_.emplace_back();
       last_.push_back(Last::kOk);
     }
     for (std::size_t i = 0; i < metrics_.size(); ++i)
@@ -247,6 +254,17 @@ class ThrottlerPolicy final : public Policy {
     }
     return out;
   }
+  // Per metric: whether load over its threshold is unexplained now (no check refused), how
+  // often it became so and for how long in all.
+  nlohmann::json unexplained_json() const {
+    const std::lock_guard lock(mu_);
+    nlohmann::json out = nlohmann::json::object();
+    for (std::size_t i = 0; i < metrics_.size(); ++i)
+      out[metrics_[i].name] = {{"now", audits_[i].unexplained},
+                               {"episodes", audits_[i].episodes},
+                               {"seconds", secs(audits_[i].unexplained_for)}};
+    return out;
+  }
   // The apps that checked, most recent first: the audit.
   nlohmann::json recent_apps_json() const {
     const Nanos now = clock_.now();
@@ -301,7 +319,10 @@ class ThrottlerPolicy final : public Policy {
         if (!s.error.empty()) h["error"] = s.error;
         hosts.push_back(std::move(h));
       }
-      metrics.push_back({{"name", m.name}, {"threshold", m.threshold}, {"hosts", hosts}});
+      metrics.push_back({{"name", m.name},
+                         {"threshold", m.threshold},
+                         {"hosts", hosts},
+                         {"unexplained_load", audits_[&m - metrics_.data()].unexplained}});
     }
     j["metrics"] = std::move(metrics);
     nlohmann::json apps = nlohmann::json::object();
@@ -350,8 +371,29 @@ class ThrottlerPolicy final : public Policy {
         c.gauge.value = secs(now - s.taken_at);
         age.metric.push_back(std::move(c));
       }
+    MetricFamily unexplained{"sluice_throttler_unexplained_load",
+                             "1 while a metric is over its threshold and no check was refused "
+                             "for unexplained_after: load from work that does not check",
+                             MetricType::Gauge,
+                             {}};
+    MetricFamily unexplained_seconds{"sluice_throttler_unexplained_load_seconds_total",
+                                     "Time a metric's load went unexplained by refused checks",
+                                     MetricType::Counter,
+                                     {}};
+    for (std::size_t i = 0; i < metrics_.size(); ++i) {
+      ClientMetric c;
+      c.label = {{"metric", metrics_[i].name}};
+      c.gauge.value = audits_[i].unexplained ? 1 : 0;
+      unexplained.metric.push_back(c);
+      ClientMetric t;
+      t.label = {{"metric", metrics_[i].name}};
+      t.counter.value = secs(audits_[i].unexplained_for);
+      unexplained_seconds.metric.push_back(std::move(t));
+    }
     out.push_back(std::move(checks));
     out.push_back(std::move(refused));
+    out.push_back(std::move(unexplained));
+    out.push_back(std::move(unexplained_seconds));
     out.push_back(std::move(value));
     out.push_back(std::move(age));
   }
@@ -396,6 +438,7 @@ class ThrottlerPolicy final : public Policy {
     }
     const std::lock_guard lock(mu_);
     metrics_[i].hosts = std::move(hosts);
+    audit_load(metrics_[i], state_, spec_.unexplained_after, clock_.now(), audits_[i]);
     last_sampled_[i] = started;
     last_[i] = !failed ? Last::kOk : unpublished ? Last::kFailedUnpublished : Last::kFailed;
     if (!failed) return started + interval;
@@ -498,6 +541,7 @@ class ThrottlerPolicy final : public Policy {
   mutable std::mutex mu_;
   std::vector<ThrottleMetric> metrics_;  // guarded by mu_
   std::vector<Nanos> last_sampled_;      // guarded by mu_
+  std::vector<LoadAudit> audits_;        // per metric; guarded by mu_
   // How the last sample went: ok, failed, or failed before the first publish.
   enum class Last { kOk, kFailed, kFailedUnpublished };
   std::vector<Last> last_;                                     // guarded by mu_
@@ -687,7 +731,8 @@ MakeProbe metric_probe(const std::string& policy, ConfigSection& m) {
 std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
   s.keys({"kind", "shard", "scope", "default_app", "fast_interval", "dormant_interval",
-          "idle_after", "stale_intervals", "low_priority_hold", "metrics", "apps"});
+          "idle_after", "unexplained_after", "stale_intervals", "low_priority_hold", "metrics",
+          "apps"});
   auto body = std::make_shared<ThrottlerSpec>();
   body->shard = name;
   if (auto v = s.str("shard")) {
@@ -704,6 +749,12 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto d = s.duration("fast_interval")) body->fast_interval = *d;
   if (auto d = s.duration("dormant_interval")) body->dormant_interval = *d;
   if (auto d = s.duration("idle_after")) body->idle_after = *d;
+  if (auto d = s.duration("unexplained_after")) {
+    if (*d <= Nanos{0})
+      s.error("unexplained_after", "must be more than 0");
+    else
+      body->unexplained_after = *d;
+  }
   if (auto d = s.duration("low_priority_hold")) body->options.low_priority_hold = *d;
   if (body->dormant_interval < body->fast_interval)
     s.error("dormant_interval", "must be at least fast_interval");
@@ -1065,17 +1116,19 @@ PolicyKind throttler_kind_impl() {
       }));
   // Read-only listings: the rules, and the apps that checked (the audit).
   const auto listing = [](std::string pattern, bool recent) {
-    return HttpRoute{{"GET"},
-                     std::move(pattern),
-                     false,
-                     [recent](const RouteRequest& req, const KindPolicies& ps,
-                              Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-                       auto t = find(ps, req.arg("shard"));
-                       if (!t.ok()) return not_found(t.status());
-                       return ok_json(recent
-                                          ? nlohmann::json{{"apps", t.value()->recent_apps_json()}}
-                                          : nlohmann::json{{"apps", t.value()->rules_json()}});
-                     }};
+    return HttpRoute{
+        {"GET"},
+        std::move(pattern),
+        false,
+        [recent](const RouteRequest& req, const KindPolicies& ps,
+                 Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+          auto t = find(ps, req.arg("shard"));
+          if (!t.ok()) return not_found(t.status());
+          return ok_json(recent
+                             ? nlohmann::json{{"apps", t.value()->recent_apps_json()},
+                                              {"unexplained_load", t.value()->unexplained_json()}}
+                             : nlohmann::json{{"apps", t.value()->rules_json()}});
+        }};
   };
   kind.routes.push_back(listing("/throttler/throttled-apps", false));
   kind.routes.push_back(listing("/throttler/recent-apps", true));
