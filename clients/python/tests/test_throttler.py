@@ -86,6 +86,11 @@ def test_under_the_threshold_is_200_and_over_it_429_with_value_and_reason(start_
     assert metric(samples, "sluice_throttler_refused_total", policy="db", app="gh-ost") >= 2
     assert metric(samples, "sluice_throttler_metric_value", policy="db", metric="depth",
                   host="self") == 2
+    # Where each app checks from (the host, not the connection's port) and how long ago.
+    assert metric(samples, "sluice_throttler_app_client", policy="db", app="gh-ost",
+                  client="127.0.0.1") == 1
+    assert 0 <= metric(samples, "sluice_throttler_seconds_since_check", policy="db",
+                       app="gh-ost") < 60
 
 
 def test_a_probe_that_fails_counts_as_over_and_says_why(start_server, tmp_path):

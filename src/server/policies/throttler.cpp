@@ -138,6 +138,18 @@ struct ThrottlerSpec final : PolicyBody {
 
 double secs(Nanos d) { return std::chrono::duration<double>(d).count(); }
 
+// A client address without its port ("10.0.0.7:51500" -> "10.0.0.7", "[::1]:80" -> "::1"): the
+// port changes with every connection.
+std::string host_of(const std::string& address) {
+  if (!address.empty() && address.front() == '[') {
+    const auto close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || address.find(':') != colon) return address;
+  return address.substr(0, colon);
+}
+
 // A sluice policy's utilisation, in flight / limit, looked up by name among the policies the
 // server serves now (so a reload that replaces it is followed); the host is its name.
 class PolicyProbe final : public Probe {
@@ -345,13 +357,29 @@ class ThrottlerPolicy final : public Policy {
                          "Throttler checks refused by app (bounded)",
                          MetricType::Counter,
                          {}};
+    MetricFamily last{"sluice_throttler_seconds_since_check",
+                      "Seconds since an app last checked (bounded)",
+                      MetricType::Gauge,
+                      {}};
+    MetricFamily client{"sluice_throttler_app_client",
+                        "1 for the address an app last checked from (the host, bounded: one per "
+                        "app)",
+                        MetricType::Gauge,
+                        {}};
     for (const auto& [name, a] : state_.apps) {
       ClientMetric c;
       c.label = {{"app", name}};
       c.counter.value = static_cast<double>(a.checks);
       checks.metric.push_back(c);
       c.counter.value = static_cast<double>(a.refused);
-      refused.metric.push_back(std::move(c));
+      refused.metric.push_back(c);
+      ClientMetric g;
+      g.label = {{"app", name}};
+      g.gauge.value = secs(now - a.last_check);
+      last.metric.push_back(g);
+      g.label.push_back({"client", host_of(a.last_client)});
+      g.gauge.value = 1;
+      client.metric.push_back(std::move(g));
     }
     MetricFamily value{"sluice_throttler_metric_value",
                        "The latest sample of a throttler metric",
@@ -392,6 +420,8 @@ class ThrottlerPolicy final : public Policy {
     }
     out.push_back(std::move(checks));
     out.push_back(std::move(refused));
+    out.push_back(std::move(last));
+    out.push_back(std::move(client));
     out.push_back(std::move(unexplained));
     out.push_back(std::move(unexplained_seconds));
     out.push_back(std::move(value));
