@@ -3,6 +3,8 @@ freno's check-read (the reader's own threshold) and -if-exists checks, the HTTP 
 the config errors of the network probes."""
 
 import http.server
+import json
+import socket
 import subprocess
 import threading
 import time
@@ -295,3 +297,89 @@ def test_load_that_no_refused_check_explains_is_signalled(start_server, tmp_path
     # Under the threshold there is nothing to explain.
     value.write_text("1\n")
     wait_until(lambda: gauge() == 0, 5, what="the signal gone under the threshold")
+
+
+class _RawConnection:
+    """One kept-alive TCP connection that writes requests byte for byte as a client would and
+    parses each answer strictly: status line, headers, then exactly Content-Length bytes of body
+    (none for HEAD), so a stray byte would corrupt the next answer."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.buf = b""
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(4096)
+            assert chunk, "the server closed the kept-alive connection"
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line.decode()
+
+    def request(self, raw: bytes, head: bool):
+        self.sock.sendall(raw)
+        status_line = self._line()
+        version, status, _ = status_line.split(" ", 2)
+        assert version == "HTTP/1.1", status_line
+        headers = {}
+        while True:
+            line = self._line()
+            if not line:
+                break
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+        length = int(headers.get("content-length", "0"))
+        body = b""
+        if not head:
+            while len(self.buf) < length:
+                chunk = self.sock.recv(4096)
+                assert chunk
+                self.buf += chunk
+            body, self.buf = self.buf[:length], self.buf[length:]
+        return int(status), headers, body
+
+    def close(self):
+        self.sock.close()
+
+
+def test_the_wire_as_gh_ost_and_a_freno_client_speak_it(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("3\n")
+    server = start_server(config(value))
+    wait_until(lambda: server.http("HEAD", "/throttler/check?app=gh-ost").status == 200, 5,
+               what="the first sample")
+    host = f"127.0.0.1:{server.http_port}".encode()
+    # gh-ost --throttle-http: HEAD every 100 ms on one kept-alive connection (Go's client);
+    # any status but 200 throttles the migration.
+    ghost = (b"HEAD /throttler/check?app=gh-ost HTTP/1.1\r\nHost: " + host +
+             b"\r\nUser-Agent: Go-http-client/1.1\r\n\r\n")
+    conn = _RawConnection(server.http_port)
+    try:
+        for _ in range(5):
+            status, headers, _ = conn.request(ghost, head=True)
+            assert status == 200, headers
+        value.write_text("8\n")
+        wait_until(lambda: conn.request(ghost, head=True)[0] != 200, 5,
+                   what="gh-ost sees non-200")
+        assert conn.request(ghost, head=True)[0] == 429
+        assert conn.buf == b"", conn.buf  # no body followed any HEAD answer
+
+        # A freno client: GET /check/APP/STORE_TYPE/STORE_NAME, JSON with freno's fields, on
+        # the same connection.
+        status, headers, body = conn.request(
+            b"GET /check/archive/mysql/main HTTP/1.1\r\nHost: " + host +
+            b"\r\nAccept: application/json\r\n\r\n", head=False)
+        assert status == 429
+        assert headers["content-type"].startswith("application/json"), headers
+        doc = json.loads(body)
+        for field in ("StatusCode", "Value", "Threshold", "Message", "RecentlyChecked"):
+            assert field in doc, (field, doc)
+        assert doc["StatusCode"] == 429 and doc["Value"] == 8 and doc["Threshold"] == 5, doc
+        assert doc["RecentlyChecked"] is True, doc  # gh-ost checked a moment ago
+        value.write_text("1\n")
+        wait_until(lambda: conn.request(ghost, head=True)[0] == 200, 5, what="200 again")
+        status, _, body = conn.request(
+            b"HEAD /check/archive/mysql/main HTTP/1.1\r\nHost: " + host + b"\r\n\r\n", head=True)
+        assert status == 200 and conn.buf == b""
+    finally:
+        conn.close()
