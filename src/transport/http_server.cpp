@@ -649,8 +649,12 @@ struct HttpServer::Impl {
       res.set(http::field::content_type, x.content_type);
       for (const auto& [k, v] : x.headers) res.set(k, v);
       res.keep_alive(req.keep_alive());
-      if (req.method() != http::verb::head) res.body() = std::move(x.response);
-      res.prepare_payload();
+      if (req.method() != http::verb::head) {
+        res.body() = std::move(x.response);
+        res.prepare_payload();
+      } else {
+        res.content_length(x.response.size());  // the GET's length (RFC 9110 9.3.2), no body
+      }
       stream.expires_after(options.request_timeout);
       co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
       if (ec || !res.keep_alive()) break;

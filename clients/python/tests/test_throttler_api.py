@@ -8,6 +8,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 
 import grpc
 import pytest
@@ -381,5 +382,17 @@ def test_the_wire_as_gh_ost_and_a_freno_client_speak_it(start_server, tmp_path):
         status, _, body = conn.request(
             b"HEAD /check/archive/mysql/main HTTP/1.1\r\nHost: " + host + b"\r\n\r\n", head=True)
         assert status == 200 and conn.buf == b""
+        # The JSON holds any app name (quotes, backslashes, control characters, UTF-8), and a
+        # HEAD's Content-Length is its GET's.
+        weird = 'we"ird\\app\n\u00e9'
+        quoted = urllib.parse.quote(weird)
+        status, headers, body = conn.request(
+            f"GET /throttler/check?app={quoted} HTTP/1.1\r\nHost: ".encode() + host +
+            b"\r\n\r\n", head=False)
+        assert json.loads(body)["AppName"] == weird, body
+        _, head_headers, _ = conn.request(
+            f"HEAD /throttler/check?app={quoted} HTTP/1.1\r\nHost: ".encode() + host +
+            b"\r\n\r\n", head=True)
+        assert head_headers.get("content-length") == headers["content-length"], head_headers
     finally:
         conn.close()

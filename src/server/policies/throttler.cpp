@@ -95,6 +95,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -852,35 +854,100 @@ StatusOr<std::shared_ptr<ThrottlerPolicy>> find(const KindPolicies& ps,
   return Status(StatusCode::kNotFound, "no throttler serves shard '" + std::string(*shard) + "'");
 }
 
-nlohmann::json body_of(const ThrottleResult& r) {
-  nlohmann::json metrics = nlohmann::json::object();
-  for (const ThrottleMetricResult& m : r.metrics) {
-    metrics[m.name] = {{"StatusCode", m.over ? 429 : 200},
-                       {"Value", m.value},
-                       {"Threshold", m.threshold},
-                       {"Message", m.detail},
-                       {"Scope", m.scope},
-                       {"Host", m.host},
-                       {"reason", m.reason}};
+// The check's JSON, written directly: it is built for every check (HEAD too, whose
+// Content-Length must be the GET body's), and a DOM per check would cost more than the rest of
+// the request. Keys in the Vitess/freno shape, then the richer reason/value/threshold.
+class JsonWriter {
+ public:
+  JsonWriter& key(std::string_view k) {
+    comma();
+    quoted(k);
+    out_ += ':';
+    fresh_ = true;
+    return *this;
   }
-  return {{"StatusCode", r.status},
-          {"Value", r.value},
-          {"Threshold", r.threshold},
-          {"Message", r.message},
-          {"RecentlyChecked", r.recently_checked},
-          {"AppName", r.app},
-          {"MetricName", r.metric},
-          {"Scope", r.scope},
-          {"Metrics", std::move(metrics)},
-          {"reason", r.reason},
-          {"value", r.value},
-          {"threshold", r.threshold}};
+  JsonWriter& text(std::string_view v) {
+    comma();
+    quoted(v);
+    return *this;
+  }
+  JsonWriter& number(double v) {
+    comma();
+    if (!std::isfinite(v)) {
+      out_ += "null";
+      return *this;
+    }
+    char buf[32];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    out_.append(buf, ec == std::errc{} ? end : buf);
+    return *this;
+  }
+  JsonWriter& boolean(bool v) {
+    comma();
+    out_ += v ? "true" : "false";
+    return *this;
+  }
+  JsonWriter& open() {
+    comma();
+    out_ += '{';
+    fresh_ = true;
+    return *this;
+  }
+  JsonWriter& close() {
+    out_ += '}';
+    fresh_ = false;
+    return *this;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  void comma() {
+    if (!fresh_) out_ += ',';
+    fresh_ = false;
+  }
+  void quoted(std::string_view v) {
+    out_ += '"';
+    for (const char c : v) {
+      const auto u = static_cast<unsigned char>(c);
+      if (c == '"' || c == '\\') {
+        out_ += '\\';
+        out_ += c;
+      } else if (u < 0x20) {
+        static constexpr char kHex[] = "0123456789abcdef";
+        out_ += "\\u00";
+        out_ += kHex[u >> 4];
+        out_ += kHex[u & 15];
+      } else {
+        out_ += c;  // UTF-8 passes through
+      }
+    }
+    out_ += '"';
+  }
+  std::string out_;
+  bool fresh_ = true;
+};
+
+std::string body_of(const ThrottleResult& r) {
+  JsonWriter w;
+  w.open().key("StatusCode").number(r.status).key("Value").number(r.value);
+  w.key("Threshold").number(r.threshold).key("Message").text(r.message);
+  w.key("RecentlyChecked").boolean(r.recently_checked).key("AppName").text(r.app);
+  w.key("MetricName").text(r.metric).key("Scope").text(r.scope).key("Metrics").open();
+  for (const ThrottleMetricResult& m : r.metrics) {
+    w.key(m.name).open().key("StatusCode").number(m.over ? 429 : 200);
+    w.key("Value").number(m.value).key("Threshold").number(m.threshold);
+    w.key("Message").text(m.detail).key("Scope").text(m.scope).key("Host").text(m.host);
+    w.key("reason").text(m.reason).close();
+  }
+  w.close().key("reason").text(r.reason).key("value").number(r.value);
+  w.key("threshold").number(r.threshold).close();
+  return w.take();
 }
 
 RouteReply reply_of(const ThrottleResult& r) {
   RouteReply out;
   out.status = r.status;
-  out.body = body_of(r).dump();
+  out.body = body_of(r);
   return out;
 }
 
