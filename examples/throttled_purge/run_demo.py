@@ -55,8 +55,8 @@ CHUNK = 100                 # rows per DELETE
 THRESHOLD = 1.0             # seconds of replica lag: the throttler's threshold
 SAMPLE_EVERY = 0.1          # seconds between the demo's own lag samples
 KEEP = 0.1                  # the newest tenth of the table is not expired: the purge keeps it
-FULL_ROWS = 40_000
-QUICK_ROWS = 12_000
+FULL_ROWS = 60_000
+QUICK_ROWS = 25_000
 BODY_BYTES = 1_000          # each row's body (an event's JSON document, more or less)
 BASE_TIME = "2024-01-01 00:00:00"
 
@@ -329,8 +329,8 @@ class Demo:
         n = self.args.rows
         stmts = ["DROP TABLE IF EXISTS app.events",
                  "CREATE TABLE app.events (id bigint unsigned NOT NULL, account_id int unsigned "
-                 "NOT NULL, created datetime NOT NULL, body varchar(4000) NOT NULL) "
-                 "ENGINE=InnoDB"]
+                 "NOT NULL, created datetime NOT NULL, body varchar(4000) NOT NULL"
+                 + (", PRIMARY KEY (id)" if self.args.primary_key else "") + ") ENGINE=InnoDB"]
         step = 2000
         for lo in range(1, n + 1, step):
             hi = min(n, lo + step - 1)
@@ -469,8 +469,8 @@ def report(args: argparse.Namespace, results: List[RunResult], elapsed: float,
            command: str) -> str:
     return f"""{table(results)}
 
-- table: `app.events`, {args.rows} rows of about {args.body_bytes + 30} bytes (no primary key, no
-  index); the purge deletes the {results[0].rows} rows older than the cutoff (the oldest
+- table: `app.events`, {args.rows} rows of about {args.body_bytes + 30} bytes ({"a primary key"
+  if args.primary_key else "no primary key, no index"}); the purge deletes the {results[0].rows} rows older than the cutoff (the oldest
   {100 - int(KEEP * 100)} %), {CHUNK} per `DELETE ... LIMIT {CHUNK}`, over one persistent `mariadb`
   client; the replica applies row events (binlog_format=ROW), one table scan per deleted row
 - throttler: `mysql_heartbeat` on the replica, threshold {THRESHOLD:g} s, sampled every 100 ms;
@@ -501,6 +501,9 @@ def main() -> int:
                     default=Path(os.environ.get("SLUICE_BIN")
                                  or ROOT / "build" / "dev" / "apps" / "sluice" / "sluice"),
                     help="the sluice binary (default: $SLUICE_BIN or build/dev's)")
+    ap.add_argument("--primary-key", action="store_true",
+                    help="the control: give the table a primary key (the replica then finds each "
+                         "row through it, and keeps up)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("-v", "--verbose", action="store_true", help="log each wait")
     args = ap.parse_args()
@@ -560,14 +563,19 @@ def main() -> int:
     if args.out:
         args.out.write_text(text)
     free, held = results
-    if held.max_lag < free.max_lag:
-        log(f"ok: with the throttler the replica's max lag was {held.max_lag:.2f} s, without "
-            f"{free.max_lag:.2f} s; the throttled job waited {held.stats.refusals} times")
-    else:
-        log(f"FAIL: with the throttler the max lag ({held.max_lag:.2f} s) was not lower than "
-            f"without ({free.max_lag:.2f} s)")
-        code = code or 1
-    if args.quick and held.stats.refusals == 0 and not held.max_lag < free.max_lag:
+    lower = held.max_lag < free.max_lag
+    facts = [(lower, f"the replica's max lag with the throttler ({held.max_lag:.2f} s) is lower "
+                     f"than without it ({free.max_lag:.2f} s)")]
+    if args.quick:
+        facts.insert(0, (held.stats.refusals >= 1 or lower,
+                         f"the run with the throttler waited ({held.stats.refusals} times, "
+                         f"{held.stats.waited_seconds:.1f} s) or kept the max lag lower"))
+    if free.max_lag <= THRESHOLD:
+        log(f"note: without the throttler the lag stayed under the threshold "
+            f"({free.max_lag:.2f} s): too small a table (--rows) to show anything")
+    for ok, what in facts:
+        log(("ok: " if ok else "FAIL: ") + what)
+    if not all(ok for ok, _ in facts):
         code = code or 1
     return code
 
