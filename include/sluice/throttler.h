@@ -12,10 +12,12 @@
 //      `shard` the worst of its hosts after ignoring up to `ignore_hosts` of the worst (a host
 //      whose probe failed, or whose sample is stale, counts as worse than any value). A metric
 //      is over when its value is above its threshold, and counts as over (fail closed) when its
-//      sample is missing, failed, or older than `stale_intervals` times the probe interval that
-//      was in force when it was taken: a sample taken while the probe was dormant stays good
-//      for as long as a dormant interval allows, so the first check after an idle spell does
-//      not fail merely because probing had slowed down (the probe speeds up on that check);
+//      sample is missing, failed, or older than `stale_intervals` times the longer of the probe
+//      interval in force when it was taken and the one in force when the check came: a sample
+//      taken while the probe was dormant stays good for as long as a dormant interval allows,
+//      and so does the last fast sample once probing has slowed down for lack of checks, so the
+//      first check after an idle spell does not fail merely because probing had slowed (the
+//      probe speeds up on that check) -- the check never waits for a fresh sample;
 //   4. any metric over: 429 (reason names why: threshold_exceeded, probe_failed, stale_sample,
 //      no_sample), the worst one reported as the check's metric;
 //   5. an app explicitly throttled (its own rule or `all`, until its expiry) is refused 417 with
@@ -84,6 +86,10 @@ struct ThrottleCheck {
   // The caller's own threshold for every metric of this check (freno's check-read: a reader
   // that tolerates more lag, or less, than the writers the thresholds are set for); 0: none.
   double threshold = 0;
+  // The probe interval in force when the check came (probe_interval(), before this check wakes
+  // the probes): a sample is stale only past stale_intervals of the longer of it and the
+  // interval the sample was taken under. 0: the sample's own alone.
+  Nanos interval_in_force{0};
 };
 
 struct ThrottleOptions {

@@ -30,7 +30,9 @@ struct Judged {
   double value = 0;
 };
 
-Judged judge(const ThrottleSample& s, double stale_intervals, Nanos now) {
+// `in_force`: the probe interval in force for the check (0: none given); a sample is judged
+// against the longer of it and the interval it was taken under.
+Judged judge(const ThrottleSample& s, double stale_intervals, Nanos now, Nanos in_force) {
   Judged j;
   j.sample = &s;
   j.value = s.value;
@@ -43,11 +45,10 @@ Judged judge(const ThrottleSample& s, double stale_intervals, Nanos now) {
     j.bad = true;
     j.reason = "probe_failed";
     j.detail = s.host + ": " + s.error;
-  } else if (s.interval > Nanos{0}) {
+  } else if (const Nanos interval = std::max(s.interval, in_force); interval > Nanos{0}) {
     const Nanos age = now - s.taken_at;
-    const auto bound = Nanos{static_cast<std::int64_t>(
-        std::min(static_cast<double>(INT64_MAX),
-                 stale_intervals * static_cast<double>(s.interval.count())))};
+    const auto bound = Nanos{static_cast<std::int64_t>(std::min(
+        static_cast<double>(INT64_MAX), stale_intervals * static_cast<double>(interval.count())))};
     if (age > bound) {
       j.bad = true;
       j.reason = "stale_sample";
@@ -64,7 +65,7 @@ bool worse(const Judged& a, const Judged& b) {
 }
 
 ThrottleMetricResult evaluate(const ThrottleMetric& m, double threshold, ThrottleScope scope,
-                              Nanos now) {
+                              Nanos now, Nanos in_force) {
   ThrottleMetricResult r;
   r.name = m.name;
   r.scope = std::string(to_string(scope));
@@ -77,9 +78,10 @@ ThrottleMetricResult evaluate(const ThrottleMetric& m, double threshold, Throttl
   }
   std::vector<Judged> hosts;
   if (scope == ThrottleScope::kSelf) {
-    hosts.push_back(judge(m.hosts.front(), m.stale_intervals, now));
+    hosts.push_back(judge(m.hosts.front(), m.stale_intervals, now, in_force));
   } else {
-    for (const ThrottleSample& s : m.hosts) hosts.push_back(judge(s, m.stale_intervals, now));
+    for (const ThrottleSample& s : m.hosts)
+      hosts.push_back(judge(s, m.stale_intervals, now, in_force));
     std::sort(hosts.begin(), hosts.end(), worse);
     const std::size_t ignore = std::min(m.ignore_hosts, hosts.size() - 1);
     hosts.erase(hosts.begin(), hosts.begin() + static_cast<std::ptrdiff_t>(ignore));
@@ -174,7 +176,7 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
         if (t != rule->thresholds.end()) threshold = t->second;
       }
       if (check.threshold > 0) threshold = check.threshold;
-      out.metrics.push_back(evaluate(*m, threshold, scope, now));
+      out.metrics.push_back(evaluate(*m, threshold, scope, now, check.interval_in_force));
     }
     const ThrottleMetricResult* decided = nullptr;
     for (const ThrottleMetricResult& r : out.metrics)
@@ -236,7 +238,7 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
 
 void audit_load(const ThrottleMetric& m, const ThrottlerState& state, Nanos window, Nanos now,
                 LoadAudit& audit) {
-  const ThrottleMetricResult r = evaluate(m, m.threshold, ThrottleScope::kShard, now);
+  const ThrottleMetricResult r = evaluate(m, m.threshold, ThrottleScope::kShard, now, Nanos{0});
   const bool over = r.reason == "threshold_exceeded";
   if (!over) {
     audit.over_since = Nanos{kNone};

@@ -121,6 +121,21 @@ TEST(Throttler, ASampleTakenWhileDormantIsJudgedAgainstTheDormantInterval) {
   EXPECT_EQ(t.check("gh-ost").reason, "stale_sample");
 }
 
+// The last fast sample once probing went dormant for lack of checks: the first check after
+// the idle spell comes before the next (dormant) sample is due, and must not find it stale.
+TEST(Throttler, AFastSampleIsJudgedAgainstTheDormantIntervalInForceWhenTheCheckCame) {
+  Throttler t({metric("lag", 5, {sample("r1", 0.5, seconds(3), kFast)})});
+  ThrottleCheck c{"gh-ost", ThrottleScope::kDefault, false, 0.5};
+  EXPECT_EQ(throttle_check(t.metrics, t.rules, t.options, t.state, c, "", kNow).reason,
+            "stale_sample");  // judged by its own 100 ms alone: 3 s is stale
+  c.interval_in_force = seconds(5);
+  EXPECT_EQ(throttle_check(t.metrics, t.rules, t.options, t.state, c, "", kNow).status, 200u);
+  // ... and still stale past two of the interval in force.
+  t.metrics[0].hosts[0] = sample("r1", 0.5, seconds(11), kFast);
+  EXPECT_EQ(throttle_check(t.metrics, t.rules, t.options, t.state, c, "", kNow).reason,
+            "stale_sample");
+}
+
 TEST(Throttler, ShardScopeIsTheWorstHostAfterIgnoringTheWorstNAndSelfIsTheFirst) {
   Throttler t({metric("lag", 5, {sample("self", 1), sample("r2", 9), sample("r3", 3)})});
   ThrottleResult r = t.check("a", ThrottleScope::kShard);

@@ -232,6 +232,40 @@ policies:
     assert time.monotonic() - started < 2.0
 
 
+def test_the_first_check_after_probing_slowed_is_not_throttled_by_the_last_fast_sample(
+        start_server, tmp_path):
+    # Checks stop; after idle_after probing slows to every 3 s. The last sample was taken under
+    # the fast interval (stale after 2 x 50 ms by its own interval), and the next is up to 3 s
+    # away: a check in between is judged against the dormant interval now in force.
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(f"""
+policies:
+  db:
+    kind: throttler
+    fast_interval: 50ms
+    dormant_interval: 3s
+    idle_after: 300ms
+    stale_intervals: 2
+    metrics:
+      depth:
+        probe: command
+        command: "cat {value}"
+        threshold: 5
+""")
+    time.sleep(0.2)
+    wait_until(lambda: status_of(server) == 200, 5, what="a first good sample at the fast pace")
+    time.sleep(1.0)  # idle: dormant from 300 ms after the last check, the last sample ~0.7 s old
+
+    def probing():
+        policies = server.http("GET", "/v1/policies").json()["policies"]
+        return next(p for p in policies if p["name"] == "db")["probing"]
+
+    assert probing() == "dormant"
+    r = check(server)
+    assert r.status == 200, r.json()
+
+
 UTILISATION = """
 policies:
   pool:

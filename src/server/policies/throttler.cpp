@@ -309,10 +309,12 @@ class ThrottlerPolicy final : public Policy {
     ThrottleResult r;
     {
       const std::lock_guard lock(mu_);
-      was_dormant = interval_at(now) != spec_.fast_interval;
+      const Nanos in_force = interval_at(now);
+      was_dormant = in_force != spec_.fast_interval;
       const double draw = std::uniform_real_distribution<double>(0, 1)(rng_);
       r = throttle_check(metrics_, rules_, spec_.options, state_,
-                         ThrottleCheck{app, scope, low_priority, draw, threshold}, client, now);
+                         ThrottleCheck{app, scope, low_priority, draw, threshold, in_force}, client,
+                         now);
     }
     if (was_dormant) wake_loops();  // sample at the fast interval from now on
     return r;
