@@ -266,10 +266,15 @@ class MariaDBPair:
             shutil.rmtree(home / "data", ignore_errors=True)
             home.mkdir(parents=True, exist_ok=True)
             log = home / "install.log"
+            # Each its own temporary directory: two bootstraps sharing /tmp sometimes collide
+            # ("Unknown table 'mysql.tmp_user_sys'").
+            tmp = home / "tmp"
+            tmp.mkdir(exist_ok=True)
             runs.append((which, log, spawn(
                 ["mariadb-install-db", "--no-defaults", f"--datadir={home / 'data'}",
-                 "--user=root", "--auth-root-authentication-method=normal", *self._small()],
-                log)))
+                 "--user=root", "--auth-root-authentication-method=normal", f"--tmpdir={tmp}",
+                 *self._small()],
+                log, env={**os.environ, "TMPDIR": str(tmp)})))
         for which, log, p in runs:
             if p.wait(120) != 0:
                 raise _fail(f"mariadb-install-db ({which}) failed", log)
@@ -288,7 +293,8 @@ class MariaDBPair:
         args = [MARIADBD, "--no-defaults", f"--datadir={home / 'data'}",
                 f"--socket={self._socket(which)}", f"--port={self._port(which)}",
                 f"--bind-address={LOOPBACK}", "--user=root", f"--server-id={server_id}",
-                f"--pid-file={home / 'mariadbd.pid'}", "--max-connections=50", *self._small(),
+                f"--pid-file={home / 'mariadbd.pid'}", "--max-connections=50",
+                f"--tmpdir={home / 'tmp'}", *self._small(),
                 *extra]
         return Server(f"mariadb {which}", args, home / "server.log")
 
