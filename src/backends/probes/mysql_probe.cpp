@@ -77,17 +77,24 @@ class MysqlProbe final : public Probe {
   explicit MysqlProbe(MysqlProbeOptions options)
       : options_(std::move(options)), conns_(options_.hosts.size()) {
     library_init();
-    const std::string table = options_.heartbeat_table;
-    const auto dot = table.find('.');
-    const std::string quoted =
-        dot == std::string::npos ? "`" + table + "`"
-                                 : "`" + table.substr(0, dot) + "`.`" + table.substr(dot + 1) + "`";
+    // [db.]table, each part in backquotes (heartbeat_table_error() allows no backquote).
+    std::string quoted = "`";
+    for (const char c : options_.heartbeat_table) {
+      if (c == '.') {
+        quoted.append("`.`");
+      } else {
+        quoted.push_back(c);
+      }
+    }
+    quoted.push_back('`');
     // Microseconds from the newest heartbeat to now; pt-heartbeat writes ts as
     // 'YYYY-MM-DDTHH:MM:SS.ffffff' (UTC with --utc).
     heartbeat_sql_ =
         "SELECT TIMESTAMPDIFF(MICROSECOND, STR_TO_DATE(REPLACE(MAX(ts), 'T', ' '), "
-        "'%Y-%m-%d %H:%i:%s.%f'), " +
-        std::string(options_.heartbeat_utc ? "UTC_TIMESTAMP(6)" : "NOW(6)") + ") FROM " + quoted;
+        "'%Y-%m-%d %H:%i:%s.%f'), ";
+    heartbeat_sql_.append(options_.heartbeat_utc ? "UTC_TIMESTAMP(6)" : "NOW(6)");
+    heartbeat_sql_.append(") FROM ");
+    heartbeat_sql_.append(quoted);
   }
 
   void sample(std::vector<ThrottleSample>& hosts) override {
