@@ -37,14 +37,21 @@ request = function()
                     '{"policy":"bench-rate","key":"user-' .. (counter % 1000) .. '","hits":1}')
 end
 LUA
-"$sluice" serve --config "$dir/config.yaml" --grpc "127.0.0.1:$grpc" --http "127.0.0.1:$http" 2>"$dir/log" &
+# With two CPUs or more the server is pinned to one and the load to another, so neither steals
+# the other's core and a ratio is the server's (it serves HTTP on one thread).
+server_cpu=(); load_cpu=()
+if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+  server_cpu=(taskset -c 0); load_cpu=(taskset -c 1)
+fi
+"${server_cpu[@]}" "$sluice" serve --config "$dir/config.yaml" --grpc "127.0.0.1:$grpc" \
+  --http "127.0.0.1:$http" 2>"$dir/log" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 1 200); do grep -q serving "$dir/log" && break; sleep 0.05; done
 run() {  # run NAME wrk-args...: prints "NAME req/s" (16 connections; CONNECTIONS overrides)
   local name=$1; shift
   local out rps non2xx
-  out=$(wrk -t2 -c"${CONNECTIONS:-16}" -d"${seconds}s" "$@")
+  out=$("${load_cpu[@]}" wrk -t2 -c"${CONNECTIONS:-16}" -d"${seconds}s" "$@")
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
   echo "$name $rps ${non2xx:-0}"
@@ -58,7 +65,8 @@ get32=$(CONNECTIONS=32 run throttler_get "$base/throttler/check?app=gh-ost")
 rows=("$floor" "$metrics" "$check" "$floor32" "$get32")
 load() {  # load NAME METHOD TARGET: prints "NAME req/s non-2xx" (http_load, 32 connections)
   local out
-  out=$("$http_load" "127.0.0.1:$http" "$2" "$3" --connections 32 --threads 2 --seconds "$seconds")
+  out=$("${load_cpu[@]}" "$http_load" "127.0.0.1:$http" "$2" "$3" --connections 32 --threads 2 \
+    --seconds "$seconds")
   echo "$1 $(awk '{print $2, $4}' <<<"$out")"
 }
 if [ -n "$http_load" ]; then
