@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "client.h"
 #include "demo.h"
@@ -199,6 +200,25 @@ int main(int argc, char** argv) {
                                                    throttle_ratio);
     });
   }
+  std::string rule_metrics;
+  std::vector<std::string> rule_thresholds;
+  bool rule_clear = false;
+  CLI::App* trule = throttler_cmd->add_subcommand(
+      "rule", "set APP's metric set and thresholds at run time (kept across restarts)");
+  trule->add_option("app", throttled_app, "the app (all: apps without a rule of their own)")
+      ->required();
+  trule->add_option("--metrics", rule_metrics,
+                    "the metrics APP is checked on, comma-separated (-: drop the run-time set)");
+  trule->add_option("--threshold", rule_thresholds,
+                    "METRIC=NUMBER, APP's own threshold (repeatable; 0 drops it)");
+  trule->add_flag("--clear", rule_clear, "drop APP's run-time metric set and thresholds first");
+  trule->add_option("--token", throttler.token,
+                    "the server's admin token (default $SLUICE_ADMIN_TOKEN)");
+  throttler_flags(trule);
+  trule->callback([&] {
+    exit_code = sluice::cli::run_throttler_rule(throttler, throttled_app, rule_metrics,
+                                                rule_thresholds, rule_clear);
+  });
   CLI::App* tapps = throttler_cmd->add_subcommand(
       "apps", "the apps with rules, and the apps that checked (counts, rate, last address)");
   throttler_flags(tapps);

@@ -109,20 +109,11 @@ int run_throttler_check(const ThrottlerCliOptions& o, const ThrottlerCheckArgs& 
   return last.ok ? 0 : 1;
 }
 
-int run_throttler_admin(const ThrottlerCliOptions& o, const std::string& verb,
-                        const std::string& app, const std::string& duration,
-                        const std::string& ratio) {
-  std::string target;
-  if (verb == "throttle") {
-    target = "/throttler/throttle-app?app=" + url_encode(app);
-    if (!duration.empty()) target += "&duration=" + url_encode(duration);
-    if (!ratio.empty()) target += "&ratio=" + url_encode(ratio);
-  } else if (verb == "unthrottle") {
-    target = "/throttler/unthrottle-app?app=" + url_encode(app);
-  } else {
-    target = "/throttler/exempt-app?app=" + url_encode(app) +
-             (verb == "exempt" ? "&exempt=true" : "&exempt=false");
-  }
+namespace {
+
+// POSTs an admin verb's `target` and prints the app's rule as the server now has it.
+int admin_call(const ThrottlerCliOptions& o, const std::string& verb, const std::string& app,
+               const std::string& target) {
   const auto a = call(o, "POST", target + shard_arg(o));
   if (!a) return 2;
   const json body = json::parse(a->body, nullptr, false);
@@ -142,6 +133,47 @@ int run_throttler_admin(const ThrottlerCliOptions& o, const std::string& verb,
     fmt::print("{}: {}\n", app, rule.empty() ? "no rule (defaults)" : rule.dump());
   }
   return 0;
+}
+
+}  // namespace
+
+int run_throttler_rule(const ThrottlerCliOptions& o, const std::string& app,
+                       const std::string& metrics, const std::vector<std::string>& thresholds,
+                       bool clear) {
+  std::string target = "/throttler/app-rule?app=" + url_encode(app);
+  if (metrics == "-")
+    target += "&metrics=";
+  else if (!metrics.empty())
+    target += "&metrics=" + url_encode(metrics);
+  std::string pairs;
+  for (const std::string& t : thresholds) {
+    const auto eq = t.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == t.size()) {
+      fmt::print(stderr, "sluice: --threshold: expected METRIC=NUMBER, not '{}'\n", t);
+      return 2;
+    }
+    pairs += (pairs.empty() ? "" : ",") + t.substr(0, eq) + ":" + t.substr(eq + 1);
+  }
+  if (!pairs.empty()) target += "&thresholds=" + url_encode(pairs);
+  if (clear) target += "&clear=true";
+  return admin_call(o, "rule", app, target);
+}
+
+int run_throttler_admin(const ThrottlerCliOptions& o, const std::string& verb,
+                        const std::string& app, const std::string& duration,
+                        const std::string& ratio) {
+  std::string target;
+  if (verb == "throttle") {
+    target = "/throttler/throttle-app?app=" + url_encode(app);
+    if (!duration.empty()) target += "&duration=" + url_encode(duration);
+    if (!ratio.empty()) target += "&ratio=" + url_encode(ratio);
+  } else if (verb == "unthrottle") {
+    target = "/throttler/unthrottle-app?app=" + url_encode(app);
+  } else {
+    target = "/throttler/exempt-app?app=" + url_encode(app) +
+             (verb == "exempt" ? "&exempt=true" : "&exempt=false");
+  }
+  return admin_call(o, verb, app, target);
 }
 
 int run_throttler_apps(const ThrottlerCliOptions& o) {

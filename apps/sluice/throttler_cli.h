@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace sluice::cli {
 
@@ -30,6 +31,11 @@ int run_throttler_check(const ThrottlerCliOptions& o, const ThrottlerCheckArgs& 
 int run_throttler_admin(const ThrottlerCliOptions& o, const std::string& verb,
                         const std::string& app, const std::string& duration,
                         const std::string& ratio);
+// An app's metric set and thresholds at run time: `metrics` "lag,load" (empty: unchanged; "-":
+// drop the run-time set), `thresholds` "lag=2" each (0 drops one), `clear`: drop both first.
+int run_throttler_rule(const ThrottlerCliOptions& o, const std::string& app,
+                       const std::string& metrics, const std::vector<std::string>& thresholds,
+                       bool clear);
 int run_throttler_apps(const ThrottlerCliOptions& o);
 
 }  // namespace sluice::cli

@@ -396,3 +396,56 @@ def test_the_wire_as_gh_ost_and_a_freno_client_speak_it(start_server, tmp_path):
         assert head_headers.get("content-length") == headers["content-length"], head_headers
     finally:
         conn.close()
+
+
+def test_an_apps_metric_set_and_thresholds_set_at_run_time_survive_a_restart(start_server,
+                                                                              tmp_path):
+    depth, queue = tmp_path / "depth", tmp_path / "queue"
+    depth.write_text("3\n")
+    queue.write_text("50\n")
+    state = tmp_path / "state.json"
+    text = config(depth, f"""
+      queue:
+        probe: command
+        command: "cat {queue}"
+        threshold: 10
+""") + f"\nserver:\n  admin_token: s3cret\n  state_file: {state}\n"
+    server = start_server(text)
+
+    def status(app):
+        return server.http("GET", f"/throttler/check?app={app}").status
+
+    wait_until(lambda: server.http("GET", "/throttler/check?app=purge").json()["reason"]
+               == "threshold_exceeded", 5, what="queue over its threshold")
+    # purge checks depth alone; backfill gets its own queue threshold; through the CLI.
+    out = cli(server, "rule", "purge", "--metrics", "depth", token="s3cret")
+    assert out.returncode == 0 and '"metrics":["depth"]' in out.stdout, out
+    out = cli(server, "rule", "backfill", "--threshold", "queue=100", token="s3cret")
+    assert out.returncode == 0 and '"thresholds":{"queue":100' in out.stdout, out
+    assert status("purge") == 200 and status("backfill") == 200 and status("other") == 429
+    # Bad input names what was wrong and changes nothing.
+    out = cli(server, "rule", "purge", "--metrics", "depth,nope", token="s3cret")
+    assert out.returncode == 2 and "'nope' is not one of the throttler's metrics" in out.stderr
+    out = cli(server, "rule", "purge", "--threshold", "depth=x", token="s3cret")
+    assert out.returncode == 2 and "thresholds: expected metric:number pairs" in out.stderr
+    out = cli(server, "rule", "purge", "--threshold", "depth")
+    assert out.returncode == 2 and "expected METRIC=NUMBER" in out.stderr
+    assert server.http("POST", "/throttler/app-rule?app=purge&metrics=depth").status == 401
+    assert status("purge") == 200
+
+    server.stop()
+    again = start_server(text)
+    # Before the first samples every check is a 429 (no_sample): wait for both metrics.
+    wait_until(lambda: all(m["reason"] != "no_sample" for m in again.http(
+        "GET", "/throttler/check?app=other").json()["Metrics"].values()), 5,
+        what="the first samples after the restart")
+    assert again.http("GET", "/throttler/check?app=other").status == 429
+    assert again.http("GET", "/throttler/check?app=purge").status == 200
+    assert again.http("GET", "/throttler/check?app=backfill").status == 200
+    rules = again.http("GET", "/throttler/throttled-apps").json()["apps"]
+    assert rules["purge"]["metrics"] == ["depth"] and rules["backfill"]["thresholds"] == {
+        "queue": 100}, rules
+    # Dropped again: the defaults.
+    assert cli(again, "rule", "purge", "--clear", token="s3cret").returncode == 0
+    assert again.http("GET", "/throttler/check?app=purge").status == 429
+    assert "purge" not in state.read_text() and "backfill" in state.read_text()

@@ -75,6 +75,9 @@
 //                                                           probability until the time is up
 //   /throttler/unthrottle-app?app=A
 //   /throttler/exempt-app?app=A[&exempt=true|false]
+//   /throttler/app-rule?app=A[&metrics=lag,load][&thresholds=lag:2,load:8][&clear=true]
+//                            the app's metric set and thresholds (over the config's; a
+//                            threshold of 0, or metrics= empty, drops the run-time one)
 //   /throttle-app/A[/TTL_MINUTES[/RATIO]], /unthrottle-app/A  the freno shape (TTL 0: an hour)
 // `app=all` throttles every app (an exempt one still passes). The rules are kept in the
 // server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
@@ -247,6 +250,38 @@ class ThrottlerPolicy final : public Policy {
     const std::lock_guard lock(admin_mu_);
     RuntimeRule r = runtime_rule(app);
     r.exempt = exempt;
+    return save(app, r);
+  }
+  // Sets `app`'s metric set (empty: every metric) and thresholds (each over the config's; a
+  // threshold of 0 drops the run-time one) at run time; `clear`: drops both first.
+  Status set_rule(const std::string& app, const std::optional<std::vector<std::string>>& metrics,
+                  const std::map<std::string, double>& thresholds, bool clear) {
+    if (Status s = check_app(app); !s.ok()) return s;
+    const auto known = [&](const std::string& m) {
+      return std::any_of(spec_.metrics.begin(), spec_.metrics.end(),
+                         [&](const MetricSpec& x) { return x.name == m; });
+    };
+    if (metrics)
+      for (const std::string& m : *metrics)
+        if (!known(m)) return bad("metrics: '" + m + "' is not one of the throttler's metrics");
+    for (const auto& [m, t] : thresholds) {
+      if (!known(m)) return bad("thresholds: '" + m + "' is not one of the throttler's metrics");
+      if (!(t >= 0) || !std::isfinite(t))
+        return bad("thresholds: " + m + " must be a number > 0 (0 drops it)");
+    }
+    const std::lock_guard lock(admin_mu_);
+    RuntimeRule r = runtime_rule(app);
+    if (clear) {
+      r.metrics.clear();
+      r.thresholds.clear();
+    }
+    if (metrics) r.metrics = *metrics;
+    for (const auto& [m, t] : thresholds) {
+      if (t == 0)
+        r.thresholds.erase(m);
+      else
+        r.thresholds[m] = t;
+    }
     return save(app, r);
   }
   // The apps with a rule (config or run time): throttled until when, ratio, exempt.
@@ -486,6 +521,18 @@ class ThrottlerPolicy final : public Policy {
     std::int64_t until_unix_ms = 0;
     double ratio = 1;
     bool exempt = false;
+    std::vector<std::string> metrics;          // non-empty: the app's metric set
+    std::map<std::string, double> thresholds;  // per metric, over the config's
+    [[nodiscard]] bool says_nothing() const {
+      return until_unix_ms == 0 && !exempt && metrics.empty() && thresholds.empty();
+    }
+    [[nodiscard]] nlohmann::json to_json() const {
+      nlohmann::json j = {
+          {"throttled_until_unix_ms", until_unix_ms}, {"ratio", ratio}, {"exempt", exempt}};
+      if (!metrics.empty()) j["metrics"] = metrics;
+      if (!thresholds.empty()) j["thresholds"] = thresholds;
+      return j;
+    }
   };
   static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
   static constexpr Nanos kBeforePublish = std::chrono::milliseconds(1);
@@ -512,16 +559,18 @@ class ThrottlerPolicy final : public Policy {
       r.until_unix_ms = j.value("throttled_until_unix_ms", std::int64_t{0});
       r.ratio = j.value("ratio", 1.0);
       r.exempt = j.value("exempt", false);
+      if (const auto m = j.find("metrics"); m != j.end() && m->is_array())
+        for (const auto& name : *m)
+          if (name.is_string()) r.metrics.push_back(name.get<std::string>());
+      if (const auto t = j.find("thresholds"); t != j.end() && t->is_object())
+        for (const auto& [metric, v] : t->items())
+          if (v.is_number()) r.thresholds[metric] = v.get<double>();
     }
     return r;
   }
   // Stores `r` for `app` (durably; erased when it says nothing) and applies it.
   Status save(const std::string& app, const RuntimeRule& r) {
-    const bool empty = r.until_unix_ms == 0 && !r.exempt;
-    Status s = empty ? state_store_.erase(app)
-                     : state_store_.put(app, {{"throttled_until_unix_ms", r.until_unix_ms},
-                                              {"ratio", r.ratio},
-                                              {"exempt", r.exempt}});
+    Status s = r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json());
     if (!s.ok()) return s;
     apply(app, r);
     return {};
@@ -538,8 +587,21 @@ class ThrottlerPolicy final : public Policy {
       rule.ratio = r.ratio;
     }
     rule.exempt = rule.exempt || r.exempt;
-    const bool says_nothing =
-        config == spec_.apps.end() && !rule.exempt && rule.throttled_until.count() == INT64_MIN;
+    // A metric the config no longer has is dropped (the app then checks the rest, or the
+    // defaults when none is left), so an old rule cannot make every check a 404.
+    const auto known = [&](const std::string& m) {
+      return std::any_of(spec_.metrics.begin(), spec_.metrics.end(),
+                         [&](const MetricSpec& x) { return x.name == m; });
+    };
+    std::vector<std::string> metrics;
+    for (const std::string& m : r.metrics)
+      if (known(m)) metrics.push_back(m);
+    if (!metrics.empty()) rule.metrics = std::move(metrics);
+    for (const auto& [m, t] : r.thresholds)
+      if (known(m)) rule.thresholds[m] = t;
+    const bool says_nothing = config == spec_.apps.end() && !rule.exempt &&
+                              rule.throttled_until.count() == INT64_MIN && rule.metrics.empty() &&
+                              rule.thresholds.empty();
     if (says_nothing)
       rules_.erase(app);
     else
@@ -555,11 +617,7 @@ class ThrottlerPolicy final : public Policy {
       if (r.until_unix_ms != 0 && r.until_unix_ms <= now_ms) {
         r.until_unix_ms = 0;
         r.ratio = 1;
-        if (!(r.exempt
-                  ? state_store_.put(
-                        app, {{"throttled_until_unix_ms", 0}, {"ratio", 1.0}, {"exempt", true}})
-                  : state_store_.erase(app))
-                 .ok())
+        if (!(r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json())).ok())
           continue;  // kept in the file; it says nothing now either way
       }
       apply(app, r);
@@ -1197,6 +1255,45 @@ PolicyKind throttler_kind_impl() {
       admin_route("/throttler/unthrottle-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
         const std::string app = app_of(req);
         return changed(t.unthrottle(app), t, app);
+      }));
+  // An app's metric set and thresholds at run time: metrics=a,b (empty: drop the run-time set),
+  // thresholds=lag:2,load:8 (0 drops one), clear=true (drop both first).
+  kind.routes.push_back(
+      admin_route("/throttler/app-rule", [](const RouteRequest& req, ThrottlerPolicy& t) {
+        std::optional<std::vector<std::string>> metrics;
+        if (const auto text = req.arg("metrics")) {
+          metrics.emplace();
+          for (std::string_view rest = *text; !rest.empty();) {
+            const auto comma = rest.find(',');
+            const std::string_view name = rest.substr(0, comma);
+            rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+            if (!name.empty()) metrics->emplace_back(name);
+          }
+        }
+        std::map<std::string, double> thresholds;
+        for (std::string_view rest = req.arg("thresholds").value_or(""); !rest.empty();) {
+          const auto comma = rest.find(',');
+          const std::string_view pair = rest.substr(0, comma);
+          rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+          const auto colon = pair.find(':');
+          double v = 0;
+          const std::string_view number =
+              colon == std::string_view::npos ? std::string_view{} : pair.substr(colon + 1);
+          const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), v);
+          if (colon == std::string_view::npos || number.empty() || ec != std::errc{} ||
+              end != number.data() + number.size())
+            return Decided<RouteReply>(Status(
+                StatusCode::kInvalidArgument,
+                "thresholds: expected metric:number pairs, not '" + std::string(pair) + "'"));
+          thresholds[std::string(pair.substr(0, colon))] = v;
+        }
+        const std::string_view clear = req.arg("clear").value_or("false");
+        if (clear != "true" && clear != "false")
+          return Decided<RouteReply>(
+              Status(StatusCode::kInvalidArgument,
+                     "clear: must be true or false, not '" + std::string(clear) + "'"));
+        const std::string app = app_of(req);
+        return changed(t.set_rule(app, metrics, thresholds, clear == "true"), t, app);
       }));
   kind.routes.push_back(
       admin_route("/throttler/exempt-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
