@@ -40,6 +40,7 @@ PUBLIC_HEADERS = {
     "rate_strategy.h": "core",
     "status.h": "core",
     "throttler.h": "core",
+    "cascade.h": "core",
     "timed_coordinator.h": "backends",
     "throttler_client.h": "backends",
     "vegas_limit.h": "core",
