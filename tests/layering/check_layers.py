@@ -54,6 +54,7 @@ PUBLIC_HEADERS = {
     "gateway_validation.h": "local",
     "rate_limiter.h": "local",
     "semaphore.h": "local",
+    "cascade_stats.h": "local",
     "federation.h": "fleet",
     "fleet_guard.h": "fleet",
     "memory_coordinator.h": "backends",
