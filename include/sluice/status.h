@@ -34,6 +34,7 @@ enum class StatusCode : std::uint8_t {
   kAborted,
   kPermissionDenied,
   kFailedPrecondition,
+  kResourceExhausted,  // no capacity left (every node of a cascade at its limit)
   kInternal,
 };
 

@@ -20,6 +20,8 @@ std::string_view to_string(StatusCode code) noexcept {
       return "permission denied";
     case StatusCode::kFailedPrecondition:
       return "failed precondition";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
     case StatusCode::kInternal:
       return "internal";
   }

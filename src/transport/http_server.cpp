@@ -53,6 +53,8 @@ unsigned http_status(StatusCode c) {
       return 503;
     case StatusCode::kDeadlineExceeded:
       return 504;
+    case StatusCode::kResourceExhausted:
+      return 429;
     default:
       return 500;
   }

@@ -34,6 +34,8 @@ grpc::Status to_grpc(const Status& s) {
       return {grpc::StatusCode::PERMISSION_DENIED, s.message()};
     case StatusCode::kFailedPrecondition:
       return {grpc::StatusCode::FAILED_PRECONDITION, s.message()};
+    case StatusCode::kResourceExhausted:
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message()};
     case StatusCode::kInternal:
       break;
   }

@@ -55,6 +55,7 @@ PUBLIC_HEADERS = {
     "rate_limiter.h": "local",
     "semaphore.h": "local",
     "cascade_stats.h": "local",
+    "fallback_cascade.h": "local",
     "federation.h": "fleet",
     "fleet_guard.h": "fleet",
     "memory_coordinator.h": "backends",

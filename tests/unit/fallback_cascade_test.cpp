@@ -1,0 +1,215 @@
+// The fallback cascade (sluice/fallback_cascade.h) on a manual clock: it prefers healthy nodes
+// by their weights, skips full ones, fails fast when every node is full, records each outcome
+// in the node's guard and buckets (an overload refusal as a failure), lets a node floored by
+// its sticky bucket back in, keeps health across node-set changes, and loses no permit or count
+// under concurrent callers.
+#include "sluice/fallback_cascade.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sluice/fixed_limit.h"
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::shared_ptr<AdaptiveGuard> guard(const Clock& clock, std::uint32_t limit) {
+  FixedLimitOptions o;
+  o.limit = limit;
+  return std::make_shared<AdaptiveGuard>(std::make_unique<FixedLimit>(o), clock);
+}
+
+struct Fixture {
+  ManualClock clock{seconds(1'000'000)};
+  std::mt19937_64 rng{7};
+  std::vector<CascadeNodeSpec> specs(std::vector<std::pair<std::string, std::uint32_t>> nodes) {
+    std::vector<CascadeNodeSpec> out;
+    for (auto& [name, limit] : nodes) out.push_back({name, guard(clock, limit)});
+    return out;
+  }
+  UniformDraw draw() {
+    return [this] { return std::uniform_real_distribution<double>(0, 1)(rng); };
+  }
+  // `n` calls through `c`, each finished with outcome(node); returns picks per node.
+  std::map<std::string, int> run(FallbackCascade& c, int n,
+                                 const std::function<CascadeOutcome(const std::string&)>& outcome) {
+    std::map<std::string, int> picks;
+    for (int i = 0; i < n; ++i) {
+      auto lease = c.acquire();
+      EXPECT_TRUE(lease.ok()) << lease.status().to_string();
+      if (!lease.ok()) break;
+      ++picks[lease.value().node()];
+      lease.value().finish(outcome(lease.value().node()), milliseconds(2));
+    }
+    return picks;
+  }
+};
+
+TEST(FallbackCascade, AFailingNodeStopsBeingPickedAndHealthyOnesShareTheCalls) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 100}, {"b", 100}, {"c", 100}}), f.clock, {}, f.draw());
+  // c fails everything: after its first failures it weighs 0 (recent buckets, 0% success).
+  f.run(c, 300, [](const std::string& n) {
+    return n == "c" ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  });
+  const auto picks = f.run(c, 3000, [](const std::string& n) {
+    return n == "c" ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  });
+  EXPECT_EQ(picks.count("c"), 0u);
+  EXPECT_NEAR(picks.at("a"), 1500, 150);
+  EXPECT_NEAR(picks.at("b"), 1500, 150);
+}
+
+TEST(FallbackCascade, AFastOverloadRefusalCountsAsAFailureNotACheapSuccess) {
+  Fixture f;
+  auto specs = f.specs({{"a", 100}, {"shedding", 100}});
+  const std::shared_ptr<AdaptiveGuard> shedding = specs[1].guard;
+  FallbackCascade c(std::move(specs), f.clock, {}, f.draw());
+  f.run(c, 200, [](const std::string& n) {
+    return n == "shedding" ? CascadeOutcome::kOverload : CascadeOutcome::kSuccess;
+  });
+  const std::vector<CascadeNodeState> s = c.state();
+  const auto& shed = s[1].name == "shedding" ? s[1] : s[0];
+  EXPECT_EQ(shed.health.weight, 0);
+  EXPECT_GT(shed.buckets.historical[0].finished, 0u);
+  EXPECT_EQ(shed.buckets.historical[0].succeeded, 0u);
+  // ... and its guard saw every one of them as dropped (an adaptive limit comes down on those).
+  EXPECT_EQ(shedding->stats().dropped, shed.buckets.historical[0].finished);
+  EXPECT_EQ(shedding->stats().accepted, shed.buckets.historical[0].finished);
+}
+
+TEST(FallbackCascade, AFullNodeIsSkippedAndEveryNodeFullFailsFast) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 1}, {"b", 1}}), f.clock, {}, f.draw());
+  auto first = c.acquire();
+  auto second = c.acquire();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first.value().node(), second.value().node());  // the first took one, the other left
+  auto third = c.acquire();
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(third.status().message(), "cascade: every node is at its concurrency limit (2 tried)");
+  // Excluding the node a caller already tried.
+  first.value().finish(CascadeOutcome::kSuccess);
+  const std::string tried[] = {first.value().node()};
+  auto retry = c.acquire(tried);
+  EXPECT_EQ(retry.status().message(),
+            "cascade: every node is at its concurrency limit (1 tried, 1 excluded)");
+  auto again = c.acquire();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().node(), first.value().node());
+}
+
+TEST(FallbackCascade, TheLeaseRecordsOnceAndAnUnfinishedLeaseCountsAsFailed) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 10}}), f.clock, {}, f.draw());
+  {
+    auto lease = c.acquire();
+    ASSERT_TRUE(lease.ok());
+    lease.value().finish(CascadeOutcome::kSuccess);
+    lease.value().finish(CascadeOutcome::kFailed);  // ignored
+    EXPECT_TRUE(lease.value().finished());
+  }
+  { auto dropped = c.acquire(); }  // destroyed unfinished
+  const CascadeNodeState s = c.state().front();
+  EXPECT_EQ(s.buckets.historical[0].finished, 2u);
+  EXPECT_EQ(s.buckets.historical[0].succeeded, 1u);
+  EXPECT_EQ(s.in_flight, 0u);
+}
+
+TEST(FallbackCascade, ANodeLastSeenFailingComesBackThroughItsFloorAndIsHealthyAgainSoon) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 1000}, {"b", 1000}, {"c", 1000}}), f.clock, {}, f.draw());
+  bool c_bad = true;
+  const auto outcome = [&](const std::string& n) {
+    return n == "c" && c_bad ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  };
+  f.run(c, 200, outcome);
+  // 31 s later c's failures have aged out of the 30 s window into its sticky bucket: its weight
+  // is the floor (0.0001 / 3), not 0, and not 1e-12.
+  f.clock.advance(seconds(31));
+  c_bad = false;  // c healed meanwhile
+  EXPECT_DOUBLE_EQ(c.state()[2].health.weight, 0.0001 / 3);
+  // At a high call rate it is tried again within a few tens of thousands of calls, and its
+  // successes then count as recent: healthy.
+  int calls = 0;
+  while (c.state()[2].health.basis != CascadeHealth::Basis::kRecent && calls < 200'000) {
+    f.run(c, 1000, outcome);
+    calls += 1000;
+  }
+  EXPECT_LT(calls, 200'000);
+  EXPECT_EQ(c.state()[2].health.success_rate, 1);
+}
+
+TEST(FallbackCascade, ANodeSetChangeKeepsKnownNodesAndStartsNewOnesClean) {
+  Fixture f;
+  auto specs = f.specs({{"a", 10}, {"b", 10}});
+  const std::shared_ptr<AdaptiveGuard> b_guard = specs[1].guard;
+  FallbackCascade c(std::move(specs), f.clock, {}, f.draw());
+  f.run(c, 100, [](const std::string& n) {
+    return n == "b" ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  });
+  // b weighs 0 now: it is picked only once a is full. Fill a, take b, and remove b while its
+  // lease is held; c is added.
+  std::vector<CascadeLease> on_a;
+  for (int i = 0; i < 10; ++i) {
+    auto l = c.acquire();
+    ASSERT_TRUE(l.ok());
+    ASSERT_EQ(l.value().node(), "a");
+    on_a.push_back(std::move(l.value()));
+  }
+  StatusOr<CascadeLease> held = c.acquire();
+  ASSERT_TRUE(held.ok() && held.value().node() == "b");
+  c.set_nodes(f.specs({{"a", 10}, {"c", 10}}));
+  const std::vector<CascadeNodeState> s = c.state();
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].name, "a");
+  EXPECT_GT(s[0].buckets.historical[0].finished, 0u);  // kept
+  EXPECT_EQ(s[1].health.basis, CascadeHealth::Basis::kCleanSlate);
+  // The removed node's lease finishes into its own guard.
+  EXPECT_EQ(b_guard->in_flight(), 1u);
+  held.value().finish(CascadeOutcome::kSuccess);
+  EXPECT_EQ(b_guard->in_flight(), 0u);
+}
+
+TEST(FallbackCascade, ConcurrentCallersLeakNoPermitAndLoseNoCount) {
+  ManualClock clock{seconds(1'000'000)};
+  std::vector<CascadeNodeSpec> specs;
+  for (const char* n : {"a", "b", "c"}) specs.push_back({n, guard(clock, 4)});
+  FallbackCascade c(std::move(specs), clock);
+  constexpr int kThreads = 4, kCalls = 20'000;
+  std::atomic<int> admitted{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        auto lease = c.acquire();
+        if (!lease.ok()) {
+          ++refused;
+          continue;
+        }
+        ++admitted;
+        lease.value().finish((i + t) % 4 == 0 ? CascadeOutcome::kTimeout
+                                              : CascadeOutcome::kSuccess);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(admitted + refused, kThreads * kCalls);
+  std::uint32_t finished = 0;
+  for (const CascadeNodeState& s : c.state()) {
+    EXPECT_EQ(s.in_flight, 0u) << s.name;
+    finished += s.buckets.historical[0].finished;
+  }
+  EXPECT_EQ(finished, static_cast<std::uint32_t>(admitted.load()));
+}
+
+}  // namespace
+}  // namespace sluice
