@@ -152,7 +152,10 @@ int run_throttler_rule(const ThrottlerCliOptions& o, const std::string& app,
       fmt::print(stderr, "sluice: --threshold: expected METRIC=NUMBER, not '{}'\n", t);
       return 2;
     }
-    pairs += (pairs.empty() ? "" : ",") + t.substr(0, eq) + ":" + t.substr(eq + 1);
+    if (!pairs.empty()) pairs.push_back(',');
+    pairs.append(t, 0, eq);
+    pairs.push_back(':');
+    pairs.append(t, eq + 1);
   }
   if (!pairs.empty()) target += "&thresholds=" + url_encode(pairs);
   if (clear) target += "&clear=true";
