@@ -75,6 +75,8 @@ class ThrottlerClient {
  private:
   explicit ThrottlerClient(ThrottlerClientOptions options) : options_(std::move(options)) {}
   ThrottlerClientOptions options_;
+  std::string host_;  // from the url, parsed once by create()
+  int port_ = 80;
   std::string target_;  // the check's path and query
 };
 

@@ -90,6 +90,8 @@ StatusOr<ThrottlerClient> ThrottlerClient::create(ThrottlerClientOptions options
     return invalid("scope: must be self or shard, not '" + options.scope + "'");
   if (options.timeout <= Nanos{0}) return invalid("timeout: must be > 0");
   ThrottlerClient c(std::move(options));
+  c.host_ = url.host;
+  c.port_ = url.port;
   std::string base = url.target == "/" ? "" : url.target;
   if (!base.empty() && base.back() == '/') base.pop_back();
   c.target_ = base + "/throttler/check?app=" + backend_detail::url_encode(c.options_.app);
@@ -102,7 +104,8 @@ StatusOr<ThrottlerClient> ThrottlerClient::create(ThrottlerClientOptions options
 
 ThrottlerAnswer ThrottlerClient::check() const {
   backend_detail::HttpUrl url;
-  (void)backend_detail::parse_http_url(options_.url, url);  // checked by create()
+  url.host = host_;
+  url.port = port_;
   const backend_detail::HttpAnswer a = backend_detail::http_request(
       url, "GET", target_, {"Accept: application/json"}, options_.timeout);
   if (!a.error.empty()) return unreachable(a.error, 0, options_.on_unreachable);
