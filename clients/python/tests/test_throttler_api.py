@@ -14,24 +14,7 @@ import grpc
 import pytest
 
 from conftest import metric, sluice_bin, wait_until
-
-
-def config(value_file, extra_metrics=""):
-    return f"""
-policies:
-  db:
-    kind: throttler
-    shard: main
-    fast_interval: 50ms
-    dormant_interval: 50ms
-    stale_intervals: 40
-    metrics:
-      depth:
-        probe: command
-        command: "cat {value_file}"
-        threshold: 5
-{extra_metrics}
-"""
+from test_throttler import config  # the same throttler: metric depth from a file, shard main
 
 
 def test_the_grpc_check_answers_as_the_http_check_does(start_server, tmp_path):
@@ -134,7 +117,7 @@ def test_an_http_probe_reads_a_number_from_a_url_and_fails_closed(start_server, 
     value.write_text("1\n")
     web = _NumberServer()
     try:
-        server = start_server(config(value, f"""
+        server = start_server(config(value, metric_extra=f"""
       queue:
         probe: http
         url: http://127.0.0.1:{web.port}/n
@@ -225,7 +208,7 @@ def cli(server, *args, token=None, timeout=30):
 def test_the_cli_checks_waits_and_sets_rules(start_server, tmp_path):
     value = tmp_path / "depth"
     value.write_text("3\n")
-    server = start_server(config(value, "") + "\nserver:\n  admin_token: s3cret\n")
+    server = start_server(config(value) + "\nserver:\n  admin_token: s3cret\n")
     wait_until(lambda: server.http("GET", "/throttler/check?app=x").status == 200, 5,
                what="the first sample")
     out = cli(server, "check", "purge")
@@ -404,7 +387,7 @@ def test_an_apps_metric_set_and_thresholds_set_at_run_time_survive_a_restart(sta
     depth.write_text("3\n")
     queue.write_text("50\n")
     state = tmp_path / "state.json"
-    text = config(depth, f"""
+    text = config(depth, metric_extra=f"""
       queue:
         probe: command
         command: "cat {queue}"
