@@ -1,62 +1,101 @@
 // fallback_cascade.h: send each call to the healthiest node that has room.
 //
 // What it is: a set of named nodes (replicas of one backend), each with its own AdaptiveGuard
-// (its concurrency limit) and its own stat buckets (cascade_stats.h). acquire() orders the
-// nodes by a weighted random permutation of their health (cascade.h: success rate, weight,
-// order), walks that order and takes a permit from the first node whose guard has room; when no
-// node has room it fails fast (kResourceExhausted, saying how many nodes were tried). The
-// caller makes the call to the lease's node and finishes the lease with how it went:
+// (its concurrency limit), its own stat buckets (cascade_stats.h) and, optionally, its own
+// circuit breaker (circuit_breaker.h). acquire() orders the nodes by a weighted random
+// permutation of their health (cascade.h: success rate, weight, order), walks that order and
+// takes a permit from the first node whose breaker lets the call through and whose guard has
+// room; when no node has, it fails fast (kResourceExhausted, saying how many nodes were tried,
+// open and excluded). An open breaker refuses without a permit being taken; a half-open one's
+// probe takes a permit like any call, so probes count against the node's limit. The caller
+// makes the call to the lease's node and finishes the lease with how it went:
 //   kSuccess   the guard gets the call's RTT (latency evidence); the buckets a success;
 //   kTimeout   the guard: dropped (its limit comes down); the buckets a failure;
 //   kOverload  a fast refusal by the node as overloaded (HTTP 429/503, gRPC RESOURCE_EXHAUSTED
 //              or UNAVAILABLE): dropped, and a failure -- not a cheap success, or a shedding
 //              node would attract more traffic for answering fast;
-//   kFailed    an error that says nothing of load (a bad request, a bug): the guard ignores
-//              it; the buckets count a failure.
-// A lease finished twice counts once; a lease destroyed unfinished counts as kFailed.
+//   kFailed    an error that says nothing of load (a 500, a crash): the guard ignores it; the
+//              buckets count a failure;
+//   kIgnored   nothing about the node (the caller gave up, was cancelled): counted nowhere.
+// The breaker counts every failure (timeout, overload, failed). A lease finished twice counts
+// once; a lease destroyed unfinished counts as kFailed. outcome_of_http() and outcome_of_grpc()
+// map a reply's status to an outcome.
 //
-// Node sets change at run time (set_nodes): a node kept by name keeps its guard and health, a
-// new node starts clean (a clean slate counts as healthy), a removed node stops being picked and
-// its leases in flight finish into it as usual.
+// Retries: by default the cascade picks once and never retries. With retry.max_attempts > 1,
+// call() retries a failed call on another node (excluding every node tried), as long as the
+// retry budget (retry_budget.h: a share of the calls plus a small allowance a second) has room,
+// so retries cannot multiply the load during an outage. Callers that retry by themselves use
+// acquire(exclude) with try_retry().
 //
-// Use:
+// Node sets change at run time (set_nodes): a node kept by name keeps its guard, health and
+// breaker, a new node starts clean (a clean slate counts as healthy), a removed node stops being
+// picked and its leases in flight finish into it as usual.
+//
+// Use, pick -> permit -> report:
 //   sluice::FallbackCascade cascade(nodes, sluice::SteadyClock::instance());
 //   auto lease = cascade.acquire();
 //   if (!lease.ok()) return lease.status();           // every node full: fail fast
 //   auto reply = call(lease.value().node());          // the caller's own call
-//   lease.value().finish(reply.ok() ? CascadeOutcome::kSuccess : CascadeOutcome::kFailed);
-// or, wrapping a callable that returns the outcome: cascade.call([](std::string_view node) {...}).
+//   lease.value().finish(sluice::outcome_of_http(reply.status));
+// or, wrapping a callable and how to read its reply:
+//   StatusOr<Reply> reply = cascade.call(
+//       [&](std::string_view node) { return get(node, path); },
+//       [](const Reply& r) { return sluice::outcome_of_http(r.status); });
 //
-// Thread-safety: every member is safe to call concurrently. acquire() takes no lock: it reads
-// the node set through an atomic shared pointer and each node's buckets and guard atomically.
+// Thread-safety: every member is safe to call concurrently. acquire() takes no lock while the
+// breakers are closed: it reads the node set through an atomic shared pointer and each node's
+// buckets, breaker and guard atomically.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "sluice/adaptive_guard.h"
 #include "sluice/cascade.h"
 #include "sluice/cascade_stats.h"
+#include "sluice/circuit_breaker.h"
 #include "sluice/clock.h"
+#include "sluice/retry_budget.h"
 #include "sluice/status.h"
 
 namespace sluice {
 
-enum class CascadeOutcome { kSuccess, kTimeout, kOverload, kFailed };
+enum class CascadeOutcome { kSuccess, kTimeout, kOverload, kFailed, kIgnored };
+
+// "success", "timeout", "overload", "failed", "ignored".
+[[nodiscard]] std::string_view to_string(CascadeOutcome o) noexcept;
+// An HTTP reply's status: 429 and 503 overload; 408 and 504 timeout; any other 5xx failed;
+// everything else (2xx, 3xx, a 4xx: the node answered) success.
+[[nodiscard]] CascadeOutcome outcome_of_http(int status) noexcept;
+// A gRPC status code: RESOURCE_EXHAUSTED (8) and UNAVAILABLE (14) overload; DEADLINE_EXCEEDED
+// (4) timeout; CANCELLED (1) ignored; UNKNOWN (2), INTERNAL (13), DATA_LOSS (15) and
+// UNIMPLEMENTED (12) failed; OK and the caller's own errors (INVALID_ARGUMENT, NOT_FOUND, ...)
+// success.
+[[nodiscard]] CascadeOutcome outcome_of_grpc(int code) noexcept;
 
 struct CascadeNodeSpec {
   std::string name;
   std::shared_ptr<AdaptiveGuard> guard;  // not null
 };
 
+struct CascadeRetryOptions {
+  std::uint32_t max_attempts = 1;  // call()'s attempts per call, first included (1: no retry)
+  RetryBudgetOptions budget;
+};
+
 struct FallbackCascadeOptions {
   CascadeStatsOptions stats;
   CascadeHealthOptions health;
   bool approximate_order = false;  // the source's approximation instead of the exact order
+  std::optional<CircuitBreakerOptions> breaker;  // per node; none by default
+  CascadeRetryOptions retry;
 };
 // Why `o` is unusable, naming the field; empty when it is fine.
 [[nodiscard]] std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcept;
@@ -65,17 +104,25 @@ struct FallbackCascadeOptions {
 class CascadeNode {
  public:
   CascadeNode(std::string name, std::shared_ptr<AdaptiveGuard> guard,
-              const CascadeStatsOptions& stats)
-      : name_(std::move(name)), guard_(std::move(guard)), stats_(stats) {}
+              const CascadeStatsOptions& stats, const std::optional<CircuitBreakerOptions>& breaker)
+      : name_(std::move(name)), guard_(std::move(guard)), stats_(stats) {
+    if (breaker) breaker_.emplace(*breaker);
+  }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] AdaptiveGuard& guard() const noexcept { return *guard_; }
   [[nodiscard]] CascadeNodeStats& stats() noexcept { return stats_; }
   [[nodiscard]] const CascadeNodeStats& stats() const noexcept { return stats_; }
+  // Null when the cascade has no breakers.
+  [[nodiscard]] CircuitBreaker* breaker() noexcept { return breaker_ ? &*breaker_ : nullptr; }
+  [[nodiscard]] const CircuitBreaker* breaker() const noexcept {
+    return breaker_ ? &*breaker_ : nullptr;
+  }
 
  private:
   const std::string name_;
   const std::shared_ptr<AdaptiveGuard> guard_;
   CascadeNodeStats stats_;
+  std::optional<CircuitBreaker> breaker_;
 };
 
 class [[nodiscard]] CascadeLease {
@@ -92,16 +139,26 @@ class [[nodiscard]] CascadeLease {
   void finish(CascadeOutcome outcome) noexcept;
   void finish(CascadeOutcome outcome, Nanos rtt) noexcept;
   [[nodiscard]] bool finished() const noexcept { return !permit_.held(); }
+  // Whether it is a half-open breaker's probe.
+  [[nodiscard]] bool probe() const noexcept {
+    return ticket_.kind == CircuitBreaker::Ticket::Kind::kProbe;
+  }
 
  private:
   friend class FallbackCascade;
-  CascadeLease(std::shared_ptr<CascadeNode> node, GuardPermit permit, const Clock& clock) noexcept
-      : node_(std::move(node)), permit_(std::move(permit)), clock_(&clock), start_(clock.now()) {}
+  CascadeLease(std::shared_ptr<CascadeNode> node, GuardPermit permit, const Clock& clock,
+               CircuitBreaker::Ticket ticket, Nanos start) noexcept
+      : node_(std::move(node)),
+        permit_(std::move(permit)),
+        clock_(&clock),
+        start_(start),
+        ticket_(ticket) {}
 
   std::shared_ptr<CascadeNode> node_;
   GuardPermit permit_;
   const Clock* clock_;
   Nanos start_;
+  CircuitBreaker::Ticket ticket_;
 };
 
 // A node's state, for metrics and tests.
@@ -111,6 +168,7 @@ struct CascadeNodeState {
   CascadeNodeStats::Snapshot buckets;
   std::uint32_t in_flight = 0;
   std::uint32_t limit = 0;
+  std::optional<CircuitBreaker::Snapshot> breaker;  // none without breakers
 };
 
 class FallbackCascade {
@@ -120,14 +178,25 @@ class FallbackCascade {
   FallbackCascade(std::vector<CascadeNodeSpec> nodes, const Clock& clock,
                   FallbackCascadeOptions o = {}, UniformDraw draw = {});
 
-  // A permit on the first node of the order that has room, skipping the nodes named in
-  // `exclude` (those a caller already tried); kResourceExhausted when none has.
+  // A permit on the first node of the order whose breaker lets a call through and whose guard
+  // has room, skipping the nodes named in `exclude` (those a caller already tried);
+  // kResourceExhausted when none has.
   [[nodiscard]] StatusOr<CascadeLease> acquire(std::span<const std::string> exclude = {});
 
-  // Picks, calls `f(node_name)` -> CascadeOutcome, and finishes the lease with it (kFailed if
-  // `f` throws, rethrown). The refusal's Status when no node has room.
+  // Picks, calls `f(node_name)` -> R, reads the outcome with `classify(const R&)` and finishes
+  // the lease with it (kFailed if `f` throws, rethrown). A failed call is retried on another
+  // node while retry.max_attempts and the retry budget allow. Returns the last reply, or the
+  // refusal when no node had room for the first attempt.
+  template <typename F, typename C>
+  auto call(F&& f, C&& classify) -> StatusOr<std::invoke_result_t<F&, std::string_view>>;
+  // The same with `f` returning the CascadeOutcome itself: OK, or the refusal.
   template <typename F>
   Status call(F&& f);
+
+  // For callers that retry by themselves: counts a first attempt / spends a retry from the
+  // budget (false: make no retry). call() does both itself.
+  void record_call() noexcept { budget_.record_call(clock_.now()); }
+  [[nodiscard]] bool try_retry() noexcept { return budget_.try_retry(clock_.now()); }
 
   // Replaces the node set (see above). Names must be unique, guards not null.
   void set_nodes(std::vector<CascadeNodeSpec> nodes);
@@ -141,20 +210,45 @@ class FallbackCascade {
   const Clock& clock_;
   const FallbackCascadeOptions options_;
   UniformDraw draw_;
+  RetryBudget budget_;
   std::atomic<std::shared_ptr<const Nodes>> nodes_;
 };
 
+template <typename F, typename C>
+auto FallbackCascade::call(F&& f, C&& classify)
+    -> StatusOr<std::invoke_result_t<F&, std::string_view>> {
+  using R = std::invoke_result_t<F&, std::string_view>;
+  std::optional<R> last;
+  std::vector<std::string> tried;
+  for (std::uint32_t attempt = 0; attempt < options_.retry.max_attempts; ++attempt) {
+    if (attempt == 0)
+      record_call();
+    else if (!try_retry())
+      break;
+    auto lease = acquire(tried);
+    if (!lease.ok()) {
+      if (last) break;
+      return lease.status();
+    }
+    CascadeOutcome outcome;
+    try {
+      last.emplace(f(std::string_view(lease.value().node())));
+      outcome = classify(*last);
+    } catch (...) {
+      lease.value().finish(CascadeOutcome::kFailed);
+      throw;
+    }
+    lease.value().finish(outcome);
+    if (outcome == CascadeOutcome::kSuccess || outcome == CascadeOutcome::kIgnored) break;
+    if (attempt + 1 < options_.retry.max_attempts) tried.push_back(lease.value().node());
+  }
+  return std::move(*last);
+}
+
 template <typename F>
 Status FallbackCascade::call(F&& f) {
-  auto lease = acquire();
-  if (!lease.ok()) return lease.status();
-  try {
-    lease.value().finish(f(std::string_view(lease.value().node())));
-  } catch (...) {
-    lease.value().finish(CascadeOutcome::kFailed);
-    throw;
-  }
-  return {};
+  StatusOr<CascadeOutcome> r = call(f, [](CascadeOutcome o) { return o; });
+  return r.ok() ? Status() : r.status();
 }
 
 }  // namespace sluice

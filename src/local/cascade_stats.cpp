@@ -3,33 +3,19 @@
 
 #include <algorithm>
 
+#include "local/bucket_word.h"
+
 namespace sluice {
 namespace {
 
-constexpr std::uint64_t kEpochBits = 24;
-constexpr std::uint64_t kEpochMask = (1ull << kEpochBits) - 1;
-constexpr std::uint64_t kCountMask = (1ull << 20) - 1;
-constexpr std::uint32_t kHalfRange = 1u << (kEpochBits - 1);
-
-// [epoch:24][finished:20][succeeded:20]
-constexpr std::uint64_t pack(std::uint32_t epoch, std::uint32_t finished,
-                             std::uint32_t succeeded) noexcept {
-  return (static_cast<std::uint64_t>(epoch & kEpochMask) << 40) | ((finished & kCountMask) << 20) |
-         (succeeded & kCountMask);
-}
-constexpr std::uint32_t epoch_of_word(std::uint64_t w) noexcept {
-  return static_cast<std::uint32_t>(w >> 40);
-}
-constexpr std::uint32_t finished_of(std::uint64_t w) noexcept {
-  return static_cast<std::uint32_t>((w >> 20) & kCountMask);
-}
-constexpr std::uint32_t succeeded_of(std::uint64_t w) noexcept {
-  return static_cast<std::uint32_t>(w & kCountMask);
-}
-// How many epochs `tag` is behind `epoch` (modulo 2^24); >= kHalfRange: it is ahead.
-constexpr std::uint32_t behind(std::uint32_t epoch, std::uint32_t tag) noexcept {
-  return static_cast<std::uint32_t>((epoch - tag) & kEpochMask);
-}
+using bucket_word::behind;
+using bucket_word::epoch_of;
+using bucket_word::kEpochMask;
+using bucket_word::kHalfRange;
+using bucket_word::pack;
+// [epoch][finished][succeeded]
+constexpr std::uint32_t finished_of(std::uint64_t w) noexcept { return bucket_word::a_of(w); }
+constexpr std::uint32_t succeeded_of(std::uint64_t w) noexcept { return bucket_word::b_of(w); }
 
 }  // namespace
 
@@ -47,7 +33,7 @@ void CascadeNodeStats::record(bool success, Nanos now) noexcept {
   std::atomic<std::uint64_t>& slot = slots_[e64 % options_.buckets];
   std::uint64_t old = slot.load(std::memory_order_relaxed);
   for (;;) {
-    const std::uint32_t tag = epoch_of_word(old);
+    const std::uint32_t tag = epoch_of(old);
     std::uint64_t next;
     if (tag == epoch || finished_of(old) == 0) {
       const std::uint32_t f = finished_of(old), s = succeeded_of(old);
@@ -64,12 +50,11 @@ void CascadeNodeStats::record(bool success, Nanos now) noexcept {
       break;
     }
   }
-  if (epoch_of_word(old) == epoch || finished_of(old) == 0) return;
+  if (epoch_of(old) == epoch || finished_of(old) == 0) return;
   // The replaced bucket had calls: it is the newest to age out unless the sticky word already
   // holds a newer one.
   std::uint64_t sticky = sticky_.load(std::memory_order_relaxed);
-  while (finished_of(sticky) == 0 ||
-         behind(epoch_of_word(old), epoch_of_word(sticky)) - 1 < kHalfRange - 1) {
+  while (finished_of(sticky) == 0 || behind(epoch_of(old), epoch_of(sticky)) - 1 < kHalfRange - 1) {
     if (sticky_.compare_exchange_weak(sticky, old, std::memory_order_acq_rel,
                                       std::memory_order_relaxed))
       return;
@@ -83,20 +68,20 @@ CascadeNodeStats::Snapshot CascadeNodeStats::snapshot(Nanos now) const noexcept 
   const std::size_t b = options_.buckets;
   out.count = b;
   std::uint64_t newest_aged = sticky_.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < b; ++i) {
+  for (std::size_t i = 0; i < b && i <= e64; ++i) {
     const std::uint64_t w = slots_[(e64 - i) % b].load(std::memory_order_acquire);
-    const std::uint32_t tag = epoch_of_word(w);
+    const std::uint32_t tag = epoch_of(w);
     const std::uint32_t d = behind(epoch, tag);
     if (finished_of(w) == 0) continue;
     if (d == i) {
       out.historical[i] = {finished_of(w), succeeded_of(w)};
     } else if (d >= b && d < kHalfRange &&
-               (finished_of(newest_aged) == 0 || behind(epoch, epoch_of_word(newest_aged)) > d)) {
+               (finished_of(newest_aged) == 0 || behind(epoch, epoch_of(newest_aged)) > d)) {
       newest_aged = w;  // aged out, not yet replaced, newer than the sticky word's
     }
   }
   if (finished_of(newest_aged) > 0 &&
-      behind(epoch, epoch_of_word(newest_aged)) >= static_cast<std::uint32_t>(b))
+      behind(epoch, epoch_of(newest_aged)) >= static_cast<std::uint32_t>(b))
     out.sticky = {finished_of(newest_aged), succeeded_of(newest_aged)};
   return out;
 }

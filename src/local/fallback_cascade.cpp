@@ -18,7 +18,53 @@ double thread_draw() {
 
 std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcept {
   if (std::string_view e = cascade_stats_error(o.stats); !e.empty()) return e;
-  return cascade_health_error(o.health);
+  if (std::string_view e = cascade_health_error(o.health); !e.empty()) return e;
+  if (o.breaker)
+    if (std::string_view e = circuit_breaker_error(*o.breaker); !e.empty()) return e;
+  if (o.retry.max_attempts < 1) return "max_attempts: must be at least 1";
+  return retry_budget_error(o.retry.budget);
+}
+
+std::string_view to_string(CascadeOutcome o) noexcept {
+  switch (o) {
+    case CascadeOutcome::kSuccess:
+      return "success";
+    case CascadeOutcome::kTimeout:
+      return "timeout";
+    case CascadeOutcome::kOverload:
+      return "overload";
+    case CascadeOutcome::kFailed:
+      return "failed";
+    case CascadeOutcome::kIgnored:
+      return "ignored";
+  }
+  return "?";
+}
+
+CascadeOutcome outcome_of_http(int status) noexcept {
+  if (status == 429 || status == 503) return CascadeOutcome::kOverload;
+  if (status == 408 || status == 504) return CascadeOutcome::kTimeout;
+  if (status >= 500) return CascadeOutcome::kFailed;
+  return CascadeOutcome::kSuccess;
+}
+
+CascadeOutcome outcome_of_grpc(int code) noexcept {
+  switch (code) {
+    case 8:   // RESOURCE_EXHAUSTED
+    case 14:  // UNAVAILABLE
+      return CascadeOutcome::kOverload;
+    case 4:  // DEADLINE_EXCEEDED
+      return CascadeOutcome::kTimeout;
+    case 1:  // CANCELLED
+      return CascadeOutcome::kIgnored;
+    case 2:   // UNKNOWN
+    case 12:  // UNIMPLEMENTED
+    case 13:  // INTERNAL
+    case 15:  // DATA_LOSS
+      return CascadeOutcome::kFailed;
+    default:  // OK, or the caller's own error: the node answered
+      return CascadeOutcome::kSuccess;
+  }
 }
 
 CascadeLease& CascadeLease::operator=(CascadeLease&& other) noexcept {
@@ -28,6 +74,7 @@ CascadeLease& CascadeLease::operator=(CascadeLease&& other) noexcept {
     permit_ = std::move(other.permit_);
     clock_ = other.clock_;
     start_ = other.start_;
+    ticket_ = other.ticket_;
   }
   return *this;
 }
@@ -48,15 +95,27 @@ void CascadeLease::finish(CascadeOutcome outcome, Nanos rtt) noexcept {
       permit_.release(Outcome::kDropped, rtt);
       break;
     case CascadeOutcome::kFailed:
+    case CascadeOutcome::kIgnored:
       permit_.release(Outcome::kIgnored, rtt);
       break;
   }
-  node_->stats().record(outcome == CascadeOutcome::kSuccess, clock_->now());
+  const Nanos now = clock_->now();
+  const bool success = outcome == CascadeOutcome::kSuccess;
+  if (outcome != CascadeOutcome::kIgnored) node_->stats().record(success, now);
+  if (CircuitBreaker* b = node_->breaker())
+    b->finish(ticket_,
+              outcome == CascadeOutcome::kIgnored
+                  ? CircuitBreaker::Result::kNeutral
+                  : (success ? CircuitBreaker::Result::kSuccess : CircuitBreaker::Result::kFailure),
+              now);
 }
 
 FallbackCascade::FallbackCascade(std::vector<CascadeNodeSpec> nodes, const Clock& clock,
                                  FallbackCascadeOptions o, UniformDraw draw)
-    : clock_(clock), options_(o), draw_(draw ? std::move(draw) : UniformDraw(thread_draw)) {
+    : clock_(clock),
+      options_(o),
+      draw_(draw ? std::move(draw) : UniformDraw(thread_draw)),
+      budget_(o.retry.budget) {
   set_nodes(std::move(nodes));
 }
 
@@ -70,7 +129,7 @@ void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs) {
         if (n->name() == s.name) kept = n;
     next->push_back(kept ? std::move(kept)
                          : std::make_shared<CascadeNode>(std::move(s.name), std::move(s.guard),
-                                                         options_.stats));
+                                                         options_.stats, options_.breaker));
   }
   nodes_.store(std::move(next));
 }
@@ -94,20 +153,42 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
     approximate_order(rates, weights, draw_, order);
   else
     weighted_order(weights, draw_, order);
-  std::size_t tried = 0, skipped = 0;
+  std::size_t tried = 0, open = 0, skipped = 0;
   for (const std::size_t i : order) {
     const std::shared_ptr<CascadeNode>& n = (*nodes)[i];
     if (std::find(exclude.begin(), exclude.end(), n->name()) != exclude.end()) {
       ++skipped;
       continue;
     }
+    CircuitBreaker::Ticket ticket{CircuitBreaker::Ticket::Kind::kNormal, 0};
+    if (CircuitBreaker* b = n->breaker()) {
+      ticket = b->enter(now);
+      if (!ticket.admitted()) {
+        ++open;
+        continue;
+      }
+    }
     ++tried;
     if (std::optional<GuardPermit> p = n->guard().acquire())
-      return CascadeLease(n, std::move(*p), clock_);
+      return CascadeLease(n, std::move(*p), clock_, ticket, now);
+    if (CircuitBreaker* b = n->breaker()) b->cancel(ticket);
   }
-  return Status(StatusCode::kResourceExhausted,
-                "cascade: every node is at its concurrency limit (" + std::to_string(tried) +
-                    " tried" + (skipped ? ", " + std::to_string(skipped) + " excluded" : "") + ")");
+  std::string why = open > 0 ? "cascade: every node is at its concurrency limit or open ("
+                             : "cascade: every node is at its concurrency limit (";
+  why += std::to_string(tried);
+  why += " tried";
+  if (open > 0) {
+    why += ", ";
+    why += std::to_string(open);
+    why += " with an open circuit breaker";
+  }
+  if (skipped > 0) {
+    why += ", ";
+    why += std::to_string(skipped);
+    why += " excluded";
+  }
+  why += ")";
+  return Status(StatusCode::kResourceExhausted, std::move(why));
 }
 
 std::vector<CascadeNodeState> FallbackCascade::state() const {
@@ -121,6 +202,7 @@ std::vector<CascadeNodeState> FallbackCascade::state() const {
     s.health = cascade_health(s.buckets.window(), s.buckets.sticky, nodes->size(), options_.health);
     s.in_flight = n->guard().in_flight();
     s.limit = n->guard().limit();
+    if (const CircuitBreaker* b = n->breaker()) s.breaker = b->snapshot(now);
     out.push_back(std::move(s));
   }
   return out;

@@ -55,6 +55,8 @@ PUBLIC_HEADERS = {
     "rate_limiter.h": "local",
     "semaphore.h": "local",
     "cascade_stats.h": "local",
+    "circuit_breaker.h": "local",
+    "retry_budget.h": "local",
     "fallback_cascade.h": "local",
     "federation.h": "fleet",
     "fleet_guard.h": "fleet",

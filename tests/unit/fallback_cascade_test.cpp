@@ -1,8 +1,9 @@
 // The fallback cascade (sluice/fallback_cascade.h) on a manual clock: it prefers healthy nodes
 // by their weights, skips full ones, fails fast when every node is full, records each outcome
 // in the node's guard and buckets (an overload refusal as a failure), lets a node floored by
-// its sticky bucket back in, keeps health across node-set changes, and loses no permit or count
-// under concurrent callers.
+// its sticky bucket back in, keeps health across node-set changes, skips a node whose breaker
+// is open without taking its permit, counts half-open probes against the node's limit, retries
+// within the retry budget only, and loses no permit or count under concurrent callers.
 #include "sluice/fallback_cascade.h"
 
 #include <gtest/gtest.h>
@@ -209,6 +210,163 @@ TEST(FallbackCascade, ConcurrentCallersLeakNoPermitAndLoseNoCount) {
     finished += s.buckets.historical[0].finished;
   }
   EXPECT_EQ(finished, static_cast<std::uint32_t>(admitted.load()));
+}
+
+TEST(FallbackCascade, RepliesMapToOutcomes) {
+  EXPECT_EQ(outcome_of_http(200), CascadeOutcome::kSuccess);
+  EXPECT_EQ(outcome_of_http(404), CascadeOutcome::kSuccess);  // the node answered
+  EXPECT_EQ(outcome_of_http(429), CascadeOutcome::kOverload);
+  EXPECT_EQ(outcome_of_http(503), CascadeOutcome::kOverload);
+  EXPECT_EQ(outcome_of_http(504), CascadeOutcome::kTimeout);
+  EXPECT_EQ(outcome_of_http(408), CascadeOutcome::kTimeout);
+  EXPECT_EQ(outcome_of_http(500), CascadeOutcome::kFailed);
+  EXPECT_EQ(outcome_of_grpc(0), CascadeOutcome::kSuccess);
+  EXPECT_EQ(outcome_of_grpc(3), CascadeOutcome::kSuccess);  // INVALID_ARGUMENT: the caller's
+  EXPECT_EQ(outcome_of_grpc(8), CascadeOutcome::kOverload);
+  EXPECT_EQ(outcome_of_grpc(14), CascadeOutcome::kOverload);
+  EXPECT_EQ(outcome_of_grpc(4), CascadeOutcome::kTimeout);
+  EXPECT_EQ(outcome_of_grpc(1), CascadeOutcome::kIgnored);
+  EXPECT_EQ(outcome_of_grpc(13), CascadeOutcome::kFailed);
+}
+
+TEST(FallbackCascade, AnIgnoredCallCountsNowhere) {
+  Fixture f;
+  auto specs = f.specs({{"a", 10}});
+  const std::shared_ptr<AdaptiveGuard> a = specs[0].guard;
+  FallbackCascade c(std::move(specs), f.clock, {}, f.draw());
+  auto lease = c.acquire();
+  ASSERT_TRUE(lease.ok());
+  lease.value().finish(CascadeOutcome::kIgnored);
+  EXPECT_EQ(c.state()[0].buckets.historical[0].finished, 0u);
+  EXPECT_EQ(a->stats().ignored, 1u);
+  EXPECT_EQ(a->in_flight(), 0u);
+}
+
+FallbackCascadeOptions with_breaker(std::uint32_t failures) {
+  FallbackCascadeOptions o;
+  CircuitBreakerOptions b;
+  b.failures = failures;
+  b.open_for = seconds(5);
+  o.breaker = b;
+  return o;
+}
+
+TEST(FallbackCascade, AnOpenBreakerSkipsItsNodeWithoutTakingAPermit) {
+  Fixture f;
+  auto specs = f.specs({{"a", 1}, {"down", 5}});
+  const std::shared_ptr<AdaptiveGuard> down = specs[1].guard;
+  FallbackCascade c(std::move(specs), f.clock, with_breaker(3), f.draw());
+  // Hold a's only permit, so every call goes to `down`, which fails fast: 3 in a row open it.
+  const std::string not_down[] = {"down"};
+  auto on_a = c.acquire(not_down);
+  ASSERT_TRUE(on_a.ok());
+  ASSERT_EQ(on_a.value().node(), "a");
+  while (c.state()[1].breaker->state == BreakerState::kClosed) {
+    auto l = c.acquire();
+    ASSERT_TRUE(l.ok());
+    ASSERT_EQ(l.value().node(), "down");
+    l.value().finish(CascadeOutcome::kFailed);
+  }
+  const std::uint64_t accepted = down->stats().accepted;
+  EXPECT_EQ(accepted, 3u);
+  auto refused = c.acquire();
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "cascade: every node is at its concurrency limit or open (1 tried, 1 with an open "
+            "circuit breaker)");
+  EXPECT_EQ(down->stats().accepted, accepted);  // no permit taken, not even tried
+  EXPECT_EQ(down->stats().rejected, 0u);
+  // After its spell, one probe goes through; it succeeds and the node is back.
+  f.clock.advance(seconds(5));
+  auto probe = c.acquire();
+  ASSERT_TRUE(probe.ok());
+  EXPECT_EQ(probe.value().node(), "down");
+  EXPECT_TRUE(probe.value().probe());
+  EXPECT_EQ(c.acquire().status().code(), StatusCode::kResourceExhausted);  // one probe at once
+  probe.value().finish(CascadeOutcome::kSuccess);
+  EXPECT_EQ(c.state()[1].breaker->state, BreakerState::kClosed);
+}
+
+TEST(FallbackCascade, HalfOpenProbesCountAgainstTheNodesLimit) {
+  Fixture f;
+  FallbackCascadeOptions o = with_breaker(1);
+  o.breaker->probes = 5;  // more probes allowed than the node has room for
+  auto specs = f.specs({{"n", 2}});
+  const std::shared_ptr<AdaptiveGuard> n = specs[0].guard;
+  FallbackCascade c(std::move(specs), f.clock, o, f.draw());
+  c.acquire().value().finish(CascadeOutcome::kTimeout);  // open
+  f.clock.advance(seconds(5));
+  auto p1 = c.acquire(), p2 = c.acquire();
+  ASSERT_TRUE(p1.ok() && p2.ok());
+  EXPECT_TRUE(p1.value().probe() && p2.value().probe());
+  EXPECT_EQ(n->in_flight(), 2u);
+  // The node's limit, not the breaker's five probes, stops the third.
+  EXPECT_EQ(c.acquire().status().message(),
+            "cascade: every node is at its concurrency limit (1 tried)");
+  p1.value().finish(CascadeOutcome::kSuccess);  // closes it
+  EXPECT_EQ(c.state()[0].breaker->state, BreakerState::kClosed);
+  p2.value().finish(CascadeOutcome::kFailed);
+  EXPECT_EQ(c.state()[0].breaker->state, BreakerState::kClosed);  // a stale probe: no vote
+  EXPECT_EQ(n->in_flight(), 0u);
+}
+
+TEST(FallbackCascade, CallWrapsACallableAndByDefaultNeverRetries) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 10}, {"b", 10}}), f.clock, {}, f.draw());
+  int calls = 0;
+  StatusOr<int> reply = c.call(
+      [&](std::string_view) {
+        ++calls;
+        return 503;
+      },
+      outcome_of_http);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply.value(), 503);  // the reply, as the node gave it
+  EXPECT_EQ(calls, 1);
+  std::uint32_t dropped = 0;
+  for (const CascadeNodeState& s : c.state()) dropped += s.buckets.historical[0].finished;
+  EXPECT_EQ(dropped, 1u);
+}
+
+TEST(FallbackCascade, RetriesGoToOtherNodesAndStopAtTheRetryBudget) {
+  Fixture f;
+  FallbackCascadeOptions o;
+  o.retry.max_attempts = 3;
+  o.retry.budget.ratio = 0.1;
+  o.retry.budget.per_second = 0.5;  // 5 retries in the 10 s window on top of 10% of calls
+  FallbackCascade c(f.specs({{"a", 10}, {"b", 10}, {"c", 10}}), f.clock, o, f.draw());
+  // One call: every node fails: three attempts, on three different nodes.
+  std::vector<std::string> nodes;
+  StatusOr<int> r = c.call(
+      [&](std::string_view n) {
+        nodes.emplace_back(n);
+        return 500;
+      },
+      outcome_of_http);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_NE(nodes[0], nodes[1]);
+  EXPECT_NE(nodes[1], nodes[2]);
+  EXPECT_NE(nodes[0], nodes[2]);
+  // An outage: 100 calls that all fail make at most 10% + 5 retries in all.
+  int attempts = 0;
+  for (int i = 0; i < 99; ++i)
+    (void)c.call(
+        [&](std::string_view) {
+          ++attempts;
+          return 503;
+        },
+        outcome_of_http);
+  EXPECT_EQ(attempts + 3, 100 + 10 + 5);
+  // A success is never retried.
+  attempts = 0;
+  (void)c.call(
+      [&](std::string_view) {
+        ++attempts;
+        return 200;
+      },
+      outcome_of_http);
+  EXPECT_EQ(attempts, 1);
 }
 
 }  // namespace
