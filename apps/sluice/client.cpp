@@ -204,6 +204,7 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
   req.set_tenant(a.tenant);
   req.set_upstream(a.upstream);
   req.set_route(a.route);
+  for (const std::string& node : a.exclude) req.add_exclude(node);
   std::optional<Nanos> ttl;
   if (!duration_arg(a.ttl, "ttl", ttl)) return 2;
   if (ttl) to_proto(*ttl, req.mutable_ttl());
@@ -215,6 +216,7 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     if (resp.admitted()) {
       j["lease_id"] = resp.lease_id();
       j["ttl_seconds"] = seconds_of(resp.ttl());
+      if (!resp.chosen().empty()) j["chosen"] = resp.chosen();
       if (resp.has_call_deadline()) j["call_deadline_seconds"] = seconds_of(resp.call_deadline());
     } else {
       j["rejection"] = json::parse(resp.rejection().problem_json(), nullptr, false);
@@ -224,6 +226,7 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     fmt::print("{}\n", resp.lease_id());
     fmt::print(stderr, "admitted: lease {} for {} (release it with: sluice release {})\n",
                resp.lease_id(), duration_text(resp.ttl()), resp.lease_id());
+    if (!resp.chosen().empty()) fmt::print(stderr, "chosen node: {}\n", resp.chosen());
     if (resp.has_call_deadline())
       fmt::print(stderr, "the call must end within {} (the fleet's call deadline)\n",
                  duration_text(resp.call_deadline()));
@@ -246,8 +249,14 @@ int run_release(const ClientOptions& o, const ReleaseArgs& a) {
     req.set_outcome(pb::OUTCOME_IGNORED);
   } else if (a.outcome == "failed") {
     req.set_outcome(pb::OUTCOME_FAILED);
+  } else if (a.outcome == "timeout") {
+    req.set_outcome(pb::OUTCOME_TIMEOUT);
+  } else if (a.outcome == "overload") {
+    req.set_outcome(pb::OUTCOME_OVERLOAD);
   } else {
-    fmt::print(stderr, "sluice: --outcome: must be success, dropped, ignored or failed, not '{}'\n",
+    fmt::print(stderr,
+               "sluice: --outcome: must be success, dropped, timeout, overload, ignored or failed, "
+               "not '{}'\n",
                a.outcome);
     return 2;
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sluice::cli {
 
@@ -20,6 +21,7 @@ struct CheckArgs {
 };
 struct AdmitArgs {
   std::string policy, key, tenant, upstream, route, ttl;
+  std::vector<std::string> exclude;  // a cascade: nodes not to choose
 };
 struct ReleaseArgs {
   std::string lease_id, outcome = "success", rtt;

@@ -31,8 +31,6 @@
 //                                    # documented in config/example.yaml)
 //       rate: <rate policy>          # kinds of the admit family: a call passes that rate policy
 //                                    # first (429 when over, no permit taken), then the limit
-//       # throttler, cascade: reserved for kinds not built yet: an error, never a
-//       # silent no-op
 //
 // Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").
 //

@@ -115,12 +115,6 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
   }
 }
 
-// Kinds reserved for engines not built yet: naming one is an error that says so, never a
-// silent no-op.
-const std::pair<std::string_view, std::string_view> kReserved[] = {
-    {"cascade", "a health-weighted fallback cascade over backend nodes"},
-};
-
 void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const std::string& name,
                  const PolicyKinds& kinds, SluiceConfig& cfg) {
   if (!r.map(n, path, true)) return;
@@ -129,16 +123,8 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
   if (!kind) return;
   const PolicyKindParser* parser = kinds.parser(*kind);
   if (parser == nullptr) {
-    for (const auto& [reserved, what] : kReserved) {
-      if (*kind != reserved) continue;
-      r.error(
-          kind_node, path + ".kind",
-          "'" + *kind + "' (" + std::string(what) + ") is not built in this version of sluice yet");
-      return;
-    }
     std::string list;
     for (const std::string& k : kinds.kind_names()) list += (list.empty() ? "" : ", ") + k;
-    for (const auto& [reserved, what] : kReserved) list += ", " + std::string(reserved);
     r.error(kind_node, path + ".kind", "must be one of " + list + ", not '" + *kind + "'");
     return;
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -62,6 +63,9 @@ struct AdmitCall {
   std::string_view upstream;
   std::string_view route;
   std::optional<Nanos> ttl;
+  // Nodes a cascade must not choose (those a caller's retry already tried); at most kMaxBatch
+  // names. Other kinds choose no node and ignore it.
+  std::span<const std::string> exclude = {};
 };
 
 struct AdmitResult {

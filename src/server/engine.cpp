@@ -526,6 +526,11 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
                           {"upstream", call.upstream},
                           {"route", call.route}})
     if (Status s = check_field(field, v, kMaxNameBytes, false); !s.ok()) return s;
+  if (call.exclude.size() > kMaxBatch)
+    return invalid("exclude", "at most " + std::to_string(kMaxBatch) + " nodes, not " +
+                                  std::to_string(call.exclude.size()));
+  for (const std::string& node : call.exclude)
+    if (Status s = check_field("exclude", node, kMaxNameBytes, true); !s.ok()) return s;
   const Nanos ttl = call.ttl.value_or(set->settings.lease_ttl);
   if (Status s = check_ttl(ttl, set->settings.max_lease_ttl); !s.ok()) return s;
 

@@ -52,6 +52,8 @@ StatusOr<server::CallResult> outcome_of(pb::Outcome o) {
     case pb::OUTCOME_SUCCESS:
       return server::CallResult::kSuccess;
     case pb::OUTCOME_DROPPED:
+    case pb::OUTCOME_TIMEOUT:
+    case pb::OUTCOME_OVERLOAD:
       return server::CallResult::kDropped;
     case pb::OUTCOME_IGNORED:
       return server::CallResult::kIgnored;
@@ -216,8 +218,10 @@ grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx, c
     call->finish(to_grpc(ttl.status()));
     return reactor;
   }
-  auto r = engine_.admit(
-      AdmitCall{req.policy(), req.key(), req.tenant(), req.upstream(), req.route(), ttl.value()});
+  const std::vector<std::string> exclude(req.exclude().begin(), req.exclude().end());
+  AdmitCall admit{req.policy(), req.key(), req.tenant(), req.upstream(), req.route(), ttl.value()};
+  admit.exclude = exclude;
+  auto r = engine_.admit(admit);
   if (!r.ok()) {
     call->finish(to_grpc(r.status()));
     return reactor;

@@ -133,6 +133,17 @@ class Fields {
     }
     return Nanos{static_cast<std::int64_t>(std::llround(v * 1e6))};
   }
+  // A list of strings, appended to `out`; absent or null: nothing.
+  void strings(const char* name, std::vector<std::string>& out) {
+    asked_.push_back(name);
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) return;
+    if (!it->is_array()) return fail(name, "must be a list of strings");
+    for (const json& e : *it) {
+      if (!e.is_string()) return fail(name, "must be a list of strings");
+      out.push_back(e.get<std::string>());
+    }
+  }
   [[nodiscard]] const Status& status() {
     if (status_.ok())
       for (const auto& [key, value] : j_.items())
@@ -273,8 +284,11 @@ void do_admit(Engine& engine, HttpExchange& x) {
   auto body = body_object(x);
   if (!body.ok()) return error(x, body.status());
   Fields f(body.value());
+  std::vector<std::string> exclude;
   AdmitCall c{f.str("policy"),   f.str("key"),   f.str("tenant"),
               f.str("upstream"), f.str("route"), f.millis("ttl_ms")};
+  f.strings("exclude", exclude);
+  c.exclude = exclude;
   if (!f.status().ok()) return error(x, f.status());
   auto r = engine.admit(c);
   if (!r.ok()) return error(x, r.status());
@@ -305,16 +319,18 @@ void do_release(Engine& engine, HttpExchange& x) {
   const std::optional<Nanos> rtt = f.millis("rtt_ms");
   if (!f.status().ok()) return error(x, f.status());
   server::CallResult o = server::CallResult::kSuccess;
-  if (outcome == "dropped")
+  // timeout and overload: what a cascade's caller reports; to a limit both are a drop.
+  if (outcome == "dropped" || outcome == "timeout" || outcome == "overload")
     o = server::CallResult::kDropped;
   else if (outcome == "ignored")
     o = server::CallResult::kIgnored;
   else if (outcome == "failed")
     o = server::CallResult::kFailed;
   else if (!outcome.empty() && outcome != "success")
-    return error(x, Status(StatusCode::kInvalidArgument,
-                           "outcome: must be success, dropped, ignored or failed, not '" +
-                               std::string(outcome) + "'"));
+    return error(
+        x, Status(StatusCode::kInvalidArgument,
+                  "outcome: must be success, dropped, timeout, overload, ignored or failed, not '" +
+                      std::string(outcome) + "'"));
   auto held = engine.release(lease, o, rtt);
   if (!held.ok()) return error(x, held.status());
   ok_json(x, {{"released", true}, {"held_ms", ms_of(held.value())}});

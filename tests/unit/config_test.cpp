@@ -384,6 +384,7 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
     lease_ttl: 500ms
   d:
     kind: cascade
+    decay: 0.5
   e:
     kind: teleport
   f:
@@ -418,10 +419,13 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
   const ConfigError* lease = find("policies.c.lease_ttl");  // the field's path first
   ASSERT_NE(lease, nullptr);
   EXPECT_EQ(lease->message, "must be > heartbeat");
-  const ConfigError* reserved = find("policies.d.kind");
-  ASSERT_NE(reserved, nullptr);
-  EXPECT_EQ(reserved->line, 15);
-  EXPECT_NE(reserved->message.find("not built"), std::string::npos);
+  const ConfigError* decay = find("policies.d.decay");
+  ASSERT_NE(decay, nullptr);
+  EXPECT_EQ(decay->line, 16);
+  EXPECT_EQ(decay->message, "must be a number >= 1");
+  const ConfigError* nodes = find("policies.d.nodes");
+  ASSERT_NE(nodes, nullptr);
+  EXPECT_NE(nodes->message.find("is required"), std::string::npos);
   ASSERT_NE(find("policies.e.kind"), nullptr);
   // The gateway's own validation, placed at the fields it names.
   const ConfigError* owner = find("policies.f.upstreams[0].owner");
@@ -430,11 +434,11 @@ TEST(Config, ReportsEveryErrorWithItsLineColumnAndPath) {
     for (const ConfigError& e : load.errors) all += e.to_string("t") + "\n";
     return all;
   }();
-  EXPECT_EQ(owner->line, 22);
+  EXPECT_EQ(owner->line, 23);
   const ConfigError* per_tenant = find("policies.f.upstreams[0].concurrency_limit.per_tenant_max");
   ASSERT_NE(per_tenant, nullptr);
-  EXPECT_EQ(per_tenant->line, 23);
-  EXPECT_EQ(per_tenant->to_string("x.yaml").rfind("x.yaml:23:", 0), 0u);
+  EXPECT_EQ(per_tenant->line, 24);
+  EXPECT_EQ(per_tenant->to_string("x.yaml").rfind("x.yaml:24:", 0), 0u);
 }
 
 // An adaptive algorithm's limits are checked with its own defaults filling in the rest: a

@@ -15,6 +15,12 @@
         except Refused as r:                                   # 429 (rate) or 503 (limit)
             print(r.status, r.detail, r.retry_after)
 
+A ``cascade`` policy picks the healthiest node that has room; :meth:`Client.cascade` picks,
+calls and reports::
+
+        reply = client.cascade("replicas", lambda node: get(node, "/item/7"),
+                               classify=lambda r: outcome_of_http(r.status), retries=1)
+
 For the throttler's check API (HTTP), see :mod:`sluice_client.throttler`
 (:class:`ThrottlerClient`, :func:`run_in_chunks`).
 
@@ -23,6 +29,8 @@ are generated at build time from ``proto/sluice/v1/sluice.proto`` (see the READM
 """
 
 from . import errors
+from .cascade import (CASCADE_OUTCOMES, RetryBudget, outcome_for_exception, outcome_of_grpc,
+                      outcome_of_http)
 from .client import Client, Seconds
 from .errors import *  # noqa: F401,F403  (the error classes; errors.__all__ lists them)
 from .throttler import (Backoff, CheckResult, ChunkStats, ThrottledTimeout, ThrottlerClient,
@@ -38,6 +46,11 @@ __all__ = [
     "PolicyState",
     "Policies",
     "OUTCOMES",
+    "CASCADE_OUTCOMES",
+    "RetryBudget",
+    "outcome_of_http",
+    "outcome_of_grpc",
+    "outcome_for_exception",
     "ThrottlerClient",
     "CheckResult",
     "Backoff",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import math
+import threading
 import time
-from typing import Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2
 
+from .cascade import RetryBudget
 from .errors import Refused, SluiceError, Unavailable, from_rpc_error
 from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
 
@@ -28,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 __all__ = ["Client", "Seconds"]
 
 Seconds = Union[float, int, datetime.timedelta]
+T = TypeVar("T")
 
 # The server encodes "never" (a request that can never pass) as the largest Duration.
 _NEVER_SECONDS = 315_576_000_000
@@ -37,6 +40,8 @@ _OUTCOME_ENUM = {
     "dropped": sluice_pb2.OUTCOME_DROPPED,
     "ignored": sluice_pb2.OUTCOME_IGNORED,
     "failed": sluice_pb2.OUTCOME_FAILED,
+    "timeout": sluice_pb2.OUTCOME_TIMEOUT,
+    "overload": sluice_pb2.OUTCOME_OVERLOAD,
 }
 
 
@@ -112,6 +117,8 @@ class Client:
             self._channel = grpc.secure_channel(target, credentials, options=list(options))
         self._stub = sluice_pb2_grpc.SluiceStub(self._channel)
         self._throttler = sluice_pb2_grpc.ThrottlerStub(self._channel)
+        self._budget_lock = threading.Lock()
+        self._retry_budget: Optional[RetryBudget] = None
 
     # ---- lifecycle ----
 
@@ -173,17 +180,23 @@ class Client:
     # ---- concurrency policies ----
 
     def admit(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
-              route: str = "", ttl: Optional[Seconds] = None) -> Lease:
-        """Admits one call on an adaptive, fleet or concurrency policy and returns its lease.
+              route: str = "", ttl: Optional[Seconds] = None,
+              exclude: Sequence[str] = ()) -> Lease:
+        """Admits one call on an adaptive, fleet, concurrency or cascade policy and returns its
+        lease.
 
         `key` keys a chained rate policy (a concurrency policy falls back to `tenant`);
         `tenant`, `upstream` and `route` address a concurrency policy's limits. `ttl`: the
-        lease's lifetime without a heartbeat (``None``: the server's ``lease_ttl``).
+        lease's lifetime without a heartbeat (``None``: the server's ``lease_ttl``). A cascade
+        policy names the node it chose in ``lease.chosen`` and never chooses a node in
+        `exclude` (those a retry already tried).
 
         Raises :class:`~sluice_client.Refused` (status 429 or 503) when not admitted.
         """
+        if isinstance(exclude, str):
+            raise TypeError("exclude: must be a list of node names, not a string")
         req = sluice_pb2.AdmitRequest(policy=policy, key=key, tenant=tenant, upstream=upstream,
-                                      route=route)
+                                      route=route, exclude=list(exclude))
         if ttl is not None:
             req.ttl.CopyFrom(_duration(ttl, "ttl"))
         resp = self._call(self._stub.Admit, req)
@@ -204,9 +217,10 @@ class Client:
         """Ends a lease and frees its slot; returns how long it was held (seconds).
 
         `outcome`: ``"success"`` (the call completed; `rtt` is latency evidence),
-        ``"dropped"`` (timed out / overloaded: the limit should come down), ``"ignored"``
-        (says nothing about the backend) or ``"failed"`` (failed, not from overload: no latency
-        evidence, but a health signal). `rtt`: the call's latency; ``None``: the time the
+        ``"dropped"`` (timed out / overloaded: the limit should come down; ``"timeout"`` and
+        ``"overload"`` say which, and mean the same to a limit), ``"ignored"`` (says nothing
+        about the backend) or ``"failed"`` (failed, not from overload: no latency evidence, but
+        a health signal). `rtt`: the call's latency; ``None``: the time the
         lease was held. Raises :class:`~sluice_client.NotFound` when the lease is unknown,
         already released or expired.
         """
@@ -283,6 +297,40 @@ class Client:
         if not valid:
             raise ValueError(f"lease.outcome: must be one of {', '.join(OUTCOMES)}, "
                              f"not {chosen!r} (the lease was released as 'ignored')")
+
+    # ---- cascade policies ----
+
+    def cascade(self, policy: str, fn: Callable[[str], T], *,
+                classify: Optional[Callable[[T], str]] = None, retries: int = 0,
+                budget: Optional[RetryBudget] = None, ttl: Optional[Seconds] = None,
+                key: str = "") -> T:
+        """Picks a node of a ``cascade`` policy, calls ``fn(node)``, reports how it went and
+        returns what `fn` returned::
+
+            reply = client.cascade("replicas", lambda node: get(node, "/item/7"),
+                                   classify=lambda r: outcome_of_http(r.status))
+
+        The outcome reported: ``classify(result)`` (one of ``CASCADE_OUTCOMES``; without it,
+        ``"success"``), or, when `fn` raises, :func:`~sluice_client.outcome_for_exception` of
+        the exception (a TimeoutError is ``"timeout"``, an exception carrying HTTP 429/503 or
+        gRPC RESOURCE_EXHAUSTED/UNAVAILABLE ``"overload"``), which is then re-raised.
+
+        `retries`: how many times a failed call is retried on another node (never one already
+        tried); 0 by default. A retry is made only while `budget` (the client's own
+        :class:`~sluice_client.RetryBudget` by default: 10% of calls plus 10 a second) allows,
+        so retries cannot multiply the load during an outage; when no retry is made, the last
+        failure is returned (or raised). Raises :class:`~sluice_client.Refused` when no node
+        has room for the first attempt.
+        """
+        from . import cascade as _cascade
+
+        if budget is None:
+            with self._budget_lock:
+                if self._retry_budget is None:
+                    self._retry_budget = _cascade.RetryBudget()
+                budget = self._retry_budget
+        return _cascade.run(self, policy, fn, classify=classify, retries=retries, budget=budget,
+                            ttl=ttl, key=key)
 
     # ---- the throttler ----
 

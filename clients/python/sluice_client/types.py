@@ -15,7 +15,9 @@ __all__ = ["Decision", "CheckManyResult", "Lease", "PolicyState", "Policies", "O
 #   "ignored"  it says nothing about the backend (cancelled, a client-side error)
 #   "failed"   it failed, not from overload (a 500, a bad request): no latency evidence (adaptive
 #              limits treat it as ignored), but a health signal for policies that track one
-OUTCOMES = ("success", "dropped", "ignored", "failed")
+#   "timeout", "overload"  what a cascade's caller says of a drop (a timeout; a fast refusal as
+#              overloaded, HTTP 429/503): the same as "dropped" to a limit, a failure to a node
+OUTCOMES = ("success", "dropped", "ignored", "failed", "timeout", "overload")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
 namespace sluice::server {
 
 #define SLUICE_BUILTIN_POLICY_KINDS(X) \
-  X(rate) X(adaptive) X(fleet) X(concurrency) X(federated) X(throttler)
+  X(rate) X(adaptive) X(fleet) X(concurrency) X(federated) X(throttler) X(cascade)
 
 #define SLUICE_DECLARE_KIND(name) PolicyKind name##_kind();
 SLUICE_BUILTIN_POLICY_KINDS(SLUICE_DECLARE_KIND)

@@ -1,0 +1,372 @@
+// The cascade kind: a FallbackCascade (sluice/fallback_cascade.h) over named nodes, each with
+// its own adaptive guard; Admit chooses the healthiest node that has room and names it.
+//
+//   kind: cascade
+//   nodes:                          # required: each node's name and its guard
+//     db-1: {algorithm: fixed, limit: 20}
+//     db-2: {}                      # the adaptive kind's fields; gradient2 by default
+//   buckets: 6                      # stat buckets per node (1..16)
+//   bucket_width: 5s
+//   decay: 3                        # how much more each newer bucket weighs
+//   exponent: 3                     # weight = success rate ^ exponent
+//   order: exact | approximate      # the weighted permutation, or the source's approximation
+//   breaker:                        # optional: a circuit breaker per node
+//     failures: 5                   # failures in a row that open it
+//     open_for: 5s                  # its first open spell, doubled per failed probe ...
+//     max_open_for: 60s             # ... up to this
+//     probes: 1                     # calls let through at once while half-open
+//     successes: 1                  # probe successes that close it
+//   rate: <rate policy>             # optional: passed first
+//
+// Admit: AdmitCall::exclude names nodes not to choose (a caller's budgeted retry). A refusal
+// (every node at its limit or open) is a 503 naming how many nodes were tried, open and
+// excluded. Release: success; dropped, timeout or overload (all three a drop to the node's limit
+// and a failure to its health); failed (a failure, no latency evidence); ignored (counted
+// nowhere). A lease that expires or is ended by shutdown counts as ignored: its client never
+// said how the call went.
+//
+// Reload: a change of the node set or of a node's guard is taken in place: a node kept by name
+// keeps its guard (its algorithm replaced if its fields changed, as the adaptive kind does), its
+// health and its breaker; a new node starts clean; a removed node stops being chosen and its
+// leases finish into it. A change of any other field rebuilds the policy (health starts clean).
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/policies/admit_policy.h"
+#include "server/registry.h"
+#include "sluice/algorithm_spec.h"
+#include "sluice/config_section.h"
+#include "sluice/fallback_cascade.h"
+
+namespace sluice::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+struct NodeSpec {
+  std::string name;
+  AlgorithmSpec algorithm;
+};
+
+struct CascadeSpec final : PolicyBody {
+  std::vector<NodeSpec> nodes;
+  FallbackCascadeOptions options;
+};
+
+bool same(const AlgorithmSpec& a, const AlgorithmSpec& b) {
+  return a.kind == b.kind && a.limit == b.limit && a.initial_limit == b.initial_limit &&
+         a.min_limit == b.min_limit && a.max_limit == b.max_limit;
+}
+
+// Whether two specs differ in anything but their nodes.
+bool same_options(const FallbackCascadeOptions& a, const FallbackCascadeOptions& b) {
+  const auto breaker = [](const std::optional<CircuitBreakerOptions>& x,
+                          const std::optional<CircuitBreakerOptions>& y) {
+    if (!x || !y) return !x && !y;
+    return x->failures == y->failures && x->open_for == y->open_for &&
+           x->max_open_for == y->max_open_for && x->probes == y->probes &&
+           x->successes == y->successes;
+  };
+  return a.stats.buckets == b.stats.buckets && a.stats.width == b.stats.width &&
+         a.health.decay == b.health.decay && a.health.exponent == b.health.exponent &&
+         a.health.floor_numerator == b.health.floor_numerator &&
+         a.approximate_order == b.approximate_order && breaker(a.breaker, b.breaker);
+}
+
+std::string_view basis_name(CascadeHealth::Basis b) {
+  switch (b) {
+    case CascadeHealth::Basis::kRecent:
+      return "recent";
+    case CascadeHealth::Basis::kSticky:
+      return "sticky";
+    case CascadeHealth::Basis::kCleanSlate:
+      return "clean_slate";
+  }
+  return "?";
+}
+
+// A lease's permit: the cascade's lease, finished with the call's end.
+struct CascadePermit {
+  CascadeLease lease;
+  void finish(const CallEnd& end) noexcept {
+    CascadeOutcome o = CascadeOutcome::kIgnored;
+    if (end.by == CallEnd::By::kClient) switch (end.result) {
+        case CallResult::kSuccess:
+          o = CascadeOutcome::kSuccess;
+          break;
+        case CallResult::kDropped:
+          o = CascadeOutcome::kTimeout;  // the same to a node's limit and health as overload
+          break;
+        case CallResult::kFailed:
+          o = CascadeOutcome::kFailed;
+          break;
+        case CallResult::kIgnored:
+          break;
+      }
+    lease.finish(o, end.rtt);
+  }
+};
+
+class CascadePolicy final : public AdmitPolicy {
+ public:
+  CascadePolicy(const BuildContext& c, const CascadeSpec& spec)
+      : AdmitPolicy(c.name, "cascade", c.spec.rate),
+        clock_(c.clock),
+        spec_(spec),
+        guards_(new_guards(spec.nodes, c.clock)),
+        cascade_(node_specs(spec.nodes, {}), c.clock, spec.options) {}
+
+  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
+    AdmitDecision out;
+    auto go_on = pass(gate, call, now, out);
+    if (!go_on.ok()) return go_on.status();
+    if (!go_on.value()) return out;
+    StatusOr<CascadeLease> lease = cascade_.acquire(call.exclude);
+    if (lease.ok()) {
+      out.chosen = lease.value().node();
+      out.permit = this->lease(CascadePermit{std::move(lease.value())});
+      return out;
+    }
+    count_limit_refusal();
+    Rejection r;
+    r.source = "concurrency";
+    r.limit_type = "nodes";
+    r.status = 503;
+    r.type = "urn:sluice:problem:cascade-exhausted";
+    r.title = "No Node Has Room";
+    r.policy = name();
+    for (const CascadeNodeState& n : cascade_.state()) {
+      r.current_in_flight += n.in_flight;
+      r.max_concurrent += n.limit;
+    }
+    r.retry_after = std::chrono::seconds(1);
+    r.detail_text = "Policy " + name() + ": " + std::string(lease.status().message());
+    out.refusal = std::move(r);
+    out.refusal_owner = shared_from_this();
+    return out;
+  }
+
+  StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
+    const CascadeSpec& next = *c.spec.as<CascadeSpec>();
+    if (!same_options(next.options, spec_.options)) return Reconfiguration();  // rebuilt
+    // Prepared now, so that applying cannot fail: a new node's guard, a kept node's algorithm
+    // when its fields changed (the limit it learned carried over when the algorithm is the
+    // same and not fixed).
+    Guards fresh;
+    std::vector<std::pair<std::shared_ptr<AdaptiveGuard>, std::unique_ptr<LimitAlgorithm>>>
+        replaced;
+    for (const NodeSpec& n : next.nodes) {
+      auto old = std::find_if(spec_.nodes.begin(), spec_.nodes.end(),
+                              [&](const NodeSpec& o) { return o.name == n.name; });
+      if (old == spec_.nodes.end()) {
+        fresh[n.name] = std::make_shared<AdaptiveGuard>(make_algorithm(n.algorithm), clock_);
+        continue;
+      }
+      if (same(old->algorithm, n.algorithm)) continue;
+      const std::shared_ptr<AdaptiveGuard>& g = guards_.at(n.name);
+      const bool keep = n.algorithm.kind == old->algorithm.kind &&
+                        n.algorithm.kind != AlgorithmSpec::Kind::kFixed;
+      replaced.emplace_back(g, keep ? make_algorithm(n.algorithm, g->algorithm_limit())
+                                    : make_algorithm(n.algorithm));
+    }
+    std::vector<CascadeNodeSpec> specs = node_specs(next.nodes, fresh);
+    return Reconfiguration([this, next, specs = std::move(specs), fresh = std::move(fresh),
+                            replaced = std::move(replaced)]() mutable {
+      for (auto& [guard, algorithm] : replaced) guard->replace_algorithm(std::move(algorithm));
+      Guards guards;
+      for (const CascadeNodeSpec& s : specs) guards[s.name] = s.guard;
+      cascade_.set_nodes(std::move(specs));
+      guards_.swap(guards);
+      spec_ = next;
+    });
+  }
+
+ protected:
+  void describe(nlohmann::json& j, PolicyInfo& info) const override {
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const CascadeNodeState& n : cascade_.state()) {
+      nlohmann::json buckets = nlohmann::json::array();
+      for (const CascadeBucket& b : n.buckets.window())
+        buckets.push_back({{"finished", b.finished}, {"succeeded", b.succeeded}});
+      nlohmann::json node = {
+          {"name", n.name},
+          {"success_rate", n.health.success_rate},
+          {"weight", n.health.weight},
+          {"basis", basis_name(n.health.basis)},
+          {"buckets", std::move(buckets)},
+          {"sticky",
+           {{"finished", n.buckets.sticky.finished}, {"succeeded", n.buckets.sticky.succeeded}}},
+          {"in_flight", n.in_flight},
+          {"limit", n.limit},
+      };
+      if (n.breaker) {
+        node["breaker"] = {
+            {"state", to_string(n.breaker->state)},
+            {"failures_in_a_row", n.breaker->failures_in_a_row},
+            {"reopens_in_ms",
+             std::chrono::duration<double, std::milli>(n.breaker->reopens_in).count()},
+            {"opened", n.breaker->opened}};
+      }
+      info.in_flight += n.in_flight;
+      info.limit += n.limit;
+      nodes.push_back(std::move(node));
+    }
+    j["in_flight"] = info.in_flight;
+    j["limit"] = info.limit;
+    j["order"] = spec_order();
+    j["nodes"] = std::move(nodes);
+    describe_admissions(j);
+  }
+
+  void metrics(std::vector<MetricFamily>& out) const override {
+    admission_metrics(out);
+    MetricFamily rate{"sluice_cascade_node_success_rate",
+                      "A cascade node's success rate (the weighted ratio over its buckets)",
+                      MetricType::Gauge,
+                      {}};
+    MetricFamily weight{"sluice_cascade_node_weight",
+                        "A cascade node's weight in the order (success rate ^ exponent, floored)",
+                        MetricType::Gauge,
+                        {}};
+    MetricFamily calls{"sluice_cascade_node_calls",
+                       "Calls a cascade node finished in its window, by result",
+                       MetricType::Gauge,
+                       {}};
+    MetricFamily in_flight{
+        "sluice_cascade_node_in_flight", "Calls holding a permit of a node", MetricType::Gauge, {}};
+    MetricFamily limit{
+        "sluice_cascade_node_limit", "A cascade node's concurrency limit", MetricType::Gauge, {}};
+    MetricFamily breaker{"sluice_cascade_node_breaker_state",
+                         "1 for a cascade node's circuit breaker state (with breakers only)",
+                         MetricType::Gauge,
+                         {}};
+    std::uint64_t total_in_flight = 0, total_limit = 0;
+    const auto gauge = [](MetricFamily& f, std::vector<ClientMetric::Label> labels, double v) {
+      ClientMetric m;
+      m.label = std::move(labels);
+      m.gauge.value = v;
+      f.metric.push_back(std::move(m));
+    };
+    for (const CascadeNodeState& n : cascade_.state()) {
+      gauge(rate, {{"node", n.name}}, n.health.success_rate);
+      gauge(weight, {{"node", n.name}}, n.health.weight);
+      std::uint64_t finished = 0, succeeded = 0;
+      for (const CascadeBucket& b : n.buckets.window()) {
+        finished += b.finished;
+        succeeded += b.succeeded;
+      }
+      gauge(calls, {{"node", n.name}, {"result", "success"}}, static_cast<double>(succeeded));
+      gauge(calls, {{"node", n.name}, {"result", "failure"}},
+            static_cast<double>(finished - succeeded));
+      gauge(in_flight, {{"node", n.name}}, n.in_flight);
+      gauge(limit, {{"node", n.name}}, n.limit);
+      if (n.breaker)
+        for (BreakerState s : {BreakerState::kClosed, BreakerState::kOpen, BreakerState::kHalfOpen})
+          gauge(breaker, {{"node", n.name}, {"state", std::string(to_string(s))}},
+                n.breaker->state == s ? 1 : 0);
+      total_in_flight += n.in_flight;
+      total_limit += n.limit;
+    }
+    out.push_back(one("sluice_policy_in_flight", "Calls holding a permit", MetricType::Gauge,
+                      static_cast<double>(total_in_flight)));
+    out.push_back(one("sluice_policy_limit", "Concurrency ceiling in force", MetricType::Gauge,
+                      static_cast<double>(total_limit)));
+    for (MetricFamily* f : {&rate, &weight, &calls, &in_flight, &limit, &breaker})
+      if (!f->metric.empty()) out.push_back(std::move(*f));
+  }
+
+ private:
+  using Guards = std::map<std::string, std::shared_ptr<AdaptiveGuard>>;
+  static Guards new_guards(const std::vector<NodeSpec>& nodes, const Clock& clock) {
+    Guards out;
+    for (const NodeSpec& n : nodes)
+      out[n.name] = std::make_shared<AdaptiveGuard>(make_algorithm(n.algorithm), clock);
+    return out;
+  }
+  // The nodes of `nodes` with their guards: from `fresh` when there, else the one kept by name.
+  [[nodiscard]] std::vector<CascadeNodeSpec> node_specs(const std::vector<NodeSpec>& nodes,
+                                                        const Guards& fresh) const {
+    std::vector<CascadeNodeSpec> out;
+    for (const NodeSpec& n : nodes) {
+      auto it = fresh.find(n.name);
+      out.push_back({n.name, it != fresh.end() ? it->second : guards_.at(n.name)});
+    }
+    return out;
+  }
+  [[nodiscard]] std::string_view spec_order() const {
+    return order_approximate_ ? "approximate" : "exact";
+  }
+
+  const Clock& clock_;
+  // The spec and guards in force: read and written only by reconfigure() and the change it
+  // returns (the engine runs one reload at a time), and by the constructor.
+  CascadeSpec spec_;
+  Guards guards_;
+  const bool order_approximate_ = spec_.options.approximate_order;  // same for the policy's life
+  FallbackCascade cascade_;
+};
+
+// "decay: must be ..." placed at `prefix` + its field.
+void place(ConfigSection& s, const std::string& prefix, std::string_view why) {
+  const std::size_t colon = why.find(": ");
+  if (colon == std::string_view::npos) return s.error(std::string(why));
+  s.error_at(prefix + std::string(why.substr(0, colon)), std::string(why.substr(colon + 2)));
+}
+
+std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
+                                        PolicySpec& /*spec*/) {
+  s.keys({"kind", "nodes", "buckets", "bucket_width", "decay", "exponent", "order", "breaker",
+          "rate"});
+  auto body = std::make_shared<CascadeSpec>();
+  FallbackCascadeOptions& o = body->options;
+  if (auto b = s.uint("buckets", 1, CascadeNodeStats::kMaxBuckets)) o.stats.buckets = *b;
+  if (auto w = s.duration("bucket_width")) o.stats.width = *w;
+  if (auto d = s.number("decay")) o.health.decay = *d;
+  if (auto e = s.number("exponent")) o.health.exponent = *e;
+  if (auto a = s.choice<bool>("order", {{"exact", false}, {"approximate", true}}))
+    o.approximate_order = *a;
+  if (std::string_view why = cascade_health_error(o.health); !why.empty()) place(s, "", why);
+  if (auto b = s.map("breaker")) {
+    b->keys({"failures", "open_for", "max_open_for", "probes", "successes"});
+    CircuitBreakerOptions br;
+    if (auto v = b->u32("failures", 1)) br.failures = *v;
+    if (auto v = b->duration("open_for")) br.open_for = *v;
+    br.max_open_for = std::max(br.max_open_for, br.open_for);
+    if (auto v = b->duration("max_open_for")) br.max_open_for = *v;
+    if (auto v = b->u32("probes", 1)) br.probes = *v;
+    if (auto v = b->u32("successes", 1)) br.successes = *v;
+    if (std::string_view why = circuit_breaker_error(br); !why.empty()) place(*b, "", why);
+    o.breaker = br;
+  }
+  if (!s.has("nodes")) {
+    s.error("nodes", "is required: the cascade's nodes, each with its guard");
+    return body;
+  }
+  s.named("nodes", [&](const std::string& name, ConfigSection& n) {
+    n.keys({"algorithm", "limit", "initial_limit", "min_limit", "max_limit"});
+    if (name.size() > kMaxNameBytes)
+      n.error("a node's name must be at most " + std::to_string(kMaxNameBytes) + " bytes");
+    NodeSpec node{name, {}};
+    read_algorithm(n, node.algorithm);
+    body->nodes.push_back(std::move(node));
+  });
+  if (body->nodes.empty()) s.error("nodes", "must name at least one node");
+  return body;
+}
+
+StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
+  return std::shared_ptr<Policy>(std::make_shared<CascadePolicy>(c, *c.spec.as<CascadeSpec>()));
+}
+
+}  // namespace
+
+PolicyKind cascade_kind() { return PolicyKind("cascade", PolicyKind::kAdmit, parse, build); }
+
+}  // namespace sluice::server
