@@ -36,12 +36,18 @@
 // left out). approximate_order() is the source's approximation (shuffle, stable-sort by
 // descending rate, promote one weighted pick to the front), for callers that want it.
 //
+// WeightedDraws makes the same order lazily, one node at a time, by the successive draws
+// themselves (a cumulative-weight scan per draw, one random number): O(n) for the first node
+// instead of O(n log n) and a random number per node. A cascade usually stops at its first
+// choice, so that is what acquire() uses.
+//
 // Thread-safety: pure functions; the random source is the caller's (one per thread).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -86,6 +92,23 @@ void weighted_order(std::span<const double> weights, const UniformDraw& draw,
 
 // The source's approximation: shuffle, order by descending `rates` (stable), then move one node
 // picked with probability weight / total weight to the front (none when every weight is 0).
+// Successive weighted draws without replacement over `weights` (which must outlive it): next()
+// is distributed as the next position of weighted_order() given the positions drawn before;
+// nullopt once every node was drawn.
+class WeightedDraws {
+ public:
+  // `taken` is scratch (one flag per node), reused across draws.
+  WeightedDraws(std::span<const double> weights, std::vector<std::uint8_t>& taken);
+  [[nodiscard]] std::optional<std::size_t> next(const UniformDraw& draw);
+
+ private:
+  std::span<const double> weights_;
+  std::vector<std::uint8_t>& taken_;
+  double total_ = 0;          // the positive weights not drawn yet
+  std::size_t positive_ = 0;  // how many of them
+  std::size_t zero_ = 0;      // weight-0 nodes not drawn yet
+};
+
 void approximate_order(std::span<const double> rates, std::span<const double> weights,
                        const UniformDraw& draw, std::vector<std::size_t>& order);
 

@@ -64,6 +64,18 @@ class CascadeNodeStats {
   };
   [[nodiscard]] Snapshot snapshot(Nanos now) const noexcept;
 
+  // What a snapshot at `now` depends on, in three words: the epoch, and the words of its bucket
+  // and the one before. Older buckets no longer change (a record lands in the bucket of its
+  // clock read, which is at most the previous one but for a caller stalled a whole bucket
+  // width), and the sticky word changes only with a record that changes the current one; so an
+  // unchanged version means an unchanged snapshot, for caching what is computed from it.
+  struct Version {
+    std::uint64_t epoch = ~std::uint64_t{0};
+    std::uint64_t current = 0, previous = 0;
+    friend bool operator==(const Version&, const Version&) = default;
+  };
+  [[nodiscard]] Version version(Nanos now) const noexcept;
+
   [[nodiscard]] const CascadeStatsOptions& options() const noexcept { return options_; }
 
  private:

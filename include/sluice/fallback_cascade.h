@@ -117,12 +117,27 @@ class CascadeNode {
   [[nodiscard]] const CircuitBreaker* breaker() const noexcept {
     return breaker_ ? &*breaker_ : nullptr;
   }
+  // Its health at `now` among `nodes` nodes: cascade_health() of its buckets, computed again
+  // only when what it depends on changed (its buckets' version, `nodes`); `o` must be the
+  // same on every call.
+  [[nodiscard]] CascadeHealth health(Nanos now, std::size_t nodes,
+                                     const CascadeHealthOptions& o) const noexcept;
 
  private:
+  // The last health computed and its key, behind a sequence number (odd while a thread
+  // writes it): any thread may fill it; a reader that sees it change computes for itself.
+  struct HealthCache {
+    std::atomic<std::uint32_t> seq{0};
+    std::atomic<std::uint64_t> epoch{~std::uint64_t{0}}, current{0}, previous{0}, nodes{0};
+    std::atomic<double> rate{1}, weight{1};
+    std::atomic<std::uint8_t> basis{0};
+  };
+
   const std::string name_;
   const std::shared_ptr<AdaptiveGuard> guard_;
   CascadeNodeStats stats_;
   std::optional<CircuitBreaker> breaker_;
+  mutable HealthCache cache_;
 };
 
 class [[nodiscard]] CascadeLease {

@@ -16,6 +16,21 @@ std::string_view cascade_health_error(const CascadeHealthOptions& o) noexcept {
   return {};
 }
 
+namespace {
+
+// r^e, by multiplication for a whole exponent up to 8 (the default 3 among them): a pick
+// computes one per node.
+double power(double r, double e) {
+  if (e >= 1 && e <= 8 && e == std::floor(e)) {
+    double out = r;
+    for (int i = 1; i < static_cast<int>(e); ++i) out *= r;
+    return out;
+  }
+  return std::pow(r, e);
+}
+
+}  // namespace
+
 CascadeHealth cascade_health(std::span<const CascadeBucket> historical, CascadeBucket sticky,
                              std::size_t nodes, const CascadeHealthOptions& o) {
   CascadeHealth h;
@@ -28,7 +43,7 @@ CascadeHealth cascade_health(std::span<const CascadeBucket> historical, CascadeB
   if (finished > 0) {
     h.basis = CascadeHealth::Basis::kRecent;
     h.success_rate = std::clamp(succeeded / finished, 0.0, 1.0);
-    h.weight = std::pow(h.success_rate, o.exponent);
+    h.weight = power(h.success_rate, o.exponent);
     return h;
   }
   if (sticky.finished > 0) {
@@ -36,7 +51,7 @@ CascadeHealth cascade_health(std::span<const CascadeBucket> historical, CascadeB
     h.success_rate =
         static_cast<double>(std::min(sticky.succeeded, sticky.finished)) / sticky.finished;
     const double floor = o.floor_numerator / static_cast<double>(std::max<std::size_t>(nodes, 1));
-    h.weight = std::max(std::pow(h.success_rate, o.exponent), floor);
+    h.weight = std::max(power(h.success_rate, o.exponent), floor);
     return h;
   }
   return h;  // a clean slate: rate 1, weight 1
@@ -87,6 +102,59 @@ void weighted_order(std::span<const double> weights, const UniformDraw& draw,
   for (const auto& [key, i] : keyed) order[k++] = i;
   for (const std::size_t i : zero) order[k++] = i;
   shuffle(order, keyed.size(), n, draw);
+}
+
+WeightedDraws::WeightedDraws(std::span<const double> weights, std::vector<std::uint8_t>& taken)
+    : weights_(weights), taken_(taken) {
+  taken_.assign(weights.size(), 0);
+  for (const double w : weights) {
+    if (usable(w) > 0) {
+      total_ += usable(w);
+      ++positive_;
+    } else {
+      ++zero_;
+    }
+  }
+}
+
+std::optional<std::size_t> WeightedDraws::next(const UniformDraw& draw) {
+  const std::size_t n = weights_.size();
+  if (positive_ > 0) {
+    double pick = draw() * total_;
+    std::size_t last = n;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double w = usable(weights_[i]);
+      if (taken_[i] || w <= 0) continue;
+      last = i;
+      pick -= w;
+      if (pick < 0) break;
+    }
+    // `last`: the node the draw fell on, or the last one left should rounding leave `pick` at
+    // or above 0.
+    taken_[last] = 1;
+    --positive_;
+    // Recomputed when it is the last positive one, so rounding never accumulates to a draw
+    // of nothing.
+    total_ = positive_ == 0 ? 0 : total_ - usable(weights_[last]);
+    if (positive_ > 0 && !(total_ > 0)) {
+      total_ = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if (!taken_[i]) total_ += usable(weights_[i]);
+    }
+    return last;
+  }
+  if (zero_ == 0) return std::nullopt;
+  auto k = static_cast<std::size_t>(draw() * static_cast<double>(zero_));
+  k = std::min(k, zero_ - 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (taken_[i]) continue;
+    if (k-- == 0) {
+      taken_[i] = 1;
+      --zero_;
+      return i;
+    }
+  }
+  return std::nullopt;  // unreachable: zero_ counts the nodes left
 }
 
 void approximate_order(std::span<const double> rates, std::span<const double> weights,

@@ -61,6 +61,14 @@ void CascadeNodeStats::record(bool success, Nanos now) noexcept {
   }
 }
 
+CascadeNodeStats::Version CascadeNodeStats::version(Nanos now) const noexcept {
+  const std::uint64_t e64 = static_cast<std::uint64_t>(now.count() / options_.width.count());
+  const std::size_t b = options_.buckets;
+  const std::size_t slot = static_cast<std::size_t>(e64 % b);
+  return {e64, slots_[slot].load(std::memory_order_acquire),
+          slots_[slot == 0 ? b - 1 : slot - 1].load(std::memory_order_acquire)};
+}
+
 CascadeNodeStats::Snapshot CascadeNodeStats::snapshot(Nanos now) const noexcept {
   Snapshot out;
   const std::uint64_t e64 = static_cast<std::uint64_t>(now.count() / options_.width.count());
@@ -68,8 +76,10 @@ CascadeNodeStats::Snapshot CascadeNodeStats::snapshot(Nanos now) const noexcept 
   const std::size_t b = options_.buckets;
   out.count = b;
   std::uint64_t newest_aged = sticky_.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < b && i <= e64; ++i) {
-    const std::uint64_t w = slots_[(e64 - i) % b].load(std::memory_order_acquire);
+  // The slot of epoch e64 - i, walked down with a wrap rather than a division per bucket.
+  std::size_t slot = static_cast<std::size_t>(e64 % b);
+  for (std::size_t i = 0; i < b && i <= e64; ++i, slot = slot == 0 ? b - 1 : slot - 1) {
+    const std::uint64_t w = slots_[slot].load(std::memory_order_acquire);
     const std::uint32_t tag = epoch_of(w);
     const std::uint32_t d = behind(epoch, tag);
     if (finished_of(w) == 0) continue;

@@ -67,6 +67,43 @@ CascadeOutcome outcome_of_grpc(int code) noexcept {
   }
 }
 
+CascadeHealth CascadeNode::health(Nanos now, std::size_t nodes,
+                                  const CascadeHealthOptions& o) const noexcept {
+  const CascadeNodeStats::Version v = stats_.version(now);
+  const std::uint32_t seq = cache_.seq.load(std::memory_order_acquire);
+  if (seq % 2 == 0) {
+    const CascadeNodeStats::Version cached{cache_.epoch.load(std::memory_order_relaxed),
+                                           cache_.current.load(std::memory_order_relaxed),
+                                           cache_.previous.load(std::memory_order_relaxed)};
+    const std::uint64_t cached_nodes = cache_.nodes.load(std::memory_order_relaxed);
+    CascadeHealth h;
+    h.success_rate = cache_.rate.load(std::memory_order_relaxed);
+    h.weight = cache_.weight.load(std::memory_order_relaxed);
+    h.basis = static_cast<CascadeHealth::Basis>(cache_.basis.load(std::memory_order_relaxed));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (cache_.seq.load(std::memory_order_relaxed) == seq && cached == v && cached_nodes == nodes)
+      return h;
+  }
+  const CascadeNodeStats::Snapshot s = stats_.snapshot(now);
+  const CascadeHealth h = cascade_health(s.window(), s.sticky, nodes, o);
+  // Kept only if the buckets did not change while it was computed, and no other thread writes.
+  std::uint32_t expected = cache_.seq.load(std::memory_order_relaxed);
+  if (expected % 2 == 0 && stats_.version(now) == v &&
+      cache_.seq.compare_exchange_strong(expected, expected + 1, std::memory_order_acquire,
+                                         std::memory_order_relaxed)) {
+    std::atomic_thread_fence(std::memory_order_release);
+    cache_.epoch.store(v.epoch, std::memory_order_relaxed);
+    cache_.current.store(v.current, std::memory_order_relaxed);
+    cache_.previous.store(v.previous, std::memory_order_relaxed);
+    cache_.nodes.store(nodes, std::memory_order_relaxed);
+    cache_.rate.store(h.success_rate, std::memory_order_relaxed);
+    cache_.weight.store(h.weight, std::memory_order_relaxed);
+    cache_.basis.store(static_cast<std::uint8_t>(h.basis), std::memory_order_relaxed);
+    cache_.seq.store(expected + 2, std::memory_order_release);
+  }
+  return h;
+}
+
 CascadeLease& CascadeLease::operator=(CascadeLease&& other) noexcept {
   if (this != &other) {
     finish(CascadeOutcome::kFailed);
@@ -141,37 +178,44 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
   const Nanos now = clock_.now();
   thread_local std::vector<double> weights, rates;
   thread_local std::vector<std::size_t> order;
+  thread_local std::vector<std::uint8_t> taken;
   weights.clear();
   rates.clear();
   for (const auto& n : *nodes) {
-    const CascadeNodeStats::Snapshot s = n->stats().snapshot(now);
-    const CascadeHealth h = cascade_health(s.window(), s.sticky, nodes->size(), options_.health);
+    const CascadeHealth h = n->health(now, nodes->size(), options_.health);
     weights.push_back(h.weight);
     rates.push_back(h.success_rate);
   }
-  if (options_.approximate_order)
-    approximate_order(rates, weights, draw_, order);
-  else
-    weighted_order(weights, draw_, order);
   std::size_t tried = 0, open = 0, skipped = 0;
-  for (const std::size_t i : order) {
+  // Tries node i: a lease, or nothing (excluded, open or full).
+  const auto attempt = [&](std::size_t i) -> std::optional<CascadeLease> {
     const std::shared_ptr<CascadeNode>& n = (*nodes)[i];
     if (std::find(exclude.begin(), exclude.end(), n->name()) != exclude.end()) {
       ++skipped;
-      continue;
+      return std::nullopt;
     }
     CircuitBreaker::Ticket ticket{CircuitBreaker::Ticket::Kind::kNormal, 0};
     if (CircuitBreaker* b = n->breaker()) {
       ticket = b->enter(now);
       if (!ticket.admitted()) {
         ++open;
-        continue;
+        return std::nullopt;
       }
     }
     ++tried;
     if (std::optional<GuardPermit> p = n->guard().acquire())
       return CascadeLease(n, std::move(*p), clock_, ticket, now);
     if (CircuitBreaker* b = n->breaker()) b->cancel(ticket);
+    return std::nullopt;
+  };
+  if (options_.approximate_order) {
+    approximate_order(rates, weights, draw_, order);
+    for (const std::size_t i : order)
+      if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
+  } else {
+    WeightedDraws draws(weights, taken);
+    while (const std::optional<std::size_t> i = draws.next(draw_))
+      if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
   }
   std::string why = open > 0 ? "cascade: every node is at its concurrency limit or open ("
                              : "cascade: every node is at its concurrency limit (";

@@ -118,6 +118,47 @@ TEST(CascadeOrder, TheWeightedOrderIsDistributedAsSuccessiveWeightedDrawsChiSqua
   EXPECT_LT(chi_square(expected, observed, kTrials), 20.52);
 }
 
+// WeightedDraws, drawn to the end, is the same distribution (the cascade's lazy order).
+TEST(CascadeOrder, LazyDrawsAreDistributedAsSuccessiveWeightedDrawsChiSquare) {
+  const std::vector<double> w = {1, 2, 3, 0};
+  std::map<std::vector<std::size_t>, int> seen;
+  Draws d;
+  const UniformDraw draw = d.draw();
+  std::vector<std::uint8_t> taken;
+  constexpr int kTrials = 60'000;
+  for (int t = 0; t < kTrials; ++t) {
+    WeightedDraws draws(w, taken);
+    std::vector<std::size_t> order;
+    while (const auto i = draws.next(draw)) order.push_back(*i);
+    ASSERT_EQ(order.size(), 4u);
+    ASSERT_EQ(order[3], 3u);  // the weight-0 node last
+    order.pop_back();
+    ++seen[order];
+  }
+  std::vector<double> expected;
+  std::vector<int> observed;
+  std::vector<std::size_t> perm = {0, 1, 2};
+  do {
+    expected.push_back(w[perm[0]] / 6 * w[perm[1]] / (6 - w[perm[0]]));
+    observed.push_back(seen[perm]);
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  EXPECT_EQ(seen.size(), 6u);
+  EXPECT_LT(chi_square(expected, observed, kTrials), 20.52);
+  // Every weight 0: a uniform order.
+  const std::vector<double> zeros = {0, 0, 0};
+  std::map<std::vector<std::size_t>, int> uniform;
+  for (int t = 0; t < 30'000; ++t) {
+    WeightedDraws draws(zeros, taken);
+    std::vector<std::size_t> order;
+    while (const auto i = draws.next(draw)) order.push_back(*i);
+    ++uniform[order];
+  }
+  std::vector<int> counts;
+  for (const auto& [o, count] : uniform) counts.push_back(count);
+  EXPECT_EQ(counts.size(), 6u);
+  EXPECT_LT(chi_square(std::vector<double>(6, 1.0 / 6), counts, 30'000), 20.52);
+}
+
 TEST(CascadeOrder, ZeroWeightsComeLastAndAllZeroIsAUniformShuffle) {
   Draws d;
   const UniformDraw draw = d.draw();
