@@ -13,6 +13,7 @@
 #include "server/registry.h"
 #include "sim.h"
 #include "sluice/config.h"
+#include "sluice/sim/cascade_sim.h"
 #include "throttler_cli.h"
 
 int main(int argc, char** argv) {
@@ -60,6 +61,24 @@ int main(int argc, char** argv) {
   sim_federation->add_option("--batch", sim_fed.batch, "units per lease (default 16)")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}));
   sim_federation->callback([&] { exit_code = sluice::cli::run_sim_federation(sim_fed); });
+  sluice::cli::CascadeSimOptions sim_casc;
+  CLI::App* sim_cascade = sim_cmd->add_subcommand(
+      "cascade",
+      "the fallback cascade against round-robin, random and power-of-two-choices over 5 nodes, "
+      "one of them failing: a table, CSV and SVG with --out");
+  std::vector<std::string> cascade_names = {"all"};
+  for (const auto& s : sluice::sim::cascade_scenarios()) cascade_names.push_back(s.name);
+  sim_cascade->add_option("--scenario", sim_casc.scenario, "one scenario, or all (default)")
+      ->check(CLI::IsMember(cascade_names));
+  sim_cascade->add_option("--out", sim_casc.out_dir, "directory for the CSV and SVG files");
+  sim_cascade->add_option("--seed", sim_casc.seed, "seed of the arrivals and node behaviour");
+  sim_cascade
+      ->add_option("--rate", sim_casc.rate,
+                   "arrivals per second (default 1000; the 5 nodes serve about 8000)")
+      ->check(CLI::Range(50.0, 4000.0));
+  sim_cascade->add_option("--seconds", sim_casc.seconds, "the run's length (default 120)")
+      ->check(CLI::Range(80.0, 3600.0));
+  sim_cascade->callback([&] { exit_code = sluice::cli::run_sim_cascade(sim_casc); });
 
   std::string config_path;
   CLI::App* validate_cmd = app.add_subcommand(
@@ -126,19 +145,22 @@ int main(int argc, char** argv) {
   sluice::cli::AdmitArgs admit;
   CLI::App* admit_cmd = app.add_subcommand(
       "admit", "admit one call; prints its lease id (exit 0 admitted, 1 refused, 2 error)");
-  admit_cmd->add_option("policy", admit.policy, "an adaptive, fleet or concurrency policy")
+  admit_cmd->add_option("policy", admit.policy, "an adaptive, fleet, concurrency or cascade policy")
       ->required();
   admit_cmd->add_option("--key,-k", admit.key, "the caller's key (for a chained rate policy)");
   admit_cmd->add_option("--tenant,-t", admit.tenant, "concurrency policies: the tenant");
   admit_cmd->add_option("--upstream,-u", admit.upstream, "concurrency policies: the upstream");
   admit_cmd->add_option("--route,-r", admit.route, "concurrency policies: the route");
   admit_cmd->add_option("--ttl", admit.ttl, "the lease's TTL, e.g. 30s (default: the server's)");
+  admit_cmd->add_option("--exclude,-x", admit.exclude,
+                        "cascade policies: a node not to choose (repeatable)");
   client_flags(admit_cmd);
   admit_cmd->callback([&] { exit_code = sluice::cli::run_admit(client, admit); });
   sluice::cli::ReleaseArgs release;
   CLI::App* release_cmd = app.add_subcommand("release", "release a lease");
   release_cmd->add_option("lease_id", release.lease_id, "the lease id Admit returned")->required();
-  release_cmd->add_option("--outcome", release.outcome, "success, dropped, ignored or failed");
+  release_cmd->add_option("--outcome", release.outcome,
+                          "success, dropped, timeout, overload, ignored or failed");
   release_cmd->add_option("--rtt", release.rtt, "the call's RTT, e.g. 20ms (default: time held)");
   client_flags(release_cmd);
   release_cmd->callback([&] { exit_code = sluice::cli::run_release(client, release); });

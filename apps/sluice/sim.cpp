@@ -2,10 +2,12 @@
 
 #include <fmt/core.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string_view>
 
+#include "sluice/sim/cascade_sim.h"
 #include "sluice/sim/federation_sim.h"
 #include "sluice/sim/scenarios.h"
 
@@ -44,6 +46,28 @@ int run_sim_federation(const FederationSimOptions& options) {
   const sim::ScenarioOutput out = sim::run_federation_scenario(o);
   fmt::print("## federation\n\n{}", out.table);
   if (!write_files("federation", options.out_dir, out)) return 2;
+  if (out.failed_claims.empty()) {
+    fmt::print("claims: all held\n");
+    return 0;
+  }
+  for (const std::string& f : out.failed_claims) fmt::print("claim FAILED: {}\n", f);
+  return 1;
+}
+
+int run_sim_cascade(const CascadeSimOptions& options) {
+  sim::CascadeEvaluationOptions o;
+  o.scenario = options.scenario;
+  o.seed = options.seed;
+  o.rate = options.rate;
+  o.duration = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(options.seconds));
+  const sim::ScenarioOutput out = sim::run_cascade_evaluation(o);
+  if (out.table.empty()) {
+    for (const std::string& f : out.failed_claims)
+      fmt::print(stderr, "sluice sim cascade: {}\n", f);
+    return 2;
+  }
+  fmt::print("## cascade\n\n{}\n", out.table);
+  if (!write_files("cascade", options.out_dir, out)) return 2;
   if (out.failed_claims.empty()) {
     fmt::print("claims: all held\n");
     return 0;

@@ -1,5 +1,6 @@
-// sim.h: `sluice sim fleet`: the fleet guard's simulation scenarios, and `sluice sim federation`:
-// one global rate budget across regions against per-region limits (sim/).
+// sim.h: `sluice sim fleet`: the fleet guard's simulation scenarios, `sluice sim federation`:
+// one global rate budget across regions against per-region limits, and `sluice sim cascade`: the
+// fallback cascade against round-robin, random and power-of-two-choices (sim/).
 #pragma once
 
 #include <cstdint>
@@ -26,5 +27,17 @@ struct FederationSimOptions {
 // Prints the skew, regional pool and coordinator outage tables; exit code 1 if a claim did not
 // hold, 2 if a file cannot be written.
 int run_sim_federation(const FederationSimOptions& options);
+
+struct CascadeSimOptions {
+  std::string scenario = "all";  // one of sim::cascade_scenarios() by name, or all
+  std::string out_dir;           // where CSV and SVG files go; empty: none written
+  std::uint64_t seed = 1;
+  double rate = 1000;    // arrivals per second
+  double seconds = 120;  // the run's length
+};
+
+// Prints the table; exit code 1 if a claim did not hold, 2 on a bad option or a file that cannot
+// be written.
+int run_sim_cascade(const CascadeSimOptions& options);
 
 }  // namespace sluice::cli

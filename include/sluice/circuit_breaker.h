@@ -40,7 +40,7 @@ namespace sluice {
 struct CircuitBreakerOptions {
   std::uint32_t failures = 5;                     // failures in a row that open it (>= 1)
   Nanos open_for = std::chrono::seconds(5);       // the first open spell (> 0)
-  Nanos max_open_for = std::chrono::seconds(60);  // the longest (>= open_for)
+  Nanos max_open_for = std::chrono::seconds(30);  // the longest (>= open_for); the stat window
   std::uint32_t probes = 1;                       // probes at once while half-open (>= 1)
   std::uint32_t successes = 1;                    // probe successes that close it (>= 1)
 };

@@ -21,6 +21,14 @@
 // once; a lease destroyed unfinished counts as kFailed. outcome_of_http() and outcome_of_grpc()
 // map a reply's status to an outcome.
 //
+// Revival: a node whose weight is at the floor or below (every call in its window failed, or it
+// was last seen failing) is given one call -- before the weighted draw -- at most once every
+// `revive_every` (5 s, the bucket width, by default), so that a node which healed is found
+// within that time at any call rate: its weight alone would give it one call in ~60,000 (the
+// floor), which at 1,000 calls a second is a call every minute or more. While the node is still
+// bad that costs one failed call per `revive_every`; with a breaker, the revival is its probe
+// and waits for its open spell.
+//
 // Retries: by default the cascade picks once and never retries. With retry.max_attempts > 1,
 // call() retries a failed call on another node (excluding every node tried), as long as the
 // retry budget (retry_budget.h: a share of the calls plus a small allowance a second) has room,
@@ -48,6 +56,7 @@
 #pragma once
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -96,6 +105,7 @@ struct FallbackCascadeOptions {
   bool approximate_order = false;  // the source's approximation instead of the exact order
   std::optional<CircuitBreakerOptions> breaker;  // per node; none by default
   CascadeRetryOptions retry;
+  Nanos revive_every = std::chrono::seconds(5);  // >= 0; 0: no revival calls
 };
 // Why `o` is unusable, naming the field; empty when it is fine.
 [[nodiscard]] std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcept;
@@ -122,6 +132,12 @@ class CascadeNode {
   // same on every call.
   [[nodiscard]] CascadeHealth health(Nanos now, std::size_t nodes,
                                      const CascadeHealthOptions& o) const noexcept;
+  // Claims the node's revival call at `now` if none was claimed within `every`.
+  [[nodiscard]] bool claim_revival(Nanos now, Nanos every) noexcept {
+    std::int64_t last = last_revival_.load(std::memory_order_relaxed);
+    return now.count() - last >= every.count() &&
+           last_revival_.compare_exchange_strong(last, now.count(), std::memory_order_relaxed);
+  }
 
  private:
   // The last health computed and its key, behind a sequence number (odd while a thread
@@ -138,6 +154,7 @@ class CascadeNode {
   CascadeNodeStats stats_;
   std::optional<CircuitBreaker> breaker_;
   mutable HealthCache cache_;
+  std::atomic<std::int64_t> last_revival_{std::numeric_limits<std::int64_t>::min() / 2};
 };
 
 class [[nodiscard]] CascadeLease {

@@ -22,6 +22,7 @@ std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcep
   if (o.breaker)
     if (std::string_view e = circuit_breaker_error(*o.breaker); !e.empty()) return e;
   if (o.retry.max_attempts < 1) return "max_attempts: must be at least 1";
+  if (o.revive_every < Nanos{0}) return "revive_every: must not be negative";
   return retry_budget_error(o.retry.budget);
 }
 
@@ -208,14 +209,31 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
     if (CircuitBreaker* b = n->breaker()) b->cancel(ticket);
     return std::nullopt;
   };
+  // A revival call first, to one node at the floor whose turn it is (see the header).
+  std::size_t revived = nodes->size();
+  if (options_.revive_every > Nanos{0}) {
+    const double floor = options_.health.floor_numerator /
+                         static_cast<double>(std::max<std::size_t>(nodes->size(), 1));
+    for (std::size_t i = 0; i < nodes->size(); ++i) {
+      if (weights[i] > floor ||
+          std::find(exclude.begin(), exclude.end(), (*nodes)[i]->name()) != exclude.end() ||
+          !(*nodes)[i]->claim_revival(now, options_.revive_every))
+        continue;
+      if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
+      revived = i;
+      break;
+    }
+  }
   if (options_.approximate_order) {
     approximate_order(rates, weights, draw_, order);
     for (const std::size_t i : order)
-      if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
+      if (i != revived)
+        if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
   } else {
     WeightedDraws draws(weights, taken);
     while (const std::optional<std::size_t> i = draws.next(draw_))
-      if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
+      if (*i != revived)
+        if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
   }
   std::string why = open > 0 ? "cascade: every node is at its concurrency limit or open ("
                              : "cascade: every node is at its concurrency limit (";

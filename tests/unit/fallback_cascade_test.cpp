@@ -212,6 +212,50 @@ TEST(FallbackCascade, ConcurrentCallersLeakNoPermitAndLoseNoCount) {
   EXPECT_EQ(finished, static_cast<std::uint32_t>(admitted.load()));
 }
 
+TEST(FallbackCascade, ANodeAtTheFloorGetsOneRevivalCallPerIntervalAndIsBackSoonAfterItHeals) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 1000}, {"b", 1000}, {"down", 1000}}), f.clock, {}, f.draw());
+  bool healed = false;
+  const auto outcome = [&](const std::string& n) {
+    return n == "down" && !healed ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  };
+  // 60 s of an outage at 100 calls a second: once its window shows only failures, `down` gets
+  // one call per 5 s (its revival), not one in 60,000 (its floor) and not none.
+  int to_down = 0;
+  for (int second = 0; second < 60; ++second) {
+    to_down += f.run(c, 100, outcome)["down"];
+    f.clock.advance(seconds(1));
+  }
+  EXPECT_LE(to_down, 2 + 60 / 5);
+  EXPECT_GE(to_down, 60 / 5);
+  EXPECT_EQ(c.state()[2].health.weight, 0);
+  // It heals: within one revival interval it has a success on record, and then it is back.
+  healed = true;
+  int seconds_to_back = 0;
+  while (c.state()[2].health.success_rate < 0.5 && seconds_to_back < 30) {
+    f.run(c, 100, outcome);
+    f.clock.advance(seconds(1));
+    ++seconds_to_back;
+  }
+  EXPECT_LE(seconds_to_back, 5);
+  const auto picks = f.run(c, 3000, outcome);
+  EXPECT_GT(picks.at("down"), 3000 / 3 / 2);  // at least half a fair share
+}
+
+TEST(FallbackCascade, WithoutRevivalAFloorWeightNodeGetsAlmostNothing) {
+  Fixture f;
+  FallbackCascadeOptions o;
+  o.revive_every = Nanos{0};
+  FallbackCascade c(f.specs({{"a", 1000}, {"down", 1000}}), f.clock, o, f.draw());
+  f.run(c, 100, [](const std::string& n) {
+    return n == "down" ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  });
+  f.clock.advance(seconds(10));
+  EXPECT_EQ(
+      f.run(c, 2000, [](const std::string&) { return CascadeOutcome::kSuccess; }).count("down"),
+      0u);
+}
+
 TEST(FallbackCascade, RepliesMapToOutcomes) {
   EXPECT_EQ(outcome_of_http(200), CascadeOutcome::kSuccess);
   EXPECT_EQ(outcome_of_http(404), CascadeOutcome::kSuccess);  // the node answered

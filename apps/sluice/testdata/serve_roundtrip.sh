@@ -55,6 +55,20 @@ leases+=("$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["le
 leases+=("$("$sluice" admit gateway -t acme -u llm 2>/dev/null)") || fail "gateway admit"
 grep -q '"leases":12' <<<"$("$sluice" policies --json)" || fail "lease count: $("$sluice" policies --json)"
 
+# The default config's cascade: excluding two replicas leaves the third; an overload is on its
+# record as a failure.
+json=$("$sluice" admit replicas -x db-1 -x db-2 --json) || fail "cascade admit"
+grep -q '"chosen":"db-3"' <<<"$json" || fail "cascade admit: $json"
+lease=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["lease_id"])' <<<"$json")
+"$sluice" release "$lease" --outcome overload >/dev/null || fail "cascade release"
+/usr/bin/python3 -c '
+import json, sys
+policies = json.load(sys.stdin)["policies"]
+nodes = {n["name"]: n for p in policies if p["name"] == "replicas" for n in p["nodes"]}
+assert nodes["db-3"]["buckets"][0] == {"finished": 1, "succeeded": 0}, nodes["db-3"]
+assert nodes["db-3"]["weight"] == 0, nodes["db-3"]
+' <<<"$("$sluice" policies --json)" || fail "cascade state: $("$sluice" policies --json)"
+
 # HTTP: metrics and readiness.
 # (read whole first: grep -q stops reading at its match, and pipefail would count curl's SIGPIPE)
 metrics=$(curl -sf "http://127.0.0.1:$http/metrics") || fail "metrics: curl exit $?"

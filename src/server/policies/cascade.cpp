@@ -10,10 +10,12 @@
 //   decay: 3                        # how much more each newer bucket weighs
 //   exponent: 3                     # weight = success rate ^ exponent
 //   order: exact | approximate      # the weighted permutation, or the source's approximation
+//   revive_every: 5s                # a node at the weight floor gets one call this often
 //   breaker:                        # optional: a circuit breaker per node
 //     failures: 5                   # failures in a row that open it
 //     open_for: 5s                  # its first open spell, doubled per failed probe ...
-//     max_open_for: 60s             # ... up to this
+//     max_open_for: 30s             # ... up to this (the stat window: a healed node is
+//                                   #     probed within it)
 //     probes: 1                     # calls let through at once while half-open
 //     successes: 1                  # probe successes that close it
 //   rate: <rate policy>             # optional: passed first
@@ -77,7 +79,8 @@ bool same_options(const FallbackCascadeOptions& a, const FallbackCascadeOptions&
   return a.stats.buckets == b.stats.buckets && a.stats.width == b.stats.width &&
          a.health.decay == b.health.decay && a.health.exponent == b.health.exponent &&
          a.health.floor_numerator == b.health.floor_numerator &&
-         a.approximate_order == b.approximate_order && breaker(a.breaker, b.breaker);
+         a.approximate_order == b.approximate_order && a.revive_every == b.revive_every &&
+         breaker(a.breaker, b.breaker);
 }
 
 std::string_view basis_name(CascadeHealth::Basis b) {
@@ -323,7 +326,7 @@ void place(ConfigSection& s, const std::string& prefix, std::string_view why) {
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
   s.keys({"kind", "nodes", "buckets", "bucket_width", "decay", "exponent", "order", "breaker",
-          "rate"});
+          "revive_every", "rate"});
   auto body = std::make_shared<CascadeSpec>();
   FallbackCascadeOptions& o = body->options;
   if (auto b = s.uint("buckets", 1, CascadeNodeStats::kMaxBuckets)) o.stats.buckets = *b;
@@ -332,6 +335,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
   if (auto e = s.number("exponent")) o.health.exponent = *e;
   if (auto a = s.choice<bool>("order", {{"exact", false}, {"approximate", true}}))
     o.approximate_order = *a;
+  if (auto r = s.duration("revive_every")) o.revive_every = *r;
   if (std::string_view why = cascade_health_error(o.health); !why.empty()) place(s, "", why);
   if (auto b = s.map("breaker")) {
     b->keys({"failures", "open_for", "max_open_for", "probes", "successes"});
