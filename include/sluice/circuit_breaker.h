@@ -21,8 +21,8 @@
 // does a probe of an earlier half-open spell.
 //
 // Cost: while closed, enter() is one relaxed load and a success one load (and a store after a
-// failure); a failure is one fetch_add. The mutex is taken only to change state and while the
-// breaker is not closed, when calls to the node are rare by design.
+// failure); a failure is one fetch_add. While open, enter() refuses with two loads until the
+// spell is over. The mutex is taken only to change state and while half-open.
 //
 // Thread-safety: every member is safe to call concurrently.
 #pragma once
@@ -81,6 +81,10 @@ class CircuitBreaker {
     std::uint64_t opened = 0;  // times it has opened
   };
   [[nodiscard]] Snapshot snapshot(Nanos now) const noexcept;
+  // Whether it is closed now (one relaxed load).
+  [[nodiscard]] bool closed() const noexcept {
+    return state_.load(std::memory_order_relaxed) == BreakerState::kClosed;
+  }
   [[nodiscard]] const CircuitBreakerOptions& options() const noexcept { return options_; }
 
  private:
@@ -92,6 +96,7 @@ class CircuitBreaker {
   std::atomic<std::uint32_t> spell_{0};     // bumped at every state change
   mutable std::mutex mu_;                   // guards the fields below and every state change
   Nanos open_until_{0};
+  std::atomic<std::int64_t> open_until_ns_{0};  // open_until_, for enter()'s lock-free refusal
   Nanos open_for_{options_.open_for};
   std::uint32_t probes_in_flight_ = 0;
   std::uint32_t probe_successes_ = 0;

@@ -24,10 +24,19 @@
 // Revival: a node whose weight is at the floor or below (every call in its window failed, or it
 // was last seen failing) is given one call -- before the weighted draw -- at most once every
 // `revive_every` (5 s, the bucket width, by default), so that a node which healed is found
-// within that time at any call rate: its weight alone would give it one call in ~60,000 (the
-// floor), which at 1,000 calls a second is a call every minute or more. While the node is still
-// bad that costs one failed call per `revive_every`; with a breaker, the revival is its probe
-// and waits for its open spell.
+// within that time at any call rate. Its weight alone would give it no call while its window
+// shows only failures, and then one in ~60,000 picks (the floor, with three nodes; ~200,000
+// with five): at 1,000 calls a second, a call every minute or more. While the node is still
+// bad a revival costs one failed call per `revive_every`; with a breaker, the revival is its
+// probe and waits for its open spell (a revival that finds the node open or full is not spent).
+//
+// Panic: while fewer than `panic_below` (half, by default) of the nodes have their breaker
+// closed, a breaker that refuses a call no longer stops it (as a load balancer's panic mode
+// does): the call goes to the node by weight and room as if it had no breaker, and its outcome
+// reaches the node's buckets but not its breaker (half-open probes still go through it, so
+// breakers close again as nodes recover). Without that, a backend whose nodes are all degraded
+// -- failing some calls, not down -- would have most breakers open and its calls refused, or
+// crowded onto the one node left, which the cascade's weights spread better. 0 never panics.
 //
 // Retries: by default the cascade picks once and never retries. With retry.max_attempts > 1,
 // call() retries a failed call on another node (excluding every node tried), as long as the
@@ -106,6 +115,7 @@ struct FallbackCascadeOptions {
   std::optional<CircuitBreakerOptions> breaker;  // per node; none by default
   CascadeRetryOptions retry;
   Nanos revive_every = std::chrono::seconds(5);  // >= 0; 0: no revival calls
+  double panic_below = 0.5;                      // 0..1; see "Panic" above
 };
 // Why `o` is unusable, naming the field; empty when it is fine.
 [[nodiscard]] std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcept;
@@ -132,11 +142,18 @@ class CascadeNode {
   // same on every call.
   [[nodiscard]] CascadeHealth health(Nanos now, std::size_t nodes,
                                      const CascadeHealthOptions& o) const noexcept;
-  // Claims the node's revival call at `now` if none was claimed within `every`.
-  [[nodiscard]] bool claim_revival(Nanos now, Nanos every) noexcept {
+  // Claims the node's revival call at `now` if none was claimed within `every`: the time of
+  // the claim before, to give it back with unclaim_revival() if the call is not made.
+  [[nodiscard]] std::optional<std::int64_t> claim_revival(Nanos now, Nanos every) noexcept {
     std::int64_t last = last_revival_.load(std::memory_order_relaxed);
-    return now.count() - last >= every.count() &&
-           last_revival_.compare_exchange_strong(last, now.count(), std::memory_order_relaxed);
+    if (now.count() - last < every.count() ||
+        !last_revival_.compare_exchange_strong(last, now.count(), std::memory_order_relaxed))
+      return std::nullopt;
+    return last;
+  }
+  void unclaim_revival(Nanos now, std::int64_t before) noexcept {
+    std::int64_t mine = now.count();
+    last_revival_.compare_exchange_strong(mine, before, std::memory_order_relaxed);
   }
 
  private:

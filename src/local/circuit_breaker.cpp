@@ -27,8 +27,11 @@ std::string_view to_string(BreakerState s) noexcept {
 }
 
 CircuitBreaker::Ticket CircuitBreaker::enter(Nanos now) noexcept {
-  if (state_.load(std::memory_order_acquire) == BreakerState::kClosed)
+  const BreakerState seen = state_.load(std::memory_order_acquire);
+  if (seen == BreakerState::kClosed)
     return {Ticket::Kind::kNormal, spell_.load(std::memory_order_relaxed)};
+  if (seen == BreakerState::kOpen && now.count() < open_until_ns_.load(std::memory_order_acquire))
+    return {};  // open, its spell not over (a stale read only sends this call to the lock)
   std::lock_guard lock(mu_);
   BreakerState s = state_.load(std::memory_order_relaxed);
   if (s == BreakerState::kClosed)
@@ -94,6 +97,7 @@ void CircuitBreaker::finish(const Ticket& t, Result r, Nanos now) noexcept {
 void CircuitBreaker::open_locked(Nanos now, Nanos spell) noexcept {
   open_for_ = spell;
   open_until_ = now + spell;
+  open_until_ns_.store(open_until_.count(), std::memory_order_release);
   ++opened_;
   failures_.store(0, std::memory_order_relaxed);
   spell_.fetch_add(1, std::memory_order_relaxed);

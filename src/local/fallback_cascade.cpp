@@ -23,6 +23,7 @@ std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcep
     if (std::string_view e = circuit_breaker_error(*o.breaker); !e.empty()) return e;
   if (o.retry.max_attempts < 1) return "max_attempts: must be at least 1";
   if (o.revive_every < Nanos{0}) return "revive_every: must not be negative";
+  if (!(o.panic_below >= 0 && o.panic_below <= 1)) return "panic_below: must be 0..1";
   return retry_budget_error(o.retry.budget);
 }
 
@@ -182,11 +183,17 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
   thread_local std::vector<std::uint8_t> taken;
   weights.clear();
   rates.clear();
+  std::size_t closed = 0;
   for (const auto& n : *nodes) {
     const CascadeHealth h = n->health(now, nodes->size(), options_.health);
     weights.push_back(h.weight);
     rates.push_back(h.success_rate);
+    if (const CircuitBreaker* b = n->breaker(); b != nullptr && b->closed()) ++closed;
   }
+  // Panic (see the header): a breaker that refuses no longer stops a call.
+  const bool panic =
+      options_.breaker.has_value() &&
+      static_cast<double>(closed) < options_.panic_below * static_cast<double>(nodes->size());
   std::size_t tried = 0, open = 0, skipped = 0;
   // Tries node i: a lease, or nothing (excluded, open or full).
   const auto attempt = [&](std::size_t i) -> std::optional<CascadeLease> {
@@ -198,7 +205,9 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
     CircuitBreaker::Ticket ticket{CircuitBreaker::Ticket::Kind::kNormal, 0};
     if (CircuitBreaker* b = n->breaker()) {
       ticket = b->enter(now);
-      if (!ticket.admitted()) {
+      // Refused: skipped; in a panic, made anyway with the refused ticket, which the breaker
+      // counts for nothing.
+      if (!ticket.admitted() && !panic) {
         ++open;
         return std::nullopt;
       }
@@ -216,25 +225,32 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
                          static_cast<double>(std::max<std::size_t>(nodes->size(), 1));
     for (std::size_t i = 0; i < nodes->size(); ++i) {
       if (weights[i] > floor ||
-          std::find(exclude.begin(), exclude.end(), (*nodes)[i]->name()) != exclude.end() ||
-          !(*nodes)[i]->claim_revival(now, options_.revive_every))
+          std::find(exclude.begin(), exclude.end(), (*nodes)[i]->name()) != exclude.end())
         continue;
+      const std::optional<std::int64_t> before =
+          (*nodes)[i]->claim_revival(now, options_.revive_every);
+      if (!before) continue;
       if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
+      (*nodes)[i]->unclaim_revival(now, *before);  // open or full: not made, not spent
       revived = i;
       break;
     }
   }
-  if (options_.approximate_order) {
-    approximate_order(rates, weights, draw_, order);
-    for (const std::size_t i : order)
-      if (i != revived)
-        if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
-  } else {
-    WeightedDraws draws(weights, taken);
-    while (const std::optional<std::size_t> i = draws.next(draw_))
-      if (*i != revived)
-        if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
-  }
+  const auto walk = [&]() -> std::optional<CascadeLease> {
+    if (options_.approximate_order) {
+      approximate_order(rates, weights, draw_, order);
+      for (const std::size_t i : order)
+        if (i != revived)
+          if (std::optional<CascadeLease> l = attempt(i)) return l;
+    } else {
+      WeightedDraws draws(weights, taken);
+      while (const std::optional<std::size_t> i = draws.next(draw_))
+        if (*i != revived)
+          if (std::optional<CascadeLease> l = attempt(*i)) return l;
+    }
+    return std::nullopt;
+  };
+  if (std::optional<CascadeLease> l = walk()) return std::move(*l);
   std::string why = open > 0 ? "cascade: every node is at its concurrency limit or open ("
                              : "cascade: every node is at its concurrency limit (";
   why += std::to_string(tried);

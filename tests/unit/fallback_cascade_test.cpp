@@ -354,6 +354,47 @@ TEST(FallbackCascade, HalfOpenProbesCountAgainstTheNodesLimit) {
   EXPECT_EQ(n->in_flight(), 0u);
 }
 
+TEST(FallbackCascade, WithMostBreakersOpenItPanicsAndTheBreakersStopNoCall) {
+  Fixture f;
+  FallbackCascadeOptions o = with_breaker(1);
+  o.revive_every = Nanos{0};
+  FallbackCascade c(f.specs({{"a", 10}, {"b", 10}, {"c", 10}}), f.clock, o, f.draw());
+  const auto open = [&](const char* node) {
+    const std::string others[] = {"a", "b", "c"};
+    std::vector<std::string> exclude;
+    for (const std::string& n : others)
+      if (n != node) exclude.push_back(n);
+    c.acquire(exclude).value().finish(CascadeOutcome::kFailed);
+  };
+  // One of three open: no panic, it is skipped.
+  open("a");
+  for (int i = 0; i < 50; ++i) {
+    auto l = c.acquire();
+    EXPECT_NE(l.value().node(), "a");
+    l.value().finish(CascadeOutcome::kSuccess);
+  }
+  // Two of three open (fewer than half closed): a panic. Calls reach open nodes again, and
+  // their outcomes reach the buckets but not the breakers.
+  open("b");
+  const std::vector<CascadeNodeState> before = c.state();
+  const std::string only_open[] = {"c"};
+  auto l = c.acquire(only_open);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  const std::string node = l.value().node();
+  EXPECT_TRUE(node == "a" || node == "b");
+  l.value().finish(CascadeOutcome::kSuccess);
+  const std::vector<CascadeNodeState> s = c.state();
+  const std::size_t k = node == "a" ? 0 : 1;
+  EXPECT_EQ(s[k].breaker->state, BreakerState::kOpen);  // the breaker did not count it
+  EXPECT_EQ(s[k].buckets.historical[0].succeeded,
+            before[k].buckets.historical[0].succeeded + 1);  // the buckets did
+  // panic_below 0: never; every open node is skipped.
+  o.panic_below = 0;
+  FallbackCascade strict(f.specs({{"a", 10}}), f.clock, o, f.draw());
+  strict.acquire().value().finish(CascadeOutcome::kFailed);
+  EXPECT_EQ(strict.acquire().status().code(), StatusCode::kResourceExhausted);
+}
+
 TEST(FallbackCascade, CallWrapsACallableAndByDefaultNeverRetries) {
   Fixture f;
   FallbackCascade c(f.specs({{"a", 10}, {"b", 10}}), f.clock, {}, f.draw());

@@ -18,6 +18,8 @@
 //                                   #     probed within it)
 //     probes: 1                     # calls let through at once while half-open
 //     successes: 1                  # probe successes that close it
+//     panic_below: 0.5              # fewer closed than this share of the nodes: breakers stop
+//                                   #     no call (0: never)
 //   rate: <rate policy>             # optional: passed first
 //
 // Admit: AdmitCall::exclude names nodes not to choose (a caller's budgeted retry). A refusal
@@ -80,7 +82,7 @@ bool same_options(const FallbackCascadeOptions& a, const FallbackCascadeOptions&
          a.health.decay == b.health.decay && a.health.exponent == b.health.exponent &&
          a.health.floor_numerator == b.health.floor_numerator &&
          a.approximate_order == b.approximate_order && a.revive_every == b.revive_every &&
-         breaker(a.breaker, b.breaker);
+         a.panic_below == b.panic_below && breaker(a.breaker, b.breaker);
 }
 
 std::string_view basis_name(CascadeHealth::Basis b) {
@@ -338,7 +340,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
   if (auto r = s.duration("revive_every")) o.revive_every = *r;
   if (std::string_view why = cascade_health_error(o.health); !why.empty()) place(s, "", why);
   if (auto b = s.map("breaker")) {
-    b->keys({"failures", "open_for", "max_open_for", "probes", "successes"});
+    b->keys({"failures", "open_for", "max_open_for", "probes", "successes", "panic_below"});
     CircuitBreakerOptions br;
     if (auto v = b->u32("failures", 1)) br.failures = *v;
     if (auto v = b->duration("open_for")) br.open_for = *v;
@@ -346,6 +348,12 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
     if (auto v = b->duration("max_open_for")) br.max_open_for = *v;
     if (auto v = b->u32("probes", 1)) br.probes = *v;
     if (auto v = b->u32("successes", 1)) br.successes = *v;
+    if (auto v = b->number("panic_below")) {
+      if (*v < 0 || *v > 1)
+        b->error("panic_below", "must be 0..1");
+      else
+        o.panic_below = *v;
+    }
     if (std::string_view why = circuit_breaker_error(br); !why.empty()) place(*b, "", why);
     o.breaker = br;
   }
