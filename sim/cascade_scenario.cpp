@@ -168,14 +168,23 @@ std::string spread_table(const ScenarioRuns& s, const std::vector<CascadeStrateg
          fmt("%.1f%%", 100 * expected[n]) + " |";
     for (std::size_t i = 0; i < strategies.size(); ++i) {
       const CascadeSimResult& r = s.results[i];
-      t += " " + fmt("%.1f%%", 100 * share_of(r, n)) + " |";
+      t += ' ';
+      t += fmt("%.1f%%", 100 * share_of(r, n));
+      t += " |";
       if (strategies[i].kind != StrategyKind::kCascade) continue;
       const Spread sp = spread(r, fails, strategies[i].cascade.health.exponent, tail);
-      t += " " + std::to_string(windows_without_calls(r, n)) + " | " +
-           (sp.in_play[n]
-                ? fmt("%.1f%%", 100 * sp.share[n]) + " | " + fmt("%.1f%%", 100 * sp.expected[n])
-                : std::string("out | out")) +
-           " |";
+      // (appended piece by piece: g++ 12 at -O3 warns falsely on `" " + string&&`)
+      t += ' ';
+      t += std::to_string(windows_without_calls(r, n));
+      t += " | ";
+      if (sp.in_play[n]) {
+        t += fmt("%.1f%%", 100 * sp.share[n]);
+        t += " | ";
+        t += fmt("%.1f%%", 100 * sp.expected[n]);
+      } else {
+        t += "out | out";
+      }
+      t += " |";
     }
     t += "\n";
   }
@@ -220,7 +229,10 @@ std::string windows_csv(const std::vector<ScenarioRuns>& runs,
         out += s.scenario.name + "," + strategies[i].name + "," +
                fmt("%.0f", secs(window * static_cast<std::int64_t>(k))) + "," +
                std::to_string(w.arrivals) + "," + std::to_string(w.succeeded);
-        for (const std::uint32_t taken : w.taken) out += "," + std::to_string(taken);
+        for (const std::uint32_t taken : w.taken) {
+          out += ',';
+          out += std::to_string(taken);
+        }
         out += "\n";
       }
     }
