@@ -223,7 +223,9 @@ struct CascadeNodeState {
 class FallbackCascade {
  public:
   // `nodes` named uniquely, each with a guard; `o` must pass fallback_cascade_error(); `clock`
-  // must outlive the cascade; `draw` defaults to a seeded generator per cascade.
+  // must outlive the cascade; `draw` defaults to a generator per thread, seeded once; a `draw`
+  // given here is called by every thread that picks, so it must be safe to call concurrently
+  // (a seeded one makes a single-threaded run repeatable: tests, simulations).
   FallbackCascade(std::vector<CascadeNodeSpec> nodes, const Clock& clock,
                   FallbackCascadeOptions o = {}, UniformDraw draw = {});
 
