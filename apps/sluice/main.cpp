@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
   sluice::cli::CascadeSimOptions sim_casc;
   CLI::App* sim_cascade = sim_cmd->add_subcommand(
       "cascade",
-      "the fallback cascade against round-robin, random and power-of-two-choices over 5 nodes, "
-      "one of them failing: a table, CSV and SVG with --out");
+      "the fallback cascade (with and without breakers) against round-robin, random and "
+      "power-of-two-choices over 5 nodes, one of them failing: a table, CSV and SVG with --out");
   std::vector<std::string> cascade_names = {"all"};
   for (const auto& s : sluice::sim::cascade_scenarios()) cascade_names.push_back(s.name);
   sim_cascade->add_option("--scenario", sim_casc.scenario, "one scenario, or all (default)")
