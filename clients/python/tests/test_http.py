@@ -9,7 +9,8 @@ from conftest import metric, wait_until
 from sluice_client import Refused
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
-DEFAULT_POLICIES = {"api-rate", "per-minute", "search", "small", "inventory", "gateway", "db"}
+DEFAULT_POLICIES = {"api-rate", "per-minute", "search", "small", "inventory", "gateway", "db",
+                    "replicas"}
 
 
 def test_check_200_then_429_with_retry_after(server, key):
@@ -169,7 +170,7 @@ def test_bad_input_is_400_naming_the_field(server):
         ("/v1/check", {"policy": "api-rate", "key": "k", "hits": 2**64 - 1}, "hits: must be at most"),
         # unknown fields are errors naming them (a misspelt ttl must not become the default)
         ("/v1/admit", {"policy": "small", "ttl": 5000},
-         "ttl: unknown field (known: policy, key, tenant, upstream, route, ttl_ms)"),
+         "ttl: unknown field (known: policy, key, tenant, upstream, route, ttl_ms, exclude)"),
         ("/v1/check", {"policy": "api-rate", "key": "k", "hit": 2}, "hit: unknown field"),
         ("/v1/check_many", {"checks": [{"policy": "api-rate", "key": "k", "hitz": 1}]},
          "checks[0].hitz: unknown field"),
@@ -228,7 +229,7 @@ def test_health_ready_and_policies(server):
     kinds = {p["name"]: p["kind"] for p in body["policies"]}
     assert kinds == {"api-rate": "rate", "per-minute": "rate", "search": "adaptive",
                      "small": "adaptive", "inventory": "fleet", "gateway": "concurrency",
-                     "db": "throttler"}
+                     "db": "throttler", "replicas": "cascade"}
 
 
 def test_grpc_policies_match_http(client):
