@@ -18,8 +18,9 @@
 
 namespace sluice::fuzz {
 
-// A rate policy, an adaptive policy behind it and a gateway (concurrency) policy, small enough
-// that inputs reach every refusal; admin endpoints need the token "secret".
+// A rate policy, an adaptive policy behind it, a gateway (concurrency) policy and a cascade of
+// two nodes with breakers, small enough that inputs reach every refusal; admin endpoints need
+// the token "secret".
 inline constexpr const char* kEngineConfig = R"(
 server:
   admin_token: secret
@@ -64,6 +65,12 @@ policies:
     bindings:
       - tenant: acme-team
         upstream: llm
+  replicas:
+    kind: cascade
+    nodes:
+      db-1: {algorithm: fixed, limit: 1}
+      db-2: {algorithm: fixed, limit: 2}
+    breaker: {failures: 2, open_for: 1s}
 )";
 
 // Aborts (a crash to libFuzzer) with `what` when `ok` is false.

@@ -90,7 +90,13 @@ def http_seeds():
     admit_gw = {"policy": "gateway", "tenant": "acme-team", "upstream": "llm", "route": "chat"}
     release = {"lease_id": "LEASE", "outcome": "success", "rtt_ms": 12.5}
     check = {"policy": "api-rate", "key": "alice"}
+    admit_replicas = {"policy": "replicas", "exclude": ["db-1"]}
     singles = [
+        http_request(7, {"policy": "replicas"}), http_request(7, admit_replicas),
+        http_request(7, {"policy": "replicas", "exclude": "db-1"}),
+        http_request(7, {"policy": "replicas", "exclude": [1, None]}),
+        http_request(8, {"lease_id": "LEASE", "outcome": "overload"}),
+        http_request(8, {"lease_id": "LEASE", "outcome": "timeout", "rtt_ms": 3}),
         http_request(0), http_request(1), http_request(2), http_request(3),
         http_request(0, method=3), http_request(3, method=2),
         http_request(4, check), http_request(4, {"policy": "burst", "key": "k", "hits": 3}),
@@ -120,6 +126,14 @@ def http_seeds():
         SEP.join([http_request(7, admit_gw)] * 3 + [
             http_request(9, {"lease_id": "LEASE"}), http_request(3, clock=3),
             http_request(8, release)]),
+        # A cascade: a node fails twice (its breaker opens), the other fills, time passes.
+        SEP.join([http_request(7, admit_replicas), http_request(8, {"lease_id": "LEASE",
+                                                                    "outcome": "overload"}),
+                  http_request(7, admit_replicas),
+                  http_request(8, {"lease_id": "LEASE", "outcome": "failed"}),
+                  http_request(7, {"policy": "replicas"}), http_request(7, {"policy": "replicas"}),
+                  http_request(7, {"policy": "replicas"}), http_request(7, admit_replicas, clock=2),
+                  http_request(0)]),
         # A rate policy spent, then its window passes.
         SEP.join([http_request(4, check)] * 4 + [http_request(4, check, clock=2)]),
         SEP.join([http_request(7, admit_gw), http_request(10), http_request(8, release),
