@@ -27,6 +27,8 @@ struct AlgorithmSpec {
   // Empty when the limits make valid options for the algorithm (its defaults filling in what is
   // not set); else what is wrong.
   [[nodiscard]] std::string_view validate() const;
+
+  friend bool operator==(const AlgorithmSpec&, const AlgorithmSpec&) = default;
 };
 
 // A fresh algorithm as the spec says (the algorithms' own defaults for unset fields).

@@ -64,6 +64,7 @@ struct CascadeHealthOptions {
   double decay = 3;                 // each bucket weighs this many times the next older (>= 1)
   double exponent = 3;              // weight = rate ^ exponent (> 0)
   double floor_numerator = 0.0001;  // the sticky-only weight floor is this / nodes
+  friend bool operator==(const CascadeHealthOptions&, const CascadeHealthOptions&) = default;
 };
 
 // Why `o` is unusable, naming the field; empty when it is fine.

@@ -38,6 +38,7 @@ namespace sluice {
 struct CascadeStatsOptions {
   std::size_t buckets = 6;                // 1..16
   Nanos width = std::chrono::seconds(5);  // > 0
+  friend bool operator==(const CascadeStatsOptions&, const CascadeStatsOptions&) = default;
 };
 
 // Why `o` is unusable, naming the field; empty when it is fine.

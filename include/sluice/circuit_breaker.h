@@ -43,6 +43,7 @@ struct CircuitBreakerOptions {
   Nanos max_open_for = std::chrono::seconds(30);  // the longest (>= open_for); the stat window
   std::uint32_t probes = 1;                       // probes at once while half-open (>= 1)
   std::uint32_t successes = 1;                    // probe successes that close it (>= 1)
+  friend bool operator==(const CircuitBreakerOptions&, const CircuitBreakerOptions&) = default;
 };
 // Why `o` is unusable, naming the field; empty when it is fine.
 [[nodiscard]] std::string_view circuit_breaker_error(const CircuitBreakerOptions& o) noexcept;

@@ -106,6 +106,7 @@ struct CascadeNodeSpec {
 struct CascadeRetryOptions {
   std::uint32_t max_attempts = 1;  // call()'s attempts per call, first included (1: no retry)
   RetryBudgetOptions budget;
+  friend bool operator==(const CascadeRetryOptions&, const CascadeRetryOptions&) = default;
 };
 
 struct FallbackCascadeOptions {
@@ -116,6 +117,7 @@ struct FallbackCascadeOptions {
   CascadeRetryOptions retry;
   Nanos revive_every = std::chrono::seconds(5);  // >= 0; 0: no revival calls
   double panic_below = 0.5;                      // 0..1; see "Panic" above
+  friend bool operator==(const FallbackCascadeOptions&, const FallbackCascadeOptions&) = default;
 };
 // Why `o` is unusable, naming the field; empty when it is fine.
 [[nodiscard]] std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcept;
@@ -254,6 +256,13 @@ class FallbackCascade {
 
   [[nodiscard]] std::vector<CascadeNodeState> state() const;
   [[nodiscard]] std::size_t size() const noexcept;
+  [[nodiscard]] const FallbackCascadeOptions& options() const noexcept { return options_; }
+  // Calls holding a permit and the limits, over every node (what a refusal reports; cheap, unlike
+  // state()).
+  struct Load {
+    std::uint64_t in_flight = 0, limit = 0;
+  };
+  [[nodiscard]] Load load() const noexcept;
 
  private:
   using Nodes = std::vector<std::shared_ptr<CascadeNode>>;

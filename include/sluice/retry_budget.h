@@ -30,6 +30,7 @@ struct RetryBudgetOptions {
   double ratio = 0.1;                       // retries per call, 0..1
   double per_second = 10;                   // retries a second allowed on top, >= 0
   Nanos window = std::chrono::seconds(10);  // counted over this much time, >= 10 ms
+  friend bool operator==(const RetryBudgetOptions&, const RetryBudgetOptions&) = default;
 };
 // Why `o` is unusable, naming the field; empty when it is fine.
 [[nodiscard]] std::string_view retry_budget_error(const RetryBudgetOptions& o) noexcept;

@@ -177,6 +177,15 @@ void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs) {
 
 std::size_t FallbackCascade::size() const noexcept { return nodes_.load()->size(); }
 
+FallbackCascade::Load FallbackCascade::load() const noexcept {
+  Load out;
+  for (const auto& n : *nodes_.load()) {
+    out.in_flight += n->guard().in_flight();
+    out.limit += n->guard().limit();
+  }
+  return out;
+}
+
 StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exclude) {
   const std::shared_ptr<const Nodes> nodes = nodes_.load();
   const Nanos now = clock_.now();
@@ -189,7 +198,7 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
   for (const auto& n : *nodes) {
     const CascadeHealth h = n->health(now, nodes->size(), options_.health);
     weights.push_back(h.weight);
-    rates.push_back(h.success_rate);
+    if (options_.approximate_order) rates.push_back(h.success_rate);
     if (const CircuitBreaker* b = n->breaker(); b != nullptr && b->closed()) ++closed;
   }
   // Panic (see the header): a breaker that refuses no longer stops a call.
@@ -238,21 +247,17 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
       break;
     }
   }
-  const auto walk = [&]() -> std::optional<CascadeLease> {
-    if (options_.approximate_order) {
-      approximate_order(rates, weights, draw_, order);
-      for (const std::size_t i : order)
-        if (i != revived)
-          if (std::optional<CascadeLease> l = attempt(i)) return l;
-    } else {
-      WeightedDraws draws(weights, taken);
-      while (const std::optional<std::size_t> i = draws.next(draw_))
-        if (*i != revived)
-          if (std::optional<CascadeLease> l = attempt(*i)) return l;
-    }
-    return std::nullopt;
-  };
-  if (std::optional<CascadeLease> l = walk()) return std::move(*l);
+  if (options_.approximate_order) {
+    approximate_order(rates, weights, draw_, order);
+    for (const std::size_t i : order)
+      if (i != revived)
+        if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
+  } else {
+    WeightedDraws draws(weights, taken);
+    while (const std::optional<std::size_t> i = draws.next(draw_))
+      if (*i != revived)
+        if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
+  }
   std::string why = open > 0 ? "cascade: every node is at its concurrency limit or open ("
                              : "cascade: every node is at its concurrency limit (";
   why += std::to_string(tried);

@@ -64,27 +64,6 @@ struct CascadeSpec final : PolicyBody {
   FallbackCascadeOptions options;
 };
 
-bool same(const AlgorithmSpec& a, const AlgorithmSpec& b) {
-  return a.kind == b.kind && a.limit == b.limit && a.initial_limit == b.initial_limit &&
-         a.min_limit == b.min_limit && a.max_limit == b.max_limit;
-}
-
-// Whether two specs differ in anything but their nodes.
-bool same_options(const FallbackCascadeOptions& a, const FallbackCascadeOptions& b) {
-  const auto breaker = [](const std::optional<CircuitBreakerOptions>& x,
-                          const std::optional<CircuitBreakerOptions>& y) {
-    if (!x || !y) return !x && !y;
-    return x->failures == y->failures && x->open_for == y->open_for &&
-           x->max_open_for == y->max_open_for && x->probes == y->probes &&
-           x->successes == y->successes;
-  };
-  return a.stats.buckets == b.stats.buckets && a.stats.width == b.stats.width &&
-         a.health.decay == b.health.decay && a.health.exponent == b.health.exponent &&
-         a.health.floor_numerator == b.health.floor_numerator &&
-         a.approximate_order == b.approximate_order && a.revive_every == b.revive_every &&
-         a.panic_below == b.panic_below && breaker(a.breaker, b.breaker);
-}
-
 std::string_view basis_name(CascadeHealth::Basis b) {
   switch (b) {
     case CascadeHealth::Basis::kRecent:
@@ -147,10 +126,9 @@ class CascadePolicy final : public AdmitPolicy {
     r.type = "urn:sluice:problem:cascade-exhausted";
     r.title = "No Node Has Room";
     r.policy = name();
-    for (const CascadeNodeState& n : cascade_.state()) {
-      r.current_in_flight += n.in_flight;
-      r.max_concurrent += n.limit;
-    }
+    const FallbackCascade::Load load = cascade_.load();
+    r.current_in_flight = load.in_flight;
+    r.max_concurrent = load.limit;
     r.retry_after = std::chrono::seconds(1);
     r.detail_text = "Policy " + name() + ": " + std::string(lease.status().message());
     out.refusal = std::move(r);
@@ -160,7 +138,7 @@ class CascadePolicy final : public AdmitPolicy {
 
   StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
     const CascadeSpec& next = *c.spec.as<CascadeSpec>();
-    if (!same_options(next.options, spec_.options)) return Reconfiguration();  // rebuilt
+    if (next.options != spec_.options) return Reconfiguration();  // rebuilt
     // Prepared now, so that applying cannot fail: a new node's guard, a kept node's algorithm
     // when its fields changed (the limit it learned carried over when the algorithm is the
     // same and not fixed).
@@ -174,7 +152,7 @@ class CascadePolicy final : public AdmitPolicy {
         fresh[n.name] = std::make_shared<AdaptiveGuard>(make_algorithm(n.algorithm), clock_);
         continue;
       }
-      if (same(old->algorithm, n.algorithm)) continue;
+      if (old->algorithm == n.algorithm) continue;
       const std::shared_ptr<AdaptiveGuard>& g = guards_.at(n.name);
       const bool keep = n.algorithm.kind == old->algorithm.kind &&
                         n.algorithm.kind != AlgorithmSpec::Kind::kFixed;
@@ -225,7 +203,7 @@ class CascadePolicy final : public AdmitPolicy {
     }
     j["in_flight"] = info.in_flight;
     j["limit"] = info.limit;
-    j["order"] = spec_order();
+    j["order"] = cascade_.options().approximate_order ? "approximate" : "exact";
     j["nodes"] = std::move(nodes);
     describe_admissions(j);
   }
@@ -305,16 +283,11 @@ class CascadePolicy final : public AdmitPolicy {
     }
     return out;
   }
-  [[nodiscard]] std::string_view spec_order() const {
-    return order_approximate_ ? "approximate" : "exact";
-  }
-
   const Clock& clock_;
   // The spec and guards in force: read and written only by reconfigure() and the change it
   // returns (the engine runs one reload at a time), and by the constructor.
   CascadeSpec spec_;
   Guards guards_;
-  const bool order_approximate_ = spec_.options.approximate_order;  // same for the policy's life
   FallbackCascade cascade_;
 };
 
