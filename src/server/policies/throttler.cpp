@@ -141,6 +141,12 @@ struct ThrottlerSpec final : PolicyBody {
   std::map<std::string, ThrottleAppRule, std::less<>> apps;
 };
 
+// Whether `metrics` has one named `name`.
+bool has_metric(const std::vector<MetricSpec>& metrics, std::string_view name) {
+  return std::any_of(metrics.begin(), metrics.end(),
+                     [&](const MetricSpec& m) { return m.name == name; });
+}
+
 double secs(Nanos d) { return std::chrono::duration<double>(d).count(); }
 
 // A client address without its port ("10.0.0.7:51500" -> "10.0.0.7", "[::1]:80" -> "::1"): the
@@ -257,10 +263,7 @@ class ThrottlerPolicy final : public Policy {
   Status set_rule(const std::string& app, const std::optional<std::vector<std::string>>& metrics,
                   const std::map<std::string, double>& thresholds, bool clear) {
     if (Status s = check_app(app); !s.ok()) return s;
-    const auto known = [&](const std::string& m) {
-      return std::any_of(spec_.metrics.begin(), spec_.metrics.end(),
-                         [&](const MetricSpec& x) { return x.name == m; });
-    };
+    const auto known = [&](const std::string& m) { return has_metric(spec_.metrics, m); };
     if (metrics)
       for (const std::string& m : *metrics)
         if (!known(m)) return bad("metrics: '" + m + "' is not one of the throttler's metrics");
@@ -569,9 +572,12 @@ class ThrottlerPolicy final : public Policy {
     return r;
   }
   // Stores `r` for `app` (durably; erased when it says nothing) and applies it.
+  // Writes `r` for `app` to the state file: erased when it says nothing.
+  Status store(const std::string& app, const RuntimeRule& r) {
+    return r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json());
+  }
   Status save(const std::string& app, const RuntimeRule& r) {
-    Status s = r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json());
-    if (!s.ok()) return s;
+    if (Status s = store(app, r); !s.ok()) return s;
     apply(app, r);
     return {};
   }
@@ -589,10 +595,7 @@ class ThrottlerPolicy final : public Policy {
     rule.exempt = rule.exempt || r.exempt;
     // A metric the config no longer has is dropped (the app then checks the rest, or the
     // defaults when none is left), so an old rule cannot make every check a 404.
-    const auto known = [&](const std::string& m) {
-      return std::any_of(spec_.metrics.begin(), spec_.metrics.end(),
-                         [&](const MetricSpec& x) { return x.name == m; });
-    };
+    const auto known = [&](const std::string& m) { return has_metric(spec_.metrics, m); };
     std::vector<std::string> metrics;
     for (const std::string& m : r.metrics)
       if (known(m)) metrics.push_back(m);
@@ -617,8 +620,7 @@ class ThrottlerPolicy final : public Policy {
       if (r.until_unix_ms != 0 && r.until_unix_ms <= now_ms) {
         r.until_unix_ms = 0;
         r.ratio = 1;
-        if (!(r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json())).ok())
-          continue;  // kept in the file; it says nothing now either way
+        if (!store(app, r).ok()) continue;  // kept in the file; it says nothing now either way
       }
       apply(app, r);
     }
@@ -871,10 +873,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   });
   if (body->metrics.empty() && !s.has("metrics"))
     s.error("metrics", "is required: at least one metric to check");
-  const auto known = [&](const std::string& metric) {
-    return std::any_of(body->metrics.begin(), body->metrics.end(),
-                       [&](const MetricSpec& m) { return m.name == metric; });
-  };
+  const auto known = [&](const std::string& metric) { return has_metric(body->metrics, metric); };
   s.named("apps", [&](const std::string& app, ConfigSection& a) {
     a.keys({"metrics", "thresholds", "exempt"});
     ThrottleAppRule rule;
