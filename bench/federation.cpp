@@ -189,6 +189,7 @@ struct RedisFixture {
   sluice::testing::RedisServer server;
   Context ctx;  // the per-request limiter's connection, and INFO
   std::string fixed_window_sha;
+  std::string run_id;  // the server's (the lease script's last argument)
   std::string error;
 
   RedisFixture() {
@@ -217,6 +218,25 @@ struct RedisFixture {
     Reply set(static_cast<redisReply*>(
         redisCommand(ctx.get(), "SET %sorigin %lld", options().key_prefix.c_str(), origin_us)));
     if (!set || set->type == REDIS_REPLY_ERROR) error = "cannot write the origin marker";
+    // and the server marker naming this server as it is (its run_id, no key evicted).
+    run_id = info_field("server", "run_id");
+    Reply server_marker(static_cast<redisReply*>(
+        redisCommand(ctx.get(), "SET %sserver %s:%s", options().key_prefix.c_str(), run_id.c_str(),
+                     info_field("stats", "evicted_keys").c_str())));
+    if (run_id.empty() || !server_marker || server_marker->type == REDIS_REPLY_ERROR)
+      error = "cannot write the server marker";
+  }
+
+  // The value of `field` in INFO `section` ("" when absent).
+  std::string info_field(const char* section, const std::string& field) {
+    Reply r(static_cast<redisReply*>(redisCommand(ctx.get(), "INFO %s", section)));
+    if (!r || r->type != REDIS_REPLY_STRING) return {};
+    const std::string info(r->str, r->len);
+    const auto at = info.find(field + ":");
+    if (at == std::string::npos) return {};
+    const auto end = info.find_first_of("\r\n", at);
+    return info.substr(at + field.size() + 1,
+                       end == std::string::npos ? std::string::npos : end - at - field.size() - 1);
   }
 
   Context connect() {
@@ -451,8 +471,9 @@ void BM_RedisLeasePipelined(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(kPipelined));
 }
 
-// redis-benchmark sending the coordinator's lease: EVALSHA sha 2 <ledger key> <origin key> lease
-// "" (Redis TIME) <min ttl ms> <region> <limit> <period us> <want> <min left us>.
+// redis-benchmark sending the coordinator's lease: EVALSHA sha 3 <ledger key> <origin key>
+// <server key> lease "" (Redis TIME) <min ttl ms> <region> <limit> <period us> <want>
+// <min left us> <run_id>.
 void BM_Floor_RedisBenchmarkLease(benchmark::State& state) {
   RedisFixture& f = redis_fixture();
   if (!f.error.empty()) return state.SkipWithError(f.error.c_str());
@@ -477,9 +498,10 @@ void BM_Floor_RedisBenchmarkLease(benchmark::State& state) {
                                    "--csv",
                                    "EVALSHA",
                                    std::string(load->str, load->len),
-                                   "2",
+                                   "3",
                                    prefix + "{" + kLeaseKey + "}",
                                    prefix + "origin",
+                                   prefix + "server",
                                    "lease",
                                    "",
                                    "60000",
@@ -487,7 +509,8 @@ void BM_Floor_RedisBenchmarkLease(benchmark::State& state) {
                                    std::to_string(req.spec.limit),
                                    std::to_string(req.spec.period.count() / 1000),
                                    std::to_string(req.want),
-                                   "5000"};
+                                   "5000",
+                                   f.run_id};
   for (auto _ : state) {
     const ToolRun run = run_tool(args);
     report_rate(state, csv_rps(run.output), run);
@@ -516,9 +539,11 @@ struct PostgresFixture {
       return;
     }
     const std::string script = dir + "/origin.sql";
-    std::ofstream(script) << "INSERT INTO sluice_fed_origin (id, origin_ns) VALUES (1, "
-                             "((extract(epoch FROM clock_timestamp()) - 10800) * 1e9)::bigint) "
-                             "ON CONFLICT (id) DO UPDATE SET origin_ns = EXCLUDED.origin_ns;\n";
+    std::ofstream(script) << "INSERT INTO sluice_fed_origin (id, origin_ns, timeline) VALUES (1, "
+                             "((extract(epoch FROM clock_timestamp()) - 10800) * 1e9)::bigint, "
+                             "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) "
+                             "ON CONFLICT (id) DO UPDATE SET origin_ns = EXCLUDED.origin_ns, "
+                             "timeline = EXCLUDED.timeline;\n";
     const ToolRun run = run_tool({"pgbench", "-n", "-t", "1", "-f", script, server.conninfo()});
     if (run.exit_code != 0) error = "cannot write the origin row: " + run.output.substr(0, 300);
   }
@@ -571,9 +596,12 @@ std::string pgbench_lease_script(int nkeys) {
        "SET LOCAL idle_in_transaction_session_timeout = 1000 \\; "
        "SELECT pg_advisory_xact_lock(hashtextextended('sluice_fed:' || " +
        key +
-       ", 0)) \\; INSERT INTO sluice_fed_origin (id, origin_ns) VALUES (1, "
-       "((extract(epoch FROM clock_timestamp()) * 1e6)::bigint * 1000)) ON CONFLICT (id) DO "
-       "NOTHING \\; SELECT ((extract(epoch FROM clock_timestamp()) * 1e6)::bigint * 1000), "
+       ", 0)) \\; INSERT INTO sluice_fed_origin AS o (id, origin_ns, timeline) VALUES (1, "
+       "((extract(epoch FROM clock_timestamp()) * 1e6)::bigint * 1000), "
+       "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) ON CONFLICT (id) DO UPDATE SET "
+       "origin_ns = EXCLUDED.origin_ns, timeline = EXCLUDED.timeline WHERE o.timeline IS "
+       "DISTINCT FROM EXCLUDED.timeline \\; SELECT ((extract(epoch FROM clock_timestamp()) * "
+       "1e6)::bigint * 1000), "
        "(SELECT origin_ns FROM sluice_fed_origin WHERE id = 1), window_start, clock_high, lim, "
        "period_ns, granted, returned, forfeited FROM (SELECT 1) AS one LEFT JOIN "
        "sluice_fed_ledger ON key = " +

@@ -11,15 +11,21 @@
 // per key and region) and <prefix>_origin (one row).
 //
 // State loss (sluice/escrow.h, rule 3): the origin row holds the coordinator time at which the
-// tables were first found without it. A lease that finds none inserts one with the current
-// time, and every key's window containing that time counts as spent (kStateLost) until it ends:
-// new, truncated or recreated tables deny the rest of their first window. A database restored
-// from a backup has an origin row but has forgotten recent grants: delete the origin row after
-// a restore (DELETE FROM <prefix>_origin) so that the window it resumes in counts as spent.
-// A grant must be durable before its reply leaves: every transaction sets synchronous_commit on
-// for itself (SET LOCAL), whatever the server's default (with it off, a crash forgets the last
-// grants acknowledged, and nothing would count their window as spent). A failover to a replica
-// that had not received them is a loss the origin row cannot see: use synchronous replication.
+// tables were last found to have lost grants they may have acknowledged, and the server's WAL
+// timeline then. A lease that finds no origin row, or one written on another timeline, writes
+// the current time and timeline, and every key's window containing that time counts as spent
+// (kStateLost) until it ends: new, truncated or recreated tables deny the rest of their first
+// window, and so does a server that went back in its history — a standby promoted by a failover
+// (an asynchronous one may lack the last grants) or a point-in-time recovery (both start a new
+// timeline). A grant must be durable before its reply leaves: every transaction sets
+// synchronous_commit on for itself (SET LOCAL), whatever the server's default, so a crash and
+// restart of the same server loses nothing and says nothing (the server's fsync must be on, its
+// default: with fsync off a machine crash can forget acknowledged commits). Not detected: a
+// restore that brings an older copy of the data directory back on the same timeline (a file
+// copy or a base backup started without archive recovery); after one, delete the origin row
+// (DELETE FROM <prefix>_origin) so that the window it resumes in counts as spent. Tables from a
+// version without the timeline column gain it on connect, and their first lease counts its
+// window as spent.
 //
 // Clean-up: piggybacked on lease calls, at most once per 10 s of coordinator time per
 // coordinator, in the lease's own transaction: up to 1000 keys idle for max(3 periods, 1 minute)

@@ -15,18 +15,34 @@
 // the fleet's default "sluice:fleet:" is refused (the two scripts would share hashes).
 //
 // State loss (sluice/escrow.h, rule 3): the marker key "<key_prefix>origin" (no TTL) holds the
-// coordinator time at which this Redis was first found without it. A lease that finds no marker
-// writes one with the current time, and every key's window containing that time counts as spent
-// (kStateLost) until it ends. So a fresh, flushed or restarted Redis without persistence DENIES
-// THE REST OF ITS FIRST WINDOW for every key: it cannot know what it had granted before. A
-// Redis that keeps its data (RDB/AOF) keeps the marker and loses nothing. The marker is a
-// second key in the script: the coordinator needs one Redis primary, not a Cluster. A failover
-// to a replica that missed recent writes is a state loss this marker cannot see.
+// coordinator time at which this Redis was last found to have lost grants it may have
+// acknowledged, and "<key_prefix>server" (no TTL) the server as the last lease saw it: its
+// run_id (read by the connection on every (re)connect: INFO server) and its evicted_keys count
+// (read by the script: INFO stats). A lease writes the current time into the origin marker, and
+// every key's window containing that time counts as spent (kStateLost) until it ends, when
+//   - there is no origin marker: a fresh, flushed or emptied Redis (a restart without
+//     persistence);
+//   - the run_id is another: another server process. A restart that reloads an RDB snapshot
+//     or an AOF may have lost the grants made after it (an RDB taken before them, an AOF with
+//     appendfsync everysec through a machine crash, a truncated AOF), and a replica promoted by
+//     a failover may lack the last writes its primary acknowledged. The coordinator cannot tell
+//     a restart that lost nothing (appendfsync always, a clean SHUTDOWN) from one that did, so
+//     EVERY RESTART OR FAILOVER OF THE REDIS DENIES THE REST OF THE WINDOW IT HAPPENS IN;
+//   - the evicted_keys count has moved: keys were evicted (a ledger among them, perhaps),
+//     whatever the maxmemory-policy now says.
+// So Δ = 0 holds with Redis's default persistence (RDB snapshots), with AOF, without
+// persistence, and through a failover to a replica, as long as the coordinator talks to the
+// Redis directly: a proxy that keeps the client's connection open across a change of server
+// hides the change (a restart or failover closes every direct connection, and the run_id is read
+// again on the next one). The first lease after upgrading from a version without the server
+// marker counts its window as spent too. The markers are two more keys in the script: the
+// coordinator needs one Redis primary, not a Cluster.
 //
 // Eviction would lose grants silently: connect (and every reconnect) reads
 // `CONFIG GET maxmemory-policy` and refuses anything but noeviction (kFailedPrecondition naming
-// the setting). Where CONFIG is renamed or not allowed for the user, the connection is refused
-// too, with how to allow the check.
+// the setting); where CONFIG or INFO is renamed or not allowed for the user, the connection is
+// refused too, with how to allow it. A policy changed while serving is caught by its effect:
+// the first lease after an eviction counts the window as spent (above).
 //
 // Numbers in the script are Lua doubles, exact below 2^53: times are whole microseconds (Redis's
 // resolution; in test mode the caller's clock is truncated to the microsecond), so a period
@@ -34,9 +50,9 @@
 // coordinator leased; limit is at most 2^53 (kInvalidArgument naming the field otherwise).
 //
 // Connection: one hiredis connection, one call at a time; a broken connection is re-established
-// on the next call (AUTH, SELECT, the maxmemory-policy check, SCRIPT LOAD). Every call is bounded
-// by its timeout: a hanging server yields kDeadlineExceeded, an unreachable one kUnavailable.
-// NOSCRIPT (a restarted or flushed server) loads the script again and retries once.
+// on the next call (AUTH, SELECT, INFO server, the maxmemory-policy check, SCRIPT LOAD). Every call
+// is bounded by its timeout: a hanging server yields kDeadlineExceeded, an unreachable one
+// kUnavailable. NOSCRIPT (a restarted or flushed server) loads the script again and retries once.
 //
 // Thread-safety: every member is safe to call concurrently (calls are serialised).
 #pragma once

@@ -64,7 +64,9 @@ class PostgresRateCoordinatorTest : public ::testing::Test {
   static std::unique_ptr<PostgresRateCoordinator> connect_settled(const std::string& prefix) {
     auto c = connect(prefix);
     RawConn raw(server_->conninfo());
-    raw.value("INSERT INTO " + prefix + "_origin VALUES (1, 0) ON CONFLICT DO NOTHING");
+    raw.value("INSERT INTO " + prefix +
+              "_origin VALUES (1, 0, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) ON "
+              "CONFLICT DO NOTHING");
     return c;
   }
 
@@ -139,6 +141,22 @@ TEST_F(PostgresRateCoordinatorTest, EmptiedTablesOrAMissingOriginRowLoseTheWindo
   both(LeaseStatus::kGranted);
   // A restore from a backup keeps old rows: deleting the origin row makes the window spent.
   raw.value("DELETE FROM loss_fed_origin");
+  memory.lose_state(seconds(1));
+  both(LeaseStatus::kStateLost);
+  clock.advance(seconds(1));
+  both(LeaseStatus::kGranted);
+  // The origin row records the timeline it was written on, the server's current one.
+  EXPECT_EQ(raw.value("SELECT timeline FROM loss_fed_origin"),
+            raw.value("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"));
+  // Rows written on another timeline (what a promoted standby or a point-in-time recovery
+  // serves: the server went back in its history) make the window spent.
+  raw.value("UPDATE loss_fed_origin SET timeline = '000000FF'");
+  memory.lose_state(seconds(1));
+  both(LeaseStatus::kStateLost);
+  clock.advance(seconds(1));
+  both(LeaseStatus::kGranted);
+  // Tables from a version without the timeline: their first lease counts its window as spent.
+  raw.value("UPDATE loss_fed_origin SET timeline = NULL");
   memory.lose_state(seconds(1));
   both(LeaseStatus::kStateLost);
   clock.advance(seconds(1));

@@ -40,7 +40,7 @@ struct RedisBackend {
     o.port = server.port();
     o.key_prefix = name + ":fed:";
     if (settled) {
-      EXPECT_EQ(test_clients::cli(server.port(), "SET " + o.key_prefix + "origin 0"), "OK");
+      EXPECT_TRUE(test_clients::settle_federation(server.port(), o.key_prefix));
     }
     auto c = RedisRateCoordinator::connect(o);
     if (!c.ok()) return c.status();
@@ -68,7 +68,9 @@ struct PostgresBackend {
     if (!c.ok()) return c.status();
     if (settled) {
       test_clients::RawConn raw(server.conninfo());
-      raw.value("INSERT INTO " + o.table_prefix + "_origin VALUES (1, 0) ON CONFLICT DO NOTHING");
+      raw.value("INSERT INTO " + o.table_prefix +
+                "_origin VALUES (1, 0, "
+                "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) ON CONFLICT DO NOTHING");
     }
     return std::unique_ptr<RateCoordinator>(std::move(c.value()));
   }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -68,7 +69,7 @@ class RedisRateCoordinatorTest : public ::testing::Test {
   }
   // A coordinator on Redis TIME whose Redis has run long enough: its origin is long past.
   static std::unique_ptr<RedisRateCoordinator> connect_settled(const std::string& prefix) {
-    EXPECT_EQ(cli(server_->port(), "SET " + prefix + "origin 0"), "OK");
+    EXPECT_TRUE(test_clients::settle_federation(server_->port(), prefix));
     return connect(prefix);
   }
 
@@ -87,6 +88,11 @@ TEST_F(RedisRateCoordinatorTest, KeyIsOneExpiringHashInOneSlotAndTheOriginMarker
   EXPECT_EQ(cli(port, "TYPE 'sluice:fed:{orders}'"), "hash");
   EXPECT_EQ(cli(port, "GET sluice:fed:origin"), "5000000000000");  // microseconds
   EXPECT_EQ(cli(port, "PTTL sluice:fed:origin"), "-1");
+  // The server as the lease saw it: its run_id and evicted_keys, kept as long.
+  EXPECT_EQ(cli(port, "GET sluice:fed:server"),
+            test_clients::info_field(port, "server", "run_id") + ":" +
+                test_clients::info_field(port, "stats", "evicted_keys"));
+  EXPECT_EQ(cli(port, "PTTL sluice:fed:server"), "-1");
   const int ttl_ms = std::stoi(cli(port, "PTTL 'sluice:fed:{orders}'"));
   EXPECT_GT(ttl_ms, 50'000);  // max(3 periods, 1 minute)
   EXPECT_LE(ttl_ms, 60'000);
@@ -176,6 +182,143 @@ TEST(RedisRateCoordinator, RestartWithoutPersistenceLosesTheRestOfTheWindow) {
   EXPECT_GT(r.value().window_start, lost_window);
   EXPECT_EQ(r.value().status, LeaseStatus::kGranted);
   EXPECT_EQ(r.value().granted, 10u);
+}
+
+// Partial losses (a server that comes back with some of its grants, not none): each case is
+// one window on a manual clock, `limit` 30. A region leases 10 before the loss and 10 after
+// the point the server comes back to; a server that took the restored ledger at its word would
+// grant 20 more in that window (40 on limit 30). Each must count the window as spent instead,
+// and grant again in the next.
+constexpr std::uint64_t kLossLimit = 30;
+
+// Leases until the coordinator answers (the first call after a restart finds the connection
+// gone).
+StatusOr<LeaseReply> lease_through(RedisRateCoordinator& redis, const std::string& key,
+                                   const LeaseRequest& req) {
+  StatusOr<LeaseReply> r = Status(StatusCode::kUnavailable, "not called");
+  for (int i = 0; i < 3 && !r.ok(); ++i) r = redis.lease(key, req, kTimeout);
+  return r;
+}
+
+// A coordinator in test mode (on `clock`) on the Redis at `port`.
+StatusOr<std::unique_ptr<RedisRateCoordinator>> connect_test_mode(int port, const Clock& clock) {
+  RedisOptions o = RedisRateCoordinator::default_options();
+  o.port = port;
+  return RedisRateCoordinator::connect(o, &clock);
+}
+
+// A coordinator in test mode, past its first window, with 10 granted to "eu" in
+// window 1. Returns the request every later lease sends.
+LeaseRequest granted_ten(RedisRateCoordinator& redis, ManualClock& clock) {
+  const LeaseRequest req = request("eu", kLossLimit, seconds(1), 10);
+  const auto first = redis.lease("k", req, kTimeout);  // a fresh Redis: window 0 is spent
+  EXPECT_TRUE(first.ok() && first.value().status == LeaseStatus::kStateLost);
+  clock.advance(seconds(1));
+  const auto r = redis.lease("k", req, kTimeout);
+  EXPECT_TRUE(r.ok() && r.value().status == LeaseStatus::kGranted && r.value().granted == 10u);
+  return req;
+}
+
+// After the loss: the window is spent, the next one grants in full.
+void expect_window_spent_then_next_grants(RedisRateCoordinator& redis, ManualClock& clock,
+                                          const LeaseRequest& req) {
+  const auto lost = lease_through(redis, "k", req);
+  ASSERT_TRUE(lost.ok()) << lost.status().to_string();
+  EXPECT_EQ(lost.value().status, LeaseStatus::kStateLost);
+  EXPECT_EQ(lost.value().granted, 0u);
+  clock.advance(seconds(1));
+  const auto next = redis.lease("k", req, kTimeout);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next.value().status, LeaseStatus::kGranted);
+  EXPECT_EQ(next.value().granted, 10u);
+}
+
+TEST(RedisRateCoordinator, RestartFromAnRdbSnapshotTakenMidWindowLosesTheRestOfTheWindow) {
+  testing::RedisServer server;  // snapshots only when told (SAVE), as a scheduled one would be
+  ASSERT_TRUE(server.start().ok());
+  ManualClock clock(seconds(7'000'000));
+  auto c = connect_test_mode(server.port(), clock);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const LeaseRequest req = granted_ten(*c.value(), clock);
+  ASSERT_EQ(cli(server.port(), "SAVE"), "OK");  // the snapshot: 10 granted
+  // A snapshot costs nothing: the window goes on granting.
+  const auto after = c.value()->lease("k", req, kTimeout);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after.value().status, LeaseStatus::kGranted);
+  ASSERT_EQ(after.value().granted, 10u);
+  server.kill();
+  ASSERT_TRUE(server.restart().ok());  // loads the snapshot: 10 granted, not 20
+  EXPECT_EQ(cli(server.port(), "HGET 'sluice:fed:{k}' g"), "10");
+  expect_window_spent_then_next_grants(*c.value(), clock, req);
+}
+
+TEST(RedisRateCoordinator, RestartFromATruncatedAofLosesTheRestOfTheWindow) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start({}, 0, {"--appendonly", "yes", "--appendfsync", "always"}).ok());
+  ManualClock clock(seconds(7'000'000));
+  auto c = connect_test_mode(server.port(), clock);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const LeaseRequest req = granted_ten(*c.value(), clock);
+  // The AOF's incremental file as it stands with 10 granted (fsynced at every write).
+  std::filesystem::path incr;
+  for (const auto& e : std::filesystem::directory_iterator(server.dir() + "/appendonlydir"))
+    if (e.path().string().ends_with(".incr.aof")) incr = e.path();
+  ASSERT_FALSE(incr.empty());
+  const auto kept = std::filesystem::file_size(incr);
+  ASSERT_TRUE(c.value()->lease("k", req, kTimeout).ok());  // 20 granted
+  server.kill();
+  // What a machine crash under appendfsync everysec leaves: the AOF without its last second.
+  std::filesystem::resize_file(incr, kept);
+  ASSERT_TRUE(server.restart().ok());
+  EXPECT_EQ(cli(server.port(), "HGET 'sluice:fed:{k}' g"), "10");
+  expect_window_spent_then_next_grants(*c.value(), clock, req);
+}
+
+TEST(RedisRateCoordinator, AnEvictionWhileServingLosesTheRestOfTheWindow) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  ManualClock clock(seconds(7'000'000));
+  auto c = connect_test_mode(server.port(), clock);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const LeaseRequest req = granted_ten(*c.value(), clock);
+  ASSERT_TRUE(c.value()->lease("k", req, kTimeout).ok());  // 20 granted
+  // The policy changed while serving (the connection is not re-made, so connect's check does
+  // not see it), then memory runs short: volatile-ttl evicts the keys nearest their expiry
+  // first, the ledger (a minute) before the filler (a day).
+  ASSERT_EQ(cli(server.port(), "CONFIG SET maxmemory-policy volatile-ttl"), "OK");
+  const long long used =
+      std::stoll(test_clients::info_field(server.port(), "memory", "used_memory"));
+  ASSERT_EQ(cli(server.port(), "CONFIG SET maxmemory " + std::to_string(used + 400'000)), "OK");
+  const std::string big(10'000, 'x');
+  for (int i = 0; i < 200 && cli(server.port(), "EXISTS 'sluice:fed:{k}'") == "1"; ++i)
+    cli(server.port(), "SET filler" + std::to_string(i) + " " + big + " EX 86400");
+  ASSERT_EQ(cli(server.port(), "EXISTS 'sluice:fed:{k}'"), "0");  // the ledger is gone
+  ASSERT_EQ(cli(server.port(), "CONFIG SET maxmemory 0"), "OK");
+  expect_window_spent_then_next_grants(*c.value(), clock, req);
+}
+
+TEST(RedisRateCoordinator, AReplicaPromotedWithoutTheLastWritesLosesTheRestOfTheWindow) {
+  testing::RedisServer primary, replica;
+  // No wait for more replicas before the first sync (Redis's default waits 5 s).
+  ASSERT_TRUE(primary.start({}, 0, {"--repl-diskless-sync-delay", "0"}).ok());
+  ASSERT_TRUE(replica.start().ok());
+  ASSERT_EQ(cli(replica.port(), "REPLICAOF 127.0.0.1 " + std::to_string(primary.port())), "OK");
+  ManualClock clock(seconds(7'000'000));
+  auto c = connect_test_mode(primary.port(), clock);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const LeaseRequest req = granted_ten(*c.value(), clock);
+  ASSERT_EQ(cli(primary.port(), "WAIT 1 5000"), "1");  // the replica has the 10
+  // The failover: the replica is promoted while the primary still answers the region, which is
+  // granted 10 more that never reach the replica; then the primary dies.
+  ASSERT_EQ(cli(replica.port(), "REPLICAOF NO ONE"), "OK");
+  const auto last = c.value()->lease("k", req, kTimeout);
+  ASSERT_TRUE(last.ok() && last.value().granted == 10u);
+  primary.kill();
+  EXPECT_EQ(cli(replica.port(), "HGET 'sluice:fed:{k}' g"), "10");
+  // The regions now reach the promoted replica (Sentinel, a moved address: a new connection).
+  auto promoted = connect_test_mode(replica.port(), clock);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().to_string();
+  expect_window_spent_then_next_grants(*promoted.value(), clock, req);
 }
 
 TEST(RedisRateCoordinator, EvictionPolicyOtherThanNoevictionIsRefusedAtConnect) {

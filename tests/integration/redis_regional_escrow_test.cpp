@@ -194,5 +194,43 @@ TEST_F(RedisRegionalEscrowTest, ProcessesOfARegionShareOneRegionalBatch) {
   EXPECT_EQ(cli(redis_->port(), "HGET share:pool:{k} b"), "19");
 }
 
+// A pool's Redis restarted from a snapshot taken before units were taken: the restored balance
+// may already have been spent, so the pool drops it (forfeits it) instead of handing it out
+// again; a refill after the restart serves as usual.
+TEST(RedisRegionalEscrow, ABalanceRestoredFromASnapshotIsForfeitedNotHandedOutTwice) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  ManualClock clock(seconds(1'000'000));
+  RedisOptions o = RedisRegionalEscrow::default_options();
+  o.port = server.port();
+  auto p = RedisRegionalEscrow::connect(o, &clock);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  RedisRegionalEscrow& pool = *p.value();
+  const Nanos window = window_of(clock.now(), seconds(10));
+  const Nanos expires = window + seconds(9);
+  auto refilled = pool.refill("k", window, 10, expires, kTimeout);
+  ASSERT_TRUE(refilled.ok()) << refilled.status().to_string();
+  ASSERT_EQ(refilled.value().balance, 10u);
+  ASSERT_EQ(cli(server.port(), "SAVE"), "OK");  // the snapshot: 10 in the pool
+  auto taken = pool.take("k", 6, seconds(1), false, kTimeout);
+  ASSERT_TRUE(taken.ok());
+  ASSERT_EQ(taken.value().granted, 6u);
+  server.kill();
+  ASSERT_TRUE(server.restart().ok());  // the snapshot's 10, of which 6 were taken
+  StatusOr<PoolReply> again = Status(StatusCode::kUnavailable, "not called");
+  for (int i = 0; i < 3 && !again.ok(); ++i)
+    again = pool.take("k", 10, seconds(1), false, kTimeout);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again.value().granted, 0u) << describe(again.value());
+  EXPECT_EQ(again.value().balance, 0u);
+  EXPECT_TRUE(again.value().refill);  // the asker is sent to the coordinator
+  refilled = pool.refill("k", window, 4, expires, kTimeout);
+  ASSERT_TRUE(refilled.ok());
+  EXPECT_EQ(refilled.value().balance, 4u);
+  taken = pool.take("k", 4, seconds(1), false, kTimeout);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(taken.value().granted, 4u);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -28,6 +28,26 @@ inline std::string cli(int port, const std::string& args, const std::string& pas
   return out;
 }
 
+// The value of `field` in `INFO <section>` ("" when absent).
+inline std::string info_field(int port, const std::string& section, const std::string& field) {
+  const std::string info = cli(port, "INFO " + section);
+  const auto at = info.find(field + ":");
+  if (at == std::string::npos) return {};
+  const auto end = info.find_first_of("\r\n", at);
+  return info.substr(at + field.size() + 1,
+                     end == std::string::npos ? std::string::npos : end - at - field.size() - 1);
+}
+
+// Makes the federation's Redis coordinator on `prefix` one that has kept its state for a long
+// time: the origin marker at 0 and the server marker naming the server as it is now (its run_id
+// and evicted_keys), so a first window is not spent. Returns whether both were written.
+inline bool settle_federation(int port, const std::string& prefix) {
+  const std::string server =
+      info_field(port, "server", "run_id") + ":" + info_field(port, "stats", "evicted_keys");
+  return cli(port, "SET " + prefix + "origin 0") == "OK" &&
+         cli(port, "SET " + prefix + "server " + server) == "OK";
+}
+
 // A blocking libpq connection (PQexec).
 class RawConn {
  public:

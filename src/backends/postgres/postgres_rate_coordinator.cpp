@@ -62,6 +62,10 @@ std::int64_t idle_after(const Ledger& l) {
   return add_sat(l.clock_high, keep);
 }
 
+// The server's current WAL timeline (the first 8 hex digits of its WAL file's name): every
+// promotion and every archive recovery starts a new one.
+constexpr const char* kTimelineSql = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)";
+
 // The ledger columns after key, in the read query's order (parse_ledger follows it).
 constexpr const char* kLedgerFields =
     "window_start, clock_high, lim, period_ns, granted, returned, forfeited";
@@ -88,6 +92,8 @@ std::string setup_sql(const std::string& ledger_table, const std::string& region
          " PRIMARY KEY (key, region));";
   sql += "CREATE TABLE IF NOT EXISTS " + origin_table +
          " (id int PRIMARY KEY CHECK (id = 1), origin_ns bigint NOT NULL);";
+  // The WAL timeline the origin was written on (tables from before it had none: NULL).
+  sql += "ALTER TABLE " + origin_table + " ADD COLUMN IF NOT EXISTS timeline text;";
   return sql;
 }
 
@@ -120,9 +126,14 @@ struct PostgresRateCoordinator::Impl {
     std::string sql = db.begin();
     sql += "SET LOCAL synchronous_commit = on;";  // a grant is durable before it is answered
     sql += "SELECT pg_advisory_xact_lock(hashtextextended(" + lock_prefix + " || " + k + ", 0));";
+    // A timeline other than the origin's is a server that went back in its history: a replica
+    // promoted by a failover (it may lack the last grants acknowledged) or a point-in-time
+    // recovery. Either counts as a loss: the origin moves to now.
     if (with_origin)
-      sql += "INSERT INTO " + origin_table + " (id, origin_ns) VALUES (1, " + now_sql() +
-             ") ON CONFLICT (id) DO NOTHING;";
+      sql += "INSERT INTO " + origin_table + " AS o (id, origin_ns, timeline) VALUES (1, " +
+             now_sql() + ", " + kTimelineSql +
+             ") ON CONFLICT (id) DO UPDATE SET origin_ns = EXCLUDED.origin_ns,"
+             " timeline = EXCLUDED.timeline WHERE o.timeline IS DISTINCT FROM EXCLUDED.timeline;";
     sql += "SELECT " + now_sql() + ", (SELECT origin_ns FROM " + origin_table + " WHERE id = 1), " +
            kLedgerFields + " FROM (SELECT 1) AS one LEFT JOIN " + ledger_table + " ON key = " + k +
            ";";

@@ -5,10 +5,18 @@
 //          "g" granted, "ret" returned, "f" forfeited, and per region "r:<region>" =
 //          "granted:relinquished:relinquished_window" (the window empty: none yet). No "w":
 //          no window leased yet.
-// KEYS[2]  the origin marker: the coordinator time at which this Redis was first found without
-//          it (rule 3). A lease that finds none writes the current time.
+// KEYS[2]  the origin marker: the coordinator time at which this Redis was last found to have
+//          lost grants it acknowledged (rule 3). A lease writes the current time there when it
+//          finds no marker (an empty or flushed Redis), or when KEYS[3] does not name the server
+//          as it is now.
+// KEYS[3]  the server marker, "<run_id>:<evicted_keys>" as the last lease saw them: another
+//          run_id is another server process (a restart, whatever it reloaded: an RDB snapshot
+//          or an AOF may lack the last grants; a replica promoted by a failover may too), and
+//          another evicted_keys count means keys were evicted (a ledger among them, perhaps).
+//          Either is a loss of grants this Redis cannot rule out, so it counts as one.
 // ARGV     mode ("lease" or "reconcile"), now_us (empty: Redis TIME), min_ttl_ms, region, then
-//          lease:      limit, period_us, want, min_window_left_us (rounded up)
+//          lease:      limit, period_us, want, min_window_left_us (rounded up), run_id (the
+//                      server's, read by the caller's connection when it connected)
 //          reconcile:  window_start_us, relinquished
 // Returns  lease: {status, granted, window_start_us, window_end_us, now_us, remaining, limit,
 //          period_us} (status 0 granted, 1 spent, 2 window ending, 3 state lost, 4 spec
@@ -104,10 +112,13 @@ end
 if mode == 'lease' then
   local lim, p = tonumber(ARGV[5]), tonumber(ARGV[6])
   local want, min_left = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or '?'
+  local server = ARGV[9] .. ':' .. evicted
   local origin = tonumber(redis.call('GET', KEYS[2]))
-  if origin == nil then
+  if origin == nil or redis.call('GET', KEYS[3]) ~= server then
     origin = now
     redis.call('SET', KEYS[2], num(now))
+    redis.call('SET', KEYS[3], server)
   end
   local t = now
   if l.h ~= nil and l.h > t then t = l.h end

@@ -2,9 +2,13 @@
 // pool_release() (P1-P3), transcribed rule for rule (src/core/escrow.cpp), on one key's pool.
 //
 // KEYS[1]  the key's pool hash: "w" window start, "x" expiry, "b" balance, "d" demand,
-//          "r" refilling until, "h" clock_high. No "w": no window yet (an empty pool); no "r": no
-//          refill in flight.
-// ARGV     mode ("take", "refill" or "release"), now_us (empty: Redis TIME), keep_ms, then
+//          "r" refilling until, "h" clock_high, "e" the run_id of the server process that
+//          last wrote it. No "w": no window yet (an empty pool); no "r": no refill in flight.
+//          A hash another process wrote (a restart that reloaded an RDB snapshot or an AOF, a
+//          replica promoted by a failover) may hold units taken since: its balance is dropped
+//          (forfeited: the pool never hands out a unit twice).
+// ARGV     mode ("take", "refill" or "release"), now_us (empty: Redis TIME), keep_ms, run_id
+//          (the server's, read by the caller's connection when it connected), then
 //          take:     want, refill_hold_us, past_expiry ("1" or "0")
 //          refill:   window_start_us, units, expires_at_us
 //          release:  window_start_us, units
@@ -30,16 +34,18 @@ if now == nil then
 end
 local function num(x) return string.format('%.0f', x) end
 
-local raw = redis.call('HMGET', KEYS[1], 'w', 'x', 'b', 'r', 'h', 'd')
+local run_id = ARGV[4]
+local raw = redis.call('HMGET', KEYS[1], 'w', 'x', 'b', 'r', 'h', 'd', 'e')
 local w, x, b, r, h = tonumber(raw[1]), tonumber(raw[2]), tonumber(raw[3]) or 0,
                       tonumber(raw[4]), tonumber(raw[5])
 local d = tonumber(raw[6]) or 0
+if raw[7] ~= run_id then b = 0 end
 -- A clock that steps back stands still at the latest time seen.
 if h ~= nil and h > now then now = h end
 
 local granted, refill = 0, 0
 if mode == 'take' then
-  local want, hold, past = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
+  local want, hold, past = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
   if past or (x ~= nil and now < x) then granted = math.min(want, b) end
   b = b - granted
   d = math.min(d + want, 9007199254740992)
@@ -48,7 +54,7 @@ if mode == 'take' then
     r = now + math.max(1, hold)
   end
 elseif mode == 'refill' then
-  local win, units, exp = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local win, units, exp = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
   r = nil
   if units > 0 and now < exp and (w == nil or win >= w) then
     if w == nil or win > w then
@@ -60,7 +66,7 @@ elseif mode == 'refill' then
     granted = units
   end
 elseif mode == 'release' then
-  local win, units = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local win, units = tonumber(ARGV[5]), tonumber(ARGV[6])
   if w ~= nil and win == w and now < x then
     b = b + units
     granted = units
@@ -69,7 +75,7 @@ else
   return redis.error_reply('unknown mode ' .. tostring(mode))
 end
 
-redis.call('HSET', KEYS[1], 'b', num(b), 'd', num(d), 'h', num(now))
+redis.call('HSET', KEYS[1], 'b', num(b), 'd', num(d), 'h', num(now), 'e', run_id)
 if w ~= nil then redis.call('HSET', KEYS[1], 'w', num(w), 'x', num(x)) end
 if r ~= nil then redis.call('HSET', KEYS[1], 'r', num(r)) else redis.call('HDEL', KEYS[1], 'r') end
 local ttl = keep

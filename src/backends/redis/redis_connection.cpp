@@ -51,10 +51,11 @@ std::string RedisConnection::options_error(const RedisOptions& o) {
 }
 
 RedisConnection::RedisConnection(RedisOptions options, std::vector<Script> scripts,
-                                 ConnectCheck check)
+                                 ConnectCheck check, bool track_run_id)
     : options_(std::move(options)),
       scripts_(std::move(scripts)),
       check_(std::move(check)),
+      track_run_id_(track_run_id),
       shas_(scripts_.size()) {}
 
 RedisConnection::~RedisConnection() = default;
@@ -89,12 +90,28 @@ StatusOr<RedisConnection::Reply> RedisConnection::Session::command(
 StatusOr<RedisConnection::Reply> RedisConnection::Session::eval(
     std::size_t script, const std::vector<std::string>& keys,
     const std::vector<std::string>& args) {
-  return conn_.eval_locked(script, keys, args, deadline_);
+  if (Status s = still_pinned(); !s.ok()) return s;
+  return conn_.eval_locked(script, keys, args, deadline_, pinned_);
 }
 
 StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::Session::eval_many(
     std::size_t script, const std::vector<EvalCall>& calls) {
-  return conn_.eval_many_locked(script, calls, deadline_);
+  if (Status s = still_pinned(); !s.ok()) return s;
+  return conn_.eval_many_locked(script, calls, deadline_, pinned_);
+}
+
+StatusOr<std::string> RedisConnection::Session::server_run_id() {
+  if (!conn_.track_run_id_)
+    return Status(StatusCode::kInternal, "redis: this connection does not track the run_id");
+  if (Status s = connect(); !s.ok()) return s;
+  pinned_ = conn_.connects_;
+  return conn_.run_id_;
+}
+
+Status RedisConnection::Session::still_pinned() const {
+  if (pinned_ == 0 || (conn_.ctx_ && conn_.connects_ == pinned_)) return {};
+  return Status(StatusCode::kUnavailable,
+                "redis: the connection was lost during the call (the server may have changed)");
 }
 
 Status RedisConnection::ping(Nanos timeout) noexcept {
@@ -162,6 +179,7 @@ Status RedisConnection::connect_locked(Nanos deadline) {
     return Status(StatusCode::kUnavailable, "redis: cannot connect to " + options_.host + ":" +
                                                 std::to_string(options_.port) + ": " + c->errstr);
   ctx_ = std::move(c);
+  ++connects_;
   if (!options_.password.empty()) {
     std::vector<std::string> auth = {"AUTH"};
     if (!options_.username.empty()) auth.push_back(options_.username);
@@ -173,6 +191,29 @@ Status RedisConnection::connect_locked(Nanos deadline) {
     auto r = checked({"SELECT", std::to_string(options_.database)}, deadline,
                      StatusCode::kInvalidArgument, "SELECT failed");
     if (!r.ok()) return r.status();
+  }
+  if (track_run_id_) {
+    auto r = send({"INFO", "server"}, deadline);
+    if (!r.ok()) return r.status();
+    std::string id;
+    if (r.value()->type == REDIS_REPLY_STRING) {
+      const std::string info = text_of(r.value().get());
+      if (const auto at = info.find("run_id:"); at != std::string::npos) {
+        const auto end = info.find_first_of("\r\n", at);
+        id = info.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7);
+      }
+    }
+    if (id.empty()) {
+      const std::string why = r.value()->type == REDIS_REPLY_ERROR
+                                  ? text_of(r.value().get())
+                                  : std::string("no run_id in the reply");
+      drop();
+      return Status(StatusCode::kFailedPrecondition,
+                    "redis: cannot read the server's run_id (INFO server: " + why +
+                        "): the coordinator tells a restarted, restored or failed-over server "
+                        "by it; allow INFO for this user (ACL: +info) and do not rename INFO");
+    }
+    run_id_ = std::move(id);
   }
   if (!check_.command.empty()) {
     auto r = send(check_.command, deadline);
@@ -203,7 +244,8 @@ Status RedisConnection::load_scripts_locked(Nanos deadline) {
 StatusOr<RedisConnection::Reply> RedisConnection::eval_locked(std::size_t script,
                                                               const std::vector<std::string>& keys,
                                                               const std::vector<std::string>& args,
-                                                              Nanos deadline) {
+                                                              Nanos deadline,
+                                                              std::uint64_t pinned) {
   if (script >= scripts_.size())
     return Status(StatusCode::kInvalidArgument, "script: no script " + std::to_string(script) +
                                                     " (" + std::to_string(scripts_.size()) +
@@ -214,6 +256,7 @@ StatusOr<RedisConnection::Reply> RedisConnection::eval_locked(std::size_t script
   full.insert(full.end(), args.begin(), args.end());
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!ctx_) {
+      if (pinned != 0) return Status(StatusCode::kUnavailable, "redis: the connection was lost");
       if (Status s = connect_locked(deadline); !s.ok()) return s;
     }
     full[1] = shas_[script];
@@ -232,7 +275,7 @@ StatusOr<RedisConnection::Reply> RedisConnection::eval_locked(std::size_t script
 }
 
 StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::eval_many_locked(
-    std::size_t script, const std::vector<EvalCall>& calls, Nanos deadline) {
+    std::size_t script, const std::vector<EvalCall>& calls, Nanos deadline, std::uint64_t pinned) {
   if (script >= scripts_.size())
     return Status(StatusCode::kInvalidArgument, "script: no script " + std::to_string(script) +
                                                     " (" + std::to_string(scripts_.size()) +
@@ -245,6 +288,7 @@ StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::eval_ma
   for (std::size_t i = 0; i < calls.size(); ++i) todo[i] = i;
   for (int attempt = 0; attempt < 2 && !todo.empty(); ++attempt) {
     if (!ctx_) {
+      if (pinned != 0) return Status(StatusCode::kUnavailable, "redis: the connection was lost");
       if (Status s = connect_locked(deadline); !s.ok()) return s;
     }
     const Nanos left = deadline - mono_now();

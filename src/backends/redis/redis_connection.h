@@ -4,7 +4,8 @@
 // What it is: the connection a Redis backend needs and nothing of what it stores. On every
 // (re)connect, within the earlier of the call's deadline and RedisOptions::connect_timeout, it
 // sends AUTH (password, or ACL user and password) when a password is set, SELECT when the
-// database is not 0, the user's ConnectCheck when it has one, and SCRIPT LOAD of each script.
+// database is not 0, INFO server when the user tracks the server's run_id, the user's
+// ConnectCheck when it has one, and SCRIPT LOAD of each script.
 // eval(i, keys, args) runs script i by its SHA; a NOSCRIPT reply (a restarted or flushed server)
 // loads every script again and retries the call once. key_prefix is not read: keys are the
 // user's.
@@ -33,6 +34,7 @@
 #include <hiredis/hiredis.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -90,22 +92,34 @@ class RedisConnection {
         std::size_t script, const std::vector<EvalCall>& calls);
     // Connects (AUTH, SELECT, the check, SCRIPT LOAD) unless connected.
     [[nodiscard]] Status connect();
+    // The run_id of the server process this connection talks to (INFO server, read on every
+    // (re)connect: a restarted, restored or failed-over server is another process, and every
+    // connection to the old one is gone). Connects first; only with `track_run_id`.
+    [[nodiscard]] StatusOr<std::string> server_run_id();
     // The deadline on the steady clock (backend_detail::mono_now()).
     [[nodiscard]] Nanos deadline() const noexcept { return deadline_; }
 
    private:
     friend class RedisConnection;
     Session(RedisConnection& conn, Nanos deadline) noexcept : conn_(conn), deadline_(deadline) {}
+    // After server_run_id(): the connection it was read on. A call that would go out on a
+    // later one (a reconnect inside the session) fails instead: its arguments name a server
+    // that may no longer be the one connected.
+    [[nodiscard]] Status still_pinned() const;
     RedisConnection& conn_;
     Nanos deadline_;
+    std::uint64_t pinned_ = 0;  // 0: no run_id handed out
   };
 
   // Why `options` cannot reach a server (host, port, connect_timeout, database), naming the
   // field; empty when they can. key_prefix is the user's to check.
   [[nodiscard]] static std::string options_error(const RedisOptions& options);
 
-  // Does not connect: the first call does. `options` must pass options_error().
-  RedisConnection(RedisOptions options, std::vector<Script> scripts, ConnectCheck check = {});
+  // Does not connect: the first call does. `options` must pass options_error(). With
+  // `track_run_id`, every (re)connect reads the server's run_id (INFO server; a user who may
+  // not run INFO is refused with kFailedPrecondition naming the ACL rule that allows it).
+  RedisConnection(RedisOptions options, std::vector<Script> scripts, ConnectCheck check = {},
+                  bool track_run_id = false);
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -142,16 +156,24 @@ class RedisConnection {
                           const char* what);
   Status connect_locked(Nanos deadline);
   Status load_scripts_locked(Nanos deadline);
+  // `pinned` non-zero: never reconnect (the caller's arguments name the connected server).
   StatusOr<Reply> eval_locked(std::size_t script, const std::vector<std::string>& keys,
-                              const std::vector<std::string>& args, Nanos deadline);
+                              const std::vector<std::string>& args, Nanos deadline,
+                              std::uint64_t pinned = 0);
   StatusOr<std::vector<StatusOr<Reply>>> eval_many_locked(std::size_t script,
                                                           const std::vector<EvalCall>& calls,
-                                                          Nanos deadline);
-  void drop() noexcept { ctx_.reset(); }
+                                                          Nanos deadline, std::uint64_t pinned = 0);
+  void drop() noexcept {
+    ctx_.reset();
+    run_id_.clear();
+  }
 
   const RedisOptions options_;
   const std::vector<Script> scripts_;
   const ConnectCheck check_;
+  const bool track_run_id_;
+  std::string run_id_;  // guarded by gate_: the connected server's (empty when not connected)
+  std::uint64_t connects_ = 0;     // guarded by gate_: connections made so far
   backend_detail::CallGate gate_;  // one call at a time; waiting counts against its deadline
   Context ctx_;                    // guarded by gate_; null when disconnected
   mutable std::mutex sha_mu_;

@@ -66,7 +66,7 @@ StatusOr<LeaseReply> lease_reply_of(const redisReply* r) {
 struct RedisRateCoordinator::Impl {
   Impl(RedisOptions o, const Clock* clock)
       : conn(o, {{"escrow", redis_detail::escrow_script()}},
-             {{"CONFIG", "GET", "maxmemory-policy"}, &eviction_policy_ok}),
+             {{"CONFIG", "GET", "maxmemory-policy"}, &eviction_policy_ok}, /*track_run_id=*/true),
         ledger_prefix(std::move(o.key_prefix)),
         caller_clock(clock) {}
 
@@ -96,17 +96,19 @@ struct RedisRateCoordinator::Impl {
                       "maxmemory-policy noeviction or in redis.conf");
   }
 
-  // The script's keys for `key`: its hash and the origin marker.
+  // The script's keys for `key`: its hash, the origin marker and the server marker.
   std::vector<std::string> keys_of(std::string_view key) const {
-    return {ledger_prefix + "{" + std::string(key) + "}", ledger_prefix + "origin"};
+    return {ledger_prefix + "{" + std::string(key) + "}", ledger_prefix + "origin",
+            ledger_prefix + "server"};
   }
   // Runs the script with `args` on the key's hash and the origin marker.
   StatusOr<RedisConnection::Reply> run_script(RedisConnection::Session& s, std::string_view key,
                                               const std::vector<std::string>& args) const {
     return s.eval(0, keys_of(key), args);
   }
-  // A lease's script call (the request checked by lease_error()).
-  RedisConnection::EvalCall lease_call(std::string_view key, const LeaseRequest& request) const;
+  // A lease's script call (the request checked by lease_error()) to the server `run_id`.
+  RedisConnection::EvalCall lease_call(std::string_view key, const LeaseRequest& request,
+                                       const std::string& run_id) const;
 
   // The caller's time in test mode; empty: the script reads Redis TIME.
   std::string now_arg() const {
@@ -161,15 +163,16 @@ Status lease_error(std::string_view key, const LeaseRequest& request) {
 
 }  // namespace
 
-RedisConnection::EvalCall RedisRateCoordinator::Impl::lease_call(
-    std::string_view key, const LeaseRequest& request) const {
+RedisConnection::EvalCall RedisRateCoordinator::Impl::lease_call(std::string_view key,
+                                                                 const LeaseRequest& request,
+                                                                 const std::string& run_id) const {
   // A grant never exceeds the limit, so a larger want asks for the same.
   const std::uint64_t want = std::min(request.want, request.spec.limit);
   const auto min_left = std::chrono::ceil<std::chrono::microseconds>(request.min_window_left);
   return {keys_of(key),
           {"lease", now_arg(), std::to_string(kMinTtlMs), request.region,
            std::to_string(request.spec.limit), std::to_string(floor_us(request.spec.period)),
-           std::to_string(want), std::to_string(min_left.count())}};
+           std::to_string(want), std::to_string(min_left.count()), run_id}};
 }
 
 StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
@@ -178,7 +181,10 @@ StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const Lea
   if (Status bad = lease_error(key, request); !bad.ok()) return bad;
   const Impl& m = *impl_;
   return impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<LeaseReply> {
-    RedisConnection::EvalCall c = m.lease_call(key, request);
+    // Connected first: the run_id is the server's this call runs on.
+    auto run_id = s.server_run_id();
+    if (!run_id.ok()) return run_id.status();
+    RedisConnection::EvalCall c = m.lease_call(key, request, run_id.value());
     auto r = s.eval(0, c.keys, c.args);
     if (!r.ok()) return r.status();
     return lease_reply_of(r.value().get());
@@ -190,22 +196,27 @@ std::vector<StatusOr<LeaseReply>> RedisRateCoordinator::lease_many(std::span<con
   std::vector<StatusOr<LeaseReply>> out;
   try {
     out.reserve(calls.size());
-    std::vector<RedisConnection::EvalCall> sent;
     std::vector<std::size_t> slot;  // the call each sent lease answers
     for (std::size_t i = 0; i < calls.size(); ++i) {
       Status bad = timeout <= Nanos{0}
                        ? Status(StatusCode::kInvalidArgument, "timeout: must be > 0")
                        : lease_error(calls[i].key, *calls[i].request);
       out.emplace_back(bad.ok() ? Status(StatusCode::kInternal, "redis: no reply") : bad);
-      if (!bad.ok()) continue;
-      sent.push_back(impl_->lease_call(calls[i].key, *calls[i].request));
-      slot.push_back(i);
+      if (bad.ok()) slot.push_back(i);
     }
-    if (sent.empty()) return out;
+    if (slot.empty()) return out;
     using Replies = std::vector<StatusOr<RedisConnection::Reply>>;
-    StatusOr<Replies> replies = impl_->conn.call(
-        timeout,
-        [&](RedisConnection::Session& s) -> StatusOr<Replies> { return s.eval_many(0, sent); });
+    StatusOr<Replies> replies =
+        impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<Replies> {
+          // Connected first: the run_id is the server's these calls run on.
+          auto run_id = s.server_run_id();
+          if (!run_id.ok()) return run_id.status();
+          std::vector<RedisConnection::EvalCall> sent;
+          sent.reserve(slot.size());
+          for (const std::size_t i : slot)
+            sent.push_back(impl_->lease_call(calls[i].key, *calls[i].request, run_id.value()));
+          return s.eval_many(0, sent);
+        });
     for (std::size_t j = 0; j < slot.size(); ++j) {
       if (!replies.ok())
         out[slot[j]] = replies.status();

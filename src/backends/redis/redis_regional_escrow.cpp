@@ -56,7 +56,7 @@ StatusOr<PoolReply> pool_reply_of(const redisReply* r) {
 
 struct RedisRegionalEscrow::Impl {
   Impl(RedisOptions o, const Clock* clock)
-      : conn(o, {{"regional pool", redis_detail::pool_script()}}),
+      : conn(o, {{"regional pool", redis_detail::pool_script()}}, {}, /*track_run_id=*/true),
         prefix(std::move(o.key_prefix)),
         caller_clock(clock) {}
 
@@ -70,10 +70,14 @@ struct RedisRegionalEscrow::Impl {
     // The caller's time in test mode; empty: the script reads Redis TIME.
     const std::string now =
         caller_clock != nullptr ? std::to_string(floor_us(caller_clock->now())) : std::string();
-    args.insert(args.begin() + 1, {now, std::to_string(kKeepMs)});
     const std::string hash = prefix + "{" + std::string(key) + "}";
     return conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<PoolReply> {
-      auto r = s.eval(0, {hash}, args);
+      // Connected first: the run_id is the server's this call runs on.
+      auto run_id = s.server_run_id();
+      if (!run_id.ok()) return run_id.status();
+      std::vector<std::string> full = args;
+      full.insert(full.begin() + 1, {now, std::to_string(kKeepMs), run_id.value()});
+      auto r = s.eval(0, {hash}, full);
       if (!r.ok()) return r.status();
       return pool_reply_of(r.value().get());
     });

@@ -141,10 +141,26 @@ int free_port() {
 
 RedisServer::~RedisServer() { stop(); }
 
-Status RedisServer::start(std::string password, int port) {
+Status RedisServer::start(std::string password, int port, std::vector<std::string> extra) {
   dir_ = make_temp_dir("sluice-redis");
   if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for redis");
   password_ = std::move(password);
+  extra_ = std::move(extra);
+  return launch(port);
+}
+
+void RedisServer::kill() {
+  if (pid_ > 0) stop_pid(pid_, SIGKILL);
+  pid_ = -1;
+}
+
+Status RedisServer::restart() {
+  if (dir_.empty() || port_ == 0) return Status(StatusCode::kInternal, "redis: never started");
+  kill();
+  return launch(port_);
+}
+
+Status RedisServer::launch(int port) {
   const std::string log = dir_ + "/redis.log";
   for (int attempt = 0; attempt < (port > 0 ? 1 : 3); ++attempt) {
     port_ = port > 0 ? port : free_port();
@@ -165,6 +181,7 @@ Status RedisServer::start(std::string password, int port) {
       args.push_back("--requirepass");
       args.push_back(password_);
     }
+    args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = spawn(args, log);
     if (pid_ < 0) return Status(StatusCode::kUnavailable, "cannot run redis-server (installed?)");
     for (int i = 0; i < 500 && alive(pid_); ++i) {

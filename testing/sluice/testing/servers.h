@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "sluice/status.h"
 
@@ -33,9 +34,15 @@ class RedisServer {
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
 
-  // `password` empty: no AUTH required. `port` 0: a free one.
-  Status start(std::string password = {}, int port = 0);
+  // `password` empty: no AUTH required. `port` 0: a free one. `extra` is appended to the
+  // command line (e.g. {"--save", "3600 1", "--appendonly", "yes"} for persistence).
+  Status start(std::string password = {}, int port = 0, std::vector<std::string> extra = {});
   void stop();
+  // SIGKILL, reaped; the directory stays, with whatever the server had written to it.
+  void kill();
+  // A new server process on the same port, directory and command line (after kill(): it loads
+  // what the old one persisted, as a restarted Redis does).
+  Status restart();
   [[nodiscard]] int port() const noexcept { return port_; }
   [[nodiscard]] const std::string& password() const noexcept { return password_; }
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
@@ -43,8 +50,11 @@ class RedisServer {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
+  Status launch(int port);
+
   std::string dir_;
   std::string password_;
+  std::vector<std::string> extra_;
   int port_ = 0;
   pid_t pid_ = -1;
 };
