@@ -208,11 +208,15 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
   std::optional<Nanos> ttl;
   if (!duration_arg(a.ttl, "ttl", ttl)) return 2;
   if (ttl) to_proto(*ttl, req.mutable_ttl());
+  std::optional<Nanos> max_wait;
+  if (!duration_arg(a.max_wait, "max-wait", max_wait)) return 2;
+  if (max_wait) to_proto(*max_wait, req.mutable_max_wait());
   const auto reply = call(o, &pb::Sluice::Stub::Admit, req);
   if (!reply) return 2;
   const pb::AdmitResponse& resp = *reply;
   if (o.json) {
     json j = {{"admitted", resp.admitted()}};
+    if (resp.has_waited()) j["waited_seconds"] = seconds_of(resp.waited());
     if (resp.admitted()) {
       j["lease_id"] = resp.lease_id();
       j["ttl_seconds"] = seconds_of(resp.ttl());
@@ -227,13 +231,18 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     fmt::print(stderr, "admitted: lease {} for {} (release it with: sluice release {})\n",
                resp.lease_id(), duration_text(resp.ttl()), resp.lease_id());
     if (!resp.chosen().empty()) fmt::print(stderr, "chosen node: {}\n", resp.chosen());
+    if (resp.has_waited())
+      fmt::print(stderr, "waited {} in the queue\n", duration_text(resp.waited()));
     if (resp.has_call_deadline())
       fmt::print(stderr, "the call must end within {} (the fleet's call deadline)\n",
                  duration_text(resp.call_deadline()));
   } else {
     const pb::Rejection& r = resp.rejection();
-    fmt::print("refused ({} {}): {}; retry after {}\n", r.status(), r.title(), r.detail(),
-               duration_text(r.retry_after()));
+    fmt::print("refused ({} {}): {}; retry after {}{}\n", r.status(), r.title(), r.detail(),
+               duration_text(r.retry_after()),
+               resp.has_waited()
+                   ? fmt::format(" (waited {} in the queue)", duration_text(resp.waited()))
+                   : std::string());
   }
   return resp.admitted() ? 0 : 1;
 }

@@ -22,6 +22,7 @@ struct CheckArgs {
 struct AdmitArgs {
   std::string policy, key, tenant, upstream, route, ttl;
   std::vector<std::string> exclude;  // a cascade: nodes not to choose
+  std::string max_wait;              // a queue: the most to wait in it (e.g. 500ms)
 };
 struct ReleaseArgs {
   std::string lease_id, outcome = "success", rtt;

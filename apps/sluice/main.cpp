@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
   admit_cmd->add_option("--ttl", admit.ttl, "the lease's TTL, e.g. 30s (default: the server's)");
   admit_cmd->add_option("--exclude,-x", admit.exclude,
                         "cascade policies: a node not to choose (repeatable)");
+  admit_cmd->add_option("--max-wait", admit.max_wait,
+                        "concurrency policies with a queue: the most to wait in it, e.g. 500ms "
+                        "(default: the queue's timeout; 0: do not wait); --timeout bounds it too");
   client_flags(admit_cmd);
   admit_cmd->callback([&] { exit_code = sluice::cli::run_admit(client, admit); });
   sluice::cli::ReleaseArgs release;

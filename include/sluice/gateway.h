@@ -123,6 +123,9 @@ class Gateway {
   // As try_acquire, but a call finding a queue-strategy upstream full waits in its queue (until
   // now + queue timeout, enforced by tick). `callback` gets the outcome exactly once.
   AcquireTicket acquire_async(const Target& target, Nanos now, AcquireCallback callback);
+  // Whether the call's upstream pool queues (strategy queue with a max_concurrent): only then
+  // may acquire_async() leave it waiting. Precondition as try_acquire's.
+  [[nodiscard]] bool queues(const Target& target) const noexcept;
   // Rejects every waiter whose deadline is <= now; returns how many. Timers call this.
   std::size_t tick(Nanos now);
   // Blocking convenience on the real clock: waits up to min(timeout, queue timeout).

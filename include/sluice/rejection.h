@@ -75,6 +75,9 @@ struct Rejection {
   std::optional<std::uint64_t> remaining;
   // The detail as given; empty: composed from the gateway fields.
   std::string detail_text;
+  // How long the call waited in a queue before this refusal (shown as `waited_seconds`); unset:
+  // it did not wait.
+  std::optional<Nanos> waited;
   // Set by the caller (request path, trace id) before rendering; empty fields are omitted.
   std::optional<std::string> instance;
   std::optional<std::string> trace_id;
@@ -101,7 +104,8 @@ struct HttpResponse {
 };
 
 // The problem+json document (RFC 9457) of a rejection: type, title, status, detail, limit_type,
-// retry_after_seconds (unless never), policy (when set), the counts its source has
+// retry_after_seconds (unless never), waited_seconds (when it waited), policy (when set), the
+// counts its source has
 // (current_in_flight and max_concurrent; a rate policy: limit and remaining), the gateway's ids,
 // instance and trace_id.
 [[nodiscard]] std::string problem_json(const Rejection& rejection);

@@ -528,6 +528,8 @@ AcquireTicket Gateway::acquire_async(const Target& target, Nanos now, AcquireCal
   return AcquireTicket(&p, id);
 }
 
+bool Gateway::queues(const Target& target) const noexcept { return Chain::pool(target).queued; }
+
 std::size_t Gateway::tick(Nanos now) { return expire(now, false); }
 
 std::size_t Gateway::expire(Nanos now, bool own_only) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 namespace sluice {
@@ -123,6 +124,7 @@ std::string problem_json(const Rejection& r) {
     j["max_concurrent"] = r.max_concurrent;
   }
   if (const auto s = r.retry_after_seconds()) j["retry_after_seconds"] = *s;
+  if (r.waited) j["waited_seconds"] = std::chrono::duration<double>(*r.waited).count();
   if (r.instance) j["instance"] = *r.instance;
   if (r.trace_id) j["trace_id"] = *r.trace_id;
   if (!r.tenant_id.empty()) j["tenant_id"] = r.tenant_id;

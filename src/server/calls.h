@@ -66,6 +66,10 @@ struct AdmitCall {
   // Nodes a cascade must not choose (those a caller's retry already tried); at most kMaxBatch
   // names. Other kinds choose no node and ignore it.
   std::span<const std::string> exclude = {};
+  // The most the caller waits for a permit, from when the call arrives (its own deadline): a
+  // kind that queues calls (a concurrency policy's `queue` strategy) never keeps it longer.
+  // Unset: the kind's own bound (the queue's timeout). Zero: no wait at all.
+  std::optional<Nanos> max_wait = std::nullopt;
 };
 
 struct AdmitResult {
@@ -81,6 +85,8 @@ struct AdmitResult {
   Rejection refusal;  // when !admitted
   // Keeps alive what `refusal`'s views point into (the policy that refused).
   std::shared_ptr<const void> refusal_owner;
+  // How long the call waited in a queue before this answer (admitted or refused); 0: none.
+  Nanos waited{0};
 };
 
 struct PolicyInfo {

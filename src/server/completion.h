@@ -9,7 +9,8 @@
 //
 //   Once<R(A...)>      a move-only callable, called at most once (std::function must copy).
 //   Completion<T>      Once<void(StatusOr<T>)>: how a deferred call is finished.
-//   Deferral<T>        what the caller offers: defer() takes the call over, at most once.
+//   Deferral<T>        what the caller offers: defer() takes the call over, at most once;
+//                      on_cancel() tells the kind when the caller has gone.
 //   Decided<T>         std::optional<StatusOr<T>>: the answer now, or nullopt when deferred.
 //   OneShot<V>         a value set once from any thread and waited for on another (for callers
 //                      that may block: in-process callers and tests).
@@ -92,6 +93,12 @@ class Deferral {
   // Takes the call over: the caller answers when the returned Completion is called. At most once
   // per call.
   [[nodiscard]] virtual Completion<T> defer() = 0;
+  // After defer(): `hook` is called (at most once, from any thread) if the caller goes away
+  // before the Completion is called (a cancelled gRPC call, a closed HTTP connection), so that
+  // a kind holding the call (a queue) can let it go at once. The Completion must still be
+  // called; its answer then reaches no one. A transport that cannot tell drops the hook
+  // (the default).
+  virtual void on_cancel(Once<void()> hook) { (void)hook; }
 
  protected:
   ~Deferral() = default;

@@ -507,7 +507,59 @@ StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
   return w.wait(check_many(calls, w));
 }
 
-StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
+namespace {
+
+// What the transports answer for a kind's decision: the lease made for its permit (at `now`,
+// held for `ttl`), or its refusal.
+AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos ttl) {
+  AdmitResult out;
+  out.waited = d.waited;
+  if (!d.permit) {
+    // A chained rate hit stays spent when the limit refuses: the call was attempted (as in the
+    // gateway's order, where the rate limiter counts every request it lets through).
+    out.refusal = std::move(d.refusal);
+    out.refusal_owner = std::move(d.refusal_owner);
+    return out;
+  }
+  Lease lease{std::move(*d.permit), now, ttl, now + ttl};
+  out.lease_id = leases.insert(std::move(lease));  // if this throws, the permit goes back
+  out.admitted = true;
+  out.ttl = ttl;
+  out.chosen = std::move(d.chosen);
+  out.call_deadline = d.call_deadline;
+  if (out.call_deadline) out.call_timeout = std::max(Nanos{0}, *out.call_deadline - now);
+  return out;
+}
+
+// A kind's deferred admit, answered to the transport's Deferral as an AdmitResult: the lease is
+// made when the permit comes, its TTL counted from then.
+class AdmitLater final : public Deferral<AdmitDecision> {
+ public:
+  AdmitLater(Deferral<AdmitResult>& outer, LeaseTable& leases, const Clock& clock, Nanos ttl)
+      : outer_(outer), leases_(leases), clock_(clock), ttl_(ttl) {}
+  Completion<AdmitDecision> defer() override {
+    return [done = outer_.defer(), leases = &leases_, clock = &clock_,
+            ttl = ttl_](StatusOr<AdmitDecision> d) mutable {
+      if (!d.ok()) return done(d.status());
+      try {
+        done(admit_result(std::move(d.value()), *leases, clock->now(), ttl));
+      } catch (const std::exception& e) {
+        done(Status(StatusCode::kInternal, std::string("admit: ") + e.what()));
+      }
+    };
+  }
+  void on_cancel(Once<void()> hook) override { outer_.on_cancel(std::move(hook)); }
+
+ private:
+  Deferral<AdmitResult>& outer_;
+  LeaseTable& leases_;
+  const Clock& clock_;
+  const Nanos ttl_;
+};
+
+}  // namespace
+
+Decided<AdmitResult> Engine::admit(const AdmitCall& call, Deferral<AdmitResult>& later) {
   if (Status s = usable(); !s.ok()) return s;
   const auto set = current();
   if (Status s = check_name("policy", call.policy); !s.ok()) return s;
@@ -531,28 +583,24 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
                                   std::to_string(call.exclude.size()));
   for (const std::string& node : call.exclude)
     if (Status s = check_field("exclude", node, kMaxNameBytes, true); !s.ok()) return s;
+  if (call.max_wait && *call.max_wait < Nanos{0})
+    return invalid("max_wait", "must not be negative");
   const Nanos ttl = call.ttl.value_or(set->settings.lease_ttl);
   if (Status s = check_ttl(ttl, set->settings.max_lease_ttl); !s.ok()) return s;
 
   const Nanos now = clock_.now();
-  auto d = admit->admit(call, now, nullptr);
-  if (!d.ok()) return d.status();
-  AdmitResult out;
-  if (!d.value().permit) {
-    // A chained rate hit stays spent when the limit refuses: the call was attempted (as in the
-    // gateway's order, where the rate limiter counts every request it lets through).
-    out.refusal = std::move(d.value().refusal);
-    out.refusal_owner = std::move(d.value().refusal_owner);
-    return out;
-  }
-  Lease lease{std::move(*d.value().permit), now, ttl, now + ttl};
-  out.lease_id = leases_.insert(std::move(lease));  // if this throws, the permit goes back
-  out.admitted = true;
-  out.ttl = ttl;
-  out.chosen = std::move(d.value().chosen);
-  out.call_deadline = d.value().call_deadline;
-  if (out.call_deadline) out.call_timeout = std::max(Nanos{0}, *out.call_deadline - now);
-  return out;
+  // A deferred admit keeps its policy alive through the Completion it holds (the kind's
+  // contract: it answers, retired or not).
+  AdmitLater deferred(later, leases_, clock_, ttl);
+  Decided<AdmitDecision> d = admit->admit_or_defer(call, now, nullptr, deferred);
+  if (!d) return std::nullopt;
+  if (!d->ok()) return d->status();
+  return admit_result(std::move(d->value()), leases_, now, ttl);
+}
+
+StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
+  Waiting<AdmitResult> w;
+  return w.wait(admit(call, w));
 }
 
 StatusOr<Nanos> Engine::release(std::string_view lease_id, CallResult result,
@@ -691,6 +739,12 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   for (Policy* p : replaced) p->retire();
   reloads_.fetch_add(1, std::memory_order_relaxed);
   return summary;
+}
+
+void Engine::drain() noexcept {
+  draining_.store(true, std::memory_order_relaxed);
+  const auto set = current();
+  for (const auto& [name, p] : set->policies) p.base->on_drain();
 }
 
 void Engine::close() {

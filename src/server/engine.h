@@ -104,6 +104,11 @@ class Engine {
   [[nodiscard]] StatusOr<CheckManyResult> check_many(std::span<const CheckCall> calls);
   [[nodiscard]] StatusOr<RateDecision> peek(const CheckCall& call) const;
 
+  // Admit as the transports call it: decided now, or deferred by a policy that queues the call
+  // (nullopt; `later`'s Completion answers, and `later` is told when the caller goes away). The
+  // lease of a deferred admission is made, and its TTL counted, when its permit comes.
+  [[nodiscard]] Decided<AdmitResult> admit(const AdmitCall& call, Deferral<AdmitResult>& later);
+  // The same, waiting on this thread for a deferred decision (in-process callers and tests).
   [[nodiscard]] StatusOr<AdmitResult> admit(const AdmitCall& call);
   // Returns how long the lease was held. `rtt` unset: that time.
   [[nodiscard]] StatusOr<Nanos> release(std::string_view lease_id, CallResult result,
@@ -140,7 +145,8 @@ class Engine {
   void note_reload_failure() noexcept { reload_failures_.fetch_add(1, std::memory_order_relaxed); }
 
   // Shutdown, first half: Check and Admit answer UNAVAILABLE; Release and Heartbeat still work.
-  void drain() noexcept { draining_.store(true, std::memory_order_relaxed); }
+  // Calls waiting in a policy's queue are answered UNAVAILABLE at once (Policy::on_drain).
+  void drain() noexcept;
   [[nodiscard]] bool draining() const noexcept { return draining_.load(std::memory_order_relaxed); }
   // Shutdown, second half: releases every lease and closes every policy (fleets are left).
   void close();

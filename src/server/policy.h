@@ -95,6 +95,7 @@ struct AdmitDecision {
   std::optional<Nanos> call_deadline;  // admitted: when the call must have ended (fleet)
   Rejection refusal;                   // when not admitted
   std::shared_ptr<const void> refusal_owner;
+  Nanos waited{0};  // how long it waited in a queue first
 };
 
 // The admit family: take a permit for one call.
@@ -105,6 +106,16 @@ class AdmitFamily {
   // resolves what it names, passes `gate` (null: none), then takes a permit or refuses.
   [[nodiscard]] virtual StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now,
                                                       AdmitGate* gate) = 0;
+  // Admit as the transports ask it: decided now (by default, admit()), or deferred by a kind
+  // that queues the call until a permit frees up (completion.h's contract: `call`'s views are
+  // valid only until it returns; the kind answers within call.max_wait and its own bound, and
+  // lets the call go at once when later.on_cancel's hook fires).
+  [[nodiscard]] virtual Decided<AdmitDecision> admit_or_defer(const AdmitCall& call, Nanos now,
+                                                              AdmitGate* gate,
+                                                              Deferral<AdmitDecision>& later) {
+    (void)later;
+    return admit(call, now, gate);
+  }
 };
 
 struct PolicyReadiness {
@@ -156,6 +167,9 @@ class Policy : public std::enable_shared_from_this<Policy> {
   // Whether it serves as configured (a configured outage mode counts: it is the
   // configuration), and what is degraded meanwhile.
   [[nodiscard]] virtual PolicyReadiness readiness() const { return {}; }
+  // The server is stopping (it refuses new calls from now on): a kind holding calls that wait
+  // for a permit (a queue) answers them now, UNAVAILABLE, and holds no more. Default: nothing.
+  virtual void on_drain() noexcept {}
 
  protected:
   Policy(std::string name, std::string kind, std::string rate);

@@ -4,6 +4,8 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
 #include <mutex>
@@ -206,48 +208,124 @@ grpc::ServerUnaryReactor* GrpcService::CheckMany(grpc::CallbackServerContext* ct
   return reactor;
 }
 
+namespace {
+
+// An Admit: a reactor of its own (not the context's default one), so that a client that cancels
+// or goes away while its call is queued (a concurrency policy's `queue` strategy) is seen at
+// once (OnCancel) and its place in the queue given up. It deletes itself in OnDone.
+class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Deferral<AdmitResult> {
+ public:
+  AdmitReactor(server::Engine& engine, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out)
+      : engine_(engine), ctx_(ctx), out_(out) {}
+
+  void start(const grpc::ByteBuffer* in) {
+    grpc::ByteBuffer copy(*in);  // decoding consumes its buffer; the copy shares the slices
+    decode_error.clear();
+    if (!grpc::SerializationTraits<pb::AdmitRequest>::Deserialize(&copy, &req_).ok())
+      return Finish(undecodable(pb::AdmitRequest::descriptor()->full_name()));
+    auto ttl = get_duration(req_.has_ttl(), req_.ttl(), "ttl");
+    if (!ttl.ok()) return finish(ttl.status());
+    auto max_wait = get_duration(req_.has_max_wait(), req_.max_wait(), "max_wait");
+    if (!max_wait.ok()) return finish(max_wait.status());
+    exclude_.assign(req_.exclude().begin(), req_.exclude().end());
+    AdmitCall admit{req_.policy(),   req_.key(),   req_.tenant(),
+                    req_.upstream(), req_.route(), ttl.value()};
+    admit.exclude = exclude_;
+    admit.max_wait = max_wait.value();
+    // The call's own deadline bounds any wait too, less a margin for the answer's way back.
+    const auto deadline = ctx_->deadline();
+    if (deadline != std::chrono::system_clock::time_point::max()) {
+      const Nanos left =
+          std::chrono::duration_cast<Nanos>(deadline - std::chrono::system_clock::now()) -
+          std::chrono::milliseconds(5);
+      const Nanos bound = std::max(Nanos{0}, left);
+      admit.max_wait = admit.max_wait ? std::min(*admit.max_wait, bound) : bound;
+    }
+    if (auto r = engine_.admit(admit, *this)) answer(std::move(*r));
+  }
+
+  // Deferral: the call is queued; answered when its permit (or refusal) comes.
+  server::Completion<AdmitResult> defer() override {
+    return [this](StatusOr<AdmitResult> r) { answer(std::move(r)); };
+  }
+  void on_cancel(server::Once<void()> hook) override {
+    {
+      const std::lock_guard lock(mu_);
+      if (!cancelled_) {
+        cancel_ = std::move(hook);
+        return;
+      }
+    }
+    hook();  // gone already
+  }
+  void OnCancel() override {
+    server::Once<void()> hook;
+    {
+      const std::lock_guard lock(mu_);
+      cancelled_ = true;
+      hook = std::move(cancel_);
+    }
+    if (hook) hook();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void answer(StatusOr<AdmitResult> r) {
+    if (!r.ok()) return finish(r.status());
+    const AdmitResult& a = r.value();
+    pb::AdmitResponse& resp = resp_;
+    resp.set_admitted(a.admitted);
+    if (a.waited > Nanos{0}) to_proto(a.waited, resp.mutable_waited());
+    if (a.admitted) {
+      resp.set_lease_id(a.lease_id);
+      to_proto(a.ttl, resp.mutable_ttl());
+      resp.set_chosen(a.chosen);
+      if (a.call_timeout) to_proto(*a.call_timeout, resp.mutable_call_deadline());
+    } else {
+      const Rejection& rj = a.refusal;
+      pb::Rejection* j = resp.mutable_rejection();
+      j->set_status(rj.status);
+      j->set_type(std::string(rj.type));
+      j->set_title(std::string(rj.title));
+      j->set_detail(rj.detail());
+      to_proto(rj.retry_after, j->mutable_retry_after());
+      j->set_policy(std::string(rj.policy));
+      j->set_level(std::string(rj.limit_kind()));
+      j->set_current(rj.current_in_flight);
+      j->set_limit(rj.max_concurrent);
+      j->set_problem_json(problem_json(rj));
+    }
+    finish(Status());
+  }
+  void finish(const Status& s) {
+    grpc::Status g = to_grpc(s);
+    if (g.ok()) {
+      bool own = false;
+      if (grpc::Status e =
+              grpc::SerializationTraits<pb::AdmitResponse>::Serialize(resp_, out_, &own);
+          !e.ok())
+        g = e;
+    }
+    Finish(std::move(g));
+  }
+
+  server::Engine& engine_;
+  grpc::CallbackServerContext* ctx_;
+  grpc::ByteBuffer* out_;
+  pb::AdmitRequest req_;
+  pb::AdmitResponse resp_;
+  std::vector<std::string> exclude_;
+  std::mutex mu_;
+  bool cancelled_ = false;       // guarded by mu_
+  server::Once<void()> cancel_;  // guarded by mu_
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx, const Bytes* in,
                                              Bytes* out) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto* call = Unary<pb::AdmitRequest, pb::AdmitResponse>::start(reactor, in, out);
-  if (call == nullptr) return reactor;
-  const pb::AdmitRequest& req = call->req;
-  pb::AdmitResponse& resp = call->resp;
-  auto ttl = get_duration(req.has_ttl(), req.ttl(), "ttl");
-  if (!ttl.ok()) {
-    call->finish(to_grpc(ttl.status()));
-    return reactor;
-  }
-  const std::vector<std::string> exclude(req.exclude().begin(), req.exclude().end());
-  AdmitCall admit{req.policy(), req.key(), req.tenant(), req.upstream(), req.route(), ttl.value()};
-  admit.exclude = exclude;
-  auto r = engine_.admit(admit);
-  if (!r.ok()) {
-    call->finish(to_grpc(r.status()));
-    return reactor;
-  }
-  const AdmitResult& a = r.value();
-  resp.set_admitted(a.admitted);
-  if (a.admitted) {
-    resp.set_lease_id(a.lease_id);
-    to_proto(a.ttl, resp.mutable_ttl());
-    resp.set_chosen(a.chosen);
-    if (a.call_timeout) to_proto(*a.call_timeout, resp.mutable_call_deadline());
-  } else {
-    const Rejection& rj = a.refusal;
-    pb::Rejection* j = resp.mutable_rejection();
-    j->set_status(rj.status);
-    j->set_type(std::string(rj.type));
-    j->set_title(std::string(rj.title));
-    j->set_detail(rj.detail());
-    to_proto(rj.retry_after, j->mutable_retry_after());
-    j->set_policy(std::string(rj.policy));
-    j->set_level(std::string(rj.limit_kind()));
-    j->set_current(rj.current_in_flight);
-    j->set_limit(rj.max_concurrent);
-    j->set_problem_json(problem_json(rj));
-  }
-  call->finish(grpc::Status::OK);
+  auto* reactor = new AdmitReactor(engine_, ctx, out);
+  reactor->start(in);
   return reactor;
 }
 

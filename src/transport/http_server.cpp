@@ -7,6 +7,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <cmath>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -230,6 +231,7 @@ class ParkOn final : public server::Deferral<T> {
       park([v = std::move(v), render](HttpExchange& x) { render(x, v); });
     };
   }
+  void on_cancel(server::Once<void()> hook) override { later_.on_cancel(std::move(hook)); }
 
  private:
   HttpLater& later_;
@@ -280,23 +282,14 @@ void do_check_many(Engine& engine, HttpExchange& x, HttpLater& later) {
   if (auto r = engine.check_many(calls, park)) render_check_many(x, *r);
 }
 
-void do_admit(Engine& engine, HttpExchange& x) {
-  auto body = body_object(x);
-  if (!body.ok()) return error(x, body.status());
-  Fields f(body.value());
-  std::vector<std::string> exclude;
-  AdmitCall c{f.str("policy"),   f.str("key"),   f.str("tenant"),
-              f.str("upstream"), f.str("route"), f.millis("ttl_ms")};
-  f.strings("exclude", exclude);
-  c.exclude = exclude;
-  if (!f.status().ok()) return error(x, f.status());
-  auto r = engine.admit(c);
+void render_admit(HttpExchange& x, const StatusOr<server::AdmitResult>& r) {
   if (!r.ok()) return error(x, r.status());
   const AdmitResult& a = r.value();
   if (a.admitted) {
     json j = {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}};
     if (!a.chosen.empty()) j["chosen"] = a.chosen;
     if (a.call_timeout) j["call_deadline_ms"] = ms_of(*a.call_timeout);
+    if (a.waited > Nanos{0}) j["waited_ms"] = ms_of(a.waited);
     return ok_json(x, j);
   }
   HttpResponse res = to_http_response(a.refusal);
@@ -308,6 +301,24 @@ void do_admit(Engine& engine, HttpExchange& x) {
     else
       x.headers.emplace_back(std::move(h.name), std::move(h.value));
   }
+}
+
+void do_admit(Engine& engine, HttpExchange& x, HttpLater& later) {
+  auto body = body_object(x);
+  if (!body.ok()) return error(x, body.status());
+  Fields f(body.value());
+  std::vector<std::string> exclude;
+  AdmitCall c{f.str("policy"),   f.str("key"),   f.str("tenant"),
+              f.str("upstream"), f.str("route"), f.millis("ttl_ms")};
+  f.strings("exclude", exclude);
+  c.exclude = exclude;
+  c.max_wait = f.millis("max_wait_ms");
+  if (!f.status().ok()) return error(x, f.status());
+  const auto render = [](HttpExchange& out, const StatusOr<server::AdmitResult>& r) {
+    render_admit(out, r);
+  };
+  ParkOn<server::AdmitResult, decltype(render)> park(later, render);
+  if (auto r = engine.admit(c, park)) render_admit(x, *r);
 }
 
 void do_release(Engine& engine, HttpExchange& x) {
@@ -470,7 +481,7 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
   } else if (path == "/v1/check_many") {
     if (need(post, "POST")) do_check_many(engine, x, later);
   } else if (path == "/v1/admit") {
-    if (need(post, "POST")) do_admit(engine, x);
+    if (need(post, "POST")) do_admit(engine, x, later);
   } else if (path == "/v1/release") {
     if (need(post, "POST")) do_release(engine, x);
   } else if (path == "/v1/heartbeat") {
@@ -505,7 +516,9 @@ struct Parked {
   bool done = false;       // the render is in
   bool abandoned = false;  // the server stopped: drop whatever comes
   std::optional<HttpRender> render;
-  server::Once<void()> wake;  // resumes the session's coroutine (posts it to its executor)
+  server::Once<void()> wake;    // resumes the session's coroutine (posts it to its executor)
+  server::Once<void()> cancel;  // the policy's: the client closed its connection meanwhile
+  bool gone = false;            // the client closed it (cancel ran, or runs when given)
 };
 
 // g++ 12 reports the coroutine frame's own sized operator delete (asio's awaitable frame) as
@@ -547,6 +560,17 @@ struct HttpServer::Impl {
         if (p->wake) p->wake();
       };
     }
+    void on_cancel(server::Once<void()> hook) override {
+      if (parked_ == nullptr) return;
+      {
+        const std::lock_guard lock(parked_->mu);
+        if (!parked_->gone) {
+          parked_->cancel = std::move(hook);
+          return;
+        }
+      }
+      hook();  // the client is gone already
+    }
     [[nodiscard]] const std::shared_ptr<Parked>& parked() const { return parked_; }
 
    private:
@@ -566,6 +590,30 @@ struct HttpServer::Impl {
       post();
     else
       p->wake = std::move(post);
+  }
+
+  // While `p` is parked: tells its policy (Parked::cancel) when the client closes the
+  // connection. A readable socket is peeked, not read: end of stream (or an error) is the client
+  // gone; bytes are a pipelined request, left for the session (the watch ends there). The
+  // session cancels the wait once it resumes; a wake that finds the render in does nothing, so
+  // the socket is never touched after the session moved on.
+  static void watch_close(tcp::socket& socket, const std::shared_ptr<Parked>& p) {
+    socket.async_wait(
+        tcp::socket::wait_read, [p, fd = socket.native_handle()](const beast::error_code& ec) {
+          if (ec) return;  // cancelled: the session resumed
+          server::Once<void()> hook;
+          {
+            const std::lock_guard lock(p->mu);
+            if (p->done || p->abandoned) return;
+            char c = 0;
+            const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+              return;
+            p->gone = true;
+            hook = std::move(p->cancel);
+          }
+          if (hook) hook();
+        });
   }
 
   // The parked exchange's render, once its session resumed.
@@ -658,8 +706,10 @@ struct HttpServer::Impl {
       SessionLater later(*this);
       handle_http(engine, reload, x, later);
       if (const std::shared_ptr<Parked>& p = later.parked()) {
+        watch_close(stream.socket(), p);
         co_await net::async_initiate<const net::use_awaitable_t<>&, void()>(
             [&p](auto handler) { when_rendered(p, std::move(handler)); }, net::use_awaitable);
+        stream.socket().cancel(ec);  // the close watch, if it still waits
         take_render(p)(x);
       }
       http::response<http::string_body> res{static_cast<http::status>(x.status), req.version()};

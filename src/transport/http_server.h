@@ -102,6 +102,9 @@ class HttpLater {
   // Parks the exchange: the session answers once the returned function is called (once, from
   // any thread) with the render. At most once per exchange.
   [[nodiscard]] virtual server::Once<void(HttpRender)> park() = 0;
+  // After park(): `hook` is called (at most once, from any thread) if the client closes its
+  // connection before the answer is written. Default: the client's going is not watched.
+  virtual void on_cancel(server::Once<void()> hook) { (void)hook; }
 
  protected:
   ~HttpLater() = default;

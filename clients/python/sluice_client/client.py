@@ -140,9 +140,9 @@ class Client:
         except grpc.FutureTimeoutError:
             raise Unavailable(f"{self.target}: not reachable") from None
 
-    def _call(self, method, request):
+    def _call(self, method, request, timeout: Optional[float] = None):
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout if timeout is None else timeout)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
@@ -181,7 +181,7 @@ class Client:
 
     def admit(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
               route: str = "", ttl: Optional[Seconds] = None,
-              exclude: Sequence[str] = ()) -> Lease:
+              exclude: Sequence[str] = (), max_wait: Optional[Seconds] = None) -> Lease:
         """Admits one call on an adaptive, fleet, concurrency or cascade policy and returns its
         lease.
 
@@ -191,6 +191,12 @@ class Client:
         policy names the node it chose in ``lease.chosen`` and never chooses a node in
         `exclude` (those a retry already tried).
 
+        A concurrency policy whose upstream has a ``queue`` keeps a call that finds it full
+        waiting in the queue until a slot is handed to it, up to the queue's timeout and at most
+        `max_wait` seconds (``None``: the queue's timeout; ``0``: do not wait); the call's gRPC
+        deadline is then the client's timeout plus `max_wait`. ``lease.waited`` (and
+        ``Refused.waited``) says how long it waited.
+
         Raises :class:`~sluice_client.Refused` (status 429 or 503) when not admitted.
         """
         if isinstance(exclude, str):
@@ -199,18 +205,24 @@ class Client:
                                       route=route, exclude=list(exclude))
         if ttl is not None:
             req.ttl.CopyFrom(_duration(ttl, "ttl"))
-        resp = self._call(self._stub.Admit, req)
+        timeout = None
+        if max_wait is not None:
+            req.max_wait.CopyFrom(_duration(max_wait, "max_wait"))
+            timeout = self.timeout + float(max_wait)
+        resp = self._call(self._stub.Admit, req, timeout)
+        waited = _seconds(resp.waited) if resp.HasField("waited") else 0.0
         if resp.admitted:
             answered = time.monotonic()
             deadline = (answered + _seconds(resp.call_deadline)
                         if resp.HasField("call_deadline") else None)
             return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy,
-                         admitted_at=answered, chosen=resp.chosen, deadline=deadline)
+                         admitted_at=answered, chosen=resp.chosen, deadline=deadline,
+                         waited=waited)
         r = resp.rejection
         raise Refused(
             r.status, title=r.title, type=r.type, detail=r.detail,
             retry_after=_seconds_or_never(r.retry_after), policy=r.policy, level=r.level,
-            current=r.current, limit=r.limit, problem_json=r.problem_json)
+            current=r.current, limit=r.limit, problem_json=r.problem_json, waited=waited)
 
     def release(self, lease: Union[Lease, str], outcome: str = "success",
                 rtt: Optional[Seconds] = None) -> float:
@@ -251,7 +263,8 @@ class Client:
 
     @contextlib.contextmanager
     def lease(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
-              route: str = "", ttl: Optional[Seconds] = None) -> Iterator[Lease]:
+              route: str = "", ttl: Optional[Seconds] = None,
+              max_wait: Optional[Seconds] = None) -> Iterator[Lease]:
         """Admits on entry (raising :class:`~sluice_client.Refused` if not admitted) and
         releases on exit, with the time since admission as the RTT::
 
@@ -276,7 +289,7 @@ class Client:
         because the block outlived its TTL without a heartbeat).
         """
         lease = self.admit(policy, key=key, tenant=tenant, upstream=upstream, route=route,
-                           ttl=ttl)
+                           ttl=ttl, max_wait=max_wait)
         try:
             yield lease
         except BaseException as exc:

@@ -127,12 +127,15 @@ class Refused(Exception):
             ``"upstream"``, ``"binding"``, ``"per_tenant"``, ``"route"``).
         current, limit: in flight (or hits used) and the maximum, at the refusing level.
         problem: the full problem+json document, parsed (``{}`` if the server sent none).
+        waited: seconds the call waited in a queue before this refusal (0: none).
     """
 
     def __init__(self, status: int, *, title: str = "", type: str = "", detail: str = "",
                  retry_after: Optional[float] = None, policy: str = "", level: str = "",
-                 current: int = 0, limit: int = 0, problem_json: str = ""):
+                 current: int = 0, limit: int = 0, problem_json: str = "",
+                 waited: float = 0.0):
         self.status = status
+        self.waited = waited
         self.title = title
         self.type = type
         self.detail = detail

@@ -75,6 +75,7 @@ class Lease:
             nothing.
         deadline: :func:`time.monotonic` by which the call must have ended (a fleet policy's
             call deadline: pass the time left on to the backend); ``None``: no deadline.
+        waited: seconds the call waited in a queue before it was admitted (0: none).
     """
 
     lease_id: str
@@ -85,6 +86,7 @@ class Lease:
     released: bool = False
     chosen: str = ""
     deadline: Optional[float] = None
+    waited: float = 0.0
 
     def time_left(self) -> Optional[float]:
         """Seconds until :attr:`deadline` (never negative); ``None``: no deadline."""

@@ -170,7 +170,9 @@ def test_bad_input_is_400_naming_the_field(server):
         ("/v1/check", {"policy": "api-rate", "key": "k", "hits": 2**64 - 1}, "hits: must be at most"),
         # unknown fields are errors naming them (a misspelt ttl must not become the default)
         ("/v1/admit", {"policy": "small", "ttl": 5000},
-         "ttl: unknown field (known: policy, key, tenant, upstream, route, ttl_ms, exclude)"),
+         "ttl: unknown field (known: policy, key, tenant, upstream, route, ttl_ms, exclude, "
+         "max_wait_ms)"),
+        ("/v1/admit", {"policy": "small", "max_wait_ms": -1}, "max_wait_ms:"),
         ("/v1/check", {"policy": "api-rate", "key": "k", "hit": 2}, "hit: unknown field"),
         ("/v1/check_many", {"checks": [{"policy": "api-rate", "key": "k", "hitz": 1}]},
          "checks[0].hitz: unknown field"),

@@ -2,10 +2,17 @@
 // naming its tenant, upstream and route.
 #include "server/policies/concurrency.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +41,92 @@ struct Generation {
   std::atomic<std::uint64_t> holds{0};
 };
 
+// What the policy counts of one upstream's queue (the gateway keeps the queue itself): calls
+// waiting now, how each wait ended, and how long it lasted.
+class QueueStats {
+ public:
+  enum Outcome : std::size_t {
+    kHandoff,    // a permit was handed over (admitted after waiting)
+    kTimeout,    // waited the queue's timeout
+    kDeadline,   // waited the call's own max_wait (its deadline), less than the queue's timeout
+    kFull,       // refused at once: the queue was at max_depth
+    kCancelled,  // the caller went away while waiting
+    kClosed,     // the policy was removed by a reload, or the server stopped, while waiting
+    kOutcomes
+  };
+  static constexpr std::array<const char*, kOutcomes> kNames = {"handoff", "timeout",   "deadline",
+                                                                "full",    "cancelled", "closed"};
+  // Wait buckets, seconds.
+  static constexpr std::array<double, 12> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                     0.1,   0.25,   0.5,   1,    2.5,   5};
+
+  void queued() noexcept { depth_.fetch_add(1, std::memory_order_relaxed); }
+  // A wait ended (`was_queued`: it had waited in the queue; kFull never has).
+  void ended(Outcome o, bool was_queued, Nanos waited) noexcept {
+    outcomes_[o].fetch_add(1, std::memory_order_relaxed);
+    if (!was_queued) return;
+    depth_.fetch_sub(1, std::memory_order_relaxed);
+    const double s = std::chrono::duration<double>(waited).count();
+    std::size_t i = 0;
+    while (i < kBounds.size() && s > kBounds[i]) ++i;
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    sum_ns_.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, waited.count())),
+                      std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t depth() const noexcept {
+    return depth_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t count(Outcome o) const noexcept {
+    return outcomes_[o].load(std::memory_order_relaxed);
+  }
+  // The wait histogram, labelled `labels`.
+  [[nodiscard]] prometheus::ClientMetric histogram(
+      std::vector<prometheus::ClientMetric::Label> labels) const {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < kBounds.size(); ++i) {
+      cumulative += buckets_[i].load(std::memory_order_relaxed);
+      m.histogram.bucket.push_back(prometheus::ClientMetric::Bucket{cumulative, kBounds[i]});
+    }
+    cumulative += buckets_[kBounds.size()].load(std::memory_order_relaxed);
+    m.histogram.bucket.push_back(
+        prometheus::ClientMetric::Bucket{cumulative, std::numeric_limits<double>::infinity()});
+    m.histogram.sample_count = cumulative;
+    m.histogram.sample_sum = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
+    return m;
+  }
+
+ private:
+  std::atomic<std::uint64_t> depth_{0};
+  std::array<std::atomic<std::uint64_t>, kOutcomes> outcomes_{};
+  std::array<std::atomic<std::uint64_t>, kBounds.size() + 1> buckets_{};
+  std::atomic<std::uint64_t> sum_ns_{0};
+};
+
+// Why a wait is ended by the policy rather than by the gateway.
+enum class EndWhy : std::uint8_t { kDeadline, kCancelled, kRemoved, kStopping };
+
+// One call waiting in an upstream's queue: the gateway holds its place (the ticket); the policy
+// holds how to answer it. Exactly one answer: the gateway's callback (a permit handed over, a
+// full queue, the queue's timeout), or the policy's own after cancelling the ticket (the call's
+// deadline, the caller gone, the policy closed) when cancel() says it was still waiting.
+struct Waiter {
+  std::uint64_t id = 0;  // in the policy's registry
+  std::mutex mu;
+  bool answered = false;                // guarded by mu
+  bool queued = false;                  // guarded by mu: counted in its queue's depth
+  std::optional<AcquireTicket> ticket;  // guarded by mu: set once acquire_async has returned
+  std::optional<EndWhy> end_asked;      // guarded by mu: an end asked before the ticket was set
+  Completion<AdmitDecision> done;       // taken by whoever answers
+  Generation* generation = nullptr;     // held until answered (then by the lease or the refusal)
+  std::shared_ptr<QueueStats> stats;
+  Rejection template_refusal;  // the upstream's refusal when it arrived (views into generation)
+  Nanos since{0};              // when it arrived
+  Nanos deadline{0};           // since + the call's max_wait (Nanos::max(): none)
+  Nanos queue_timeout{0};      // the upstream's queue timeout (for messages)
+};
+
 // A gateway permit gives every level back (into the generation that admitted it, whose
 // counters the current one shares); the outcome says nothing to a fixed limit.
 struct GatewayLease {
@@ -46,8 +139,17 @@ class GatewayPolicy final : public AdmitPolicy {
  public:
   GatewayPolicy(const BuildContext& c, std::unique_ptr<Gateway> gateway)
       : AdmitPolicy(c.name, "concurrency", c.spec.rate),
+        clock_(c.clock),
         current_(std::make_unique<Generation>(std::move(gateway), this)) {}
-  // Nothing holds a generation when it is destroyed: leases and refusals keep the policy alive.
+  // Nothing holds a generation when it is destroyed: leases, refusals and waiters keep the
+  // policy alive.
+  ~GatewayPolicy() override { retire(); }
+
+  // Starts the loop that ends waits past their deadline (the call's max_wait, the queue's
+  // timeout). For the builder, before the policy is served.
+  void start() {
+    start_loop(clock_, [this](Nanos now) { return tick(now); });
+  }
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
     if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
@@ -59,6 +161,28 @@ class GatewayPolicy final : public AdmitPolicy {
     if (!out.permit) let_go(g);  // a lease keeps its hold
     if (!s.ok()) return s;
     return out;
+  }
+
+  // As admit(), but a call that finds a queue-strategy upstream full waits in its queue (FIFO,
+  // handed a permit when one is released) up to the earlier of the queue's timeout and the
+  // call's max_wait, holding no thread: it is deferred, and answered by whoever decides.
+  Decided<AdmitDecision> admit_or_defer(const AdmitCall& call, Nanos now, AdmitGate* gate,
+                                        Deferral<AdmitDecision>& later) override {
+    if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
+    if (call.upstream.empty())
+      return invalid("upstream", "must not be empty for a concurrency policy");
+    Generation* g = hold();
+    AdmitDecision out;
+    std::optional<Target> wait_on;
+    const Status s = admit_on(*g, call, now, gate, out,
+                              call.max_wait.value_or(Nanos::max()) > Nanos{0} ? &wait_on : nullptr);
+    if (!s.ok() || !wait_on) {
+      if (!out.permit) let_go(g);  // a lease keeps its hold
+      if (!s.ok()) return s;
+      return out;
+    }
+    // The upstream's queue: `out.refusal` is its refusal now, the template of those to come.
+    return wait(*g, *wait_on, call, now, std::move(out.refusal), later);
   }
 
   // In place: a gateway built for the new config takes the current one's place, sharing the
@@ -104,6 +228,14 @@ class GatewayPolicy final : public AdmitPolicy {
     describe_admissions(j);
     info.in_flight = leases();
     j["in_flight"] = info.in_flight;
+    nlohmann::json queues = nlohmann::json::object();
+    for (const auto& [upstream, q] : queue_stats()) {
+      nlohmann::json one = {{"waiting", q->depth()}};
+      for (std::size_t o = 0; o < QueueStats::kOutcomes; ++o)
+        one[QueueStats::kNames[o]] = q->count(static_cast<QueueStats::Outcome>(o));
+      queues[upstream] = std::move(one);
+    }
+    j["queues"] = std::move(queues);
   }
   void metrics(std::vector<prometheus::MetricFamily>& out) const override {
     admission_metrics(out);
@@ -111,13 +243,53 @@ class GatewayPolicy final : public AdmitPolicy {
     for (prometheus::MetricFamily& f : GatewayMetrics(*g->gateway).Collect())
       out.push_back(std::move(f));
     let_go(g);
+    using prometheus::ClientMetric;
+    using prometheus::MetricFamily;
+    using prometheus::MetricType;
+    MetricFamily depth{"sluice_gateway_queue_waiting",
+                       "Calls waiting in an upstream's queue now",
+                       MetricType::Gauge,
+                       {}};
+    MetricFamily ends{"sluice_gateway_queue_calls_total",
+                      "Calls that met an upstream's full queue, by how their wait ended: handoff "
+                      "(admitted), timeout (the queue's), deadline (the call's own), full "
+                      "(refused at once), cancelled (the caller went away), closed (the policy "
+                      "was removed or the server stopped)",
+                      MetricType::Counter,
+                      {}};
+    MetricFamily waits{"sluice_gateway_queue_wait_seconds",
+                       "How long calls waited in an upstream's queue, however the wait ended",
+                       MetricType::Histogram,
+                       {}};
+    for (const auto& [upstream, q] : queue_stats()) {
+      ClientMetric d;
+      d.label = {{"upstream", upstream}};
+      d.gauge.value = static_cast<double>(q->depth());
+      depth.metric.push_back(std::move(d));
+      for (std::size_t o = 0; o < QueueStats::kOutcomes; ++o) {
+        ClientMetric e;
+        e.label = {{"upstream", upstream}, {"outcome", QueueStats::kNames[o]}};
+        e.counter.value = static_cast<double>(q->count(static_cast<QueueStats::Outcome>(o)));
+        ends.metric.push_back(std::move(e));
+      }
+      waits.metric.push_back(q->histogram({{"upstream", upstream}}));
+    }
+    out.push_back(std::move(depth));
+    out.push_back(std::move(ends));
+    out.push_back(std::move(waits));
   }
+
+  // Answers every call still waiting (the policy is removed, or the server stops): no queued
+  // call is left without an answer, and none is queued from here on.
+  void on_retire() noexcept override { close_queues(EndWhy::kRemoved); }
+  void on_drain() noexcept override { close_queues(EndWhy::kStopping); }
 
  private:
   // Admits on `g`: `out` gets a permit (whose lease takes over the caller's hold of `g`) or a
-  // refusal.
+  // refusal. With `wait_on`: a refusal by an upstream pool that queues sets it to the call's
+  // target instead, `out.refusal` holding that refusal and nothing else (the caller queues it).
   Status admit_on(Generation& g, const AdmitCall& call, Nanos now, AdmitGate* gate,
-                  AdmitDecision& out) {
+                  AdmitDecision& out, std::optional<Target>* wait_on = nullptr) {
     // Resolved before the gate: an unknown name is an error, and an error must cost nothing.
     Resolution r = g.gateway->resolve(call.tenant, call.upstream, call.route);
     if (!r.ok()) return Status(StatusCode::kNotFound, r.error()->message());
@@ -129,15 +301,262 @@ class GatewayPolicy final : public AdmitPolicy {
       out.permit = lease(GatewayLease{std::move(a.permit()), &g});
       return {};
     }
+    if (wait_on != nullptr && a.rejection()->level == LimitLevel::kUpstream &&
+        g.gateway->queues(r.target())) {
+      wait_on->emplace(r.target());
+      out.refusal = std::move(*a.rejection());
+      out.refusal.policy = name();
+      return {};
+    }
     count_limit_refusal();
     out.refusal = std::move(*a.rejection());
     out.refusal.policy = name();
-    // The refusal's views point into this generation and this policy: its owner holds both.
+    out.refusal_owner = refusal_owner(g);
+    return {};
+  }
+
+  // Keeps `g` and this policy alive for a refusal whose views point into both (takes a hold).
+  std::shared_ptr<const void> refusal_owner(Generation& g) const {
     g.holds.fetch_add(1);
     auto self = std::static_pointer_cast<const GatewayPolicy>(shared_from_this());
-    out.refusal_owner = std::shared_ptr<const void>(
+    return std::shared_ptr<const void>(
         &g, [self = std::move(self)](Generation* held) { self->let_go(held); });
-    return {};
+  }
+
+  // Queues the call (holding `g`, which the caller held) on `target`'s upstream queue: deferred,
+  // or answered now when the gateway decides at once (the queue full, a unit freed meanwhile)
+  // or the policy is closing.
+  Decided<AdmitDecision> wait(Generation& g, const Target& target, const AdmitCall& call, Nanos now,
+                              Rejection refused, Deferral<AdmitDecision>& later) {
+    auto w = std::make_shared<Waiter>();
+    w->generation = &g;
+    w->since = now;
+    w->deadline =
+        call.max_wait && *call.max_wait < Nanos::max() - now ? now + *call.max_wait : Nanos::max();
+    w->stats = queue_stats_of(std::string(refused.upstream_id));
+    w->queue_timeout = queue_timeout_of(g, refused);
+    w->template_refusal = std::move(refused);
+    {
+      const std::lock_guard lock(waiters_mu_);
+      if (closed_) {
+        // Retired meanwhile: nothing would answer a queued call. Refused as it was.
+        count_limit_refusal();
+        AdmitDecision out;
+        out.refusal = std::move(w->template_refusal);
+        out.refusal_owner = refusal_owner(g);
+        let_go(&g);
+        return out;
+      }
+      w->id = ++next_waiter_;
+      waiters_.emplace(w->id, w);
+    }
+    w->done = later.defer();
+    later.on_cancel([weak = std::weak_ptr<Waiter>(w), self = weak_from_this()] {
+      const auto policy = std::static_pointer_cast<GatewayPolicy>(self.lock());
+      if (auto waiter = weak.lock(); waiter != nullptr && policy != nullptr)
+        policy->end_wait(waiter, EndWhy::kCancelled);
+    });
+    AcquireTicket ticket = g.gateway->acquire_async(
+        target, now,
+        [self = std::static_pointer_cast<GatewayPolicy>(shared_from_this()), w](Admission a) {
+          self->decided(*w, std::move(a));
+        });
+    std::optional<EndWhy> asked;
+    {
+      const std::lock_guard lock(w->mu);
+      if (!w->answered) {
+        w->ticket.emplace(ticket);
+        w->queued = ticket.queued();
+        if (w->queued) w->stats->queued();
+        asked = w->end_asked;
+      }
+    }
+    if (asked) end_wait(w, *asked);
+    wake_loops();  // the loop now ticks often enough to end this wait on time
+    return std::nullopt;
+  }
+
+  void close_queues(EndWhy why) noexcept {
+    std::vector<std::shared_ptr<Waiter>> all;
+    {
+      const std::lock_guard lock(waiters_mu_);
+      closed_ = true;
+      for (auto& [id, w] : waiters_) all.push_back(w);
+    }
+    for (const auto& w : all) end_wait(w, why);
+  }
+
+  // The gateway decided a waiter (handed it a permit, or refused it: full, timed out).
+  void decided(Waiter& w, Admission a) {
+    bool was_queued = false;
+    {
+      const std::lock_guard lock(w.mu);
+      if (w.answered) return;  // cannot happen (one answer); a permit would go back here
+      w.answered = true;
+      was_queued = w.queued;
+    }
+    forget(w.id);
+    const Nanos waited = was_queued ? std::max(Nanos{0}, clock_.now() - w.since) : Nanos{0};
+    AdmitDecision out;
+    out.waited = waited;
+    Generation& g = *w.generation;
+    if (a.admitted()) {
+      w.stats->ended(QueueStats::kHandoff, was_queued, waited);
+      out.permit = lease(GatewayLease{std::move(a.permit()), &g});  // takes the hold
+    } else {
+      count_limit_refusal();
+      out.refusal = std::move(*a.rejection());
+      out.refusal.policy = name();
+      if (out.refusal.reason == RejectReason::kQueueFull) {
+        w.stats->ended(QueueStats::kFull, was_queued, waited);  // the library's detail says so
+      } else {
+        w.stats->ended(QueueStats::kTimeout, was_queued, waited);
+        out.refusal.detail_text = waited_text(w, waited, "the queue's timeout");
+      }
+      if (was_queued) out.refusal.waited = waited;
+      out.refusal_owner = refusal_owner(g);
+      let_go(&g);  // the waiter's hold: the refusal holds its own
+    }
+    w.done(std::move(out));
+  }
+
+  // Ends `w`'s wait for `why`, unless it was decided meanwhile: its place in the queue is given
+  // up and the call answered (a refusal at its deadline, UNAVAILABLE when the policy closed,
+  // CANCELLED to a caller that went away).
+  void end_wait(const std::shared_ptr<Waiter>& w, EndWhy why) {
+    std::optional<AcquireTicket> ticket;
+    bool was_queued = false;
+    {
+      const std::lock_guard lock(w->mu);
+      if (w->answered) return;
+      if (!w->ticket) {
+        if (!w->end_asked) w->end_asked = why;  // acted on once the ticket is set
+        return;
+      }
+      ticket = w->ticket;
+    }
+    if (!ticket->cancel()) return;  // decided meanwhile: its callback answers
+    {
+      const std::lock_guard lock(w->mu);
+      w->answered = true;
+      was_queued = w->queued;
+    }
+    forget(w->id);
+    const Nanos waited = std::max(Nanos{0}, clock_.now() - w->since);
+    Generation& g = *w->generation;
+    switch (why) {
+      case EndWhy::kDeadline: {
+        w->stats->ended(QueueStats::kDeadline, was_queued, waited);
+        count_limit_refusal();
+        AdmitDecision out;
+        out.waited = waited;
+        out.refusal = w->template_refusal;
+        out.refusal.reason = RejectReason::kQueueTimeout;
+        out.refusal.waited = waited;
+        out.refusal.detail_text = waited_text(*w, waited, "the call's max_wait");
+        out.refusal_owner = refusal_owner(g);
+        let_go(&g);
+        w->done(std::move(out));
+        return;
+      }
+      case EndWhy::kCancelled:
+        w->stats->ended(QueueStats::kCancelled, was_queued, waited);
+        let_go(&g);
+        w->done(Status(StatusCode::kAborted, "admit: the caller went away while queued"));
+        return;
+      case EndWhy::kRemoved:
+      case EndWhy::kStopping:
+        w->stats->ended(QueueStats::kClosed, was_queued, waited);
+        let_go(&g);
+        w->done(Status(StatusCode::kUnavailable,
+                       why == EndWhy::kRemoved
+                           ? "policy: '" + name() +
+                                 "' was removed or replaced by a reload while the call " +
+                                 "waited in its queue (" + seconds_text(waited) + ")"
+                           : "server: stopping; the call waited in policy '" + name() +
+                                 "''s queue (" + seconds_text(waited) + ")"));
+        return;
+    }
+  }
+
+  // "Waited 2.000 s in upstream U's queue (the queue's timeout: 2 s); N in flight of M"
+  static std::string waited_text(const Waiter& w, Nanos waited, const char* bound) {
+    const Rejection& r = w.template_refusal;
+    std::string out = "Waited " + seconds_text(waited) + " in upstream " +
+                      std::string(r.upstream_id) + "'s queue (" + bound;
+    if (std::string_view(bound) == "the queue's timeout")
+      out += ": " + seconds_text(w.queue_timeout);
+    out += ") without a free slot";
+    return out;
+  }
+  static std::string seconds_text(Nanos d) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f s", std::chrono::duration<double>(d).count());
+    return buf;
+  }
+
+  // The loop: ends waits past the call's own deadline and, through each gateway, past the
+  // queue's timeout. Every 2 ms while calls wait (the most a wait runs over its bound, besides
+  // scheduling), else once a second.
+  Nanos tick(Nanos now) {
+    std::vector<std::shared_ptr<Waiter>> late;
+    bool waiting = false;
+    {
+      const std::lock_guard lock(waiters_mu_);
+      waiting = !waiters_.empty();
+      for (auto& [id, w] : waiters_)
+        if (w->deadline <= now) late.push_back(w);
+    }
+    for (const auto& w : late) end_wait(w, EndWhy::kDeadline);
+    if (waiting) {
+      // Every gateway still holding queues: the current one and those reloads replaced (each
+      // expires the waiters of the queues it has; a shared queue's are expired once).
+      std::vector<Generation*> gens;
+      {
+        const std::lock_guard lock(mu_);
+        current_->holds.fetch_add(1);
+        gens.push_back(current_.get());
+        for (auto& r : retired_) {
+          r->holds.fetch_add(1);
+          gens.push_back(r.get());
+        }
+      }
+      for (Generation* g : gens) {
+        g->gateway->tick(now);
+        let_go(g);
+      }
+    }
+    return now + (waiting ? std::chrono::milliseconds(2) : std::chrono::milliseconds(1000));
+  }
+
+  void forget(std::uint64_t id) {
+    const std::lock_guard lock(waiters_mu_);
+    waiters_.erase(id);
+  }
+
+  // The stats of `upstream`'s queue (made on its first queued call; upstreams are the config's,
+  // so their number is bounded).
+  std::shared_ptr<QueueStats> queue_stats_of(const std::string& upstream) {
+    const std::lock_guard lock(stats_mu_);
+    auto& q = queues_[upstream];
+    if (q == nullptr) q = std::make_shared<QueueStats>();
+    return q;
+  }
+  std::map<std::string, std::shared_ptr<QueueStats>> queue_stats() const {
+    const std::lock_guard lock(stats_mu_);
+    return queues_;
+  }
+  // The queue timeout the refusing upstream's pool has in `g`'s config (its own, or a
+  // binding's): for messages.
+  static Nanos queue_timeout_of(const Generation& g, const Rejection& r) {
+    const GatewayConfig& config = g.gateway->config();
+    for (const BindingConfig& b : config.bindings)
+      if (b.tenant == r.tenant_id && b.upstream == r.upstream_id && b.concurrency_limit &&
+          b.concurrency_limit->strategy == Strategy::kQueue)
+        return b.concurrency_limit->queue.timeout;
+    for (const UpstreamConfig& u : config.upstreams)
+      if (u.id == r.upstream_id && u.concurrency_limit) return u.concurrency_limit->queue.timeout;
+    return Nanos{0};
   }
 
   // The current generation, held (let_go() gives it back).
@@ -172,10 +591,17 @@ class GatewayPolicy final : public AdmitPolicy {
     unfreed_.fetch_sub(dead.size());
   }
 
+  const Clock& clock_;
   mutable std::mutex mu_;
   std::unique_ptr<Generation> current_;                       // guarded by mu_
   mutable std::vector<std::unique_ptr<Generation>> retired_;  // guarded by mu_; freed unheld
   mutable std::atomic<std::size_t> unfreed_{0};               // retired_.size(), seq_cst
+  std::mutex waiters_mu_;
+  std::map<std::uint64_t, std::shared_ptr<Waiter>> waiters_;  // guarded by waiters_mu_
+  std::uint64_t next_waiter_ = 0;                             // guarded by waiters_mu_
+  bool closed_ = false;  // guarded by waiters_mu_: retired, queues nothing more
+  mutable std::mutex stats_mu_;
+  std::map<std::string, std::shared_ptr<QueueStats>> queues_;  // guarded by stats_mu_
 };
 
 void GatewayLease::finish(const CallEnd& /*end*/) noexcept {
@@ -266,7 +692,9 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const ConcurrencySpec& spec = *c.spec.as<ConcurrencySpec>();
   GatewayBuild b = Gateway::create(spec.gateway);
   if (!b.gateway) return Status(StatusCode::kInvalidArgument, GatewayPolicy::errors_of(b.report));
-  return std::shared_ptr<Policy>(std::make_shared<GatewayPolicy>(c, std::move(b.gateway)));
+  auto policy = std::make_shared<GatewayPolicy>(c, std::move(b.gateway));
+  policy->start();
+  return std::shared_ptr<Policy>(std::move(policy));
 }
 
 }  // namespace

@@ -17,6 +17,10 @@ class RateChain final : public Policy, public AdmitFamily, public AdmitGate {
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* /*none*/) override {
     return inner_->admit_family()->admit(call, now, this);
   }
+  Decided<AdmitDecision> admit_or_defer(const AdmitCall& call, Nanos now, AdmitGate* /*none*/,
+                                        Deferral<AdmitDecision>& later) override {
+    return inner_->admit_family()->admit_or_defer(call, now, this, later);
+  }
 
   // Keyed by the call's key, or (a concurrency call naming none) by its tenant.
   StatusOr<std::optional<Rejection>> pass(const AdmitCall& call, Nanos now,
