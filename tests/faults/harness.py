@@ -179,6 +179,11 @@ class Coordinator:
     def _stop_signal(self) -> int:
         return signal.SIGTERM
 
+    @property
+    def label(self) -> str:
+        """What the results call it."""
+        return self.kind
+
     def config(self, host: str) -> str:
         """The coordinator's section in a node's config, reached at `host`."""
         raise NotImplementedError
@@ -214,20 +219,50 @@ def descendants(root: int) -> List[int]:
 
 
 class RedisCoordinator(Coordinator):
+    """A Redis of the test's own. `persistence`:
+
+    - "none" (the default): no persistence, so a restart after SIGKILL comes back empty (the
+      fleet's state is lost, the harder case for the nodes);
+    - "rdb": snapshots only when the test asks for one (SAVE; no save points), into dump.rdb in
+      its directory, which a restart loads;
+    - "aof": an append-only file (appendonlydir/, appendfsync everysec), which a restart loads.
+
+    `replica_of`: the port (on 127.0.0.1) of a primary it replicates."""
+
     kind = "redis"
 
+    def __init__(self, workdir: Path, extra_hosts: Sequence[str] = (), persistence: str = "none",
+                 replica_of: Optional[int] = None):
+        assert persistence in ("none", "rdb", "aof"), persistence
+        self.persistence, self.replica_of = persistence, replica_of
+        super().__init__(workdir, extra_hosts)
+
     def _args(self) -> List[str]:
-        # No persistence: a restart after SIGKILL comes back empty (the fleet's state is lost,
-        # the harder case for the nodes).
-        return ["redis-server", "--port", str(self.port), "--bind", " ".join(self.hosts),
-                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-                "--daemonize", "no", "--protected-mode", "no"]
+        args = ["redis-server", "--port", str(self.port), "--bind", " ".join(self.hosts),
+                "--save", "", "--appendonly", "yes" if self.persistence == "aof" else "no",
+                "--dir", str(self.dir), "--daemonize", "no", "--protected-mode", "no"]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        return args
+
+    @property
+    def label(self) -> str:
+        return {"none": "redis", "rdb": "redis, RDB", "aof": "redis, AOF"}[self.persistence]
 
     def keeps_state(self) -> bool:
-        return False
+        # An AOF is written to the OS before a reply leaves (appendfsync everysec only delays
+        # its fsync), so a process killed keeps it; a snapshot has only what it had when taken.
+        return self.persistence == "aof"
 
-    def config(self, host: str) -> str:
-        return (f"    kind: redis\n    address: {host}:{self.port}\n"
+    def incr_aof(self) -> Path:
+        """The append-only file the server writes now (Redis 7: appendonlydir/*.incr.aof)."""
+        files = sorted((self.dir / "appendonlydir").glob("*.incr.aof"))
+        assert len(files) == 1, f"not one incremental AOF: {files}"
+        return files[0]
+
+    def config(self, host: str, port: Optional[int] = None) -> str:
+        """`port`: the one the nodes are told (default: the server's own)."""
+        return (f"    kind: redis\n    address: {host}:{port or self.port}\n"
                 f"    connect_timeout: 200ms\n    acknowledged_handoff: true\n")
 
 
@@ -243,10 +278,15 @@ class PostgresCoordinator(Coordinator):
     kind = "postgres"
 
     def __init__(self, workdir: Path, extra_hosts: Sequence[str] = (),
-                 synchronous_commit: str = "off", durable_commits: bool = False):
+                 synchronous_commit: str = "off", durable_commits: bool = False,
+                 standby_of: Optional["PostgresCoordinator"] = None,
+                 upstream_port: Optional[int] = None):
         # durable_commits: the client sets synchronous_commit on for its own transactions (the
         # federation coordinator does), so what it commits survives whatever the server's
         # setting.
+        # standby_of: an asynchronous standby of that server instead of a new cluster (a base
+        # backup of it, pg_basebackup -R, streaming replication), reaching it at upstream_port
+        # (default: its port; a TcpForwarder's, to cut the link).
         self.synchronous_commit = synchronous_commit
         self.durable_commits = durable_commits
         # Its own directory under /tmp: pytest's are private to root, and the server runs as
@@ -254,11 +294,21 @@ class PostgresCoordinator(Coordinator):
         super().__init__(Path(tempfile.mkdtemp(prefix="sluice-faults-")), extra_hosts)
         self.user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
         self.data = self.dir / "data"
+        self.upstream_port: Optional[int] = None
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chmod(self.dir.parent, 0o755)
             os.chmod(self.dir, 0o755)
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        if standby_of is not None:
+            self.upstream_port = upstream_port or standby_of.port
+            backuplog = self.dir / "basebackup.log"
+            p = spawn([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p",
+                       str(standby_of.port), "-U", self.user, "-D", str(self.data), "-R",
+                       "-X", "stream", "-c", "fast"], backuplog, user=self._user())
+            if p.wait(120) != 0:
+                raise AssertionError(f"pg_basebackup failed:\n{tail(backuplog)}")
+            return
         initlog = self.dir / "initdb.log"
         p = spawn([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", self.user,
                    "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"], initlog,
@@ -277,7 +327,11 @@ class PostgresCoordinator(Coordinator):
                 "-c", f"listen_addresses={','.join(self.hosts)}",
                 "-c", f"unix_socket_directories={self.dir}",
                 "-c", "fsync=off", "-c", f"synchronous_commit={self.synchronous_commit}",
-                "-c", "full_page_writes=off", "-c", "max_connections=50"]
+                "-c", "full_page_writes=off", "-c", "max_connections=50"] + (
+                    # A standby streams from upstream_port (pg_basebackup -R wrote the rest).
+                    ["-c", f"primary_conninfo=host=127.0.0.1 port={self.upstream_port} "
+                           f"user={self.user} application_name=standby"]
+                    if self.upstream_port is not None else [])
 
     def ready(self) -> bool:
         r = subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port),
@@ -297,6 +351,15 @@ class PostgresCoordinator(Coordinator):
             raise AssertionError(f"psql: {sql}: {r.stderr.strip()}")
         return [line.split("\t") for line in r.stdout.splitlines() if line]
 
+    def promote(self) -> None:
+        """Ends a standby's recovery (pg_promote, waiting for it): a primary on a new timeline."""
+        assert self.query("SELECT pg_promote(true, 30)") == [["t"]], "pg_promote failed"
+
+    def streaming(self) -> bool:
+        """Whether a standby's WAL receiver is streaming from its upstream."""
+        return self.query("SELECT count(*) FROM pg_stat_wal_receiver "
+                          "WHERE status = 'streaming'") == [["1"]]
+
     def _stop_signal(self) -> int:
         return signal.SIGINT  # fast shutdown
 
@@ -308,6 +371,221 @@ class PostgresCoordinator(Coordinator):
         return (f"    kind: postgres\n    conninfo: \"host={host} port={self.port} "
                 f"user={self.user} dbname=postgres connect_timeout=2\"\n"
                 f"    acknowledged_handoff: true\n")
+
+
+# ---- failover: an address that moves, and a replica that falls behind ----
+
+class TcpForwarder:
+    """A TCP forwarder on a free loopback port, thread-driven, relaying every connection it
+    accepts to a port on 127.0.0.1 (`target`): an address that can move, as a virtual IP or a
+    proxy in front of a primary does, or a link that can be cut.
+
+    - move(port): closes every connection it relays (their clients see them drop, as when a
+      virtual IP moves to another machine) and relays new ones to `port`; move(None) closes
+      new ones at once (nothing behind the address).
+    - hold(): relays nothing more; what either side sends is read and dropped and the
+      connections stay open, so neither end notices (a link that stopped carrying data).
+    A connection whose one side closes is closed on the other."""
+
+    def __init__(self, target: Optional[int]):
+        self.target = target
+        self.held = False
+        self._lock = threading.Lock()
+        self._pairs: List[tuple] = []
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        _HANDED_OUT.add(self.port)
+        self._stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                target = self.target
+            upstream = None
+            if target is not None:
+                try:
+                    upstream = socket.create_connection(("127.0.0.1", target), timeout=1.0)
+                    upstream.settimeout(None)
+                except OSError:
+                    upstream = None
+            with self._lock:
+                if upstream is None or self._stopped or self.target != target:
+                    _close(client, upstream)
+                    continue
+                pair = (client, upstream)
+                self._pairs.append(pair)
+            for s in pair:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(pair, src, dst), daemon=True).start()
+
+    def _pump(self, pair: tuple, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not self.held:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        self._drop(pair)
+
+    def _drop(self, pair: tuple) -> None:
+        with self._lock:
+            if pair in self._pairs:
+                self._pairs.remove(pair)
+        _close(*pair)
+
+    def hold(self) -> None:
+        self.held = True
+
+    def move(self, target: Optional[int]) -> None:
+        with self._lock:
+            self.target, self.held = target, False
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            _close(*pair)
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        self.move(None)
+
+
+def _close(*socks: Optional[socket.socket]) -> None:
+    for s in socks:
+        if s is None:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv on it
+        except OSError:
+            pass
+        s.close()
+
+
+class Fronted:
+    """A Redis the nodes reach through a TcpForwarder: their config names the forwarder."""
+
+    kind = "redis"
+
+    def __init__(self, redis: "RedisCoordinator", forwarder: TcpForwarder, label: str):
+        self.redis, self.forwarder, self.label = redis, forwarder, label
+
+    def config(self, host: str) -> str:
+        return self.redis.config(host, port=self.forwarder.port)
+
+
+class PostgresFailover:
+    """A PostgreSQL primary and its standby as the nodes see them: one libpq multi-host
+    conninfo naming both, target_session_attrs=read-write, so a connection goes to whichever of
+    them accepts writes (the primary; the standby once promoted)."""
+
+    kind = "postgres"
+
+    def __init__(self, primary: "PostgresCoordinator", standby: "PostgresCoordinator",
+                 label: str):
+        self.primary, self.standby, self.label = primary, standby, label
+
+    def config(self, host: str) -> str:
+        return (f"    kind: postgres\n    conninfo: \"host={host},{host} "
+                f"port={self.primary.port},{self.standby.port} user={self.primary.user} "
+                f"dbname=postgres connect_timeout=2 target_session_attrs=read-write\"\n"
+                f"    acknowledged_handoff: true\n")
+
+
+class RedisError(Exception):
+    pass
+
+
+class RedisClient:
+    """One connection to a Redis (RESP over a socket), for commands in quick succession where a
+    redis-cli process per command would be too slow."""
+
+    def __init__(self, port: int, timeout: float = 5.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self._in = self.sock.makefile("rb")
+
+    def command(self, *args) -> object:
+        """The reply: str, int, None, a list of them; an error reply raises RedisError."""
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            b = a if isinstance(a, bytes) else str(a).encode()
+            out += [b"$%d\r\n" % len(b), b, b"\r\n"]
+        self.sock.sendall(b"".join(out))
+        return self._reply()
+
+    def _reply(self) -> object:
+        line = self._in.readline()
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError("redis: connection closed")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RedisError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._in.read(n + 2)[:-2].decode(errors="replace")
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise RedisError(f"unexpected reply {line!r}")
+
+    def info(self, section: str) -> Dict[str, str]:
+        out = {}
+        for line in str(self.command("INFO", section)).splitlines():
+            k, sep, v = line.strip().partition(":")
+            if sep:
+                out[k] = v
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class RedisKeyEvents:
+    """The keys of one kind of keyspace event (`event`: "evicted", "expired"...) on a Redis, in
+    the order it published them, collected by a thread from a SUBSCRIBE connection of its own
+    (the server must have notify-keyspace-events set for them)."""
+
+    def __init__(self, port: int, event: str):
+        self.keys: List[str] = []
+        self._client = RedisClient(port, timeout=None)
+        self._client.command("SUBSCRIBE", f"__keyevent@0__:{event}")
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                m = self._client._reply()
+                if isinstance(m, list) and len(m) == 3 and m[0] == "message":
+                    self.keys.append(m[2])
+        except (OSError, ValueError, ConnectionError):
+            return
+
+    def stop(self) -> None:
+        _close(self._client.sock)
+        self._thread.join(5)
 
 
 # ---- a network namespace for one node, and loss on its coordinator traffic ----
@@ -774,13 +1052,16 @@ class RedisMonitor:
     def leases(self) -> List[RedisLease]:
         out = []
         for line in self.log.read_text(errors="replace").splitlines():
-            # 1700000000.123456 [0 127.0.0.1:4242] "EVALSHA" "<sha>" "2" "<k1>" "<k2>" "lease"
-            # "<now>" "<ttl>" "<region>" "<limit>" "<period>" "<want>" "<min left>"
+            # 1700000000.123456 [0 127.0.0.1:4242] "EVALSHA" "<sha>" "<numkeys>" "<k1>"...
+            # "lease" "<now>" "<ttl>" "<region>" "<limit>" "<period>" "<want>" ...
             head, _, rest = line.partition(" [")
             words = rest.split('"')[1::2]  # the quoted words (ours never hold a quote)
-            if len(words) < 12 or words[0].upper() != "EVALSHA" or words[5] != "lease":
+            if len(words) < 3 or words[0].upper() != "EVALSHA" or not words[2].isdigit():
                 continue
-            out.append(RedisLease(float(head), words[8], int(words[11])))
+            args = words[3 + int(words[2]):]
+            if len(args) < 7 or args[0] != "lease":
+                continue
+            out.append(RedisLease(float(head), args[3], int(args[6])))
         return out
 
 

@@ -26,6 +26,13 @@ A fresh coordinator counts the window it finds its storage empty in as spent for
 (reason coordinator_restarted), so the first window of load is never measured. A PostgreSQL
 that restarts with its tables intact has not lost its state and says nothing of the kind.
 
+A part on partial losses: a coordinator that comes back behind what it granted, each on a
+coordinator of the scenario's own (for PostgreSQL, a standby of the module's): a Redis
+restarted from an RDB snapshot or from a truncated AOF taken mid-window, a Redis whose ledger
+is evicted under a maxmemory-policy changed at run time, and a failover to a Redis replica or a
+PostgreSQL standby that missed the last grants. The window of the loss must count as spent
+(coordinator_restarted) once the regions reach the coordinator again.
+
 A second part, against Redis only: one region run as POOL_PROCESSES processes sharing a
 regional pool on a Redis of its own (the global coordinator another Redis), steady, with the
 pool's Redis killed, and with the coordinator stopped in either outage mode of the pooled
@@ -125,10 +132,13 @@ def boundary(i: int) -> float:
 class Run:
     """Three regions on a fresh budget under load, and what the load saw."""
 
-    def __init__(self, workdir: Path, coord: harness.Coordinator, scenario: str, skew: str):
-        self.scenario, self.skew, self.coordinator = scenario, skew, coord.kind
+    def __init__(self, workdir: Path, coord: harness.Coordinator, scenario: str, skew: str,
+                 retry_backoff_ms: Optional[int] = None):
+        self.scenario, self.skew, self.coordinator = scenario, skew, coord.label
         self.fed = FederationConfig(limit=LIMIT, window_ms=int(WINDOW * 1000), batch=BATCH,
                                     budget=f"{scenario}-{uuid.uuid4().hex[:6]}")
+        if retry_backoff_ms is not None:
+            self.fed.retry_backoff_ms = retry_backoff_ms
         self.dir = workdir / self.fed.budget
         self.dir.mkdir()
         self.nodes = self.make_nodes(coord)
@@ -257,11 +267,11 @@ def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, coord, fed
 
 def fault_run(tmp_path, coord, scenario: str, at: float,
               inject: Callable[[harness.Coordinator, "Run"], Dict[str, object]],
-              windows_after: int):
+              windows_after: int, retry_backoff_ms: Optional[int] = None):
     """Steady load for one window, then in window f = first + 1 the fault at `at` x WINDOW into
     it; `inject` does it and returns its times ("start", "end") and anything it saw; then
     `windows_after` full windows after the window it ends in."""
-    with Run(tmp_path, coord, scenario, "uniform") as run:
+    with Run(tmp_path, coord, scenario, "uniform", retry_backoff_ms) as run:
         f = run.first + 1
         sleep_until(boundary(f) + at * WINDOW)
         times = inject(coord, run)
@@ -447,6 +457,351 @@ def test_short_coordinator_pauses_across_window_boundaries(tmp_path, coord, fed_
         report(fed_results, run, counts, measured, u_capacity(counts, measured),
                fault="SIGSTOP 0.12 s before each of 3 boundaries, SIGCONT 0.08 s after",
                load=load)
+
+
+# ---- partial losses: a coordinator back with fewer grants than it acknowledged ----
+
+# The regions' retry_backoff in these scenarios: short, so that they lease again within the
+# window of the loss, where a coordinator that did not know what it lost would hand the lost
+# grants out a second time.
+LOSS_BACKOFF_MS = 250
+# x WINDOW into the window of the fault: the state the coordinator will come back with fixed
+# (a snapshot, the AOF's size, the replication link cut; the eviction), then the SIGKILL (of the
+# primary, for a failover).
+SNAPSHOT_AT = 0.2
+KILL_AT = 0.5
+LOSS_WINDOWS_AFTER = 1
+# After the loss, in its window: admissions from escrow the regions held, coordinator_unreachable
+# while a region's call failed (its retry backoff), budget_spent for a region told so before.
+LOSS_REASONS = {"admitted", "coordinator_restarted", "coordinator_unreachable", "budget_spent"}
+
+
+@pytest.fixture
+def scratch():
+    """Servers and forwarders of the scenario's own: `scratch(x)` returns x, stopped at the
+    scenario's end (the last made first)."""
+    made = []
+
+    def keep(x):
+        made.append(x)
+        return x
+
+    yield keep
+    for x in reversed(made):
+        x.stop()
+
+
+Ledger = Optional[Tuple[int, int]]  # (window, units granted in it); None: no ledger
+
+
+def redis_ledger(port: int, run: Run, key: str = "k") -> Ledger:
+    """The Redis coordinator's ledger hash of `key` in the run's budget, on the Redis at
+    `port`."""
+    cli = harness.RedisClient(port)
+    try:
+        w, g = cli.command("HMGET", f"sluice:fed:{{{run.fed.budget}:{key}}}", "w", "g")
+    finally:
+        cli.close()
+    return None if w is None else (int(w) // int(WINDOW * 1e6), int(g))
+
+
+def pg_ledger(c: harness.PostgresCoordinator, run: Run) -> Ledger:
+    window_start, granted, _ = ledger(c, run)
+    return window_start // WINDOW_NS, granted
+
+
+def shown(lg: Ledger, run: Run) -> str:
+    return "none" if lg is None else f"{lg[1]} granted in window +{lg[0] - run.first}"
+
+
+def behind(after: Ledger, before: Ledger) -> bool:
+    """Whether a ledger read after the fault is behind the one read before: an earlier window,
+    or fewer units granted in the same one (a grant is never taken back within a window)."""
+    return before is not None and (after is None or after < before)
+
+
+def loss_window(run: Run, records, counts: Dict[int, harness.WindowCount], f: int, back: int,
+                t1: float) -> Tuple[Dict[str, int], List[int], float]:
+    """What every loss requires beyond the bound: the coordinator back within the window of the
+    loss (f); the rest of that window refused coordinator_restarted once the regions reach it
+    (else only what LOSS_REASONS allows); the window before the fault and the windows after its
+    own refusing nothing but budget_spent (one window is spent, no other); an admission after
+    the coordinator was back. Returns what was decided after that in window f, the windows
+    after it and their U_capacity."""
+    assert back == f, (f"the coordinator was back {t1 - boundary(f):.2f} s into window "
+                       f"+{f - run.first}, past it\n{run.logs()}")
+    reasons: Dict[str, int] = {}
+    for r in records:
+        if r.sent > t1 and r.received < boundary(f + 1) - GUARD:
+            reasons[r.reason or "admitted"] = reasons.get(r.reason or "admitted", 0) + 1
+    assert "coordinator_restarted" in reasons, (
+        f"no coordinator_restarted in the window of the loss once the coordinator was back: "
+        f"{reasons}\n{run.logs()}")
+    assert set(reasons) <= LOSS_REASONS, (reasons, run.logs())
+    measured = list(range(f + 1, f + 1 + LOSS_WINDOWS_AFTER))
+    for i in [run.first] + measured:
+        assert set(counts[i].refusals) <= {"budget_spent"}, (i, counts[i].refusals, run.logs())
+        assert counts[i].offered > LIMIT, f"window {i}: only {counts[i].offered} checks offered"
+    assert any(r.allowed and r.sent > t1 for r in records), "no admission after the fault"
+    return reasons, measured, u_capacity(counts, measured)
+
+
+def after_text(reasons: Dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+
+
+def restart_with(c: harness.RedisCoordinator, run: Run, t0: float,
+                 meddle: Callable[[], None]) -> Dict[str, object]:
+    """SIGKILL KILL_AT x WINDOW into the window of `t0`, `meddle` with what it left on disk,
+    restart on the same port and directory; the ledger read just before the kill and at once
+    after the restart (the regions, their connections broken, lease again after their retry
+    backoff; a lease that finds the state lost grants nothing anyway)."""
+    sleep_until(boundary(window_of(t0, WINDOW)) + KILL_AT * WINDOW)
+    before = redis_ledger(c.port, run)
+    killed = time.time()
+    c.kill()
+    meddle()
+    c.start()
+    end = time.time()
+    return {"start": t0, "killed": killed, "end": end, "before": before,
+            "after": redis_ledger(c.port, run)}
+
+
+def report_loss(fed_results, run: Run, counts, f: int, measured: List[int], u: float,
+                reasons: Dict[str, int], times: Dict[str, object], what: str,
+                **extra) -> None:
+    t1 = times["end"]
+    report(fed_results, run, counts, measured, u,
+           fault=(f"{what}; ledger before {shown(times['before'], run)}, after "
+                  f"{shown(times['after'], run)}; after it in that window: "
+                  f"{after_text(reasons)}"),
+           after_fault=reasons, ledger_before=times["before"], ledger_after=times["after"],
+           back_s=t1 - boundary(f), **extra)
+
+
+def test_redis_restart_from_an_rdb_snapshot_taken_mid_window(tmp_path, scratch, fed_results):
+    """Redis with RDB persistence (snapshots only when asked): SAVE 0.2 windows into a window,
+    SIGKILL 0.5 windows in and a restart on the same port and directory, loading the snapshot.
+    The grants made between the two are gone (the ledger read at once after the restart is
+    behind the one read just before the kill), and nothing in the data says so; the restarted
+    server is another process (run_id). The rest of that window is refused
+    coordinator_restarted once the regions reach it, no window goes over the limit, and the
+    next window admits at full capacity."""
+    redis = scratch(harness.RedisCoordinator(tmp_path / "rdb", persistence="rdb"))
+    redis.start()
+
+    def inject(c, run):
+        t0 = time.time()
+        harness.redis_cli(c, "SAVE")
+        saved = time.time()
+        out = restart_with(c, run, t0, lambda: None)
+        out["saved"] = saved
+        return out
+
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "rdb-restart", SNAPSHOT_AT,
+                                                     inject, LOSS_WINDOWS_AFTER,
+                                                     LOSS_BACKOFF_MS)
+    reasons, measured, u = loss_window(run, records, counts, f, back, times["end"])
+    assert behind(times["after"], times["before"]), (times, run.logs())
+    report_loss(fed_results, run, counts, f, measured, u, reasons, times,
+                f"SAVE {times['start'] - boundary(f):.2f} s into window +{f - run.first} "
+                f"({times['saved'] - times['start']:.3f} s), SIGKILL "
+                f"{times['killed'] - boundary(f):.2f} s into it, back with the snapshot "
+                f"{times['end'] - times['killed']:.2f} s later")
+    assert u >= U_FLOOR, f"U_capacity after the restart {u:.3f} < {U_FLOOR:.3f}"
+
+
+def test_redis_restart_from_a_truncated_aof(tmp_path, scratch, fed_results):
+    """Redis with an append-only file: its incremental file's size read 0.2 windows into a
+    window; SIGKILL 0.5 windows in, the file cut back to that size (the writes after it lost, as
+    a machine crash loses what appendfsync everysec had not synced), restart loading it. As with
+    the snapshot: the restarted Redis is behind what it granted, the rest of the window is
+    refused coordinator_restarted, no window over the limit, the next at full capacity."""
+    redis = scratch(harness.RedisCoordinator(tmp_path / "aof", persistence="aof"))
+    redis.start()
+
+    def inject(c, run):
+        t0 = time.time()
+        aof = c.incr_aof()
+        size = aof.stat().st_size
+        cut: List[int] = []
+
+        def truncate():
+            cut.append(aof.stat().st_size - size)
+            os.truncate(aof, size)
+
+        out = restart_with(c, run, t0, truncate)
+        out["cut"] = cut[0]
+        return out
+
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "aof-truncated",
+                                                     SNAPSHOT_AT, inject, LOSS_WINDOWS_AFTER,
+                                                     LOSS_BACKOFF_MS)
+    reasons, measured, u = loss_window(run, records, counts, f, back, times["end"])
+    assert times["cut"] > 0, "nothing written to the AOF between the size read and the kill"
+    assert behind(times["after"], times["before"]), (times, run.logs())
+    report_loss(fed_results, run, counts, f, measured, u, reasons, times,
+                f"AOF size read {times['start'] - boundary(f):.2f} s into window "
+                f"+{f - run.first}, SIGKILL {times['killed'] - boundary(f):.2f} s into it, the "
+                f"{times['cut']} bytes written since cut off, back "
+                f"{times['end'] - times['killed']:.2f} s later", aof_cut_bytes=times["cut"])
+    assert u >= U_FLOOR, f"U_capacity after the restart {u:.3f} < {U_FLOOR:.3f}"
+
+
+EVICTION_HEADROOM = 64 * 1024  # bytes of maxmemory above used_memory
+FILLER = 10 * 1024  # bytes per filler key
+
+
+def test_redis_eviction_policy_changed_under_pressure(tmp_path, scratch, fed_results):
+    """A Redis whose eviction policy is changed while it serves (CONFIG SET maxmemory-policy
+    volatile-ttl: the coordinator checks it only when it connects), 0.2 windows into a window,
+    with maxmemory set just above its use, then filler keys written (10 KB each, a day's TTL)
+    until the ledger of the hot key (a minute's TTL: the nearest expiry) is evicted; then
+    maxmemory 0 and noeviction again. Nothing restarts and no connection breaks: the first lease
+    after an eviction finds evicted_keys moved and counts the window as spent. The rest of that
+    window is refused coordinator_restarted, no window over the limit, the next at full
+    capacity."""
+    redis = scratch(harness.RedisCoordinator(tmp_path / "evict"))
+    redis.start()
+
+    def inject(c, run):
+        cli = harness.RedisClient(c.port)
+        ledger_key = f"sluice:fed:{{{run.fed.budget}:k}}"
+        cli.command("CONFIG", "SET", "notify-keyspace-events", "Ee")
+        events = scratch(harness.RedisKeyEvents(c.port, "evicted"))
+        before = redis_ledger(c.port, run)
+        t0 = time.time()
+        cli.command("CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
+        used = int(cli.info("memory")["used_memory"])
+        cli.command("CONFIG", "SET", "maxmemory", used + EVICTION_HEADROOM)
+        fillers = 0
+        while ledger_key not in events.keys and fillers < 1000:
+            cli.command("SET", f"filler{fillers}", "x" * FILLER, "EX", 86400)
+            fillers += 1
+        cli.command("CONFIG", "SET", "maxmemory", 0)
+        cli.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        t1 = time.time()
+        evicted = int(cli.info("stats")["evicted_keys"])
+        cli.close()
+        return {"start": t0, "end": t1, "before": before, "after": redis_ledger(c.port, run),
+                "fillers": fillers, "evicted": evicted, "evicted_keys": list(events.keys),
+                "ledger_key": ledger_key}
+
+    run, f, back, times, records, counts = fault_run(tmp_path, redis, "eviction", SNAPSHOT_AT,
+                                                     inject, LOSS_WINDOWS_AFTER,
+                                                     LOSS_BACKOFF_MS)
+    keys = times["evicted_keys"]
+    assert times["ledger_key"] in keys, (
+        f"the ledger was not evicted ({times['fillers']} fillers written; evicted: {keys})")
+    reasons, measured, u = loss_window(run, records, counts, f, back, times["end"])
+    position = keys.index(times["ledger_key"]) + 1
+    report_loss(fed_results, run, counts, f, measured, u, reasons, times,
+                f"volatile-ttl and maxmemory +{EVICTION_HEADROOM // 1024} KB "
+                f"{times['start'] - boundary(f):.2f} s into window +{f - run.first}, "
+                f"{times['fillers']} fillers written, {times['evicted']} keys evicted (the "
+                f"ledger as number {position}), noeviction again "
+                f"{times['end'] - times['start']:.3f} s later",
+                fillers=times["fillers"], evicted=times["evicted"], ledger_evicted_at=position)
+    assert u >= U_FLOOR, f"U_capacity after the eviction {u:.3f} < {U_FLOOR:.3f}"
+
+
+def test_redis_failover_to_a_replica_that_missed_the_last_writes(tmp_path, scratch,
+                                                                 fed_results):
+    """A Redis primary and a replica (REPLICAOF, through a forwarder on the replication link),
+    the regions configured with one address, a forwarder in front of the primary (an address
+    that moves, as a virtual IP). 0.2 windows into a window the replication link stops carrying
+    data (the replica misses every later grant; a SIGSTOP of the replica would not do: the
+    stream waits in the socket buffers and the replica applies it when continued); 0.5 windows
+    in, SIGKILL of the primary, REPLICAOF NO ONE on the replica, and the address moves to it
+    (every connection through it closed). The replica's ledger is behind the primary's; it is
+    another server process (run_id). The rest of the window is refused coordinator_restarted,
+    no window over the limit, the next at full capacity."""
+    primary = scratch(harness.RedisCoordinator(tmp_path / "primary"))
+    primary.start()
+    harness.redis_cli(primary, "CONFIG", "SET", "repl-diskless-sync-delay", "0")
+    link = scratch(harness.TcpForwarder(primary.port))
+    replica = scratch(harness.RedisCoordinator(tmp_path / "replica", replica_of=link.port))
+    replica.start()
+    harness.wait_until(lambda: "master_link_status:up" in harness.redis_cli(
+        replica, "INFO", "replication"), 10, what="the replica in sync")
+    vip = scratch(harness.TcpForwarder(primary.port))
+    coord = harness.Fronted(primary, vip, "redis + replica")
+
+    def inject(c, run):
+        t0 = time.time()
+        link.hold()
+        sleep_until(boundary(window_of(t0, WINDOW)) + KILL_AT * WINDOW)
+        before = redis_ledger(primary.port, run)
+        killed = time.time()
+        primary.kill()
+        link.move(None)
+        after = redis_ledger(replica.port, run)
+        harness.redis_cli(replica, "REPLICAOF", "NO", "ONE")
+        vip.move(replica.port)
+        return {"start": t0, "killed": killed, "end": time.time(), "before": before,
+                "after": after}
+
+    run, f, back, times, records, counts = fault_run(tmp_path, coord, "failover", SNAPSHOT_AT,
+                                                     inject, LOSS_WINDOWS_AFTER,
+                                                     LOSS_BACKOFF_MS)
+    reasons, measured, u = loss_window(run, records, counts, f, back, times["end"])
+    assert behind(times["after"], times["before"]), (times, run.logs())
+    report_loss(fed_results, run, counts, f, measured, u, reasons, times,
+                f"replication link cut {times['start'] - boundary(f):.2f} s into window "
+                f"+{f - run.first}, primary SIGKILL {times['killed'] - boundary(f):.2f} s into "
+                f"it, replica promoted and the address moved to it "
+                f"{times['end'] - times['killed']:.2f} s later")
+    assert u >= U_FLOOR, f"U_capacity after the failover {u:.3f} < {U_FLOOR:.3f}"
+
+
+@pytest.mark.parametrize("coord", ["postgres"], indirect=True)
+def test_postgres_failover_to_an_async_standby(tmp_path, coord, scratch, fed_results):
+    """The suite's PostgreSQL and an asynchronous standby of it (pg_basebackup -R, streaming
+    through a forwarder on the replication link), the regions configured with both in one libpq
+    conninfo (target_session_attrs=read-write). 0.2 windows into a window the link stops
+    carrying WAL (the standby misses every later grant; as for Redis, a SIGSTOP of the standby
+    would not do); 0.5 windows in, SIGKILL of the primary and pg_promote() on the standby: a
+    new WAL timeline. The standby's ledger is behind the primary's; the first lease on the new
+    timeline counts the window as spent: the rest of it is refused coordinator_restarted, no
+    window over the limit, the next at full capacity. The suite's PostgreSQL is started again
+    afterwards (the standby is dropped)."""
+    link = scratch(harness.TcpForwarder(coord.port))
+    standby = scratch(harness.PostgresCoordinator(tmp_path, synchronous_commit="off",
+                                                  durable_commits=True, standby_of=coord,
+                                                  upstream_port=link.port))
+    standby.start()
+    harness.wait_until(standby.streaming, 10, interval=0.1, what="the standby streaming")
+    failover = harness.PostgresFailover(coord, standby, "postgres + async standby")
+
+    def inject(c, run):
+        t0 = time.time()
+        link.hold()
+        sleep_until(boundary(window_of(t0, WINDOW)) + KILL_AT * WINDOW)
+        before = pg_ledger(coord, run)
+        killed = time.time()
+        coord.kill()
+        link.move(None)
+        after = pg_ledger(standby, run)
+        standby.promote()
+        return {"start": t0, "killed": killed, "end": time.time(), "before": before,
+                "after": after}
+
+    try:
+        run, f, back, times, records, counts = fault_run(tmp_path, failover, "failover",
+                                                         SNAPSHOT_AT, inject, LOSS_WINDOWS_AFTER,
+                                                         LOSS_BACKOFF_MS)
+        timeline = standby.query("SELECT timeline FROM sluice_fed_origin")
+    finally:
+        if coord.proc.poll() is not None:
+            coord.start()
+    reasons, measured, u = loss_window(run, records, counts, f, back, times["end"])
+    assert behind(times["after"], times["before"]), (times, run.logs())
+    assert timeline == [["00000002"]], f"origin row on timeline {timeline}, not 2"
+    report_loss(fed_results, run, counts, f, measured, u, reasons, times,
+                f"replication link cut {times['start'] - boundary(f):.2f} s into window "
+                f"+{f - run.first}, primary SIGKILL {times['killed'] - boundary(f):.2f} s into "
+                f"it, standby promoted {times['end'] - times['killed']:.2f} s later (timeline 2)")
+    assert u >= U_FLOOR, f"U_capacity after the failover {u:.3f} < {U_FLOOR:.3f}"
 
 
 # ---- a regional pool: one region of several processes sharing a pool on a Redis of its own ----
