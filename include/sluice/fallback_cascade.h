@@ -23,12 +23,16 @@
 //
 // Revival: a node whose weight is at the floor or below (every call in its window failed, or it
 // was last seen failing) is given one call -- before the weighted draw -- at most once every
-// `revive_every` (5 s, the bucket width, by default), so that a node which healed is found
-// within that time at any call rate. Its weight alone would give it no call while its window
-// shows only failures, and then one in ~60,000 picks (the floor, with three nodes; ~200,000
-// with five): at 1,000 calls a second, a call every minute or more. While the node is still
-// bad a revival costs one failed call per `revive_every`; with a breaker, the revival is its
+// `revive_every` (5 s, the bucket width, by default; 0: no revival calls), so that a node which
+// healed is found within that time at any call rate. Its weight alone would give it no call while
+// its window shows only failures, and then one in ~60,000 picks (the floor, with three nodes;
+// ~200,000 with five): at 1,000 calls a second, a call every minute or more. While the node is
+// still bad a revival costs one failed call per `revive_every`; with a breaker, the revival is its
 // probe and waits for its open spell (a revival that finds the node open or full is not spent).
+// Revival calls are capped over the whole cascade: at most `revive_share` (2%) of the calls of
+// the last second plus one a second (a retry budget's rule, retry_budget.h, over 1 s), so many
+// dead nodes cost a bounded share of the traffic, spread over time rather than in a burst when
+// their turns come round together; a node whose turn it is waits for room.
 //
 // Panic: while fewer than `panic_below` (half, by default) of the nodes have their breaker
 // closed, a breaker that refuses a call no longer stops it (as a load balancer's panic mode
@@ -46,7 +50,13 @@
 //
 // Node sets change at run time (set_nodes): a node kept by name keeps its guard, health and
 // breaker, a new node starts clean (a clean slate counts as healthy), a removed node stops being
-// picked and its leases in flight finish into it as usual.
+// picked and its leases in flight finish into it as usual. A removed node is kept (parked, shown
+// by state() as removed) while calls hold its permits and for its stat window (buckets x width)
+// after the last one ends: a node added back by name within that time is the same node again,
+// its guard (and so every call still holding its permits), health and breaker as they were. A
+// cascade built to replace another (the `previous` constructor argument: its options changed)
+// takes over previous's nodes by name, current and parked: their guards always; their health
+// and breakers too when the stats and breaker options are the same (else those start clean).
 //
 // Use, pick -> permit -> report:
 //   sluice::FallbackCascade cascade(nodes, sluice::SteadyClock::instance());
@@ -67,6 +77,7 @@
 #include <atomic>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -116,6 +127,7 @@ struct FallbackCascadeOptions {
   std::optional<CircuitBreakerOptions> breaker;  // per node; none by default
   CascadeRetryOptions retry;
   Nanos revive_every = std::chrono::seconds(5);  // >= 0; 0: no revival calls
+  double revive_share = 0.02;                    // 0..1: revival calls per call (over 1 s)
   double panic_below = 0.5;                      // 0..1; see "Panic" above
   friend bool operator==(const FallbackCascadeOptions&, const FallbackCascadeOptions&) = default;
 };
@@ -132,6 +144,9 @@ class CascadeNode {
   }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] AdaptiveGuard& guard() const noexcept { return *guard_; }
+  [[nodiscard]] const std::shared_ptr<AdaptiveGuard>& shared_guard() const noexcept {
+    return guard_;
+  }
   [[nodiscard]] CascadeNodeStats& stats() noexcept { return stats_; }
   [[nodiscard]] const CascadeNodeStats& stats() const noexcept { return stats_; }
   // Null when the cascade has no breakers.
@@ -220,6 +235,7 @@ struct CascadeNodeState {
   std::uint32_t in_flight = 0;
   std::uint32_t limit = 0;
   std::optional<CircuitBreaker::Snapshot> breaker;  // none without breakers
+  bool removed = false;  // parked: no longer picked, kept for its calls in flight (see above)
 };
 
 class FallbackCascade {
@@ -228,8 +244,11 @@ class FallbackCascade {
   // must outlive the cascade; `draw` defaults to a generator per thread, seeded once; a `draw`
   // given here is called by every thread that picks, so it must be safe to call concurrently
   // (a seeded one makes a single-threaded run repeatable: tests, simulations).
+  // `previous`: the cascade this one replaces (see "Node sets" above); it must outlive the
+  // constructor only.
   FallbackCascade(std::vector<CascadeNodeSpec> nodes, const Clock& clock,
-                  FallbackCascadeOptions o = {}, UniformDraw draw = {});
+                  FallbackCascadeOptions o = {}, UniformDraw draw = {},
+                  const FallbackCascade* previous = nullptr);
 
   // A permit on the first node of the order whose breaker lets a call through and whose guard
   // has room, skipping the nodes named in `exclude` (those a caller already tried);
@@ -251,14 +270,18 @@ class FallbackCascade {
   void record_call() noexcept { budget_.record_call(clock_.now()); }
   [[nodiscard]] bool try_retry() noexcept { return budget_.try_retry(clock_.now()); }
 
-  // Replaces the node set (see above). Names must be unique, guards not null.
+  // Replaces the node set (see above). Names must be unique, guards not null; a node that is
+  // current or parked keeps its own guard (the spec's is not used: guard_of() gives it).
   void set_nodes(std::vector<CascadeNodeSpec> nodes);
+  // The guard of the node named `name`, current or parked; null when there is none.
+  [[nodiscard]] std::shared_ptr<AdaptiveGuard> guard_of(std::string_view name) const;
 
+  // Every node, current ones first, then parked ones (removed = true).
   [[nodiscard]] std::vector<CascadeNodeState> state() const;
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] const FallbackCascadeOptions& options() const noexcept { return options_; }
-  // Calls holding a permit and the limits, over every node (what a refusal reports; cheap, unlike
-  // state()).
+  // Calls holding a permit (on every node, parked ones too) and the current nodes' limits (what a
+  // refusal reports; cheap, unlike state()).
   struct Load {
     std::uint64_t in_flight = 0, limit = 0;
   };
@@ -266,12 +289,25 @@ class FallbackCascade {
 
  private:
   using Nodes = std::vector<std::shared_ptr<CascadeNode>>;
+  struct Parked {
+    std::shared_ptr<CascadeNode> node;
+    Nanos since{0};  // removed, or its last call seen ending, at
+  };
+
+  void set_nodes(std::vector<CascadeNodeSpec> nodes, const FallbackCascade* previous);
+  // Forgets parked nodes with no call in flight for their stat window (parked_mu_ held).
+  void prune_parked(Nanos now) const;
+  // The node named `name` among `previous`'s current and parked ones, or null.
+  static std::shared_ptr<CascadeNode> node_of(const FallbackCascade& c, std::string_view name);
 
   const Clock& clock_;
   const FallbackCascadeOptions options_;
   UniformDraw draw_;
   RetryBudget budget_;
+  RetryBudget revivals_;  // the revival cap: revive_share of the calls of the last second
   std::atomic<std::shared_ptr<const Nodes>> nodes_;
+  mutable std::mutex parked_mu_;
+  mutable std::vector<Parked> parked_;  // guarded by parked_mu_
 };
 
 template <typename F, typename C>

@@ -23,6 +23,7 @@ std::string_view fallback_cascade_error(const FallbackCascadeOptions& o) noexcep
     if (std::string_view e = circuit_breaker_error(*o.breaker); !e.empty()) return e;
   if (o.retry.max_attempts < 1) return "max_attempts: must be at least 1";
   if (o.revive_every < Nanos{0}) return "revive_every: must not be negative";
+  if (!(o.revive_share >= 0 && o.revive_share <= 1)) return "revive_share: must be 0..1";
   if (!(o.panic_below >= 0 && o.panic_below <= 1)) return "panic_below: must be 0..1";
   return retry_budget_error(o.retry.budget);
 }
@@ -151,28 +152,101 @@ void CascadeLease::finish(CascadeOutcome outcome, Nanos rtt) noexcept {
               now);
 }
 
+namespace {
+
+// The revival cap (see the header): revive_share of the calls of the last second, plus one a
+// second.
+RetryBudgetOptions revival_budget(const FallbackCascadeOptions& o) {
+  RetryBudgetOptions b;
+  b.ratio = o.revive_share;
+  b.per_second = 1;
+  b.window = std::chrono::seconds(1);
+  return b;
+}
+
+}  // namespace
+
 FallbackCascade::FallbackCascade(std::vector<CascadeNodeSpec> nodes, const Clock& clock,
-                                 FallbackCascadeOptions o, UniformDraw draw)
+                                 FallbackCascadeOptions o, UniformDraw draw,
+                                 const FallbackCascade* previous)
     : clock_(clock),
       options_(o),
       draw_(draw ? std::move(draw) : UniformDraw(thread_draw)),
-      budget_(o.retry.budget) {
-  set_nodes(std::move(nodes));
+      budget_(o.retry.budget),
+      revivals_(revival_budget(o)) {
+  set_nodes(std::move(nodes), previous);
 }
 
 void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs) {
+  set_nodes(std::move(specs), nullptr);
+}
+
+std::shared_ptr<CascadeNode> FallbackCascade::node_of(const FallbackCascade& c,
+                                                      std::string_view name) {
+  if (const std::shared_ptr<const Nodes> nodes = c.nodes_.load())
+    for (const auto& n : *nodes)
+      if (n->name() == name) return n;
+  const std::lock_guard lock(c.parked_mu_);
+  for (const Parked& p : c.parked_)
+    if (p.node->name() == name) return p.node;
+  return nullptr;
+}
+
+std::shared_ptr<AdaptiveGuard> FallbackCascade::guard_of(std::string_view name) const {
+  const std::shared_ptr<CascadeNode> n = node_of(*this, name);
+  return n != nullptr ? n->shared_guard() : nullptr;
+}
+
+void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs,
+                                const FallbackCascade* previous) {
+  const Nanos now = clock_.now();
+  const std::lock_guard lock(parked_mu_);  // one change at a time; node_of(*this) not used here
   const std::shared_ptr<const Nodes> old = nodes_.load();
+  // A predecessor's node is taken whole only if its buckets and breaker are of the same make.
+  const bool same_make = previous != nullptr && previous->options_.stats == options_.stats &&
+                         previous->options_.breaker == options_.breaker;
   auto next = std::make_shared<Nodes>();
   for (CascadeNodeSpec& s : specs) {
     std::shared_ptr<CascadeNode> kept;
     if (old)
       for (const auto& n : *old)
         if (n->name() == s.name) kept = n;
+    if (!kept) {
+      const auto p = std::find_if(parked_.begin(), parked_.end(),
+                                  [&](const Parked& x) { return x.node->name() == s.name; });
+      if (p != parked_.end()) {
+        kept = std::move(p->node);  // added back: the same node
+        parked_.erase(p);
+      }
+    }
+    if (!kept && previous != nullptr) {
+      if (std::shared_ptr<CascadeNode> was = node_of(*previous, s.name)) {
+        kept = same_make ? std::move(was)
+                         : std::make_shared<CascadeNode>(std::move(s.name), was->shared_guard(),
+                                                         options_.stats, options_.breaker);
+      }
+    }
     next->push_back(kept ? std::move(kept)
                          : std::make_shared<CascadeNode>(std::move(s.name), std::move(s.guard),
                                                          options_.stats, options_.breaker));
   }
+  if (old)
+    for (const auto& n : *old)
+      if (std::none_of(next->begin(), next->end(), [&](const auto& x) { return x == n; }))
+        parked_.push_back({n, now});
   nodes_.store(std::move(next));
+  prune_parked(now);
+}
+
+void FallbackCascade::prune_parked(Nanos now) const {
+  const Nanos keep = options_.stats.width * static_cast<std::int64_t>(options_.stats.buckets);
+  std::erase_if(parked_, [&](Parked& p) {
+    if (p.node->guard().in_flight() > 0) {
+      p.since = now;  // its stat window starts again once its last call has ended
+      return false;
+    }
+    return now - p.since >= keep;
+  });
 }
 
 std::size_t FallbackCascade::size() const noexcept { return nodes_.load()->size(); }
@@ -183,6 +257,8 @@ FallbackCascade::Load FallbackCascade::load() const noexcept {
     out.in_flight += n->guard().in_flight();
     out.limit += n->guard().limit();
   }
+  const std::lock_guard lock(parked_mu_);
+  for (const Parked& p : parked_) out.in_flight += p.node->guard().in_flight();
   return out;
 }
 
@@ -229,9 +305,11 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
     if (CircuitBreaker* b = n->breaker()) b->cancel(ticket);
     return std::nullopt;
   };
-  // A revival call first, to one node at the floor whose turn it is (see the header).
+  // A revival call first, to one node at the floor whose turn it is, within the cap (see the
+  // header).
   std::size_t revived = nodes->size();
   if (options_.revive_every > Nanos{0}) {
+    revivals_.record_call(now);
     const double floor = options_.health.floor_numerator /
                          static_cast<double>(std::max<std::size_t>(nodes->size(), 1));
     for (std::size_t i = 0; i < nodes->size(); ++i) {
@@ -241,6 +319,10 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
       const std::optional<std::int64_t> before =
           (*nodes)[i]->claim_revival(now, options_.revive_every);
       if (!before) continue;
+      if (!revivals_.try_retry(now)) {  // over the cap: its turn waits
+        (*nodes)[i]->unclaim_revival(now, *before);
+        break;
+      }
       if (std::optional<CascadeLease> l = attempt(i)) return std::move(*l);
       (*nodes)[i]->unclaim_revival(now, *before);  // open or full: not made, not spent
       revived = i;
@@ -258,8 +340,10 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
       if (*i != revived)
         if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
   }
-  std::string why = open > 0 ? "cascade: every node is at its concurrency limit or open ("
-                             : "cascade: every node is at its concurrency limit (";
+  std::string why = tried == 0 && open == 0
+                        ? "cascade: every node is excluded ("
+                        : (open > 0 ? "cascade: every node is at its concurrency limit or open ("
+                                    : "cascade: every node is at its concurrency limit (");
   why += std::to_string(tried);
   why += " tried";
   if (open > 0) {
@@ -288,6 +372,20 @@ std::vector<CascadeNodeState> FallbackCascade::state() const {
     s.in_flight = n->guard().in_flight();
     s.limit = n->guard().limit();
     if (const CircuitBreaker* b = n->breaker()) s.breaker = b->snapshot(now);
+    out.push_back(std::move(s));
+  }
+  const std::lock_guard lock(parked_mu_);
+  prune_parked(now);
+  for (const Parked& p : parked_) {
+    const CascadeNode& n = *p.node;
+    CascadeNodeState s;
+    s.name = n.name();
+    s.buckets = n.stats().snapshot(now);
+    s.health = cascade_health(s.buckets.window(), s.buckets.sticky, nodes->size(), options_.health);
+    s.in_flight = n.guard().in_flight();
+    s.limit = n.guard().limit();
+    if (const CircuitBreaker* b = n.breaker()) s.breaker = b->snapshot(now);
+    s.removed = true;
     out.push_back(std::move(s));
   }
   return out;

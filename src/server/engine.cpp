@@ -139,8 +139,8 @@ void retire_built(const PolicySet& set, const PolicySet* old) {
 // be null) every coordinator and policy whose spec is unchanged, and carrying over (to
 // reconfigure at commit) every one that can take its changed spec in place.
 Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
-                 const PolicySet* old, const std::string& node_id, std::uint64_t generation,
-                 const std::shared_ptr<RuntimeStateStore>& state,
+                 const PolicySet* old, const RetiredPolicies* retired, const std::string& node_id,
+                 std::uint64_t generation, const std::shared_ptr<RuntimeStateStore>& state,
                  const std::shared_ptr<const PolicyDirectory>& directory, PolicySet& set) {
   set.settings = config.server;
   set.settings.node_id = node_id;
@@ -189,7 +189,17 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
         continue;
       }
     }
-    auto p = kind->build(context);
+    // What it follows: the policy it rebuilds, or one of its name a reload retired that still
+    // holds leases (BuildContext::predecessor).
+    BuildContext built = context;
+    if (was != nullptr && was->base->kind() == spec.kind) {
+      built.predecessor = was->base;
+    } else if (was == nullptr && retired != nullptr) {
+      if (auto it = retired->find(name); it != retired->end())
+        if (std::shared_ptr<Policy> r = it->second.lock(); r != nullptr && r->kind() == spec.kind)
+          built.predecessor = std::move(r);
+    }
+    auto p = kind->build(built);
     if (!p.ok()) return Status(p.status().code(), "policy " + name + ": " + p.status().message());
     set.policies.emplace(name, PolicySet::Entry{p.value(), p.value(), std::move(identity)});
   }
@@ -209,11 +219,12 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
 
 StatusOr<std::shared_ptr<PolicySet>> build(
     const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
-    const PolicySet* old, const std::string& node_id, std::uint64_t generation,
-    const std::shared_ptr<RuntimeStateStore>& state,
+    const PolicySet* old, const RetiredPolicies* retired, const std::string& node_id,
+    std::uint64_t generation, const std::shared_ptr<RuntimeStateStore>& state,
     const std::shared_ptr<const PolicyDirectory>& directory) {
   auto set = std::make_shared<PolicySet>();
-  if (Status s = build_set(config, clock, kinds, old, node_id, generation, state, directory, *set);
+  if (Status s = build_set(config, clock, kinds, old, retired, node_id, generation, state,
+                           directory, *set);
       !s.ok()) {
     retire_built(*set, old);
     return s;
@@ -234,7 +245,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, con
     return Status(state.status().code(), "server.state_file: " + state.status().message());
   std::shared_ptr<RuntimeStateStore> store = std::move(state.value());
   auto directory = std::make_shared<PolicyDirectory>();
-  auto set = build(config, clock, kinds, nullptr, node_id, 1, store, directory);
+  auto set = build(config, clock, kinds, nullptr, nullptr, node_id, 1, store, directory);
   if (!set.ok()) return set.status();
   publish(*directory, *set.value());
   return std::unique_ptr<Engine>(
@@ -698,8 +709,10 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   const std::lock_guard lock(reload_mu_);
   const auto old = current();
   // The node id stays: fleets know this server by it.
-  auto next = build(config, clock_, kinds_, old.get(), old->settings.node_id, old->generation + 1,
-                    state_, directory_);
+  // Retired policies no lease holds any more are gone: nothing follows them.
+  std::erase_if(retired_, [](const auto& e) { return e.second.expired(); });
+  auto next = build(config, clock_, kinds_, old.get(), &retired_, old->settings.node_id,
+                    old->generation + 1, state_, directory_);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();
@@ -726,8 +739,14 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   for (const auto& [name, p] : old->policies) {
     auto it = set->policies.find(name);
     if (it == set->policies.end()) summary.removed.push_back(name);
-    if (it == set->policies.end() || it->second.base != p.base) replaced.push_back(p.base.get());
+    if (it == set->policies.end() || it->second.base != p.base) {
+      replaced.push_back(p.base.get());
+      // Kept in mind while its leases keep it alive: a later reload that adds the name back
+      // builds the new policy on its counts (BuildContext::predecessor).
+      if (it == set->policies.end()) retired_[name] = p.base;
+    }
   }
+  for (const auto& [name, p] : set->policies) retired_.erase(name);
   // Serve the new set first, then retire what it replaced (a fleet policy's retire waits for
   // its runner and leaves its fleet): calls never see a gap where the policy refuses.
   publish(*directory_, *set);

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -65,6 +66,8 @@ struct Readiness {
 };
 
 class PolicySet;
+// Policies reloads removed, by name, while something (a lease) keeps them alive.
+using RetiredPolicies = std::map<std::string, std::weak_ptr<Policy>>;
 
 // A part of the server outside the engine (a listener) whose health /healthz and /readyz
 // report and whose metrics /metrics shows, each series labelled with the part's name.
@@ -168,6 +171,7 @@ class Engine {
   mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)
   std::shared_ptr<const PolicySet> set_;
   std::mutex reload_mu_;
+  RetiredPolicies retired_;  // guarded by reload_mu_
   LeaseTable leases_;
   std::atomic<bool> draining_{false};
   std::atomic<std::uint64_t> reloads_{0};

@@ -85,6 +85,13 @@ class BuildContext {
   const Clock& clock;
   const std::string& node_id;
   const std::shared_ptr<const PolicyDirectory> directory;
+  // A policy of the same name and kind that this one follows while calls it admitted may still
+  // run: the one a reload rebuilds (it could not take the new spec in place), or one a reload
+  // removed that still holds leases when a later reload adds the name back. A kind whose limits
+  // count calls in flight takes its counts over (the same guard, gateway levels, nodes), so
+  // that a limit holds across the two instead of admitting its calls a second time; its own
+  // leases still finish into it. Null: none.
+  std::shared_ptr<Policy> predecessor;
 
   // Interface I (ConcurrencyCoordinator, and the rate-budget and escrow interfaces to come) of
   // the coordinator named `coordinator` (one the spec lists in spec.coordinators). An error

@@ -182,10 +182,13 @@ TEST_F(CascadePolicyTest, AReloadThatAddsAndRemovesNodesKeepsTheOthersHealthAndL
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r.value().reconfigured, std::vector<std::string>{"replicas"});
   std::map<std::string, nlohmann::json> n = nodes();
-  ASSERT_EQ(n.size(), 2u);
+  ASSERT_EQ(n.size(), 3u);
   EXPECT_EQ(n["db-1"]["buckets"][0]["finished"], 10);  // its health survived
   EXPECT_EQ(n["db-1"]["limit"], 3);
   EXPECT_EQ(n["db-1b"]["basis"], "clean_slate");
+  // The removed node is shown while its lease runs, and counted.
+  EXPECT_EQ(n["db-2"]["removed"], true);
+  EXPECT_EQ(n["db-2"]["in_flight"], 1);
   // The removed node's lease releases into it, and it is never chosen again.
   release(on_2, CallResult::kSuccess);
   for (int i = 0; i < 20; ++i) {
@@ -193,12 +196,50 @@ TEST_F(CascadePolicyTest, AReloadThatAddsAndRemovesNodesKeepsTheOthersHealthAndL
     EXPECT_NE(a.chosen, "db-2");
     release(a, CallResult::kSuccess);
   }
-  // Another field changed (the buckets): the policy is rebuilt, and starts clean.
+  // Another field changed (the buckets): a new cascade on the same nodes and guards, taken in
+  // place; its buckets are of another make, so health starts clean.
+  const AdmitResult across = admit({"db-1b"});
+  ASSERT_EQ(across.chosen, "db-1");
   next.replace(next.find("    breaker:"), 0, "    buckets: 4\n");
   r = engine_->reload(config_of(next));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r.value().changed, std::vector<std::string>{"replicas"});
+  EXPECT_EQ(r.value().reconfigured, std::vector<std::string>{"replicas"});
   EXPECT_EQ(nodes()["db-1"]["basis"], "clean_slate");
+  EXPECT_EQ(nodes()["db-1"]["in_flight"], 1);  // the call held across it still counts
+  release(across, CallResult::kSuccess);
+  EXPECT_EQ(nodes()["db-1"]["in_flight"], 0);
+}
+
+TEST_F(CascadePolicyTest, ANodeRemovedAndAddedBackWhileItsCallsRunKeepsItsLimitAndRecord) {
+  // db-2 fails a call, then holds its 2 slots across a reload that removes it and one that adds
+  // it back (with the same fields).
+  release(admit({"db-1"}), CallResult::kFailed);
+  const AdmitResult first = admit({"db-1"}), second = admit({"db-1"});
+  ASSERT_EQ(first.chosen, "db-2");
+  ASSERT_EQ(second.chosen, "db-2");
+  std::string without = kConfig;
+  without.erase(without.find("      db-2: {algorithm: fixed, limit: 2}\n"),
+                std::string("      db-2: {algorithm: fixed, limit: 2}\n").size());
+  ASSERT_TRUE(engine_->reload(config_of(without)).ok());
+  EXPECT_EQ(nodes()["db-2"]["removed"], true);
+  ASSERT_TRUE(engine_->reload(config_of(kConfig)).ok());
+  std::map<std::string, nlohmann::json> n = nodes();
+  EXPECT_FALSE(n["db-2"].contains("removed"));
+  EXPECT_EQ(n["db-2"]["in_flight"], 2);
+  EXPECT_EQ(n["db-2"]["success_rate"], 0);  // its record too
+  // 2 of 2 still: db-2 is not chosen, and with db-1 excluded the call is refused.
+  const AdmitResult refused = admit({"db-1"});
+  EXPECT_FALSE(refused.admitted);
+  release(first, CallResult::kSuccess);
+  release(second, CallResult::kSuccess);
+  EXPECT_EQ(nodes()["db-2"]["in_flight"], 0);
+}
+
+TEST_F(CascadePolicyTest, ACallExcludingEveryNodeIsToldSo) {
+  const AdmitResult r = admit({"db-1", "db-2"});
+  ASSERT_FALSE(r.admitted);
+  EXPECT_NE(r.refusal.detail().find("every node is excluded"), std::string::npos)
+      << r.refusal.detail();
 }
 
 TEST_F(CascadePolicyTest, BadExcludeListsAreNamed) {
@@ -227,6 +268,13 @@ policies:
     kind: cascade
     nodes:
       n1: {algorithm: fixed}
+      "": {algorithm: fixed, limit: 1}
+    revive_share: 2
+  c:
+    kind: cascade
+    nodes:
+      n1: {algorithm: fixed, limit: 1}
+    revive_every: 0s
 )",
                                    PolicyRegistry::builtin());
   ASSERT_FALSE(l.config.has_value());
@@ -236,6 +284,10 @@ policies:
   EXPECT_NE(errors["policies.a.order"].find("sideways"), std::string::npos);
   EXPECT_NE(errors.count("policies.a.breaker.failures"), 0u);
   EXPECT_EQ(errors["policies.b.nodes.n1.limit"], "is required for the fixed algorithm");
+  EXPECT_NE(errors["policies.b.nodes."].find("must not be empty"), std::string::npos);
+  EXPECT_NE(errors["policies.b.revive_share"].find("0..1"), std::string::npos);
+  EXPECT_EQ(errors.count("policies.c.revive_every"), 0u);  // 0s: no revival calls
+  for (const auto& [path, message] : errors) EXPECT_NE(path.rfind("policies.c", 0), 0u) << path;
 }
 
 }  // namespace

@@ -102,6 +102,43 @@ TEST_F(ReloadTest, ALoweredFixedLimitStillCountsTheHeldLease) {
   EXPECT_EQ(state("a")["released"], 2);
 }
 
+// A policy removed by one reload while its calls run and added back by the next goes on with
+// the counts they hold: no second limit's worth is admitted beside them (each kind that
+// counts calls in flight: adaptive, concurrency, cascade).
+TEST_F(ReloadTest, APolicyRemovedAndAddedBackWhileItsCallsRunKeepsTheirCount) {
+  const std::string other = "  other:\n    kind: adaptive\n    algorithm: fixed\n    limit: 1\n";
+  const std::string cascade =
+      "policies:\n  c:\n    kind: cascade\n    nodes:\n      n1: {algorithm: fixed, limit: 1}\n";
+  struct Case {
+    std::string yaml, policy, upstream;
+  };
+  for (const Case& k :
+       {Case{fixed(1), "a", ""}, Case{gateway(5, 1, false), "g", "llm"}, Case{cascade, "c", ""}}) {
+    SCOPED_TRACE(k.policy);
+    start(k.yaml);
+    const std::string held = admit(k.policy, k.upstream);
+    ASSERT_FALSE(held.empty());
+    auto r = engine_->reload(config_of("policies:\n" + other));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    r = engine_->reload(config_of(k.yaml));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r.value().added, std::vector<std::string>{k.policy});
+    EXPECT_EQ(state(k.policy)["in_flight"], 1);
+    EXPECT_TRUE(admit(k.policy, k.upstream).empty()) << "2 in flight against a limit of 1";
+    release(held);  // into the policy it was admitted by, counted off the one serving now
+    EXPECT_EQ(state(k.policy)["in_flight"], 0);
+    const std::string next = admit(k.policy, k.upstream);
+    EXPECT_FALSE(next.empty());
+    release(next);
+  }
+  // Once its calls have ended, a removed policy is forgotten: added back, it starts afresh.
+  start(fixed(1));
+  release(admit("a"));
+  ASSERT_TRUE(engine_->reload(config_of("policies:\n" + other)).ok());
+  ASSERT_TRUE(engine_->reload(config_of(fixed(1))).ok());
+  EXPECT_EQ(state("a")["admitted"], 0);
+}
+
 TEST_F(ReloadTest, ALoweredLimitDrainsAndNeverOverAdmits) {
   start(fixed(3));
   const std::string x = admit("a");
@@ -262,6 +299,19 @@ TEST(ReloadUnderLoad, GatewayNeverExceedsTheLargestLimitInForce) {
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   churn(*e.value(), AdmitCall{"g", {}, "acme", "llm", {}, std::nullopt},
         {gateway(2, 1, false), gateway(1, 2, true), gateway(2, 2, true)}, 2);
+}
+
+// A cascade of one node: reloads alternate its limit and its other settings (each builds a new
+// cascade on the same node), so calls held across a swap must stay counted.
+TEST(ReloadUnderLoad, CascadeNeverExceedsTheLargestLimitInForce) {
+  const auto cascade = [](int limit, const char* revive) {
+    return "policies:\n  c:\n    kind: cascade\n    revive_every: " + std::string(revive) +
+           "\n    nodes:\n      n1: {algorithm: fixed, limit: " + std::to_string(limit) + "}\n";
+  };
+  auto e = Engine::create(config_of(cascade(2, "5s")), SteadyClock::instance());
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  churn(*e.value(), AdmitCall{"c", {}, {}, {}, {}, std::nullopt},
+        {cascade(1, "5s"), cascade(2, "4s"), cascade(2, "5s"), cascade(1, "4s")}, 2);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <random>
@@ -171,14 +172,141 @@ TEST(FallbackCascade, ANodeSetChangeKeepsKnownNodesAndStartsNewOnesClean) {
   ASSERT_TRUE(held.ok() && held.value().node() == "b");
   c.set_nodes(f.specs({{"a", 10}, {"c", 10}}));
   const std::vector<CascadeNodeState> s = c.state();
-  ASSERT_EQ(s.size(), 2u);
+  ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0].name, "a");
   EXPECT_GT(s[0].buckets.historical[0].finished, 0u);  // kept
   EXPECT_EQ(s[1].health.basis, CascadeHealth::Basis::kCleanSlate);
-  // The removed node's lease finishes into its own guard.
+  // The removed node is parked, its call still counted; its lease finishes into its own guard.
+  EXPECT_EQ(s[2].name, "b");
+  EXPECT_TRUE(s[2].removed);
+  EXPECT_EQ(s[2].in_flight, 1u);
+  EXPECT_EQ(c.load().in_flight, 11u);
+  EXPECT_EQ(c.load().limit, 20u);  // a removed node's limit is not on offer
   EXPECT_EQ(b_guard->in_flight(), 1u);
   held.value().finish(CascadeOutcome::kSuccess);
   EXPECT_EQ(b_guard->in_flight(), 0u);
+}
+
+TEST(FallbackCascade, ANodeAddedBackWhileItsCallsRunIsTheSameNodeAndItsLimitHolds) {
+  Fixture f;
+  auto specs = f.specs({{"a", 8}, {"b", 8}});
+  const std::shared_ptr<AdaptiveGuard> a_guard = specs[0].guard;
+  FallbackCascade c(std::move(specs), f.clock, {}, f.draw());
+  std::vector<CascadeLease> on_a;
+  const std::vector<std::string> not_b = {"b"};
+  for (int i = 0; i < 8; ++i) {
+    auto l = c.acquire(not_b);
+    ASSERT_TRUE(l.ok());
+    on_a.push_back(std::move(l.value()));
+  }
+  on_a.back().finish(CascadeOutcome::kTimeout);  // a failure on its record
+  on_a.pop_back();
+  auto seventh = c.acquire(not_b);
+  ASSERT_TRUE(seventh.ok());
+  on_a.push_back(std::move(seventh.value()));
+  // Removed, then added back with a new guard of the same limit: the node, its guard, its 8
+  // calls and its record are as they were.
+  c.set_nodes(f.specs({{"b", 8}}));
+  c.set_nodes(f.specs({{"a", 8}, {"b", 8}}));
+  EXPECT_EQ(c.guard_of("a"), a_guard);
+  EXPECT_EQ(a_guard->in_flight(), 8u);
+  const auto refused = c.acquire(not_b);
+  EXPECT_FALSE(refused.ok());  // 8 of 8: not 8 more
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  const std::vector<CascadeNodeState> s = c.state();
+  ASSERT_EQ(s.size(), 2u);  // no longer parked
+  EXPECT_EQ(s[0].in_flight, 8u);
+  EXPECT_EQ(s[0].buckets.historical[0].finished, 1u);  // the failure it had
+  on_a.clear();                                        // each counts as failed
+  EXPECT_EQ(a_guard->in_flight(), 0u);
+}
+
+TEST(FallbackCascade, AParkedNodeIsForgottenAStatWindowAfterItsLastCall) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 8}, {"b", 8}}), f.clock, {}, f.draw());
+  auto held = c.acquire(std::vector<std::string>{"b"});
+  ASSERT_TRUE(held.ok());
+  c.set_nodes(f.specs({{"b", 8}}));
+  f.clock.advance(seconds(60));  // longer than its window, but its call still runs
+  EXPECT_EQ(c.state().size(), 2u);
+  held.value().finish(CascadeOutcome::kFailed);
+  c.set_nodes(f.specs({{"b", 8}}));  // its last call seen ending: the window starts now
+  f.clock.advance(seconds(29));
+  EXPECT_EQ(c.state().size(), 2u);
+  f.clock.advance(seconds(1));  // 6 buckets of 5 s after
+  EXPECT_EQ(c.state().size(), 1u);
+  auto fresh = f.specs({{"a", 8}, {"b", 8}});
+  const std::shared_ptr<AdaptiveGuard> new_a = fresh[0].guard;
+  c.set_nodes(std::move(fresh));
+  EXPECT_EQ(c.guard_of("a"), new_a);  // a new node: clean
+  EXPECT_EQ(c.state()[0].health.basis, CascadeHealth::Basis::kCleanSlate);
+}
+
+TEST(FallbackCascade, ACascadeBuiltToReplaceAnotherTakesOverItsNodes) {
+  Fixture f;
+  auto specs = f.specs({{"a", 2}, {"b", 2}});
+  FallbackCascade old(std::move(specs), f.clock, {}, f.draw());
+  std::vector<CascadeLease> held;
+  for (int i = 0; i < 4; ++i) held.push_back(std::move(old.acquire().value()));
+  FallbackCascadeOptions same_make;
+  same_make.revive_every = seconds(1);
+  FallbackCascade next(f.specs({{"a", 2}, {"b", 2}}), f.clock, same_make, f.draw(), &old);
+  EXPECT_EQ(next.guard_of("a"), old.guard_of("a"));
+  EXPECT_EQ(next.load().in_flight, 4u);
+  EXPECT_FALSE(next.acquire().ok());  // every call still counted
+  // Other buckets: the guards go on, the record starts clean.
+  FallbackCascadeOptions other;
+  other.stats.buckets = 3;
+  held.front().finish(CascadeOutcome::kFailed);
+  FallbackCascade rebuilt(f.specs({{"a", 2}, {"b", 2}}), f.clock, other, f.draw(), &old);
+  EXPECT_EQ(rebuilt.load().in_flight, 3u);
+  for (const CascadeNodeState& s : rebuilt.state())
+    EXPECT_EQ(s.health.basis, CascadeHealth::Basis::kCleanSlate) << s.name;
+  held.clear();
+  EXPECT_EQ(rebuilt.load().in_flight, 0u);
+}
+
+TEST(FallbackCascade, ACallThatExcludesEveryNodeIsToldSo) {
+  Fixture f;
+  FallbackCascade c(f.specs({{"a", 8}, {"b", 8}}), f.clock, {}, f.draw());
+  const auto r = c.acquire(std::vector<std::string>{"a", "b"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "cascade: every node is excluded (0 tried, 2 excluded)");
+  auto held = c.acquire(std::vector<std::string>{"b"});
+  for (int i = 1; i < 8; ++i) ASSERT_TRUE(c.acquire(std::vector<std::string>{"b"}).ok());
+}
+
+// Many dead nodes: revival calls stay within their cap (2% of the calls of the last second, plus
+// one a second) and come spread out, not in a burst when the dead nodes' turns come round.
+TEST(FallbackCascade, RevivalCallsToManyDeadNodesAreCappedAndSpread) {
+  Fixture f;
+  std::vector<std::pair<std::string, std::uint32_t>> nodes;
+  for (int i = 0; i < 200; ++i) nodes.emplace_back("n" + std::to_string(i), 1000);
+  FallbackCascade c(f.specs(nodes), f.clock, {}, f.draw());
+  const auto dead = [](const std::string& n) { return std::stoi(n.substr(1)) % 2 == 0; };
+  const auto outcome = [&](const std::string& n) {
+    return dead(n) ? CascadeOutcome::kFailed : CascadeOutcome::kSuccess;
+  };
+  // 1,000 calls a second for 40 s; the first 20 s let every dead node's window fill with
+  // failures, the last 20 s are measured, per 100 ms.
+  int calls = 0, to_dead = 0, worst_slice = 0;
+  for (int slice = 0; slice < 400; ++slice) {
+    int slice_dead = 0;
+    for (const auto& [node, n] : f.run(c, 100, outcome))
+      if (dead(node)) slice_dead += n;
+    if (slice >= 200) {
+      calls += 100;
+      to_dead += slice_dead;
+      worst_slice = std::max(worst_slice, slice_dead);
+    }
+    f.clock.advance(milliseconds(100));
+  }
+  const double share = static_cast<double>(to_dead) / calls;
+  EXPECT_LE(share, 0.02 + 0.001 + 0.002) << to_dead << " of " << calls;
+  EXPECT_GT(to_dead, 0);  // they are still tried
+  // At most the cap's second's worth in 100 ms (21), where 100 dead nodes whose turns came round
+  // together would take 100.
+  EXPECT_LE(worst_slice, 21);
 }
 
 TEST(FallbackCascade, ConcurrentCallersLeakNoPermitAndLoseNoCount) {

@@ -13,20 +13,23 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
  public:
   AdaptiveLimitPolicy(const BuildContext& c, const AlgorithmSpec& algorithm)
       : AdmitPolicy(c.name, "adaptive", c.spec.rate),
-        guard_(make_algorithm(algorithm), c.clock),
+        guard_(guard_for(c, algorithm)),
         spec_(algorithm),
-        kind_(algorithm.kind) {}
+        kind_(algorithm.kind) {
+    if (auto* was = dynamic_cast<const AdaptiveLimitPolicy*>(c.predecessor.get()))
+      count_leases_of(*was);
+  }
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
     AdmitDecision out;
     auto go_on = pass(gate, call, now, out);
     if (!go_on.ok()) return go_on.status();
     if (!go_on.value()) return out;
-    if (std::optional<GuardPermit> p = guard_.acquire()) {
+    if (std::optional<GuardPermit> p = guard_->acquire()) {
       out.permit = lease(GuardLease{std::move(*p)});
     } else {
       count_limit_refusal();
-      out.refusal = guard_refusal(name(), guard_.stats());
+      out.refusal = guard_refusal(name(), guard_->stats());
       out.refusal_owner = shared_from_this();
     }
     return out;
@@ -45,17 +48,17 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
     // Built now, so that applying cannot fail; a keeping change rebuilds it when applied from
     // the limit learned by then, and falls back to this one if that allocation fails.
     std::unique_ptr<LimitAlgorithm> prepared =
-        keep ? make_algorithm(next, guard_.algorithm_limit()) : make_algorithm(next);
+        keep ? make_algorithm(next, guard_->algorithm_limit()) : make_algorithm(next);
     return Reconfiguration([this, next, keep, prepared = std::move(prepared)]() mutable {
       std::unique_ptr<LimitAlgorithm> algorithm = std::move(prepared);
       if (keep) {
         try {
-          algorithm = make_algorithm(next, guard_.algorithm_limit());
+          algorithm = make_algorithm(next, guard_->algorithm_limit());
         } catch (...) {  // out of memory: the limit learned when the reload was prepared
         }
       }
       kind_.store(next.kind, std::memory_order_relaxed);
-      guard_.replace_algorithm(std::move(algorithm));
+      guard_->replace_algorithm(std::move(algorithm));
       spec_ = next;
     });
   }
@@ -63,16 +66,29 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
  protected:
   void describe(nlohmann::json& j, PolicyInfo& info) const override {
     j["algorithm"] = std::string(algorithm_name(kind_.load(std::memory_order_relaxed)));
-    describe_guard(guard_.stats(), j, info);
+    describe_guard(guard_->stats(), j, info);
     describe_admissions(j);
   }
   void metrics(std::vector<prometheus::MetricFamily>& out) const override {
     admission_metrics(out);
-    guard_metrics(guard_.stats(), out);
+    guard_metrics(guard_->stats(), out);
   }
 
  private:
-  AdaptiveGuard guard_;
+  // A new guard, or the predecessor's (BuildContext::predecessor: the calls it admitted stay
+  // counted against this limit) with the new spec's algorithm, as a reload in place would do.
+  static std::shared_ptr<AdaptiveGuard> guard_for(const BuildContext& c,
+                                                  const AlgorithmSpec& algorithm) {
+    auto* was = dynamic_cast<const AdaptiveLimitPolicy*>(c.predecessor.get());
+    if (was == nullptr) return std::make_shared<AdaptiveGuard>(make_algorithm(algorithm), c.clock);
+    const bool keep =
+        algorithm.kind == was->spec_.kind && algorithm.kind != AlgorithmSpec::Kind::kFixed;
+    was->guard_->replace_algorithm(keep ? make_algorithm(algorithm, was->guard_->algorithm_limit())
+                                        : make_algorithm(algorithm));
+    return was->guard_;
+  }
+
+  std::shared_ptr<AdaptiveGuard> guard_;
   // The spec in force: read and written only by reconfigure() and the change it returns (the
   // engine runs one reload at a time).
   AlgorithmSpec spec_;

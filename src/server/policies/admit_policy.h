@@ -20,6 +20,10 @@ namespace sluice::server {
 class AdmitPolicy : public Policy, public AdmitFamily {
  public:
   [[nodiscard]] AdmitFamily* admit_family() noexcept override { return this; }
+  // Counts `predecessor`'s leases still held as this policy's own from here on (they are calls
+  // in flight against the limits it took over; BuildContext::predecessor). For the builder,
+  // before the policy is served.
+  void count_leases_of(const AdmitPolicy& predecessor) noexcept { leases_ = predecessor.leases_; }
 
  protected:
   using Policy::Policy;
@@ -39,8 +43,9 @@ class AdmitPolicy : public Policy, public AdmitFamily {
                                     AdmitDecision& out);
   void count_limit_refusal() noexcept { limit_refused_.fetch_add(1, std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t leases() const noexcept {
-    return leases_.load(std::memory_order_relaxed);
+    return leases_->load(std::memory_order_relaxed);
   }
+
 
   // The counters' state fields and metric families.
   void describe_admissions(nlohmann::json& j) const;
@@ -52,14 +57,14 @@ class AdmitPolicy : public Policy, public AdmitFamily {
    public:
     Lease(P permit, std::shared_ptr<AdmitPolicy> policy) noexcept
         : permit_(std::move(permit)), policy_(std::move(policy)) {
-      policy_->leases_.fetch_add(1, std::memory_order_relaxed);
+      policy_->leases_->fetch_add(1, std::memory_order_relaxed);
     }
     Lease(Lease&&) noexcept = default;
     void finish(const CallEnd& end) noexcept {
       permit_.finish(end);
       if (end.by == CallEnd::By::kClient)
         policy_->released_.fetch_add(1, std::memory_order_relaxed);
-      policy_->leases_.fetch_sub(1, std::memory_order_relaxed);
+      policy_->leases_->fetch_sub(1, std::memory_order_relaxed);
     }
 
    private:
@@ -68,7 +73,10 @@ class AdmitPolicy : public Policy, public AdmitFamily {
   };
 
   std::atomic<std::uint64_t> admitted_{0}, limit_refused_{0}, gate_refused_{0}, released_{0};
-  std::atomic<std::uint64_t> leases_{0};
+  // Leases held (shared with the successors that count them: count_leases_of(); set before the
+  // policy serves, read-only after).
+  std::shared_ptr<std::atomic<std::uint64_t>> leases_ =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
 };
 
 // An adaptive guard's permit, finished with the call's outcome and RTT.

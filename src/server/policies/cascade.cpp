@@ -10,7 +10,10 @@
 //   decay: 3                        # how much more each newer bucket weighs
 //   exponent: 3                     # weight = success rate ^ exponent
 //   order: exact | approximate      # the weighted permutation, or the source's approximation
-//   revive_every: 5s                # a node at the weight floor gets one call this often
+//   revive_every: 5s                # a node at the weight floor gets one call this often (0s:
+//                                   #     never)
+//   revive_share: 0.02              # revival calls: at most this share of the last second's
+//                                   #     calls, plus one a second
 //   breaker:                        # optional: a circuit breaker per node
 //     failures: 5                   # failures in a row that open it
 //     open_for: 5s                  # its first open spell, doubled per failed probe ...
@@ -29,14 +32,19 @@
 // nowhere). A lease that expires or is ended by shutdown counts as ignored: its client never
 // said how the call went.
 //
-// Reload: a change of the node set or of a node's guard is taken in place: a node kept by name
-// keeps its guard (its algorithm replaced if its fields changed, as the adaptive kind does), its
-// health and its breaker; a new node starts clean; a removed node stops being chosen and its
-// leases finish into it. A change of any other field rebuilds the policy (health starts clean).
+// Reload: always in place. A node kept by name keeps its guard (its algorithm replaced if its
+// fields changed, as the adaptive kind does), its health and its breaker; a new node starts
+// clean; a removed node stops being chosen, its leases finish into it and it stays counted
+// (shown with "removed": true) while they run and for its stat window after: added back
+// meanwhile, it is the same node (its limit counts the calls still holding it). A change of any
+// other field builds a new cascade on the same nodes and guards (health and breakers carried
+// when the buckets and breaker settings are unchanged). A policy removed by a reload while its
+// calls run and added back by a later one goes on with its nodes the same way.
 #include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,18 +109,28 @@ struct CascadePermit {
 class CascadePolicy final : public AdmitPolicy {
  public:
   CascadePolicy(const BuildContext& c, const CascadeSpec& spec)
-      : AdmitPolicy(c.name, "cascade", c.spec.rate),
-        clock_(c.clock),
-        spec_(spec),
-        guards_(new_guards(spec.nodes, c.clock)),
-        cascade_(node_specs(spec.nodes, {}), c.clock, spec.options) {}
+      : AdmitPolicy(c.name, "cascade", c.spec.rate), clock_(c.clock) {
+    // After a predecessor (BuildContext::predecessor: this policy was removed by a reload while
+    // calls held its nodes, and is added back): its nodes, guards and health go on.
+    auto* was = dynamic_cast<const CascadePolicy*>(c.predecessor.get());
+    const std::shared_ptr<FallbackCascade> previous = was != nullptr ? was->cascade() : nullptr;
+    if (was != nullptr) known_ = was->known_;
+    Plan plan = plan_nodes(spec.nodes, previous.get());
+    for (auto& [guard, algorithm] : plan.replaced) guard->replace_algorithm(std::move(algorithm));
+    install(std::make_shared<FallbackCascade>(std::move(plan.specs), c.clock, spec.options,
+                                              UniformDraw{}, previous.get()));
+    for (const NodeSpec& n : spec.nodes) known_[n.name] = n.algorithm;
+    spec_ = spec;
+    if (was != nullptr) count_leases_of(*was);
+  }
 
   StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
     AdmitDecision out;
     auto go_on = pass(gate, call, now, out);
     if (!go_on.ok()) return go_on.status();
     if (!go_on.value()) return out;
-    StatusOr<CascadeLease> lease = cascade_.acquire(call.exclude);
+    const std::shared_ptr<FallbackCascade> cascade = this->cascade();
+    StatusOr<CascadeLease> lease = cascade->acquire(call.exclude);
     if (lease.ok()) {
       out.chosen = lease.value().node();
       out.permit = this->lease(CascadePermit{std::move(lease.value())});
@@ -126,7 +144,7 @@ class CascadePolicy final : public AdmitPolicy {
     r.type = "urn:sluice:problem:cascade-exhausted";
     r.title = "No Node Has Room";
     r.policy = name();
-    const FallbackCascade::Load load = cascade_.load();
+    const FallbackCascade::Load load = cascade->load();
     r.current_in_flight = load.in_flight;
     r.max_concurrent = load.limit;
     r.retry_after = std::chrono::seconds(1);
@@ -136,45 +154,39 @@ class CascadePolicy final : public AdmitPolicy {
     return out;
   }
 
+  // In place, always. A node kept by name (or added back while it is parked: removed by an
+  // earlier reload, its calls still running or its stat window not over) keeps its guard (its
+  // algorithm replaced if its fields changed, as the adaptive kind does), its health and its
+  // breaker; a new node starts clean; a removed node is parked. A change of the cascade's
+  // other fields builds a new cascade on the same nodes (their guards, and so every call in
+  // flight, always; their health and breakers when the buckets and breakers are of the same
+  // make), swapped in when the reload commits.
   StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
     const CascadeSpec& next = *c.spec.as<CascadeSpec>();
-    if (next.options != spec_.options) return Reconfiguration();  // rebuilt
-    // Prepared now, so that applying cannot fail: a new node's guard, a kept node's algorithm
-    // when its fields changed (the limit it learned carried over when the algorithm is the
-    // same and not fixed).
-    Guards fresh;
-    std::vector<std::pair<std::shared_ptr<AdaptiveGuard>, std::unique_ptr<LimitAlgorithm>>>
-        replaced;
-    for (const NodeSpec& n : next.nodes) {
-      auto old = std::find_if(spec_.nodes.begin(), spec_.nodes.end(),
-                              [&](const NodeSpec& o) { return o.name == n.name; });
-      if (old == spec_.nodes.end()) {
-        fresh[n.name] = std::make_shared<AdaptiveGuard>(make_algorithm(n.algorithm), clock_);
-        continue;
-      }
-      if (old->algorithm == n.algorithm) continue;
-      const std::shared_ptr<AdaptiveGuard>& g = guards_.at(n.name);
-      const bool keep = n.algorithm.kind == old->algorithm.kind &&
-                        n.algorithm.kind != AlgorithmSpec::Kind::kFixed;
-      replaced.emplace_back(g, keep ? make_algorithm(n.algorithm, g->algorithm_limit())
-                                    : make_algorithm(n.algorithm));
-    }
-    std::vector<CascadeNodeSpec> specs = node_specs(next.nodes, fresh);
-    return Reconfiguration([this, next, specs = std::move(specs), fresh = std::move(fresh),
-                            replaced = std::move(replaced)]() mutable {
-      for (auto& [guard, algorithm] : replaced) guard->replace_algorithm(std::move(algorithm));
-      Guards guards;
-      for (const CascadeNodeSpec& s : specs) guards[s.name] = s.guard;
-      cascade_.set_nodes(std::move(specs));
-      guards_.swap(guards);
-      spec_ = next;
-    });
+    const std::shared_ptr<FallbackCascade> current = cascade();
+    // Prepared now, so that applying cannot fail.
+    Plan plan = plan_nodes(next.nodes, nullptr);
+    std::shared_ptr<FallbackCascade> rebuilt;
+    if (next.options != spec_.options)
+      rebuilt = std::make_shared<FallbackCascade>(plan.specs, clock_, next.options, UniformDraw{},
+                                                  current.get());
+    return Reconfiguration(
+        [this, next, plan = std::move(plan), rebuilt = std::move(rebuilt)]() mutable {
+          for (auto& [guard, algorithm] : plan.replaced)
+            guard->replace_algorithm(std::move(algorithm));
+          if (rebuilt != nullptr)
+            install(std::move(rebuilt));
+          else
+            cascade()->set_nodes(std::move(plan.specs));
+          for (const NodeSpec& n : next.nodes) known_[n.name] = n.algorithm;
+          spec_ = next;
+        });
   }
 
  protected:
   void describe(nlohmann::json& j, PolicyInfo& info) const override {
     nlohmann::json nodes = nlohmann::json::array();
-    for (const CascadeNodeState& n : cascade_.state()) {
+    for (const CascadeNodeState& n : cascade()->state()) {
       nlohmann::json buckets = nlohmann::json::array();
       for (const CascadeBucket& b : n.buckets.window())
         buckets.push_back({{"finished", b.finished}, {"succeeded", b.succeeded}});
@@ -189,6 +201,7 @@ class CascadePolicy final : public AdmitPolicy {
           {"in_flight", n.in_flight},
           {"limit", n.limit},
       };
+      if (n.removed) node["removed"] = true;
       if (n.breaker) {
         node["breaker"] = {
             {"state", to_string(n.breaker->state)},
@@ -197,13 +210,13 @@ class CascadePolicy final : public AdmitPolicy {
              std::chrono::duration<double, std::milli>(n.breaker->reopens_in).count()},
             {"opened", n.breaker->opened}};
       }
-      info.in_flight += n.in_flight;
-      info.limit += n.limit;
+      info.in_flight += n.in_flight;  // every call held, on a removed node too
+      if (!n.removed) info.limit += n.limit;
       nodes.push_back(std::move(node));
     }
     j["in_flight"] = info.in_flight;
     j["limit"] = info.limit;
-    j["order"] = cascade_.options().approximate_order ? "approximate" : "exact";
+    j["order"] = cascade()->options().approximate_order ? "approximate" : "exact";
     j["nodes"] = std::move(nodes);
     describe_admissions(j);
   }
@@ -237,7 +250,7 @@ class CascadePolicy final : public AdmitPolicy {
       m.gauge.value = v;
       f.metric.push_back(std::move(m));
     };
-    for (const CascadeNodeState& n : cascade_.state()) {
+    for (const CascadeNodeState& n : cascade()->state()) {
       gauge(rate, {{"node", n.name}}, n.health.success_rate);
       gauge(weight, {{"node", n.name}}, n.health.weight);
       std::uint64_t finished = 0, succeeded = 0;
@@ -255,7 +268,7 @@ class CascadePolicy final : public AdmitPolicy {
           gauge(breaker, {{"node", n.name}, {"state", std::string(to_string(s))}},
                 n.breaker->state == s ? 1 : 0);
       total_in_flight += n.in_flight;
-      total_limit += n.limit;
+      if (!n.removed) total_limit += n.limit;
     }
     out.push_back(one("sluice_policy_in_flight", "Calls holding a permit", MetricType::Gauge,
                       static_cast<double>(total_in_flight)));
@@ -266,29 +279,58 @@ class CascadePolicy final : public AdmitPolicy {
   }
 
  private:
-  using Guards = std::map<std::string, std::shared_ptr<AdaptiveGuard>>;
-  static Guards new_guards(const std::vector<NodeSpec>& nodes, const Clock& clock) {
-    Guards out;
-    for (const NodeSpec& n : nodes)
-      out[n.name] = std::make_shared<AdaptiveGuard>(make_algorithm(n.algorithm), clock);
-    return out;
-  }
-  // The nodes of `nodes` with their guards: from `fresh` when there, else the one kept by name.
-  [[nodiscard]] std::vector<CascadeNodeSpec> node_specs(const std::vector<NodeSpec>& nodes,
-                                                        const Guards& fresh) const {
-    std::vector<CascadeNodeSpec> out;
+  // The nodes a spec names, with their guards, and the algorithm changes to apply to guards
+  // that carry on.
+  struct Plan {
+    std::vector<CascadeNodeSpec> specs;
+    std::vector<std::pair<std::shared_ptr<AdaptiveGuard>, std::unique_ptr<LimitAlgorithm>>>
+        replaced;
+  };
+  // A node's guard: the one its name has in this policy's cascade (current or parked), or else
+  // in `previous`'s, with its algorithm to replace when the node's fields changed (the limit it
+  // learned carried over when the algorithm is the same and not fixed); a new one otherwise.
+  [[nodiscard]] Plan plan_nodes(const std::vector<NodeSpec>& nodes,
+                                const FallbackCascade* previous) const {
+    Plan plan;
+    const std::shared_ptr<FallbackCascade> here = cascade();
     for (const NodeSpec& n : nodes) {
-      auto it = fresh.find(n.name);
-      out.push_back({n.name, it != fresh.end() ? it->second : guards_.at(n.name)});
+      std::shared_ptr<AdaptiveGuard> g = here != nullptr ? here->guard_of(n.name) : nullptr;
+      if (g == nullptr && previous != nullptr) g = previous->guard_of(n.name);
+      if (g == nullptr) {
+        plan.specs.push_back(
+            {n.name, std::make_shared<AdaptiveGuard>(make_algorithm(n.algorithm), clock_)});
+        continue;
+      }
+      const auto old = known_.find(n.name);
+      if (old == known_.end() || old->second != n.algorithm) {
+        const bool keep = old != known_.end() && n.algorithm.kind == old->second.kind &&
+                          n.algorithm.kind != AlgorithmSpec::Kind::kFixed;
+        plan.replaced.emplace_back(g, keep ? make_algorithm(n.algorithm, g->algorithm_limit())
+                                           : make_algorithm(n.algorithm));
+      }
+      plan.specs.push_back({n.name, std::move(g)});
     }
-    return out;
+    return plan;
   }
+  [[nodiscard]] std::shared_ptr<FallbackCascade> cascade() const {
+    const std::lock_guard lock(cascade_mu_);
+    return cascade_;
+  }
+  void install(std::shared_ptr<FallbackCascade> c) {
+    const std::lock_guard lock(cascade_mu_);
+    cascade_.swap(c);
+  }  // the one replaced is released outside the lock
+
   const Clock& clock_;
-  // The spec and guards in force: read and written only by reconfigure() and the change it
-  // returns (the engine runs one reload at a time), and by the constructor.
+  // The spec in force and the last algorithm of every node named so far: read and written only
+  // by the constructor, reconfigure() and the change it returns (one reload at a time).
   CascadeSpec spec_;
-  Guards guards_;
-  FallbackCascade cascade_;
+  std::map<std::string, AlgorithmSpec> known_;
+  // Swapped by a reload's commit. A mutex held for the pointer's copy alone, not an atomic
+  // shared_ptr (libstdc++ 12's is a lock in the pointer's low bit, which ThreadSanitizer
+  // cannot see).
+  mutable std::mutex cascade_mu_;
+  std::shared_ptr<FallbackCascade> cascade_;
 };
 
 // "decay: must be ..." placed at `prefix` + its field.
@@ -301,7 +343,7 @@ void place(ConfigSection& s, const std::string& prefix, std::string_view why) {
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
   s.keys({"kind", "nodes", "buckets", "bucket_width", "decay", "exponent", "order", "breaker",
-          "revive_every", "rate"});
+          "revive_every", "revive_share", "rate"});
   auto body = std::make_shared<CascadeSpec>();
   FallbackCascadeOptions& o = body->options;
   if (auto b = s.uint("buckets", 1, CascadeNodeStats::kMaxBuckets)) o.stats.buckets = *b;
@@ -310,7 +352,13 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
   if (auto e = s.number("exponent")) o.health.exponent = *e;
   if (auto a = s.choice<bool>("order", {{"exact", false}, {"approximate", true}}))
     o.approximate_order = *a;
-  if (auto r = s.duration("revive_every")) o.revive_every = *r;
+  if (auto r = s.duration_or_zero("revive_every")) o.revive_every = *r;
+  if (auto r = s.number("revive_share")) {
+    if (*r < 0 || *r > 1)
+      s.error("revive_share", "must be 0..1 (revival calls per call)");
+    else
+      o.revive_share = *r;
+  }
   if (std::string_view why = cascade_health_error(o.health); !why.empty()) place(s, "", why);
   if (auto b = s.map("breaker")) {
     b->keys({"failures", "open_for", "max_open_for", "probes", "successes", "panic_below"});
@@ -336,6 +384,10 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
   }
   s.named("nodes", [&](const std::string& name, ConfigSection& n) {
     n.keys({"algorithm", "limit", "initial_limit", "min_limit", "max_limit"});
+    if (name.empty())
+      n.error(
+          "a node's name must not be empty (Admit names the node it chose, exclude names "
+          "nodes not to choose)");
     if (name.size() > kMaxNameBytes)
       n.error("a node's name must be at most " + std::to_string(kMaxNameBytes) + " bytes");
     NodeSpec node{name, {}};

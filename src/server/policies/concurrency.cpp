@@ -145,6 +145,20 @@ class GatewayPolicy final : public AdmitPolicy {
   // policy alive.
   ~GatewayPolicy() override { retire(); }
 
+  // The gateway a new policy of `c` serves with: built afresh, or on the levels of the
+  // predecessor's gateway (BuildContext::predecessor), as a reload in place would build it, so
+  // the calls it admitted stay counted against the same limits.
+  static GatewayBuild gateway_for(const BuildContext& c, const GatewayConfig& config) {
+    auto* was = dynamic_cast<const GatewayPolicy*>(c.predecessor.get());
+    if (was == nullptr) return Gateway::create(config);
+    Generation* g = was->hold();
+    GatewayBuild b = Gateway::create(config, *g->gateway);
+    was->let_go(g);
+    // The predecessor serves no more (a reload retired it): this gateway's maxima are in force.
+    if (b.gateway) b.gateway->take_over();
+    return b;
+  }
+
   // Starts the loop that ends waits past their deadline (the call's max_wait, the queue's
   // timeout). For the builder, before the policy is served.
   void start() {
@@ -690,9 +704,11 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const ConcurrencySpec& spec = *c.spec.as<ConcurrencySpec>();
-  GatewayBuild b = Gateway::create(spec.gateway);
+  GatewayBuild b = GatewayPolicy::gateway_for(c, spec.gateway);
   if (!b.gateway) return Status(StatusCode::kInvalidArgument, GatewayPolicy::errors_of(b.report));
   auto policy = std::make_shared<GatewayPolicy>(c, std::move(b.gateway));
+  if (auto* was = dynamic_cast<const GatewayPolicy*>(c.predecessor.get()))
+    policy->count_leases_of(*was);
   policy->start();
   return std::shared_ptr<Policy>(std::move(policy));
 }
