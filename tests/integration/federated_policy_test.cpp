@@ -223,6 +223,25 @@ const ConfigError* error_at(const ConfigLoad& l, const std::string& path) {
   return nullptr;
 }
 
+// A federated policy with no coordinator is this process's alone: the config says so when it
+// loads (a warning naming the field), unless `coordinator: memory` asks for it, and the state
+// shows the scope.
+TEST(FederatedConfig, AProcessLocalBudgetIsNamedAsSuch) {
+  const ConfigLoad implicit = load("    limit: 10\n");
+  ASSERT_TRUE(implicit.config.has_value());
+  ASSERT_EQ(implicit.warnings.size(), 1u);
+  EXPECT_EQ(implicit.warnings[0].path, "policies.f.coordinator");
+  EXPECT_NE(implicit.warnings[0].message.find("this process's alone"), std::string::npos);
+  const ConfigLoad named = load("    limit: 10\n    coordinator: memory\n");
+  ASSERT_TRUE(named.config.has_value());
+  EXPECT_TRUE(named.warnings.empty());
+  ManualClock clock{seconds(1000)};
+  auto e = Engine::create(*named.config, clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  for (const PolicyInfo& p : e.value()->policies())
+    EXPECT_EQ(nlohmann::json::parse(p.state_json)["scope"], "process");
+}
+
 TEST(FederatedConfig, ErrorsNameTheirField) {
   {
     const ConfigLoad l = load("    limit: 10\n    region: eu\n    strategy: gcra\n");
@@ -331,6 +350,8 @@ TEST(FederatedRedis, TwoRegionEnginesSplitOneBudgetOnRedis) {
   auto us = Engine::create(config_of(region_yaml(redis.port(), "us")), clock);
   ASSERT_TRUE(eu.ok()) << eu.status().to_string();
   ASSERT_TRUE(us.ok()) << us.status().to_string();
+  for (const PolicyInfo& p : eu.value()->policies())
+    EXPECT_EQ(nlohmann::json::parse(p.state_json)["scope"], "shared");
   // A Redis that has never held a budget counts the window it is first asked in as spent: it
   // cannot tell a fresh start from a restart that lost what it had leased.
   auto first = eu.value()->check(CheckCall{"api", "k", 1});

@@ -122,6 +122,9 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["region"] = o.region;
     j["batch"] = o.batch;
     j["coordinator"] = std::string(coordinator_->backend());
+    // Whose the budget is: this process's alone (the embedded memory coordinator), or every
+    // server's that shares the coordinator.
+    j["scope"] = coordinator_->backend() == "memory" ? "process" : "shared";
     j["outage"] = std::string(to_string(o.outage));
     if (regional_ != nullptr) {
       j["regional_escrow"] = std::string(regional_->backend());
@@ -228,6 +231,14 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   if (auto v = s.str("budget")) o.budget_id = *v;
   if (auto v = s.uint("batch", 1, 1'000'000)) o.batch = *v;
   if (auto v = s.str("coordinator")) body->coordinator = *v;
+  // Left out, the budget is the embedded memory coordinator's: this process's alone. Said
+  // when the config loads (serve and validate print it), unless it is asked for by name.
+  if (!s.has("coordinator"))
+    s.warning_at("coordinator",
+                 "not set: this budget is held by the embedded memory coordinator, so it is this "
+                 "process's alone (several servers would each admit the whole limit); name a "
+                 "redis or postgres coordinator to share it, or write `coordinator: memory` if "
+                 "one process is meant");
   spec.coordinators = {body->coordinator};
   if (auto v = s.str("regional_escrow")) {
     if (v->empty())
