@@ -56,6 +56,8 @@ class ConfigSection {
   std::optional<std::vector<std::pair<std::string, double>>> numbers(std::string_view key);
   // A positive duration: an integer and a unit (ns, us, ms, s, m, h).
   std::optional<Nanos> duration(std::string_view key);
+  // A duration that may be 0 ("0s"): for a field whose 0 has a meaning of its own.
+  std::optional<Nanos> duration_or_zero(std::string_view key);
   // One of `names`; an error lists them.
   template <class E>
   std::optional<E> choice(std::string_view key,

@@ -145,6 +145,10 @@ std::optional<Nanos> ConfigSection::duration(std::string_view key) {
   return reader_->duration(node(node_), key, path_);
 }
 
+std::optional<Nanos> ConfigSection::duration_or_zero(std::string_view key) {
+  return reader_->duration(node(node_), key, path_, /*zero_ok=*/true);
+}
+
 std::optional<std::size_t> ConfigSection::choose(std::string_view key,
                                                  const std::vector<std::string_view>& words,
                                                  bool required) {

@@ -188,14 +188,17 @@ class Reader {
     return std::nullopt;
   }
 
+  // A positive duration; with `zero_ok`, 0 ("0s") too.
   std::optional<Nanos> duration(const YAML::Node& parent, std::string_view key,
-                                const std::string& path) {
+                                const std::string& path, bool zero_ok = false) {
     const std::optional<std::string> s = str(parent, key, path);
     if (!s) return std::nullopt;
     const std::optional<Nanos> d = parse_duration(*s);
-    if (!d || *d <= Nanos{0}) {
+    if (!d || *d < Nanos{0} || (*d == Nanos{0} && !zero_ok)) {
       error(parent[std::string(key)], join(path, key),
-            "must be a positive duration such as 250ms or 2s, not '" + *s + "'");
+            std::string(zero_ok ? "must be a duration such as 0s, 250ms or 2s"
+                                : "must be a positive duration such as 250ms or 2s") +
+                ", not '" + *s + "'");
       return std::nullopt;
     }
     return d;
