@@ -69,9 +69,8 @@
 //       [&](std::string_view node) { return get(node, path); },
 //       [](const Reply& r) { return sluice::outcome_of_http(r.status); });
 //
-// Thread-safety: every member is safe to call concurrently. acquire() takes no lock while the
-// breakers are closed: it reads the node set through an atomic shared pointer and each node's
-// buckets, breaker and guard atomically.
+// Thread-safety: every member is safe to call concurrently. acquire() takes one lock, for a copy
+// of the node set's pointer, and reads each node's buckets, breaker and guard atomically.
 #pragma once
 
 #include <atomic>
@@ -305,7 +304,15 @@ class FallbackCascade {
   UniformDraw draw_;
   RetryBudget budget_;
   RetryBudget revivals_;  // the revival cap: revive_share of the calls of the last second
-  std::atomic<std::shared_ptr<const Nodes>> nodes_;
+  // The node set, replaced whole by set_nodes(): read under a mutex held for the pointer's copy
+  // alone (an atomic shared_ptr is no cheaper in libstdc++ 12, where it is a lock in the
+  // pointer's low bit, and ThreadSanitizer cannot see that lock).
+  [[nodiscard]] std::shared_ptr<const Nodes> nodes() const {
+    const std::lock_guard lock(nodes_mu_);
+    return nodes_;
+  }
+  mutable std::mutex nodes_mu_;
+  std::shared_ptr<const Nodes> nodes_;  // guarded by nodes_mu_
   mutable std::mutex parked_mu_;
   mutable std::vector<Parked> parked_;  // guarded by parked_mu_
 };

@@ -183,7 +183,7 @@ void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs) {
 
 std::shared_ptr<CascadeNode> FallbackCascade::node_of(const FallbackCascade& c,
                                                       std::string_view name) {
-  if (const std::shared_ptr<const Nodes> nodes = c.nodes_.load())
+  if (const std::shared_ptr<const Nodes> nodes = c.nodes())
     for (const auto& n : *nodes)
       if (n->name() == name) return n;
   const std::lock_guard lock(c.parked_mu_);
@@ -201,7 +201,7 @@ void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs,
                                 const FallbackCascade* previous) {
   const Nanos now = clock_.now();
   const std::lock_guard lock(parked_mu_);  // one change at a time; node_of(*this) not used here
-  const std::shared_ptr<const Nodes> old = nodes_.load();
+  const std::shared_ptr<const Nodes> old = nodes();
   // A predecessor's node is taken whole only if its buckets and breaker are of the same make.
   const bool same_make = previous != nullptr && previous->options_.stats == options_.stats &&
                          previous->options_.breaker == options_.breaker;
@@ -234,7 +234,11 @@ void FallbackCascade::set_nodes(std::vector<CascadeNodeSpec> specs,
     for (const auto& n : *old)
       if (std::none_of(next->begin(), next->end(), [&](const auto& x) { return x == n; }))
         parked_.push_back({n, now});
-  nodes_.store(std::move(next));
+  {
+    std::shared_ptr<const Nodes> installed(std::move(next));
+    const std::lock_guard nodes_lock(nodes_mu_);
+    nodes_.swap(installed);
+  }
   prune_parked(now);
 }
 
@@ -249,11 +253,11 @@ void FallbackCascade::prune_parked(Nanos now) const {
   });
 }
 
-std::size_t FallbackCascade::size() const noexcept { return nodes_.load()->size(); }
+std::size_t FallbackCascade::size() const noexcept { return nodes()->size(); }
 
 FallbackCascade::Load FallbackCascade::load() const noexcept {
   Load out;
-  for (const auto& n : *nodes_.load()) {
+  for (const auto& n : *nodes()) {
     out.in_flight += n->guard().in_flight();
     out.limit += n->guard().limit();
   }
@@ -263,7 +267,7 @@ FallbackCascade::Load FallbackCascade::load() const noexcept {
 }
 
 StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exclude) {
-  const std::shared_ptr<const Nodes> nodes = nodes_.load();
+  const std::shared_ptr<const Nodes> nodes = this->nodes();
   const Nanos now = clock_.now();
   thread_local std::vector<double> weights, rates;
   thread_local std::vector<std::size_t> order;
@@ -361,7 +365,7 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
 }
 
 std::vector<CascadeNodeState> FallbackCascade::state() const {
-  const std::shared_ptr<const Nodes> nodes = nodes_.load();
+  const std::shared_ptr<const Nodes> nodes = this->nodes();
   const Nanos now = clock_.now();
   std::vector<CascadeNodeState> out;
   for (const auto& n : *nodes) {
