@@ -46,7 +46,6 @@ class AdmitPolicy : public Policy, public AdmitFamily {
     return leases_->load(std::memory_order_relaxed);
   }
 
-
   // The counters' state fields and metric families.
   void describe_admissions(nlohmann::json& j) const;
   void admission_metrics(std::vector<prometheus::MetricFamily>& out) const;
