@@ -10,6 +10,7 @@
 #include "client.h"
 #include "demo.h"
 #include "serve.h"
+#include "server/coordinators.h"
 #include "server/registry.h"
 #include "sim.h"
 #include "sluice/config.h"
@@ -82,16 +83,20 @@ int main(int argc, char** argv) {
 
   std::string config_path;
   CLI::App* validate_cmd = app.add_subcommand(
-      "validate", "check a config file: every error with its line and column; exit 1 if any");
+      "validate",
+      "check a config file as `sluice serve` does before it connects: every error with its line "
+      "and column; exit 1 if any");
   validate_cmd->add_option("config", config_path, "the YAML config file")->required();
   validate_cmd->callback([&] {
-    const sluice::ConfigLoad load =
+    sluice::ConfigLoad load =
         sluice::load_config_file(config_path, sluice::server::PolicyRegistry::builtin());
+    // Then what `sluice serve` checks of the coordinators before it connects to them.
+    if (load.config) load.errors = sluice::server::check_before_connecting(*load.config);
     for (const sluice::ConfigError& e : load.warnings)
       fmt::print(stderr, "warning: {}\n", e.to_string(config_path));
     for (const sluice::ConfigError& e : load.errors)
       fmt::print(stderr, "error: {}\n", e.to_string(config_path));
-    if (!load.config) {
+    if (!load.errors.empty()) {
       fmt::print(stderr, "{}: {} error(s)\n", config_path, load.errors.size());
       exit_code = 1;
       return;

@@ -48,6 +48,24 @@ std::optional<SluiceConfig> load(const std::string& path) {
   return l.config;
 }
 
+// Why a reload to `next` needs a restart instead (empty: it does not): every setting it changes
+// that a running server cannot take, each with its value in force and the file's.
+std::string restart_needed(const ServerSettings& started, const ServerSettings& next,
+                           const ServeOptions& options) {
+  std::string out;
+  for (const RestartOnlyChange& c : restart_only_changes(started, next)) {
+    out += (out.empty() ? "" : ", ") + c.setting + " (" + c.running + " -> " + c.next + ")";
+    const std::string& flag = c.setting == "server.grpc"   ? options.grpc
+                              : c.setting == "server.http" ? options.http
+                                                           : std::string();
+    if (!flag.empty()) out += " [--" + c.setting.substr(7) + " " + flag + " overrides it]";
+  }
+  if (out.empty()) return out;
+  return "changed " + out +
+         ": a running server cannot apply these (its listeners and node id are set when it "
+         "starts); restart it to apply them, or put them back to reload the rest";
+}
+
 // Runs the lease sweeper until stopped.
 class Sweeper {
  public:
@@ -109,6 +127,8 @@ int run_serve(const ServeOptions& options) {
       return 1;
     }
   }
+  // The file's settings a reload may not change (restart_only_changes), before the flags.
+  const ServerSettings started = config->server;
   if (!options.grpc.empty()) config->server.grpc = options.grpc;
   if (!options.http.empty()) config->server.http = options.http;
   const SteadyClock& clock = SteadyClock::instance();
@@ -132,6 +152,11 @@ int run_serve(const ServeOptions& options) {
       engine.note_reload_failure();
       log("reload rejected: the config has errors (above); the old config keeps serving");
       return {false, "the config has errors (see the server log); the old config keeps serving"};
+    }
+    if (const std::string why = restart_needed(started, next->server, options); !why.empty()) {
+      engine.note_reload_failure();
+      log("reload rejected: " + why + "; the old config keeps serving");
+      return {false, why + "; the old config keeps serving"};
     }
     auto r = engine.reload(*next);
     if (!r.ok()) {

@@ -22,10 +22,12 @@ struct AlgorithmSpec {
   enum class Kind : std::uint8_t { kFixed, kAimd, kVegas, kGradient2 };
   Kind kind = Kind::kGradient2;
   std::optional<std::uint32_t> limit;  // fixed only: its limit (default 20)
+  // The adaptive algorithms only (a fixed limit never moves: validate() refuses them there).
   std::optional<std::uint32_t> initial_limit, min_limit, max_limit;
 
   // Empty when the limits make valid options for the algorithm (its defaults filling in what is
-  // not set); else what is wrong.
+  // not set; min_limit <= initial_limit <= max_limit); else what is wrong, "<algorithm>:
+  // <field> <what>".
   [[nodiscard]] std::string_view validate() const;
 
   friend bool operator==(const AlgorithmSpec&, const AlgorithmSpec&) = default;

@@ -15,12 +15,21 @@
 //     lease_ttl: 30s             # an Admit's lease when the call asks for none
 //     max_lease_ttl: 10m         # the longest lease a call may ask for
 //     shutdown_grace: 10s        # SIGTERM: how long in-flight calls may finish
+//     state_file: <path>         # rules set at run time, kept across restarts; default none
+//     max_connections: 10000     # per port; idle_timeout: 60s, request_timeout: 10s,
+//                                # keepalive: 30s (each at least 100ms): ServerSettings
+//     # A reload refuses a change to grpc, http, node_id, max_connections, idle_timeout,
+//     # request_timeout or keepalive (restart_only_changes); it takes the rest.
 //   coordinators:                # optional; "memory" (embedded) always exists
 //     <name>:
 //       kind: memory | redis | postgres
 //       # redis:    address (host:port, default 127.0.0.1:6379), username, password,
 //       #           database (default 0), key_prefix (default "sluice:fleet:")
-//       # postgres: conninfo (libpq; sslmode passes through), table_prefix (default sluice_fleet)
+//       # postgres: conninfo (libpq; sslmode passes through), table_prefix (default
+//       #           sluice_fleet; [a-z_][a-z0-9_]*, at most 57 characters; a federated policy
+//       #           on it adds "_fed", which must fit federation's 55); no regional_escrow
+//       # A policy's use of a coordinator is checked against its kind (serves()), and no two
+//       # fleet policies may join one coordinator under one key (CoordinatorUse).
 //       aggregate: median | min                                  # default median
 //       allocation: equal-split | demand-proportional            # default equal-split
 //       acknowledged_handoff: true | false                       # default false
@@ -44,6 +53,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sluice/clock.h"
@@ -76,6 +86,22 @@ struct ServerSettings {
   Nanos keepalive = std::chrono::seconds(30);
 };
 
+// A server setting that a running server cannot take from a reload, with its value in force
+// and the reloaded file's (restart_only_changes).
+struct RestartOnlyChange {
+  std::string setting;  // "server.grpc"
+  std::string running;  // as a person reads it ("127.0.0.1:7070", "60s", "unset")
+  std::string next;
+};
+// The settings that differ between the settings a server started with and a reloaded file's,
+// of those a reload cannot apply: the listeners (grpc, http) and their connection settings
+// (max_connections, idle_timeout, request_timeout, keepalive) are set when the server starts,
+// and its fleets know it by node_id. A reload that changes any of them is refused, naming each
+// (the old config keeps serving); the other server settings are taken by a reload, except
+// state_file (kept, with a warning). Empty: none.
+[[nodiscard]] std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& running,
+                                                                  const ServerSettings& next);
+
 struct CoordinatorSpec {
   enum class Kind : std::uint8_t { kMemory, kRedis, kPostgres };
   Kind kind = Kind::kMemory;
@@ -83,6 +109,32 @@ struct CoordinatorSpec {
   RedisOptions redis;
   PostgresOptions postgres;
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+};
+
+// What a policy asks of a coordinator it names.
+enum class CoordinatorRole : std::uint8_t {
+  kConcurrency,     // the fleet's concurrency interface (sluice/coordinator.h)
+  kRateBudget,      // federation's rate-budget interface (sluice/rate_coordinator.h)
+  kRegionalEscrow,  // federation's regional pool (sluice/regional_escrow.h)
+};
+// Whether a coordinator of `kind` serves `role`: every kind serves the concurrency and
+// rate-budget interfaces; the regional pool runs on memory and Redis, not on PostgreSQL (the
+// server offers each coordinator's interfaces by this table, server/coordinators.h).
+[[nodiscard]] bool serves(CoordinatorSpec::Kind kind, CoordinatorRole role) noexcept;
+// "memory", "redis", "postgres".
+[[nodiscard]] std::string_view kind_name(CoordinatorSpec::Kind kind) noexcept;
+
+// One use of a coordinator by a policy (PolicySpec::use).
+struct CoordinatorUse {
+  std::string field;        // the policy's field naming it ("coordinator", "regional_escrow")
+  std::string coordinator;  // a name in SluiceConfig::coordinators
+  CoordinatorRole role = CoordinatorRole::kConcurrency;
+  // Set when the policy joins the coordinator as a member under the server's node id (a fleet
+  // policy): its key there, and the field that sets it (the key defaults to the policy's name).
+  // The loader refuses a second member of one key at one coordinator in a config: the two
+  // would beat under one node id into one member record, each taking the whole share.
+  std::string member_key;
+  std::string member_key_field;
 };
 
 // A policy kind's own fields, as its parser read them (each kind defines its body).
@@ -100,7 +152,17 @@ struct PolicySpec {
   std::vector<std::string> coordinators;
   // The field that names each of `coordinators`, for errors ("coordinator" where missing).
   std::vector<std::string> coordinator_fields;
+  // What the policy asks of each (use() records them): the loader checks that the coordinator's
+  // kind serves it, and that no two policies join one coordinator as members under one key.
+  std::vector<CoordinatorUse> uses;
   std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+
+  // Records `u`, and its coordinator in `coordinators` (once, with u.field).
+  void use(CoordinatorUse u);
+  // The same for a use that joins as no member.
+  void use(std::string field, std::string coordinator, CoordinatorRole role) {
+    use(CoordinatorUse{std::move(field), std::move(coordinator), role, {}, {}});
+  }
 
   // The body as the kind's type; null when it is of another kind.
   template <class Body>

@@ -77,8 +77,12 @@ struct FleetGuardOptions {
   // Stop admitting before the coordinator could reclaim our share (fail-closed only).
   // Default on.
   bool self_fence = true;
-  // How long before the lease's end the node fences; covers node/coordinator clock skew;
-  // >= 0 and < lease_ttl. Default heartbeat / 4.
+  // How long before its lease's end the node fences, the lease counted on this node's clock
+  // from the beat's send time; >= 0 and < lease_ttl. Default heartbeat / 4. The coordinator
+  // starts the lease when the beat arrives (after it was sent), so it covers a node clock that
+  // runs slower than the coordinator's (lease_ttl x the difference in rate). 0 fences exactly
+  // when the lease runs out on this node's clock: safe while that clock runs no slower than
+  // the coordinator's, with nothing to spare.
   std::optional<Nanos> fence_safety_margin;
   // Off-cycle beats when the allocation is stale. Default off.
   bool eager_handoff = false;

@@ -11,9 +11,11 @@
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "config/reader.h"
 
@@ -26,6 +28,20 @@ using config_detail::Reader;
 const Names<Aggregate> kAggregates = {{"median", Aggregate::kMedian}, {"min", Aggregate::kMin}};
 const Names<Allocation> kAllocations = {{"equal-split", Allocation::kEqualSplit},
                                         {"demand-proportional", Allocation::kDemandProportional}};
+
+// What a role is, as an error names it.
+std::string_view role_name(CoordinatorRole role) {
+  switch (role) {
+    case CoordinatorRole::kConcurrency:
+      return "a fleet (the concurrency interface)";
+    case CoordinatorRole::kRateBudget:
+      return "a federated budget (the rate-budget interface)";
+    case CoordinatorRole::kRegionalEscrow:
+      return "a regional escrow (the regional pool)";
+  }
+  return "this";
+}
+
 void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
   r.keys(n, "server",
@@ -110,7 +126,15 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
           n, path,
           {"kind", "aggregate", "allocation", "acknowledged_handoff", "conninfo", "table_prefix"});
       if (auto s = r.str(n, "conninfo", path, true)) out.postgres.conninfo = *s;
-      if (auto s = r.str(n, "table_prefix", path)) out.postgres.table_prefix = *s;
+      if (auto s = r.str(n, "table_prefix", path)) {
+        // The fleet's rule here; federation's longer table names are checked where a federated
+        // policy names the coordinator (the server, before it connects).
+        if (std::string why = table_prefix_problem(*s, PostgresOptions::kFleetMaxPrefix);
+            !why.empty())
+          r.error(n["table_prefix"], path + ".table_prefix", why + ", not '" + *s + "'");
+        else
+          out.postgres.table_prefix = *s;
+      }
       break;
   }
 }
@@ -181,14 +205,23 @@ void read_coordinators(Reader& r, const YAML::Node& cs, SluiceConfig& cfg) {
   }
 }
 
-void read_policies(Reader& r, const YAML::Node& root, const PolicyKinds& kinds, SluiceConfig& cfg) {
+// A policy's name, and where the file names it.
+struct PolicyName {
+  std::string name;
+  YAML::Mark at;
+};
+
+// Reads every policy; returns their names in the file's order.
+std::vector<PolicyName> read_policies(Reader& r, const YAML::Node& root, const PolicyKinds& kinds,
+                                      SluiceConfig& cfg) {
+  std::vector<PolicyName> order;
   const YAML::Node ps = root["policies"];
   if (!ps.IsDefined() || ps.IsNull()) {
     r.error(ps.IsDefined() ? ps : root, "policies",
             "is required (" + std::string(kNeedsAPolicy) + ")");
-    return;
+    return order;
   }
-  if (!r.map(ps, "policies")) return;
+  if (!r.map(ps, "policies")) return order;
   if (ps.size() == 0) r.error(ps, "policies", "is empty (" + std::string(kNeedsAPolicy) + ")");
   for (auto it = ps.begin(); it != ps.end(); ++it) {
     const std::string name = it->first.IsScalar() ? it->first.Scalar() : "";
@@ -197,6 +230,88 @@ void read_policies(Reader& r, const YAML::Node& root, const PolicyKinds& kinds, 
       continue;
     }
     read_policy(r, it->second, "policies." + name, name, kinds, cfg);
+    if (cfg.policies.contains(name)) order.push_back({name, it->first.Mark()});
+  }
+  return order;
+}
+
+// Where an error about `path` goes: the field's mark when it was read, else its nearest parent's
+// that was.
+YAML::Mark mark_of(const Reader& r, std::string path) {
+  while (true) {
+    if (auto at = r.marks.find(path); at != r.marks.end()) return at->second;
+    const std::size_t dot = path.rfind('.');
+    if (dot == std::string::npos) return YAML::Mark::null_mark();
+    path.resize(dot);
+  }
+}
+
+// The data a coordinator keeps its members in: two names for one Redis database and key prefix
+// (or one PostgreSQL conninfo and table prefix) hold one set of records. Each memory coordinator
+// is its own.
+std::string store_of(const std::string& name, const CoordinatorSpec& c) {
+  switch (c.kind) {
+    case CoordinatorSpec::Kind::kMemory:
+      break;
+    case CoordinatorSpec::Kind::kRedis:
+      return "redis\n" + c.redis.host + ":" + std::to_string(c.redis.port) + "\n" +
+             std::to_string(c.redis.database) + "\n" + c.redis.key_prefix;
+    case CoordinatorSpec::Kind::kPostgres:
+      return "postgres\n" + c.postgres.conninfo + "\n" + c.postgres.table_prefix;
+  }
+  return "memory\n" + name;
+}
+
+// Each use of a coordinator by a policy: the coordinator's kind must serve it.
+void check_roles(Reader& r, const SluiceConfig& cfg) {
+  for (const auto& [name, p] : cfg.policies) {
+    for (const CoordinatorUse& u : p.uses) {
+      const auto c = cfg.coordinators.find(u.coordinator);
+      if (c == cfg.coordinators.end() || serves(c->second.kind, u.role)) continue;
+      std::string kinds;
+      for (auto k : {CoordinatorSpec::Kind::kMemory, CoordinatorSpec::Kind::kRedis,
+                     CoordinatorSpec::Kind::kPostgres})
+        if (serves(k, u.role)) kinds += (kinds.empty() ? "" : " or ") + std::string(kind_name(k));
+      const std::string path = "policies." + name + "." + u.field;
+      r.error_at(mark_of(r, path), path,
+                 "coordinator '" + u.coordinator + "' is a " +
+                     std::string(kind_name(c->second.kind)) + " coordinator, which cannot hold " +
+                     std::string(role_name(u.role)) + " (name a " + kinds + " coordinator)");
+    }
+  }
+}
+
+// No two policies join one coordinator's data as members under one key: one server beats under
+// one node id, so they would share one member record, and each would admit up to the whole
+// share. An error at the second, in the file's order.
+void check_members(Reader& r, const SluiceConfig& cfg, const std::vector<PolicyName>& order) {
+  struct First {
+    std::string policy, coordinator;
+    int line = 0;
+  };
+  std::map<std::string, First> first;  // store, role and key -> the first member
+  for (const auto& [name, named_at] : order) {
+    for (const CoordinatorUse& u : cfg.policies.at(name).uses) {
+      const auto c = cfg.coordinators.find(u.coordinator);
+      if (u.member_key.empty() || c == cfg.coordinators.end()) continue;
+      const std::string id = store_of(u.coordinator, c->second) + "\n" +
+                             std::to_string(static_cast<int>(u.role)) + "\n" + u.member_key;
+      const auto [at, fresh] = first.try_emplace(id, First{name, u.coordinator, named_at.line + 1});
+      if (fresh) continue;
+      const First& f = at->second;
+      const std::string where = f.coordinator == u.coordinator
+                                    ? "coordinator '" + u.coordinator + "'"
+                                    : "coordinator '" + u.coordinator + "' (the same " +
+                                          std::string(kind_name(c->second.kind)) +
+                                          " data as coordinator '" + f.coordinator + "')";
+      const std::string path = "policies." + name + "." + u.member_key_field;
+      r.error_at(mark_of(r, path), path,
+                 "policies " + f.policy + " (line " + std::to_string(f.line) + ") and " + name +
+                     " both join " + where + " under key '" + u.member_key +
+                     "': one server is one member of a key (one node id), so the two would share "
+                     "one member record and each admit up to the whole share; give each policy "
+                     "its own key");
+    }
   }
 }
 
@@ -211,7 +326,7 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
     r.keys(root, "", {"server", "coordinators", "policies"});
     read_server(r, root["server"], cfg.server);
     read_coordinators(r, root["coordinators"], cfg);
-    read_policies(r, root, kinds, cfg);
+    const std::vector<PolicyName> order = read_policies(r, root, kinds, cfg);
     // Cross-references.
     for (const auto& [name, p] : cfg.policies) {
       if (!p.rate.empty()) {
@@ -241,6 +356,8 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
                    "no coordinator named '" + c + "'");
       }
     }
+    check_roles(r, cfg);
+    check_members(r, cfg, order);
   }
   ConfigLoad out;
   out.errors = std::move(r.errors);
@@ -250,6 +367,55 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
 }
 
 }  // namespace
+
+std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& running,
+                                                    const ServerSettings& next) {
+  std::vector<RestartOnlyChange> out;
+  const auto text = [&](std::string_view setting, const std::string& a, const std::string& b) {
+    if (a != b)
+      out.push_back({"server." + std::string(setting), a.empty() ? "unset" : "'" + a + "'",
+                     b.empty() ? "unset" : "'" + b + "'"});
+  };
+  const auto duration = [&](std::string_view setting, Nanos a, Nanos b) {
+    if (a != b)
+      out.push_back({"server." + std::string(setting), format_duration(a), format_duration(b)});
+  };
+  text("grpc", running.grpc, next.grpc);
+  text("http", running.http, next.http);
+  text("node_id", running.node_id, next.node_id);
+  if (running.max_connections != next.max_connections)
+    out.push_back({"server.max_connections", std::to_string(running.max_connections),
+                   std::to_string(next.max_connections)});
+  duration("idle_timeout", running.idle_timeout, next.idle_timeout);
+  duration("request_timeout", running.request_timeout, next.request_timeout);
+  duration("keepalive", running.keepalive, next.keepalive);
+  return out;
+}
+
+bool serves(CoordinatorSpec::Kind kind, CoordinatorRole role) noexcept {
+  return role != CoordinatorRole::kRegionalEscrow || kind != CoordinatorSpec::Kind::kPostgres;
+}
+
+std::string_view kind_name(CoordinatorSpec::Kind kind) noexcept {
+  switch (kind) {
+    case CoordinatorSpec::Kind::kMemory:
+      return "memory";
+    case CoordinatorSpec::Kind::kRedis:
+      return "redis";
+    case CoordinatorSpec::Kind::kPostgres:
+      return "postgres";
+  }
+  return "unknown";
+}
+
+void PolicySpec::use(CoordinatorUse u) {
+  if (std::find(coordinators.begin(), coordinators.end(), u.coordinator) == coordinators.end()) {
+    coordinator_fields.resize(coordinators.size(), "coordinator");
+    coordinators.push_back(u.coordinator);
+    coordinator_fields.push_back(u.field);
+  }
+  uses.push_back(std::move(u));
+}
 
 // Appended piece by piece: `":" + std::to_string(line)` trips g++ 12's bogus -Wrestrict at -O3
 // (GCC bug 105651).

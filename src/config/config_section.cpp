@@ -223,9 +223,17 @@ void read_algorithm(ConfigSection& s, AlgorithmSpec& out) {
   out.initial_limit = s.u32("initial_limit", 1);
   out.min_limit = s.u32("min_limit", 1);
   out.max_limit = s.u32("max_limit", 1);
-  if (out.kind == AlgorithmSpec::Kind::kFixed && !s.has("limit"))
-    s.error("limit", "is required for the fixed algorithm");
-  if (out.kind != AlgorithmSpec::Kind::kFixed && s.has("limit"))
+  if (out.kind == AlgorithmSpec::Kind::kFixed) {
+    // A fixed limit never moves: bounds it would not honour are refused, not ignored.
+    if (!s.has("limit")) s.error("limit", "is required for the fixed algorithm");
+    for (const char* field : {"initial_limit", "min_limit", "max_limit"})
+      if (s.has(field))
+        s.error(field,
+                "applies to the adaptive algorithms only (aimd, vegas, gradient2): the fixed "
+                "algorithm admits up to its limit, which never moves");
+    return;
+  }
+  if (s.has("limit"))
     s.error("limit",
             "applies to the fixed algorithm only (use initial_limit, min_limit, max_limit)");
   if (const std::string_view why = out.validate(); !why.empty()) algorithm_error(s, out.kind, why);

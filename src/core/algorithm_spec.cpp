@@ -32,6 +32,9 @@ Options starting_at(const AlgorithmSpec& s, std::uint32_t start) {
 std::string_view AlgorithmSpec::validate() const {
   switch (kind) {
     case Kind::kFixed:
+      if (initial_limit) return "fixed: initial_limit applies to the adaptive algorithms only";
+      if (min_limit) return "fixed: min_limit applies to the adaptive algorithms only";
+      if (max_limit) return "fixed: max_limit applies to the adaptive algorithms only";
       return {};
     case Kind::kAimd:
       return with_limits<AimdOptions>(*this).validate();

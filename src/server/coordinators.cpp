@@ -1,5 +1,8 @@
 #include "server/coordinators.h"
 
+#include <algorithm>
+#include <map>
+
 #include "sluice/memory_coordinator.h"
 #include "sluice/memory_rate_coordinator.h"
 #include "sluice/memory_regional_escrow.h"
@@ -73,14 +76,20 @@ void offer_rate(NamedCoordinator& named, Options options, const Clock& clock) {
   });
 }
 
-// The regional pool on a Redis coordinator, connected when a federated policy first names it as
-// its regional_escrow: its own keys ("<fleet prefix>pool:", or "sluice:pool:" beside the default
-// "sluice:fleet:"), opened to connect on its first call when the server cannot be reached now.
-void offer_pool(NamedCoordinator& named, RedisOptions options, const Clock& clock) {
+// The regional pool on a Redis coordinator: its own keys ("<fleet prefix>pool:", or
+// "sluice:pool:" beside the default "sluice:fleet:").
+RedisOptions pool_options(RedisOptions o) {
   const RedisOptions fleet_default;
-  options.key_prefix = options.key_prefix == fleet_default.key_prefix
-                           ? RedisRegionalEscrow::default_options().key_prefix
-                           : options.key_prefix + "pool:";
+  o.key_prefix = o.key_prefix == fleet_default.key_prefix
+                     ? RedisRegionalEscrow::default_options().key_prefix
+                     : o.key_prefix + "pool:";
+  return o;
+}
+
+// The regional pool, connected when a federated policy first names the coordinator as its
+// regional_escrow, opened to connect on its first call when the server cannot be reached now.
+void offer_pool(NamedCoordinator& named, RedisOptions options, const Clock& clock) {
+  options = pool_options(std::move(options));
   auto stats = named.stats;
   named.offer_lazy<RegionalEscrow>([options, &clock, stats]() -> StatusOr<std::shared_ptr<void>> {
     auto p = RedisRegionalEscrow::connect(options);
@@ -140,6 +149,55 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
       break;
   }
   return named;
+}
+
+std::vector<std::string> coordinator_problems(const CoordinatorSpec& spec,
+                                              const std::vector<CoordinatorRole>& roles) {
+  std::vector<std::string> out;
+  const auto check = [&](const Status& s, const std::string& what) {
+    if (!s.ok()) out.push_back(what + s.message());
+  };
+  const auto has = [&](CoordinatorRole r) {
+    return std::find(roles.begin(), roles.end(), r) != roles.end();
+  };
+  // open() checks the options and connects to nothing; the interface it returns is dropped.
+  switch (spec.kind) {
+    case CoordinatorSpec::Kind::kMemory:
+      break;
+    case CoordinatorSpec::Kind::kRedis:
+      check(RedisCoordinator::open(spec.redis, spec.rules).status(), "");
+      if (has(CoordinatorRole::kRateBudget))
+        check(RedisRateCoordinator::open(rate_options(spec.redis)).status(), "federation's keys: ");
+      if (has(CoordinatorRole::kRegionalEscrow))
+        check(RedisRegionalEscrow::open(pool_options(spec.redis)).status(),
+              "the regional pool's keys: ");
+      break;
+    case CoordinatorSpec::Kind::kPostgres:
+      check(PostgresCoordinator::open(spec.postgres, spec.rules).status(), "");
+      if (has(CoordinatorRole::kRateBudget))
+        check(PostgresRateCoordinator::open(rate_options(spec.postgres)).status(),
+              "federation's tables (prefix " + rate_options(spec.postgres).table_prefix +
+                  ", from table_prefix): ");
+      break;
+  }
+  return out;
+}
+
+std::vector<ConfigError> check_before_connecting(const SluiceConfig& config) {
+  std::map<std::string, std::vector<CoordinatorRole>> used;  // as the engine builds them
+  for (const auto& [name, policy] : config.policies) {
+    for (const std::string& c : policy.coordinators)
+      used[c].push_back(CoordinatorRole::kConcurrency);
+    for (const CoordinatorUse& u : policy.uses) used[u.coordinator].push_back(u.role);
+  }
+  std::vector<ConfigError> out;
+  for (const auto& [name, roles] : used) {
+    const auto spec = config.coordinators.find(name);
+    if (spec == config.coordinators.end()) continue;  // the loader's error
+    for (std::string& problem : coordinator_problems(spec->second, roles))
+      out.push_back(ConfigError{.path = "coordinators." + name, .message = std::move(problem)});
+  }
+  return out;
 }
 
 }  // namespace sluice::server

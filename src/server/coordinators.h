@@ -89,4 +89,17 @@ struct NamedCoordinator {
 [[nodiscard]] StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(
     const std::string& name, const CoordinatorSpec& spec, const Clock& clock, std::string& warning);
 
+// What the server would refuse of the coordinator `spec` before connecting to it: the checks
+// its backends make of their options when make_coordinator() opens it and when a policy first
+// asks for the interfaces of `roles` (a conninfo libpq cannot parse, a table prefix too long
+// for federation's tables), run without connecting: each problem as the backend words it
+// ("postgres: bad conninfo: ..."); empty: none. No I/O.
+[[nodiscard]] std::vector<std::string> coordinator_problems(
+    const CoordinatorSpec& spec, const std::vector<CoordinatorRole>& roles);
+
+// The same for every coordinator the config's policies use, with the roles they use it in:
+// what `sluice serve` would refuse of the config before it connects anywhere, beyond what the
+// loader checks (`sluice validate` reports them as errors).
+[[nodiscard]] std::vector<ConfigError> check_before_connecting(const SluiceConfig& config);
+
 }  // namespace sluice::server

@@ -2,10 +2,12 @@
 replica, a PostgreSQL primary and streaming replica, a Redis primary and replica. Lag is made to
 appear (a stopped SQL thread, paused WAL replay under writes) and must show as 429 with the lag
 value and a reason, then 200 again once the replica catches up; a killed replica fails closed,
-naming why."""
+naming why; a SIGSTOPped MariaDB fails each sample at the probe's timeout (200 ms)."""
 
 from __future__ import annotations
 
+import signal
+import statistics
 import sys
 import threading
 import time
@@ -127,6 +129,60 @@ def postgres(tmp_path):
         yield pair
     finally:
         pair.stop()
+
+
+def failed_sample_starts(server: SluiceServer, metric: str, error: str, seconds: float) -> list:
+    """When each failed sample of `metric`'s first host whose error has `error` started, on the
+    test's clock (seen now, less the sample's age), watched for `seconds`."""
+    starts = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        policies = server.http("GET", "/v1/policies").json()["policies"]
+        seen = time.monotonic()
+        db = next(p for p in policies if p["name"] == "db")
+        host = next(m for m in db["metrics"] if m["name"] == metric)["hosts"][0]
+        if error in host.get("error", "") and "age_seconds" in host:
+            start = seen - host["age_seconds"]
+            if not starts or start - starts[-1] > 0.05:  # a sample not seen yet
+                starts.append(start)
+        time.sleep(0.01)
+    return starts
+
+
+def test_mariadb_probe_timeout_bounds_each_sample_of_a_hung_server(mariadb, tmp_path):
+    """A probe `timeout` below a second bounds a host's whole sample: with the server SIGSTOPped
+    (the kernel still takes connections for it), the query on the open connection, then every
+    reconnect, fails at 200 ms, so a failed sample follows another every 200 ms (at most 1.5 x
+    that), where libmariadb's blocking timeouts, whole seconds per phase, took a second or
+    more each. Sampling recovers once the server runs again."""
+    primary = f"127.0.0.1:{mariadb.primary_port}"
+    server = serve(tmp_path, f"""
+      busy:
+        probe: mysql_threads_running
+        hosts: [{primary}]
+        user: {MariaDBPair.THROTTLER_USER}
+        password: {MariaDBPair.THROTTLER_PASSWORD}
+        timeout: 200ms
+        threshold: 50
+""")
+    try:
+        wait_until(lambda: checked(server)["StatusCode"] == 200, 15, what="200 from the primary")
+        mariadb.servers["primary"].signal(signal.SIGSTOP)
+        try:
+            starts = failed_sample_starts(server, "busy", "no answer within 200 ms", 3.0)
+            body = checked(server)
+        finally:
+            mariadb.servers["primary"].signal(signal.SIGCONT)
+        assert body["StatusCode"] == 429 and body["Metrics"]["busy"]["reason"] == "probe_failed"
+        # Each failed sample starts the next at once (the fast interval, 100 ms, is shorter), so
+        # the time between two starts is how long a sample took.
+        took = [b - a for a, b in zip(starts, starts[1:])]
+        assert len(took) >= 5, (starts, took)
+        assert statistics.median(took) <= 0.3, took
+        assert max(took) < 0.45, took
+        wait_until(lambda: checked(server)["StatusCode"] == 200, 15, what="200 after SIGCONT")
+    finally:
+        server.stop()
 
 
 def test_postgres_replica_lag_refuses_then_recovers_and_an_idle_primary_is_no_lag(

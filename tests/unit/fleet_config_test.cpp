@@ -1,5 +1,5 @@
 // The fleet kind's fields at config load: the call deadline, checked against the lease with a
-// message that says why, and its default.
+// message that says why, and its default; a fence safety margin of 0.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,6 +7,7 @@
 
 #include "server/policies/fleet.h"
 #include "sluice/config.h"
+#include "support/config_of.h"
 
 namespace sluice {
 namespace {
@@ -14,15 +15,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-ConfigLoad load_yaml(std::string_view yaml) {
-  return load_config(yaml, server::PolicyRegistry::builtin());
-}
-
-std::string errors_of(const ConfigLoad& load) {
-  std::string all;
-  for (const ConfigError& e : load.errors) all += e.to_string("t") + "\n";
-  return all;
-}
+using server::errors_of;
+using server::load_yaml;
 
 TEST(FleetConfig, CallDeadlineIsReadAndALeaseLongEnoughForItIsDerived) {
   const ConfigLoad load = load_yaml(R"yaml(policies:
@@ -59,6 +53,31 @@ TEST(FleetConfig, TheDefaultDeadlineFitsTheDefaultLease) {
   const auto& spec = *load.config->policies.at("backend").as<server::FleetSpec>();
   EXPECT_FALSE(spec.guard.call_deadline.has_value());
   EXPECT_EQ(spec.guard.call_deadline_in_force(), milliseconds(375));  // (2 s - 1 s - 250 ms) / 2
+}
+
+// fence_safety_margin: 0 fences exactly when the lease runs out on the node's clock
+// (sluice/fleet_guard.h says when that is safe): accepted, and in force as 0, the default call
+// deadline then taking the margin's share. A negative margin is not a duration.
+TEST(FleetConfig, AFenceSafetyMarginOfZeroIsAcceptedAndInForce) {
+  const ConfigLoad load = load_yaml(R"yaml(policies:
+  backend:
+    kind: fleet
+    heartbeat: 1s
+    lease_ttl: 2s
+    fence_safety_margin: 0s
+)yaml");
+  ASSERT_TRUE(load.config.has_value()) << errors_of(load);
+  const auto& spec = *load.config->policies.at("backend").as<server::FleetSpec>();
+  EXPECT_EQ(spec.guard.fence_margin_in_force(), Nanos{0});
+  EXPECT_EQ(spec.guard.call_deadline_in_force(), milliseconds(500));  // (2 s - 1 s - 0) / 2
+
+  const ConfigLoad negative =
+      load_yaml("policies:\n  backend:\n    kind: fleet\n    fence_safety_margin: -1s\n");
+  EXPECT_FALSE(negative.config.has_value());
+  EXPECT_NE(errors_of(negative).find("policies.backend.fence_safety_margin: must be a duration "
+                                     "such as 0s, 250ms or 2s, not '-1s'"),
+            std::string::npos)
+      << errors_of(negative);
 }
 
 }  // namespace

@@ -143,6 +143,104 @@ def test_reload_that_changes_and_removes_policies(start_server):
         client.check("added-rate", "k")
 
 
+RESTART_ONLY = {  # a running server cannot apply these: each needs a restart
+    "grpc": "127.0.0.1:1", "http": "127.0.0.1:2", "node_id": "gw-9", "max_connections": "5",
+    "idle_timeout": "2s", "request_timeout": "500ms", "keepalive": "45s",
+}
+
+
+def test_a_reload_that_changes_what_needs_a_restart_is_refused_naming_each(start_server):
+    server = start_server(BASE)
+    client = server.client()
+    server.write_config(BASE.replace("server:\n", "server:\n" + "".join(
+        f"  {k}: {v}\n" for k, v in RESTART_ONLY.items())).replace("limit: 5", "limit: 6"))
+    r = server.http("POST", "/admin/reload")
+    assert r.status == 400 and r.json()["reloaded"] is False, r
+    message = r.json()["message"]
+    # Each setting with its value in force and the file's; the flags the test starts the
+    # server with are named where they override the file.
+    assert f"server.grpc ('127.0.0.1:7070' -> '127.0.0.1:1') [--grpc {server.grpc_target} " \
+        "overrides it]" in message, message
+    assert "server.http ('127.0.0.1:8080' -> '127.0.0.1:2') [--http 127.0.0.1:" in message
+    for part in ["server.node_id (unset -> 'gw-9')", "server.max_connections (10000 -> 5)",
+                 "server.idle_timeout (1m -> 2s)", "server.request_timeout (10s -> 500ms)",
+                 "server.keepalive (30s -> 45s)", "restart it to apply them",
+                 "the old config keeps serving"]:
+        assert part in message, (part, message)
+    # Nothing of the file was applied: not the policy's new limit either.
+    ps = client.policies()
+    assert ps.config_generation == 1 and ps["pool"].limit == 5
+    assert "reload rejected: changed server.grpc" in server.log()
+
+    # SIGHUP: the same refusal, in the log.
+    server.signal(signal.SIGHUP)
+    wait_until(lambda: server.log().count("reload rejected: changed server.grpc") == 2,
+               timeout=5, what="the SIGHUP reload refused")
+    assert client.policies().config_generation == 1
+    samples = server.metrics()
+    assert metric(samples, "sluice_config_reloads_total", result="error") == 2
+    assert metric(samples, "sluice_config_reloads_total", result="ok") == 0
+
+    # One setting put back still refuses the rest; all of them put back, the reload goes on.
+    server.write_config(BASE.replace("server:\n", "server:\n  keepalive: 45s\n"))
+    r = server.http("POST", "/admin/reload")
+    assert r.status == 400 and "server.keepalive (30s -> 45s)" in r.json()["message"]
+    assert "server.grpc" not in r.json()["message"]
+    server.write_config(BASE.replace("lease_ttl: 30s", "lease_ttl: 20s")
+                        .replace("limit: 5", "limit: 6"))
+    r = server.http("POST", "/admin/reload")
+    assert r.status == 200 and r.json()["reloaded"] is True, r
+    ps = client.policies()
+    assert ps.config_generation == 2 and ps["pool"].limit == 6
+
+
+FLEET_ONE = textwrap.dedent("""\
+    policies:
+      first:
+        kind: fleet
+        key: shared
+        algorithm: fixed
+        limit: 4
+""")
+FLEET_TWO = FLEET_ONE + """\
+  second:
+    kind: fleet
+    key: shared
+    algorithm: fixed
+    limit: 4
+"""
+
+
+def test_a_reload_that_adds_a_second_fleet_policy_on_one_key_is_refused(start_server):
+    """Two fleet policies of one server on one key would be one member (one node id) admitting
+    twice the share: a reload that makes them is refused, naming both, the key and the
+    coordinator, and the first keeps its fleet to itself."""
+    server = start_server(FLEET_ONE)
+    client = server.client()
+    server.write_config(FLEET_TWO)
+    r = server.http("POST", "/admin/reload")
+    assert r.status == 400 and r.json()["reloaded"] is False, r
+    assert "the config has errors" in r.json()["message"]
+    log = server.log()
+    assert re.search(r"\.yaml:9:10: policies\.second\.key: policies first \(line 2\) and second "
+                     r"both join coordinator 'memory' under key 'shared'", log), log
+    ps = client.policies()
+    assert set(ps) == {"first"} and ps.config_generation == 1
+    wait_until(lambda: client.policies()["first"].state["phase"] == "active", timeout=5,
+               what="the fleet guard active")
+    leases = [client.admit("first") for _ in range(4)]
+    r = server.http("POST", "/v1/admit", {"policy": "first"})
+    assert r.status in (429, 503), r  # the share is the whole of L_global 4, and no more
+    for lease in leases:
+        client.release(lease)
+    # With a key of its own, the second policy is its own fleet.
+    server.write_config(FLEET_ONE + FLEET_TWO[len(FLEET_ONE):].replace("key: shared",
+                                                                       "key: other"))
+    r = server.http("POST", "/admin/reload")
+    assert r.status == 200 and r.json()["reloaded"] is True, r
+    assert set(client.policies()) == {"first", "second"}
+
+
 DRAIN_CONFIG = textwrap.dedent("""\
     server:
       shutdown_grace: 8s

@@ -88,14 +88,9 @@ Nanos connect_budget_of(const char* value) {
 }  // namespace
 
 Status PgConnection::validate_prefix(const std::string& p, std::size_t max_size) {
-  const auto lower = [](char ch) { return (ch >= 'a' && ch <= 'z') || ch == '_'; };
-  const bool ok = !p.empty() && p.size() <= max_size && lower(p[0]) &&
-                  std::all_of(p.begin(), p.end(),
-                              [&](char ch) { return lower(ch) || (ch >= '0' && ch <= '9'); });
-  if (ok) return {};
-  return Status(StatusCode::kInvalidArgument,
-                "postgres: table_prefix must match [a-z_][a-z0-9_]* (at most " +
-                    std::to_string(max_size) + " characters)");
+  std::string why = table_prefix_problem(p, max_size);
+  if (why.empty()) return {};
+  return Status(StatusCode::kInvalidArgument, "postgres: table_prefix " + why);
 }
 
 StatusOr<Nanos> PgConnection::connect_budget(const std::string& conninfo) {

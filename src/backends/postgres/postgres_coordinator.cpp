@@ -37,7 +37,7 @@ using postgres_detail::PgConnection;
 using Session = PgConnection::Session;
 using Results = PgConnection::Results;
 
-constexpr std::size_t kMaxPrefix = 57;  // + "_nodes" stays within PostgreSQL's 63-byte names
+constexpr std::size_t kMaxPrefix = PostgresOptions::kFleetMaxPrefix;  // + "_nodes"
 
 // Parses the decimal text of a column into T (false on anything else).
 template <typename T>

@@ -37,7 +37,7 @@ using Session = PgConnection::Session;
 using Results = PgConnection::Results;
 
 constexpr const char* kDefaultPrefix = "sluice_fed";
-constexpr std::size_t kMaxPrefix = 55;  // + "_regions" stays within PostgreSQL's 63-byte names
+constexpr std::size_t kMaxPrefix = PostgresOptions::kRateMaxPrefix;  // + "_regions"
 constexpr Nanos kConnectTimeout = std::chrono::seconds(10);
 constexpr Nanos kSweepEvery = std::chrono::seconds(10);  // coordinator time between sweeps
 constexpr Nanos kMinIdle = std::chrono::minutes(1);      // a key is kept at least this long

@@ -1,10 +1,22 @@
 // MySQL/MariaDB probes (probe.h): replication lag, heartbeat lag and Threads_running, over
 // libmariadb, one connection per host kept between samples.
+//
+// A host's sample (connect when needed, then its queries) is bounded by `timeout` as a whole:
+// every call runs through libmariadb's non-blocking API (mysql_real_connect_start and _cont,
+// and the same for the query and its result), each wait a poll() of the connection's socket
+// against the sample's deadline. A call that reaches the deadline is abandoned and the
+// connection closed (the next sample reconnects), as the library allows in the middle of a
+// non-blocking call. (The blocking API's timeouts are whole seconds per phase: 200 ms would
+// have meant a second or more.) Resolving a host name is the one step outside the bound: the
+// library does it before its first wait.
 #include <mysql.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <climits>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -13,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/call_gate.h"
 #include "backends/probes/probe.h"
 
 namespace sluice::probes {
@@ -72,6 +85,58 @@ struct Rows {
   }
 };
 
+using backend_detail::mono_now;
+
+// Runs one call of the non-blocking API to its end or to `deadline`, whichever comes first:
+// `start()` begins it, `resume(events)` goes on after the events it waited for. True when it
+// ended (its own result tells how); false at the deadline, the call left in the middle.
+template <class Start, class Resume>
+bool finish_by(MYSQL* m, Nanos deadline, Start start, Resume resume) {
+  int wait = start();
+  while (wait != 0) {
+    const Nanos left = deadline - mono_now();
+    if (left <= Nanos{0}) return false;
+    pollfd p{mysql_get_socket(m), 0, 0};
+    if ((wait & MYSQL_WAIT_READ) != 0) p.events |= POLLIN;
+    if ((wait & MYSQL_WAIT_WRITE) != 0) p.events |= POLLOUT;
+    if ((wait & MYSQL_WAIT_EXCEPT) != 0) p.events |= POLLPRI;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    int timeout_ms = static_cast<int>(std::min<std::int64_t>(ms, INT_MAX));
+    // The library's own timeout (none is set here, so it asks for none; honoured if it does).
+    bool library_timeout = false;
+    if ((wait & MYSQL_WAIT_TIMEOUT) != 0) {
+      const unsigned own = mysql_get_timeout_value_ms(m);
+      if (own <= static_cast<unsigned>(timeout_ms)) {
+        timeout_ms = static_cast<int>(own);
+        library_timeout = true;
+      }
+    }
+    const int n = poll(&p, 1, timeout_ms);
+    if (n < 0 && errno == EINTR) continue;
+    int events = 0;
+    if (n < 0) {
+      events = wait & (MYSQL_WAIT_READ | MYSQL_WAIT_WRITE);  // the call finds the error itself
+    } else if (n == 0) {
+      if (!library_timeout) continue;  // the deadline, checked above
+      events = MYSQL_WAIT_TIMEOUT;
+    } else {
+      if ((p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) events |= MYSQL_WAIT_READ;
+      if ((p.revents & (POLLOUT | POLLHUP | POLLERR)) != 0) events |= MYSQL_WAIT_WRITE;
+      if ((p.revents & POLLPRI) != 0) events |= MYSQL_WAIT_EXCEPT;
+      events &= wait | MYSQL_WAIT_EXCEPT;
+    }
+    wait = resume(events);
+  }
+  return true;
+}
+
+// "no answer within 200 ms (the timeout)".
+std::string no_answer(Nanos timeout) {
+  return "no answer within " +
+         std::to_string(std::chrono::ceil<std::chrono::milliseconds>(timeout).count()) +
+         " ms (the timeout)";
+}
+
 class MysqlProbe final : public Probe {
  public:
   explicit MysqlProbe(MysqlProbeOptions options)
@@ -106,14 +171,16 @@ class MysqlProbe final : public Probe {
   }
 
  private:
+  // Host i's number, within the timeout from now (connecting first when needed).
   std::optional<double> measure(std::size_t i, std::string& error) {
-    if (!conns_[i] && !connect(i, error)) return std::nullopt;
+    const Nanos deadline = backend_detail::deadline_after(options_.timeout);
+    if (!conns_[i] && !connect(i, deadline, error)) return std::nullopt;
     MYSQL* m = conns_[i].get();
     switch (options_.measure) {
       case MysqlMeasure::kLag:
-        return lag(m, error);
+        return lag(m, deadline, error);
       case MysqlMeasure::kHeartbeat: {
-        auto rows = query(m, heartbeat_sql_, error);
+        auto rows = query(m, heartbeat_sql_, deadline, error);
         if (!rows) return std::nullopt;
         const auto us = rows->rows.empty()
                             ? std::nullopt
@@ -126,7 +193,7 @@ class MysqlProbe final : public Probe {
         return std::max(0.0, *us / 1e6);  // a primary's clock ahead of the replica's: 0
       }
       case MysqlMeasure::kThreadsRunning: {
-        auto rows = query(m, "SHOW GLOBAL STATUS LIKE 'Threads_running'", error);
+        auto rows = query(m, "SHOW GLOBAL STATUS LIKE 'Threads_running'", deadline, error);
         if (!rows) return std::nullopt;
         const auto v = rows->rows.empty() || rows->columns.size() < 2
                            ? std::nullopt
@@ -139,10 +206,10 @@ class MysqlProbe final : public Probe {
   }
 
   // Seconds_Behind_Source (or _Master); the worst of several channels.
-  std::optional<double> lag(MYSQL* m, std::string& error) {
+  std::optional<double> lag(MYSQL* m, Nanos deadline, std::string& error) {
     std::optional<Rows> rows;
     if (!legacy_syntax_) {
-      rows = query(m, "SHOW REPLICA STATUS", error);
+      rows = query(m, "SHOW REPLICA STATUS", deadline, error);
       if (!rows && mysql_errno(m) == kErParseError) {
         legacy_syntax_ = true;  // a server older than the REPLICA spelling
         error.clear();
@@ -150,7 +217,7 @@ class MysqlProbe final : public Probe {
         return std::nullopt;
       }
     }
-    if (legacy_syntax_) rows = query(m, "SHOW SLAVE STATUS", error);
+    if (legacy_syntax_) rows = query(m, "SHOW SLAVE STATUS", deadline, error);
     if (!rows) return std::nullopt;
     if (rows->rows.empty()) {
       error = "not a replica (SHOW REPLICA STATUS has no row)";
@@ -174,36 +241,57 @@ class MysqlProbe final : public Probe {
     return worst;
   }
 
-  bool connect(std::size_t i, std::string& error) {
+  bool connect(std::size_t i, Nanos deadline, std::string& error) {
     Conn c(mysql_init(nullptr));
     if (!c) {
       error = "mysql_init: out of memory";
       return false;
     }
-    const auto secs = static_cast<unsigned>(std::max<std::int64_t>(
-        1, std::chrono::ceil<std::chrono::seconds>(options_.timeout).count()));
     const unsigned tcp = MYSQL_PROTOCOL_TCP;
-    mysql_options(c.get(), MYSQL_OPT_CONNECT_TIMEOUT, &secs);
-    mysql_options(c.get(), MYSQL_OPT_READ_TIMEOUT, &secs);
-    mysql_options(c.get(), MYSQL_OPT_WRITE_TIMEOUT, &secs);
+    mysql_options(c.get(), MYSQL_OPT_NONBLOCK, nullptr);  // the default stack for its calls
     mysql_options(c.get(), MYSQL_OPT_PROTOCOL, &tcp);
     const Endpoint& e = options_.hosts[i];
-    if (mysql_real_connect(c.get(), e.host.c_str(), options_.user.c_str(),
-                           options_.password.empty() ? nullptr : options_.password.c_str(), nullptr,
-                           static_cast<unsigned>(e.port), nullptr, 0) == nullptr) {
-      error = "cannot connect: " + std::string(mysql_error(c.get()));
+    const char* password = options_.password.empty() ? nullptr : options_.password.c_str();
+    MYSQL* m = c.get();
+    MYSQL* connected = nullptr;
+    const bool ended = finish_by(
+        m, deadline,
+        [&] {
+          return mysql_real_connect_start(&connected, m, e.host.c_str(), options_.user.c_str(),
+                                          password, nullptr, static_cast<unsigned>(e.port), nullptr,
+                                          0);
+        },
+        [&](int events) { return mysql_real_connect_cont(&connected, m, events); });
+    if (!ended || connected == nullptr) {
+      error =
+          "cannot connect: " + (ended ? std::string(mysql_error(m)) : no_answer(options_.timeout));
       return false;
     }
     conns_[i] = std::move(c);
     return true;
   }
 
-  static std::optional<Rows> query(MYSQL* m, const std::string& sql, std::string& error) {
-    if (mysql_real_query(m, sql.data(), sql.size()) != 0) {
+  std::optional<Rows> query(MYSQL* m, const std::string& sql, Nanos deadline,
+                            std::string& error) const {
+    int failed = 0;
+    if (!finish_by(
+            m, deadline, [&] { return mysql_real_query_start(&failed, m, sql.data(), sql.size()); },
+            [&](int events) { return mysql_real_query_cont(&failed, m, events); })) {
+      error = no_answer(options_.timeout);
+      return std::nullopt;
+    }
+    if (failed != 0) {
       error = std::string(mysql_error(m));
       return std::nullopt;
     }
-    Result res(mysql_store_result(m));
+    MYSQL_RES* stored = nullptr;
+    if (!finish_by(
+            m, deadline, [&] { return mysql_store_result_start(&stored, m); },
+            [&](int events) { return mysql_store_result_cont(&stored, m, events); })) {
+      error = no_answer(options_.timeout);
+      return std::nullopt;
+    }
+    Result res(stored);  // every row in memory: reading them does no I/O
     if (!res) {
       error = mysql_field_count(m) == 0 ? "the query returned no result set"
                                         : std::string(mysql_error(m));

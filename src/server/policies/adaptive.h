@@ -3,7 +3,8 @@
 //   kind: adaptive
 //   algorithm: fixed | aimd | vegas | gradient2      # default gradient2
 //   limit: 10                                        # fixed only
-//   initial_limit, min_limit, max_limit              # the algorithm's defaults otherwise
+//   initial_limit, min_limit, max_limit              # aimd, vegas, gradient2 only (refused for
+//                                                    # fixed); the algorithm's defaults otherwise
 //   rate: <rate policy>                              # optional: passed first
 #pragma once
 

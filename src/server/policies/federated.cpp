@@ -239,15 +239,13 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
                  "process's alone (several servers would each admit the whole limit); name a "
                  "redis or postgres coordinator to share it, or write `coordinator: memory` if "
                  "one process is meant");
-  spec.coordinators = {body->coordinator};
+  spec.use("coordinator", body->coordinator, CoordinatorRole::kRateBudget);
   if (auto v = s.str("regional_escrow")) {
     if (v->empty())
       s.error("regional_escrow", "must name a coordinator (memory or redis) to hold the pool");
+    else
+      spec.use("regional_escrow", *v, CoordinatorRole::kRegionalEscrow);
     body->regional_escrow = *v;
-    if (*v != body->coordinator) {
-      spec.coordinators.push_back(*v);
-      spec.coordinator_fields = {"coordinator", "regional_escrow"};
-    }
   }
   if (auto v = s.uint("regional_batch", 1, 100'000'000)) {
     if (body->regional_escrow.empty())

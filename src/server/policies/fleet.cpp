@@ -175,17 +175,23 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   auto body = std::make_shared<FleetSpec>();
   read_algorithm(s, body->algorithm);
   if (auto v = s.str("coordinator")) body->coordinator = *v;
-  spec.coordinators = {body->coordinator};
   FleetGuardOptions& g = body->guard;
   g.key = name;
   if (auto v = s.str("key")) g.key = *v;
+  // A member of the fleet at its key, under the server's node id: one policy per key and
+  // coordinator (the loader refuses a second).
+  spec.use({.field = "coordinator",
+            .coordinator = body->coordinator,
+            .role = CoordinatorRole::kConcurrency,
+            .member_key = g.key,
+            .member_key_field = "key"});
   if (auto d = s.duration("heartbeat")) g.heartbeat = *d;
   g.lease_ttl = s.duration("lease_ttl");
   if (auto o = s.choice<OutageMode>("outage", {{"fail-closed", OutageMode::kFailClosed},
                                                {"local-only", OutageMode::kLocalOnly}}))
     g.outage = *o;
   if (auto b = s.boolean("self_fence")) g.self_fence = *b;
-  g.fence_safety_margin = s.duration("fence_safety_margin");
+  g.fence_safety_margin = s.duration_or_zero("fence_safety_margin");
   if (auto b = s.boolean("eager_handoff")) g.eager_handoff = *b;
   g.min_heartbeat = s.duration("min_heartbeat");
   g.call_timeout = s.duration("call_timeout");

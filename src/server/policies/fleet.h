@@ -3,11 +3,14 @@
 //   kind: fleet
 //   the adaptive kind's algorithm fields, plus
 //   coordinator: memory          # a coordinator of the config; default memory
-//   key: <name>                  # the fleet's key at the coordinator; default the policy's name
+//   key: <name>                  # the fleet's key at the coordinator; default the policy's name.
+//                                # One server is one member of a key (its node id): a second
+//                                # fleet policy on the same key and coordinator is an error
 //   heartbeat: 1s                # default 1s
 //   lease_ttl: 2s                # default 2 x heartbeat
 //   outage: fail-closed | local-only
-//   self_fence, fence_safety_margin, eager_handoff, min_heartbeat, call_timeout
+//   self_fence, fence_safety_margin (0s allowed), eager_handoff, min_heartbeat, call_timeout
+//                                 # each as sluice/fleet_guard.h describes it
 //   call_deadline: 500ms          # longest an admitted call may run; + heartbeat +
 //                                 # fence_safety_margin must be < lease_ttl (sluice/fleet_guard.h)
 //   rate: <rate policy>          # optional: passed first

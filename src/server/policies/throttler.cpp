@@ -37,7 +37,7 @@
 //       user: throttler          # (REPLICATION CLIENT, SELECT on the heartbeat table)
 //       password_env: THROTTLER_DB_PASSWORD   # or password: ...
 //       heartbeat_table: meta.heartbeat       # pt-heartbeat's table; heartbeat_utc: true
-//       timeout: 1s              # per host and sample: connect and query
+//       timeout: 1s              # per host and sample: connect and query, in all (200ms too)
 //       threshold: 1             # seconds
 //     pg:
 //       probe: postgres_lag      # or postgres_active (backends running a query)
@@ -55,6 +55,7 @@
 //       threshold: 1000
 // What each probe measures, exactly: backends/probes/probe.h.
 //   apps:                    # rules by app name; `all` applies to apps without their own
+//                            # (metrics and thresholds: `all` cannot be exempt)
 //     gh-ost:
 //       metrics: [load]      # default: every metric
 //       thresholds: {load: 4}
@@ -890,7 +891,14 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
           a.error_at("thresholds." + metric, "must be > 0");
         rule.thresholds[metric] = t;
       }
-    if (auto v = a.boolean("exempt")) rule.exempt = *v;
+    if (auto v = a.boolean("exempt")) {
+      // `all` holds the rule of the apps without their own; exempting every app would turn the
+      // throttler off, which the admin verb refuses too.
+      if (app == "all")
+        a.error("exempt",
+                "does not apply to 'all', which cannot be exempt (exempt the apps by name)");
+      rule.exempt = *v;
+    }
     body->apps[app] = std::move(rule);
   });
   return body;

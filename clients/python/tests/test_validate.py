@@ -1,0 +1,98 @@
+"""`sluice validate` refuses what `sluice serve` refuses, naming the field: settings the server
+would not honour (a second fleet policy on one key, an exempt `all`, bounds a fixed limit
+ignores) and what the server checks of its coordinators before connecting (a role the
+coordinator's kind cannot hold, a table prefix PostgreSQL cannot take, a conninfo libpq cannot
+parse). No database is needed: nothing here connects."""
+
+import subprocess
+import textwrap
+
+import pytest
+
+from conftest import free_port, sluice_bin
+
+# Nothing listens there: a coordinator the server would open is refused at once.
+NOWHERE = f"host=127.0.0.1 port={free_port()} connect_timeout=2"
+
+CASES = {  # name: (config, validate's error, serve's when it differs)
+    "postgres-regional-escrow": (f"""
+        coordinators:
+          pg: {{kind: postgres, conninfo: "{NOWHERE}"}}
+        policies:
+          f: {{kind: federated, limit: 100, regional_escrow: pg}}
+        """, "policies.f.regional_escrow: coordinator 'pg' is a postgres coordinator, which "
+             "cannot hold a regional escrow (the regional pool) (name a memory or redis "
+             "coordinator)", None),
+    "bad-table-prefix": (f"""
+        coordinators:
+          pg: {{kind: postgres, conninfo: "{NOWHERE}", table_prefix: Bad-Prefix}}
+        policies:
+          a: {{kind: fleet, coordinator: pg}}
+        """, "coordinators.pg.table_prefix: must match [a-z_][a-z0-9_]* (at most 57 "
+             "characters), not 'Bad-Prefix'", None),
+    # Fine for the fleet's tables, too long once federation adds "_fed" to it.
+    "table-prefix-too-long-for-federation": (f"""
+        coordinators:
+          pg: {{kind: postgres, conninfo: "{NOWHERE}", table_prefix: {"p" * 52}}}
+        policies:
+          b: {{kind: federated, coordinator: pg, limit: 10}}
+        """, "coordinators.pg: federation's tables (prefix " + "p" * 52 + "_fed, from "
+             "table_prefix): postgres: table_prefix must match [a-z_][a-z0-9_]* (at most 55 "
+             "characters)",
+        "cannot start: policy b: coordinator pg: postgres: table_prefix must match "
+        "[a-z_][a-z0-9_]* (at most 55 characters)"),
+    "bad-conninfo": ("""
+        coordinators:
+          pg: {kind: postgres, conninfo: "host=db nonsense"}
+        policies:
+          a: {kind: fleet, coordinator: pg}
+        """, "coordinators.pg: postgres: bad conninfo",
+        "cannot start: coordinator pg: postgres: bad conninfo"),
+    "two-fleet-policies-one-key": ("""
+        policies:
+          first: {kind: fleet, key: shared, algorithm: fixed, limit: 4}
+          second: {kind: fleet, key: shared, algorithm: fixed, limit: 4}
+        """, "policies.second.key: policies first (line 3) and second both join coordinator "
+             "'memory' under key 'shared'", None),
+    "throttler-exempts-all": ("""
+        policies:
+          t:
+            kind: throttler
+            metrics: {load: {probe: loadavg, threshold: 4}}
+            apps: {all: {exempt: true}}
+        """, "policies.t.apps.all.exempt: does not apply to 'all'", None),
+    "fixed-with-adaptive-bounds": ("""
+        policies:
+          p: {kind: adaptive, algorithm: fixed, limit: 4, min_limit: 100, max_limit: 5}
+        """, "policies.p.min_limit: applies to the adaptive algorithms only", None),
+}
+
+
+def run(*args, timeout=30):
+    return subprocess.run([sluice_bin(), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_validate_and_serve_refuse_it_naming_the_field(case, tmp_path):
+    """Each case: what validate says, and what serve says when it is not the loader's error
+    (None: the same line, from the same loader)."""
+    text, wanted, served_wanted = CASES[case]
+    config = tmp_path / f"{case}.yaml"
+    config.write_text(textwrap.dedent(text))
+    out = run("validate", str(config))
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert wanted in out.stderr, out.stderr
+    assert "error(s)" in out.stderr
+    served = run("serve", "--config", str(config), "--grpc", "127.0.0.1:0", "--http",
+                 "127.0.0.1:0")
+    assert served.returncode == 1, served.stderr
+    assert (served_wanted or wanted) in served.stderr, served.stderr
+
+
+def test_validate_passes_a_fence_safety_margin_of_zero(tmp_path):
+    config = tmp_path / "zero.yaml"
+    config.write_text("policies:\n  f: {kind: fleet, fence_safety_margin: 0s}\n")
+    out = run("validate", str(config))
+    assert out.returncode == 0, out.stderr
+    assert "ok (1 policies" in out.stdout
