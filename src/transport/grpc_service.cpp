@@ -232,13 +232,15 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
                     req_.upstream(), req_.route(), ttl.value()};
     admit.exclude = exclude_;
     admit.max_wait = max_wait.value();
-    // The call's own deadline bounds any wait too, less a margin for the answer's way back.
+    // The call's own deadline bounds any wait too, less a margin for the answer's way back (a
+    // tenth of the time left, 5 to 50 ms).
     const auto deadline = ctx_->deadline();
     if (deadline != std::chrono::system_clock::time_point::max()) {
       const Nanos left =
-          std::chrono::duration_cast<Nanos>(deadline - std::chrono::system_clock::now()) -
-          std::chrono::milliseconds(5);
-      const Nanos bound = std::max(Nanos{0}, left);
+          std::chrono::duration_cast<Nanos>(deadline - std::chrono::system_clock::now());
+      const Nanos margin =
+          std::clamp<Nanos>(left / 10, std::chrono::milliseconds(5), std::chrono::milliseconds(50));
+      const Nanos bound = std::max(Nanos{0}, left - margin);
       admit.max_wait = admit.max_wait ? std::min(*admit.max_wait, bound) : bound;
     }
     if (auto r = engine_.admit(admit, *this)) answer(std::move(*r));

@@ -189,7 +189,7 @@ def test_a_wait_never_outlasts_the_calls_own_bound(gw):
     short = gw.client(timeout=0.3)
     with pytest.raises(Refused) as refused:
         short.admit("gw", tenant="t", upstream="q")
-    assert 0.2 <= refused.value.waited < 0.3 and "the call's max_wait" in refused.value.detail
+    assert 0.2 <= refused.value.waited < 0.28 and "the call's max_wait" in refused.value.detail
     # A call that may not wait at all is refused at once as before.
     with pytest.raises(Refused) as refused:
         c.admit("gw", tenant="t", upstream="q", max_wait=0)
