@@ -257,7 +257,8 @@ std::size_t FallbackCascade::size() const noexcept { return nodes()->size(); }
 
 FallbackCascade::Load FallbackCascade::load() const noexcept {
   Load out;
-  for (const auto& n : *nodes()) {
+  const std::shared_ptr<const Nodes> current = nodes();  // held: a reload may swap the set
+  for (const auto& n : *current) {
     out.in_flight += n->guard().in_flight();
     out.limit += n->guard().limit();
   }

@@ -307,7 +307,13 @@ TEST(RedisRateCoordinator, AReplicaPromotedWithoutTheLastWritesLosesTheRestOfThe
   auto c = connect_test_mode(primary.port(), clock);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const LeaseRequest req = granted_ten(*c.value(), clock);
-  ASSERT_EQ(cli(primary.port(), "WAIT 1 5000"), "1");  // the replica has the 10
+  // The replica has the 10 (read on it: WAIT may count a replica still in its first sync).
+  std::string on_replica;
+  for (int i = 0; i < 500 && on_replica != "10"; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+    on_replica = cli(replica.port(), "HGET 'sluice:fed:{k}' g");
+  }
+  ASSERT_EQ(on_replica, "10");
   // The failover: the replica is promoted while the primary still answers the region, which is
   // granted 10 more that never reach the replica; then the primary dies.
   ASSERT_EQ(cli(replica.port(), "REPLICAOF NO ONE"), "OK");
