@@ -6,6 +6,14 @@
 //                                                    # placed at the lines they name
 //   rate: <rate policy>                              # optional: passed first (keyed by the
 //                                                    # call's key, else its tenant)
+//
+// An upstream (or private binding) with `strategy: queue` and a max_concurrent keeps a call
+// that finds it full waiting in its FIFO queue, deferred (no thread held), until a release
+// hands it the slot, or until the earliest of the queue's timeout, the call's max_wait
+// (AdmitCall::max_wait: the caller's deadline) and the caller going away (Deferral::on_cancel);
+// a policy removed by a reload, or the server draining, answers its waiters UNAVAILABLE at
+// once. The policy's loop ticks every 2 ms while calls wait. Metrics and state: per queue,
+// the calls waiting, how waits ended and a wait histogram.
 #pragma once
 
 #include "server/registry.h"
