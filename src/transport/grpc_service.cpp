@@ -215,14 +215,15 @@ namespace {
 // once (OnCancel) and its place in the queue given up. It deletes itself in OnDone.
 class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Deferral<AdmitResult> {
  public:
-  AdmitReactor(server::Engine& engine, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out)
-      : engine_(engine), ctx_(ctx), out_(out) {}
+  AdmitReactor(server::Engine& engine, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out,
+               const std::function<void(const grpc::Status&)>& finished)
+      : engine_(engine), ctx_(ctx), out_(out), finished_(finished) {}
 
   void start(const grpc::ByteBuffer* in) {
     grpc::ByteBuffer copy(*in);  // decoding consumes its buffer; the copy shares the slices
     decode_error.clear();
     if (!grpc::SerializationTraits<pb::AdmitRequest>::Deserialize(&copy, &req_).ok())
-      return Finish(undecodable(pb::AdmitRequest::descriptor()->full_name()));
+      return done(undecodable(pb::AdmitRequest::descriptor()->full_name()));
     auto ttl = get_duration(req_.has_ttl(), req_.ttl(), "ttl");
     if (!ttl.ok()) return finish(ttl.status());
     auto max_wait = get_duration(req_.has_max_wait(), req_.max_wait(), "max_wait");
@@ -308,12 +309,17 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
           !e.ok())
         g = e;
     }
-    Finish(std::move(g));
+    done(std::move(g));
+  }
+  void done(grpc::Status s) {
+    if (finished_) finished_(s);
+    Finish(std::move(s));
   }
 
   server::Engine& engine_;
   grpc::CallbackServerContext* ctx_;
   grpc::ByteBuffer* out_;
+  const std::function<void(const grpc::Status&)>& finished_;  // the service's (it outlives us)
   pb::AdmitRequest req_;
   pb::AdmitResponse resp_;
   std::vector<std::string> exclude_;
@@ -326,7 +332,7 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
 
 grpc::ServerUnaryReactor* GrpcService::Admit(grpc::CallbackServerContext* ctx, const Bytes* in,
                                              Bytes* out) {
-  auto* reactor = new AdmitReactor(engine_, ctx, out);
+  auto* reactor = new AdmitReactor(engine_, ctx, out, admit_finished_);
   reactor->start(in);
   return reactor;
 }

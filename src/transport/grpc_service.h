@@ -12,6 +12,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
+
 #include "server/engine.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "transport/wire.h"
@@ -45,8 +47,17 @@ class GrpcService final : public RawSluiceService {
   Reactor* Heartbeat(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
   Reactor* ListPolicies(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
 
+  // Admit answers on a reactor of its own (OnCancel lets a queued call go when its client does),
+  // not the context's default one: a caller without a channel (the fuzzer) learns the status
+  // each Admit finishes with through `hook`, called just before the reactor's Finish. Set
+  // before serving.
+  void on_admit_finish(std::function<void(const grpc::Status&)> hook) {
+    admit_finished_ = std::move(hook);
+  }
+
  private:
   server::Engine& engine_;
+  std::function<void(const grpc::Status&)> admit_finished_;
 };
 
 }  // namespace sluice::transport
