@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
                         "cascade policies: a node not to choose (repeatable)");
   admit_cmd->add_option("--max-wait", admit.max_wait,
                         "concurrency policies with a queue: the most to wait in it, e.g. 500ms "
-                        "(default: the queue's timeout; 0: do not wait); --timeout bounds it too");
+                        "(default: the queue's timeout; 0s: do not wait); --timeout bounds it too");
   client_flags(admit_cmd);
   admit_cmd->callback([&] { exit_code = sluice::cli::run_admit(client, admit); });
   sluice::cli::ReleaseArgs release;
