@@ -42,13 +42,20 @@
  * checked in the asynchronous model without handoff. No invalid end state: every node loop is an
  * end state.
  *
+ * -DTWIN: node 1 reports under node 0's id as another member (a server given another's
+ * server.node_id). Every record names the member that wrote it; the coordinator refuses a report
+ * whose id a present record of another member holds (sluice::clash: nothing changes, the node
+ * enforces share 0), and a leave by another member leaves the record alone. InflightCap holds;
+ * -DTWIN -DBROKEN_TWIN (no instance check: the report takes the record over afresh, a leave
+ * takes it whoever wrote it) must fail.
+ *
  * A deliberately broken variant spin must catch: -DBROKEN_STATELESS makes the coordinator a
  * stateless floor(L/n) split (+1 for the first L mod n ids) with no cap and no reserve; a joiner
  * gets a share while an incumbent still holds its larger pre-join one (GlobalCap fails; the
  * in-flight assertions are off in that variant). Run: spin -a -DHANDOFF fleet_heartbeat.pml &&
  * gcc -DSAFETY -o pan pan.c && ./pan (tests/spec/run_spin.sh does this in the test suite, with
- * -DSYNC, -DHANDOFF, -DHANDOFF -DDEMAND, no flag (must fail) and -DBROKEN_STATELESS -DSYNC (must
- * fail)).
+ * -DSYNC, -DHANDOFF, -DHANDOFF -DDEMAND, -DTWIN -DHANDOFF, no flag (must fail),
+ * -DBROKEN_STATELESS -DSYNC and -DTWIN -DBROKEN_TWIN -DSYNC (both must fail)).
  */
 #ifndef N
 #define N 3
@@ -69,6 +76,17 @@
 #define GMAX 32 /* generations in use after a step; at most 6N + 2 (checked) */
 #define UMAX 2 /* unacknowledged grants per record: the acked one and the new one (checked) */
 
+#ifdef TWIN
+#define ID(me) (me == 1 -> 0 : me) /* node 1 reports under node 0's id: another member */
+#else
+#define ID(me) me
+#endif
+#ifdef BROKEN_TWIN
+#define OWNS(me) true /* a leave or an expiry takes the record whoever wrote it */
+#else
+#define OWNS(me) (rec[ID(me)].owner == me + 1)
+#endif
+
 #define FRESH 0
 #define RUNNING 1
 #define STOPPED 2
@@ -84,6 +102,7 @@
 /* The coordinator's FleetNode for one node, minus its constants (l_local = L, expires_at). */
 typedef Record {
   bit present;
+  byte owner;        /* the member that wrote it: node index + 1 (its instance) */
   byte in_flight;
   byte share;
   byte acked;
@@ -111,7 +130,7 @@ byte generation;     /* the key's last issued generation */
 Node node[N];
 
 /* Scratch for the d_steps: assigned before use in every step, so not part of the state. */
-hidden byte s_i, s_k, s_cnt, s_rank, s_probes, s_hungry, s_hrank, s_pool, s_target;
+hidden byte s_id, s_i, s_k, s_cnt, s_rank, s_probes, s_hungry, s_hrank, s_pool, s_target;
 hidden byte s_others, s_res, s_room, s_gs, s_gg, s_sum_share, s_sum_in_flight, s_v, s_next;
 hidden byte s_used[GMAX];
 
@@ -122,53 +141,68 @@ inline split(budget, count, r, out) {
   fi
 }
 
-inline remove_record(me) {
-  rec[me].present = 0;
-  rec[me].in_flight = 0;
-  rec[me].share = 0;
-  rec[me].acked = 0;
-  rec[me].nun = 0;
+inline remove_record(r) {
+  rec[r].present = 0;
+  rec[r].owner = 0;
+  rec[r].in_flight = 0;
+  rec[r].share = 0;
+  rec[r].acked = 0;
+  rec[r].nun = 0;
   for (s_k : 0 .. UMAX - 1) {
-    rec[me].ugen[s_k] = 0;
-    rec[me].ushare[s_k] = 0
+    rec[r].ugen[s_k] = 0;
+    rec[r].ushare[s_k] = 0
   }
 }
 
 /* The coordinator handles node me's report (rin in flight, acking generation rack); the grant
  * is left in s_gs (share) and s_gg (generation). */
 inline coordinate(me, rin, rack) {
+  s_id = ID(me);
+#ifndef BROKEN_TWIN
+  if
+  :: rec[s_id].present && rec[s_id].owner != me + 1 ->  /* clash: refused, nothing changes */
+    s_gs = 0;
+    s_gg = rack
+  :: else ->
+#endif
+  if
+  :: rec[s_id].present && rec[s_id].owner != me + 1 ->  /* BROKEN_TWIN: taken over afresh */
+    remove_record(s_id)
+  :: else -> skip
+  fi;
   /* 1. Upsert the reporter. */
-  rec[me].present = 1;
-  rec[me].in_flight = rin;
+  rec[s_id].present = 1;
+  rec[s_id].owner = me + 1;
+  rec[s_id].in_flight = rin;
   s_cnt = 0;
   s_rank = 0;
   for (s_i : 0 .. N - 1) {
     if
-    :: rec[s_i].present -> s_cnt++; if :: s_i < me -> s_rank++ :: else -> skip fi
+    :: rec[s_i].present -> s_cnt++; if :: s_i < s_id -> s_rank++ :: else -> skip fi
     :: else -> skip
     fi
   }
 #ifdef BROKEN_STATELESS
   split(L, s_cnt, s_rank, s_gs);
-  rec[me].share = s_gs;
+  rec[s_id].share = s_gs;
   generation++;
   s_gg = generation
 #else
-  if :: rack > rec[me].acked -> rec[me].acked = rack :: else -> skip fi;
+  if :: rack > rec[s_id].acked -> rec[s_id].acked = rack :: else -> skip fi;
   s_k = 0;
   for (s_i : 0 .. UMAX - 1) {
     if
-    :: s_i < rec[me].nun && rec[me].ugen[s_i] >= rec[me].acked ->
-      rec[me].ugen[s_k] = rec[me].ugen[s_i];
-      rec[me].ushare[s_k] = rec[me].ushare[s_i];
+    :: s_i < rec[s_id].nun && rec[s_id].ugen[s_i] >= rec[s_id].acked ->
+      rec[s_id].ugen[s_k] = rec[s_id].ugen[s_i];
+      rec[s_id].ushare[s_k] = rec[s_id].ushare[s_i];
       s_k++
     :: else -> skip
     fi
   }
-  rec[me].nun = s_k;
+  rec[s_id].nun = s_k;
   for (s_i : 0 .. UMAX - 1) {
     if
-    :: s_i >= s_k -> rec[me].ugen[s_i] = 0; rec[me].ushare[s_i] = 0
+    :: s_i >= s_k -> rec[s_id].ugen[s_i] = 0; rec[s_id].ushare[s_i] = 0
     :: else -> skip
     fi
   }
@@ -181,12 +215,12 @@ inline coordinate(me, rin, rack) {
     if
     :: rec[s_i].present && rec[s_i].in_flight < rec[s_i].share -> s_probes++
     :: rec[s_i].present && rec[s_i].in_flight >= rec[s_i].share ->
-      s_hungry++; if :: s_i < me -> s_hrank++ :: else -> skip fi
+      s_hungry++; if :: s_i < s_id -> s_hrank++ :: else -> skip fi
     :: else -> skip
     fi
   }
   if
-  :: rec[me].in_flight < rec[me].share -> s_target = 1
+  :: rec[s_id].in_flight < rec[s_id].share -> s_target = 1
   :: else ->
     s_pool = (L > s_probes -> L - s_probes : 0);
     split(s_pool, s_hungry, s_hrank, s_target)
@@ -198,7 +232,7 @@ inline coordinate(me, rin, rack) {
   s_others = 0;
   for (s_i : 0 .. N - 1) {
     if
-    :: rec[s_i].present && s_i != me ->
+    :: rec[s_i].present && s_i != s_id ->
       s_res = (rec[s_i].share > rec[s_i].in_flight -> rec[s_i].share : rec[s_i].in_flight);
 #ifdef HANDOFF
       for (s_k : 0 .. UMAX - 1) {
@@ -215,15 +249,18 @@ inline coordinate(me, rin, rack) {
   s_room = (L > s_others -> L - s_others : 0);
   s_gs = (s_target < s_room -> s_target : s_room);
   /* 6. Issue. */
-  generation = (generation > rec[me].acked -> generation : rec[me].acked) + 1;
-  rec[me].share = s_gs;
+  generation = (generation > rec[s_id].acked -> generation : rec[s_id].acked) + 1;
+  rec[s_id].share = s_gs;
 #ifdef HANDOFF
-  assert(rec[me].nun < UMAX);
-  rec[me].ugen[rec[me].nun] = generation;
-  rec[me].ushare[rec[me].nun] = s_gs;
-  rec[me].nun++;
+  assert(rec[s_id].nun < UMAX);
+  rec[s_id].ugen[rec[s_id].nun] = generation;
+  rec[s_id].ushare[rec[s_id].nun] = s_gs;
+  rec[s_id].nun++;
 #endif
   s_gg = generation
+#endif
+#ifndef BROKEN_TWIN
+  fi
 #endif
 }
 
@@ -357,9 +394,9 @@ end:
       node[me].in_flight--;
       check()
     }
-  :: d_step {   /* leave: graceful, the record goes at once (idempotent) */
+  :: d_step {   /* leave: graceful, its own record goes at once (idempotent) */
       node[me].phase == RUNNING && node[me].in_flight == 0 ->
-      remove_record(me);
+      if :: OWNS(me) -> remove_record(ID(me)) :: else -> skip fi;
       stop(me);
       check()
     }
@@ -369,8 +406,8 @@ end:
       check()
     }
   :: d_step {   /* expire: a stopped node's lease lapses */
-      node[me].phase == STOPPED && rec[me].present ->
-      remove_record(me);
+      node[me].phase == STOPPED && rec[ID(me)].present && rec[ID(me)].owner == me + 1 ->
+      remove_record(ID(me));
       check()
     }
   od

@@ -29,6 +29,13 @@
 //      max(in_flight, largest share granted to the peer that it has not confirmed superseding);
 //   6. the grant gets the key's next generation.
 //
+// One node id, one member: a report also carries its member's instance (a random number each
+// member, a fleet guard, draws once). A live record (expires_at > now) another instance wrote
+// holds the id: clash() says so, and the coordinator refuses the heartbeat and changes nothing
+// (two servers given one server.node_id would otherwise overwrite one record, and each take the
+// share it grants). The id is free again once that record expires or its member leaves; a
+// leave() by another instance leaves the record alone. Instance 0 (not said) matches any.
+//
 // Guarantees: GlobalCap (sum of live shares <= L_global under any order of heartbeats, joins,
 // leaves, expiries and changes of L_local); the occupancy cap keeps sum of in-flight <=
 // L_global in the synchronous model, and acknowledged handoff keeps it when grant replies and
@@ -70,6 +77,8 @@ struct NodeReport {
   Nanos lease_ttl{0};  // > 0; the node's record expires this long after the heartbeat
   // False while l_local is only the algorithm's initial guess (no sample window has closed).
   bool estimated = true;
+  // Which member reports (sluice::clash): drawn at random once per member; 0: not said.
+  std::uint64_t instance = 0;
 };
 
 struct Grant {
@@ -98,6 +107,7 @@ struct FleetNode {
   // With acknowledged handoff: grants issued to the node that its acks have not superseded
   // (generation >= acked_generation), oldest first.
   std::vector<IssuedGrant> unacked;
+  std::uint64_t instance = 0;  // of the member that wrote the record; 0: not said
   friend bool operator==(const FleetNode&, const FleetNode&) = default;
 };
 
@@ -111,13 +121,19 @@ struct FleetState {
 // Empty when the report is usable, else what is wrong with which field.
 [[nodiscard]] std::string validate(const NodeReport& report);
 
-// The heartbeat: updates `state` and returns the reporter's grant. Precondition: validate(report)
-// is empty. Depends on nothing but its arguments.
+// Empty unless another process holds the report's node id at `now` (a live record of the id
+// whose instance differs, both non-zero); then why, naming the id and when the record expires.
+[[nodiscard]] std::string clash(const FleetState& state, const NodeReport& report, Nanos now);
+
+// The heartbeat: updates `state` and returns the reporter's grant. Preconditions:
+// validate(report) and clash(state, report, now) are empty. Depends on nothing but its
+// arguments.
 Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
                 const CoordinatorConfig& config);
 
-// A node leaves: its record (and with it its reserve) goes at once. False if it was not there.
-bool leave(FleetState& state, std::string_view node_id);
+// A node leaves: its record (and with it its reserve) goes at once. False if it was not there,
+// or another instance wrote it (instance 0 on either side matches).
+bool leave(FleetState& state, std::string_view node_id, std::uint64_t instance = 0);
 
 // The aggregate of the live nodes' L_local (estimates only, unless there is none; 0 with no
 // nodes).

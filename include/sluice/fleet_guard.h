@@ -10,6 +10,9 @@
 //   starting   fail-closed: 0; local-only: none (L_local) - until the first grant
 //   active     the granted share
 //   outage     fail-closed: 0; local-only: none (L_local) - after a heartbeat error
+//   duplicate_id  0 in either mode - the coordinator refused the beat: another live member
+//              holds this node id (kAlreadyExists, sluice::clash). The node keeps beating and
+//              joins once that member leaves or its record expires
 //   fenced     0 - fail-closed with self_fence, when the last successful beat's lease is about
 //              to run out (sent_at + lease_ttl - fence_safety_margin); on_fenced runs once
 //   closed     0 - after close() (the node left the fleet)
@@ -47,6 +50,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -61,13 +65,22 @@ enum class OutageMode : std::uint8_t {
   kLocalOnly,   // share -> L_local: stays up; the fleet may overshoot (fan-out regime)
 };
 
-enum class FleetPhase : std::uint8_t { kStarting, kActive, kOutage, kFenced, kClosed };
+enum class FleetPhase : std::uint8_t {
+  kStarting,
+  kActive,
+  kOutage,
+  kFenced,
+  kClosed,
+  kDuplicateId
+};
 
 [[nodiscard]] std::string_view to_string(FleetPhase phase) noexcept;
 
 struct FleetGuardOptions {
   std::string node_id;  // required: unique per process
-  std::string key;      // required: every node fronting the same backend uses the same key
+  // Which member reports under node_id (sluice::clash); 0: drawn at random by the guard.
+  std::uint64_t instance = 0;
+  std::string key;  // required: every node fronting the same backend uses the same key
   // Heartbeat period; > 0. Default 1 s.
   Nanos heartbeat = std::chrono::seconds(1);
   // Lease of this node's record at the coordinator; > heartbeat. Default 2 x heartbeat.
@@ -225,6 +238,10 @@ class FleetGuard {
   [[nodiscard]] bool reconfigure(FleetGuardOptions options);
 
   [[nodiscard]] FleetGuardStats stats() const noexcept;
+  // What the last failed beat was told (empty before any): the coordinator's words.
+  [[nodiscard]] std::string last_error() const;
+  // The instance this guard reports under.
+  [[nodiscard]] std::uint64_t instance() const noexcept { return options_.instance; }
   [[nodiscard]] const FleetGuardOptions& options() const noexcept { return options_; }
 
  private:
@@ -251,6 +268,7 @@ class FleetGuard {
   void apply_cap(std::uint32_t cap) noexcept;
   void apply_grant(const Grant& grant, Nanos sent_at) noexcept;
   void enter_outage() noexcept;
+  void enter_duplicate() noexcept;
   void fence() noexcept;
   [[nodiscard]] std::uint32_t fair_share() const noexcept;
   [[nodiscard]] bool fencing() const noexcept;
@@ -286,6 +304,9 @@ class FleetGuard {
   const int width_shift_;
   std::array<std::atomic<std::uint64_t>, kBuckets> buckets_{};
   std::atomic<std::int64_t> overdue_{0};  // may dip below 0 for a moment (a race of the sweep)
+
+  mutable std::mutex error_mu_;
+  std::string last_error_;  // guarded by error_mu_; written by the ticking thread
 
   // Ticking thread only.
   bool beat_due_now_ = true;                 // the first beat: at the first tick

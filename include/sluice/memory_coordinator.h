@@ -24,7 +24,7 @@ class MemoryCoordinator final : public ConcurrencyCoordinator {
 
   [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
                                           Nanos timeout) noexcept override;
-  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id, std::uint64_t instance,
                              Nanos timeout) noexcept override;
   [[nodiscard]] const CoordinatorConfig& config() const noexcept override { return config_; }
   [[nodiscard]] std::string_view backend() const noexcept override { return "memory"; }

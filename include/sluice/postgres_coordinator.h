@@ -37,7 +37,7 @@ class PostgresCoordinator final : public ConcurrencyCoordinator {
 
   [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
                                           Nanos timeout) noexcept override;
-  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id, std::uint64_t instance,
                              Nanos timeout) noexcept override;
   [[nodiscard]] const CoordinatorConfig& config() const noexcept override;
   [[nodiscard]] std::string_view backend() const noexcept override { return "postgres"; }

@@ -12,6 +12,8 @@
 //   kFailedPrecondition  the call does not fit the target's state or kind (e.g. Check on a
 //                      concurrency policy): do not retry unchanged
 //   kInternal          a bug or a broken invariant: report it
+//   kAlreadyExists     the name is another's (a fleet node id another live process reports
+//                      under): do not retry unchanged until it is freed
 // StatusOr<T> holds a T or a non-ok Status.
 //
 // Thread-safety: plain values.
@@ -36,6 +38,7 @@ enum class StatusCode : std::uint8_t {
   kFailedPrecondition,
   kResourceExhausted,  // no capacity left (every node of a cascade at its limit)
   kInternal,
+  kAlreadyExists,
 };
 
 [[nodiscard]] std::string_view to_string(StatusCode code) noexcept;

@@ -53,7 +53,7 @@ class TimedConcurrencyCoordinator final : public ConcurrencyCoordinator {
 
   [[nodiscard]] StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report,
                                           Nanos timeout) noexcept override;
-  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id, std::uint64_t instance,
                              Nanos timeout) noexcept override;
   [[nodiscard]] const CoordinatorConfig& config() const noexcept override {
     return inner_->config();

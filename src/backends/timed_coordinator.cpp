@@ -77,8 +77,8 @@ StatusOr<Grant> TimedConcurrencyCoordinator::heartbeat(std::string_view key,
 }
 
 Status TimedConcurrencyCoordinator::leave(std::string_view key, std::string_view node_id,
-                                          Nanos timeout) noexcept {
-  return timed(clock_, *stats_, [&] { return inner_->leave(key, node_id, timeout); });
+                                          std::uint64_t instance, Nanos timeout) noexcept {
+  return timed(clock_, *stats_, [&] { return inner_->leave(key, node_id, instance, timeout); });
 }
 
 StatusOr<LeaseReply> TimedRateCoordinator::lease(std::string_view key, const LeaseRequest& request,

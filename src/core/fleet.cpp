@@ -1,7 +1,9 @@
 #include "sluice/fleet.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 
 namespace sluice {
 namespace {
@@ -10,6 +12,8 @@ std::vector<FleetNode>::iterator find_node(std::vector<FleetNode>& nodes, std::s
   return std::lower_bound(nodes.begin(), nodes.end(), id,
                           [](const FleetNode& n, std::string_view key) { return n.id < key; });
 }
+
+bool same_process(std::uint64_t a, std::uint64_t b) { return a == 0 || b == 0 || a == b; }
 
 std::uint32_t reserve(const FleetNode& n, bool handoff) {
   std::uint32_t r = std::max(n.share, n.in_flight);
@@ -80,6 +84,22 @@ std::uint32_t ceiling_in_force(const FleetState& state, const CoordinatorConfig&
       std::max<std::uint64_t>(aggregate_limit(state, config.aggregate), held));
 }
 
+std::string clash(const FleetState& state, const NodeReport& report, Nanos now) {
+  const auto it =
+      std::lower_bound(state.nodes.begin(), state.nodes.end(), report.node_id,
+                       [](const FleetNode& n, std::string_view key) { return n.id < key; });
+  if (it == state.nodes.end() || it->id != report.node_id || it->expires_at <= now ||
+      same_process(it->instance, report.instance))
+    return {};
+  char instance[17];
+  std::snprintf(instance, sizeof instance, "%016llx",
+                static_cast<unsigned long long>(it->instance));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(it->expires_at - now);
+  return "node id '" + report.node_id + "' is held by another live member (instance " + instance +
+         ", its record expires in " + std::to_string(ms.count()) +
+         " ms unless it reports again): each member needs a node id of its own";
+}
+
 Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
                 const CoordinatorConfig& config) {
   // 1. Upsert the reporter.
@@ -87,7 +107,13 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
   if (it == state.nodes.end() || it->id != report.node_id) {
     it = state.nodes.insert(it, FleetNode{});
     it->id = report.node_id;
+  } else if (!same_process(it->instance, report.instance)) {
+    // Another process's record, expired (clash() is empty): the reporter joins afresh, as
+    // step 2 would have evicted the record for any other reporter.
+    *it = FleetNode{};
+    it->id = report.node_id;
   }
+  it->instance = report.instance;
   it->l_local = report.l_local;
   it->estimated = report.estimated;
   it->in_flight = report.in_flight;
@@ -123,9 +149,10 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
                state.generation};
 }
 
-bool leave(FleetState& state, std::string_view node_id) {
+bool leave(FleetState& state, std::string_view node_id, std::uint64_t instance) {
   const auto it = find_node(state.nodes, node_id);
-  if (it == state.nodes.end() || it->id != node_id) return false;
+  if (it == state.nodes.end() || it->id != node_id || !same_process(it->instance, instance))
+    return false;
   state.nodes.erase(it);
   return true;
 }

@@ -24,6 +24,8 @@ std::string_view to_string(StatusCode code) noexcept {
       return "resource exhausted";
     case StatusCode::kInternal:
       return "internal";
+    case StatusCode::kAlreadyExists:
+      return "already exists";
   }
   return "unknown";
 }

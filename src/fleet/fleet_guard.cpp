@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <random>
+
+#include <unistd.h>
 
 #include "core/tick_loop.h"
 
@@ -35,6 +38,20 @@ Nanos min_heartbeat_of(const FleetGuardOptions& o) {
 }
 Nanos call_timeout_of(const FleetGuardOptions& o) { return o.call_timeout.value_or(o.heartbeat); }
 
+// A member's instance: random, never 0 (0 means "not said").
+std::uint64_t random_instance() {
+  std::uint64_t v = 0;
+  try {
+    std::random_device rd;
+    v = (std::uint64_t{rd()} << 32) ^ rd();
+  } catch (...) {
+    // No entropy source: the clock and the pid below still tell members apart.
+  }
+  v ^= static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  v ^= static_cast<std::uint64_t>(getpid()) << 40;
+  return v != 0 ? v : 1;
+}
+
 }  // namespace
 
 std::string_view to_string(FleetPhase phase) noexcept {
@@ -49,6 +66,8 @@ std::string_view to_string(FleetPhase phase) noexcept {
       return "fenced";
     case FleetPhase::kClosed:
       return "closed";
+    case FleetPhase::kDuplicateId:
+      return "duplicate_id";
   }
   return "unknown";
 }
@@ -91,6 +110,7 @@ FleetGuard::FleetGuard(ConcurrencyCoordinator& coordinator,
       deadline_(std::max(deadline_of(options_), Nanos{1})),
       width_shift_(std::bit_width(
           static_cast<std::uint64_t>(std::max(deadline_ / 8, Nanos{1}).count()) - 1)) {
+  if (options_.instance == 0) options_.instance = random_instance();
   // Before the first grant: fail-closed admits nothing, local-only admits up to L_local.
   apply_cap(options_.outage == OutageMode::kFailClosed ? 0 : AdaptiveGuard::kNoCap);
 }
@@ -235,6 +255,21 @@ void FleetGuard::enter_outage() noexcept {
   }
 }
 
+void FleetGuard::enter_duplicate() noexcept {
+  const FleetPhase phase = phase_.load(std::memory_order_relaxed);
+  if (phase == FleetPhase::kClosed) return;
+  if (phase != FleetPhase::kFenced)
+    phase_.store(FleetPhase::kDuplicateId, std::memory_order_relaxed);
+  set_admit_until(Nanos::max());  // the cap decides: 0, whatever the outage mode
+  share_.store(0, std::memory_order_relaxed);
+  apply_cap(0);
+}
+
+std::string FleetGuard::last_error() const {
+  const std::lock_guard lock(error_mu_);
+  return last_error_;
+}
+
 void FleetGuard::fence() noexcept {
   phase_.store(FleetPhase::kFenced, std::memory_order_relaxed);
   share_.store(0, std::memory_order_relaxed);
@@ -263,6 +298,7 @@ std::optional<FleetGuard::Beat> FleetGuard::make_beat(Nanos now, bool off_cycle)
   Beat b;
   try {
     b.report.node_id = options_.node_id;
+    b.report.instance = options_.instance;
   } catch (...) {
     return std::nullopt;  // out of memory: the beat is skipped, the fence still runs
   }
@@ -299,7 +335,16 @@ void FleetGuard::complete(const Beat& beat, const StatusOr<Grant>& reply) noexce
   if (phase_.load(std::memory_order_relaxed) == FleetPhase::kClosed) return;
   if (!reply.ok()) {
     heartbeat_errors_.fetch_add(1, std::memory_order_relaxed);
-    enter_outage();
+    try {
+      const std::lock_guard lock(error_mu_);
+      last_error_ = reply.status().to_string();
+    } catch (...) {
+      // Out of memory: the words are lost, the phase below is not.
+    }
+    if (reply.status().code() == StatusCode::kAlreadyExists)
+      enter_duplicate();  // not ours to admit on, in either outage mode
+    else
+      enter_outage();
     return;
   }
   const bool self_fencing = options_.outage == OutageMode::kFailClosed && options_.self_fence;
@@ -375,13 +420,16 @@ void FleetGuard::close() noexcept {
     return;
   share_.store(0, std::memory_order_relaxed);
   apply_cap(0);
-  (void)coordinator_.leave(options_.key, options_.node_id, call_timeout_of(options_));
+  (void)coordinator_.leave(options_.key, options_.node_id, options_.instance,
+                           call_timeout_of(options_));
 }
 
 bool FleetGuard::reconfigure(FleetGuardOptions options) {
   if (options.node_id != options_.node_id || options.key != options_.key ||
+      (options.instance != 0 && options.instance != options_.instance) ||
       !options.validate().empty() || deadline_of(options) != deadline_)
     return false;
+  options.instance = options_.instance;  // the same member
   options_ = std::move(options);
   // A changed outage mode takes effect now where it decides the cap.
   const FleetPhase phase = phase_.load(std::memory_order_relaxed);

@@ -47,6 +47,7 @@ unsigned http_status(StatusCode c) {
     case StatusCode::kNotFound:
       return 404;
     case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists:
       return 409;
     case StatusCode::kPermissionDenied:
       return 403;

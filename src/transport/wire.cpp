@@ -36,6 +36,8 @@ grpc::Status to_grpc(const Status& s) {
       return {grpc::StatusCode::FAILED_PRECONDITION, s.message()};
     case StatusCode::kResourceExhausted:
       return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message()};
+    case StatusCode::kAlreadyExists:
+      return {grpc::StatusCode::ALREADY_EXISTS, s.message()};
     case StatusCode::kInternal:
       break;
   }

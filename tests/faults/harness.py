@@ -814,6 +814,7 @@ class LoadGenerator:
         self._in_flight: Dict[str, int] = {n.name: 0 for n in nodes}
         self.calls: List[CallRecord] = []
         self.refused = 0
+        self.refused_by: Dict[str, int] = {}  # by node name
         self.admit_errors = 0
         self._stop = threading.Event()
         self._workers: List[threading.Thread] = []
@@ -845,6 +846,7 @@ class LoadGenerator:
             except sluice_client.Refused:
                 with self._lock:
                     self.refused += 1
+                    self.refused_by[node.name] = self.refused_by.get(node.name, 0) + 1
                 time.sleep(rng.uniform(0.005, 0.02))
                 continue
             except (sluice_client.SluiceError, ValueError, AttributeError):
@@ -853,8 +855,8 @@ class LoadGenerator:
                 time.sleep(rng.uniform(0.02, 0.05))
                 continue
             rec = CallRecord(node.name, time.monotonic())
-            with self._lock:
-                self._in_flight[node.name] += 1
+            with self._lock:  # a node may join the list after the start (a twin)
+                self._in_flight[node.name] = self._in_flight.get(node.name, 0) + 1
                 self.calls.append(rec)
             end = rec.admitted_at + rng.uniform(*self.hold)
             if self.deadline is not None:

@@ -17,10 +17,13 @@ N x L_local = 36 here; the measured maximum is recorded.
 from __future__ import annotations
 
 import calendar
+import copy
 import glob
 import re
 import signal
 import time
+import urllib.error
+import urllib.request
 import uuid
 from typing import Callable, List, Optional, Tuple
 
@@ -142,6 +145,10 @@ def run_scenario(request, coordinators, results, workdir, scenario: str, coordin
         row["late_admits"] = [round(c.admitted_at - n.resumed_at, 3) for c in late[:8]]
     results.add(row)
     print(row)
+    twin = [n for n in nodes if getattr(n, "stopped_original_at", None)]
+    if twin:  # for the scenario's own checks; not results
+        row = dict(row, _calls=load.calls, _twin_stopped_original_at=twin[0].stopped_original_at,
+                   _twin_refused=load.refused_by.get(twin[0].name, 0))
 
     # The run was a real test of the bound: the fleet was full before the fault.
     assert before >= LIMIT * 3 // 4, f"the load never filled the fleet (max {before})"
@@ -194,6 +201,67 @@ def node_stop(nodes, coord, note=f"calls end by the {CALL_DEADLINE}s call deadli
     victim.resumed_at = time.monotonic()
     victim.fault = ""
     return time.monotonic(), nodes, f"n2 stopped {NODE_STOP:.1f}s; {note}"
+
+
+TWIN_LOAD = 2.0  # load on all four servers while the twin is refused
+
+
+def readyz(node: Node) -> Tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{node.host}:{node.http_port}/readyz",
+                                    timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def twin_started(nodes, coord):
+    """A fourth server started from n0's config (the same server.node_id: a config copied to
+    every host) while n0 serves. The coordinator refuses its heartbeats while n0's record lives:
+    it admits nothing (the load reaches it too), /readyz names the clash, its log says it once.
+    Then n0 stops gracefully (it leaves the fleet) and the twin joins in its place."""
+    original = nodes[0]
+    twin = copy.copy(original)
+    twin.name = "n0-twin"
+    twin.log = original.log.with_name("n0-twin.log")
+    twin.proc = twin.client = None
+    twin.fault, twin.faulted = "", False
+    twin.launch()
+    twin.wait_serving()
+    wait_until(lambda: (s := twin.state()) is not None and s.get("phase") == "duplicate_id", 5,
+               0.05, "the twin's heartbeats to be refused")
+    nodes.append(twin)  # the load and the sampler take the same list: the twin gets calls too
+    status, body = readyz(twin)
+    assert status == 503 and "node id 'n0' is held by another live member" in body, (status, body)
+    time.sleep(TWIN_LOAD)
+    refusals = twin.state()["heartbeat_errors"]
+    wait_until(lambda: "not ready: " in harness.tail(twin.log, 100000), 3, 0.1,
+               "the twin's log to name the clash")
+    assert harness.tail(twin.log, 100000).count("held by another live member") == 1, \
+        harness.tail(twin.log)
+    original.fault, original.faulted = "stopped", True  # its Releases fail once it is gone
+    original.signal(signal.SIGTERM)
+    original.proc.wait(10)
+    stopped_at = time.monotonic()
+    twin.stopped_original_at = stopped_at
+    wait_until(lambda: (s := twin.state()) is not None and s.get("phase") == "active", 5, 0.05,
+               "the twin to join once n0 left")
+    return stopped_at, nodes[1:], (f"a 4th server with n0's node id: {refusals} heartbeats "
+                                   f"refused in {TWIN_LOAD:.0f} s under load; n0 stopped "
+                                   f"(SIGTERM), the twin joined in its place")
+
+
+@pytest.mark.parametrize("coordinator", COORDINATORS)
+def test_a_second_server_with_a_live_node_id_is_refused(request, coordinators, results, workdir,
+                                                        coordinator):
+    row = run_scenario(request, coordinators, results, workdir, "7 two servers, one node_id",
+                       coordinator, twin_started)
+    # The load reached the twin, and it admitted nothing while n0 held the id; after, it did.
+    twin_calls = [c for c in row["_calls"] if c.node == "n0-twin"]
+    stopped_at = row["_twin_stopped_original_at"]
+    assert not [c for c in twin_calls if c.admitted_at < stopped_at], twin_calls[:5]
+    assert [c for c in twin_calls if c.admitted_at >= stopped_at], "the twin never served"
+    assert row["_twin_refused"] > 0, row
 
 
 @pytest.mark.parametrize("coordinator", COORDINATORS)

@@ -90,6 +90,7 @@ testing::SuiteServer<testing::PostgresServer> CoordinatorConformance::postgres_;
 
 struct Tally {
   int heartbeats = 0, leaves = 0, expiries = 0, capped = 0, zero_shares = 0, max_nodes = 0;
+  int clashes = 0;
 };
 
 TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend) {
@@ -108,6 +109,25 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
         std::mt19937_64 rng(20261123 + static_cast<unsigned>(config_no));
         ++config_no;
         auto pick = [&](std::uint64_t n) { return rng() % n; };
+        // Which member reports under each id: drawn from a stream of its own (the sequence
+        // above stays the one it was). Now and then a twin (another process given the same
+        // id), a restart (a new member takes the id over) or a report that does not say.
+        std::mt19937_64 members(7 + static_cast<unsigned>(config_no));
+        std::map<std::string, std::uint64_t> member_of;
+        auto member = [&](const std::string& id) -> std::uint64_t {
+          std::uint64_t& held = member_of[id];
+          if (held == 0) held = members() | 1;
+          switch (members() % 25) {
+            case 0:
+              return members() | 1;  // a twin
+            case 1:
+              return held = members() | 1;  // a restart
+            case 2:
+              return 0;
+            default:
+              return held;
+          }
+        };
         // What each node enforces (its last grant) per key: the source of its next report.
         std::map<std::string, Grant> enforced;
         for (int step = 0; step < kSteps; ++step) {
@@ -115,9 +135,11 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
           const std::string& id = kIds[pick(kIds.size())];
           const std::string slot = key + "/" + id;
           const std::uint64_t action = pick(100);
-          if (action < 8) {  // a graceful leave (the node may not be there)
+          if (action < 8) {  // a graceful leave (the node may not be there, or be another's)
+            const std::uint64_t instance = member(id);
             for (auto& c : b.all)
-              ASSERT_TRUE(c->leave(key, id, kTimeout).ok()) << c->backend() << " step " << step;
+              ASSERT_TRUE(c->leave(key, id, instance, kTimeout).ok())
+                  << c->backend() << " step " << step;
             enforced.erase(slot);
             ++tally.leaves;
             continue;
@@ -130,6 +152,7 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
           const Grant last = enforced[slot];
           NodeReport r;
           r.node_id = id;
+          r.instance = member(id);
           r.l_local = static_cast<std::uint32_t>(pick(5) == 0 ? pick(3) : 4 + pick(40));
           // In flight: mostly within the enforced share, sometimes above it (a lowered grant not
           // yet drained), sometimes a stale acknowledgement (a delayed report).
@@ -138,11 +161,23 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
               pick(6) == 0 && last.generation > 3 ? last.generation - 3 : last.generation;
           r.lease_ttl = milliseconds(500 + 100 * pick(26));
           std::vector<Grant> grants;
+          std::vector<Status> refusals;
           for (auto& c : b.all) {
             const auto g = c->heartbeat(key, r, kTimeout);
-            ASSERT_TRUE(g.ok()) << c->backend() << " step " << step << ": "
-                                << g.status().to_string();
+            if (!g.ok()) {  // another live member holds the id: refused the same way everywhere
+              ASSERT_EQ(g.status().code(), StatusCode::kAlreadyExists)
+                  << c->backend() << " step " << step << ": " << g.status().to_string();
+              refusals.push_back(g.status());
+              continue;
+            }
             grants.push_back(g.value());
+          }
+          if (!refusals.empty()) {
+            ASSERT_EQ(refusals.size(), b.all.size()) << "step " << step << ": only some refused";
+            for (const Status& s : refusals)
+              ASSERT_EQ(s.message(), refusals[0].message()) << "step " << step;
+            ++tally.clashes;
+            continue;
           }
           for (std::size_t i = 1; i < grants.size(); ++i)
             ASSERT_EQ(grants[i], grants[0])
@@ -161,13 +196,15 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
       }
   std::printf(
       "[conformance] 8 configs x %d steps: %d heartbeats, %d leaves, %d clock moves; "
-      "%d grants below an equal share, %d zero shares, up to %d nodes live\n",
+      "%d grants below an equal share, %d zero shares, up to %d nodes live, %d heartbeats "
+      "refused (another member's id)\n",
       kSteps, tally.heartbeats, tally.leaves, tally.expiries, tally.capped, tally.zero_shares,
-      tally.max_nodes);
+      tally.max_nodes, tally.clashes);
   // The sequence reached the interesting regions (joins, caps, evictions), not a quiet corner.
   EXPECT_GT(tally.capped, 100);
   EXPECT_GT(tally.zero_shares, 20);
   EXPECT_GE(tally.max_nodes, 5);
+  EXPECT_GT(tally.clashes, 50);
 }
 
 }  // namespace

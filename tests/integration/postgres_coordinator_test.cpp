@@ -100,8 +100,8 @@ struct Replay {
   }
   void leave(const std::string& id) {
     ++step;
-    ASSERT_TRUE(memory.leave(key, id, kTimeout).ok());
-    const Status s = pg.leave(key, id, kTimeout);
+    ASSERT_TRUE(memory.leave(key, id, 0, kTimeout).ok());
+    const Status s = pg.leave(key, id, 0, kTimeout);
     ASSERT_TRUE(s.ok()) << where << " step " << step << ": " << s.to_string();
   }
 };
@@ -326,7 +326,7 @@ TEST_F(PostgresCoordinatorTest, AHeldKeyLockYieldsDeadlineExceededAndTheNextCall
   EXPECT_EQ(g.status().code(), StatusCode::kDeadlineExceeded) << g.status().to_string();
   EXPECT_LT(waited, seconds(1));
   EXPECT_EQ(holder.value("SELECT count(*) FROM timeouts_nodes WHERE key = 'held'"), "0");
-  const Status left = pg->leave("held", "a", milliseconds(200));
+  const Status left = pg->leave("held", "a", 0, milliseconds(200));
   EXPECT_EQ(left.code(), StatusCode::kDeadlineExceeded) << left.to_string();
 
   holder.rows("SELECT pg_advisory_unlock(hashtextextended('held', 0))");
@@ -384,10 +384,10 @@ TEST_F(PostgresCoordinatorTest, RejectsBadInputWithoutWritingAnything) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(code(pg->heartbeat("k\xe2\x82", report("a", 4), kTimeout)),  // cut short
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(pg->leave("", "a", kTimeout).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(pg->leave("k", "", kTimeout).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(pg->leave("k", "a", Nanos{0}).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(pg->leave("k", "absent", kTimeout).ok());
+  EXPECT_EQ(pg->leave("", "a", 0, kTimeout).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(pg->leave("k", "", 0, kTimeout).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(pg->leave("k", "a", 0, Nanos{0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pg->leave("k", "absent", 0, kTimeout).ok());
   RawConn raw(server_->conninfo());
   ASSERT_TRUE(raw.ok()) << raw.error();
   EXPECT_EQ(raw.value("SELECT count(*) FROM bad_input_nodes"), "0");
@@ -438,7 +438,7 @@ TEST_F(PostgresCoordinatorTest, AServerThatStopsYieldsUnavailableNotAHang) {
   auto again = pg.heartbeat("k", report("a", 4), seconds(2));
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kUnavailable) << again.status().to_string();
-  EXPECT_EQ(pg.leave("k", "a", seconds(2)).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(pg.leave("k", "a", 0, seconds(2)).code(), StatusCode::kUnavailable);
   EXPECT_LT(clock.now() - start, seconds(3));
 }
 

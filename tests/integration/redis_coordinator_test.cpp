@@ -89,8 +89,8 @@ TEST_F(RedisCoordinatorTest, ScriptedFleetMatchesTheMemoryCoordinatorInEveryConf
         clock.advance(milliseconds(500));
         both("c", 20, 7);
         both("b", 14, 5);
-        ASSERT_TRUE(memory.leave(key, "a", kTimeout).ok());
-        ASSERT_TRUE(redis->leave(key, "a", kTimeout).ok());
+        ASSERT_TRUE(memory.leave(key, "a", 0, kTimeout).ok());
+        ASSERT_TRUE(redis->leave(key, "a", 0, kTimeout).ok());
         both("c", 20, 1);
         clock.advance(seconds(3));  // every lease but the next reporter's expires
         both("b", 13, 2);
@@ -112,9 +112,9 @@ TEST_F(RedisCoordinatorTest, KeyIsOneHashInOneSlotThatExpiresWhenAbandoned) {
   EXPECT_LE(ttl_ms, 60'000);  // at least a minute, 100 leases here
   EXPECT_EQ(cli(server_->port(), "KEYS 'sluice:fleet:*'").find("{orders}") != std::string::npos,
             true);
-  ASSERT_TRUE(redis->leave("orders", "n1", kTimeout).ok());
+  ASSERT_TRUE(redis->leave("orders", "n1", 0, kTimeout).ok());
   EXPECT_EQ(cli(server_->port(), "HLEN " + key), "3");
-  EXPECT_TRUE(redis->leave("orders", "never-joined", kTimeout).ok());
+  EXPECT_TRUE(redis->leave("orders", "never-joined", 0, kTimeout).ok());
 }
 
 TEST_F(RedisCoordinatorTest, FlushedScriptIsReloadedAndTheCallRetried) {
@@ -199,8 +199,8 @@ TEST_F(RedisCoordinatorTest, BadReportIsRejectedAndWritesNothing) {
   EXPECT_EQ(no_lease.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(no_lease.status().message().find("lease_ttl"), std::string::npos);
   EXPECT_EQ(cli(server_->port(), "EXISTS 'sluice:fleet:{bad}'"), "0");
-  EXPECT_EQ(redis->leave("", "n1", kTimeout).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(redis->leave("bad", "", kTimeout).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(redis->leave("", "n1", 0, kTimeout).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(redis->leave("bad", "", 0, kTimeout).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(RedisCoordinatorTest, BadOptionsNameTheField) {

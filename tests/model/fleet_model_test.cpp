@@ -17,6 +17,10 @@
 //              a lower value: the aggregate, hence the target, falls and rises under held
 //              calls, and L_global in force (FleetState::ceiling) must follow without ever
 //              falling below what the fleet holds.
+// With a twin, node "a'" reports under node a's id as another member (another server given the
+// same server.node_id): every report carries its member's instance, the coordinator refuses one
+// whose id a live record of another member holds (sluice::clash: the node enforces share 0),
+// and a leave by another member leaves the record alone.
 // In the synchronous model a heartbeat is one atomic step (report, core, the node applies the
 // grant). In the asynchronous model it is three: send (the report is snapshotted into a transit
 // slot; at most one heartbeat outstanding per node), process (the core runs on the snapshot:
@@ -39,8 +43,9 @@
 //   InflightCap  the nodes' in-flight calls sum to <= L_global (synchronous model; asynchronous
 //                model with acknowledged handoff). Without handoff the asynchronous fleet has a
 //                bounded residual: the search measures the largest sum of in-flight calls instead.
-// Deliberately broken cores must be caught: a stateless floor(L/N) split without the cap, and
-// (moving limit) a ceiling that drops with the aggregate at once.
+// Deliberately broken cores must be caught: a stateless floor(L/N) split without the cap,
+// (moving limit) a ceiling that drops with the aggregate at once, and (twin) a coordinator that
+// lets another member's report take over a live record.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,6 +54,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -65,7 +71,7 @@ constexpr std::array<std::string_view, kMaxNodes> kIds = {"a", "b", "c"};
 constexpr Nanos kNow{0};
 constexpr Nanos kLeaseTtl = std::chrono::hours(24 * 365);  // the core never evicts by itself
 
-enum class Core { kReal, kStatelessSplit, kCeilingIsTheAggregate };
+enum class Core { kReal, kStatelessSplit, kCeilingIsTheAggregate, kNoClashCheck };
 
 struct Config {
   int nodes = 2;
@@ -75,6 +81,7 @@ struct Config {
   Core core = Core::kReal;
   bool inflight_cap = true;  // check InflightCap in every state
   std::uint32_t low = 0;     // > 0: a node's L_local moves between limit and low
+  bool twin = false;         // node 1 is "a'": it reports under node a's id
 };
 
 enum Phase : std::uint8_t { kFresh, kRunning, kStopped };
@@ -82,7 +89,8 @@ enum Phase : std::uint8_t { kFresh, kRunning, kStopped };
 // The coordinator's FleetNode for one node, minus its constants (l_local = L, expires_at).
 struct Record {
   std::uint8_t present;
-  std::uint8_t low;  // its L_local is the low value (moving limit)
+  std::uint8_t owner;  // the member that wrote it: node index + 1 (its instance)
+  std::uint8_t low;    // its L_local is the low value (moving limit)
   std::uint8_t in_flight;
   std::uint8_t share;
   std::uint8_t acked;
@@ -188,8 +196,9 @@ class Explorer {
       ++r.states;
       std::uint32_t shares = 0, in_flight = 0;
       bool busy = true;
+      for (const Record& rec : s.rec)
+        if (rec.present) shares += rec.share;
       for (int i = 0; i < c_.nodes; ++i) {
-        if (s.rec[i].present) shares += s.rec[i].share;
         in_flight += s.node[i].in_flight;
         busy = busy && s.node[i].in_flight > 0;
       }
@@ -278,6 +287,7 @@ class Explorer {
       if (!r.present) continue;
       FleetNode n;
       n.id = std::string(kIds[i]);
+      n.instance = r.owner;
       n.l_local = r.low ? c_.low : c_.limit;
       n.in_flight = r.in_flight;
       n.share = r.share;
@@ -308,6 +318,7 @@ class Explorer {
       }
       Record& r = s.rec[i];
       r.present = 1;
+      r.owner = small(n.instance, "instance");
       r.low = n.l_local != c_.limit ? 1 : 0;
       r.in_flight = small(n.in_flight, "in_flight");
       r.share = small(n.share, "share");
@@ -320,17 +331,25 @@ class Explorer {
     }
   }
 
+  // The record node i reports under (a twin's is a's).
+  int id_of(int i) const { return c_.twin && i == 1 ? 0 : i; }
+  std::string name_of(int i) const { return c_.twin && i == 1 ? "a'" : std::string(kIds[i]); }
+
   // The coordinator handles node i's report; the state's records follow the core's FleetState.
-  Grant coordinate(State& s, int i, std::uint8_t in_flight, std::uint8_t acked, std::uint8_t low) {
+  // Nothing when the coordinator refuses it (another member's live record holds the id).
+  std::optional<Grant> coordinate(State& s, int i, std::uint8_t in_flight, std::uint8_t acked,
+                                  std::uint8_t low) {
     FleetState f = to_fleet(s);
     // The broken ceiling: L_global drops with the aggregate at once (no memory of the last).
     if (c_.core == Core::kCeilingIsTheAggregate) f.ceiling = 0;
     NodeReport report;
-    report.node_id = std::string(kIds[i]);
+    report.node_id = std::string(kIds[id_of(i)]);
+    report.instance = static_cast<std::uint64_t>(i) + 1;
     report.l_local = low ? c_.low : c_.limit;
     report.in_flight = in_flight;
     report.acked_generation = acked;
     report.lease_ttl = kLeaseTtl;
+    if (c_.core != Core::kNoClashCheck && !clash(f, report, kNow).empty()) return std::nullopt;
     const Grant g = c_.core == Core::kStatelessSplit ? stateless_split(f, report)
                                                      : heartbeat(f, report, kNow, c_.coordinator);
     from_fleet(f, s);
@@ -338,9 +357,13 @@ class Explorer {
     return g;
   }
 
+  // Node i leaves (or its record expires): the core removes the record of its id if it wrote it.
   void remove_record(State& s, int i) {
     FleetState f = to_fleet(s);
-    if (!leave(f, kIds[i])) harness_error_ = "leave found no record";
+    const Record& r = s.rec[id_of(i)];
+    const bool own = r.present && r.owner == i + 1;
+    if (leave(f, kIds[id_of(i)], static_cast<std::uint64_t>(i) + 1) != own)
+      harness_error_ = own ? "leave found no record" : "leave took another member's record";
     from_fleet(f, s);
   }
 
@@ -390,10 +413,10 @@ class Explorer {
     switch (a) {
       case kHeartbeat: {
         if (c_.async || !live) return false;
-        const Grant g = coordinate(s, i, n.in_flight, n.gen, n.low);
+        const std::optional<Grant> g = coordinate(s, i, n.in_flight, n.gen, n.low);
         n.phase = kRunning;
-        n.share = static_cast<std::uint8_t>(g.share);
-        n.gen = static_cast<std::uint8_t>(g.generation);
+        n.share = g ? static_cast<std::uint8_t>(g->share) : 0;  // refused: admits nothing
+        if (g) n.gen = static_cast<std::uint8_t>(g->generation);
         break;
       }
       case kSend:
@@ -406,12 +429,13 @@ class Explorer {
         break;
       case kProcess: {
         if (!n.report) return false;
-        const Grant g = coordinate(s, i, n.report_in_flight, n.report_gen, n.report_low);
+        const std::optional<Grant> g =
+            coordinate(s, i, n.report_in_flight, n.report_gen, n.report_low);
         n.report = n.report_in_flight = n.report_gen = n.report_low = 0;
-        if (n.phase != kStopped) {
+        if (n.phase != kStopped) {  // a refusal comes back as share 0 under the same generation
           n.grant = 1;
-          n.grant_share = static_cast<std::uint8_t>(g.share);
-          n.grant_gen = static_cast<std::uint8_t>(g.generation);
+          n.grant_share = g ? static_cast<std::uint8_t>(g->share) : 0;
+          n.grant_gen = g ? static_cast<std::uint8_t>(g->generation) : n.gen;
         }
         break;
       }
@@ -438,7 +462,7 @@ class Explorer {
         if (n.phase != kRunning || n.in_flight != 0) return false;
         // With a report still in transit the record may be absent (first report) or re-created
         // later; leave is idempotent for the guard.
-        if (s.rec[i].present) remove_record(s, i);
+        if (s.rec[id_of(i)].present) remove_record(s, i);
         stop(n);
         break;
       case kCrash:
@@ -446,7 +470,8 @@ class Explorer {
         stop(n);
         break;
       case kExpire:
-        if (n.phase != kStopped || !s.rec[i].present) return false;
+        if (n.phase != kStopped || !s.rec[id_of(i)].present || s.rec[id_of(i)].owner != i + 1)
+          return false;
         remove_record(s, i);
         break;
       default:
@@ -462,7 +487,7 @@ class Explorer {
     for (int i = 0; i < c_.nodes; ++i) {
       const Node& n = s.node[i];
       in_flight += n.in_flight;
-      out += std::string(kIds[i]) + "[" +
+      out += name_of(i) + "[" +
              (n.phase == kFresh     ? "fresh"
               : n.phase == kRunning ? "run"
                                     : "stop") +
@@ -478,12 +503,13 @@ class Explorer {
       out += "] ";
     }
     out += "| coord";
-    for (int i = 0; i < c_.nodes; ++i) {
+    for (int i = 0; i < kMaxNodes; ++i) {
       const Record& r = s.rec[i];
       if (!r.present) continue;
       shares += r.share;
-      out += " " + std::string(kIds[i]) + "{if=" + std::to_string(r.in_flight) +
-             " sh=" + std::to_string(r.share) + " ack=" + std::to_string(r.acked);
+      out += " " + std::string(kIds[i]) + "{by=" + name_of(r.owner - 1) +
+             " if=" + std::to_string(r.in_flight) + " sh=" + std::to_string(r.share) +
+             " ack=" + std::to_string(r.acked);
       if (r.unacked != 0) {
         out += " unacked=";
         for (int k = 0; k < r.unacked; ++k)
@@ -504,7 +530,7 @@ class Explorer {
     int step_no = 0;
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
       const Entry& e = entries_[*it];
-      out += "  " + std::to_string(++step_no) + ". " + std::string(kIds[e.node]) + "." +
+      out += "  " + std::to_string(++step_no) + ". " + name_of(e.node) + "." +
              kActionNames[e.action] + "  ->  " + describe(e.state) + "\n";
     }
     return out;
@@ -522,14 +548,15 @@ Result explore(const Config& c) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "[model] %s nodes=%d L=%u%s %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
+      "[model] %s nodes=%d%s L=%u%s %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
       "max sum(shares)=%u, %.0f ms%s\n",
-      c.async ? "async" : "sync", c.nodes, c.limit,
+      c.async ? "async" : "sync", c.nodes, c.twin ? " (b is a twin of a)" : "", c.limit,
       c.low > 0 ? (" (L_local moving to " + std::to_string(c.low) + ")").c_str() : "",
       std::string(to_string(c.coordinator.allocation)).c_str(),
       c.coordinator.acknowledged_handoff ? 1 : 0,
       c.core == Core::kReal             ? "real"
       : c.core == Core::kStatelessSplit ? "stateless-split"
+      : c.core == Core::kNoClashCheck   ? "no-clash-check"
                                         : "ceiling-is-the-aggregate",
       r.states, r.max_in_flight, r.max_shares, ms,
       r.violation.empty() ? "" : (" -> " + r.violation).c_str());
@@ -662,6 +689,41 @@ TEST(FleetModel, BrokenStatelessSplitIsCaught) {
       EXPECT_EQ(r.violation.rfind("GlobalCap", 0), 0u) << r.violation;
       std::printf("[model]   counterexample:\n%s", r.trace.c_str());
     }
+}
+
+// Two members under one node id (a config copied to every host): while one member's record
+// lives, the other's reports are refused and it admits nothing, so the fleet stays under
+// L_global in every interleaving; it joins once the first leaves or its record expires.
+TEST(FleetModel, ATwinUnderOneNodeIdIsRefusedWhileTheRecordLives) {
+  for (const Size size : {Size{2, 2}, Size{3, 2}, Size{3, 3}})
+    for (const bool handoff : {false, true}) {
+      Config c = make(size, false, Allocation::kEqualSplit, handoff);
+      c.twin = true;
+      const Result r = explore(c);
+      EXPECT_EQ(r.violation, "") << r.trace;
+      EXPECT_EQ(r.max_in_flight, size.limit);
+    }
+  for (const Size size : {Size{2, 2}, Size{2, 3}}) {
+    Config c = make(size, true, Allocation::kEqualSplit, true);
+    c.twin = true;
+    const Result r = explore(c);
+    EXPECT_EQ(r.violation, "") << r.trace;
+    EXPECT_GT(r.states, 1'000u);
+    EXPECT_EQ(r.max_in_flight, size.limit);
+  }
+}
+
+// The same with a coordinator that does not check the instance: the twin's report takes the
+// live record over, and both members admit on a share of their own.
+TEST(FleetModel, ACoordinatorThatLetsATwinTakeALiveRecordIsCaught) {
+  for (const bool async : {false, true}) {
+    Config c = make(Size{2, 2}, async, Allocation::kEqualSplit, async);
+    c.twin = true;
+    c.core = Core::kNoClashCheck;
+    const Result r = explore(c);
+    EXPECT_EQ(r.violation.rfind("InflightCap", 0), 0u) << r.violation;
+    std::printf("[model]   counterexample:\n%s", r.trace.c_str());
+  }
 }
 
 }  // namespace

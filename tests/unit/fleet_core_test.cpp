@@ -137,6 +137,72 @@ TEST(FleetCore, ExpiredLeasesAreEvictedAndLeaveReclaimsAtOnce) {
   EXPECT_EQ(f.beat(report("b", 8)).share, 8u);  // a's share is back at once
 }
 
+NodeReport member(std::string id, std::uint64_t instance, std::uint32_t l_local = 8) {
+  NodeReport r = report(std::move(id), l_local);
+  r.instance = instance;
+  return r;
+}
+
+TEST(FleetCore, ALiveRecordOfAnotherMemberHoldsItsIdUntilItExpiresOrLeaves) {
+  Fleet f;
+  ASSERT_EQ(f.beat(member("a", 0x1111)).share, 8u);
+  // The same member, again: no clash.
+  EXPECT_EQ(clash(f.state, member("a", 0x1111), f.now), "");
+  // Another member under a's id, while a's record lives (it expires at +2 s).
+  f.now += seconds(1);
+  const std::string why = clash(f.state, member("a", 0x2222), f.now);
+  EXPECT_EQ(why,
+            "node id 'a' is held by another live member (instance 0000000000001111, its record "
+            "expires in 1000 ms unless it reports again): each member needs a node id of its own");
+  // A report that does not say which member it is matches any (and so does a record without).
+  EXPECT_EQ(clash(f.state, member("a", 0), f.now), "");
+  // Another member's leave leaves the record; its own member's takes it.
+  EXPECT_FALSE(leave(f.state, "a", 0x2222));
+  ASSERT_EQ(f.state.nodes.size(), 1u);
+  EXPECT_TRUE(leave(f.state, "a", 0x1111));
+  EXPECT_EQ(clash(f.state, member("a", 0x2222), f.now), "");
+}
+
+TEST(FleetCore, AnExpiredRecordOfAnotherMemberIsTakenOverAfresh) {
+  Fleet f;
+  f.config.acknowledged_handoff = true;
+  f.beat(member("a", 0x1111));
+  f.beat(member("b", 0x3333));
+  const Grant before = f.beat(member("a", 0x1111));
+  ASSERT_EQ(f.state.nodes[0].unacked.size(), 2u);  // a's grants are not yet acknowledged
+  f.now += seconds(2);                             // a's record expires (expires_at <= now)
+  EXPECT_EQ(clash(f.state, member("a", 0x2222), f.now), "");
+  f.beat(member("a", 0x2222));
+  const FleetNode& a = f.state.nodes[0];
+  ASSERT_EQ(a.id, "a");
+  EXPECT_EQ(a.instance, 0x2222u);
+  // The new member joins as a node never seen: none of the old member's unacknowledged grants
+  // or acknowledgements carry over.
+  ASSERT_EQ(a.unacked.size(), 1u);
+  EXPECT_GT(a.unacked[0].generation, before.generation);
+  EXPECT_EQ(a.acked_generation, 0u);
+}
+
+TEST(MemoryCoordinator, AHeartbeatUnderAnotherLiveMembersIdIsRefusedAndChangesNothing) {
+  ManualClock clock(Nanos{seconds(10)});
+  MemoryCoordinator c(clock);
+  ASSERT_TRUE(c.heartbeat("db", member("a", 1), seconds(1)).ok());
+  const FleetState before = *c.state("db");
+  const auto twin = c.heartbeat("db", member("a", 2, 50), seconds(1));
+  ASSERT_FALSE(twin.ok());
+  EXPECT_EQ(twin.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(twin.status().message().find("node id 'a' is held by another live member"),
+            std::string::npos)
+      << twin.status().message();
+  EXPECT_EQ(*c.state("db"), before);
+  EXPECT_TRUE(c.leave("db", "a", 2, seconds(1)).ok());  // not its record: it stays
+  EXPECT_EQ(*c.state("db"), before);
+  clock.advance(seconds(2));  // a's record expires: the id is free
+  const auto joined = c.heartbeat("db", member("a", 2, 50), seconds(1));
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined.value().share, 50u);
+}
+
 TEST(FleetCore, OccupancyCapReservesAPeersInFlight) {
   Fleet f;
   f.beat(report("a", 10));
@@ -239,8 +305,8 @@ TEST(MemoryCoordinator, RunsTheCoreOnItsClockPerKey) {
   EXPECT_EQ(g.value().share, 6u);
   EXPECT_EQ(c.state("other")->nodes.size(), 1u);
   EXPECT_FALSE(c.state("missing").has_value());
-  EXPECT_TRUE(c.leave("db", "b", seconds(1)).ok());
-  EXPECT_TRUE(c.leave("db", "nobody", seconds(1)).ok());
+  EXPECT_TRUE(c.leave("db", "b", 0, seconds(1)).ok());
+  EXPECT_TRUE(c.leave("db", "nobody", 0, seconds(1)).ok());
   EXPECT_TRUE(c.state("db")->nodes.empty());
   EXPECT_EQ(c.backend(), "memory");
 }

@@ -83,6 +83,40 @@ TEST(FleetGuard, EffectiveCeilingIsTheSmallerOfShareAndLocalLimit) {
   EXPECT_EQ(fill(big).size(), 4u);
 }
 
+// Two guards under one node id (two servers given one server.node_id): the coordinator refuses
+// the second while the first's record lives, and the second admits nothing, in either outage
+// mode, until the first leaves; then it joins. Its last error says why.
+TEST(FleetGuard, ASecondMemberUnderALiveNodeIdAdmitsNothingUntilTheIdIsFree) {
+  for (const OutageMode mode : {OutageMode::kFailClosed, OutageMode::kLocalOnly}) {
+    World w;
+    auto first = std::make_unique<FleetGuard>(w.coordinator, fixed(6), w.clock, options("a"));
+    FleetGuard twin(w.coordinator, fixed(6), w.clock, options("a", mode));
+    EXPECT_NE(first->instance(), twin.instance());
+    first->tick(w.clock.now());
+    ASSERT_EQ(first->stats().share, 6u);
+    const Status refused = twin.heartbeat();
+    EXPECT_EQ(refused.code(), StatusCode::kAlreadyExists);
+    EXPECT_EQ(twin.stats().phase, FleetPhase::kDuplicateId);
+    EXPECT_EQ(to_string(twin.stats().phase), "duplicate_id");
+    EXPECT_EQ(twin.stats().share, 0u);
+    EXPECT_FALSE(twin.acquire()) << "a refused member admits nothing (local-only included)";
+    EXPECT_NE(twin.last_error().find("node id 'a' is held by another live member"),
+              std::string::npos)
+        << twin.last_error();
+    EXPECT_EQ(fill(*first).size(), 6u);  // the first keeps its whole share
+    // The twin's close (a leave) leaves the first's record alone.
+    w.clock.advance(milliseconds(100));
+    twin.close();
+    EXPECT_EQ(w.memory.state("backend")->nodes.size(), 1u);
+    // The first leaves: a new member under the id joins at its next beat.
+    first.reset();
+    FleetGuard next(w.coordinator, fixed(6), w.clock, options("a", mode));
+    EXPECT_TRUE(next.heartbeat().ok());
+    EXPECT_EQ(next.stats().phase, FleetPhase::kActive);
+    EXPECT_EQ(next.stats().share, 6u);
+  }
+}
+
 TEST(FleetGuard, FleetConvergesToEqualSplitNeverOverCommitting) {
   World w;
   std::vector<std::unique_ptr<FleetGuard>> fleet;

@@ -16,17 +16,20 @@ StatusOr<Grant> MemoryCoordinator::heartbeat(std::string_view key, const NodeRep
     const std::lock_guard lock(mu_);
     auto it = keys_.find(key);
     if (it == keys_.end()) it = keys_.emplace(std::string(key), FleetState{}).first;
-    return sluice::heartbeat(it->second, report, clock_.now(), config_);
+    const Nanos now = clock_.now();
+    if (std::string why = clash(it->second, report, now); !why.empty())
+      return Status(StatusCode::kAlreadyExists, std::move(why));
+    return sluice::heartbeat(it->second, report, now, config_);
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::kInternal, "out of memory");
   }
 }
 
 Status MemoryCoordinator::leave(std::string_view key, std::string_view node_id,
-                                Nanos /*timeout*/) noexcept {
+                                std::uint64_t instance, Nanos /*timeout*/) noexcept {
   const std::lock_guard lock(mu_);
   const auto it = keys_.find(key);
-  if (it != keys_.end()) sluice::leave(it->second, node_id);
+  if (it != keys_.end()) sluice::leave(it->second, node_id, instance);
   return {};
 }
 

@@ -7,9 +7,11 @@
 //      reporter, delete the evicted nodes, upsert the generation and ceiling; COMMIT.
 //
 // Tables: <prefix>_keys(key, generation, ceiling) and <prefix>_nodes(key, node_id, l_local,
-// in_flight, share, expires_ns, acked, unacked_gen[], unacked_share[], estimated), created on
-// every (re)connect by a transaction serialised on an advisory lock of its own (so concurrent
-// first uses never race on the catalog); tables from before ceiling and estimated get them.
+// in_flight, share, expires_ns, acked, unacked_gen[], unacked_share[], estimated, instance),
+// created on every (re)connect by a transaction serialised on an advisory lock of its own (so
+// concurrent first uses never race on the catalog); tables from before ceiling, estimated and
+// instance get them. A heartbeat under a node id another live instance holds (sluice::clash)
+// rolls back and writes nothing; leave deletes a row only of its own instance.
 //
 // The connection is a PgConnection (pg_connection.h): every wait bounded by the call's deadline,
 // the connection dropped past it (the next call reconnects) and rolled back or dropped after a
@@ -77,6 +79,9 @@ bool parse_node(const PGresult* r, int row, FleetNode& n) {
   const std::string_view estimated = v(8);  // a boolean: "t" or "f"
   if (estimated != "t" && estimated != "f") return false;
   n.estimated = estimated == "t";
+  std::int64_t instance = 0;  // the bits of the uint64, as a bigint holds them
+  if (!parse_int(v(9), instance)) return false;
+  n.instance = static_cast<std::uint64_t>(instance);
   n.expires_at = Nanos{expires};
   for (std::size_t i = 0; i < gens.size(); ++i) {
     if (gens[i] < 0 || shares[i] < 0 || shares[i] > UINT32_MAX) return false;
@@ -103,12 +108,13 @@ std::string joined(const std::vector<std::string>& parts) {
 
 // The columns of <prefix>_nodes after (key): the read query's order, which parse_node follows.
 constexpr const char* kNodeFields =
-    "node_id, l_local, in_flight, share, expires_ns, acked, unacked_gen, unacked_share, estimated";
+    "node_id, l_local, in_flight, share, expires_ns, acked, unacked_gen, unacked_share, estimated,"
+    " instance";
 constexpr const char* kNodeUpdate =
     "l_local = EXCLUDED.l_local, in_flight = EXCLUDED.in_flight, share = EXCLUDED.share,"
     " expires_ns = EXCLUDED.expires_ns, acked = EXCLUDED.acked,"
     " unacked_gen = EXCLUDED.unacked_gen, unacked_share = EXCLUDED.unacked_share,"
-    " estimated = EXCLUDED.estimated";
+    " estimated = EXCLUDED.estimated, instance = EXCLUDED.instance";
 
 struct Loaded {
   FleetState state;
@@ -129,6 +135,8 @@ std::string setup_sql(const std::string& keys_table, const std::string& nodes_ta
       "ALTER TABLE " + keys_table + " ADD COLUMN IF NOT EXISTS ceiling bigint NOT NULL DEFAULT 0;";
   sql += "ALTER TABLE " + nodes_table +
          " ADD COLUMN IF NOT EXISTS estimated boolean NOT NULL DEFAULT true;";
+  sql += "ALTER TABLE " + nodes_table +
+         " ADD COLUMN IF NOT EXISTS instance bigint NOT NULL DEFAULT 0;";
   return sql;
 }
 
@@ -170,7 +178,7 @@ struct PostgresCoordinator::Impl {
     if (rs.size() < 2) return bad;
     const PGresult* head = rs[rs.size() - 2].get();
     const PGresult* rows = rs.back().get();
-    if (PQntuples(head) != 1 || PQnfields(head) != 3 || PQnfields(rows) != 9) return bad;
+    if (PQntuples(head) != 1 || PQnfields(head) != 3 || PQnfields(rows) != 10) return bad;
     Loaded out;
     std::int64_t server_us = 0;
     if (!PQgetisnull(head, 0, 0) && !parse_int(PQgetvalue(head, 0, 0), out.state.generation))
@@ -196,7 +204,8 @@ struct PostgresCoordinator::Impl {
         joined({k, self, std::to_string(me.l_local), std::to_string(me.in_flight),
                 std::to_string(me.share), std::to_string(me.expires_at.count()),
                 std::to_string(me.acked_generation), array_sql(me.unacked, true),
-                array_sql(me.unacked, false), me.estimated ? "true" : "false"});
+                array_sql(me.unacked, false), me.estimated ? "true" : "false",
+                std::to_string(static_cast<std::int64_t>(me.instance))});
     std::string sql = "INSERT INTO " + nodes_table + " (key, " + kNodeFields + ") VALUES (" +
                       values + ") ON CONFLICT (key, node_id) DO UPDATE SET " + kNodeUpdate + ";";
     if (!evicted.empty())
@@ -238,6 +247,10 @@ struct PostgresCoordinator::Impl {
     FleetState& state = loaded.value().state;
     const std::vector<FleetNode> before = state.nodes;
     const Nanos now = caller_clock != nullptr ? caller_clock->now() : loaded.value().server_now;
+    if (std::string why = clash(state, report, now); !why.empty()) {
+      db.rollback();
+      return Status(StatusCode::kAlreadyExists, std::move(why));
+    }
     const Grant g = sluice::heartbeat(state, report, now, config);
     auto evicted = evicted_ids(db, before, state.nodes);
     if (!evicted.ok()) {
@@ -252,7 +265,8 @@ struct PostgresCoordinator::Impl {
     return g;
   }
 
-  Status leave_locked(Session& db, std::string_view key, std::string_view node_id) const {
+  Status leave_locked(Session& db, std::string_view key, std::string_view node_id,
+                      std::uint64_t instance) const {
     if (Status s = db.connect(); !s.ok()) return s;
     auto k = db.literal(key, "key");
     if (!k.ok()) return k.status();
@@ -260,8 +274,11 @@ struct PostgresCoordinator::Impl {
     if (!id.ok()) return id.status();
     std::string sql = db.begin();
     sql += "SELECT pg_advisory_xact_lock(hashtextextended(" + k.value() + ", 0));";
-    sql += "DELETE FROM " + nodes_table + " WHERE key = " + k.value() +
-           " AND node_id = " + id.value() + ";";
+    sql +=
+        "DELETE FROM " + nodes_table + " WHERE key = " + k.value() + " AND node_id = " + id.value();
+    if (instance != 0)  // another instance's row stays (0: a row that does not say is anyone's)
+      sql += " AND instance IN (0, " + std::to_string(static_cast<std::int64_t>(instance)) + ")";
+    sql += ";";
     sql += "COMMIT;";
     return db.run(sql);
   }
@@ -306,12 +323,13 @@ StatusOr<Grant> PostgresCoordinator::heartbeat(std::string_view key, const NodeR
 }
 
 Status PostgresCoordinator::leave(std::string_view key, std::string_view node_id,
-                                  Nanos timeout) noexcept {
+                                  std::uint64_t instance, Nanos timeout) noexcept {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "key must not be empty");
   if (node_id.empty()) return Status(StatusCode::kInvalidArgument, "node_id must not be empty");
   if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout must be > 0");
   const Impl& m = *impl_;
-  return impl_->conn.call(timeout, [&](Session& db) { return m.leave_locked(db, key, node_id); });
+  return impl_->conn.call(timeout,
+                          [&](Session& db) { return m.leave_locked(db, key, node_id, instance); });
 }
 
 }  // namespace sluice

@@ -2,14 +2,17 @@
 //
 // KEYS[1]  the key's hash: field "g" = generation, "c" = the ceiling in force, field
 //          "n:<node id>" = the node's record
-//          "l_local:in_flight:share:expires_us:acked:estimated:unacked" (unacked =
-//          "gen/share,..."; a record without the estimated field, from before it, is an
-//          estimate).
+//          "l_local:in_flight:share:expires_us:acked:estimated:instance:unacked" (unacked =
+//          "gen/share,..."; instance = the writer's, in hex, "" when not said; records from
+//          before the instance field have none, and from before the estimated field are
+//          estimates).
 // ARGV     node_id, l_local, in_flight, acked_generation, lease_us, aggregate (0 median,
 //          1 min), allocation (0 equal split, 1 demand-proportional), handoff (0/1),
 //          now_us (-1: Redis TIME), key_ttl_ms (the hash expires when every lease is long gone),
-//          estimated (0/1; absent: 1).
-// Returns  {share, l_global, nodes, generation, l_aggregate}.
+//          estimated (0/1; absent: 1), instance (hex; absent or "": not said).
+// Returns  {share, l_global, nodes, generation, l_aggregate}, or {-1, instance, expires_in_us}
+//          and no write when a live record of the node id is another instance's
+//          (sluice::clash).
 //
 // Numbers are Lua doubles: microsecond times and generations stay below 2^53, and every value
 // is written with %.0f (tostring would switch to exponent notation). Node ids are ordered by
@@ -32,6 +35,7 @@ local handoff = ARGV[8] == '1'
 local now = tonumber(ARGV[9])
 local key_ttl = tonumber(ARGV[10])
 local estimated_in = ARGV[11] ~= '0'
+local instance_in = ARGV[12] or ''
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -54,7 +58,7 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
--- Read the state. A record is "l_local:in_flight:share:expires:acked:estimated:unacked".
+-- Read the state. A record is "l_local:in_flight:share:expires:acked:estimated:instance:unacked".
 local gen = 0
 local ceiling = 0
 local nodes = {}
@@ -66,15 +70,20 @@ for i = 1, #raw, 2 do
   elseif f == 'c' then
     ceiling = tonumber(v)
   elseif string.sub(f, 1, 2) == 'n:' then
-    local l, fl, sh, ex, ac, es, un =
-      string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([01]):([^:]*)$')
+    local l, fl, sh, ex, ac, es, inst, un = string.match(v,
+      '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([01]):(%x*):([^:]*)$')
+    if l == nil then
+      inst = ''
+      l, fl, sh, ex, ac, es, un =
+        string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([01]):([^:]*)$')
+    end
     if l == nil then
       es = '1'
       l, fl, sh, ex, ac, un = string.match(v, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):(.*)$')
     end
     nodes[#nodes + 1] = { id = string.sub(f, 3), l_local = tonumber(l), in_flight = tonumber(fl),
                           share = tonumber(sh), expires = tonumber(ex), acked = tonumber(ac),
-                          estimated = es == '1', unacked_text = un }
+                          estimated = es == '1', instance = inst, unacked_text = un }
   end
 end
 -- A record's unacked grants: {gen, share} pairs from "gen/share,gen/share" (the reporter's:
@@ -88,13 +97,24 @@ local function unacked_of(n)
   return out
 end
 
--- 1. Upsert the reporter.
+-- One node id, one process: a live record another instance wrote holds the id (either
+-- instance unsaid matches any). An expired one is replaced by a fresh record.
 local me = nil
 for _, n in ipairs(nodes) do if n.id == self_id then me = n end end
+local function other_process(n)
+  return n.instance ~= '' and instance_in ~= '' and n.instance ~= instance_in
+end
+if me ~= nil and other_process(me) then
+  if me.expires > now then return { -1, me.instance, me.expires - now } end
+  me.share, me.acked, me.unacked_text, me.unacked = 0, 0, '', nil
+end
+
+-- 1. Upsert the reporter.
 if me == nil then
   me = { id = self_id, share = 0, acked = 0, unacked_text = '' }
   nodes[#nodes + 1] = me
 end
+me.instance = instance_in
 me.l_local = l_local
 me.estimated = estimated_in
 me.in_flight = in_flight
@@ -195,10 +215,23 @@ local est = '0'
 if me.estimated then est = '1' end
 redis.call('HSET', key, 'g', num(gen), 'c', num(limit), 'n:' .. self_id,
   num(me.l_local) .. ':' .. num(me.in_flight) .. ':' .. num(me.share) .. ':' ..
-  num(me.expires) .. ':' .. num(me.acked) .. ':' .. est .. ':' .. table.concat(list, ','))
+  num(me.expires) .. ':' .. num(me.acked) .. ':' .. est .. ':' .. me.instance .. ':' ..
+  table.concat(list, ','))
 if #evicted > 0 then redis.call('HDEL', key, unpack(evicted)) end
 redis.call('PEXPIRE', key, key_ttl)
 return { share, limit, #live, gen, aggregate }
+)lua";
+  return script;
+}
+
+const std::string& leave_script() {
+  static const std::string script = R"lua(
+local field = 'n:' .. ARGV[1]
+local v = redis.call('HGET', KEYS[1], field)
+if not v then return 0 end
+local inst = string.match(v, '^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:[01]:(%x*):[^:]*$') or ''
+if inst ~= '' and ARGV[2] ~= '' and inst ~= ARGV[2] then return 0 end
+return redis.call('HDEL', KEYS[1], field)
 )lua";
   return script;
 }

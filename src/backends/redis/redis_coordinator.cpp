@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,11 +20,20 @@ std::int64_t to_us(Nanos d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
+// An instance as the script stores it: 16 hex digits, "" for 0 (not said).
+std::string instance_text(std::uint64_t instance) {
+  if (instance == 0) return {};
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(instance));
+  return out;
+}
+
 }  // namespace
 
 struct RedisCoordinator::Impl {
   Impl(RedisOptions o, CoordinatorConfig c, const Clock* clock)
-      : conn(o, {{"heartbeat", redis_detail::heartbeat_script()}}),
+      : conn(o, {{"heartbeat", redis_detail::heartbeat_script()},
+                 {"leave", redis_detail::leave_script()}}),
         key_prefix(std::move(o.key_prefix)),
         config(c),
         caller_clock(clock) {}
@@ -79,15 +90,28 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
     const std::int64_t lease_us = std::max<std::int64_t>(to_us(report.lease_ttl), 1);
     // The hash outlives every lease in it by far; an abandoned key then disappears.
     const std::int64_t key_ttl_ms = std::max<std::int64_t>(lease_us / 100, 60'000);
-    auto r = s.eval(0, {m.hash_key(key)},
-                    {report.node_id, std::to_string(report.l_local),
-                     std::to_string(report.in_flight), std::to_string(report.acked_generation),
-                     std::to_string(lease_us), m.config.aggregate == Aggregate::kMin ? "1" : "0",
-                     m.config.allocation == Allocation::kDemandProportional ? "1" : "0",
-                     m.config.acknowledged_handoff ? "1" : "0", std::to_string(now_us),
-                     std::to_string(key_ttl_ms), report.estimated ? "1" : "0"});
+    auto r = s.eval(
+        0, {m.hash_key(key)},
+        {report.node_id, std::to_string(report.l_local), std::to_string(report.in_flight),
+         std::to_string(report.acked_generation), std::to_string(lease_us),
+         m.config.aggregate == Aggregate::kMin ? "1" : "0",
+         m.config.allocation == Allocation::kDemandProportional ? "1" : "0",
+         m.config.acknowledged_handoff ? "1" : "0", std::to_string(now_us),
+         std::to_string(key_ttl_ms), report.estimated ? "1" : "0", instance_text(report.instance)});
     if (!r.ok()) return r.status();
     const redisReply* reply = r.value().get();
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3 &&
+        reply->element[0]->type == REDIS_REPLY_INTEGER && reply->element[0]->integer == -1 &&
+        reply->element[1]->type == REDIS_REPLY_STRING) {
+      // Another live process holds the id: the same words as the core's clash().
+      FleetState held;
+      FleetNode& other = held.nodes.emplace_back();
+      other.id = report.node_id;
+      other.instance = std::strtoull(reply->element[1]->str, nullptr, 16);
+      other.expires_at =
+          std::chrono::microseconds(std::max<long long>(reply->element[2]->integer, 1));
+      return Status(StatusCode::kAlreadyExists, clash(held, report, Nanos{0}));
+    }
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 5)
       return Status(StatusCode::kInternal, "redis: unexpected heartbeat reply");
     Grant g;
@@ -101,17 +125,14 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
 }
 
 Status RedisCoordinator::leave(std::string_view key, std::string_view node_id,
-                               Nanos timeout) noexcept {
+                               std::uint64_t instance, Nanos timeout) noexcept {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "key must not be empty");
   if (node_id.empty()) return Status(StatusCode::kInvalidArgument, "node_id must not be empty");
   if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout must be > 0");
   const Impl& m = *impl_;
   return impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> Status {
-    auto r = s.command({"HDEL", m.hash_key(key), "n:" + std::string(node_id)});
+    auto r = s.eval(1, {m.hash_key(key)}, {std::string(node_id), instance_text(instance)});
     if (!r.ok()) return r.status();
-    if (r.value()->type == REDIS_REPLY_ERROR)
-      return Status(StatusCode::kInternal,
-                    "redis: HDEL failed: " + std::string(r.value()->str, r.value()->len));
     return {};
   });
 }

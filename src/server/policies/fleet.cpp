@@ -85,13 +85,19 @@ class FleetLimitPolicy final : public AdmitPolicy {
   }
 
   // Active: serving. Starting or in an outage: a local-only guard serves as configured (on
-  // its own limit, degraded); a fail-closed one refuses every call. Fenced or closed: not
-  // serving.
+  // its own limit, degraded); a fail-closed one refuses every call. Refused its node id,
+  // fenced or closed: not serving.
   [[nodiscard]] PolicyReadiness readiness() const override {
     const FleetGuardStats s = guard_->stats();
     if (s.phase == FleetPhase::kActive) return {};
+    const std::string error = guard_->last_error();
+    if (s.phase == FleetPhase::kDuplicateId)
+      return {false, "fleet guard is refused by coordinator " +
+                         std::string(coordinator_->backend()) + ", admitting nothing: " + error +
+                         " (server.node_id: each server needs its own)"};
     const std::string why = "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
-                            std::string(coordinator_->backend()) + " not reached)";
+                            std::string(coordinator_->backend()) + " not reached" +
+                            (error.empty() ? "" : ": " + error) + ")";
     const bool waiting = s.phase == FleetPhase::kStarting || s.phase == FleetPhase::kOutage;
     if (waiting && outage_.load(std::memory_order_relaxed) == OutageMode::kLocalOnly)
       return {true, why + "; admitting local-only, up to this node's own limit"};

@@ -31,10 +31,10 @@ class FaultyCoordinator final : public ConcurrencyCoordinator {
     if (Status s = inject(timeout); !s.ok()) return s;
     return inner_.heartbeat(key, report, timeout);
   }
-  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id,
+  [[nodiscard]] Status leave(std::string_view key, std::string_view node_id, std::uint64_t instance,
                              Nanos timeout) noexcept override {
     if (Status s = inject(timeout); !s.ok()) return s;
-    return inner_.leave(key, node_id, timeout);
+    return inner_.leave(key, node_id, instance, timeout);
   }
   [[nodiscard]] const CoordinatorConfig& config() const noexcept override {
     return inner_.config();
