@@ -119,6 +119,7 @@ json decision_json(const pb::Decision& d) {
             {"retry_after_seconds",
              is_never(d.retry_after()) ? json(nullptr) : json(seconds_of(d.retry_after()))}};
   if (!d.reason().empty()) j["reason"] = d.reason();
+  if (!d.detail().empty()) j["detail"] = d.detail();
   return j;
 }
 
@@ -193,6 +194,7 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
     fmt::print("denied: {} of {} remaining; retry after {}{}\n", d.remaining(), d.limit(),
                duration_text(d.retry_after()),
                d.reason().empty() ? "" : fmt::format(" ({})", d.reason()));
+    if (!d.detail().empty()) fmt::print("{}\n", d.detail());
   }
   return d.allowed() ? 0 : 1;
 }

@@ -7,9 +7,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -66,7 +68,9 @@ std::string restart_needed(const ServerSettings& started, const ServerSettings& 
          "starts); restart it to apply them, or put them back to reload the rest";
 }
 
-// Runs the lease sweeper until stopped.
+// Runs the lease sweeper until stopped; logs what the policies tell (Engine::take_notices) and
+// each change of readiness (a problem /readyz starts or stops reporting: a fleet guard refused
+// its node id, a coordinator lost).
 class Sweeper {
  public:
   explicit Sweeper(server::Engine& engine) : engine_(engine), thread_([this] { run(); }) {}
@@ -88,14 +92,34 @@ class Sweeper {
       lock.unlock();
       const std::size_t n = engine_.expire_leases();
       if (n > 0) log(fmt::format("expired {} lease(s) whose client stopped heartbeating", n));
+      for (const std::string& line : engine_.take_notices()) log("warning: " + line);
+      if (++round_ % 20 == 0) log_readiness();  // once a second
       lock.lock();
       cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; });
     }
+  }
+  // A problem is told once, and again when it ends; its figures (a time left, a count) may
+  // change meanwhile without being told again: problems are compared with digits blanked.
+  void log_readiness() {
+    std::map<std::string, std::string> now;  // by its text with digits blanked
+    for (std::string& p : engine_.readiness().problems) {
+      std::string shape = p;
+      std::replace_if(
+          shape.begin(), shape.end(), [](char c) { return c >= '0' && c <= '9'; }, '#');
+      now.emplace(std::move(shape), std::move(p));
+    }
+    for (const auto& [shape, p] : now)
+      if (!problems_.contains(shape)) log("not ready: " + p);
+    for (const auto& [shape, p] : problems_)
+      if (!now.contains(shape)) log("ready again after: " + p);
+    problems_ = std::move(now);
   }
   server::Engine& engine_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::uint64_t round_ = 0;                      // the sweeper thread's only
+  std::map<std::string, std::string> problems_;  // the sweeper thread's only
   std::thread thread_;
 };
 

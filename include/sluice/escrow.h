@@ -65,7 +65,9 @@
 // Thread-safety: pure functions on caller-owned values.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -171,6 +173,39 @@ struct Escrow {
 // run than the region's (parts per million).
 [[nodiscard]] Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at,
                                   std::uint32_t drift_ppm) noexcept;
+
+// How much faster the coordinator's clock runs than the region's, measured from lease replies:
+// each reply's coordinator_now was read between the call's send and its receipt on the region's
+// clock, so two replies bound the ratio of the clocks' rates over the time between them. The
+// bounds come from the newest reply against an anchor 10-20 s older (renewed every 10 s, so a
+// change of rate shows within 20 s), once the two are at least 1 s apart.
+class DriftGauge {
+ public:
+  static constexpr Nanos kMinSpan = std::chrono::seconds(1);
+  static constexpr Nanos kRenew = std::chrono::seconds(10);
+
+  // One reply: the region's clock at the send and at the receipt, the coordinator's reading.
+  void sample(Nanos sent, Nanos received, Nanos coordinator_now) noexcept;
+  // Whether the bounds below are measured (else both 0).
+  [[nodiscard]] bool measured() const noexcept { return measured_; }
+  // (coordinator rate / region rate - 1) in ppm lies within [low_ppm, high_ppm].
+  [[nodiscard]] std::int64_t low_ppm() const noexcept { return low_ppm_; }
+  [[nodiscard]] std::int64_t high_ppm() const noexcept { return high_ppm_; }
+
+ private:
+  struct Reading {
+    Nanos sent{0}, received{0}, coordinator{0};
+  };
+  std::optional<Reading> anchor_, next_;
+  bool measured_ = false;
+  std::int64_t low_ppm_ = 0, high_ppm_ = 0;
+};
+
+// The drift allowance escrow_expiry() should use: `configured` (drift_ppm), or when the gauge
+// measured the coordinator's clock running faster than that for certain (its low bound above
+// it), the gauge's high bound (at most 500,000: half again as fast).
+[[nodiscard]] std::uint32_t drift_in_force(const DriftGauge& gauge,
+                                           std::uint32_t configured) noexcept;
 
 // Adds a grant to `e` (a grant of a later window replaces what is left of an earlier one, which
 // is forfeited: returned as the units lost). `expires_at` from escrow_expiry().

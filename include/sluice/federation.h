@@ -117,6 +117,15 @@ struct FederationOptions {
   std::uint64_t regional_batch = 0;
   FederationOutage outage = FederationOutage::kFailClosed;
   Nanos coordinator_health_check = std::chrono::seconds(5);
+  // Told once per key and window when the coordinator refuses a lease because the window was
+  // fixed under another spec (another region's limit or period: a config rolled out to some
+  // regions only): the key and the spec in force. Runs on the thread that took the reply, with
+  // no lock held; must not block. Empty: not told (the count is in stats() all the same).
+  std::function<void(std::string_view key, const BudgetSpec& in_force)> on_spec_mismatch;
+  // Told when the lease replies show the coordinator's clock running faster than drift_ppm
+  // allows, for certain (DriftGauge): the measured bound now in force instead (escrow expires
+  // that much earlier), and again with 0 when it is back within drift_ppm. Same rules as above.
+  std::function<void(std::uint32_t measured_ppm)> on_drift;
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
 };
@@ -131,6 +140,11 @@ struct FederationStats {
   // Leases refused because another region fixed the window with another limit or window (a
   // config rolled out to some regions only).
   std::uint64_t spec_mismatches = 0;
+  // The coordinator's clock against this region's, from lease replies (DriftGauge): the upper
+  // bound of how much faster it runs, in ppm (0 until measured), and the allowance escrow
+  // expires with now (drift_ppm, or the measured bound when that is over drift_ppm).
+  std::int64_t clock_drift_ppm = 0;
+  std::uint32_t drift_ppm_in_force = 0;
   std::uint64_t keys = 0;  // keys held
   // With a regional pool:
   std::uint64_t pool_taken = 0;     // units taken from it
@@ -170,6 +184,9 @@ class FederatedLimiter {
   // What check() would answer now, spending nothing and calling no one: from this region's
   // escrow and what the last lease reply said of the budget left.
   [[nodiscard]] FederatedDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const;
+  // The spec the coordinator holds `key`'s window under, when the last lease was refused for a
+  // spec of its own that differs (FederatedReason::kSpecMismatch); else nullopt.
+  [[nodiscard]] std::optional<BudgetSpec> spec_in_force(std::string_view key) const;
   // check() that waits for its answer (a library caller's convenience).
   [[nodiscard]] FederatedDecision check_wait(std::string_view key, std::uint64_t hits);
   // Gives back `hits` a check of `key` admitted (an all-or-nothing batch rolled back), while its
@@ -205,6 +222,9 @@ class FederatedLimiter {
   void on_lease(const std::string& key, Outcome outcome);
   // Regional-only outage: probes the coordinator when a probe is due (at most one in flight).
   void maybe_probe(Nanos now);
+  // Adds a lease reply's clock reading to the drift gauge and updates the allowance in force;
+  // what to tell (on_drift) when it went over drift_ppm or back.
+  std::optional<std::uint32_t> measure_drift(Nanos sent, Nanos received, Nanos coordinator_now);
   // Gives up `k`'s unspent escrow, if any (when `expired_only`, only once it has expired), and
   // adds its reconcile to `io`.
   void forfeit(const std::string& key, Key& k, Nanos now, bool expired_only, Tasks& io);
@@ -233,6 +253,12 @@ class FederatedLimiter {
   std::uint64_t io_pending_ = 0;  // guarded by io_mu_
   std::atomic<std::uint64_t> leases_{0}, lease_failures_{0}, granted_{0}, spent_{0};
   std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0}, spec_mismatches_{0};
+  // The coordinator's clock rate against this one's, from every lease reply; the allowance in
+  // force, read lock-free by each grant.
+  std::mutex drift_mu_;
+  DriftGauge drift_;  // guarded by drift_mu_
+  std::atomic<std::int64_t> drift_high_{0};
+  std::atomic<std::uint32_t> drift_in_force_{0};
   std::atomic<std::size_t> keys_{0};
   std::atomic<std::uint64_t> pool_taken_{0}, pool_refilled_{0}, pool_failures_{0}, outages_{0};
   std::atomic<std::int64_t> pool_down_until_{INT64_MIN};  // ns: lease direct until then

@@ -1,6 +1,7 @@
 #include "sluice/escrow.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "sluice/rate_strategy.h"
 
@@ -172,6 +173,37 @@ std::int64_t less_drift(std::int64_t left, std::uint32_t drift_ppm) noexcept {
 Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at, std::uint32_t drift_ppm) noexcept {
   return sent_at +
          Nanos{less_drift(reply.window_end.count() - reply.coordinator_now.count(), drift_ppm)};
+}
+
+void DriftGauge::sample(Nanos sent, Nanos received, Nanos coordinator_now) noexcept {
+  const Reading x{sent, std::max(sent, received), coordinator_now};
+  if (!anchor_) {
+    anchor_ = x;
+    return;
+  }
+  if (!next_) {
+    next_ = x;
+  } else if (x.sent - next_->sent >= kRenew) {
+    anchor_ = next_;
+    next_ = x;
+  }
+  // The coordinator's elapsed time against the region's, which lies within
+  // [x.sent - anchor.received, x.received - anchor.sent].
+  const std::int64_t shortest = (x.sent - anchor_->received).count();
+  const std::int64_t longest = (x.received - anchor_->sent).count();
+  if (shortest < kMinSpan.count()) return;
+  const auto theirs = static_cast<double>((x.coordinator - anchor_->coordinator).count());
+  high_ppm_ =
+      static_cast<std::int64_t>(std::ceil((theirs / static_cast<double>(shortest) - 1) * 1e6));
+  low_ppm_ =
+      static_cast<std::int64_t>(std::floor((theirs / static_cast<double>(longest) - 1) * 1e6));
+  measured_ = true;
+}
+
+std::uint32_t drift_in_force(const DriftGauge& gauge, std::uint32_t configured) noexcept {
+  if (!gauge.measured() || gauge.low_ppm() <= static_cast<std::int64_t>(configured))
+    return configured;
+  return static_cast<std::uint32_t>(std::min<std::int64_t>(gauge.high_ppm(), 500'000));
 }
 
 std::uint64_t add_grant(Escrow& e, const LeaseReply& reply, Nanos expires_at) noexcept {

@@ -89,6 +89,12 @@ struct FederatedLimiter::Key {
   FederatedReason closed_reason = FederatedReason::kBudgetSpent;
   Nanos unreachable_until{kNever};  // no lease before this: the coordinator failed
   std::deque<Waiter> waiters;       // FIFO; answered by the lease in flight
+  // The last lease refused for a spec mismatch: the spec in force, and the window told of it.
+  std::optional<BudgetSpec> spec_in_force;
+  Nanos mismatch_told{kNever};
+  // The drift allowance the escrow's expiry was computed with: a larger one in force since
+  // (a measured drift) makes that expiry unsafe, so the next grant's replaces it.
+  std::uint32_t expiry_ppm = 0;
 };
 
 struct FederatedLimiter::Shard {
@@ -106,7 +112,9 @@ FederatedLimiter::FederatedLimiter(RateCoordinator& coordinator, RegionalEscrow*
                                                : std::max<std::uint64_t>(1, options_.batch / 4)),
       regional_batch_(options_.regional_batch != 0 ? options_.regional_batch : 4 * options_.batch),
       io_(std::move(io)),
-      shards_(std::make_unique<Shard[]>(kShards)) {}
+      shards_(std::make_unique<Shard[]>(kShards)) {
+  drift_in_force_.store(options_.drift_ppm, std::memory_order_relaxed);
+}
 
 FederatedLimiter::~FederatedLimiter() {
   std::unique_lock lock(io_mu_);
@@ -334,7 +342,8 @@ FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string
   }
   LeaseReply& r = o.reply->value();
   const Nanos expires_at = pool_expiry(
-      pool_now, seen, escrow_expiry(r, o.sent_at, options_.drift_ppm), options_.drift_ppm);
+      pool_now, seen, escrow_expiry(r, o.sent_at, drift_in_force_.load(std::memory_order_relaxed)),
+      options_.drift_ppm);
   StatusOr<PoolReply> f =
       pool_->refill(gk, r.window_start, extra, expires_at, options_.lease_timeout);
   if (f.ok() && f.value().granted == extra) {
@@ -495,6 +504,8 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
   std::vector<std::pair<Callback, FederatedDecision>> decided;
   std::uint64_t again = 0;
   Tasks reconciles;
+  std::optional<BudgetSpec> mismatch;  // to tell, after the lock
+  std::optional<std::uint32_t> drift;  // likewise
   {
     const std::lock_guard lock(s.mu);
     auto it = s.keys.find(key);
@@ -527,16 +538,27 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
     }
     if (o.pool_unreachable) k.unreachable_until = now + options_.retry_backoff;
     const Nanos sent_at = o.sent_at;
+    if (o.reply.has_value() && o.reply->ok() &&
+        o.reply->value().status != LeaseStatus::kSpecMismatch)
+      k.spec_in_force.reset();
     if (!o.reply.has_value()) {
       // Served by the pool alone.
     } else if (o.reply->ok()) {
       const LeaseReply& r = o.reply->value();
+      drift = measure_drift(sent_at, now, r.coordinator_now);
       k.unreachable_until = Nanos{kNever};
       k.global_left = r.remaining;
       k.window_end = sent_at + (r.window_end - r.coordinator_now);
       if (r.granted > 0) {
         granted_.fetch_add(r.granted, std::memory_order_relaxed);
-        const Nanos expires = escrow_expiry(r, sent_at, options_.drift_ppm);
+        const std::uint32_t ppm = drift_in_force_.load(std::memory_order_relaxed);
+        const Nanos expires = escrow_expiry(r, sent_at, ppm);
+        // add_grant keeps the later of two expiries of one window, each safe under the
+        // allowance it was computed with; one computed with a smaller allowance than the one
+        // in force now is not safe, so this grant's (safe under it) replaces it.
+        if (ppm > k.expiry_ppm && r.window_start.count() == k.escrow.window_start)
+          k.escrow.expires_at = std::min(k.escrow.expires_at, expires);
+        k.expiry_ppm = ppm;
         // A grant of a later window replaces what is left of the last one: give that up first,
         // so its reconcile carries the window's whole running total.
         if (r.window_start.count() > k.escrow.window_start) forfeit(key, k, now, false, reconciles);
@@ -564,6 +586,11 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
           spec_mismatches_.fetch_add(1, std::memory_order_relaxed);
           k.closed_until = now + options_.retry_backoff;
           k.closed_reason = FederatedReason::kSpecMismatch;
+          k.spec_in_force = r.spec;
+          if (k.mismatch_told != r.window_end) {  // once per key and window
+            k.mismatch_told = r.window_end;
+            mismatch = r.spec;
+          }
           break;
       }
     } else {
@@ -608,8 +635,43 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
     }
   }
   for (auto& r : reconciles) r();
+  if (drift && options_.on_drift) {
+    try {
+      options_.on_drift(*drift);
+    } catch (...) {
+      // Best effort, as below.
+    }
+  }
+  if (mismatch && options_.on_spec_mismatch) {
+    try {
+      options_.on_spec_mismatch(key, *mismatch);
+    } catch (...) {
+      // Telling is best effort: the refusal and the count stand.
+    }
+  }
   for (auto& [cb, d] : decided) cb(d);
   if (again > 0) lease_async(key, again);
+}
+
+std::optional<std::uint32_t> FederatedLimiter::measure_drift(Nanos sent, Nanos received,
+                                                             Nanos coordinator_now) {
+  const std::lock_guard lock(drift_mu_);
+  drift_.sample(sent, received, coordinator_now);
+  if (!drift_.measured()) return std::nullopt;
+  drift_high_.store(drift_.high_ppm(), std::memory_order_relaxed);
+  const std::uint32_t now = drift_in_force(drift_, options_.drift_ppm);
+  const std::uint32_t was = drift_in_force_.exchange(now, std::memory_order_relaxed);
+  const bool over = now != options_.drift_ppm, over_before = was != options_.drift_ppm;
+  if (over == over_before) return std::nullopt;
+  return over ? now : 0;  // told when it goes over, and when it is back
+}
+
+std::optional<BudgetSpec> FederatedLimiter::spec_in_force(std::string_view key) const {
+  const Shard& s = shards_[StringHash{}(key) % kShards];
+  const std::lock_guard lock(s.mu);
+  const auto it = s.keys.find(key);
+  if (it == s.keys.end()) return std::nullopt;
+  return it->second.spec_in_force;
 }
 
 FederatedDecision FederatedLimiter::check_wait(std::string_view key, std::uint64_t hits) {
@@ -679,6 +741,8 @@ FederationStats FederatedLimiter::stats() const {
   st.forfeited = forfeited_.load(std::memory_order_relaxed);
   st.reconcile_failures = reconcile_failures_.load(std::memory_order_relaxed);
   st.spec_mismatches = spec_mismatches_.load(std::memory_order_relaxed);
+  st.clock_drift_ppm = drift_high_.load(std::memory_order_relaxed);
+  st.drift_ppm_in_force = drift_in_force_.load(std::memory_order_relaxed);
   st.keys = keys_.load(std::memory_order_relaxed);
   st.pool_taken = pool_taken_.load(std::memory_order_relaxed);
   st.pool_refilled = pool_refilled_.load(std::memory_order_relaxed);

@@ -141,7 +141,8 @@ void retire_built(const PolicySet& set, const PolicySet* old) {
 Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
                  const PolicySet* old, const RetiredPolicies* retired, const std::string& node_id,
                  std::uint64_t generation, const std::shared_ptr<RuntimeStateStore>& state,
-                 const std::shared_ptr<const PolicyDirectory>& directory, PolicySet& set) {
+                 const std::shared_ptr<const PolicyDirectory>& directory,
+                 const std::shared_ptr<Notices>& notices, PolicySet& set) {
   set.settings = config.server;
   set.settings.node_id = node_id;
   if (old != nullptr && config.server.state_file != old->settings.state_file) {
@@ -177,7 +178,8 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
     if (kind == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": no policy kind named '" + spec.kind + "'");
-    const BuildContext context(name, spec, clock, policy_node, coordinators, state, directory);
+    BuildContext context(name, spec, clock, policy_node, coordinators, state, directory);
+    context.notices = notices;
     if (was != nullptr && was->base->kind() == spec.kind && was->base->rate_name() == spec.rate) {
       auto in_place = was->base->reconfigure(context);
       if (!in_place.ok())
@@ -217,14 +219,16 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
   return {};
 }
 
-StatusOr<std::shared_ptr<PolicySet>> build(
-    const SluiceConfig& config, const Clock& clock, const PolicyRegistry& kinds,
-    const PolicySet* old, const RetiredPolicies* retired, const std::string& node_id,
-    std::uint64_t generation, const std::shared_ptr<RuntimeStateStore>& state,
-    const std::shared_ptr<const PolicyDirectory>& directory) {
+StatusOr<std::shared_ptr<PolicySet>> build(const SluiceConfig& config, const Clock& clock,
+                                           const PolicyRegistry& kinds, const PolicySet* old,
+                                           const RetiredPolicies* retired,
+                                           const std::string& node_id, std::uint64_t generation,
+                                           const std::shared_ptr<RuntimeStateStore>& state,
+                                           const std::shared_ptr<const PolicyDirectory>& directory,
+                                           const std::shared_ptr<Notices>& notices) {
   auto set = std::make_shared<PolicySet>();
   if (Status s = build_set(config, clock, kinds, old, retired, node_id, generation, state,
-                           directory, *set);
+                           directory, notices, *set);
       !s.ok()) {
     retire_built(*set, old);
     return s;
@@ -245,20 +249,22 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const SluiceConfig& config, con
     return Status(state.status().code(), "server.state_file: " + state.status().message());
   std::shared_ptr<RuntimeStateStore> store = std::move(state.value());
   auto directory = std::make_shared<PolicyDirectory>();
-  auto set = build(config, clock, kinds, nullptr, nullptr, node_id, 1, store, directory);
+  auto notices = std::make_shared<Notices>();
+  auto set = build(config, clock, kinds, nullptr, nullptr, node_id, 1, store, directory, notices);
   if (!set.ok()) return set.status();
   publish(*directory, *set.value());
-  return std::unique_ptr<Engine>(
-      new Engine(clock, kinds, std::move(store), std::move(directory), std::move(set.value())));
+  return std::unique_ptr<Engine>(new Engine(clock, kinds, std::move(store), std::move(directory),
+                                            std::move(notices), std::move(set.value())));
 }
 
 Engine::Engine(const Clock& clock, const PolicyRegistry& kinds,
                std::shared_ptr<RuntimeStateStore> state, std::shared_ptr<PolicyDirectory> directory,
-               std::shared_ptr<const PolicySet> set)
+               std::shared_ptr<Notices> notices, std::shared_ptr<const PolicySet> set)
     : clock_(clock),
       kinds_(kinds),
       state_(std::move(state)),
       directory_(std::move(directory)),
+      notices_(std::move(notices)),
       set_(std::move(set)) {}
 
 Engine::~Engine() { close(); }
@@ -441,6 +447,14 @@ Decided<RateDecision> Engine::check(const CheckCall& call, Deferral<RateDecision
 StatusOr<RateDecision> Engine::check(const CheckCall& call) {
   Waiting<RateDecision> w;
   return w.wait(check(call, w));
+}
+
+std::string Engine::refusal_detail(const CheckCall& call, const RateDecision& d) const {
+  if (d.allowed || d.reason.empty()) return {};
+  const auto set = current();
+  auto p = rate_policy(*set, kinds_, call.policy);
+  if (!p.ok()) return {};
+  return p.value()->refusal(call.key, d).detail();
 }
 
 StatusOr<RateDecision> Engine::peek(const CheckCall& call) const {
@@ -712,7 +726,7 @@ StatusOr<ReloadSummary> Engine::reload(const SluiceConfig& config) {
   // Retired policies no lease holds any more are gone: nothing follows them.
   std::erase_if(retired_, [](const auto& e) { return e.second.expired(); });
   auto next = build(config, clock_, kinds_, old.get(), &retired_, old->settings.node_id,
-                    old->generation + 1, state_, directory_);
+                    old->generation + 1, state_, directory_, notices_);
   if (!next.ok()) {
     reload_failures_.fetch_add(1, std::memory_order_relaxed);
     return next.status();

@@ -106,6 +106,9 @@ class Engine {
   [[nodiscard]] StatusOr<RateDecision> check(const CheckCall& call);
   [[nodiscard]] StatusOr<CheckManyResult> check_many(std::span<const CheckCall> calls);
   [[nodiscard]] StatusOr<RateDecision> peek(const CheckCall& call) const;
+  // What the policy says of a refusal with a reason (empty for an admission, or a refusal
+  // without one): the words the wire APIs add to the decision.
+  [[nodiscard]] std::string refusal_detail(const CheckCall& call, const RateDecision& d) const;
 
   // Admit as the transports call it: decided now, or deferred by a policy that queues the call
   // (nullopt; `later`'s Completion answers, and `later` is told when the caller goes away). The
@@ -153,10 +156,13 @@ class Engine {
   [[nodiscard]] bool draining() const noexcept { return draining_.load(std::memory_order_relaxed); }
   // Shutdown, second half: releases every lease and closes every policy (fleets are left).
   void close();
+  // What the policies told the operator since the last call (Notices), for the server's log.
+  [[nodiscard]] std::vector<std::string> take_notices() { return notices_->take(); }
 
  private:
   Engine(const Clock& clock, const PolicyRegistry& kinds, std::shared_ptr<RuntimeStateStore> state,
-         std::shared_ptr<PolicyDirectory> directory, std::shared_ptr<const PolicySet> set);
+         std::shared_ptr<PolicyDirectory> directory, std::shared_ptr<Notices> notices,
+         std::shared_ptr<const PolicySet> set);
   [[nodiscard]] std::shared_ptr<const PolicySet> current() const;
   [[nodiscard]] Status usable() const;
 
@@ -166,6 +172,8 @@ class Engine {
   const std::shared_ptr<RuntimeStateStore> state_;
   // The policies serving now, for policies that look others up (published at each commit).
   const std::shared_ptr<PolicyDirectory> directory_;
+  // What policies tell the operator while serving (BuildContext::notices), for the log.
+  const std::shared_ptr<Notices> notices_;
   mutable std::mutex parts_mu_;
   std::vector<std::pair<std::string, const ServerPart*>> parts_;
   mutable std::mutex set_mu_;  // guards set_ (a pointer copy or swap, nothing else)

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "server/coordinators.h"
+#include "server/notices.h"
 #include "server/policy.h"
 #include "server/routes.h"
 #include "server/runtime_state.h"
@@ -92,6 +93,10 @@ class BuildContext {
   // that a limit holds across the two instead of admitting its calls a second time; its own
   // leases still finish into it. Null: none.
   std::shared_ptr<Policy> predecessor;
+
+  // Where the policy tells the operator what its log should say while it serves (null: nobody
+  // listens; a context without an engine).
+  std::shared_ptr<Notices> notices;
 
   // Interface I (ConcurrencyCoordinator, and the rate-budget and escrow interfaces to come) of
   // the coordinator named `coordinator` (one the spec lists in spec.coordinators). An error

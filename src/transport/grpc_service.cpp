@@ -165,8 +165,13 @@ grpc::ServerUnaryReactor* GrpcService::Check(grpc::CallbackServerContext* ctx, c
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto* call = Unary<pb::CheckRequest, pb::CheckResponse>::start(reactor, in, out);
   if (call == nullptr) return reactor;
-  const auto answer = [resp = &call->resp](const StatusOr<RateDecision>& d) {
-    if (d.ok()) fill(resp->mutable_decision(), d.value());
+  const auto answer = [this, call](const StatusOr<RateDecision>& d) {
+    if (d.ok()) {
+      fill(call->resp.mutable_decision(), d.value());
+      if (!d.value().allowed && !d.value().reason.empty())
+        call->resp.mutable_decision()->set_detail(
+            engine_.refusal_detail(call_of(call->req), d.value()));
+    }
     return to_grpc(d.status());
   };
   FinishLater<RateDecision, std::remove_pointer_t<decltype(call)>, decltype(answer)> later(call,

@@ -205,10 +205,14 @@ std::optional<CheckCall> check_call(Fields& f) {
   return c;
 }
 
-void render_check(HttpExchange& x, const StatusOr<RateDecision>& d, bool consume) {
+// `detail`: what the policy says of a refusal with a reason (Engine::refusal_detail).
+void render_check(HttpExchange& x, const StatusOr<RateDecision>& d, bool consume,
+                  const std::string& detail = {}) {
   if (!d.ok()) return error(x, d.status());
   rate_headers(x, d.value());
-  ok_json(x, decision_json(d.value()), d.value().allowed || !consume ? 200 : 429);
+  json j = decision_json(d.value());
+  if (!detail.empty()) j["detail"] = detail;
+  ok_json(x, j, d.value().allowed || !consume ? 200 : 429);
 }
 
 void render_check_many(HttpExchange& x, const StatusOr<server::CheckManyResult>& r) {
@@ -246,11 +250,16 @@ void do_check(Engine& engine, HttpExchange& x, bool consume, HttpLater& later) {
   auto c = check_call(f);
   if (!c) return error(x, f.status());
   if (!consume) return render_check(x, engine.peek(*c), false);
-  const auto render = [](HttpExchange& out, const StatusOr<RateDecision>& d) {
-    render_check(out, d, true);
+  // A refusal with a reason gets the policy's words; a deferred one outlives the body the call
+  // points into, so the render keeps its own copy of the names.
+  const auto render = [&engine, policy = std::string(c->policy), key = std::string(c->key),
+                       hits = c->hits](HttpExchange& out, const StatusOr<RateDecision>& d) {
+    render_check(
+        out, d, true,
+        d.ok() ? engine.refusal_detail(CheckCall{policy, key, hits}, d.value()) : std::string());
   };
   ParkOn<RateDecision, decltype(render)> park(later, render);
-  if (auto d = engine.check(*c, park)) render_check(x, *d, true);
+  if (auto d = engine.check(*c, park)) render(x, *d);
 }
 
 void do_check_many(Engine& engine, HttpExchange& x, HttpLater& later) {

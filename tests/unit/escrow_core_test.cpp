@@ -431,5 +431,35 @@ TEST(EscrowCore, StatusNames) {
   EXPECT_EQ(to_string(LeaseStatus::kSpecMismatch), "spec_mismatch");
 }
 
+TEST(DriftGauge, BoundsTheRateOfTheCoordinatorsClockFromReplies) {
+  using std::chrono::milliseconds;
+  DriftGauge g;
+  // The coordinator's clock runs 1% fast; each reply takes 2 ms, read half way.
+  const auto reply = [&](std::int64_t local_ms) {
+    const Nanos sent = milliseconds(local_ms);
+    g.sample(sent, sent + milliseconds(2), Nanos{(sent + milliseconds(1)).count() * 101 / 100});
+  };
+  reply(0);
+  reply(500);
+  EXPECT_FALSE(g.measured());  // under a second apart
+  EXPECT_EQ(drift_in_force(g, 1000), 1000u);
+  reply(5'000);
+  ASSERT_TRUE(g.measured());
+  EXPECT_LE(g.low_ppm(), 10'000);
+  EXPECT_GE(g.high_ppm(), 10'000);
+  EXPECT_LT(g.high_ppm() - g.low_ppm(), 1'000);  // 4 ms of round trips over 5 s: 800 ppm
+  EXPECT_EQ(drift_in_force(g, 1000), static_cast<std::uint32_t>(g.high_ppm()));
+  EXPECT_EQ(drift_in_force(g, 20'000), 20'000u);  // within the allowance: as configured
+  // The anchor moves on (every 10 s): a clock that slows back to the region's rate shows.
+  Nanos coordinator = Nanos{milliseconds(5'001).count() * 101 / 100};
+  for (std::int64_t t = 6'000; t <= 60'000; t += 1'000) {
+    coordinator += milliseconds(1'000);
+    g.sample(milliseconds(t), milliseconds(t) + milliseconds(2), coordinator);
+  }
+  EXPECT_LE(g.low_ppm(), 0);
+  EXPECT_GE(g.high_ppm(), 0);
+  EXPECT_EQ(drift_in_force(g, 1000), 1000u);
+}
+
 }  // namespace
 }  // namespace sluice

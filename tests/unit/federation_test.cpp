@@ -321,17 +321,91 @@ TEST(Federation, ACoordinatorThatLostItsStateCountsTheWindowAsSpent) {
   EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
 }
 
-TEST(Federation, ARegionWithAnotherLimitIsRefusedForTheWindow) {
+TEST(Federation, ARegionWithAnotherLimitIsRefusedForTheWindowAndToldOncePerWindow) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
   FederatedLimiter a(coord, clock, opts("eu", 100), inline_io());
-  FederatedLimiter b(coord, clock, opts("us", 200), inline_io());
+  FederationOptions ob = opts("us", 200);
+  std::vector<std::pair<std::string, BudgetSpec>> told;
+  ob.on_spec_mismatch = [&](std::string_view key, const BudgetSpec& in_force) {
+    told.emplace_back(std::string(key), in_force);
+  };
+  ob.retry_backoff = milliseconds(100);
+  FederatedLimiter b(coord, clock, ob, inline_io());
+  EXPECT_EQ(b.spec_in_force("k"), std::nullopt);
   ASSERT_TRUE(check_now(a, "k", clock.now()).rate.allowed);
   const FederatedDecision d = check_now(b, "k", clock.now());
   EXPECT_FALSE(d.rate.allowed);
   EXPECT_EQ(d.reason, FederatedReason::kSpecMismatch);
   EXPECT_EQ(coord.ledger("k")->granted, 16u);
   EXPECT_EQ(b.stats().spec_mismatches, 1u);  // counted, for the operator's alert
+  // The spec that won is named, and told once for the key and window.
+  const BudgetSpec eu{100, seconds(10)};
+  EXPECT_EQ(b.spec_in_force("k"), eu);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].first, "k");
+  EXPECT_EQ(told[0].second, eu);
+  // Leased again within the window (after the backoff): refused, counted, not told again.
+  clock.advance(milliseconds(150));
+  EXPECT_FALSE(check_now(b, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(b.stats().spec_mismatches, 2u);
+  EXPECT_EQ(told.size(), 1u);
+  // The next window, fixed by `a` again: told again.
+  clock.advance(seconds(10));
+  ASSERT_TRUE(check_now(a, "k", clock.now()).rate.allowed);
+  EXPECT_FALSE(check_now(b, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(told.size(), 2u);
+  // A window `b` leases first under its own spec: served, nothing held against it.
+  clock.advance(seconds(10));
+  EXPECT_TRUE(check_now(b, "k", clock.now()).rate.allowed);
+  EXPECT_EQ(b.spec_in_force("k"), std::nullopt);
+  EXPECT_EQ(told.size(), 2u);
+}
+
+// A region whose clock runs 2% slow (outside drift_ppm's 0.1%): it would think a window ends
+// up to 2% of its length later than it does, and spend escrow of a window the others have
+// already moved on from. The lease replies carry the coordinator's clock: the region measures
+// the drift and shortens its escrow by it.
+TEST(Federation, ARegionWhoseClockRunsSlowMeasuresItAndShortensItsEscrow) {
+  ManualClock coordinator_clock(seconds(100));  // the window is [100 s, 110 s)
+  ManualClock slow(seconds(7));                 // the region's: 0.98 s per coordinator second
+  const auto advance = [&](Nanos d) {
+    coordinator_clock.advance(d);
+    slow.advance(d * 98 / 100);
+  };
+  MemoryRateCoordinator coord(coordinator_clock);
+  FederationOptions oa = opts("slow", 100);  // 100 per 10 s
+  oa.drift_ppm = 1000;
+  std::vector<std::uint32_t> told;
+  oa.on_drift = [&](std::uint32_t ppm) { told.push_back(ppm); };
+  FederatedLimiter a(coord, slow, oa, inline_io());
+  FederatedLimiter b(coord, coordinator_clock, opts("steady", 100), inline_io());
+  advance(milliseconds(500));
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(check_now(a, "k", slow.now()).rate.allowed);
+  EXPECT_EQ(a.stats().drift_ppm_in_force, 1000u);  // one reading: nothing measured yet
+  advance(milliseconds(4500));  // 105 s: a leases again, and holds what it does not spend
+  const std::uint64_t leases = a.stats().leases;
+  for (int i = 0; i < 64 && a.stats().leases == leases; ++i)
+    ASSERT_TRUE(check_now(a, "k", slow.now()).rate.allowed);
+  ASSERT_GT(a.stats().leases, leases);
+  const FederationStats st = a.stats();
+  EXPECT_GE(st.clock_drift_ppm, 20'000);  // 1 / 0.98 - 1 = 20,408 ppm
+  EXPECT_LE(st.clock_drift_ppm, 20'500);
+  EXPECT_EQ(st.drift_ppm_in_force, static_cast<std::uint32_t>(st.clock_drift_ppm));
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0], st.drift_ppm_in_force);
+  // 110.05 s: the next window. The steady region takes its whole budget...
+  advance(milliseconds(5050));
+  int steady = 0;
+  for (int i = 0; i < 120; ++i) steady += check_now(b, "k", coordinator_clock.now()).rate.allowed;
+  EXPECT_EQ(steady, 100);
+  // ...and the slow one, by its own clock still 0.1 s inside the window before (4.95 s of its
+  // 5.05 s), must not spend what it holds of that window: its escrow expired at the window's
+  // true end. (With drift_ppm alone it would admit here: 101 in this window.)
+  const FederatedDecision late = check_now(a, "k", slow.now());
+  EXPECT_FALSE(late.rate.allowed);
+  EXPECT_EQ(late.reason, FederatedReason::kBudgetSpent);
+  EXPECT_GT(a.stats().forfeited, 0u);  // what it held of the window before
 }
 
 TEST(Federation, MoreHitsThanTheLimitNeverFitAndZeroHitsSpendNothing) {

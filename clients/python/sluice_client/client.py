@@ -74,6 +74,7 @@ def _decision(d) -> Decision:
         reset_after=_seconds(d.reset_after),
         retry_after=_seconds_or_never(d.retry_after) if not d.allowed else 0.0,
         reason=d.reason,
+        detail=d.detail,
     )
 
 

@@ -35,6 +35,8 @@ class Decision:
             ``"budget_spent"``, ``"coordinator_unreachable"``, ``"coordinator_restarted"``,
             ``"spec_mismatch"``, ``"never_fits"``, ``"key_capacity"``,
             ``"regional_balance_spent"``); ``""`` otherwise.
+        detail: with a reason, what the policy says of it (a ``"spec_mismatch"`` names the
+            spec the coordinator holds the window under); ``""`` otherwise.
     """
 
     allowed: bool
@@ -43,6 +45,7 @@ class Decision:
     reset_after: float
     retry_after: Optional[float]
     reason: str = ""
+    detail: str = ""
 
 
 class CheckManyResult(NamedTuple):

@@ -3,26 +3,19 @@ embedded memory coordinator) never admit more than its limit in a window, and a 
 why (Decision.reason, HTTP `reason`, the CLI) and when to retry."""
 
 import subprocess
+import time
 
-from conftest import sluice_bin
+from conftest import metric, sluice_bin, wait_until
 
-CONFIG = """
-policies:
-  eu:
-    kind: federated
-    budget: api
-    region: eu-west
-    limit: 30
-    window: 1m
-    batch: 4
-  us:
-    kind: federated
-    budget: api
-    region: us-east
-    limit: 30
-    window: 1m
-    batch: 4
-"""
+
+def two_regions(eu_limit: int, us_limit: int) -> str:
+    return "policies:\n" + "".join(
+        f"  {name}:\n    kind: federated\n    budget: api\n    region: {region}\n"
+        f"    limit: {limit}\n    window: 1m\n    batch: 4\n"
+        for name, region, limit in (("eu", "eu-west", eu_limit), ("us", "us-east", us_limit)))
+
+
+CONFIG = two_regions(30, 30)
 
 
 def test_regions_share_one_budget_and_say_why_they_refuse(start_server, key):
@@ -63,3 +56,38 @@ def test_the_cli_shows_the_budget_and_the_reason(start_server, key):
                             timeout=30)
     assert denied.returncode == 1, denied.stderr
     assert "(budget_spent)" in denied.stdout
+
+
+MISMATCH = two_regions(30, 50)  # a config rolled out to one region only
+
+
+def test_a_region_with_another_spec_is_told_which_one_holds_the_budget(start_server, key):
+    server = start_server(MISMATCH)
+    client = server.client()
+    keys = [key(), key()]
+    for k in keys:
+        assert client.check("eu", k).allowed  # eu fixes the window: 30 per 1m
+    # Over gRPC (the first refusal: it waited for the lease the coordinator refused).
+    refused = client.check("us", keys[0])
+    assert not refused.allowed and refused.reason == "spec_mismatch", refused
+    assert "holds this window's budget as 30 per 60s" in refused.detail, refused
+    for k in keys:
+        for _ in range(3):  # refused every time; told once per key and window
+            r = server.http("POST", "/v1/check", {"policy": "us", "key": k})
+            assert r.status == 429, r
+            body = r.json()
+            assert body["reason"] == "spec_mismatch", body
+            assert "holds this window's budget as 30 per 60s" in body["detail"], body
+            assert "this region asks 50 per 60s" in body["detail"], body
+    # The server logs it from its sweeper (every 50 ms).
+    wait_until(lambda: all(f"key '{k}'" in server.log() for k in keys), 5,
+               what="the spec mismatch in the log")
+    time.sleep(0.2)
+    for k in keys:
+        told = [line for line in server.log().splitlines() if f"key '{k}'" in line]
+        assert len(told) == 1, told
+        assert " warning: policy us: key" in told[0], told
+        assert "holds this window's budget as 30 per 60s" in told[0], told
+        assert "region us-east asks 50 per 60s" in told[0], told
+    samples = server.metrics()
+    assert metric(samples, "sluice_federated_spec_mismatches_total", policy="us") >= 2

@@ -25,6 +25,42 @@ Nanos sweep_interval(const FederationOptions& o) {
   return std::clamp<Nanos>(o.budget.period, std::chrono::seconds(1), std::chrono::seconds(60));
 }
 
+std::string spec_text(const BudgetSpec& s) {
+  std::ostringstream out;
+  out << s.limit << " per " << seconds_of(s.period) << "s";
+  return out.str();
+}
+
+// The options with the policy's telling, to the server's log (BuildContext::notices): a spec
+// mismatch once per key and window, a clock drift past drift_ppm when it starts and ends.
+FederationOptions told(FederationOptions o, const BuildContext& c) {
+  if (c.notices == nullptr) return o;
+  o.on_spec_mismatch = [notices = c.notices, name = c.name, own = o.budget, region = o.region](
+                           std::string_view key, const BudgetSpec& in_force) {
+    constexpr std::size_t kShown = 128;  // a key is the caller's: its first bytes say enough
+    notices->tell("policy " + name + ": key '" + std::string(key.substr(0, kShown)) +
+                  (key.size() > kShown ? "...'" : "'") +
+                  ": the coordinator holds this window's budget as " + spec_text(in_force) +
+                  " (the spec of the region that leased first); region " + region + " asks " +
+                  spec_text(own) +
+                  " and is refused every check of the key until the regions "
+                  "agree: give every region one limit and period for a budget");
+  };
+  o.on_drift = [notices = c.notices, name = c.name, allowed = o.drift_ppm](std::uint32_t ppm) {
+    if (ppm == 0) {
+      notices->tell("policy " + name + ": the coordinator's clock is back within " +
+                    std::to_string(allowed) + " ppm of this server's");
+      return;
+    }
+    notices->tell("policy " + name + ": the coordinator's clock runs faster than this server's " +
+                  "by more than the " + std::to_string(allowed) + " ppm escrow allows for: up to " +
+                  std::to_string(ppm) +
+                  " ppm by the lease replies, so escrow now expires that much earlier to keep "
+                  "the budget's bound; check this host's clock (NTP, the VM's clock source)");
+  };
+  return o;
+}
+
 // A decision that arrives on another thread after check_or_defer() may or may not have
 // returned: whichever comes second answers (the returning call with the decision, or the
 // callback through the Completion the call deferred to).
@@ -45,7 +81,7 @@ class FederatedPolicy final : public Policy, public RateFamily {
         regional_(std::move(regional)),
         clock_(c.clock),
         pool_(io_threads),
-        limiter_(*coordinator_, regional_.get(), c.clock, options, pool_.executor()) {
+        limiter_(*coordinator_, regional_.get(), c.clock, told(options, c), pool_.executor()) {
     start_loop(c.clock, [this](Nanos now) {
       limiter_.sweep(now);
       return now + sweep_interval(limiter_.options());
@@ -105,6 +141,11 @@ class FederatedPolicy final : public Policy, public RateFamily {
     detail << "Federated policy " << name() << " allows " << o.budget.limit << " per "
            << seconds_of(o.budget.period) << "s for key '" << key << "' across every region";
     if (!d.reason.empty()) detail << " (" << d.reason << ")";
+    if (d.reason == to_string(FederatedReason::kSpecMismatch))
+      if (const std::optional<BudgetSpec> s = limiter_.spec_in_force(key))
+        detail << ": the coordinator holds this window's budget as " << spec_text(*s)
+               << ", the spec of the region that leased first; this region asks "
+               << spec_text(o.budget) << " (give every region one limit and period)";
     Rejection out = rate_refusal(name(), detail.str(), d);
     // No escrow here and no coordinator to lease from: the service, not the caller, is short.
     if (d.reason == to_string(FederatedReason::kCoordinatorUnreachable)) out.status = 503;
@@ -143,6 +184,8 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["spent"] = st.spent;
     j["forfeited"] = st.forfeited;
     j["spec_mismatches"] = st.spec_mismatches;
+    j["clock_drift_ppm"] = st.clock_drift_ppm;
+    j["drift_ppm_in_force"] = st.drift_ppm_in_force;
     j["allowed"] = allowed_.load(std::memory_order_relaxed);
     j["denied"] = denied_.load(std::memory_order_relaxed);
   }
@@ -166,6 +209,14 @@ class FederatedPolicy final : public Policy, public RateFamily {
         one("sluice_federated_spec_mismatches_total",
             "Leases refused: another region fixed the window with another limit or window",
             MetricType::Counter, static_cast<double>(st.spec_mismatches)));
+    out.push_back(one("sluice_federated_clock_drift_ppm",
+                      "How much faster the coordinator's clock runs than this server's, at most "
+                      "(ppm, from lease replies; 0 until measured)",
+                      MetricType::Gauge, static_cast<double>(st.clock_drift_ppm)));
+    out.push_back(one("sluice_federated_drift_ppm_in_force",
+                      "The clock drift allowance escrow expires with: drift_ppm, or the measured "
+                      "drift when that is more",
+                      MetricType::Gauge, static_cast<double>(st.drift_ppm_in_force)));
     out.push_back(one("sluice_federated_keys", "Keys the federated policy holds escrow state for",
                       MetricType::Gauge, static_cast<double>(st.keys)));
     if (regional_ == nullptr) return;
