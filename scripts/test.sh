@@ -27,6 +27,7 @@ suites=${SLUICE_SUITES:-release default asan tsan fuzz}
 jobs=$(nproc)
 total_pass=0 total_fail=0 status=0
 failed_names=()  # "suite: test", printed again at the end (a long log's tail is what CI shows)
+failure_tails=()  # the end of each failed test's output, printed before them
 
 suite_flags() {
   case $1 in
@@ -115,9 +116,23 @@ run_suite() {
   fi
   # ctest's closing list: "  123 - Suite.Name (Failed)"
   local t
-  while IFS= read -r t; do failed_names+=("$name: $t"); done < <(
+  while IFS= read -r t; do
+    failed_names+=("$name: $t")
+    failure_tails+=("=== $name: the end of ${t% (*}'s output
+$(failure_tail "$dir" "${t% (*}")")
+  done < <(
     sed -n '/^The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]+[0-9]+ - (.*)$/\1/p')
   return "$rc"
+}
+
+# The last lines a failed test printed (ctest keeps every test's output in LastTest.log): told
+# again at the end, where a reader of only the run's last lines sees them.
+failure_tail() {
+  local dir=$1 t=$2
+  awk -v head="Testing: $t" -v foot="\"$t\" end time" '
+    index($0, head) && substr($0, length($0) - length(head) + 1) == head { on = 1; next }
+    on && index($0, foot) { exit }
+    on' "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | tail -n 40
 }
 
 mkdir -p "$root/build"
@@ -126,6 +141,7 @@ for s in $suites; do
     status=1; echo "=== $s: FAILED"
   fi
 done
+for t in "${failure_tails[@]}"; do echo "$t"; done
 echo "suites: $suites"
 [ "$status" = 0 ] || echo "some suite failed to build or pass (see above)"
 for t in "${failed_names[@]}"; do echo "failed: $t"; done
