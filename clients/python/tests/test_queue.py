@@ -185,11 +185,13 @@ def test_a_wait_never_outlasts_the_calls_own_bound(gw):
     assert p["reason"] == "queue_timeout" and 0.14 <= p["waited_seconds"] < 0.5, p
     assert "the call's max_wait" in p["detail"], p
     # gRPC: the call's deadline (0.3 s) is the bound: a refusal before it, not DEADLINE_EXCEEDED.
-    # (Refused, not DeadlineExceeded: the answer came before the deadline.)
+    # (Refused, not DeadlineExceeded: the answer came before the deadline. How long it waited
+    # depends on when the call reached the server and when its timer fired: on a loaded
+    # machine either may be late by tens of milliseconds.)
     short = gw.client(timeout=0.3)
     with pytest.raises(Refused) as refused:
         short.admit("gw", tenant="t", upstream="q")
-    assert 0.2 <= refused.value.waited < 0.28 and "the call's max_wait" in refused.value.detail
+    assert 0.1 <= refused.value.waited < 0.3 and "the call's max_wait" in refused.value.detail
     # A call that may not wait at all is refused at once as before.
     with pytest.raises(Refused) as refused:
         c.admit("gw", tenant="t", upstream="q", max_wait=0)
@@ -199,7 +201,7 @@ def test_a_wait_never_outlasts_the_calls_own_bound(gw):
     t0 = time.monotonic()
     with pytest.raises(Refused):
         c.admit("gw", tenant="t", upstream="plain")
-    assert time.monotonic() - t0 < 0.3
+    assert time.monotonic() - t0 < TIMEOUT / 2  # at once: far from any queue's timeout
     c.release(plain)
     c.release(first)
     samples = gw.metrics()

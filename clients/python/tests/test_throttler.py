@@ -140,7 +140,8 @@ policies:
     # A command past its timeout is killed: only the probe's current attempt is running, never
     # the ones before it (each would otherwise sleep its 30 s).
     time.sleep(2)
-    out = subprocess.run(["pgrep", "-f", "sleep 30; echo 1"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "sleep 30; echo 1"],
+                         capture_output=True, text=True)  # this server's children only
     assert len(out.stdout.split()) <= 1, out.stdout
     # The slow probe holds its own loop only: `depth` is sampled every 50 ms meanwhile (its
     # samples would be stale after 1 s, and refused, if they waited behind the 1.5 s one).
