@@ -52,6 +52,89 @@ std::vector<SkewRow> run_skews(const FederationScenarioOptions& o, double load,
   return rows;
 }
 
+constexpr std::uint64_t kWeightedLimit = FederationSimConfig{}.limit;
+
+struct WeightedRow {
+  std::uint64_t hits = 1;
+  double skew = 0;
+  FederationSimResult fixed, federated;
+  double bound = 0;  // weighted_bound()
+};
+
+// The stranding bound stated for weighted checks: each region may hold below its next check's
+// size (or a batch's leftover) at a window's end, and the coordinator may keep below one
+// check's size that no region's need fits.
+double weighted_bound(const WeightedRow& r, const FederationScenarioOptions& o) {
+  const double per_region = static_cast<double>(std::max(r.hits - 1, o.batch));
+  return 3 * per_region + static_cast<double>(r.hits - 1);
+}
+
+std::vector<WeightedRow> run_weighted(const FederationScenarioOptions& o) {
+  std::vector<WeightedRow> rows;
+  for (const std::uint64_t hits : {std::uint64_t{8}, std::uint64_t{40}, std::uint64_t{100}})
+    for (const double s : {0.0, 0.5, 1.0}) {
+      WeightedRow& row = rows.emplace_back();
+      row.hits = hits;
+      row.skew = s;
+      FederationSimConfig c;
+      c.load = o.load;
+      c.skew = s;
+      c.windows = o.windows;
+      c.seed = o.seed;
+      c.one_way = o.one_way;
+      c.batch = o.batch;
+      c.hits = hits;
+      c.scheme = FederationScheme::kStatic;
+      row.fixed = run_federation_sim(c);
+      c.scheme = FederationScheme::kFederated;
+      row.federated = run_federation_sim(c);
+      row.bound = weighted_bound(row, o);
+    }
+  return rows;
+}
+
+// Units demanded but not admitted in a window: min(offered, limit) - admitted (what U_capacity
+// misses), the mean and the largest over the windows.
+std::pair<double, double> unserved(const FederationSimResult& r, std::uint64_t limit) {
+  double sum = 0, most = 0;
+  for (const FederationWindow& w : r.windows) {
+    const double lost = static_cast<double>(std::min(w.offered, limit)) -
+                        static_cast<double>(std::min(w.admitted, std::min(w.offered, limit)));
+    sum += lost;
+    most = std::max(most, lost);
+  }
+  return {r.windows.empty() ? 0 : sum / static_cast<double>(r.windows.size()), most};
+}
+
+std::string weighted_table(const std::vector<WeightedRow>& rows) {
+  std::string t =
+      "| units per check | skew | static U_capacity | federated U_capacity | max admitted per "
+      "window / limit | federated units demanded, not admitted, per window (mean / max) | "
+      "stated bound |\n|---|---|---|---|---|---|---|\n";
+  for (const WeightedRow& r : rows) {
+    const auto [mean, most] = unserved(r.federated, kWeightedLimit);
+    t += "| " + std::to_string(r.hits) + " | " + fmt("%.2f", r.skew) + " | " +
+         fmt("%.3f", r.fixed.u_capacity) + " | " + fmt("%.3f", r.federated.u_capacity) + " | " +
+         fmt("%.3f", r.federated.max_admitted_over_limit) + " | " + fmt("%.1f", mean) + " / " +
+         fmt("%.0f", most) + " | " + fmt("%.0f", r.bound) + " |\n";
+  }
+  return t;
+}
+
+std::string weighted_csv(const std::vector<WeightedRow>& rows) {
+  std::string t =
+      "hits,skew,static_u_capacity,federated_u_capacity,max_admitted_over_limit,mean_unserved,"
+      "max_unserved,bound\n";
+  for (const WeightedRow& r : rows) {
+    const auto [mean, most] = unserved(r.federated, kWeightedLimit);
+    t += std::to_string(r.hits) + "," + fmt("%.2f", r.skew) + "," +
+         fmt("%.4f", r.fixed.u_capacity) + "," + fmt("%.4f", r.federated.u_capacity) + "," +
+         fmt("%.4f", r.federated.max_admitted_over_limit) + "," + fmt("%.2f", mean) + "," +
+         fmt("%.0f", most) + "," + fmt("%.0f", r.bound) + "\n";
+  }
+  return t;
+}
+
 std::string table(const std::vector<SkewRow>& rows) {
   std::string t =
       "| skew | static U_capacity | federated U_capacity | max admitted per window / limit | "
@@ -635,6 +718,34 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     for (const ProcessRow& r : procs) {
       bounded(r.own, " with " + std::to_string(r.processes) + " processes");
       bounded(r.pooled, " with " + std::to_string(r.processes) + " processes and a pool");
+    }
+  }
+  // Checks of many units.
+  {
+    const std::vector<WeightedRow> weighted = run_weighted(o);
+    out.table += "### Checks of many units (offered " + fmt("%.1f", o.load) +
+                 " x L, one process per region)\n\nEvery check asks for `hits` units all or "
+                 "nothing; offered and admitted count units. A check larger than a region's "
+                 "escrow leases what it lacks as the lease's need: the coordinator grants at "
+                 "least that or, with less left in the window, nothing (the check is refused as "
+                 "budget_short). Units demanded and not admitted in a window (min(offered, L) - "
+                 "admitted) are what a region held at the window's end below its next check's "
+                 "size (or a batch's leftover), and what the coordinator kept below every "
+                 "waiting check's need: the stated bound is K x max(hits - 1, batch) + hits - "
+                 "1.\n\n" +
+                 weighted_table(weighted) + "\n";
+    out.files.emplace_back("federation-weighted.csv", weighted_csv(weighted));
+    for (const WeightedRow& r : weighted) {
+      const std::string at =
+          " with checks of " + std::to_string(r.hits) + " units at s = " + fmt("%.2f", r.skew);
+      bounded(r.federated, at);
+      claim(out, r.federated.u_capacity >= r.fixed.u_capacity,
+            "federated U_capacity must be at least the static partition's" + at + ", measured " +
+                fmt("%.4f", r.federated.u_capacity) + " vs " + fmt("%.4f", r.fixed.u_capacity));
+      claim(out, unserved(r.federated, kWeightedLimit).second <= r.bound,
+            "federated units demanded and not admitted in a window must be at most K x "
+            "max(hits - 1, batch) + hits - 1" +
+                at + ", measured " + fmt("%.0f", unserved(r.federated, kWeightedLimit).second));
     }
   }
   // A coordinator outage.

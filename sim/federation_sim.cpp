@@ -273,7 +273,7 @@ class Run {
  public:
   explicit Run(const FederationSimConfig& c) : c_(c), horizon_(c.window * c.windows) {
     windows_.resize(static_cast<std::size_t>(c.windows));
-    const double per_window = c.load * static_cast<double>(c.limit);
+    const double per_window = c.load * static_cast<double>(c.limit) / static_cast<double>(c.hits);
     const double k = c.regions;
     for (int r = 0; r < c.regions; ++r) {
       Region& g = regions_.emplace_back();
@@ -392,8 +392,8 @@ class Run {
 
   void admitted(Region& g) {
     if (FederationWindow* w = window_at(clock_.now())) {
-      ++w->admitted;
-      ++g.admitted;
+      w->admitted += c_.hits;
+      g.admitted += c_.hits;
     }
   }
 
@@ -415,15 +415,15 @@ class Run {
     }
     Region& g = regions_[static_cast<std::size_t>(e.who)];
     if (FederationWindow* w = window_at(now)) {
-      ++w->offered;
-      ++g.offered;
+      w->offered += c_.hits;
+      g.offered += c_.hits;
     }
     if (c_.scheme == FederationScheme::kFederated) {
       int process = e.who * c_.processes;
       if (c_.processes > 1) process += static_cast<int>(g.pick() % c_.processes);
       limiters_[static_cast<std::size_t>(process)]->check(
-          kKey, 1, now, [this, &g](const FederatedDecision& d) { decided(g, d); });
-    } else if (decide(g.local, g.rule, 1, now).allowed) {
+          kKey, c_.hits, now, [this, &g](const FederatedDecision& d) { decided(g, d); });
+    } else if (decide(g.local, g.rule, c_.hits, now).allowed) {
       admitted(g);
     }
     const Nanos next = now + next_gap(e.who);
@@ -537,6 +537,7 @@ std::string FederationSimConfig::validate() const {
   if (2 * one_way >= window) return "one_way: the round trip must be shorter than the window";
   if (windows < 1 || windows > 100'000) return "windows: must be in 1..100000";
   const bool federated = scheme == FederationScheme::kFederated;
+  if (hits < 1 || hits > limit) return "hits: must be in 1..limit";
   if (processes < 1 || processes > 64) return "processes: must be in 1..64";
   if (processes > 1 && !federated) return "processes: more than 1 needs the federated scheme";
   if (regional_pool && !federated) return "regional_pool: needs the federated scheme";

@@ -10,7 +10,8 @@
  * the window is the one t falls in, a new one starts with the whole budget and forgets its
  * grants; a window at or before the origin window (the one a state loss happened in) is spent;
  * a grant is min(B, left, taper), taper = max(1, ceil(left / (2 x regions))) with regions the
- * regions granted in this window, the asker included; reconcile(region, window, total) keeps a
+ * regions granted in this window, the asker included (-DNEED: every lease needs the whole
+ * batch: with less than B left nothing is granted, else never less than B); reconcile(region, window, total) keeps a
  * running total per region and window: a repeat or an older window changes nothing, and while
  * the window is current the new units go back into its budget (capped by what the region was
  * granted there and has not given back), once it has ended they are only forfeited.
@@ -128,7 +129,12 @@ inline lease(me) {
   :: else ->
     s_left = L - (lgranted - (lreturned < lgranted -> lreturned : lgranted));
     if
+#ifdef NEED
+    :: s_left > 0 && s_left < B -> skip /* short: less left than the need (a batch) */
+    :: s_left >= B ->
+#else
     :: s_left > 0 ->
+#endif
       s_regions = (rgranted[me] == 0 -> 1 : 0);
       for (s_k : 0 .. N - 1) {
         if :: rgranted[s_k] > 0 -> s_regions++ :: else -> skip fi
@@ -137,6 +143,9 @@ inline lease(me) {
       if :: s_taper == 0 -> s_taper = 1 :: else -> skip fi;
       s_g = (B < s_left -> B : s_left);
       s_g = (s_taper < s_g -> s_taper : s_g);
+#ifdef NEED
+      s_g = (s_g < B -> B : s_g); /* never below the need */
+#endif
       lgranted = lgranted + s_g;
       rgranted[me] = rgranted[me] + s_g
     :: else -> skip /* spent */

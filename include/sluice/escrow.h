@@ -87,6 +87,11 @@ struct LeaseRequest {
   std::string region;  // non-empty
   BudgetSpec spec;
   std::uint64_t want = 0;  // >= 1: the batch
+  // The least grant of any use (<= want): what a check larger than the region's escrow lacks.
+  // A grant is never below it (the taper included), and with less than it left in the window
+  // nothing is granted (kShort), so no region holds units it cannot spend while a check waits.
+  // 0: any grant.
+  std::uint64_t need = 0;
   // Grant nothing when the window has less than this left (the region's clock uncertainty).
   Nanos min_window_left{0};
 };
@@ -97,6 +102,7 @@ enum class LeaseStatus : std::uint8_t {
   kWindowEnding,  // less than min_window_left left in the window
   kStateLost,     // the coordinator lost its state in this window: it counts as spent
   kSpecMismatch,  // this window's budget was fixed with another (limit, period)
+  kShort,         // the window's budget left (`remaining`, >= 1) is less than the request's need
 };
 [[nodiscard]] std::string_view to_string(LeaseStatus s) noexcept;
 

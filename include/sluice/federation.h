@@ -82,6 +82,7 @@ enum class FederatedReason : std::uint8_t {
   kNeverFits,               // more hits than the limit: no window admits them
   kKeyCapacity,             // a new key while max_keys keys are held
   kRegionalBalanceSpent,    // regional-only outage: the coordinator is down, the pool is empty
+  kBudgetShort,  // the window's budget left (>= 1) is less than the check needs beyond the escrow
 };
 [[nodiscard]] std::string_view to_string(FederatedReason r) noexcept;
 
@@ -213,15 +214,18 @@ class FederatedLimiter {
   std::optional<FederatedDecision> decide(std::string_view key, std::uint64_t hits, Nanos now,
                                           Callback* park);
   // Starts a lease of `want` units for `key` on the IoExecutor (call without a shard lock).
-  void lease_async(std::string key, std::uint64_t want);
+  // `need`: the least grant of use (LeaseRequest::need): what the key's first waiter lacks.
+  void lease_async(std::string key, std::uint64_t want, std::uint64_t need);
   // Sends every queued lease, up to kPipeline at a time, until the queue is empty.
   void drain_leases();
   // One lease: from the coordinator, or through the pool.
-  Outcome lease_direct(const std::string& key, std::uint64_t want);
-  Outcome lease_through_pool(const std::string& key, std::uint64_t want);
+  Outcome lease_direct(const std::string& key, std::uint64_t want, std::uint64_t need);
+  Outcome lease_through_pool(const std::string& key, std::uint64_t want, std::uint64_t need);
   void on_lease(const std::string& key, Outcome outcome);
   // Regional-only outage: probes the coordinator when a probe is due (at most one in flight).
   void maybe_probe(Nanos now);
+  // Until when a key the coordinator said is short of a check's need refuses such checks here.
+  [[nodiscard]] Nanos short_until(const Key& k, Nanos now) const;
   // Adds a lease reply's clock reading to the drift gauge and updates the allowance in force;
   // what to tell (on_drift) when it went over drift_ppm or back.
   std::optional<std::uint32_t> measure_drift(Nanos sent, Nanos received, Nanos coordinator_now);
@@ -266,8 +270,12 @@ class FederatedLimiter {
   std::atomic<std::int64_t> next_probe_{INT64_MIN};       // ns: the outage's next health probe
   // Leases waiting to be sent (no pool): one drainer at a time sends them in batches.
   std::mutex lease_mu_;
-  std::vector<std::pair<std::string, std::uint64_t>> lease_queue_;  // guarded by lease_mu_
-  bool draining_ = false;                                           // guarded by lease_mu_
+  struct QueuedLease {
+    std::string key;
+    std::uint64_t want = 0, need = 0;
+  };
+  std::vector<QueuedLease> lease_queue_;  // guarded by lease_mu_
+  bool draining_ = false;                 // guarded by lease_mu_
 };
 
 }  // namespace sluice

@@ -19,6 +19,8 @@ std::string_view to_string(LeaseStatus s) noexcept {
       return "state_lost";
     case LeaseStatus::kSpecMismatch:
       return "spec_mismatch";
+    case LeaseStatus::kShort:
+      return "short";
   }
   return "unknown";
 }
@@ -29,6 +31,7 @@ std::string validate(const LeaseRequest& r) {
   if (r.spec.period <= Nanos{0}) return "period: must be positive";
   if (r.spec.period > kMaxRatePeriod) return "period: must be at most 100 years";
   if (r.want == 0) return "want: must be at least 1";
+  if (r.need > r.want) return "need: must be at most want";
   if (r.min_window_left < Nanos{0}) return "min_window_left: must not be negative";
   return {};
 }
@@ -111,11 +114,17 @@ LeaseReply lease(Ledger& l, const LeaseRequest& req, Nanos now_in, std::int64_t 
     out.status = LeaseStatus::kSpent;
     return out;
   }
+  if (left < req.need) {
+    out.status = LeaseStatus::kShort;
+    return out;
+  }
   RegionLedger& me = region_of(l, req.region);
   std::uint64_t regions = me.granted == 0 ? 1 : 0;
   for (const RegionLedger& r : l.regions) regions += r.granted > 0 ? 1 : 0;
   const std::uint64_t taper = std::max<std::uint64_t>(1, (left + 2 * regions - 1) / (2 * regions));
-  const std::uint64_t g = std::min({req.want, left, taper});
+  // The taper shares what is left among the regions leasing, but never below what the asking
+  // check needs (a part of it would only sit here unspent).
+  const std::uint64_t g = std::min(left, std::max(req.need, std::min(req.want, taper)));
   l.granted += g;
   me.granted += g;
   out.status = LeaseStatus::kGranted;

@@ -30,6 +30,8 @@ std::string_view to_string(FederatedReason r) noexcept {
       return "key_capacity";
     case FederatedReason::kRegionalBalanceSpent:
       return "regional_balance_spent";
+    case FederatedReason::kBudgetShort:
+      return "budget_short";
   }
   return "unknown";
 }
@@ -88,7 +90,10 @@ struct FederatedLimiter::Key {
   Nanos closed_until{kNever};              // no lease before this: the window is spent
   FederatedReason closed_reason = FederatedReason::kBudgetSpent;
   Nanos unreachable_until{kNever};  // no lease before this: the coordinator failed
-  std::deque<Waiter> waiters;       // FIFO; answered by the lease in flight
+  // Until this, a check needing more than the escrow and global_left hold is refused here
+  // (kBudgetShort) without a lease: the coordinator said so, and only give-backs add to it.
+  Nanos short_until{kNever};
+  std::deque<Waiter> waiters;  // FIFO; answered by the lease in flight
   // The last lease refused for a spec mismatch: the spec in force, and the window told of it.
   std::optional<BudgetSpec> spec_in_force;
   Nanos mismatch_told{kNever};
@@ -194,29 +199,34 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
       d.rate.retry_after = std::max(Nanos{1}, k.unreachable_until - now);
     else if (reason == FederatedReason::kKeyCapacity)
       d.rate.retry_after = options_.budget.period;  // keys are forgotten a window or two idle
+    else if (reason == FederatedReason::kBudgetShort)
+      d.rate.retry_after = std::max(Nanos{1}, k.short_until - now);
     else
       d.rate.retry_after = std::max(Nanos{1}, k.closed_until - now);
   }
   return d;
 }
 
-void FederatedLimiter::lease_async(std::string key, std::uint64_t want) {
+void FederatedLimiter::lease_async(std::string key, std::uint64_t want, std::uint64_t need) {
   leases_.fetch_add(1, std::memory_order_relaxed);
+  need = std::min(need, want);
   if (pool_ != nullptr) {
-    post([this, key = std::move(key), want] { on_lease(key, lease_through_pool(key, want)); });
+    post([this, key = std::move(key), want, need] {
+      on_lease(key, lease_through_pool(key, want, need));
+    });
     return;
   }
   bool start = false;
   {
     const std::lock_guard lock(lease_mu_);
-    lease_queue_.emplace_back(std::move(key), want);
+    lease_queue_.push_back({std::move(key), want, need});
     start = !std::exchange(draining_, true);
   }
   if (start) post([this] { drain_leases(); });
 }
 
 void FederatedLimiter::drain_leases() {
-  std::vector<std::pair<std::string, std::uint64_t>> batch;
+  std::vector<QueuedLease> batch;
   for (;;) {
     batch.clear();
     {
@@ -231,7 +241,7 @@ void FederatedLimiter::drain_leases() {
       lease_queue_.erase(lease_queue_.begin(), lease_queue_.begin() + static_cast<long>(n));
     }
     if (batch.size() == 1) {
-      on_lease(batch[0].first, lease_direct(batch[0].first, batch[0].second));
+      on_lease(batch[0].key, lease_direct(batch[0].key, batch[0].want, batch[0].need));
       continue;
     }
     std::vector<std::string> keys;
@@ -239,10 +249,11 @@ void FederatedLimiter::drain_leases() {
     std::vector<LeaseCall> calls(batch.size());
     keys.reserve(batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      keys.push_back(global_key(batch[i].first));
+      keys.push_back(global_key(batch[i].key));
       requests[i].region = options_.region;
       requests[i].spec = options_.budget;
-      requests[i].want = batch[i].second;
+      requests[i].want = batch[i].want;
+      requests[i].need = batch[i].need;
       requests[i].min_window_left = options_.min_window_left;
       calls[i] = LeaseCall{keys[i], &requests[i]};
     }
@@ -256,18 +267,19 @@ void FederatedLimiter::drain_leases() {
         o.reply = std::move(replies[i]);
       else
         o.reply = StatusOr<LeaseReply>(Status(StatusCode::kInternal, "lease_many: no reply"));
-      on_lease(batch[i].first, std::move(o));
+      on_lease(batch[i].key, std::move(o));
     }
   }
 }
 
-FederatedLimiter::Outcome FederatedLimiter::lease_direct(const std::string& key,
-                                                         std::uint64_t want) {
+FederatedLimiter::Outcome FederatedLimiter::lease_direct(const std::string& key, std::uint64_t want,
+                                                         std::uint64_t need) {
   Outcome o;
   LeaseRequest req;
   req.region = options_.region;
   req.spec = options_.budget;
   req.want = want;
+  req.need = need;
   req.min_window_left = options_.min_window_left;
   o.sent_at = clock_.now();  // the reply cannot be decided before this
   o.reply = coordinator_.lease(global_key(key), req, options_.lease_timeout);
@@ -275,7 +287,8 @@ FederatedLimiter::Outcome FederatedLimiter::lease_direct(const std::string& key,
 }
 
 FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string& key,
-                                                               std::uint64_t want) {
+                                                               std::uint64_t want,
+                                                               std::uint64_t need) {
   Outcome o;
   const std::string gk = global_key(key);
   o.outage = options_.outage == FederationOutage::kRegionalOnly &&
@@ -324,8 +337,9 @@ FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string
     o.pool_unreachable = true;
     return o;
   }
-  // Straight to the coordinator: for the pool too when this process is its refiller.
-  Outcome direct = lease_direct(key, ask);
+  // Straight to the coordinator: for the pool too when this process is its refiller. What the
+  // pool gave counts toward the need.
+  Outcome direct = lease_direct(key, ask, need - std::min(need, o.pool_units));
   o.sent_at = direct.sent_at;
   o.reply = std::move(direct.reply);
   if (!refiller) return o;
@@ -413,7 +427,7 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
   maybe_probe(now);
   Shard& s = shard_of(key);
   std::optional<FederatedDecision> d;
-  std::uint64_t lease_want = 0;
+  std::uint64_t lease_want = 0, lease_need = 0;
   std::string lease_key;
   Tasks reconciles;
   {
@@ -444,9 +458,12 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
       spent_.fetch_add(hits, std::memory_order_relaxed);
       d = decide_from(k, hits, true, FederatedReason::kAdmitted, now);
       // A busy key (a batch or more leased in this window) refills before it runs dry; a quiet
-      // one, leased only what it needed, leases again when it needs more.
-      if (usable(k.escrow, now) < refill_below_ && k.escrow.granted >= options_.batch &&
-          !k.leasing && now >= k.closed_until && now >= k.unreachable_until && k.global_left > 0) {
+      // one, leased only what it needed, leases again when it needs more. A check of a batch or
+      // more that ran the escrow down says nothing of the next one: it leases what that needs
+      // when it comes, rather than holding units here that a check elsewhere could spend.
+      if (hits < options_.batch && usable(k.escrow, now) < refill_below_ &&
+          k.escrow.granted >= options_.batch && !k.leasing && now >= k.closed_until &&
+          now >= k.unreachable_until && k.global_left > 0) {
         k.leasing = true;
         lease_want = refill_size(k, now);
         lease_key = it->first;
@@ -455,19 +472,26 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
       d = decide_from(k, hits, false, k.closed_reason, now);
     } else if (now < k.unreachable_until) {
       d = decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now);
+    } else if (k.waiters.empty() && now < k.short_until && k.global_left != UINT64_MAX &&
+               hits > usable(k.escrow, now) + k.global_left) {
+      d = decide_from(k, hits, false, FederatedReason::kBudgetShort, now);
     } else {
       // It needs a lease: parked behind the key's lease call (started here if none is in
-      // flight), or, for try_check, left undecided (the lease is started all the same).
+      // flight), or, for try_check, left undecided (the lease is started all the same). The
+      // lease asks for at least what the first waiter lacks, and for nothing less.
       if (park != nullptr) k.waiters.push_back({hits, std::move(*park)});
       if (!k.leasing) {
         k.leasing = true;
+        const std::uint64_t first = k.waiters.empty() ? hits : k.waiters.front().hits;
+        lease_need = first - std::min(first, usable(k.escrow, now));
         lease_want = std::max(first_batch(k, now), hits - std::min(hits, usable(k.escrow, now)));
+        lease_want = std::max(lease_want, lease_need);
         lease_key = it->first;
       }
     }
   }
   for (auto& r : reconciles) r();
-  if (lease_want > 0) lease_async(std::move(lease_key), lease_want);
+  if (lease_want > 0) lease_async(std::move(lease_key), lease_want, lease_need);
   return d;
 }
 
@@ -502,7 +526,7 @@ FederatedDecision FederatedLimiter::peek(std::string_view key, std::uint64_t hit
 void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
   Shard& s = shard_of(key);
   std::vector<std::pair<Callback, FederatedDecision>> decided;
-  std::uint64_t again = 0;
+  std::uint64_t again = 0, again_need = 0;
   Tasks reconciles;
   std::optional<BudgetSpec> mismatch;  // to tell, after the lock
   std::optional<std::uint32_t> drift;  // likewise
@@ -538,6 +562,7 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
     }
     if (o.pool_unreachable) k.unreachable_until = now + options_.retry_backoff;
     const Nanos sent_at = o.sent_at;
+    const bool told_left = o.reply.has_value() && o.reply->ok();  // global_left is fresh
     if (o.reply.has_value() && o.reply->ok() &&
         o.reply->value().status != LeaseStatus::kSpecMismatch)
       k.spec_in_force.reset();
@@ -582,6 +607,11 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
           k.closed_until = std::max(now + Nanos{1}, k.window_end);
           k.closed_reason = FederatedReason::kCoordinatorRestarted;
           break;
+        case LeaseStatus::kShort:
+          // Budget left, less than the first waiter needs: it and any other check needing
+          // more than escrow and what is left are refused here for a while (below).
+          k.short_until = short_until(k, now);
+          break;
         case LeaseStatus::kSpecMismatch:
           spec_mismatches_.fetch_add(1, std::memory_order_relaxed);
           k.closed_until = now + options_.retry_backoff;
@@ -620,8 +650,18 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
         decided.emplace_back(
             std::move(w.done),
             decide_from(k, w.hits, false, FederatedReason::kCoordinatorUnreachable, now));
+      } else if (told_left && w.hits > usable(k.escrow, now) + k.global_left) {
+        // More than escrow and the budget left hold (the coordinator's word just now): refused
+        // without another lease, for a while (decide_from's retry_after).
+        if (now >= k.short_until) k.short_until = short_until(k, now);
+        decided.emplace_back(std::move(w.done),
+                             decide_from(k, w.hits, false,
+                                         k.global_left == 0 ? FederatedReason::kBudgetSpent
+                                                            : FederatedReason::kBudgetShort,
+                                         now));
       } else {
-        // The budget may hold more: lease again, for the whole queue.
+        // The budget may hold more: lease again, for the whole queue, and for at least what
+        // the first waiter lacks.
         k.leasing = true;
         // A busy key's next lease is rate-sized, as its background refill would be.
         std::uint64_t queued = 0;
@@ -629,6 +669,7 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
         const std::uint64_t size =
             k.escrow.granted >= options_.batch ? refill_size(k, now) : options_.batch;
         again = std::max(size, queued - std::min(queued, usable(k.escrow, now)));
+        again_need = w.hits - std::min(w.hits, usable(k.escrow, now));
         break;
       }
       k.waiters.pop_front();
@@ -650,7 +691,12 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
     }
   }
   for (auto& [cb, d] : decided) cb(d);
-  if (again > 0) lease_async(key, again);
+  if (again > 0) lease_async(key, again, again_need);
+}
+
+Nanos FederatedLimiter::short_until(const Key& k, Nanos now) const {
+  // Never past the window's end: the next window's budget is whole.
+  return std::max(now + Nanos{1}, std::min(now + options_.retry_backoff, k.window_end));
 }
 
 std::optional<std::uint32_t> FederatedLimiter::measure_drift(Nanos sent, Nanos received,

@@ -99,6 +99,7 @@ struct Config {
   Variant variant = Variant::kCorrect;
   bool outages = true;  // the coordinator may become unreachable (outage, drop)
   bool losses = true;   // the coordinator may lose its state (loss)
+  bool need = false;    // leases ask for the batch all or nothing (LeaseRequest::need = batch)
 };
 
 struct Msg {
@@ -188,6 +189,7 @@ struct Result {
   std::uint64_t max_admitted = 0;    // the most admissions seen in one window
   std::uint64_t max_given_back = 0;  // the most units one reconcile gave back to its window
   bool loss_refused = false;         // some lease was refused for a state loss
+  bool short_refused = false;        // some lease was refused for a need the window lacked
   bool spent_across_skew = false;    // some region with a non-zero offset spent
 };
 
@@ -437,9 +439,11 @@ class Explorer {
         req.region = std::string(kIds[i]);
         req.spec = spec();
         req.want = c_.batch;
+        req.need = c_.need ? c_.batch : 0;
         const LeaseReply reply = lease(l, req, Nanos{s.t}, origin_of(s));
         from_ledger(l, s);
         if (reply.status == LeaseStatus::kStateLost) r.loss_refused = true;
+        if (reply.status == LeaseStatus::kShort) r.short_refused = true;
         g.request = 0;
         if (reply.granted == 0) {  // refused: the region has nothing to add
           g.sent_at = 0;
@@ -652,8 +656,8 @@ Config make(int regions, std::uint64_t limit, std::uint64_t batch, std::int64_t 
   return c;
 }
 
-void expect_holds(const Config& c) {
-  const Result r = explore(c);
+Result expect_holds(const Config& c) {
+  Result r = explore(c);
   EXPECT_EQ(r.violation, "") << r.trace;
   EXPECT_GT(r.states, 100'000u);
   // Not vacuous: a window's whole budget is admitted, units come back into the window they were
@@ -662,6 +666,7 @@ void expect_holds(const Config& c) {
   EXPECT_GT(r.max_given_back, 0u);
   EXPECT_EQ(r.loss_refused, c.losses);
   EXPECT_TRUE(r.spent_across_skew);
+  return r;
 }
 
 // Two regions with outages and state losses: three windows at batch 1, two at batch 2; ctest
@@ -673,6 +678,14 @@ TEST(FederationModel, TwoRegionsNeverAdmitMoreThanTheLimitPerWindow) {
 }
 TEST(FederationModel, TwoRegionsNeverAdmitMoreThanTheLimitPerWindowLargerBatch) {
   expect_holds(make(2, 4, 2, 4));
+}
+
+// Leases that ask for a whole batch or nothing (a check of a batch's units): a grant lifted
+// above the taper to its need, and a need left short, through the same faults.
+TEST(FederationModel, TwoRegionsWithAllOrNothingLeasesNeverAdmitMoreThanTheLimitPerWindow) {
+  Config c = make(2, 4, 2, 4);
+  c.need = true;
+  EXPECT_TRUE(expect_holds(c).short_refused);
 }
 
 // Three regions, each clock skewed its own way, across a window boundary; without outages and

@@ -190,6 +190,36 @@ TEST(EscrowCore, ANearlySpentBudgetGoesOutInSmallerPieces) {
   EXPECT_EQ(lease(last, ask("b", 5, big), Nanos{2}).status, LeaseStatus::kSpent);
 }
 
+// A check larger than its region's escrow leases with a need: the taper never grants less than
+// it, and a window with less than it left grants nothing (so no region holds part of a check it
+// cannot make while the units could serve a check elsewhere).
+TEST(EscrowCore, AGrantIsNeverBelowTheRequestsNeedAndLessThanItLeftGrantsNothing) {
+  const BudgetSpec spec{100, Nanos{100}};
+  Ledger l;
+  const auto needing = [&](const char* region, std::uint64_t want, std::uint64_t need) {
+    LeaseRequest r = ask(region, want, spec);
+    r.need = need;
+    return r;
+  };
+  // Three regions each checking 40 at once (the first lease of each).
+  EXPECT_EQ(lease(l, needing("a", 40, 40), Nanos{0}).granted, 40u);  // taper 50
+  LeaseReply b = lease(l, needing("b", 40, 40), Nanos{1});           // taper ceil(60 / 4) = 15
+  EXPECT_EQ(b.status, LeaseStatus::kGranted);
+  EXPECT_EQ(b.granted, 40u);
+  EXPECT_EQ(b.remaining, 20u);
+  const LeaseReply c = lease(l, needing("c", 40, 40), Nanos{2});
+  EXPECT_EQ(c.status, LeaseStatus::kShort);
+  EXPECT_EQ(c.granted, 0u);
+  EXPECT_EQ(c.remaining, 20u);  // what is left, for the region to say
+  EXPECT_EQ(l.granted, 80u);    // nothing held that no check can spend
+  // A smaller check still gets what it needs; without a need, the taper as before.
+  EXPECT_EQ(lease(l, needing("c", 16, 12), Nanos{3}).granted, 12u);  // taper ceil(20 / 6) = 4
+  EXPECT_EQ(lease(l, needing("c", 16, 0), Nanos{4}).granted, 2u);    // taper ceil(8 / 6) = 2
+  EXPECT_EQ(to_string(LeaseStatus::kShort), "short");
+  LeaseRequest bad = needing("a", 4, 5);
+  EXPECT_EQ(validate(bad), "need: must be at most want");
+}
+
 TEST(EscrowCore, GrantsNeverExceedWhatRemains) {
   Ledger l;
   std::uint64_t total = 0;

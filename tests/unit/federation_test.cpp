@@ -321,6 +321,38 @@ TEST(Federation, ACoordinatorThatLostItsStateCountsTheWindowAsSpent) {
   EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
 }
 
+// Three regions each checking 40 at once on a limit of 100: two checks fit, and the third is
+// told the budget is short of it (not spent: 20 are left, and a smaller check still passes).
+// Before leases carried a need, the taper granted the second region 15 of its 40, it leased
+// again for the rest, and regions held parts of checks none could make.
+TEST(Federation, ChecksOfManyUnitsGetWhatTheyNeedOrAreToldTheBudgetIsShort) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  std::vector<std::unique_ptr<FederatedLimiter>> regions;
+  for (const char* r : {"eu", "us", "ap"})
+    regions.push_back(std::make_unique<FederatedLimiter>(coord, clock, opts(r, 100), inline_io()));
+  std::vector<FederatedDecision> d;
+  for (auto& f : regions) d.push_back(check_now(*f, "k", clock.now(), 40));
+  EXPECT_TRUE(d[0].rate.allowed);
+  EXPECT_TRUE(d[1].rate.allowed);
+  ASSERT_FALSE(d[2].rate.allowed);
+  EXPECT_EQ(d[2].reason, FederatedReason::kBudgetShort);
+  EXPECT_EQ(to_string(d[2].reason), "budget_short");
+  EXPECT_EQ(d[2].rate.remaining, 20u);
+  EXPECT_GT(d[2].rate.retry_after, Nanos{0});
+  EXPECT_EQ(coord.ledger("k")->granted, 80u);  // nothing granted that no check spent
+  // Told once: the same check again is refused here, without a lease.
+  const std::uint64_t leases = regions[2]->stats().leases;
+  EXPECT_EQ(check_now(*regions[2], "k", clock.now(), 40).reason, FederatedReason::kBudgetShort);
+  EXPECT_EQ(regions[2]->stats().leases, leases);
+  // A check that fits what is left passes; then the budget is spent.
+  EXPECT_TRUE(check_now(*regions[2], "k", clock.now(), 20).rate.allowed);
+  const FederatedDecision spent = check_now(*regions[0], "k", clock.now(), 1);
+  EXPECT_FALSE(spent.rate.allowed);
+  EXPECT_EQ(spent.reason, FederatedReason::kBudgetSpent);
+  for (auto& f : regions) EXPECT_EQ(f->stats().spent, f == regions[2] ? 20u : 40u);
+}
+
 TEST(Federation, ARegionWithAnotherLimitIsRefusedForTheWindowAndToldOncePerWindow) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);

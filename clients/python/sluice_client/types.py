@@ -32,9 +32,9 @@ class Decision:
         retry_after: 0.0 when allowed; when denied, seconds until the same request would pass,
             or ``None`` when it never can (more hits than the policy allows at once).
         reason: when denied for more than the key's own limit, why (a federated policy:
-            ``"budget_spent"``, ``"coordinator_unreachable"``, ``"coordinator_restarted"``,
-            ``"spec_mismatch"``, ``"never_fits"``, ``"key_capacity"``,
-            ``"regional_balance_spent"``); ``""`` otherwise.
+            ``"budget_spent"``, ``"budget_short"``, ``"coordinator_unreachable"``,
+            ``"coordinator_restarted"``, ``"spec_mismatch"``, ``"never_fits"``,
+            ``"key_capacity"``, ``"regional_balance_spent"``); ``""`` otherwise.
         detail: with a reason, what the policy says of it (a ``"spec_mismatch"`` names the
             spec the coordinator holds the window under); ``""`` otherwise.
     """

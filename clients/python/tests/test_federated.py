@@ -91,3 +91,19 @@ def test_a_region_with_another_spec_is_told_which_one_holds_the_budget(start_ser
         assert "region us-east asks 50 per 60s" in told[0], told
     samples = server.metrics()
     assert metric(samples, "sluice_federated_spec_mismatches_total", policy="us") >= 2
+
+
+def test_checks_of_many_units_get_what_they_need_or_hear_the_budget_is_short(start_server, key):
+    regions = "".join(
+        f"  {name}:\n    kind: federated\n    budget: api\n    region: {name}\n"
+        f"    limit: 100\n    window: 1m\n    batch: 4\n" for name in ("eu", "us", "ap"))
+    server = start_server("policies:\n" + regions)
+    client = server.client()
+    k = key()
+    first, second, third = (client.check(p, k, hits=40) for p in ("eu", "us", "ap"))
+    assert first.allowed and second.allowed, (first, second)
+    assert not third.allowed and third.reason == "budget_short", third
+    assert third.remaining == 20 and "(budget_short)" in third.detail, third
+    assert client.check("ap", k, hits=20).allowed  # what is left still serves a check that fits
+    spent = client.check("eu", k)
+    assert not spent.allowed and spent.reason == "budget_spent", spent

@@ -1,7 +1,8 @@
 // federation_sim.h: a deterministic discrete-event simulation of one global rate budget shared
 // by regions (federation), against per-region limits.
 //
-// What it is: K regions take Poisson arrivals for one key and admit each (1 hit) through one of
+// What it is: K regions take Poisson arrivals for one key and admit each (1 hit, or `hits` all
+// or nothing) through one of
 // three schemes, on one simulated clock:
 //   independent  each region its own fixed-window limiter of the whole limit L (no
 //                coordination: up to K x L per window);
@@ -76,12 +77,15 @@ enum class OutageFailure : std::uint8_t { kRefused, kTimeout };
 
 struct FederationSimConfig {
   FederationScheme scheme = FederationScheme::kFederated;
-  int regions = 3;                               // K
-  std::uint64_t limit = 1000;                    // L per window
-  Nanos window = std::chrono::seconds(1);        // W
-  std::uint64_t batch = 16;                      // FederationOptions::batch
-  double load = 1.2;                             // offered per window / L, all regions together
-  double skew = 0;                               // s in [0, 1]
+  int regions = 3;                         // K
+  std::uint64_t limit = 1000;              // L per window
+  Nanos window = std::chrono::seconds(1);  // W
+  std::uint64_t batch = 16;                // FederationOptions::batch
+  double load = 1.2;                       // offered per window / L, all regions together
+  double skew = 0;                         // s in [0, 1]
+  // Units per check (a weighted check, all or nothing): offered, admitted, handed out and the
+  // load count units, so checks arrive load x L / hits per window.
+  std::uint64_t hits = 1;
   Nanos one_way = std::chrono::milliseconds(1);  // region <-> coordinator, each way
   int windows = 20;
   std::uint64_t seed = 1;

@@ -16,11 +16,12 @@
 //          Either is a loss of grants this Redis cannot rule out, so it counts as one.
 // ARGV     mode ("lease" or "reconcile"), now_us (empty: Redis TIME), min_ttl_ms, region, then
 //          lease:      limit, period_us, want, min_window_left_us (rounded up), run_id (the
-//                      server's, read by the caller's connection when it connected)
+//                      server's, read by the caller's connection when it connected), need
+//                      (absent: 0)
 //          reconcile:  window_start_us, relinquished
 // Returns  lease: {status, granted, window_start_us, window_end_us, now_us, remaining, limit,
 //          period_us} (status 0 granted, 1 spent, 2 window ending, 3 state lost, 4 spec
-//          mismatch); reconcile: the units given back.
+//          mismatch, 5 short); reconcile: the units given back.
 //
 // Times are whole microseconds and counts at most 2^53, so every number is an exact Lua double
 // (the caller checks); they are written with %.0f (tostring would switch to exponent notation).
@@ -112,6 +113,7 @@ end
 if mode == 'lease' then
   local lim, p = tonumber(ARGV[5]), tonumber(ARGV[6])
   local want, min_left = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local need = tonumber(ARGV[10]) or 0
   local evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or '?'
   local server = ARGV[9] .. ':' .. evicted
   local origin = tonumber(redis.call('GET', KEYS[2]))
@@ -137,13 +139,15 @@ if mode == 'lease' then
       status = 2
     elseif left == 0 then
       status = 1
+    elseif left < need then
+      status = 5
     else
       local me = region_of(region)
       local regions = 0
       if me.granted == 0 then regions = 1 end
       for _, r in pairs(l.regions) do if r.granted > 0 then regions = regions + 1 end end
       local taper = math.max(1, floor_div(left + 2 * regions - 1, 2 * regions))
-      granted = math.min(want, left, taper)
+      granted = math.min(left, math.max(need, math.min(want, taper)))
       l.g = l.g + granted
       me.granted = me.granted + granted
       remaining = left - granted

@@ -34,9 +34,9 @@ std::string options_error(const RedisOptions& o) {
 }
 
 // The script's status codes, in its order.
-constexpr LeaseStatus kStatuses[] = {LeaseStatus::kGranted, LeaseStatus::kSpent,
+constexpr LeaseStatus kStatuses[] = {LeaseStatus::kGranted,      LeaseStatus::kSpent,
                                      LeaseStatus::kWindowEnding, LeaseStatus::kStateLost,
-                                     LeaseStatus::kSpecMismatch};
+                                     LeaseStatus::kSpecMismatch, LeaseStatus::kShort};
 
 StatusOr<LeaseReply> lease_reply_of(const redisReply* r) {
   const Status bad(StatusCode::kInternal, "redis: unexpected lease reply");
@@ -166,13 +166,15 @@ Status lease_error(std::string_view key, const LeaseRequest& request) {
 RedisConnection::EvalCall RedisRateCoordinator::Impl::lease_call(std::string_view key,
                                                                  const LeaseRequest& request,
                                                                  const std::string& run_id) const {
-  // A grant never exceeds the limit, so a larger want asks for the same.
+  // A grant never exceeds the limit, so a larger want asks for the same, and a need over the
+  // limit is never met, as one of limit + 1 is not (the numbers stay exact in Lua).
   const std::uint64_t want = std::min(request.want, request.spec.limit);
+  const std::uint64_t need = std::min(request.need, request.spec.limit + 1);
   const auto min_left = std::chrono::ceil<std::chrono::microseconds>(request.min_window_left);
   return {keys_of(key),
           {"lease", now_arg(), std::to_string(kMinTtlMs), request.region,
            std::to_string(request.spec.limit), std::to_string(floor_us(request.spec.period)),
-           std::to_string(want), std::to_string(min_left.count()), run_id}};
+           std::to_string(want), std::to_string(min_left.count()), run_id, std::to_string(need)}};
 }
 
 StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
