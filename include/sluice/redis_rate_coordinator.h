@@ -83,7 +83,8 @@ class RedisRateCoordinator final : public RateCoordinator {
 
   [[nodiscard]] StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
                                            Nanos timeout) noexcept override;
-  // Pipelined: every lease written before any reply is read, one round trip for all.
+  // Up to 64 leases per script call (the server markers, INFO and TIME read once for them all,
+  // each lease then exactly as lease() in order), the calls pipelined: one round trip for all.
   [[nodiscard]] std::vector<StatusOr<LeaseReply>> lease_many(std::span<const LeaseCall> calls,
                                                              Nanos timeout) noexcept override;
   [[nodiscard]] StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region,

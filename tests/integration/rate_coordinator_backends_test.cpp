@@ -180,6 +180,28 @@ TYPED_TEST(RateCoordinatorBackends, LeaseManyRepliesAsOneLeaseAfterAnother) {
   }
   // By now every key's budget is spent: the replies said so alike.
   EXPECT_EQ(one->lease("a", reqs[0], kTimeout).value().status, LeaseStatus::kSpent);
+  // More calls than one script call takes on Redis (64), keys repeated within and across the
+  // script calls, some with a need: still each reply as lease()'s, in order.
+  std::vector<std::string> many_keys;
+  std::vector<LeaseRequest> many_reqs;
+  for (std::size_t i = 0; i < 150; ++i) {
+    many_keys.push_back("k" + std::to_string(i % 37));
+    LeaseRequest r = request(i % 3 == 0 ? "eu" : "us", 60, kLong, 3 + i % 9);
+    r.need = i % 4 == 0 ? r.want : 0;
+    many_reqs.push_back(std::move(r));
+  }
+  std::vector<LeaseCall> calls;
+  for (std::size_t i = 0; i < many_keys.size(); ++i)
+    calls.push_back(LeaseCall{many_keys[i], &many_reqs[i]});
+  const std::vector<StatusOr<LeaseReply>> got = many->lease_many(calls, kTimeout);
+  ASSERT_EQ(got.size(), calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const StatusOr<LeaseReply> want = one->lease(many_keys[i], many_reqs[i], kTimeout);
+    ASSERT_TRUE(got[i].ok() && want.ok()) << "call " << i;
+    LeaseReply a = got[i].value(), b = want.value();
+    a.coordinator_now = b.coordinator_now = Nanos{0};
+    EXPECT_EQ(a, b) << "call " << i;
+  }
 }
 
 TYPED_TEST(RateCoordinatorBackends,

@@ -1,5 +1,5 @@
 // The Redis escrow script: sluice/escrow.h's lease() and reconcile(), transcribed rule for rule
-// (src/core/escrow.cpp), on one key's ledger.
+// (src/core/escrow.cpp), on one key's ledger, or leases of many keys in one call.
 //
 // KEYS[1]  the key's ledger hash: "w" window start, "h" clock_high, "lim" limit, "p" period,
 //          "g" granted, "ret" returned, "f" forfeited, and per region "r:<region>" =
@@ -23,6 +23,12 @@
 //          period_us} (status 0 granted, 1 spent, 2 window ending, 3 state lost, 4 spec
 //          mismatch, 5 short); reconcile: the units given back.
 //
+// Mode "many": n leases in one call, the markers read (INFO, TIME) once for all of them, each
+// lease exactly as a "lease" call of its own in the same order. KEYS: the n ledgers, then the
+// origin and server markers. ARGV: "many", now_us, min_ttl_ms, run_id, n, then per lease region,
+// limit, period_us, want, min_window_left_us, need. Returns the n replies' 8 numbers, one after
+// another.
+//
 // Times are whole microseconds and counts at most 2^53, so every number is an exact Lua double
 // (the caller checks); they are written with %.0f (tostring would switch to exponent notation).
 // The hash expires max(3 periods, min_ttl_ms) after the last call that wrote it.
@@ -35,7 +41,6 @@ const std::string& escrow_script() {
 local mode = ARGV[1]
 local now = tonumber(ARGV[2])
 local min_ttl = tonumber(ARGV[3])
-local region = ARGV[4]
 if now == nil then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -51,19 +56,23 @@ local function floor_div(a, b)
 end
 local function window_of(t, p) return floor_div(t, p) * p end
 
--- The ledger.
-local l = { regions = {}, f = 0 }
-local raw = redis.call('HGETALL', KEYS[1])
-for i = 1, #raw, 2 do
-  local f, v = raw[i], raw[i + 1]
-  if string.sub(f, 1, 2) == 'r:' then
-    local g, rel, rw = string.match(v, '^(%d+):(%d+):(%-?%d*)$')
-    l.regions[string.sub(f, 3)] = { granted = tonumber(g), rel = tonumber(rel), rw = tonumber(rw) }
-  elseif f == 'w' or f == 'h' or f == 'lim' or f == 'p' or f == 'g' or f == 'ret' or f == 'f' then
-    l[f] = tonumber(v)
+-- The ledger in hand: `l` read from the hash `lkey`; `gone` the region fields to delete.
+local l, gone, lkey
+local function open_ledger(key)
+  lkey = key
+  l = { regions = {}, f = 0 }
+  gone = {}
+  local raw = redis.call('HGETALL', key)
+  for i = 1, #raw, 2 do
+    local f, v = raw[i], raw[i + 1]
+    if string.sub(f, 1, 2) == 'r:' then
+      local g, rel, rw = string.match(v, '^(%d+):(%d+):(%-?%d*)$')
+      l.regions[string.sub(f, 3)] = { granted = tonumber(g), rel = tonumber(rel), rw = tonumber(rw) }
+    elseif f == 'w' or f == 'h' or f == 'lim' or f == 'p' or f == 'g' or f == 'ret' or f == 'f' then
+      l[f] = tonumber(v)
+    end
   end
 end
-local gone = {}
 
 local function write()
   local args = { 'w', num(l.w), 'h', num(l.h), 'lim', num(l.lim), 'p', num(l.p), 'g', num(l.g),
@@ -75,9 +84,9 @@ local function write()
     args[#args + 1] = num(r.granted) .. ':' .. num(r.rel) .. ':' .. rw
   end
   -- The forgotten regions go first: one may have leased again since (rolled, then created).
-  if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
-  redis.call('HSET', KEYS[1], unpack(args))
-  redis.call('PEXPIRE', KEYS[1], math.max(min_ttl, math.ceil(3 * l.p / 1000)))
+  if #gone > 0 then redis.call('HDEL', lkey, unpack(gone)) end
+  redis.call('HSET', lkey, unpack(args))
+  redis.call('PEXPIRE', lkey, math.max(min_ttl, math.ceil(3 * l.p / 1000)))
 end
 
 local function region_of(id)
@@ -110,18 +119,22 @@ local function roll(start, lim, p)
   l.w, l.lim, l.p, l.g, l.ret = start, lim, p, 0, 0
 end
 
-if mode == 'lease' then
-  local lim, p = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local want, min_left = tonumber(ARGV[7]), tonumber(ARGV[8])
-  local need = tonumber(ARGV[10]) or 0
+-- The origin: the coordinator time of the last loss this Redis cannot rule out (rule 3). No
+-- marker, or another server process or eviction count than the last lease saw: one now.
+local function origin_of(origin_key, server_key, run_id)
   local evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or '?'
-  local server = ARGV[9] .. ':' .. evicted
-  local origin = tonumber(redis.call('GET', KEYS[2]))
-  if origin == nil or redis.call('GET', KEYS[3]) ~= server then
+  local server = run_id .. ':' .. evicted
+  local origin = tonumber(redis.call('GET', origin_key))
+  if origin == nil or redis.call('GET', server_key) ~= server then
     origin = now
-    redis.call('SET', KEYS[2], num(now))
-    redis.call('SET', KEYS[3], server)
+    redis.call('SET', origin_key, num(now))
+    redis.call('SET', server_key, server)
   end
+  return origin
+end
+
+-- One lease on the ledger in hand; its reply's 8 numbers appended to `out`.
+local function lease_one(origin, region, lim, p, want, min_left, need, out)
   local t = now
   if l.h ~= nil and l.h > t then t = l.h end
   l.h = t
@@ -154,10 +167,36 @@ if mode == 'lease' then
     end
   end
   write()
-  return { status, granted, l.w, we, t, remaining, l.lim, l.p }
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4] = status, granted, l.w, we
+  out[n + 5], out[n + 6], out[n + 7], out[n + 8] = t, remaining, l.lim, l.p
+end
+
+if mode == 'lease' then
+  local origin = origin_of(KEYS[2], KEYS[3], ARGV[9])
+  open_ledger(KEYS[1])
+  local out = {}
+  lease_one(origin, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
+            tonumber(ARGV[8]), tonumber(ARGV[10]) or 0, out)
+  return out
+end
+
+if mode == 'many' then
+  local n = tonumber(ARGV[5])
+  local origin = origin_of(KEYS[n + 1], KEYS[n + 2], ARGV[4])
+  local out = {}
+  for i = 1, n do
+    local a = 5 + (i - 1) * 6
+    open_ledger(KEYS[i])
+    lease_one(origin, ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+              tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), out)
+  end
+  return out
 end
 
 -- reconcile
+open_ledger(KEYS[1])
+local region = ARGV[4]
 local w, rel = tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = now
 if l.h ~= nil and l.h > t then t = l.h end

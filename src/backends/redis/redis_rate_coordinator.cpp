@@ -17,6 +17,7 @@ using redis_detail::RedisConnection;
 constexpr const char* kDefaultPrefix = "sluice:fed:";
 constexpr std::uint64_t kMaxExact = std::uint64_t{1} << 53;  // Lua doubles are exact below
 constexpr std::int64_t kMinTtlMs = 60'000;                   // an idle key's hash lives at least
+constexpr std::size_t kPerCall = 64;                         // leases per "many" script call
 
 // Nanoseconds to whole microseconds, rounded down (also before the epoch).
 std::int64_t floor_us(Nanos d) { return std::chrono::floor<std::chrono::microseconds>(d).count(); }
@@ -38,13 +39,15 @@ constexpr LeaseStatus kStatuses[] = {LeaseStatus::kGranted,      LeaseStatus::kS
                                      LeaseStatus::kWindowEnding, LeaseStatus::kStateLost,
                                      LeaseStatus::kSpecMismatch, LeaseStatus::kShort};
 
-StatusOr<LeaseReply> lease_reply_of(const redisReply* r) {
+// The lease reply in `r`'s elements [at, at + 8) (a "many" call's replies follow each other).
+StatusOr<LeaseReply> lease_reply_of(const redisReply* r, std::size_t at = 0,
+                                    std::size_t replies = 1) {
   const Status bad(StatusCode::kInternal, "redis: unexpected lease reply");
-  if (r->type != REDIS_REPLY_ARRAY || r->elements != 8) return bad;
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != 8 * replies) return bad;
   std::int64_t v[8];
   for (std::size_t i = 0; i < 8; ++i) {
-    if (r->element[i]->type != REDIS_REPLY_INTEGER) return bad;
-    v[i] = r->element[i]->integer;
+    if (r->element[at + i]->type != REDIS_REPLY_INTEGER) return bad;
+    v[i] = r->element[at + i]->integer;
   }
   if (v[0] < 0 || v[0] >= static_cast<std::int64_t>(std::size(kStatuses)) || v[1] < 0 || v[5] < 0 ||
       v[6] < 0)
@@ -109,6 +112,10 @@ struct RedisRateCoordinator::Impl {
   // A lease's script call (the request checked by lease_error()) to the server `run_id`.
   RedisConnection::EvalCall lease_call(std::string_view key, const LeaseRequest& request,
                                        const std::string& run_id) const;
+  // Leases `calls[slot[i]]` for i in [from, to) in one script call ("many").
+  RedisConnection::EvalCall many_call(std::span<const LeaseCall> calls,
+                                      const std::vector<std::size_t>& slot, std::size_t from,
+                                      std::size_t to, const std::string& run_id) const;
 
   // The caller's time in test mode; empty: the script reads Redis TIME.
   std::string now_arg() const {
@@ -177,6 +184,25 @@ RedisConnection::EvalCall RedisRateCoordinator::Impl::lease_call(std::string_vie
            std::to_string(want), std::to_string(min_left.count()), run_id, std::to_string(need)}};
 }
 
+RedisConnection::EvalCall RedisRateCoordinator::Impl::many_call(
+    std::span<const LeaseCall> calls, const std::vector<std::size_t>& slot, std::size_t from,
+    std::size_t to, const std::string& run_id) const {
+  RedisConnection::EvalCall c;
+  c.keys.reserve(to - from + 2);
+  c.args.reserve(5 + 6 * (to - from));
+  c.args = {"many", now_arg(), std::to_string(kMinTtlMs), run_id, std::to_string(to - from)};
+  for (std::size_t j = from; j < to; ++j) {
+    const LeaseCall& call = calls[slot[j]];
+    RedisConnection::EvalCall one = lease_call(call.key, *call.request, run_id);
+    c.keys.push_back(std::move(one.keys[0]));
+    // One's arguments: lease, now, min_ttl, region, limit, period, want, min_left, run_id, need.
+    for (const std::size_t a : {3, 4, 5, 6, 7, 9}) c.args.push_back(std::move(one.args[a]));
+  }
+  c.keys.push_back(ledger_prefix + "origin");
+  c.keys.push_back(ledger_prefix + "server");
+  return c;
+}
+
 StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const LeaseRequest& request,
                                                  Nanos timeout) noexcept {
   if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
@@ -207,6 +233,12 @@ std::vector<StatusOr<LeaseReply>> RedisRateCoordinator::lease_many(std::span<con
       if (bad.ok()) slot.push_back(i);
     }
     if (slot.empty()) return out;
+    // Up to kPerCall leases per script call (the markers read once for them all), the calls
+    // pipelined (one round trip).
+    const std::size_t chunks = (slot.size() + kPerCall - 1) / kPerCall;
+    const auto chunk_of = [&](std::size_t c) {
+      return std::pair{c * kPerCall, std::min(slot.size(), (c + 1) * kPerCall)};
+    };
     using Replies = std::vector<StatusOr<RedisConnection::Reply>>;
     StatusOr<Replies> replies =
         impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<Replies> {
@@ -214,18 +246,24 @@ std::vector<StatusOr<LeaseReply>> RedisRateCoordinator::lease_many(std::span<con
           auto run_id = s.server_run_id();
           if (!run_id.ok()) return run_id.status();
           std::vector<RedisConnection::EvalCall> sent;
-          sent.reserve(slot.size());
-          for (const std::size_t i : slot)
-            sent.push_back(impl_->lease_call(calls[i].key, *calls[i].request, run_id.value()));
+          sent.reserve(chunks);
+          for (std::size_t c = 0; c < chunks; ++c) {
+            const auto [from, to] = chunk_of(c);
+            sent.push_back(impl_->many_call(calls, slot, from, to, run_id.value()));
+          }
           return s.eval_many(0, sent);
         });
-    for (std::size_t j = 0; j < slot.size(); ++j) {
-      if (!replies.ok())
-        out[slot[j]] = replies.status();
-      else if (!replies.value()[j].ok())
-        out[slot[j]] = replies.value()[j].status();
-      else
-        out[slot[j]] = lease_reply_of(replies.value()[j].value().get());
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const auto [from, to] = chunk_of(c);
+      for (std::size_t j = from; j < to; ++j) {
+        if (!replies.ok())
+          out[slot[j]] = replies.status();
+        else if (!replies.value()[c].ok())
+          out[slot[j]] = replies.value()[c].status();
+        else
+          out[slot[j]] =
+              lease_reply_of(replies.value()[c].value().get(), 8 * (j - from), to - from);
+      }
     }
   } catch (...) {
     out.clear();
