@@ -202,10 +202,11 @@ void DriftGauge::sample(Nanos sent, Nanos received, Nanos coordinator_now) noexc
   const std::int64_t longest = (x.received - anchor_->sent).count();
   if (shortest < kMinSpan.count()) return;
   const auto theirs = static_cast<double>((x.coordinator - anchor_->coordinator).count());
-  high_ppm_ =
-      static_cast<std::int64_t>(std::ceil((theirs / static_cast<double>(shortest) - 1) * 1e6));
-  low_ppm_ =
-      static_cast<std::int64_t>(std::floor((theirs / static_cast<double>(longest) - 1) * 1e6));
+  // A coordinator clock that steps (Redis TIME is the wall clock) can read as any rate: the
+  // bounds are clamped to +-10^9 ppm before they become integers.
+  const auto ppm = [](double ratio) { return std::clamp((ratio - 1) * 1e6, -1e9, 1e9); };
+  high_ppm_ = static_cast<std::int64_t>(std::ceil(ppm(theirs / static_cast<double>(shortest))));
+  low_ppm_ = static_cast<std::int64_t>(std::floor(ppm(theirs / static_cast<double>(longest))));
   measured_ = true;
 }
 

@@ -161,6 +161,7 @@ Grant stateless_split(FleetState& state, const NodeReport& report) {
     it = state.nodes.insert(it, FleetNode{});
     it->id = report.node_id;
   }
+  it->instance = report.instance;
   it->l_local = report.l_local;
   it->in_flight = report.in_flight;
   it->expires_at = kNow + report.lease_ttl;
@@ -507,7 +508,7 @@ class Explorer {
       const Record& r = s.rec[i];
       if (!r.present) continue;
       shares += r.share;
-      out += " " + std::string(kIds[i]) + "{by=" + name_of(r.owner - 1) +
+      out += " " + std::string(kIds[i]) + "{by=" + (r.owner == 0 ? "?" : name_of(r.owner - 1)) +
              " if=" + std::to_string(r.in_flight) + " sh=" + std::to_string(r.share) +
              " ack=" + std::to_string(r.acked);
       if (r.unacked != 0) {

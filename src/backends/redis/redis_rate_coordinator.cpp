@@ -196,7 +196,8 @@ RedisConnection::EvalCall RedisRateCoordinator::Impl::many_call(
     RedisConnection::EvalCall one = lease_call(call.key, *call.request, run_id);
     c.keys.push_back(std::move(one.keys[0]));
     // One's arguments: lease, now, min_ttl, region, limit, period, want, min_left, run_id, need.
-    for (const std::size_t a : {3, 4, 5, 6, 7, 9}) c.args.push_back(std::move(one.args[a]));
+    constexpr std::size_t kPerLease[] = {3, 4, 5, 6, 7, 9};
+    for (const std::size_t a : kPerLease) c.args.push_back(std::move(one.args[a]));
   }
   c.keys.push_back(ledger_prefix + "origin");
   c.keys.push_back(ledger_prefix + "server");
