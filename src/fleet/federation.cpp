@@ -179,6 +179,11 @@ void FederatedLimiter::post(std::function<void()> task) {
   });
 }
 
+namespace {
+// Time from `now` to `t`, at least 1 ns (also for a time not set: kNever, long past).
+Nanos until(Nanos t, Nanos now) { return t > now ? t - now : Nanos{1}; }
+}  // namespace
+
 FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits, bool allowed,
                                                 FederatedReason reason, Nanos now) const {
   FederatedDecision d;
@@ -196,13 +201,13 @@ FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits
     if (reason == FederatedReason::kNeverFits || hits > options_.budget.limit)
       d.rate.retry_after = Nanos::max();
     else if (reason == FederatedReason::kCoordinatorUnreachable)
-      d.rate.retry_after = std::max(Nanos{1}, k.unreachable_until - now);
+      d.rate.retry_after = until(k.unreachable_until, now);
     else if (reason == FederatedReason::kKeyCapacity)
       d.rate.retry_after = options_.budget.period;  // keys are forgotten a window or two idle
     else if (reason == FederatedReason::kBudgetShort)
-      d.rate.retry_after = std::max(Nanos{1}, k.short_until - now);
+      d.rate.retry_after = until(k.short_until, now);
     else
-      d.rate.retry_after = std::max(Nanos{1}, k.closed_until - now);
+      d.rate.retry_after = until(k.closed_until, now);
   }
   return d;
 }
@@ -652,8 +657,14 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
             decide_from(k, w.hits, false, FederatedReason::kCoordinatorUnreachable, now));
       } else if (told_left && w.hits > usable(k.escrow, now) + k.global_left) {
         // More than escrow and the budget left hold (the coordinator's word just now): refused
-        // without another lease, for a while (decide_from's retry_after).
-        if (now >= k.short_until) k.short_until = short_until(k, now);
+        // without another lease, for a while (decide_from's retry_after); with nothing left,
+        // for the rest of the window, as a kSpent reply would have it.
+        if (k.global_left == 0) {
+          k.closed_until = std::max(now + Nanos{1}, k.window_end);
+          k.closed_reason = FederatedReason::kBudgetSpent;
+        } else if (now >= k.short_until) {
+          k.short_until = short_until(k, now);
+        }
         decided.emplace_back(std::move(w.done),
                              decide_from(k, w.hits, false,
                                          k.global_left == 0 ? FederatedReason::kBudgetSpent
