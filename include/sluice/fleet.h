@@ -124,6 +124,10 @@ struct FleetState {
 // Empty unless another process holds the report's node id at `now` (a live record of the id
 // whose instance differs, both non-zero); then why, naming the id and when the record expires.
 [[nodiscard]] std::string clash(const FleetState& state, const NodeReport& report, Nanos now);
+// clash()'s words for `node_id`, held by `instance` whose record expires in `expires_in` (for a
+// coordinator that finds the clash elsewhere: the Redis script).
+[[nodiscard]] std::string clash_text(std::string_view node_id, std::uint64_t instance,
+                                     Nanos expires_in);
 
 // The heartbeat: updates `state` and returns the reporter's grant. Preconditions:
 // validate(report) and clash(state, report, now) are empty. Depends on nothing but its

@@ -84,6 +84,15 @@ std::uint32_t ceiling_in_force(const FleetState& state, const CoordinatorConfig&
       std::max<std::uint64_t>(aggregate_limit(state, config.aggregate), held));
 }
 
+std::string clash_text(std::string_view node_id, std::uint64_t instance, Nanos expires_in) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(instance));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(expires_in);
+  return "node id '" + std::string(node_id) + "' is held by another live member (instance " + hex +
+         ", its record expires in " + std::to_string(ms.count()) +
+         " ms unless it reports again): each member needs a node id of its own";
+}
+
 std::string clash(const FleetState& state, const NodeReport& report, Nanos now) {
   const auto it =
       std::lower_bound(state.nodes.begin(), state.nodes.end(), report.node_id,
@@ -91,13 +100,7 @@ std::string clash(const FleetState& state, const NodeReport& report, Nanos now) 
   if (it == state.nodes.end() || it->id != report.node_id || it->expires_at <= now ||
       same_process(it->instance, report.instance))
     return {};
-  char instance[17];
-  std::snprintf(instance, sizeof instance, "%016llx",
-                static_cast<unsigned long long>(it->instance));
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(it->expires_at - now);
-  return "node id '" + report.node_id + "' is held by another live member (instance " + instance +
-         ", its record expires in " + std::to_string(ms.count()) +
-         " ms unless it reports again): each member needs a node id of its own";
+  return clash_text(report.node_id, it->instance, it->expires_at - now);
 }
 
 Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,

@@ -568,9 +568,7 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
     if (o.pool_unreachable) k.unreachable_until = now + options_.retry_backoff;
     const Nanos sent_at = o.sent_at;
     const bool told_left = o.reply.has_value() && o.reply->ok();  // global_left is fresh
-    if (o.reply.has_value() && o.reply->ok() &&
-        o.reply->value().status != LeaseStatus::kSpecMismatch)
-      k.spec_in_force.reset();
+    if (told_left && o.reply->value().status != LeaseStatus::kSpecMismatch) k.spec_in_force.reset();
     if (!o.reply.has_value()) {
       // Served by the pool alone.
     } else if (o.reply->ok()) {

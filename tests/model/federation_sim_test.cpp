@@ -51,6 +51,11 @@ TEST(FederationSim, BadConfigNamesTheField) {
   c = {};
   c.load = 0;
   EXPECT_NE(c.validate().find("load"), std::string::npos);
+  c = {};
+  c.hits = c.limit + 1;
+  EXPECT_EQ(c.validate(), "hits: must be in 1..limit");
+  c.hits = 0;
+  EXPECT_EQ(c.validate(), "hits: must be in 1..limit");
 }
 
 // (skew, offered load / limit). At 1.2 x L the budget runs out before each window ends; at

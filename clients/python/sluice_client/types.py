@@ -35,8 +35,9 @@ class Decision:
             ``"budget_spent"``, ``"budget_short"``, ``"coordinator_unreachable"``,
             ``"coordinator_restarted"``, ``"spec_mismatch"``, ``"never_fits"``,
             ``"key_capacity"``, ``"regional_balance_spent"``); ``""`` otherwise.
-        detail: with a reason, what the policy says of it (a ``"spec_mismatch"`` names the
-            spec the coordinator holds the window under); ``""`` otherwise.
+        detail: with a reason, from :meth:`Client.check`, what the policy says of it (a
+            ``"spec_mismatch"`` names the spec the coordinator holds the window under); ``""``
+            otherwise.
     """
 
     allowed: bool

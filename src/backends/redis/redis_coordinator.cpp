@@ -102,15 +102,12 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
     const redisReply* reply = r.value().get();
     if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3 &&
         reply->element[0]->type == REDIS_REPLY_INTEGER && reply->element[0]->integer == -1 &&
-        reply->element[1]->type == REDIS_REPLY_STRING) {
-      // Another live process holds the id: the same words as the core's clash().
-      FleetState held;
-      FleetNode& other = held.nodes.emplace_back();
-      other.id = report.node_id;
-      other.instance = std::strtoull(reply->element[1]->str, nullptr, 16);
-      other.expires_at =
-          std::chrono::microseconds(std::max<long long>(reply->element[2]->integer, 1));
-      return Status(StatusCode::kAlreadyExists, clash(held, report, Nanos{0}));
+        reply->element[1]->type == REDIS_REPLY_STRING &&
+        reply->element[2]->type == REDIS_REPLY_INTEGER) {
+      // Another live member holds the id: the same words as the core's clash().
+      return Status(StatusCode::kAlreadyExists,
+                    clash_text(report.node_id, std::strtoull(reply->element[1]->str, nullptr, 16),
+                               std::chrono::microseconds(reply->element[2]->integer)));
     }
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 5)
       return Status(StatusCode::kInternal, "redis: unexpected heartbeat reply");
