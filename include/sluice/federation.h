@@ -18,10 +18,11 @@
 //     queued after it are what the next lease asks for (at least a batch), so a region admits
 //     more than a batch per round trip when its checks come faster. Leases of different keys
 //     that wait at the same moment go to the coordinator together, in one lease_many() call
-//     (one round trip on Redis, up to 64 at a time). A key's first lease in a
-//     window is a batch, or what the key spent here in the window before when that was less:
-//     a quiet key does not strand a batch of the budget in every region it is checked in.
-//     Coordinator calls run on the IoExecutor, never on the caller's thread;
+//     (one round trip on Redis, up to 64 at a time), and a second such call may go while the
+//     first is out (two at most). A key's first lease in a window is a batch, or what the key spent
+//     here in the window before when that was less: a quiet key does not strand a batch of the
+//     budget in every region it is checked in. Coordinator calls run on the IoExecutor, never on
+//     the caller's thread;
 //   - is refused without a call when the key's budget for this window is known to be spent
 //     (until the window ends on this region's clock), or while the coordinator is known to be
 //     unreachable (`retry_backoff` after a failure: fail closed, the escrow held keeps serving).
@@ -216,7 +217,8 @@ class FederatedLimiter {
   // Starts a lease of `want` units for `key` on the IoExecutor (call without a shard lock).
   // `need`: the least grant of use (LeaseRequest::need): what the key's first waiter lacks.
   void lease_async(std::string key, std::uint64_t want, std::uint64_t need);
-  // Sends every queued lease, up to kPipeline at a time, until the queue is empty.
+  // Sends every queued lease, up to kPipeline at a time, until the queue is empty (one of at
+  // most kDrainers running at once).
   void drain_leases();
   // One lease: from the coordinator, or through the pool.
   Outcome lease_direct(const std::string& key, std::uint64_t want, std::uint64_t need);
@@ -268,14 +270,17 @@ class FederatedLimiter {
   std::atomic<std::int64_t> pool_down_until_{INT64_MIN};  // ns: lease direct until then
   std::atomic<bool> in_outage_{false};                    // regional-only outage
   std::atomic<std::int64_t> next_probe_{INT64_MIN};       // ns: the outage's next health probe
-  // Leases waiting to be sent (no pool): one drainer at a time sends them in batches.
+  // Leases waiting to be sent (no pool): up to two drainers send them in batches, so one batch
+  // can be on its way while the other's replies are handled (a key has one lease at a time). A
+  // second starts only while every running one is out with its batch.
   std::mutex lease_mu_;
   struct QueuedLease {
     std::string key;
     std::uint64_t want = 0, need = 0;
   };
   std::vector<QueuedLease> lease_queue_;  // guarded by lease_mu_
-  bool draining_ = false;                 // guarded by lease_mu_
+  int drainers_ = 0;                      // guarded by lease_mu_: drain_leases() running
+  int starting_ = 0;  // guarded by lease_mu_: of them, posted and yet to take a batch
 };
 
 }  // namespace sluice

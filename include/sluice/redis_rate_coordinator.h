@@ -8,11 +8,15 @@
 // later replicate a script's effects, so a script may read the clock and then write), or the
 // caller's Clock in test mode. Windows are on that clock.
 //
-// Keys: a key's ledger is one hash, "<key_prefix>{<key>}" (one hash slot per key); its TTL is
-// max(3 periods, 1 minute) from the last call, so an idle key disappears, which changes no reply
-// (its window has long ended; only a clock stepping back further than that is no longer held).
-// key_prefix must not be the fleet coordinator's: default_options() gives "sluice:fed:", and
-// the fleet's default "sluice:fleet:" is refused (the two scripts would share hashes).
+// Keys: a key's ledger is one string, "<key_prefix>{<key>}" (one hash slot per key), holding a
+// MessagePack array (read it with EVAL "return cmsgpack.unpack(redis.call('GET', KEYS[1]))" 1
+// <key>; the layout is in escrow_script.cpp); a lease reads and writes it with GET and SET ... PX,
+// two commands, as a per-request limiter's script runs. A ledger left as a hash by an earlier
+// version is read and rewritten. Its TTL is max(3 periods, 1 minute) from the last call, so an
+// idle key disappears, which changes no reply (its window has long ended; only a clock stepping
+// back further than that is no longer held). key_prefix must not be the fleet coordinator's:
+// default_options() gives "sluice:fed:", and the fleet's default "sluice:fleet:" is refused (the
+// two scripts would share keys).
 //
 // State loss (sluice/escrow.h, rule 3): the marker key "<key_prefix>origin" (no TTL) holds the
 // coordinator time at which this Redis was last found to have lost grants it may have

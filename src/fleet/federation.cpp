@@ -63,6 +63,9 @@ constexpr std::int64_t kNever = INT64_MIN;
 constexpr std::uint64_t kMaxBatches = 16;
 // Leases sent in one lease_many() call, at most.
 constexpr std::size_t kPipeline = 64;
+// drain_leases() running at once, at most: with two, the coordinator has the next batch while
+// one batch's replies are handled (cold keys on Redis: bench/README.md).
+constexpr int kDrainers = 2;
 }  // namespace
 
 struct FederatedLimiter::Waiter {
@@ -225,19 +228,24 @@ void FederatedLimiter::lease_async(std::string key, std::uint64_t want, std::uin
   {
     const std::lock_guard lock(lease_mu_);
     lease_queue_.push_back({std::move(key), want, need});
-    start = !std::exchange(draining_, true);
+    start = starting_ == 0 && drainers_ < kDrainers;
+    if (start) {
+      ++drainers_;
+      ++starting_;
+    }
   }
   if (start) post([this] { drain_leases(); });
 }
 
 void FederatedLimiter::drain_leases() {
   std::vector<QueuedLease> batch;
-  for (;;) {
+  for (bool first = true;; first = false) {
     batch.clear();
     {
       const std::lock_guard lock(lease_mu_);
+      if (first) --starting_;
       if (lease_queue_.empty()) {
-        draining_ = false;
+        --drainers_;
         return;
       }
       const std::size_t n = std::min(lease_queue_.size(), kPipeline);

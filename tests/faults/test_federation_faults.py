@@ -495,14 +495,17 @@ Ledger = Optional[Tuple[int, int]]  # (window, units granted in it); None: no le
 
 
 def redis_ledger(port: int, run: Run, key: str = "k") -> Ledger:
-    """The Redis coordinator's ledger hash of `key` in the run's budget, on the Redis at
-    `port`."""
+    """The Redis coordinator's ledger of `key` in the run's budget, on the Redis at `port`
+    (decoded by the coordinator script's own MessagePack library: [version, w, h, lim, p, g,
+    ...])."""
     cli = harness.RedisClient(port)
     try:
-        w, g = cli.command("HMGET", f"sluice:fed:{{{run.fed.budget}:{key}}}", "w", "g")
+        v = cli.command("EVAL", "local v = redis.call('GET', KEYS[1]) "
+                        "return v and cmsgpack.unpack(v)", "1",
+                        f"sluice:fed:{{{run.fed.budget}:{key}}}")
     finally:
         cli.close()
-    return None if w is None else (int(w) // int(WINDOW * 1e6), int(g))
+    return None if not v else (int(v[1]) // int(WINDOW * 1e6), int(v[5]))
 
 
 def pg_ledger(c: harness.PostgresCoordinator, run: Run) -> Ledger:

@@ -1,5 +1,6 @@
 // The Redis rate coordinator against real redis-servers the test starts on loopback: its storage
-// (one hash per key in one slot, expiring; an origin marker that does not), Redis TIME as the
+// (one MessagePack string per key in one slot, expiring, an earlier version's hash still read;
+// an origin marker that does not), Redis TIME as the
 // coordinator's clock, the state-loss rule across a SIGKILL and restart, the maxmemory-policy
 // check, NOSCRIPT reload, timeouts, bad input, and the lease latency. Concurrent regions and
 // health, alike on every backend, are in rate_coordinator_backends_test.cpp; replies equal to the
@@ -10,6 +11,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -45,6 +47,29 @@ LeaseRequest request(std::string region, std::uint64_t limit, Nanos period, std:
   return r;
 }
 
+// The ledger at `key`, decoded by the script's own MessagePack library: the form's version,
+// window start, clock_high, limit, period, granted, returned, forfeited, then per region its id,
+// granted, relinquished and relinquished window ("-" for none). Empty: no ledger.
+std::vector<std::string> ledger(int port, const std::string& key) {
+  const std::string out = cli(port,
+                              "EVAL \"local v = redis.call('GET', KEYS[1]) if not v then return {} "
+                              "end v = cmsgpack.unpack(v) for i = 1, #v do if v[i] == false then "
+                              "v[i] = '-' end end return v\" 1 '" +
+                                  key + "'");
+  std::vector<std::string> fields;
+  if (out.empty()) return fields;
+  std::size_t at = 0;
+  for (std::size_t nl; (nl = out.find('\n', at)) != std::string::npos; at = nl + 1)
+    fields.push_back(out.substr(at, nl - at));
+  fields.push_back(out.substr(at));
+  return fields;
+}
+// The units granted in the ledger's window ("" with no ledger).
+std::string granted_in(int port, const std::string& key) {
+  const auto l = ledger(port, key);
+  return l.size() > 5 ? l[5] : std::string();
+}
+
 // The wall clock, which Redis TIME follows (only to check that the coordinator reads it).
 Nanos wall_now() { return std::chrono::system_clock::now().time_since_epoch(); }
 
@@ -77,7 +102,7 @@ class RedisRateCoordinatorTest : public ::testing::Test {
 };
 testing::SuiteServer<testing::RedisServer> RedisRateCoordinatorTest::server_;
 
-TEST_F(RedisRateCoordinatorTest, KeyIsOneExpiringHashInOneSlotAndTheOriginMarkerStays) {
+TEST_F(RedisRateCoordinatorTest, KeyIsOneExpiringStringInOneSlotAndTheOriginMarkerStays) {
   ManualClock clock(seconds(5'000'000));
   auto redis = connect("sluice:fed:", &clock);
   ASSERT_NE(redis, nullptr);
@@ -85,7 +110,7 @@ TEST_F(RedisRateCoordinatorTest, KeyIsOneExpiringHashInOneSlotAndTheOriginMarker
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   EXPECT_EQ(first.value().status, LeaseStatus::kStateLost);  // a fresh Redis: its first window
   const int port = server_->port();
-  EXPECT_EQ(cli(port, "TYPE 'sluice:fed:{orders}'"), "hash");
+  EXPECT_EQ(cli(port, "TYPE 'sluice:fed:{orders}'"), "string");
   EXPECT_EQ(cli(port, "GET sluice:fed:origin"), "5000000000000");  // microseconds
   EXPECT_EQ(cli(port, "PTTL sluice:fed:origin"), "-1");
   // The server as the lease saw it: its run_id and evicted_keys, kept as long.
@@ -101,7 +126,12 @@ TEST_F(RedisRateCoordinatorTest, KeyIsOneExpiringHashInOneSlotAndTheOriginMarker
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next.value().status, LeaseStatus::kGranted);
   EXPECT_EQ(next.value().granted, 4u);
-  EXPECT_EQ(cli(port, "HGET 'sluice:fed:{orders}' r:us"), "4:0:");
+  const std::vector<std::string> l = ledger(port, "sluice:fed:{orders}");
+  ASSERT_EQ(l.size(), 12u) << cli(port, "GET 'sluice:fed:{orders}'");
+  EXPECT_EQ(l[0], "1");                                          // the form's version
+  EXPECT_EQ(l[1], "5000001000000");                              // the window's start
+  EXPECT_EQ((std::vector<std::string>(l.begin() + 3, l.end())),  // limit, period, g, ret, f
+            (std::vector<std::string>{"10", "1000000", "4", "0", "0", "us", "4", "0", "-"}));
   // A long period keeps its key for three of them.
   ASSERT_TRUE(redis->lease("daily", request("us", 10, std::chrono::hours(1), 1), kTimeout).ok());
   EXPECT_GT(std::stoll(cli(port, "PTTL 'sluice:fed:{daily}'")), 3LL * 3'600'000 - 60'000);
@@ -233,6 +263,76 @@ void expect_window_spent_then_next_grants(RedisRateCoordinator& redis, ManualClo
   EXPECT_EQ(next.value().granted, 10u);
 }
 
+TEST(RedisRateCoordinator, ALedgerAnEarlierVersionLeftAsAHashIsHonouredAndRewritten) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  ManualClock clock(seconds(7'000'000));
+  auto c = connect_test_mode(server.port(), clock);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const LeaseRequest req = granted_ten(*c.value(), clock);  // window 7,000,001 s
+  // The same window as the earlier version wrote it: the whole budget granted, 20 of it to "us",
+  // which gave 5 back in the window before.
+  const std::string limit = std::to_string(kLossLimit);
+  ASSERT_EQ(cli(server.port(), "DEL 'sluice:fed:{k}'"), "1");
+  ASSERT_EQ(cli(server.port(), "HSET 'sluice:fed:{k}' w 7000001000000 h 7000001000000 lim " +
+                                   limit + " p 1000000 g " + limit +
+                                   " ret 0 f 3 r:eu 10:0: r:us 20:5:7000000000000"),
+            "9");
+  const auto spent = c.value()->lease("k", req, kTimeout);
+  ASSERT_TRUE(spent.ok()) << spent.status().to_string();
+  EXPECT_EQ(spent.value().status, LeaseStatus::kSpent);  // the hash's grants count
+  EXPECT_EQ(spent.value().remaining, 0u);
+  EXPECT_EQ(cli(server.port(), "TYPE 'sluice:fed:{k}'"), "string");
+  std::vector<std::string> l = ledger(server.port(), "sluice:fed:{k}");
+  ASSERT_EQ(l.size(), 16u);
+  EXPECT_EQ((std::vector<std::string>(l.begin() + 3, l.begin() + 8)),
+            (std::vector<std::string>{limit, "1000000", limit, "0", "3"}));
+  // Both regions, in either order, with what each had.
+  std::vector<std::string> regions = {l[8] + ":" + l[9] + ":" + l[10] + ":" + l[11],
+                                      l[12] + ":" + l[13] + ":" + l[14] + ":" + l[15]};
+  std::sort(regions.begin(), regions.end());
+  EXPECT_EQ(regions, (std::vector<std::string>{"eu:10:0:-", "us:20:5:7000000000000"}));
+  // The next window rolls it as the earlier version would have: both keep their totals.
+  clock.advance(seconds(1));
+  const auto next = c.value()->lease("k", req, kTimeout);
+  ASSERT_TRUE(next.ok() && next.value().status == LeaseStatus::kGranted);
+  EXPECT_EQ(granted_in(server.port(), "sluice:fed:{k}"), "10");
+}
+
+TEST(RedisRateCoordinator, AnyBytesNameARegionAndAnUnreadableLedgerGrantsNothing) {
+  testing::RedisServer server;
+  ASSERT_TRUE(server.start().ok());
+  ManualClock clock(seconds(7'000'000));
+  auto c = connect_test_mode(server.port(), clock);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  (void)granted_ten(*c.value(), clock);  // past the first window
+  // Separators, bytes that are not UTF-8, a NUL: each is a region of its own.
+  const LeaseRequest req = request("eu", 1000, seconds(1), 10);
+  const std::vector<std::string> odd = {"a,b;c:d", std::string("x\0y", 3), "\xff\xfe", "1:2:3:"};
+  for (const std::string& region : odd) {
+    LeaseRequest r = req;
+    r.region = region;
+    const auto got = c.value()->lease("odd", r, kTimeout);
+    ASSERT_TRUE(got.ok() && got.value().granted == 10u) << got.status().to_string();
+  }
+  const auto again = c.value()->lease("odd", req, kTimeout);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().granted, 10u);
+  EXPECT_EQ(granted_in(server.port(), "sluice:fed:{odd}"), "50");
+  // Five regions' records (the NUL would cut redis-cli's output short: counted in Lua).
+  EXPECT_EQ(cli(server.port(),
+                "EVAL \"return #cmsgpack.unpack(redis.call('GET', KEYS[1]))\" 1 "
+                "'sluice:fed:{odd}'"),
+            std::to_string(8 + 4 * 5));
+  // A ledger that is none of the forms: the lease fails, naming it, and grants nothing.
+  ASSERT_EQ(cli(server.port(), "SET 'sluice:fed:{odd}' '1,2,3'"), "OK");
+  const auto bad = c.value()->lease("odd", req, kTimeout);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unreadable ledger at sluice:fed:{odd}"), std::string::npos)
+      << bad.status().to_string();
+  EXPECT_EQ(cli(server.port(), "GET 'sluice:fed:{odd}'"), "1,2,3");
+}
+
 TEST(RedisRateCoordinator, RestartFromAnRdbSnapshotTakenMidWindowLosesTheRestOfTheWindow) {
   testing::RedisServer server;  // snapshots only when told (SAVE), as a scheduled one would be
   ASSERT_TRUE(server.start().ok());
@@ -248,7 +348,7 @@ TEST(RedisRateCoordinator, RestartFromAnRdbSnapshotTakenMidWindowLosesTheRestOfT
   ASSERT_EQ(after.value().granted, 10u);
   server.kill();
   ASSERT_TRUE(server.restart().ok());  // loads the snapshot: 10 granted, not 20
-  EXPECT_EQ(cli(server.port(), "HGET 'sluice:fed:{k}' g"), "10");
+  EXPECT_EQ(granted_in(server.port(), "sluice:fed:{k}"), "10");
   expect_window_spent_then_next_grants(*c.value(), clock, req);
 }
 
@@ -270,7 +370,7 @@ TEST(RedisRateCoordinator, RestartFromATruncatedAofLosesTheRestOfTheWindow) {
   // What a machine crash under appendfsync everysec leaves: the AOF without its last second.
   std::filesystem::resize_file(incr, kept);
   ASSERT_TRUE(server.restart().ok());
-  EXPECT_EQ(cli(server.port(), "HGET 'sluice:fed:{k}' g"), "10");
+  EXPECT_EQ(granted_in(server.port(), "sluice:fed:{k}"), "10");
   expect_window_spent_then_next_grants(*c.value(), clock, req);
 }
 
@@ -311,7 +411,7 @@ TEST(RedisRateCoordinator, AReplicaPromotedWithoutTheLastWritesLosesTheRestOfThe
   std::string on_replica;
   for (int i = 0; i < 500 && on_replica != "10"; ++i) {
     std::this_thread::sleep_for(milliseconds(10));
-    on_replica = cli(replica.port(), "HGET 'sluice:fed:{k}' g");
+    on_replica = granted_in(replica.port(), "sluice:fed:{k}");
   }
   ASSERT_EQ(on_replica, "10");
   // The failover: the replica is promoted while the primary still answers the region, which is
@@ -320,7 +420,7 @@ TEST(RedisRateCoordinator, AReplicaPromotedWithoutTheLastWritesLosesTheRestOfThe
   const auto last = c.value()->lease("k", req, kTimeout);
   ASSERT_TRUE(last.ok() && last.value().granted == 10u);
   primary.kill();
-  EXPECT_EQ(cli(replica.port(), "HGET 'sluice:fed:{k}' g"), "10");
+  EXPECT_EQ(granted_in(replica.port(), "sluice:fed:{k}"), "10");
   // The regions now reach the promoted replica (Sentinel, a moved address: a new connection).
   auto promoted = connect_test_mode(replica.port(), clock);
   ASSERT_TRUE(promoted.ok()) << promoted.status().to_string();

@@ -1,10 +1,14 @@
 // The Redis escrow script: sluice/escrow.h's lease() and reconcile(), transcribed rule for rule
 // (src/core/escrow.cpp), on one key's ledger, or leases of many keys in one call.
 //
-// KEYS[1]  the key's ledger hash: "w" window start, "h" clock_high, "lim" limit, "p" period,
-//          "g" granted, "ret" returned, "f" forfeited, and per region "r:<region>" =
-//          "granted:relinquished:relinquished_window" (the window empty: none yet). No "w":
-//          no window leased yet.
+// KEYS[1]  the key's ledger: one string, a MessagePack array of 1 (the form's version), window
+//          start, clock_high, limit, period, granted, returned, forfeited, then per region its
+//          id, granted, relinquished, relinquished_window (false: none yet). No key: no window
+//          leased yet. Read it with
+//            EVAL "return cmsgpack.unpack(redis.call('GET', KEYS[1]))" 1 <ledger key>
+//          A ledger an earlier version left as a hash (fields "w", "h", "lim", "p", "g", "ret",
+//          "f", "r:<region>" = "granted:relinquished:relinquished_window") is read as such and
+//          written back in this form.
 // KEYS[2]  the origin marker: the coordinator time at which this Redis was last found to have
 //          lost grants it acknowledged (rule 3). A lease writes the current time there when it
 //          finds no marker (an empty or flushed Redis), or when KEYS[3] does not name the server
@@ -30,8 +34,10 @@
 // another.
 //
 // Times are whole microseconds and counts at most 2^53, so every number is an exact Lua double
-// (the caller checks); they are written with %.0f (tostring would switch to exponent notation).
-// The hash expires max(3 periods, min_ttl_ms) after the last call that wrote it.
+// (the caller checks); the ledger stores them as MessagePack integers and the origin marker
+// with %d (tostring would switch to exponent notation).
+// The ledger expires max(3 periods, min_ttl_ms) after the last call that wrote it. A lease
+// runs two commands on it (GET, SET ... PX), as a per-request limiter's script does.
 #include "backends/redis/escrow_script.h"
 
 namespace sluice::redis_detail {
@@ -46,104 +52,141 @@ if now == nil then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local function num(x) return string.format('%.0f', x) end
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local format, match, sub = string.format, string.match, string.sub
+
 -- Floor division of integers below 2^53 (corrected, should the quotient round up).
 local function floor_div(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   local r = a - q * b
   if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
   return q
 end
 local function window_of(t, p) return floor_div(t, p) * p end
 
--- The ledger in hand: `l` read from the hash `lkey`; `gone` the region fields to delete.
-local l, gone, lkey
-local function open_ledger(key)
-  lkey = key
-  l = { regions = {}, f = 0 }
-  gone = {}
-  local raw = redis.call('HGETALL', key)
+-- The ledger in hand, read from the key `lkey`: window start `w` (nil: none yet), clock_high `h`,
+-- limit, period, granted, returned, forfeited, and `regions`: id -> {granted, rel, rw}.
+local lkey, w, h, lim, p, g, ret, f, regions
+
+local function unreadable() error('sluice: unreadable ledger at ' .. lkey) end
+
+local function read_hash()
+  local raw = redis.call('HGETALL', lkey)
   for i = 1, #raw, 2 do
-    local f, v = raw[i], raw[i + 1]
-    if string.sub(f, 1, 2) == 'r:' then
-      local g, rel, rw = string.match(v, '^(%d+):(%d+):(%-?%d*)$')
-      l.regions[string.sub(f, 3)] = { granted = tonumber(g), rel = tonumber(rel), rw = tonumber(rw) }
-    elseif f == 'w' or f == 'h' or f == 'lim' or f == 'p' or f == 'g' or f == 'ret' or f == 'f' then
-      l[f] = tonumber(v)
+    local k, v = raw[i], raw[i + 1]
+    if sub(k, 1, 2) == 'r:' then
+      local rg, rrel, rrw = match(v, '^(%d+):(%d+):(%-?%d*)$')
+      if rg == nil then unreadable() end
+      regions[sub(k, 3)] = { granted = tonumber(rg), rel = tonumber(rrel), rw = tonumber(rrw) }
+    elseif k == 'w' then w = tonumber(v)
+    elseif k == 'h' then h = tonumber(v)
+    elseif k == 'lim' then lim = tonumber(v)
+    elseif k == 'p' then p = tonumber(v)
+    elseif k == 'g' then g = tonumber(v)
+    elseif k == 'ret' then ret = tonumber(v)
+    elseif k == 'f' then f = tonumber(v)
     end
   end
 end
 
-local function write()
-  local args = { 'w', num(l.w), 'h', num(l.h), 'lim', num(l.lim), 'p', num(l.p), 'g', num(l.g),
-                 'ret', num(l.ret), 'f', num(l.f) }
-  for id, r in pairs(l.regions) do
-    local rw = ''
-    if r.rw ~= nil then rw = num(r.rw) end
-    args[#args + 1] = 'r:' .. id
-    args[#args + 1] = num(r.granted) .. ':' .. num(r.rel) .. ':' .. rw
+local function open_ledger(key)
+  lkey, regions, f = key, {}, 0
+  w, h, lim, p, g, ret = nil, nil, nil, nil, nil, nil
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' then
+    if raw.err == nil or not string.find(raw.err, 'WRONGTYPE', 1, true) then return error(raw) end
+    return read_hash()
   end
-  -- The forgotten regions go first: one may have leased again since (rolled, then created).
-  if #gone > 0 then redis.call('HDEL', lkey, unpack(gone)) end
-  redis.call('HSET', lkey, unpack(args))
-  redis.call('PEXPIRE', lkey, math.max(min_ttl, math.ceil(3 * l.p / 1000)))
+  if not raw then return end
+  local ok, v = pcall(cmsgpack.unpack, raw)
+  if not ok or type(v) ~= 'table' or v[1] ~= 1 or #v < 8 or (#v - 8) % 4 ~= 0 then
+    unreadable()
+  end
+  w, h, lim, p, g, ret, f = v[2], v[3], v[4], v[5], v[6], v[7], v[8]
+  for i = 9, #v, 4 do
+    local rw = v[i + 3]
+    if rw == false then rw = nil end
+    regions[v[i]] = { granted = v[i + 1], rel = v[i + 2], rw = rw }
+  end
+end
+
+-- The ledger's time to live, in milliseconds, for a period of `period` us (the last one kept).
+local ttl_p, ttl_ms
+local function ttl_of(period)
+  if period ~= ttl_p then
+    ttl_p, ttl_ms = period, format('%d', max(min_ttl, ceil(3 * period / 1000)))
+  end
+  return ttl_ms
+end
+
+-- MessagePack writes each number, an integer below 2^53, as an integer: exactly.
+local function write()
+  local v = { 1, w, h, lim, p, g, ret, f }
+  local n = 8
+  for id, r in pairs(regions) do
+    local rw = r.rw
+    if rw == nil then rw = false end
+    v[n + 1], v[n + 2], v[n + 3], v[n + 4] = id, r.granted, r.rel, rw
+    n = n + 4
+  end
+  redis.call('SET', lkey, cmsgpack.pack(v), 'PX', ttl_of(p))
 end
 
 local function region_of(id)
-  local r = l.regions[id]
+  local r = regions[id]
   if r == nil then
-    r = { granted = 0, rel = 0, rw = nil }
-    l.regions[id] = r
+    r = { granted = 0, rel = 0 }
+    regions[id] = r
   end
   return r
 end
 
-local function window_open(t) return l.w ~= nil and t < l.w + l.p end
+local function window_open(t) return w ~= nil and t < w + p end
 
 local function left_in()
-  local used = l.g - math.min(l.ret, l.g)
-  return l.lim - math.min(used, l.lim)
+  local used = g - min(ret, g)
+  return lim - min(used, lim)
 end
 
 -- A new window: the whole budget, no grants; regions that did nothing in the window that ends
 -- are forgotten, the others keep their running totals.
-local function roll(start, lim, p)
-  local ended = l.w or -math.huge
-  for id, r in pairs(l.regions) do
+local function roll(start, new_lim, new_p)
+  local ended = w or -math.huge
+  for id, r in pairs(regions) do
     if r.granted == 0 and (r.rw or -math.huge) < ended then
-      l.regions[id] = nil
-      gone[#gone + 1] = 'r:' .. id
+      regions[id] = nil
+    else
+      r.granted = 0
     end
   end
-  for _, r in pairs(l.regions) do r.granted = 0 end
-  l.w, l.lim, l.p, l.g, l.ret = start, lim, p, 0, 0
+  w, lim, p, g, ret = start, new_lim, new_p, 0, 0
 end
 
 -- The origin: the coordinator time of the last loss this Redis cannot rule out (rule 3). No
 -- marker, or another server process or eviction count than the last lease saw: one now.
 local function origin_of(origin_key, server_key, run_id)
-  local evicted = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or '?'
+  local evicted = match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or '?'
   local server = run_id .. ':' .. evicted
   local origin = tonumber(redis.call('GET', origin_key))
   if origin == nil or redis.call('GET', server_key) ~= server then
     origin = now
-    redis.call('SET', origin_key, num(now))
+    redis.call('SET', origin_key, format('%d', now))
     redis.call('SET', server_key, server)
   end
   return origin
 end
 
--- One lease on the ledger in hand; its reply's 8 numbers appended to `out`.
-local function lease_one(origin, region, lim, p, want, min_left, need, out)
+-- One lease on the ledger in hand; its reply's 8 numbers written to `out` from out[at + 1].
+local function lease_one(origin, region, want_lim, want_p, want, min_left, need, out, at)
   local t = now
-  if l.h ~= nil and l.h > t then t = l.h end
-  l.h = t
-  if not window_open(t) then roll(window_of(t, p), lim, p) end
-  local we = l.w + l.p
+  if h ~= nil and h > t then t = h end
+  h = t
+  if not window_open(t) then roll(window_of(t, want_p), want_lim, want_p) end
+  local we = w + p
   local status, granted, remaining = 0, 0, 0
-  if l.lim ~= lim or l.p ~= p then
+  if lim ~= want_lim or p ~= want_p then
     status, remaining = 4, left_in()
-  elseif l.w <= window_of(origin, p) then
+  elseif w <= window_of(origin, want_p) then
     status = 3
   else
     local left = left_in()
@@ -156,20 +199,19 @@ local function lease_one(origin, region, lim, p, want, min_left, need, out)
       status = 5
     else
       local me = region_of(region)
-      local regions = 0
-      if me.granted == 0 then regions = 1 end
-      for _, r in pairs(l.regions) do if r.granted > 0 then regions = regions + 1 end end
-      local taper = math.max(1, floor_div(left + 2 * regions - 1, 2 * regions))
-      granted = math.min(left, math.max(need, math.min(want, taper)))
-      l.g = l.g + granted
+      local active = 0
+      if me.granted == 0 then active = 1 end
+      for _, r in pairs(regions) do if r.granted > 0 then active = active + 1 end end
+      local taper = max(1, floor_div(left + 2 * active - 1, 2 * active))
+      granted = min(left, max(need, min(want, taper)))
+      g = g + granted
       me.granted = me.granted + granted
       remaining = left - granted
     end
   end
   write()
-  local n = #out
-  out[n + 1], out[n + 2], out[n + 3], out[n + 4] = status, granted, l.w, we
-  out[n + 5], out[n + 6], out[n + 7], out[n + 8] = t, remaining, l.lim, l.p
+  out[at + 1], out[at + 2], out[at + 3], out[at + 4] = status, granted, w, we
+  out[at + 5], out[at + 6], out[at + 7], out[at + 8] = t, remaining, lim, p
 end
 
 if mode == 'lease' then
@@ -177,7 +219,7 @@ if mode == 'lease' then
   open_ledger(KEYS[1])
   local out = {}
   lease_one(origin, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
-            tonumber(ARGV[8]), tonumber(ARGV[10]) or 0, out)
+            tonumber(ARGV[8]), tonumber(ARGV[10]) or 0, out, 0)
   return out
 end
 
@@ -185,11 +227,21 @@ if mode == 'many' then
   local n = tonumber(ARGV[5])
   local origin = origin_of(KEYS[n + 1], KEYS[n + 2], ARGV[4])
   local out = {}
+  -- Leases of one budget repeat their numbers: each distinct argument is converted once.
+  local seen = {}
+  local function number(s)
+    local x = seen[s]
+    if x == nil then
+      x = tonumber(s)
+      seen[s] = x
+    end
+    return x
+  end
   for i = 1, n do
     local a = 5 + (i - 1) * 6
     open_ledger(KEYS[i])
-    lease_one(origin, ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-              tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), out)
+    lease_one(origin, ARGV[a + 1], number(ARGV[a + 2]), number(ARGV[a + 3]), number(ARGV[a + 4]),
+              number(ARGV[a + 5]), number(ARGV[a + 6]), out, 8 * (i - 1))
   end
   return out
 end
@@ -197,23 +249,23 @@ end
 -- reconcile
 open_ledger(KEYS[1])
 local region = ARGV[4]
-local w, rel = tonumber(ARGV[5]), tonumber(ARGV[6])
+local rw_in, rel = tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = now
-if l.h ~= nil and l.h > t then t = l.h end
-if l.w == nil or w > l.w then return 0 end
+if h ~= nil and h > t then t = h end
+if w == nil or rw_in > w then return 0 end
 local r = region_of(region)
 local given = 0
-if r.rw == nil or r.rw <= w then
+if r.rw == nil or r.rw <= rw_in then
   local before = 0
-  if r.rw == w then before = r.rel end
+  if r.rw == rw_in then before = r.rel end
   if rel > before then
     local delta = rel - before
-    r.rw, r.rel = w, rel
-    if w == l.w and window_open(t) then
-      given = math.min(delta, r.granted - math.min(before, r.granted))
-      l.ret = l.ret + given
+    r.rw, r.rel = rw_in, rel
+    if rw_in == w and window_open(t) then
+      given = min(delta, r.granted - min(before, r.granted))
+      ret = ret + given
     else
-      l.f = l.f + delta
+      f = f + delta
     end
   end
 end

@@ -16,7 +16,7 @@ using redis_detail::RedisConnection;
 
 constexpr const char* kDefaultPrefix = "sluice:fed:";
 constexpr std::uint64_t kMaxExact = std::uint64_t{1} << 53;  // Lua doubles are exact below
-constexpr std::int64_t kMinTtlMs = 60'000;                   // an idle key's hash lives at least
+constexpr std::int64_t kMinTtlMs = 60'000;                   // an idle key's ledger lives at least
 constexpr std::size_t kPerCall = 64;                         // leases per "many" script call
 
 // Nanoseconds to whole microseconds, rounded down (also before the epoch).
@@ -99,12 +99,12 @@ struct RedisRateCoordinator::Impl {
                       "maxmemory-policy noeviction or in redis.conf");
   }
 
-  // The script's keys for `key`: its hash, the origin marker and the server marker.
+  // The script's keys for `key`: its ledger, the origin marker and the server marker.
   std::vector<std::string> keys_of(std::string_view key) const {
     return {ledger_prefix + "{" + std::string(key) + "}", ledger_prefix + "origin",
             ledger_prefix + "server"};
   }
-  // Runs the script with `args` on the key's hash and the origin marker.
+  // Runs the script with `args` on the key's ledger and the origin marker.
   StatusOr<RedisConnection::Reply> run_script(RedisConnection::Session& s, std::string_view key,
                                               const std::vector<std::string>& args) const {
     return s.eval(0, keys_of(key), args);
