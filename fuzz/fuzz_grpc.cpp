@@ -16,8 +16,9 @@
 // message when not OK; an admitted Admit has a lease id and a positive TTL, a refused one a
 // rejection of status 429 or 503 whose problem_json parses and carries that status; a
 // CheckMany's decisions never outnumber its checks, and it is allowed iff its denied_index is
-// -1; an OK Release reports how long it was held; ListPolicies counts the engine's leases; and
-// the engine's lease count is always admits minus releases and expiries.
+// -1; an OK Release reports how long it was held; ListPolicies counts the engine's leases; the
+// engine's lease count is always admits minus releases and expiries; and after the input, the
+// listings still answer (fuzz_support.h: check_listings).
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/test/default_reactor_test_peer.h>
@@ -226,5 +227,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     run_record(t, service, head & 7u, bytes);
     t.check_leases("after a call");
   }
+  t.check_listings();
   return 0;
 }

@@ -9,9 +9,11 @@
 //            rest: the body. "LEASE" in the body stands for the last lease an admit returned.
 //
 // Invariants: the status is in 200..599; a JSON content type comes with a body that parses (an
-// error is {"error": {"code", "message"}} with a message); a 405 says Allow; an admit is a lease
+// error is {"error": {"code", "message"}} with a message, or, from the throttler's routes, a
+// freno/Vitess answer whose StatusCode is the status); a 405 says Allow; an admit is a lease
 // (200) or a refusal whose problem+json carries the response's status; a check's status agrees
-// with its `allowed`; and the engine's lease count is always admits minus releases and expiries.
+// with its `allowed`; the engine's lease count is always admits minus releases and expiries; and
+// after the input, the listings still answer (fuzz_support.h: check_listings).
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
@@ -79,6 +81,14 @@ void check_answer(EngineUnderTest& t, const HttpExchange& x) {
   path = path.substr(0, path.find('?'));
   const bool check = path == "/v1/check" || path == "/v1/check_many";
   // Errors; a denied check's 429 is a decision, and a failed reload says so in its own shape.
+  // The throttler's checks answer in the shape Vitess and freno clients parse: its StatusCode
+  // is the response's, with a Message.
+  if (is_json && j.is_object() && j.contains("StatusCode")) {
+    require(j["StatusCode"].is_number_unsigned() && j["StatusCode"].get<unsigned>() == x.status &&
+                j["Message"].is_string(),
+            "a throttler answer's StatusCode must be its status, with a Message: " + describe(x));
+    return;
+  }
   if (is_json && x.status >= 400 && !(check && x.status == 429) && path != "/admin/reload") {
     require(j.is_object() && j.contains("error") && j["error"].is_object() &&
                 j["error"].value("code", "") != "" && j["error"].value("message", "") != "",
@@ -151,5 +161,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (cut == std::string_view::npos) break;
     in.remove_prefix(cut + kSeparator.size());
   }
+  t.check_listings();
   return 0;
 }

@@ -9,18 +9,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "server/engine.h"
 #include "server/registry.h"
 #include "sluice/clock.h"
 #include "sluice/config.h"
+#include "sluice/text.h"
 
 namespace sluice::fuzz {
 
-// A rate policy, an adaptive policy behind it, a gateway (concurrency) policy and a cascade of
-// two nodes with breakers, small enough that inputs reach every refusal; admin endpoints need
-// the token "secret".
+// A rate policy, an adaptive policy behind it, a gateway (concurrency) policy, a cascade of two
+// nodes with breakers and a throttler over the adaptive policy's utilisation (shard "main"),
+// small enough that inputs reach every refusal; admin endpoints need the token "secret".
 inline constexpr const char* kEngineConfig = R"(
 server:
   admin_token: secret
@@ -71,6 +73,14 @@ policies:
       db-1: {algorithm: fixed, limit: 1}
       db-2: {algorithm: fixed, limit: 2}
     breaker: {failures: 2, open_for: 1s}
+  db:
+    kind: throttler
+    shard: main
+    metrics:
+      busy:
+        probe: policy
+        policy: search
+        threshold: 0.9
 )";
 
 // Aborts (a crash to libFuzzer) with `what` when `ok` is false.
@@ -132,6 +142,16 @@ class EngineUnderTest {
   }
   // The last lease an admit returned ("" before any): inputs name it with a placeholder, since
   // lease ids are random.
+  // The listings answer whatever the input stored (an app name, a key, a tenant): the policies'
+  // JSON parses and the metrics' exposition is UTF-8.
+  void check_listings() const {
+    const std::string policies = engine_->policies_json();
+    require(!nlohmann::json::parse(policies, nullptr, false).is_discarded(),
+            "the policies' listing is not JSON: " + policies.substr(0, 400));
+    const std::string metrics = engine_->metrics_text();
+    require(is_utf8(metrics),
+            "the metrics are not UTF-8 at byte " + std::to_string(first_non_utf8(metrics)));
+  }
   [[nodiscard]] const std::string& last_lease() const { return last_lease_; }
 
  private:

@@ -116,6 +116,21 @@ def http_seeds():
         http_request(10), http_request(10, auth=1), http_request(10, auth=2),
         http_request("/nowhere?x=1"), http_request("/v1/check?a=%zz", method=2),
         http_request(7, admit_search, line=b"?trace=1"),
+        # The throttler (shard main): its checks in the Vitess and freno shapes, its admin verbs
+        # and listings, and app names that are not app names.
+        http_request("/throttler/check?app=gh-ost", method=1),
+        http_request("/throttler/check-self?app=vreplication&p=low", method=3),
+        http_request("/throttler/check?app=%FF", method=1),
+        http_request("/throttler/check?app=a%0Ab&scope=shard&shard=main", method=1),
+        http_request("/check/gh-ost/mysql/main", method=1),
+        http_request("/check-read/%C0%AF/mysql/main/0.5", method=1),
+        http_request("/check-if-exists/x/mysql/other", method=3),
+        http_request("/throttler/throttle-app?app=gh-ost&duration=1h&ratio=0.5", method=1),
+        http_request("/throttler/throttle-app?app=%FE", method=2),
+        http_request("/throttle-app/gh-ost/30/1", method=1),
+        http_request("/throttler/app-rule?app=x&metrics=busy&thresholds=busy:0.5", method=1),
+        http_request("/throttler/throttled-apps", method=1),
+        http_request("/throttler/recent-apps", method=1),
     ]
     sequences = [
         # Admit, refuse, release, admit again.
@@ -133,6 +148,13 @@ def http_seeds():
                   http_request(8, {"lease_id": "LEASE", "outcome": "failed"}),
                   http_request(7, {"policy": "replicas"}), http_request(7, {"policy": "replicas"}),
                   http_request(7, {"policy": "replicas"}), http_request(7, admit_replicas, clock=2),
+                  http_request(0)]),
+        # The throttler: apps checked, one throttled, unthrottled, the listings read.
+        SEP.join([http_request("/throttler/check?app=a", method=1),
+                  http_request("/throttler/throttle-app?app=a&duration=1s", method=1),
+                  http_request("/check/a/mysql/main", method=1),
+                  http_request("/throttler/unthrottle-app?app=a", method=1, clock=2),
+                  http_request("/throttler/recent-apps", method=1), http_request(3),
                   http_request(0)]),
         # A rate policy spent, then its window passes.
         SEP.join([http_request(4, check)] * 4 + [http_request(4, check, clock=2)]),

@@ -141,12 +141,21 @@ struct ThrottlerState {
   std::map<std::string, ThrottleAppStats, std::less<>> apps;
 };
 
+// An app name, wherever one arrives (checks over HTTP and gRPC, the admin verbs, the state
+// file): 1 to kMaxAppBytes bytes of UTF-8 (the check routes give a check that names none the
+// default app first; the JSON and metrics writers escape what needs it). Why `app` is not one,
+// as "app: ...", or "".
+inline constexpr std::size_t kMaxAppBytes = 256;
+[[nodiscard]] std::string app_name_error(std::string_view app);
+
 [[nodiscard]] std::string_view to_string(ThrottleScope s) noexcept;
 // "self", "shard" (or "" for the default); nullopt for anything else.
 [[nodiscard]] std::optional<ThrottleScope> parse_scope(std::string_view s) noexcept;
 
 // Decides `check` at `now` and records it in `state` (the client's address `client` for the
-// audit). `rules` by app name ("all" applies to every app without a rule of its own).
+// audit). `rules` by app name ("all" applies to every app without a rule of its own). An app
+// name app_name_error() refuses is recorded as "(other)": the audit keeps no string a listing
+// could not write.
 [[nodiscard]] ThrottleResult throttle_check(
     const std::vector<ThrottleMetric>& metrics,
     const std::map<std::string, ThrottleAppRule, std::less<>>& rules, const ThrottleOptions& o,

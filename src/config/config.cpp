@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "config/reader.h"
+#include "sluice/text.h"
 
 namespace sluice {
 namespace {
@@ -499,31 +500,6 @@ std::string format_duration(Nanos d) {
 }
 
 namespace {
-
-// The offset of the first byte of `text` that is not part of a well-formed UTF-8 character
-// (overlong forms, surrogates and code points past U+10FFFF are not); npos when there is none.
-std::size_t first_non_utf8(std::string_view text) {
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    const std::size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > text.size()) return i;
-    std::uint32_t cp = c & (0x7fu >> n);
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(text[i + k]);
-      if ((d >> 6) != 0x2) return i;
-      cp = (cp << 6) | (d & 0x3fu);
-    }
-    constexpr std::uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kLeast[n] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
 
 // The offset of the first control character YAML text may not contain (every C0 control but
 // tab, newline and carriage return, and DEL); npos when there is none. yaml-cpp reads some of

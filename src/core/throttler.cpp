@@ -7,6 +7,8 @@
 #include <sstream>
 #include <utility>
 
+#include "sluice/text.h"
+
 namespace sluice {
 
 namespace {
@@ -114,6 +116,16 @@ const ThrottleAppRule* rule_of(const std::map<std::string, ThrottleAppRule, std:
 }
 
 }  // namespace
+
+std::string app_name_error(std::string_view app) {
+  if (app.empty()) return "app: must name an app";
+  if (app.size() > kMaxAppBytes)
+    return "app: is " + std::to_string(app.size()) + " bytes; at most " +
+           std::to_string(kMaxAppBytes);
+  if (const std::size_t bad = first_non_utf8(app); bad != std::string_view::npos)
+    return "app: is not UTF-8 (byte " + std::to_string(bad) + ")";
+  return {};
+}
 
 std::string_view to_string(ThrottleScope s) noexcept {
   switch (s) {
@@ -224,7 +236,8 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
   }
   auto it = state.apps.find(out.app);
   if (it == state.apps.end()) {
-    const std::string name = state.apps.size() < o.max_apps ? out.app : "(other)";
+    const std::string name =
+        state.apps.size() < o.max_apps && app_name_error(out.app).empty() ? out.app : "(other)";
     it = state.apps.try_emplace(name).first;
   }
   ThrottleAppStats& a = it->second;

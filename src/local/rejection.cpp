@@ -129,7 +129,8 @@ std::string problem_json(const Rejection& r) {
   if (r.trace_id) j["trace_id"] = *r.trace_id;
   if (!r.tenant_id.empty()) j["tenant_id"] = r.tenant_id;
   if (!r.route_id.empty()) j["route_id"] = r.route_id;
-  return j.dump();
+  // A tenant or route id that is not UTF-8 is written with U+FFFD, never an exception.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 HttpResponse to_http_response(const Rejection& r) {

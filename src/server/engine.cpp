@@ -11,7 +11,9 @@
 #include <utility>
 
 #include "server/coordinators.h"
+#include "server/json_text.h"
 #include "server/policy.h"
+#include "sluice/text.h"
 
 namespace sluice::server {
 
@@ -680,7 +682,7 @@ std::string Engine::policies_json() const {
   json ps = json::array();
   for (const auto& [name, p] : set->policies) ps.push_back(p.base->state());
   j["policies"] = std::move(ps);
-  return j.dump();
+  return json_text(j);
 }
 
 std::vector<std::string> Engine::warnings() const { return current()->warnings; }
@@ -849,7 +851,14 @@ std::string Engine::metrics_text() const {
     const std::lock_guard lock(parts_mu_);
     for (const auto& [name, part] : parts_) f.merge(part->collect(), "listener", name);
   }
-  return prometheus::TextSerializer().Serialize(f.out());
+  // The exposition is UTF-8: a label value that is not (a stored string) is written repaired,
+  // so one value can never make the whole scrape unreadable.
+  std::vector<prometheus::MetricFamily>& out = f.out();
+  for (prometheus::MetricFamily& family : out)
+    for (prometheus::ClientMetric& m : family.metric)
+      for (prometheus::ClientMetric::Label& l : m.label)
+        if (!is_utf8(l.value)) l.value = utf8_or_replaced(l.value);
+  return prometheus::TextSerializer().Serialize(out);
 }
 
 }  // namespace sluice::server

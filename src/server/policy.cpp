@@ -1,6 +1,7 @@
 #include "server/policy.h"
 
 #include "core/tick_loop.h"
+#include "server/json_text.h"
 #include "server/registry.h"
 
 namespace sluice::server {
@@ -49,6 +50,7 @@ void Policy::wake_loops() noexcept {
 
 void Policy::retire() noexcept {
   if (retired_.exchange(true, std::memory_order_acq_rel)) return;
+  on_retiring();
   for (auto& loop : loops_) loop->stop();
   on_retire();
 }
@@ -72,7 +74,7 @@ nlohmann::json Policy::state(PolicyInfo* info) const {
 
 PolicyInfo Policy::info() const {
   PolicyInfo i;
-  i.state_json = state(&i).dump();
+  i.state_json = json_text(state(&i));
   return i;
 }
 

@@ -185,7 +185,9 @@ class Policy : public std::enable_shared_from_this<Policy> {
   virtual void describe(nlohmann::json& j, PolicyInfo& info) const = 0;
   // The kind's own metric families.
   virtual void metrics(std::vector<prometheus::MetricFamily>& out) const = 0;
-  // The kind's part of retire(), run once.
+  // The kind's part of retire(), run once: on_retiring() before the loops stop (a kind ends
+  // what would keep a tick from returning soon, a probe's command), on_retire() after.
+  virtual void on_retiring() noexcept {}
   virtual void on_retire() noexcept {}
 
  private:

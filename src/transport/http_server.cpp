@@ -7,15 +7,19 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include "server/json_text.h"
 
 namespace sluice::transport {
 
@@ -32,13 +36,54 @@ using server::Readiness;
 
 namespace {
 
+// Why a request's framing cannot be trusted (RFC 9112 6.1-6.3), with the status to answer before
+// closing the connection; nullopt when it can. Transfer-Encoding must be exactly "chunked": a
+// coding this server does not implement is 501, a list whose final coding is not chunked (the
+// body's length cannot be known) and Transfer-Encoding with Content-Length are 400. Whatever
+// the parser made of such a body is never served: the connection closes after the answer, so
+// no byte of it can run as a request of its own.
+struct FramingError {
+  http::status status;
+  std::string message;
+};
+template <class Fields>
+std::optional<FramingError> framing_error(const Fields& fields) {
+  const auto te = fields.find(http::field::transfer_encoding);
+  if (te == fields.end()) return std::nullopt;
+  if (fields.count(http::field::transfer_encoding) > 1 ||
+      fields.find(http::field::content_length) != fields.end())
+    return FramingError{http::status::bad_request,
+                        "Transfer-Encoding: with Content-Length or repeated, the body's length "
+                        "is ambiguous"};
+  std::vector<std::string> codings;
+  const std::string_view list(te->value().data(), te->value().size());
+  for (std::size_t at = 0; at <= list.size();) {
+    std::size_t end = list.find(',', at);
+    if (end == std::string_view::npos) end = list.size();
+    std::string_view c = list.substr(at, end - at);
+    while (!c.empty() && (c.front() == ' ' || c.front() == '\t')) c.remove_prefix(1);
+    while (!c.empty() && (c.back() == ' ' || c.back() == '\t')) c.remove_suffix(1);
+    if (!c.empty()) {
+      std::string lower(c);
+      for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      codings.push_back(std::move(lower));
+    }
+    at = end + 1;
+  }
+  const std::string shown(list.substr(0, 64));
+  if (codings.empty() || codings.back() != "chunked")
+    return FramingError{http::status::bad_request, "Transfer-Encoding: '" + shown +
+                                                       "' does not end in chunked, so the "
+                                                       "body's length cannot be known"};
+  if (codings.size() > 1)
+    return FramingError{http::status::not_implemented,
+                        "Transfer-Encoding: '" + shown + "': only chunked is implemented"};
+  return std::nullopt;
+}
+
 double ms_of(Nanos d) { return static_cast<double>(d.count()) / 1e6; }
 
-// JSON text of `j`; bytes that are not UTF-8 (a request's path or body echoed in a message)
-// become U+FFFD instead of an exception that would leave the request without an answer.
-std::string text_of(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+using server::json_text;
 
 unsigned http_status(StatusCode c) {
   switch (c) {
@@ -72,13 +117,14 @@ std::string code_name(StatusCode c) {
 void error(HttpExchange& x, const Status& s) {
   x.status = http_status(s.code());
   x.content_type = "application/json";
-  x.response = text_of(json{{"error", {{"code", code_name(s.code())}, {"message", s.message()}}}});
+  x.response =
+      json_text(json{{"error", {{"code", code_name(s.code())}, {"message", s.message()}}}});
 }
 
 void ok_json(HttpExchange& x, const json& j, unsigned status = 200) {
   x.status = status;
   x.content_type = "application/json";
-  x.response = text_of(j);
+  x.response = json_text(j);
 }
 
 // The request body as a JSON object; an error names what is wrong.
@@ -432,9 +478,8 @@ void do_reload(Engine& engine, const std::function<ReloadOutcome()>& reload, Htt
   if (!reload) {
     x.status = 501;
     x.content_type = "application/json";
-    x.response =
-        json{{"error", {{"code", "unimplemented"}, {"message", "no config file to reload"}}}}
-            .dump();
+    x.response = json_text(
+        json{{"error", {{"code", "unimplemented"}, {"message", "no config file to reload"}}}});
     return;
   }
   const ReloadOutcome r = reload();
@@ -455,10 +500,9 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     x.status = 405;
     x.headers.emplace_back("Allow", std::string(allow));
     x.content_type = "application/json";
-    x.response = json{{"error",
-                       {{"code", "method_not_allowed"},
-                        {"message", "method: " + std::string(allow) + " only"}}}}
-                     .dump();
+    x.response = json_text(json{{"error",
+                                 {{"code", "method_not_allowed"},
+                                  {"message", "method: " + std::string(allow) + " only"}}}});
     return false;
   };
   if (path == "/metrics") {
@@ -642,7 +686,7 @@ struct HttpServer::Impl {
     res.set(http::field::server, "sluice");
     res.set(http::field::content_type, "application/json");
     res.keep_alive(false);
-    res.body() = text_of(json{{"error", {{"code", code}, {"message", std::move(message)}}}});
+    res.body() = json_text(json{{"error", {{"code", code}, {"message", std::move(message)}}}});
     res.prepare_payload();
     beast::error_code ec;
     stream.expires_after(timeout);
@@ -684,8 +728,37 @@ struct HttpServer::Impl {
       http::request_parser<http::string_body> parser;
       parser.header_limit(8 * 1024);
       parser.body_limit(1 << 20);
-      co_await http::async_read(stream, buffer, parser,
-                                net::redirect_error(net::use_awaitable, ec));
+      // The header first: what it says about the body is judged before a byte of the body is
+      // read as one.
+      co_await http::async_read_header(stream, buffer, parser,
+                                       net::redirect_error(net::use_awaitable, ec));
+      if (!ec) {
+        // The 8 KiB bound is the whole header's (the parser's own holds per read): the request
+        // line and every field line, as sent.
+        std::size_t header_bytes =
+            parser.get().method_string().size() + parser.get().target().size() + 12;
+        for (const auto& f : parser.get())
+          header_bytes += f.name_string().size() + f.value().size() + 4;
+        std::optional<FramingError> bad;
+        if (header_bytes > 8 * 1024)
+          bad = FramingError{http::status::request_header_fields_too_large, ""};
+        else
+          bad = framing_error(parser.get());
+        if (bad) {
+          if (bad->status == http::status::request_header_fields_too_large)
+            co_await refuse(stream, bad->status, "request_header_fields_too_large",
+                            "headers: larger than 8 KiB in all", options.request_timeout);
+          else
+            co_await refuse(
+                stream, bad->status,
+                bad->status == http::status::not_implemented ? "not_implemented" : "bad_request",
+                std::move(bad->message), options.request_timeout);
+          break;
+        }
+        if (!parser.is_done())
+          co_await http::async_read(stream, buffer, parser,
+                                    net::redirect_error(net::use_awaitable, ec));
+      }
       if (ec == http::error::body_limit) {
         co_await refuse(stream, http::status::payload_too_large, "payload_too_large",
                         "body: larger than 1 MiB", options.request_timeout);

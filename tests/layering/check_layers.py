@@ -39,6 +39,7 @@ PUBLIC_HEADERS = {
     "regional_escrow.h": "core",
     "rate_strategy.h": "core",
     "status.h": "core",
+    "text.h": "core",
     "throttler.h": "core",
     "cascade.h": "core",
     "timed_coordinator.h": "backends",

@@ -259,6 +259,25 @@ TEST(Throttler, TheAuditCountsChecksPerAppWithABoundedNumberOfApps) {
   EXPECT_EQ(t.state.apps.at("a").last_check, kNow + milliseconds(10));
 }
 
+TEST(Throttler, AnAppNameIsShortUtf8AndTheAuditStoresNoOther) {
+  EXPECT_EQ(app_name_error("gh-ost"), "");
+  EXPECT_EQ(app_name_error("1f0e:vreplication:online-ddl"), "");
+  EXPECT_EQ(app_name_error("\xc3\xa9t\xc3\xa9"), "");  // UTF-8 beyond ASCII
+  EXPECT_EQ(app_name_error(std::string(kMaxAppBytes, 'a')), "");
+  EXPECT_EQ(app_name_error(""), "app: must name an app");
+  EXPECT_EQ(app_name_error(std::string(kMaxAppBytes + 1, 'a')), "app: is 257 bytes; at most 256");
+  EXPECT_EQ(app_name_error("ok\xff"), "app: is not UTF-8 (byte 2)");
+  EXPECT_EQ(app_name_error("\xc0\xaf"), "app: is not UTF-8 (byte 0)");      // overlong
+  EXPECT_EQ(app_name_error("\xed\xa0\x80"), "app: is not UTF-8 (byte 0)");  // a surrogate
+  EXPECT_EQ(app_name_error("we\"ird\\app\n"), "");  // escaped where it is written
+  // A caller that skipped the check still cannot store one: it is counted as "(other)".
+  Throttler t({metric("lag", 5, {sample("r1", 1)})});
+  EXPECT_EQ(t.check("\xff").status, 200u);
+  EXPECT_EQ(t.check(std::string(300, 'x')).status, 200u);
+  ASSERT_EQ(t.state.apps.size(), 1u);
+  EXPECT_EQ(t.state.apps.at("(other)").checks, 2u);
+}
+
 // The non-compliance audit: load over a threshold that no refused check explains.
 TEST(Throttler, LoadOverAThresholdWhileNobodyIsHeldBackIsUnexplained) {
   const Nanos window = seconds(10);

@@ -215,3 +215,57 @@ def test_a_path_that_is_not_utf8_is_answered_404(server):
     assert data.startswith(b"HTTP/1.1 404"), data
     body = json.loads(data.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["message"] == "path: no endpoint /n\ufffd\ufffd"
+
+
+def exchange(port: int, raw: bytes) -> bytes:
+    """Sends `raw` on one connection and reads until the server closes it."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(raw)
+    data = b""
+    try:
+        while chunk := s.recv(4096):
+            data += chunk
+    except socket.timeout:
+        pass
+    s.close()
+    return data
+
+
+@pytest.mark.parametrize("coding,status,says", [
+    (b"xchunked", b"400", b"does not end in chunked"),
+    (b"chunked, identity", b"400", b"does not end in chunked"),
+    (b"identity", b"400", b"does not end in chunked"),
+    (b"gzip, chunked", b"501", b"only chunked is implemented"),
+    (b"chunked\r\nTransfer-Encoding: chunked", b"400", b"Transfer-Encoding"),
+    (b"chunked\r\nContent-Length: 5", b"400", b"Content-Length"),
+])
+def test_a_body_whose_length_cannot_be_known_is_refused_and_never_runs_as_a_request(
+        server, coding, status, says):
+    """RFC 9112 6.1: a transfer coding that is not exactly chunked is answered (501 for one not
+    implemented, else 400) and the connection closed: the body, a whole admit, never runs."""
+    smuggled = (b'POST /v1/admit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+                b'Content-Length: 18\r\n\r\n{"policy":"small"}')
+    raw = (b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: " + coding + b"\r\n\r\n" + smuggled)
+    data = exchange(server.http_port, raw)
+    assert data.startswith(b"HTTP/1.1 " + status), data
+    assert data.count(b"Server: sluice") == 1, data  # one answer: the admit never ran
+    assert says in data.split(b"\r\n\r\n", 1)[1], data
+    assert server.client().policies().leases == 0
+    # A chunked body is read as one.
+    body = b'{"policy":"api-rate","key":"te"}'
+    data = exchange(server.http_port, b"POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    b"Content-Type: application/json\r\nTransfer-Encoding: Chunked\r\n\r\n" +
+                    b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+    assert data.startswith(b"HTTP/1.1 200"), data
+
+
+def test_headers_over_8_kib_in_all_are_431_however_they_are_split(server):
+    fields = b"".join(b"X-Field-%d: %s\r\n" % (i, b"v" * 100) for i in range(100))  # ~11.5 KiB
+    data = exchange(server.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+    assert data.startswith(b"HTTP/1.1 431"), data
+    assert b"headers: larger than 8 KiB in all" in data, data
+    fields = b"".join(b"X-Field-%d: %s\r\n" % (i, b"v" * 100) for i in range(60))  # ~6.9 KiB
+    data = exchange(server.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    + fields + b"\r\n")
+    assert data.startswith(b"HTTP/1.1 200"), data

@@ -2,10 +2,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -23,6 +26,22 @@
 #include "backends/probes/probe.h"
 
 namespace sluice::probes {
+
+namespace {
+
+// Closes every descriptor from `first` on, in a forked child before exec (async-signal-safe:
+// system calls only). close_range (Linux 5.9) in one call; else each up to the limit.
+void close_from(int first) noexcept {
+#if defined(SYS_close_range)
+  if (::syscall(SYS_close_range, static_cast<unsigned>(first), ~0U, 0U) == 0) return;
+#endif
+  rlimit lim{};
+  const rlim_t top =
+      ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? lim.rlim_cur : 65536;
+  for (rlim_t fd = static_cast<rlim_t>(first); fd < top; ++fd) ::close(static_cast<int>(fd));
+}
+
+}  // namespace
 
 std::string Endpoint::name() const {
   backend_detail::HttpUrl u;
@@ -94,6 +113,9 @@ class CommandProbe final : public Probe {
   CommandProbe(std::string command, Nanos timeout)
       : command_(std::move(command)), timeout_(timeout) {}
 
+  // The running command is killed within kCancelPoll.
+  void cancel() noexcept override { cancelled_.store(true, std::memory_order_relaxed); }
+
   void sample(std::vector<ThrottleSample>& hosts) override {
     hosts.resize(1);
     ThrottleSample& s = hosts.front();
@@ -109,7 +131,13 @@ class CommandProbe final : public Probe {
   }
 
  private:
+  static constexpr std::int64_t kCancelPoll = 50;  // ms between looks at cancelled_
+
   std::optional<double> run(std::string& error) const {
+    if (cancelled_.load(std::memory_order_relaxed)) {
+      error = "cancelled: the policy is retiring";
+      return std::nullopt;
+    }
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) {
       error = "pipe: " + std::string(std::strerror(errno));
@@ -128,6 +156,10 @@ class CommandProbe final : public Probe {
       ::dup2(null, STDIN_FILENO);
       ::dup2(null, STDERR_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
+      // Nothing else of the server's goes with the command: a listening socket a child kept
+      // would outlive a crash of the server (clients would connect and hang, and a restart on
+      // the same ports would fail), whoever opened it and with whatever flags.
+      close_from(STDERR_FILENO + 1);
       ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -135,7 +167,7 @@ class CommandProbe final : public Probe {
     ::close(out[1]);
     std::string text;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    bool timed_out = false;
+    bool timed_out = false, cancelled = false;
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -143,8 +175,13 @@ class CommandProbe final : public Probe {
         timed_out = true;
         break;
       }
+      if (cancelled_.load(std::memory_order_relaxed)) {
+        cancelled = true;
+        break;
+      }
       pollfd p{out[0], POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+      const int ready =
+          ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), kCancelPoll)));
       if (ready < 0 && errno == EINTR) continue;
       if (ready <= 0) continue;
       char buf[256];
@@ -154,9 +191,13 @@ class CommandProbe final : public Probe {
       if (text.size() < 4096) text.append(buf, static_cast<std::size_t>(n));
     }
     ::close(out[0]);
-    if (timed_out) ::kill(-pid, SIGKILL);
+    if (timed_out || cancelled) ::kill(-pid, SIGKILL);
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (cancelled) {
+      error = "cancelled: the policy is retiring";
+      return std::nullopt;
     }
     if (timed_out) {
       error = "command did not finish within " +
@@ -180,6 +221,7 @@ class CommandProbe final : public Probe {
 
   const std::string command_;
   const Nanos timeout_;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace

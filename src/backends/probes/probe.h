@@ -56,6 +56,10 @@ class Probe {
   virtual ~Probe() = default;
   // One sample per host, in order; `hosts` holds the previous samples (or nothing).
   virtual void sample(std::vector<ThrottleSample>& hosts) = 0;
+  // Ends a sample in progress soon and fails every later one at once (the policy is retiring:
+  // a reload replaced it, or the server stops). From any thread. Default: nothing (a sample
+  // that only waits for its own timeout).
+  virtual void cancel() noexcept {}
 };
 
 // A host to reach: "host:port" (an IPv6 address in brackets), the port defaulting per system.

@@ -105,9 +105,11 @@
 #include <vector>
 
 #include "backends/probes/probe.h"
+#include "server/json_text.h"
 #include "server/proto_wire.h"
 #include "server/registry.h"
 #include "sluice/config.h"
+#include "sluice/text.h"
 #include "sluice/throttler.h"
 
 namespace sluice::server {
@@ -360,6 +362,11 @@ class ThrottlerPolicy final : public Policy {
   }
 
  protected:
+  // A probe's command still running would hold a reload or SIGTERM up to its timeout.
+  void on_retiring() noexcept override {
+    for (const std::unique_ptr<Probe>& p : probes_) p->cancel();
+  }
+
   void describe(nlohmann::json& j, PolicyInfo& /*info*/) const override {
     const Nanos now = clock_.now();
     const std::lock_guard lock(mu_);
@@ -545,8 +552,7 @@ class ThrottlerPolicy final : public Policy {
     return Status(StatusCode::kInvalidArgument, std::move(message));
   }
   static Status check_app(const std::string& app) {
-    if (app.empty()) return bad("app: must name an app");
-    if (app.size() > 256) return bad("app: at most 256 bytes");
+    if (std::string why = app_name_error(app); !why.empty()) return bad(std::move(why));
     return {};
   }
   static std::int64_t unix_ms_now() {
@@ -974,6 +980,7 @@ class JsonWriter {
     fresh_ = false;
   }
   void quoted(std::string_view v) {
+    if (!is_utf8(v)) return quoted(utf8_or_replaced(v));  // a probe's error, say
     out_ += '"';
     std::size_t run = 0;  // the start of the characters not yet written, all plain
     for (std::size_t i = 0; i < v.size(); ++i) {
@@ -1024,14 +1031,14 @@ RouteReply reply_of(const ThrottleResult& r) {
 RouteReply bad_request(const std::string& message) {
   RouteReply out;
   out.status = 400;
-  out.body = nlohmann::json{{"StatusCode", 400}, {"Message", message}}.dump();
+  out.body = json_text(nlohmann::json{{"StatusCode", 400}, {"Message", message}});
   return out;
 }
 
 RouteReply not_found(const Status& s) {
   RouteReply out;
   out.status = 404;
-  out.body = nlohmann::json{{"StatusCode", 404}, {"Message", s.message()}}.dump();
+  out.body = json_text(nlohmann::json{{"StatusCode", 404}, {"Message", s.message()}});
   return out;
 }
 
@@ -1053,14 +1060,16 @@ HttpRoute vitess_route(std::string pattern, bool self) {
                      const std::string_view p = req.arg("p").value_or("");
                      if (!p.empty() && p != "low" && p != "normal")
                        return bad_request("p: must be low or normal, not '" + std::string(p) + "'");
-                     return reply_of(t.value()->check(req.arg("app").value_or(""), *scope,
-                                                      p == "low", req.peer));
+                     const std::string_view app = req.arg("app").value_or("");
+                     if (std::string why = app.empty() ? "" : app_name_error(app); !why.empty())
+                       return bad_request(why);
+                     return reply_of(t.value()->check(app, *scope, p == "low", req.peer));
                    }};
 }
 
 RouteReply ok_json(nlohmann::json body) {
   RouteReply out;
-  out.body = body.dump();
+  out.body = json_text(body);
   return out;
 }
 
@@ -1087,6 +1096,8 @@ HttpRoute freno_route(std::string pattern, bool if_exists) {
               !std::isfinite(threshold))
             return bad_request("threshold: must be a number > 0, not '" + std::string(text) + "'");
         }
+        if (std::string why = app_name_error(req.param("app")); !why.empty())
+          return bad_request(why);
         return reply_of(t.value()->check(req.param("app"), ThrottleScope::kDefault, false, req.peer,
                                          threshold));
       }};
@@ -1129,7 +1140,8 @@ Decided<std::string> grpc_check(std::string_view request, const KindPolicies& ps
   if (mistyped != nullptr)
     return Status(StatusCode::kInvalidArgument, std::string(mistyped) + ": wrong wire type");
   if (!in.ok()) return Status(StatusCode::kInvalidArgument, "request: not a ThrottlerCheckRequest");
-  if (app.size() > 256) return Status(StatusCode::kInvalidArgument, "app: at most 256 bytes");
+  if (std::string why = app.empty() ? "" : app_name_error(app); !why.empty())
+    return Status(StatusCode::kInvalidArgument, std::move(why));
   if (threshold < 0 || !std::isfinite(threshold))
     return Status(StatusCode::kInvalidArgument, "threshold: must be >= 0 (0: the metrics' own)");
   const std::optional<ThrottleScope> scope = parse_scope(scope_text);

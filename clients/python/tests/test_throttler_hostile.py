@@ -1,0 +1,183 @@
+"""The throttler against hostile input: app names that are not UTF-8 or too long are refused
+on every route that takes one, and no stored string (an app
+name, a probe's error) can break a listing, a metric scrape or gRPC ListPolicies."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import grpc
+import pytest
+
+from conftest import sluice_bin, wait_until
+from test_throttler import config
+
+
+def listings_answer(server):
+    """Every listing answers, as valid UTF-8 and valid JSON where it is JSON."""
+    policies = server.http("GET", "/v1/policies")
+    assert policies.status == 200, policies
+    policies.json()
+    recent = server.http("GET", "/throttler/recent-apps")
+    assert recent.status == 200, recent
+    recent.json()
+    scrape = server.http("GET", "/metrics")
+    assert scrape.status == 200, scrape
+    scrape.body.decode("utf-8")  # strict: raises on a byte that is not UTF-8
+    with server.client() as c:
+        assert "db" in c.policies()
+    return recent.json()
+
+
+@pytest.mark.parametrize("route", [
+    "/throttler/check?app=%FF",
+    "/throttler/check-self?app=%C0%AF",            # an overlong '/'
+    "/throttler/check?app=ok%ED%A0%80",            # a surrogate
+    "/check/%FF/mysql/main",
+    "/check-read/%FE%FF/mysql/main/3",
+    "/throttler/check?app=" + "x" * 257,
+    "/throttler/throttle-app?app=%FF",
+    "/throttle-app/%FF",
+])
+def test_an_app_name_that_is_not_one_is_refused_and_stores_nothing(start_server, tmp_path,
+                                                                    route):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(config(value))
+    wait_until(lambda: server.http("GET", "/throttler/check?app=fine").status == 200, 5,
+               what="the first sample")
+    r = server.http("GET", route)
+    assert r.status == 400, r
+    message = r.json()["Message"] if "Message" in r.json() else r.json()["error"]["message"]
+    assert message.startswith("app: "), message
+    apps = listings_answer(server)["apps"]
+    assert [a["app"] for a in apps] == ["fine"], apps
+
+
+def test_a_grpc_check_with_an_app_that_is_not_utf8_is_invalid_argument(start_server, tmp_path):
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(config(value))
+    channel = grpc.insecure_channel(server.grpc_target)
+    call = channel.unary_unary("/sluice.v1.Throttler/Check")
+    for app in (b"\xff", b"\xed\xa0\x80", b"y" * 257):
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\x0a" + varint(len(app)) + app, timeout=5)  # field 1 (app), bytes
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (app, e.value)
+        assert "app: " in e.value.details(), e.value.details()
+    channel.close()
+    assert listings_answer(server)["apps"] == []
+
+
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def test_a_probe_error_that_is_not_utf8_is_served_repaired(start_server, tmp_path):
+    server = start_server("""
+policies:
+  db:
+    kind: throttler
+    shard: main
+    fast_interval: 50ms
+    dormant_interval: 50ms
+    metrics:
+      depth:
+        probe: command
+        command: "printf '\\\\377\\\\376 bytes'"
+        threshold: 5
+""")
+    wait_until(lambda: "printed" in server.http("GET", "/throttler/check?app=x").text, 5,
+               what="the probe's error in the check")
+    r = server.http("GET", "/throttler/check?app=x")
+    assert r.status == 429, r
+    assert "printed '\ufffd\ufffd'" in r.json()["Message"], r.json()
+    listings_answer(server)
+    hosts = next(p for p in server.http("GET", "/v1/policies").json()["policies"]
+                 if p["name"] == "db")["metrics"][0]["hosts"]
+    assert "printed '\ufffd\ufffd'" in hosts[0]["error"], hosts
+
+
+SLOW_PROBE = """
+policies:
+  db:
+    kind: throttler
+    shard: main
+    fast_interval: 50ms
+    dormant_interval: 50ms
+    metrics:
+      slow:
+        probe: command
+        command: "sleep 30; echo 1"
+        timeout: 20s
+        threshold: 5
+"""
+
+
+def test_a_crashed_server_leaves_no_socket_to_its_probe_child_and_restarts_on_its_ports(
+        start_server, tmp_path):
+    """A command probe still running when the server dies holds none of its descriptors: the
+    ports refuse at once (no connect that hangs to its timeout) and a restart binds them."""
+    server = start_server(SLOW_PROBE)
+    shells = []
+    wait_until(lambda: shells.extend(children(server.proc.pid)) or shells, 5,
+               what="the probe's child")
+    try:
+        server.proc.kill()
+        server.proc.wait(5)
+        assert all(os.path.exists(f"/proc/{pid}") for pid in shells), "the probe child lives on"
+        for port in (server.http_port, server.grpc_port):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        again = subprocess.Popen([sluice_bin(), "serve", "--grpc", server.grpc_target, "--http",
+                                  f"127.0.0.1:{server.http_port}", "--config",
+                                  str(server.config_path)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+        try:
+            wait_until(lambda: healthy(server.http_port) or again.poll() is not None, 10,
+                       what="the restart")
+            assert again.poll() is None, again.stderr.read().decode(errors="replace")
+        finally:
+            again.terminate()
+            again.wait(10)
+    finally:
+        for pid in shells:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the probe's own process group
+            except ProcessLookupError:
+                pass
+
+
+def test_sigterm_with_a_probe_command_running_stops_at_once_and_kills_the_command(
+        start_server, tmp_path):
+    server = start_server(SLOW_PROBE)
+    shells = []
+    wait_until(lambda: shells.extend(children(server.proc.pid)) or shells, 5,
+               what="the probe's child")
+    start = time.monotonic()
+    server.signal(signal.SIGTERM)
+    assert server.proc.wait(10) == 0
+    assert time.monotonic() - start < 2, "SIGTERM waited for the probe's 20 s timeout"
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in shells), 2,
+               what="the probe's command to be killed")
+
+
+def children(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def healthy(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return s.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False

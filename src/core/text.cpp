@@ -1,0 +1,53 @@
+#include "sluice/text.h"
+
+#include <cstdint>
+
+namespace sluice {
+
+namespace {
+
+// The length of the well-formed character at text[i], or 0 when none begins there.
+std::size_t char_at(std::string_view text, std::size_t i) noexcept {
+  const auto c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) return 1;
+  const std::size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  std::uint32_t cp = c & (0x7fu >> n);
+  for (std::size_t k = 1; k < n; ++k) {
+    const auto d = static_cast<unsigned char>(text[i + k]);
+    if ((d >> 6) != 0x2) return 0;
+    cp = (cp << 6) | (d & 0x3fu);
+  }
+  constexpr std::uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kLeast[n] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::size_t first_non_utf8(std::string_view text) noexcept {
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = char_at(text, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+std::string utf8_or_replaced(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = char_at(text, i);
+    if (n == 0) {
+      out += "\xef\xbf\xbd";
+      ++i;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+}  // namespace sluice
