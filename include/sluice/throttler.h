@@ -61,7 +61,7 @@ struct ThrottleSample {
 struct ThrottleMetric {
   std::string name;
   double threshold = 0;
-  double stale_intervals = 2;         // a sample older than this many of its interval is stale
+  double stale_intervals = 5;         // a sample older than this many of its interval is stale
   std::size_t ignore_hosts = 0;       // shard scope: the worst hosts ignored (at most hosts - 1)
   std::vector<ThrottleSample> hosts;  // the first is `self`
 };

@@ -124,7 +124,7 @@ policies:
       slow:
         probe: command
         command: "sleep 30; echo 1"
-        timeout: 1500ms
+        timeout: 500ms
         threshold: 5
       depth:
         probe: command
@@ -144,10 +144,14 @@ policies:
                          capture_output=True, text=True)  # this server's children only
     assert len(out.stdout.split()) <= 1, out.stdout
     # The slow probe holds its own loop only: `depth` is sampled every 50 ms meanwhile (its
-    # samples would be stale after 1 s, and refused, if they waited behind the 1.5 s one).
+    # samples would be half a second old and more if they waited behind the 500 ms one).
     for _ in range(10):
         r = check(server, "/throttler/check?app=quick")
         assert r.status == 200, r
+        metrics = next(p for p in server.http("GET", "/v1/policies").json()["policies"]
+                       if p["name"] == "db")["metrics"]
+        depth = next(m for m in metrics if m["name"] == "depth")["hosts"][0]
+        assert depth["age_seconds"] < 0.3, metrics
         time.sleep(0.1)
     value.write_text("9\n")
     wait_until(lambda: check(server, "/throttler/check?app=quick").json()["reason"]

@@ -2,6 +2,7 @@
 on every route that takes one, and no stored string (an app
 name, a probe's error) can break a listing, a metric scrape or gRPC ListPolicies."""
 
+import json
 import os
 import signal
 import socket
@@ -111,6 +112,7 @@ policies:
     shard: main
     fast_interval: 50ms
     dormant_interval: 50ms
+    stale_intervals: 1000
     metrics:
       slow:
         probe: command
@@ -181,3 +183,29 @@ def healthy(port):
             return s.recv(64).startswith(b"HTTP/1.1 200")
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("rule,says", [
+    ({"ratio": "half"}, 'ratio: must be a number in (0, 1], not "half"'),
+    ({"throttled_until_unix_ms": "soon"}, "throttled_until_unix_ms: must be a whole number"),
+    ({"exempt": 1}, "exempt: must be true or false, not 1"),
+    ({"metrics": "depth"}, "metrics: must be a list of metric names"),
+    ({"thresholds": {"depth": -1}}, "thresholds: must be an object of metric: number > 0"),
+    ([1, 2], "the rule: must be an object"),
+])
+def test_a_state_file_rule_of_the_wrong_type_is_refused_at_start_naming_it(tmp_path, rule, says):
+    """Valid JSON whose rule has a field of the wrong type: a clean refusal naming the file, the
+    app and the field (it used to stop the server with an uncaught exception)."""
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"version": 1, "scopes": {"db": {"gh-ost": rule}}}))
+    path = tmp_path / "c.yaml"
+    path.write_text(config(value).replace("policies:", f"server:\n  state_file: {state}\npolicies:",
+                                          1))
+    r = subprocess.run([sluice_bin(), "serve", "--config", str(path), "--grpc", "127.0.0.1:1",
+                        "--http", "127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0, r.stderr
+    assert "terminate" not in r.stderr and "exception" not in r.stderr, r.stderr
+    assert f'state file {state}: the rule for app "gh-ost" of scope "db": {says}' in r.stderr, \
+        r.stderr

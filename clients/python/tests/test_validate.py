@@ -65,6 +65,27 @@ CASES = {  # name: (config, validate's error, serve's when it differs)
         policies:
           p: {kind: adaptive, algorithm: fixed, limit: 4, min_limit: 100, max_limit: 5}
         """, "policies.p.min_limit: applies to the adaptive algorithms only", None),
+    # The defaults (fast_interval 100ms, stale_intervals 5): a sample is stale after 500 ms, so
+    # a probe of 1 s would leave every check refused `stale`.
+    "throttler-probe-slower-than-its-samples-last": ("""
+        policies:
+          t:
+            kind: throttler
+            metrics: {q: {probe: command, command: "echo 1", timeout: 1s, threshold: 4}}
+        """, "policies.t.metrics.q.timeout: is 1s, too long to keep samples fresh: a probe may "
+             "take max(fast_interval, timeout) + timeout to replace its sample, and a sample is "
+             "stale after stale_intervals (5) x fast_interval (100ms) = 500ms; at most 250ms "
+             "here, or raise stale_intervals or fast_interval", None),
+    "throttler-stale-after-one-interval": ("""
+        policies:
+          t:
+            kind: throttler
+            stale_intervals: 1
+            metrics: {q: {probe: http, url: "http://127.0.0.1:1/q", threshold: 4}}
+        """, "policies.t.metrics.q.probe: cannot keep its samples fresh: a probe may take "
+             "max(fast_interval, timeout) + timeout to replace its sample, and a sample is "
+             "stale after stale_intervals (1) x fast_interval (100ms) = 100ms; raise "
+             "stale_intervals above 1", None),
 }
 
 

@@ -11,7 +11,8 @@
 //   fast_interval: 100ms     # sampling while checks come
 //   dormant_interval: 5s     # sampling once no check came for idle_after (and before any)
 //   idle_after: 10s
-//   stale_intervals: 5       # a sample older than this many of its interval counts as over
+//   stale_intervals: 5       # a sample older than this many of its interval counts as over;
+//                            #   a probe's timeout must keep samples fresh (metric_probe())
 //   low_priority_hold: 1s    # p=low is refused this long after a normal app was refused
 //   unexplained_after: 10s   # a metric over its threshold this long while no check was
 //                            #   refused: load no checking app explains (the audit's signal,
@@ -29,7 +30,8 @@
 //     queue:
 //       probe: command       # a command that prints a number (its first word), run by
 //       command: "cat /var/run/queue-depth"   # /bin/sh -c; non-zero exit, no number or
-//       timeout: 1s          # running past `timeout` (then killed) is a failed probe
+//       timeout: 200ms       # running past `timeout` (then killed) is a failed probe (default:
+//                            #   1s or the longest that keeps samples fresh, if less)
 //       threshold: 1000
 //     lag:
 //       probe: mysql_heartbeat   # or mysql_lag (Seconds_Behind_Source/_Master),
@@ -37,7 +39,7 @@
 //       user: throttler          # (REPLICATION CLIENT, SELECT on the heartbeat table)
 //       password_env: THROTTLER_DB_PASSWORD   # or password: ...
 //       heartbeat_table: meta.heartbeat       # pt-heartbeat's table; heartbeat_utc: true
-//       timeout: 1s              # per host and sample: connect and query, in all (200ms too)
+//       timeout: 200ms           # per host and sample: connect and query, in all
 //       threshold: 1             # seconds
 //     pg:
 //       probe: postgres_lag      # or postgres_active (backends running a query)
@@ -526,6 +528,7 @@ class ThrottlerPolicy final : public Policy {
     return started + std::min(interval, spec_.fast_interval);
   }
 
+ public:
   // An app's rule as set at run time, as the state file keeps it (expiry in wall-clock
   // milliseconds, so that a restart keeps the time left; 0: not throttled).
   struct RuntimeRule {
@@ -545,6 +548,8 @@ class ThrottlerPolicy final : public Policy {
       return j;
     }
   };
+
+ private:
   static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
   static constexpr Nanos kBeforePublish = std::chrono::milliseconds(1);
 
@@ -560,24 +565,60 @@ class ThrottlerPolicy final : public Policy {
                std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
-  // The rule stored for `app` (the defaults when none).
+  // The rule stored for `app` (the defaults when none; a stored one build() found unreadable
+  // cannot be here: the policy was refused).
   RuntimeRule runtime_rule(const std::string& app) const {
-    RuntimeRule r;
     auto v = state_store_.get(app);
-    if (v.ok() && v.value()) {
-      const nlohmann::json& j = *v.value();
-      r.until_unix_ms = j.value("throttled_until_unix_ms", std::int64_t{0});
-      r.ratio = j.value("ratio", 1.0);
-      r.exempt = j.value("exempt", false);
-      if (const auto m = j.find("metrics"); m != j.end() && m->is_array())
-        for (const auto& name : *m)
-          if (name.is_string()) r.metrics.push_back(name.get<std::string>());
-      if (const auto t = j.find("thresholds"); t != j.end() && t->is_object())
-        for (const auto& [metric, v] : t->items())
-          if (v.is_number()) r.thresholds[metric] = v.get<double>();
+    if (!v.ok() || !v.value()) return RuntimeRule{};
+    StatusOr<RuntimeRule> r = rule_of(*v.value());
+    return r.ok() ? std::move(r.value()) : RuntimeRule{};
+  }
+
+ public:
+  // A rule as the state file keeps it, every field checked: an error names the first that is
+  // not what this server writes.
+  static StatusOr<RuntimeRule> rule_of(const nlohmann::json& j) {
+    const auto wrong = [&](const char* field, const char* want) {
+      const auto at = j.find(field);
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(field) + ": must be " + want + ", not " +
+                        json_text(at != j.end() ? *at : nlohmann::json()).substr(0, 64));
+    };
+    if (!j.is_object()) return Status(StatusCode::kInvalidArgument, "the rule: must be an object");
+    RuntimeRule r;
+    if (const auto f = j.find("throttled_until_unix_ms"); f != j.end()) {
+      if (!f->is_number_integer() || f->get<std::int64_t>() < 0)
+        return wrong("throttled_until_unix_ms", "a whole number of milliseconds >= 0");
+      r.until_unix_ms = f->get<std::int64_t>();
+    }
+    if (const auto f = j.find("ratio"); f != j.end()) {
+      if (!f->is_number() || !(f->get<double>() > 0 && f->get<double>() <= 1))
+        return wrong("ratio", "a number in (0, 1]");
+      r.ratio = f->get<double>();
+    }
+    if (const auto f = j.find("exempt"); f != j.end()) {
+      if (!f->is_boolean()) return wrong("exempt", "true or false");
+      r.exempt = f->get<bool>();
+    }
+    if (const auto f = j.find("metrics"); f != j.end()) {
+      if (!f->is_array()) return wrong("metrics", "a list of metric names");
+      for (const auto& name : *f) {
+        if (!name.is_string()) return wrong("metrics", "a list of metric names");
+        r.metrics.push_back(name.get<std::string>());
+      }
+    }
+    if (const auto f = j.find("thresholds"); f != j.end()) {
+      if (!f->is_object()) return wrong("thresholds", "an object of metric: number > 0");
+      for (const auto& [metric, v] : f->items()) {
+        if (!v.is_number() || !(v.get<double>() > 0))
+          return wrong("thresholds", "an object of metric: number > 0");
+        r.thresholds[metric] = v.get<double>();
+      }
     }
     return r;
   }
+
+ private:
   // Stores `r` for `app` (durably; erased when it says nothing) and applies it.
   // Writes `r` for `app` to the state file: erased when it says nothing.
   Status store(const std::string& app, const RuntimeRule& r) {
@@ -685,8 +726,32 @@ const std::map<std::string, std::vector<std::string_view>, std::less<>>& probe_s
   return settings;
 }
 
+// `v` in the fewest digits that read back as it.
+std::string number_text(double v) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, ec == std::errc{} ? end : buf);
+}
+
+// How samples stay fresh: a sample is stale past stale_intervals x fast_interval (the window)
+// while checks come, and the next one replaces it at most max(fast_interval, timeout) + timeout
+// after it was taken (the loop starts the next probe an interval after the last one started, or
+// when it ended). The longest probe timeout that keeps every sample fresh is then the window
+// minus an interval while that leaves at most an interval, else half the window.
+struct Freshness {
+  Nanos fast_interval;
+  double stale_intervals;
+  [[nodiscard]] Nanos window() const {
+    return std::chrono::duration_cast<Nanos>(fast_interval * stale_intervals);
+  }
+  [[nodiscard]] Nanos longest_timeout() const {
+    const Nanos w = window();
+    return w <= 2 * fast_interval ? w - fast_interval : w / 2;
+  }
+};
+
 // A metric's probe from its settings (errors reported on `m`; null when it has none).
-MakeProbe metric_probe(const std::string& policy, ConfigSection& m) {
+MakeProbe metric_probe(const std::string& policy, ConfigSection& m, const Freshness& fresh) {
   m.keys({"probe", "threshold", "ignore_hosts", "command", "timeout", "policy", "hosts", "user",
           "password", "password_env", "heartbeat_table", "heartbeat_utc", "conninfo", "field",
           "username", "url"});
@@ -712,12 +777,27 @@ MakeProbe metric_probe(const std::string& policy, ConfigSection& m) {
     if (m.has(key) && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
       m.error(key, "is not a setting of probe: " + probe);
 
-  Nanos timeout = std::chrono::seconds(1);
+  // A probe with a timeout: 1 s by default, less when the samples would go stale first.
+  const Nanos longest = fresh.longest_timeout();
+  Nanos timeout = std::min<Nanos>(std::chrono::seconds(1), longest);
+  const bool timed = std::find(allowed.begin(), allowed.end(), "timeout") != allowed.end();
+  const std::string why_stale =
+      "a probe may take max(fast_interval, timeout) + timeout to replace its sample, and a "
+      "sample is stale after stale_intervals (" +
+      number_text(fresh.stale_intervals) + ") x fast_interval (" +
+      format_duration(fresh.fast_interval) + ") = " + format_duration(fresh.window());
   if (auto d = m.duration("timeout")) {
     if (*d <= Nanos{0} || *d > std::chrono::minutes(1))
       m.error("timeout", "must be more than 0 and at most 1m");
+    else if (*d > longest)
+      m.error("timeout", "is " + format_duration(*d) + ", too long to keep samples fresh: " +
+                             why_stale + "; at most " + format_duration(longest) +
+                             " here, or raise stale_intervals or fast_interval");
     else
       timeout = *d;
+  } else if (timed && longest <= Nanos{0}) {
+    m.error("probe",
+            "cannot keep its samples fresh: " + why_stale + "; raise stale_intervals above 1");
   }
   // hosts: "host[:port]" each, at least one.
   const auto hosts = [&](int default_port) {
@@ -868,7 +948,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   s.named("metrics", [&](const std::string& metric, ConfigSection& m) {
     MetricSpec spec;
     spec.name = metric;
-    spec.make = metric_probe(name, m);
+    spec.make = metric_probe(name, m, Freshness{body->fast_interval, body->stale_intervals});
     if (auto t = m.number("threshold", true)) {
       if (*t <= 0)
         m.error("threshold", "must be > 0");
@@ -911,6 +991,19 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
 }
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
+  // The rules a state file keeps for this throttler: one that is not what this server writes (a
+  // hand edit, another version) refuses the policy, naming the file, the app and the field,
+  // rather than serving without it or stopping on it later.
+  const RuntimeState state = c.runtime_state();
+  for (const auto& [app, v] : state.list()) {
+    StatusOr<ThrottlerPolicy::RuntimeRule> r = ThrottlerPolicy::rule_of(v);
+    const std::string bad_app = app_name_error(app);
+    if (!r.ok() || !bad_app.empty())
+      return Status(StatusCode::kInvalidArgument,
+                    "state file " + state.store()->path() + ": the rule for app " + json_text(app) +
+                        " of scope " + json_text(state.scope()) + ": " +
+                        (bad_app.empty() ? r.status().message() : bad_app));
+  }
   return std::shared_ptr<Policy>(std::make_shared<ThrottlerPolicy>(c, *c.spec.as<ThrottlerSpec>()));
 }
 
