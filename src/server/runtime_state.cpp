@@ -19,10 +19,10 @@ using nlohmann::json;
 
 // The file's I/O: each failure is a Status naming the path, the step and the errno text.
 
+// A file the server cannot read or write is the server's trouble, never the caller's (a 503
+// with the path and the error, not a 403 the caller would take for its own credentials).
 Status io_error(const std::string& path, std::string_view step, int err) {
-  const StatusCode code = (err == EACCES || err == EPERM || err == EROFS)
-                              ? StatusCode::kPermissionDenied
-                              : StatusCode::kUnavailable;
+  const StatusCode code = StatusCode::kUnavailable;
   std::string message = path + ": " + std::string(step) + ": ";
   message += std::error_code(err, std::generic_category()).message();
   return Status(code, std::move(message));
@@ -254,6 +254,12 @@ Status RuntimeStateStore::persist() const {
     return Status(StatusCode::kUnavailable, path_ + ": render: " + e.what());
   }
   return write_durably(path_, bytes);
+}
+
+std::size_t RuntimeStateStore::size(std::string_view scope) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto sc = scopes_.find(scope);
+  return sc == scopes_.end() ? 0 : sc->second.size();
 }
 
 StatusOr<std::optional<json>> RuntimeStateStore::get(std::string_view scope,

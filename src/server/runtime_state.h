@@ -75,6 +75,8 @@ class RuntimeStateStore {
   [[nodiscard]] Status erase(std::string_view scope, std::string_view key);
   // Every key of `scope` and its value (empty for a scope with none, or a bad scope).
   [[nodiscard]] std::map<std::string, nlohmann::json> list(std::string_view scope) const;
+  // How many keys `scope` holds.
+  [[nodiscard]] std::size_t size(std::string_view scope) const;
   // Removes every key of `scope`, durably. Ok, and nothing written, when it has none.
   [[nodiscard]] Status erase_scope(std::string_view scope);
 
@@ -113,6 +115,7 @@ class RuntimeState {
   }
   [[nodiscard]] Status erase(std::string_view key) { return store_->erase(scope_, key); }
   [[nodiscard]] std::map<std::string, nlohmann::json> list() const { return store_->list(scope_); }
+  [[nodiscard]] std::size_t size() const { return store_->size(scope_); }
 
   [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
   [[nodiscard]] const std::shared_ptr<RuntimeStateStore>& store() const noexcept { return store_; }

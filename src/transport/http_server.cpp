@@ -425,14 +425,44 @@ bool same_token(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-// Whether the request may use an admin endpoint; if not, `x` is the 401.
+// Whether `peer` ("address:port", as the session records it) is a loopback address.
+bool loopback_peer(std::string_view peer) {
+  const std::size_t colon = peer.rfind(':');
+  if (colon == std::string_view::npos) return false;
+  boost::system::error_code ec;
+  const net::ip::address a = net::ip::make_address(std::string(peer.substr(0, colon)), ec);
+  if (ec) return false;
+  if (a.is_v6() && a.to_v6().is_v4_mapped())
+    return net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6()).is_loopback();
+  return a.is_loopback();
+}
+
+// The token of "Bearer <token>": the scheme in any case, one or more spaces (RFC 9110 11.4,
+// RFC 6750 2.1); nullopt for another scheme.
+std::optional<std::string_view> bearer_token(std::string_view auth) {
+  constexpr std::string_view kScheme = "bearer";
+  if (auth.size() <= kScheme.size() || auth[kScheme.size()] != ' ') return std::nullopt;
+  for (std::size_t i = 0; i < kScheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != kScheme[i]) return std::nullopt;
+  auth.remove_prefix(kScheme.size());
+  while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
+  return auth;
+}
+
+// Whether the request may use an admin endpoint; if not, `x` is the 401 (no or a wrong token)
+// or the 403 (no token is configured and the request is not from this host).
 bool admin_allowed(Engine& engine, HttpExchange& x) {
   const std::string token = engine.settings().admin_token;
-  if (token.empty()) return true;
-  constexpr std::string_view kBearer = "Bearer ";
-  const std::string_view auth = x.authorization;
-  if (auth.substr(0, kBearer.size()) == kBearer && same_token(auth.substr(kBearer.size()), token))
-    return true;
+  if (token.empty()) {
+    // Without a token, only this host's own clients (loopback) may change what the server does:
+    // a server that listens on other interfaces takes no rules from the network unless told.
+    if (loopback_peer(x.peer)) return true;
+    error(x, Status(StatusCode::kPermissionDenied,
+                    "authorization: admin endpoints answer loopback clients only while "
+                    "server.admin_token is unset; set it to allow others"));
+    return false;
+  }
+  if (const auto t = bearer_token(x.authorization); t && same_token(*t, token)) return true;
   x.headers.emplace_back("WWW-Authenticate", "Bearer");
   error(x, Status(StatusCode::kPermissionDenied,
                   "authorization: admin endpoints need 'Authorization: Bearer "

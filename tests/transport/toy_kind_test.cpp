@@ -833,7 +833,8 @@ TEST(ToyKindState, RulesSetAtRunTimeSurviveARestart) {
   {
     auto engine = Engine::create(*load.config, clock, kinds);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
-    transport::HttpExchange put{"PUT", "/toy/p/note?text=keep+me%21", "", "", "", 0, "", "", {}};
+    transport::HttpExchange put{
+        "PUT", "/toy/p/note?text=keep+me%21", "", "", "127.0.0.1:5000", 0, "", "", {}};
     transport::handle_http(*engine.value(), nullptr, put);
     EXPECT_EQ(put.status, 204u) << put.response;
   }

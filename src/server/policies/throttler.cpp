@@ -551,6 +551,7 @@ class ThrottlerPolicy final : public Policy {
 
  private:
   static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
+  static constexpr std::size_t kMaxRuntimeRules = 1000;
   static constexpr Nanos kBeforePublish = std::chrono::milliseconds(1);
 
   static Status bad(std::string message) {
@@ -625,6 +626,15 @@ class ThrottlerPolicy final : public Policy {
     return r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json());
   }
   Status save(const std::string& app, const RuntimeRule& r) {
+    // Rules are bounded: each change rewrites the state file, so their number bounds its cost.
+    if (!r.says_nothing()) {
+      const auto stored = state_store_.get(app);
+      if (stored.ok() && !stored.value() && state_store_.size() >= kMaxRuntimeRules)
+        return Status(StatusCode::kFailedPrecondition,
+                      "app: " + std::to_string(kMaxRuntimeRules) +
+                          " apps have rules set at run time, the most a throttler keeps; "
+                          "unthrottle some first");
+    }
     if (Status s = store(app, r); !s.ok()) return s;
     apply(app, r);
     return {};
