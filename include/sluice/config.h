@@ -10,7 +10,8 @@
 //   server:                      # optional
 //     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070
 //     http: 127.0.0.1:8080       # host:port; default 127.0.0.1:8080
-//     admin_token: "..."         # bearer token for admin endpoints (reload); default none
+//     admin_token: "..."         # bearer token for admin endpoints (reload, rules); default
+//                                #   none: they answer loopback clients only
 //     node_id: gw-1              # this server's id in fleets; default hostname-pid-random
 //     lease_ttl: 30s             # an Admit's lease when the call asks for none
 //     max_lease_ttl: 10m         # the longest lease a call may ask for
@@ -67,7 +68,7 @@ namespace sluice {
 struct ServerSettings {
   std::string grpc = "127.0.0.1:7070";
   std::string http = "127.0.0.1:8080";
-  std::string admin_token;                     // empty: admin endpoints need no token
+  std::string admin_token;                     // empty: admin endpoints for loopback clients
   std::string node_id;                         // this server in fleets; empty: hostname-pid-random
   Nanos lease_ttl = std::chrono::seconds(30);  // an Admit's lease when the call names none
   Nanos max_lease_ttl = std::chrono::minutes(10);   // the longest lease a call may ask for

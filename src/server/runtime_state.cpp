@@ -1,6 +1,7 @@
 #include "server/runtime_state.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -232,6 +233,7 @@ StatusOr<Scopes> parse_document(const std::string& path, const std::string& text
 
 StatusOr<std::unique_ptr<RuntimeStateStore>> RuntimeStateStore::open(std::string path) {
   Scopes scopes;
+  int lock_fd = -1;
   if (!path.empty()) {
     auto text = read_file(path);
     if (!text.ok()) return text.status();
@@ -240,9 +242,28 @@ StatusOr<std::unique_ptr<RuntimeStateStore>> RuntimeStateStore::open(std::string
       if (!parsed.ok()) return parsed.status();
       scopes = std::move(parsed.value());
     }
+    // One server per file: two would each rewrite it from their own rules and lose the
+    // other's. The lock is on a file beside it (the state file itself is replaced by rename),
+    // held while the store lives; the kernel drops it when the process ends, however it ends.
+    const std::string lock_path = path + ".lock";
+    lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd < 0) return io_error(path, "open its lock file " + lock_path, errno);
+    if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(lock_fd);
+      if (err == EWOULDBLOCK)
+        return Status(StatusCode::kFailedPrecondition,
+                      path + ": in use by another sluice server (it holds " + lock_path +
+                          "); give each server a state file of its own");
+      return io_error(path, "lock " + lock_path, err);
+    }
   }
   return std::unique_ptr<RuntimeStateStore>(
-      new RuntimeStateStore(std::move(path), std::move(scopes)));
+      new RuntimeStateStore(std::move(path), std::move(scopes), lock_fd));
+}
+
+RuntimeStateStore::~RuntimeStateStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 Status RuntimeStateStore::persist() const {

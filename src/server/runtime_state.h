@@ -60,11 +60,13 @@ class RuntimeStateStore {
   static constexpr std::size_t kMaxKeysPerScope = 10'000;
 
   // The store kept in `path` (empty: memory only). A missing file is an empty store (its
-  // directory must exist); an unreadable or malformed one is an error naming the path.
+  // directory must exist); an unreadable or malformed one is an error naming the path, and so
+  // is a file another store holds (another server: "<path>.lock" is locked while one lives).
   [[nodiscard]] static StatusOr<std::unique_ptr<RuntimeStateStore>> open(std::string path);
 
   RuntimeStateStore(const RuntimeStateStore&) = delete;
   RuntimeStateStore& operator=(const RuntimeStateStore&) = delete;
+  ~RuntimeStateStore();
 
   // The value under (scope, key); nullopt when there is none; an error for a bad scope or key.
   [[nodiscard]] StatusOr<std::optional<nlohmann::json>> get(std::string_view scope,
@@ -87,14 +89,15 @@ class RuntimeStateStore {
   using Scope = std::map<std::string, nlohmann::json, std::less<>>;
   using Scopes = std::map<std::string, Scope, std::less<>>;
 
-  RuntimeStateStore(std::string path, Scopes scopes)
-      : path_(std::move(path)), scopes_(std::move(scopes)) {}
+  RuntimeStateStore(std::string path, Scopes scopes, int lock_fd)
+      : path_(std::move(path)), lock_fd_(lock_fd), scopes_(std::move(scopes)) {}
 
   // Writes scopes_ to path_ (nothing when memory only). Caller holds mu_, and undoes its
   // change to scopes_ if this fails.
   [[nodiscard]] Status persist() const;
 
   const std::string path_;
+  const int lock_fd_;  // flock()ed "<path_>.lock" (-1: memory only)
   mutable std::mutex mu_;
   Scopes scopes_;  // guarded by mu_; no empty scope
 };

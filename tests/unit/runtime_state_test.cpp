@@ -4,7 +4,9 @@
 #include "server/runtime_state.h"
 
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
+#include <algorithm>
 
 #include <cstdlib>
 #include <filesystem>
@@ -133,10 +135,11 @@ TEST_F(RuntimeStateStoreTest, WritesOneVersionedJsonObjectWithMode0600) {
   struct stat st {};
   ASSERT_EQ(::stat(path_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
-  // No temp file is left beside it.
+  // No temp file is left beside it: only its lock file (one store per file).
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
-  EXPECT_EQ(names, std::vector<std::string>{"state.json"});
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"state.json", "state.json.lock"}));
 }
 
 TEST_F(RuntimeStateStoreTest, WritesOnlyWhenSomethingChanges) {
@@ -283,6 +286,7 @@ TEST_F(RuntimeStateStoreTest, AFailedWriteLeavesMemoryAsItWas) {
   fs::rename(moved, dir_);
   EXPECT_EQ(read_file(), before);
   ASSERT_TRUE(store->put("s", "new", 3).ok());  // writes work again, from memory
+  store.reset();                                // (one store per file at a time)
   auto again = open_ok(path_);
   ASSERT_TRUE(again);
   EXPECT_EQ(again->list("s"), (std::map<std::string, json>{{"kept", 1}, {"new", 3}}));
@@ -312,10 +316,12 @@ TEST_F(RuntimeStateStoreTest, ConcurrentPutsAllLandInTheFile) {
     });
   }
   for (auto& th : threads) th.join();
+  const auto listed = store->list("s");
+  store.reset();  // one store per file at a time
   auto again = open_ok(path_);
   ASSERT_TRUE(again);
   EXPECT_EQ(again->list("s").size(), 20u);
-  EXPECT_EQ(again->list("s"), store->list("s"));
+  EXPECT_EQ(again->list("s"), listed);
 }
 
 TEST(RuntimeState, AHandleSeesOnlyItsOwnScope) {
@@ -337,6 +343,23 @@ TEST(RuntimeState, AHandleSeesOnlyItsOwnScope) {
   EXPECT_FALSE(mine.get("app").value().has_value());
   EXPECT_EQ(*theirs.get("app").value(), 2);
   EXPECT_EQ(mine.put("", 1).message(), "key: is empty");
+}
+
+// Two servers on one state file would each rewrite it from their own rules: the second store is
+// refused while the first lives, naming the file; once it is gone, the file opens again.
+TEST_F(RuntimeStateStoreTest, AFileAnotherStoreHoldsIsRefusedUntilItIsClosed) {
+  auto first = open_ok(path_);
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(first->put("s", "k", 1).ok());
+  auto second = RuntimeStateStore::open(path_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().message(), path_ + ": in use by another sluice server (it holds " +
+                                           path_ +
+                                           ".lock); give each server a state file of its own");
+  first.reset();
+  auto third = open_ok(path_);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(*third->get("s", "k").value(), 1);
 }
 
 }  // namespace
