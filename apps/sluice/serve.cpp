@@ -229,6 +229,8 @@ int run_serve(const ServeOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Clients may ping as often as every 10 s (a client's keepalive of 10 s or more is welcome).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(ss.max_streams_per_connection));
   builder.RegisterService(&service);
   builder.RegisterCallbackGenericService(&kind_methods);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();

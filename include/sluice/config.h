@@ -19,8 +19,10 @@
 //     state_file: <path>         # rules set at run time, kept across restarts; default none
 //     max_connections: 10000     # per port; idle_timeout: 60s, request_timeout: 10s,
 //                                # keepalive: 30s (each at least 100ms): ServerSettings
+//     max_streams_per_connection: 1000   # gRPC calls open at once on one connection
 //     # A reload refuses a change to grpc, http, node_id, max_connections, idle_timeout,
-//     # request_timeout or keepalive (restart_only_changes); it takes the rest.
+//     # request_timeout, keepalive or max_streams_per_connection (restart_only_changes); it
+//     # takes the rest.
 //   coordinators:                # optional; "memory" (embedded) always exists
 //     <name>:
 //       kind: memory | redis | postgres
@@ -85,6 +87,11 @@ struct ServerSettings {
   Nanos idle_timeout = std::chrono::seconds(60);
   Nanos request_timeout = std::chrono::seconds(10);
   Nanos keepalive = std::chrono::seconds(30);
+  // gRPC calls (HTTP/2 streams) open at once on one connection: the server announces it
+  // (SETTINGS_MAX_CONCURRENT_STREAMS), so a client queues its further calls, and refuses the
+  // streams of a client that does not (REFUSED_STREAM). With max_connections it bounds what
+  // held calls (Watch, queued Admits) can cost.
+  std::size_t max_streams_per_connection = 1000;
 };
 
 // A server setting that a running server cannot take from a reload, with its value in force
@@ -96,7 +103,8 @@ struct RestartOnlyChange {
 };
 // The settings that differ between the settings a server started with and a reloaded file's,
 // of those a reload cannot apply: the listeners (grpc, http) and their connection settings
-// (max_connections, idle_timeout, request_timeout, keepalive) are set when the server starts,
+// (max_connections, idle_timeout, request_timeout, keepalive, max_streams_per_connection) are
+// set when the server starts,
 // and its fleets know it by node_id. A reload that changes any of them is refused, naming each
 // (the old config keeps serving); the other server settings are taken by a reload, except
 // state_file (kept, with a warning). Empty: none.

@@ -47,7 +47,8 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
   r.keys(n, "server",
          {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace",
-          "state_file", "max_connections", "idle_timeout", "request_timeout", "keepalive"});
+          "state_file", "max_connections", "idle_timeout", "request_timeout", "keepalive",
+          "max_streams_per_connection"});
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
@@ -67,6 +68,8 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (auto d = r.duration(n, "max_lease_ttl", "server")) out.max_lease_ttl = *d;
   if (auto d = r.duration(n, "shutdown_grace", "server")) out.shutdown_grace = *d;
   if (auto v = r.uint(n, "max_connections", "server", 1, 1U << 24)) out.max_connections = *v;
+  if (auto v = r.uint(n, "max_streams_per_connection", "server", 1, 1U << 20))
+    out.max_streams_per_connection = *v;
   for (auto [key, field] :
        {std::pair<std::string_view, Nanos*>{"idle_timeout", &out.idle_timeout},
         std::pair<std::string_view, Nanos*>{"request_timeout", &out.request_timeout},
@@ -390,6 +393,10 @@ std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& runnin
   duration("idle_timeout", running.idle_timeout, next.idle_timeout);
   duration("request_timeout", running.request_timeout, next.request_timeout);
   duration("keepalive", running.keepalive, next.keepalive);
+  if (running.max_streams_per_connection != next.max_streams_per_connection)
+    out.push_back({"server.max_streams_per_connection",
+                   std::to_string(running.max_streams_per_connection),
+                   std::to_string(next.max_streams_per_connection)});
   return out;
 }
 

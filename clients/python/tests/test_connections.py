@@ -12,8 +12,10 @@ import resource
 import signal
 import socket
 import subprocess
+import threading
 import time
 
+import grpc
 import pytest
 
 from conftest import free_port, metric, sluice_bin, wait_until
@@ -269,3 +271,31 @@ def test_headers_over_8_kib_in_all_are_431_however_they_are_split(server):
     data = exchange(server.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                     + fields + b"\r\n")
     assert data.startswith(b"HTTP/1.1 200"), data
+
+
+def test_grpc_calls_open_at_once_on_one_connection_are_capped(start_server):
+    """server.max_streams_per_connection: past it, a client's further call waits for one to end
+    (a hostile client that does not wait is refused its streams), so held calls such as health
+    Watch cannot pile up on one connection."""
+    server = start_server("server:\n  max_streams_per_connection: 4\n"
+                          "policies:\n  r: {kind: rate, limit: 5, period: 1s}\n")
+    channel = grpc.insecure_channel(server.grpc_target)
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch")
+    calls = [watch(b"") for _ in range(4)]
+    try:
+        for c in calls:
+            assert next(c) == b"\x08\x01"  # SERVING
+        extra = watch(b"")
+        got = []
+        reader = threading.Thread(target=lambda: got.append(next(extra)), daemon=True)
+        reader.start()
+        reader.join(0.7)
+        assert not got, "a fifth stream was opened on the connection"
+        calls[0].cancel()
+        reader.join(5)
+        assert got == [b"\x08\x01"]
+        extra.cancel()
+    finally:
+        for c in calls:
+            c.cancel()
+        channel.close()
