@@ -127,7 +127,15 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("SLUICE_SERVER")) client.server = env;
   const auto client_flags = [&](CLI::App* c) {
     c->add_option("--server,-s", client.server,
-                  "the server's gRPC address host:port (default $SLUICE_SERVER or 127.0.0.1:7070)");
+                  "the server's gRPC address host:port (default $SLUICE_SERVER or 127.0.0.1:7070)")
+        ->check(
+            [](const std::string& text) -> std::string {
+              std::string host;
+              int port = 0;
+              if (sluice::parse_host_port(text, host, port)) return {};
+              return "must be host:port with a port in 1..65535, not '" + text + "'";
+            },
+            "HOST:PORT");
     c->add_option("--timeout", client.timeout_seconds, "seconds to wait for the reply")
         ->check(CLI::Range(0.001, 3600.0));
     c->add_flag("--json", client.json, "print the reply as JSON");

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -12,7 +13,6 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
-#include <sstream>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -552,7 +552,20 @@ ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
     return text_error(yaml, bad, "the file has a control character YAML text may not contain",
                       " here");
   try {
-    const YAML::Node root = YAML::Load(std::string(yaml));
+    // One document: a file of several would be read up to the first, the rest silently left.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
+    std::vector<const YAML::Node*> filled;
+    for (const YAML::Node& d : docs)
+      if (d.IsDefined() && !d.IsNull()) filled.push_back(&d);
+    if (filled.size() > 1) {
+      ConfigLoad out;
+      out.errors.push_back(Reader::make(filled[1]->Mark(), "",
+                                        "the file holds " + std::to_string(filled.size()) +
+                                            " YAML documents; a config is one (the second "
+                                            "begins here)"));
+      return out;
+    }
+    const YAML::Node root = filled.empty() ? YAML::Node() : *filled.front();
     if (!root.IsDefined() || root.IsNull()) {
       return file_error(yaml.find('#') != std::string_view::npos
                             ? "the file has only comments" + needs
@@ -571,20 +584,32 @@ ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
 }
 
 ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds) {
+  // Looked at before it is opened: opening a FIFO would wait for a writer (a reload stuck
+  // there would hold SIGTERM too), and a config has no business being gigabytes.
+  constexpr std::uintmax_t kMaxBytes = 16U << 20;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(st))
     return file_error("is a directory, not a config file");
+  if (!ec && !std::filesystem::is_regular_file(st))
+    return file_error("is not a regular file (a FIFO, socket or device), not a config file");
+  if (const std::uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxBytes)
+    return file_error("is " + std::to_string(size) + " bytes; a config file is at most 16 MiB");
   errno = 0;
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
     return file_error(err == 0 ? std::string("cannot read the file")
                                : "cannot read the file: " + std::generic_category().message(err));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::string text;  // read up to the bound, should the file have grown since
+  std::array<char, 1 << 16> buf{};
+  while (in.read(buf.data(), buf.size()) || in.gcount() > 0) {
+    text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxBytes) return file_error("is over 16 MiB; a config file is at most that");
+  }
   if (in.bad()) return file_error("cannot read the file");
-  return load_config(ss.str(), kinds);
+  return load_config(text, kinds);
 }
 
 }  // namespace sluice

@@ -188,12 +188,27 @@ class Reader {
     return std::nullopt;
   }
 
+  // Whether `text` is a duration in the right form (digits and a unit) that parse_duration()
+  // refused only for its size.
+  static bool too_long(std::string_view text) {
+    std::size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+    const std::string_view unit = text.substr(digits);
+    return digits > 0 && (unit == "ns" || unit == "us" || unit == "ms" || unit == "s" ||
+                          unit == "m" || unit == "h");
+  }
+
   // A positive duration; with `zero_ok`, 0 ("0s") too.
   std::optional<Nanos> duration(const YAML::Node& parent, std::string_view key,
                                 const std::string& path, bool zero_ok = false) {
     const std::optional<std::string> s = str(parent, key, path);
     if (!s) return std::nullopt;
     const std::optional<Nanos> d = parse_duration(*s);
+    if (!d && too_long(*s)) {
+      error(parent[std::string(key)], join(path, key),
+            "is too long to hold: at most 2562047h (about 292 years), not '" + *s + "'");
+      return std::nullopt;
+    }
     if (!d || *d < Nanos{0} || (*d == Nanos{0} && !zero_ok)) {
       error(parent[std::string(key)], join(path, key),
             std::string(zero_ok ? "must be a duration such as 0s, 250ms or 2s"

@@ -34,8 +34,8 @@ Status check_field(std::string_view field, std::string_view v, std::size_t max, 
 Status check_ttl(Nanos ttl, Nanos max) {
   if (ttl <= Nanos{0}) return invalid("ttl", "must be > 0");
   if (ttl > max)
-    return invalid("ttl", "must be at most the server's max_lease_ttl (" +
-                              std::to_string(seconds_of(max)) + "s)");
+    return invalid("ttl",
+                   "must be at most the server's max_lease_ttl (" + format_duration(max) + ")");
   return {};
 }
 

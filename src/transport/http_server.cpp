@@ -166,7 +166,8 @@ class Fields {
     }
     return it->get<std::int64_t>();
   }
-  std::optional<Nanos> millis(const char* name) {
+  // Milliseconds; with `positive`, 0 is refused too (naming this field, not the engine's).
+  std::optional<Nanos> millis(const char* name, bool positive = false) {
     asked_.push_back(name);
     auto it = j_.find(name);
     if (it == j_.end() || it->is_null()) return std::nullopt;
@@ -177,6 +178,10 @@ class Fields {
     const double v = it->get<double>();
     if (!(v >= 0) || v > 1e12) {
       fail(name, "must be a non-negative number of milliseconds");
+      return std::nullopt;
+    }
+    if (positive && v == 0) {
+      fail(name, "must be more than 0 milliseconds");
       return std::nullopt;
     }
     return Nanos{static_cast<std::int64_t>(std::llround(v * 1e6))};
@@ -365,7 +370,7 @@ void do_admit(Engine& engine, HttpExchange& x, HttpLater& later) {
   Fields f(body.value());
   std::vector<std::string> exclude;
   AdmitCall c{f.str("policy"),   f.str("key"),   f.str("tenant"),
-              f.str("upstream"), f.str("route"), f.millis("ttl_ms")};
+              f.str("upstream"), f.str("route"), f.millis("ttl_ms", true)};
   f.strings("exclude", exclude);
   c.exclude = exclude;
   c.max_wait = f.millis("max_wait_ms");
@@ -408,7 +413,7 @@ void do_heartbeat(Engine& engine, HttpExchange& x) {
   if (!body.ok()) return error(x, body.status());
   Fields f(body.value());
   const std::string_view lease = f.str("lease_id");
-  const std::optional<Nanos> ttl = f.millis("ttl_ms");
+  const std::optional<Nanos> ttl = f.millis("ttl_ms", true);
   if (!f.status().ok()) return error(x, f.status());
   auto applied = engine.heartbeat(lease, ttl);
   if (!applied.ok()) return error(x, applied.status());

@@ -175,7 +175,10 @@ def test_unreachable_server_is_unavailable():
     ("Check", b"\x0a\x08api-rate\x12\x02\xff\xfe", "key: not valid UTF-8"),
     ("Admit", b"\x0a\x05small\x12\x01\xc3", "key: not valid UTF-8"),
     ("Release", b"\x0a\x02\xff\xff", "lease_id: not valid UTF-8"),
-    ("CheckMany", b"\x0a\x04\x12\x02\xff\xfe", "key: not valid UTF-8"),
+    ("CheckMany", b"\x0a\x04\x12\x02\xff\xfe", "checks[0].key: not valid UTF-8"),
+    # the first entry fine ("abc"), the second not
+    ("CheckMany", b"\x0a\x05\x12\x03abc\x0a\x04\x12\x02\xff\xfe",
+     "checks[1].key: not valid UTF-8"),
     ("Check", b"\xff\xff\xff", "request: cannot be decoded as sluice.v1.CheckRequest"),
     ("Heartbeat", b"\x0a", "request: cannot be decoded as sluice.v1.HeartbeatRequest"),
 ])
@@ -193,3 +196,16 @@ def test_an_undecodable_request_is_invalid_argument_naming_the_field(server, met
     assert info.value.details() == message
     assert server.client().check("api-rate", "still-serving").allowed
     assert "invalid UTF-8" not in server.log()  # the client's error, not the log's
+
+
+def test_a_cli_server_address_with_a_port_out_of_range_is_refused():
+    """--server 127.0.0.1:99999 used to wrap to another port (99999 - 65536 = 34463)."""
+    import subprocess
+
+    from conftest import sluice_bin
+
+    for bad in ("127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "127.0.0.1:7070x"):
+        r = subprocess.run([sluice_bin(), "check", "api-rate", "k", "--server", bad],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0, (bad, r.stdout)
+        assert f"must be host:port with a port in 1..65535, not '{bad}'" in r.stderr, r.stderr

@@ -179,6 +179,11 @@ def test_bad_input_is_400_naming_the_field(server):
         ("/v1/check_many", {"checks": [], "all": True}, "all: unknown field (known: checks)"),
         ("/v1/release", {"lease_id": "0" * 32, "rtt": 5}, "rtt: unknown field"),
         ("/v1/heartbeat", {"lease_id": "0" * 32, "ttl": 5}, "ttl: unknown field"),
+        # a zero TTL is refused naming the field the call sent (not the engine's "ttl")
+        ("/v1/admit", {"policy": "small", "ttl_ms": 0}, "ttl_ms: must be more than 0"),
+        ("/v1/heartbeat", {"lease_id": "0" * 32, "ttl_ms": 0}, "ttl_ms: must be more than 0"),
+        ("/v1/admit", {"policy": "small", "ttl_ms": 10 ** 9},
+         "ttl: must be at most the server's max_lease_ttl (10m)"),
     ]
     for path, body, field in cases:
         r = server.http("POST", path, body)

@@ -169,3 +169,24 @@ def test_unset_hits_on_the_wire_means_one(server, key):
         assert not request.HasField("hits")
         d = stub.Check(request, timeout=5).decision
         assert d.allowed and d.remaining == 999
+
+
+def test_a_new_key_refused_at_max_keys_says_why_on_every_path(start_server):
+    """Past max_keys a new key's 429 names key_capacity and the policy's detail, over HTTP,
+    gRPC and the CLI (it came with no reason)."""
+    import subprocess
+
+    from conftest import sluice_bin
+
+    server = start_server("policies:\n  tiny: {kind: rate, limit: 5, period: 1h, max_keys: 2}\n")
+    for k in ("a", "b"):
+        assert server.http("POST", "/v1/check", body={"policy": "tiny", "key": k}).status == 200
+    r = server.http("POST", "/v1/check", body={"policy": "tiny", "key": "c"})
+    assert r.status == 429, r
+    assert r.json()["reason"] == "key_capacity", r.json()
+    assert "max_keys (2)" in r.json()["detail"], r.json()
+    d = server.client().check("tiny", "c")
+    assert not d.allowed and d.reason == "key_capacity" and "max_keys (2)" in d.detail, d
+    out = subprocess.run([sluice_bin(), "check", "tiny", "c", "--server", server.grpc_target],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "key_capacity" in out.stdout + out.stderr, out

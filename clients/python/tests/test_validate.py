@@ -76,6 +76,11 @@ CASES = {  # name: (config, validate's error, serve's when it differs)
              "take max(fast_interval, timeout) + timeout to replace its sample, and a sample is "
              "stale after stale_intervals (5) x fast_interval (100ms) = 500ms; at most 250ms "
              "here, or raise stale_intervals or fast_interval", None),
+    "a-period-too-long-to-hold": ("""
+        policies:
+          r: {kind: rate, limit: 5, period: 99999999999h}
+        """, "policies.r.period: is too long to hold: at most 2562047h (about 292 years), not "
+             "'99999999999h'", None),
     "throttler-stale-after-one-interval": ("""
         policies:
           t:
@@ -117,3 +122,30 @@ def test_validate_passes_a_fence_safety_margin_of_zero(tmp_path):
     out = run("validate", str(config))
     assert out.returncode == 0, out.stderr
     assert "ok (1 policies" in out.stdout
+
+
+def test_a_config_of_several_yaml_documents_is_refused_naming_the_second(tmp_path):
+    config = tmp_path / "two.yaml"
+    config.write_text("policies:\n  a: {kind: rate, limit: 5, period: 1s}\n---\n"
+                      "policies:\n  b: {kind: rate, limit: 5, period: 1s}\n")
+    out = run("validate", str(config))
+    assert out.returncode == 1, out.stdout
+    assert "two.yaml:4:1: the file holds 2 YAML documents; a config is one (the second begins " \
+        "here)" in out.stderr, out.stderr
+    config.write_text("---\npolicies:\n  a: {kind: rate, limit: 5, period: 1s}\n...\n")
+    assert run("validate", str(config)).returncode == 0  # one document, marked as such
+
+
+def test_a_fifo_or_an_oversized_file_is_refused_as_a_config_without_reading_it(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    out = run("validate", str(fifo), timeout=10)  # opening it would wait for a writer
+    assert out.returncode == 1 and "is not a regular file" in out.stderr, out.stderr
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate((16 << 20) + 1)  # sparse: nothing to write
+    out = run("validate", str(big))
+    assert out.returncode == 1 and f"is {(16 << 20) + 1} bytes; a config file is at most " \
+        "16 MiB" in out.stderr, out.stderr

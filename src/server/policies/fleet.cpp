@@ -95,7 +95,9 @@ class FleetLimitPolicy final : public AdmitPolicy {
       return {false, "fleet guard is refused by coordinator " +
                          std::string(coordinator_->backend()) + ", admitting nothing: " + error +
                          " (server.node_id: each server needs its own)"};
-    const std::string why = "fleet guard is " + std::string(to_string(s.phase)) + " (coordinator " +
+    const std::string phase = s.phase == FleetPhase::kOutage ? std::string("in an outage")
+                                                             : std::string(to_string(s.phase));
+    const std::string why = "fleet guard is " + phase + " (coordinator " +
                             std::string(coordinator_->backend()) + " not reached" +
                             (error.empty() ? "" : ": " + error) + ")";
     const bool waiting = s.phase == FleetPhase::kStarting || s.phase == FleetPhase::kOutage;

@@ -751,8 +751,9 @@ std::string number_text(double v) {
 struct Freshness {
   Nanos fast_interval;
   double stale_intervals;
-  [[nodiscard]] Nanos window() const {
-    return std::chrono::duration_cast<Nanos>(fast_interval * stale_intervals);
+  [[nodiscard]] Nanos window() const {  // at most ~31 years: never past what Nanos holds
+    const double ns = static_cast<double>(fast_interval.count()) * stale_intervals;
+    return Nanos{static_cast<std::int64_t>(std::min(ns, 1e18))};
   }
   [[nodiscard]] Nanos longest_timeout() const {
     const Nanos w = window();
