@@ -22,6 +22,10 @@ def test_check_200_then_429_with_retry_after(server, key):
     assert body["allowed"] is True and body["remaining"] == 0 and body["limit"] == 1000
     assert r.headers["ratelimit-limit"] == "1000"
     assert r.headers["ratelimit-remaining"] == "0"
+    # the window's reset in whole seconds, rounded up (never early)
+    assert int(r.headers["ratelimit-reset"]) > 0
+    assert int(r.headers["ratelimit-reset"]) * 1000 >= body["reset_after_ms"]
+    assert int(r.headers["ratelimit-reset"]) * 1000 - body["reset_after_ms"] < 1000
     assert "retry-after" not in r.headers
 
     r = server.http("POST", "/v1/check", {"policy": "per-minute", "key": k})
