@@ -263,18 +263,78 @@ StatusOr<std::unique_ptr<RuntimeStateStore>> RuntimeStateStore::open(std::string
 }
 
 RuntimeStateStore::~RuntimeStateStore() {
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;  // the writer answers what waits, then ends
+  }
+  wake_.notify_all();
+  if (writer_.joinable()) writer_.join();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-Status RuntimeStateStore::persist() const {
-  if (path_.empty()) return {};
-  std::string bytes;
-  try {
-    bytes = render(scopes_);
-  } catch (const std::exception& e) {  // out of memory: the bounds leave nothing else to throw
-    return Status(StatusCode::kUnavailable, path_ + ": render: " + e.what());
+void RuntimeStateStore::change_async(Change change, Done done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool changed = true;
+  if (Status s = change(scopes_, changed); !s.ok()) {
+    lock.unlock();
+    return done(std::move(s));
   }
-  return write_durably(path_, bytes);
+  // Nothing to write: a store without a file, or a change that changes nothing while the file
+  // holds what readers see.
+  if (path_.empty() || (!changed && waiting_.empty())) {
+    lock.unlock();
+    return done(Status{});
+  }
+  waiting_.push_back(std::move(done));
+  if (!writer_.joinable()) writer_ = std::thread([this] { writer_loop(); });
+  lock.unlock();
+  wake_.notify_one();
+}
+
+Status RuntimeStateStore::change_sync(Change change) {
+  OneShot<Status> answer;
+  change_async(std::move(change), answer.setter());
+  return answer.get();
+}
+
+void RuntimeStateStore::writer_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !waiting_.empty(); });
+    if (waiting_.empty()) return;  // stopping, nothing left to answer
+    // One write for every change made so far; later ones wait for the next.
+    std::vector<Done> batch = std::move(waiting_);
+    waiting_.clear();
+    Scopes snapshot = scopes_;
+    lock.unlock();
+    Status s;
+    std::string bytes;
+    try {
+      bytes = render(snapshot);
+    } catch (const std::exception& e) {  // out of memory: the bounds leave nothing else to throw
+      s = Status(StatusCode::kUnavailable, path_ + ": render: " + e.what());
+    }
+    if (s.ok()) s = write_durably(path_, bytes);
+    lock.lock();
+    if (s.ok()) {
+      written_ = std::move(snapshot);
+      ++writes_;
+    } else {
+      // Not written: what readers see goes back to what the file holds, and every change
+      // since (those of this write and those waiting for the next) is answered with why.
+      scopes_ = written_;
+      for (Done& d : waiting_) batch.push_back(std::move(d));
+      waiting_.clear();
+    }
+    lock.unlock();
+    for (Done& d : batch) d(s);
+    lock.lock();
+  }
+}
+
+std::uint64_t RuntimeStateStore::writes() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return writes_;
 }
 
 std::size_t RuntimeStateStore::size(std::string_view scope) const {
@@ -294,47 +354,66 @@ StatusOr<std::optional<json>> RuntimeStateStore::get(std::string_view scope,
   return std::optional<json>(it->second);
 }
 
+namespace {
+
+// The change that sets (scope, key) to `value` (checked by the caller).
+auto set_to(std::string_view scope, std::string_view key, json value) {
+  return [scope = std::string(scope), key = std::string(key), value = std::move(value)](
+             auto& scopes, bool& changed) mutable -> Status {
+    const auto [sc, new_scope] = scopes.try_emplace(scope);
+    auto& keys = sc->second;
+    const auto it = keys.find(key);
+    if (it != keys.end() && it->second == value) {
+      changed = false;  // already so
+      return {};
+    }
+    if (it == keys.end() && keys.size() >= RuntimeStateStore::kMaxKeysPerScope) {
+      const Status s = too_many_keys(keys.size());
+      if (new_scope) scopes.erase(sc);
+      return s;
+    }
+    keys.insert_or_assign(key, std::move(value));
+    return {};
+  };
+}
+
+// The change that removes (scope, key); the scope's last key takes the scope with it.
+auto erased(std::string_view scope, std::string_view key) {
+  return
+      [scope = std::string(scope), key = std::string(key)](auto& scopes, bool& changed) -> Status {
+        const auto sc = scopes.find(scope);
+        if (sc == scopes.end() || sc->second.erase(key) == 0) {
+          changed = false;
+          return {};
+        }
+        if (sc->second.empty()) scopes.erase(sc);
+        return {};
+      };
+}
+
+}  // namespace
+
 Status RuntimeStateStore::put(std::string_view scope, std::string_view key, json value) {
   if (Status s = check_names(scope, key); !s.ok()) return s;
   if (Status s = check_value(value); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto [sc, new_scope] = scopes_.try_emplace(std::string(scope));
-  Scope& keys = sc->second;
-  const auto it = keys.find(key);
-  if (it != keys.end() && it->second == value) return {};  // already so
-  if (it == keys.end() && keys.size() >= kMaxKeysPerScope) return too_many_keys(keys.size());
-  if (it != keys.end()) {
-    json old = std::exchange(it->second, std::move(value));
-    Status s = persist();
-    if (!s.ok()) it->second = std::move(old);
-    return s;
-  }
-  const auto added = keys.emplace(std::string(key), std::move(value)).first;
-  Status s = persist();
-  if (!s.ok()) {
-    keys.erase(added);
-    if (new_scope) scopes_.erase(sc);
-  }
-  return s;
+  return change_sync(set_to(scope, key, std::move(value)));
+}
+
+void RuntimeStateStore::put_async(std::string_view scope, std::string_view key, json value,
+                                  Done done) {
+  if (Status s = check_names(scope, key); !s.ok()) return done(std::move(s));
+  if (Status s = check_value(value); !s.ok()) return done(std::move(s));
+  change_async(set_to(scope, key, std::move(value)), std::move(done));
 }
 
 Status RuntimeStateStore::erase(std::string_view scope, std::string_view key) {
   if (Status s = check_names(scope, key); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto sc = scopes_.find(scope);
-  if (sc == scopes_.end()) return {};
-  const auto it = sc->second.find(key);
-  if (it == sc->second.end()) return {};
-  auto node = sc->second.extract(it);
-  // The scope's last key takes the scope with it (and back, if the write fails).
-  auto scope_node = sc->second.empty() ? scopes_.extract(sc) : Scopes::node_type();
-  Status s = persist();
-  if (!s.ok()) {
-    Scope& keys = scope_node.empty() ? sc->second : scope_node.mapped();
-    keys.insert(std::move(node));
-    if (!scope_node.empty()) scopes_.insert(std::move(scope_node));
-  }
-  return s;
+  return change_sync(erased(scope, key));
+}
+
+void RuntimeStateStore::erase_async(std::string_view scope, std::string_view key, Done done) {
+  if (Status s = check_names(scope, key); !s.ok()) return done(std::move(s));
+  change_async(erased(scope, key), std::move(done));
 }
 
 std::map<std::string, json> RuntimeStateStore::list(std::string_view scope) const {
@@ -346,13 +425,10 @@ std::map<std::string, json> RuntimeStateStore::list(std::string_view scope) cons
 
 Status RuntimeStateStore::erase_scope(std::string_view scope) {
   if (Status s = check_name("scope", scope, kMaxScopeBytes); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto sc = scopes_.find(scope);
-  if (sc == scopes_.end()) return {};
-  auto node = scopes_.extract(sc);
-  Status s = persist();
-  if (!s.ok()) scopes_.insert(std::move(node));
-  return s;
+  return change_sync([scope = std::string(scope)](Scopes& scopes, bool& changed) -> Status {
+    changed = scopes.erase(scope) > 0;
+    return {};
+  });
 }
 
 }  // namespace sluice::server

@@ -36,7 +36,9 @@
 // for admin calls and start-up, not for each admitted call.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,8 +47,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "server/completion.h"
 #include "sluice/status.h"
 
 namespace sluice::server {
@@ -71,10 +76,22 @@ class RuntimeStateStore {
   // The value under (scope, key); nullopt when there is none; an error for a bad scope or key.
   [[nodiscard]] StatusOr<std::optional<nlohmann::json>> get(std::string_view scope,
                                                             std::string_view key) const;
-  // Sets (scope, key) to `value`, durably.
+  // Sets (scope, key) to `value`, durably: waits for the write that holds it.
   [[nodiscard]] Status put(std::string_view scope, std::string_view key, nlohmann::json value);
   // Removes (scope, key), durably. Ok, and nothing written, when it is not there.
   [[nodiscard]] Status erase(std::string_view scope, std::string_view key);
+
+  // The same without waiting (a transport thread must not wait on a disk): the change is seen
+  // by get() and list() at once, and `done` is called with the outcome of the write that holds
+  // it, on the store's writer thread, or at once for bad input, a change that changes nothing
+  // or a store without a file. Changes made while a write is under way share the next one, so
+  // a burst costs a write or two, not one each. A failed write takes back every change not yet
+  // written, answering each with the error. `done` must not wait for the store.
+  using Done = Once<void(Status)>;
+  void put_async(std::string_view scope, std::string_view key, nlohmann::json value, Done done);
+  void erase_async(std::string_view scope, std::string_view key, Done done);
+  // Writes of the file so far.
+  [[nodiscard]] std::uint64_t writes() const;
   // Every key of `scope` and its value (empty for a scope with none, or a bad scope).
   [[nodiscard]] std::map<std::string, nlohmann::json> list(std::string_view scope) const;
   // How many keys `scope` holds.
@@ -90,16 +107,27 @@ class RuntimeStateStore {
   using Scopes = std::map<std::string, Scope, std::less<>>;
 
   RuntimeStateStore(std::string path, Scopes scopes, int lock_fd)
-      : path_(std::move(path)), lock_fd_(lock_fd), scopes_(std::move(scopes)) {}
+      : path_(std::move(path)), lock_fd_(lock_fd), scopes_(scopes), written_(std::move(scopes)) {}
 
-  // Writes scopes_ to path_ (nothing when memory only). Caller holds mu_, and undoes its
-  // change to scopes_ if this fails.
-  [[nodiscard]] Status persist() const;
+  // A change to scopes_ (under mu_): an error leaves them as they were; `changed` false: they
+  // already were so.
+  using Change = std::function<Status(Scopes& scopes, bool& changed)>;
+  // Applies `change` and answers `done` as put_async() says.
+  void change_async(Change change, Done done);
+  // Waits for change_async()'s answer.
+  Status change_sync(Change change);
+  void writer_loop();
 
   const std::string path_;
   const int lock_fd_;  // flock()ed "<path_>.lock" (-1: memory only)
   mutable std::mutex mu_;
-  Scopes scopes_;  // guarded by mu_; no empty scope
+  Scopes scopes_;                 // guarded by mu_; no empty scope; what readers see
+  Scopes written_;                // guarded by mu_: what the file holds
+  std::vector<Done> waiting_;     // guarded by mu_: changes in scopes_ not yet written
+  std::uint64_t writes_ = 0;      // guarded by mu_
+  bool stopping_ = false;         // guarded by mu_
+  std::condition_variable wake_;  // the writer: waiting_ or stopping_
+  std::thread writer_;            // started by the first change to a store with a file
 };
 
 // One scope of a store: what a policy is given for its own name. Holds the store by shared_ptr
@@ -117,6 +145,12 @@ class RuntimeState {
     return store_->put(scope_, key, std::move(value));
   }
   [[nodiscard]] Status erase(std::string_view key) { return store_->erase(scope_, key); }
+  void put_async(std::string_view key, nlohmann::json value, RuntimeStateStore::Done done) {
+    store_->put_async(scope_, key, std::move(value), std::move(done));
+  }
+  void erase_async(std::string_view key, RuntimeStateStore::Done done) {
+    store_->erase_async(scope_, key, std::move(done));
+  }
   [[nodiscard]] std::map<std::string, nlohmann::json> list() const { return store_->list(scope_); }
   [[nodiscard]] std::size_t size() const { return store_->size(scope_); }
 

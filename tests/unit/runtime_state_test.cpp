@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <algorithm>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -343,6 +346,71 @@ TEST(RuntimeState, AHandleSeesOnlyItsOwnScope) {
   EXPECT_FALSE(mine.get("app").value().has_value());
   EXPECT_EQ(*theirs.get("app").value(), 2);
   EXPECT_EQ(mine.put("", 1).message(), "key: is empty");
+}
+
+// A burst of changes made without waiting: each is seen at once, each is answered once the
+// file holds it, and they share writes (far fewer than one each).
+TEST_F(RuntimeStateStoreTest, ChangesMadeWithoutWaitingAreSeenAtOnceAndShareWrites) {
+  auto store = open_ok(path_);
+  ASSERT_TRUE(store);
+  constexpr int kChanges = 200;
+  std::mutex mu;
+  std::condition_variable cv;
+  int answered = 0, failed = 0;
+  const auto done = [&](Status s) {
+    const std::lock_guard<std::mutex> lock(mu);
+    ++answered;
+    failed += s.ok() ? 0 : 1;
+    cv.notify_all();
+  };
+  for (int i = 0; i < kChanges; ++i) {
+    store->put_async("s", "k" + std::to_string(i), i, done);
+    EXPECT_EQ(value_of(store->get("s", "k" + std::to_string(i))), i);  // seen at once
+  }
+  store->erase_async("s", "k0", done);
+  EXPECT_TRUE(absent(store->get("s", "k0")));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(
+        cv.wait_for(lock, std::chrono::seconds(10), [&] { return answered == kChanges + 1; }));
+  }
+  EXPECT_EQ(failed, 0);
+  EXPECT_LT(store->writes(), static_cast<std::uint64_t>(kChanges) / 4) << store->writes();
+  EXPECT_GE(store->writes(), 1u);
+  const auto listed = store->list("s");
+  store.reset();
+  auto again = open_ok(path_);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->list("s"), listed);
+  EXPECT_EQ(again->list("s").size(), static_cast<std::size_t>(kChanges - 1));
+  // Bad input and a change that changes nothing are answered at once, with no write.
+  Status bad;
+  again->put_async("", "k", 1, [&](Status s) { bad = std::move(s); });
+  EXPECT_EQ(bad.message(), "scope: is empty");
+  bool same = false;
+  again->put_async("s", "k5", 5, [&](Status s) { same = s.ok(); });
+  EXPECT_TRUE(same);
+  EXPECT_EQ(again->writes(), 0u);
+}
+
+// A failed write takes back every change not yet written and answers each with why.
+TEST_F(RuntimeStateStoreTest, AFailedWriteWithoutWaitingTakesEveryUnwrittenChangeBack) {
+  auto store = open_ok(path_);
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->put("s", "kept", 1).ok());
+  const fs::path moved = dir_.string() + ".moved";
+  fs::rename(dir_, moved);
+  std::ofstream(dir_.string()) << "not a directory";
+  OneShot<Status> first, second;
+  store->put_async("s", "new", 2, first.setter());
+  store->erase_async("s", "kept", second.setter());
+  const Status a = first.get(), b = second.get();
+  EXPECT_EQ(a.code(), StatusCode::kUnavailable);
+  EXPECT_NE(a.message().find("Not a directory"), std::string::npos) << a.message();
+  EXPECT_FALSE(b.ok());
+  EXPECT_EQ(store->list("s"), (std::map<std::string, json>{{"kept", 1}}));  // as written
+  fs::remove(dir_);
+  fs::rename(moved, dir_);
 }
 
 // Two servers on one state file would each rewrite it from their own rules: the second store is

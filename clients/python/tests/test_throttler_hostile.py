@@ -209,3 +209,24 @@ def test_a_state_file_rule_of_the_wrong_type_is_refused_at_start_naming_it(tmp_p
     assert "terminate" not in r.stderr and "exception" not in r.stderr, r.stderr
     assert f'state file {state}: the rule for app "gh-ost" of scope "db": {says}' in r.stderr, \
         r.stderr
+
+
+def test_a_burst_of_rule_changes_is_answered_once_written_and_shares_writes(start_server,
+                                                                            tmp_path):
+    """Rule changes are written off the transport threads: each answer comes once the state
+    file holds its change, and concurrent changes share writes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    state = tmp_path / "state.json"
+    server = start_server(config(value).replace("policies:",
+                                                f"server:\n  state_file: {state}\npolicies:", 1))
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(
+            lambda i: server.http("GET", f"/throttler/throttle-app?app=burst-{i}&duration=1h")
+            .status, range(64)))
+    assert statuses == [200] * 64, statuses
+    held = json.loads(state.read_text())["scopes"]["db"]
+    assert sorted(held) == sorted(f"burst-{i}" for i in range(64)), held
+    assert server.http("GET", "/healthz").status == 200

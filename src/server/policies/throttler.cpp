@@ -234,48 +234,54 @@ class ThrottlerPolicy final : public Policy {
 
   // ---- rules set at run time (admin), kept in the server's state file ----
 
+  // Each verb answers `done` once: at once for bad input, else when the state file holds the
+  // change (the rule applies from then on). A transport thread never waits for the disk.
+  using Done = RuntimeStateStore::Done;
+
   // Throttles `app` for `duration` with probability `ratio` (an app "all": every app).
-  Status throttle(const std::string& app, Nanos duration, double ratio) {
-    if (Status s = check_app(app); !s.ok()) return s;
-    if (!(ratio > 0 && ratio <= 1)) return bad("ratio: must be in (0, 1]");
+  void throttle(const std::string& app, Nanos duration, double ratio, Done done) {
+    if (Status s = check_app(app); !s.ok()) return done(std::move(s));
+    if (!(ratio > 0 && ratio <= 1)) return done(bad("ratio: must be in (0, 1]"));
     if (duration <= Nanos{0} || duration > kMaxThrottle)
-      return bad("duration: must be positive and at most a year");
+      return done(bad("duration: must be positive and at most a year"));
     const std::lock_guard lock(admin_mu_);
     RuntimeRule r = runtime_rule(app);
     r.until_unix_ms =
         unix_ms_now() + std::chrono::ceil<std::chrono::milliseconds>(duration).count();
     r.ratio = ratio;
-    return save(app, r);
+    save(app, r, std::move(done));
   }
-  Status unthrottle(const std::string& app) {
-    if (Status s = check_app(app); !s.ok()) return s;
+  void unthrottle(const std::string& app, Done done) {
+    if (Status s = check_app(app); !s.ok()) return done(std::move(s));
     const std::lock_guard lock(admin_mu_);
     RuntimeRule r = runtime_rule(app);
     r.until_unix_ms = 0;
     r.ratio = 1;
-    return save(app, r);
+    save(app, r, std::move(done));
   }
-  Status exempt(const std::string& app, bool exempt) {
-    if (Status s = check_app(app); !s.ok()) return s;
-    if (app == "all") return bad("app: 'all' cannot be exempt (name the apps)");
+  void exempt(const std::string& app, bool exempt, Done done) {
+    if (Status s = check_app(app); !s.ok()) return done(std::move(s));
+    if (app == "all") return done(bad("app: 'all' cannot be exempt (name the apps)"));
     const std::lock_guard lock(admin_mu_);
     RuntimeRule r = runtime_rule(app);
     r.exempt = exempt;
-    return save(app, r);
+    save(app, r, std::move(done));
   }
   // Sets `app`'s metric set (empty: every metric) and thresholds (each over the config's; a
   // threshold of 0 drops the run-time one) at run time; `clear`: drops both first.
-  Status set_rule(const std::string& app, const std::optional<std::vector<std::string>>& metrics,
-                  const std::map<std::string, double>& thresholds, bool clear) {
-    if (Status s = check_app(app); !s.ok()) return s;
+  void set_rule(const std::string& app, const std::optional<std::vector<std::string>>& metrics,
+                const std::map<std::string, double>& thresholds, bool clear, Done done) {
+    if (Status s = check_app(app); !s.ok()) return done(std::move(s));
     const auto known = [&](const std::string& m) { return has_metric(spec_.metrics, m); };
     if (metrics)
       for (const std::string& m : *metrics)
-        if (!known(m)) return bad("metrics: '" + m + "' is not one of the throttler's metrics");
+        if (!known(m))
+          return done(bad("metrics: '" + m + "' is not one of the throttler's metrics"));
     for (const auto& [m, t] : thresholds) {
-      if (!known(m)) return bad("thresholds: '" + m + "' is not one of the throttler's metrics");
+      if (!known(m))
+        return done(bad("thresholds: '" + m + "' is not one of the throttler's metrics"));
       if (!(t >= 0) || !std::isfinite(t))
-        return bad("thresholds: " + m + " must be a number > 0 (0 drops it)");
+        return done(bad("thresholds: " + m + " must be a number > 0 (0 drops it)"));
     }
     const std::lock_guard lock(admin_mu_);
     RuntimeRule r = runtime_rule(app);
@@ -290,7 +296,7 @@ class ThrottlerPolicy final : public Policy {
       else
         r.thresholds[m] = t;
     }
-    return save(app, r);
+    save(app, r, std::move(done));
   }
   // The apps with a rule (config or run time): throttled until when, ratio, exempt.
   nlohmann::json rules_json() const {
@@ -625,19 +631,27 @@ class ThrottlerPolicy final : public Policy {
   Status store(const std::string& app, const RuntimeRule& r) {
     return r.says_nothing() ? state_store_.erase(app) : state_store_.put(app, r.to_json());
   }
-  Status save(const std::string& app, const RuntimeRule& r) {
+  // Stores `r` for `app` (seen at once by runtime_rule(), so the next verb builds on it) and
+  // applies it once the state file holds it; `done` then. Called under admin_mu_.
+  void save(const std::string& app, const RuntimeRule& r, Done done) {
     // Rules are bounded: each change rewrites the state file, so their number bounds its cost.
     if (!r.says_nothing()) {
       const auto stored = state_store_.get(app);
       if (stored.ok() && !stored.value() && state_store_.size() >= kMaxRuntimeRules)
-        return Status(StatusCode::kFailedPrecondition,
-                      "app: " + std::to_string(kMaxRuntimeRules) +
-                          " apps have rules set at run time, the most a throttler keeps; "
-                          "unthrottle some first");
+        return done(Status(StatusCode::kFailedPrecondition,
+                           "app: " + std::to_string(kMaxRuntimeRules) +
+                               " apps have rules set at run time, the most a throttler keeps; "
+                               "unthrottle some first"));
     }
-    if (Status s = store(app, r); !s.ok()) return s;
-    apply(app, r);
-    return {};
+    // The caller keeps this policy alive until `done` is called (the routes hold it).
+    Done applied = [this, app, r, done = std::move(done)](Status s) mutable {
+      if (s.ok()) apply(app, r);
+      done(std::move(s));
+    };
+    if (r.says_nothing())
+      state_store_.erase_async(app, std::move(applied));
+    else
+      state_store_.put_async(app, r.to_json(), std::move(applied));
   }
   // Applies a stored rule over the config's rule for `app`.
   void apply(const std::string& app, const RuntimeRule& r) {
@@ -1311,46 +1325,54 @@ StatusOr<double> ratio_arg(std::optional<std::string_view> text) {
   return v;
 }
 
-// An admin route of the throttler named by `shard=` (or the first).
-using AdminAction = std::function<Decided<RouteReply>(const RouteRequest&, ThrottlerPolicy&)>;
-HttpRoute admin_route(std::string pattern, AdminAction action) {
-  return HttpRoute{
-      {"GET", "POST"},
-      std::move(pattern),
-      true,
-      [action = std::move(action)](const RouteRequest& req, const KindPolicies& ps,
-                                   Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-        auto t = find(ps, req.arg("shard"));
-        if (!t.ok()) return not_found(t.status());
-        return action(req, *t.value());
-      }};
-}
-
 // The app a route names: its {app} segment, else its `app=` argument.
 std::string app_of(const RouteRequest& req) {
   const std::string_view segment = req.param("app");
   return std::string(!segment.empty() ? segment : req.arg("app").value_or(""));
 }
 
+// An admin route of the throttler named by `shard=` (or the first). Its action answers `done`
+// once: at once for bad input, else when the state file holds the change. The call is parked
+// meanwhile (deferred): a transport thread never waits for the disk.
+using Done = ThrottlerPolicy::Done;
+using AdminAction = std::function<void(const RouteRequest&, ThrottlerPolicy&, Done)>;
+HttpRoute admin_route(std::string pattern, AdminAction action) {
+  return HttpRoute{
+      {"GET", "POST"},
+      std::move(pattern),
+      true,
+      [action = std::move(action)](const RouteRequest& req, const KindPolicies& ps,
+                                   Deferral<RouteReply>& later) -> Decided<RouteReply> {
+        auto t = find(ps, req.arg("shard"));
+        if (!t.ok()) return not_found(t.status());
+        std::shared_ptr<ThrottlerPolicy> policy = t.value();  // alive until answered
+        Completion<RouteReply> answer = later.defer();
+        action(req, *policy,
+               [answer = std::move(answer), policy, app = app_of(req)](Status s) mutable {
+                 answer(*changed(s, *policy, app));
+               });
+        return std::nullopt;
+      }};
+}
+
 // freno: /throttle-app/{app}[/{ttl_minutes}[/{ratio}]] (a TTL of 0 or none: an hour).
-Decided<RouteReply> freno_throttle(const RouteRequest& req, ThrottlerPolicy& t) {
+void freno_throttle(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
   Nanos ttl = std::chrono::hours(1);
   const std::string_view minutes = req.param("ttl_minutes");
   if (!minutes.empty()) {
     std::uint64_t m = 0;
     const auto [end, ec] = std::from_chars(minutes.data(), minutes.data() + minutes.size(), m);
     if (ec != std::errc{} || end != minutes.data() + minutes.size() || m > 366 * 24 * 60)
-      return Status(
+      return done(Status(
           StatusCode::kInvalidArgument,
-          "ttl_minutes: must be a whole number of minutes, not '" + std::string(minutes) + "'");
+          "ttl_minutes: must be a whole number of minutes, not '" + std::string(minutes) + "'"));
     if (m > 0) ttl = std::chrono::minutes(m);
   }
   const std::string_view ratio_text = req.param("ratio");
   auto ratio =
       ratio_arg(ratio_text.empty() ? std::nullopt : std::optional<std::string_view>(ratio_text));
-  if (!ratio.ok()) return ratio.status();
-  const std::string app = app_of(req);
-  return changed(t.throttle(app, ttl, ratio.value()), t, app);
+  if (!ratio.ok()) return done(ratio.status());
+  t.throttle(app_of(req), ttl, ratio.value(), std::move(done));
 }
 
 PolicyKind throttler_kind_impl() {
@@ -1365,24 +1387,22 @@ PolicyKind throttler_kind_impl() {
       freno_route("/check-read-if-exists/{app}/{store_type}/{store_name}/{threshold}", true));
   kind.methods.push_back(GrpcMethod{"/sluice.v1.Throttler/Check", grpc_check});
   // Rules at run time (admin; kept in server.state_file): the Vitess and freno verbs.
-  kind.routes.push_back(
-      admin_route("/throttler/throttle-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
+  kind.routes.push_back(admin_route(
+      "/throttler/throttle-app", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
         auto d = duration_arg(req.arg("duration"), std::chrono::hours(1), "duration");
-        if (!d.ok()) return Decided<RouteReply>(d.status());
+        if (!d.ok()) return done(d.status());
         auto ratio = ratio_arg(req.arg("ratio"));
-        if (!ratio.ok()) return Decided<RouteReply>(ratio.status());
-        const std::string app = app_of(req);
-        return changed(t.throttle(app, d.value(), ratio.value()), t, app);
+        if (!ratio.ok()) return done(ratio.status());
+        t.throttle(app_of(req), d.value(), ratio.value(), std::move(done));
       }));
-  kind.routes.push_back(
-      admin_route("/throttler/unthrottle-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
-        const std::string app = app_of(req);
-        return changed(t.unthrottle(app), t, app);
-      }));
+  kind.routes.push_back(admin_route("/throttler/unthrottle-app",
+                                    [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
+                                      t.unthrottle(app_of(req), std::move(done));
+                                    }));
   // An app's metric set and thresholds at run time: metrics=a,b (empty: drop the run-time set),
   // thresholds=lag:2,load:8 (0 drops one), clear=true (drop both first).
-  kind.routes.push_back(
-      admin_route("/throttler/app-rule", [](const RouteRequest& req, ThrottlerPolicy& t) {
+  kind.routes.push_back(admin_route(
+      "/throttler/app-rule", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
         std::optional<std::vector<std::string>> metrics;
         if (const auto text = req.arg("metrics")) {
           metrics.emplace();
@@ -1405,37 +1425,32 @@ PolicyKind throttler_kind_impl() {
           const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), v);
           if (colon == std::string_view::npos || number.empty() || ec != std::errc{} ||
               end != number.data() + number.size())
-            return Decided<RouteReply>(Status(
+            return done(Status(
                 StatusCode::kInvalidArgument,
                 "thresholds: expected metric:number pairs, not '" + std::string(pair) + "'"));
           thresholds[std::string(pair.substr(0, colon))] = v;
         }
         const std::string_view clear = req.arg("clear").value_or("false");
         if (clear != "true" && clear != "false")
-          return Decided<RouteReply>(
-              Status(StatusCode::kInvalidArgument,
-                     "clear: must be true or false, not '" + std::string(clear) + "'"));
-        const std::string app = app_of(req);
-        return changed(t.set_rule(app, metrics, thresholds, clear == "true"), t, app);
+          return done(Status(StatusCode::kInvalidArgument,
+                             "clear: must be true or false, not '" + std::string(clear) + "'"));
+        t.set_rule(app_of(req), metrics, thresholds, clear == "true", std::move(done));
       }));
-  kind.routes.push_back(
-      admin_route("/throttler/exempt-app", [](const RouteRequest& req, ThrottlerPolicy& t) {
+  kind.routes.push_back(admin_route(
+      "/throttler/exempt-app", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
         const std::string_view e = req.arg("exempt").value_or("true");
         if (e != "true" && e != "false")
-          return Decided<RouteReply>(
-              Status(StatusCode::kInvalidArgument,
-                     "exempt: must be true or false, not '" + std::string(e) + "'"));
-        const std::string app = app_of(req);
-        return changed(t.exempt(app, e == "true"), t, app);
+          return done(Status(StatusCode::kInvalidArgument,
+                             "exempt: must be true or false, not '" + std::string(e) + "'"));
+        t.exempt(app_of(req), e == "true", std::move(done));
       }));
   for (const char* pattern : {"/throttle-app/{app}", "/throttle-app/{app}/{ttl_minutes}",
                               "/throttle-app/{app}/{ttl_minutes}/{ratio}"})
     kind.routes.push_back(admin_route(pattern, freno_throttle));
-  kind.routes.push_back(
-      admin_route("/unthrottle-app/{app}", [](const RouteRequest& req, ThrottlerPolicy& t) {
-        const std::string app = app_of(req);
-        return changed(t.unthrottle(app), t, app);
-      }));
+  kind.routes.push_back(admin_route("/unthrottle-app/{app}",
+                                    [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
+                                      t.unthrottle(app_of(req), std::move(done));
+                                    }));
   // Read-only listings: the rules, and the apps that checked (the audit).
   const auto listing = [](std::string pattern, bool recent) {
     return HttpRoute{
