@@ -536,6 +536,27 @@ ConfigLoad text_error(std::string_view yaml, std::size_t offset, const std::stri
   return out;
 }
 
+// The offset of a "---" line that starts a second document (after a line of content); npos
+// when there is none. A "---" before any content starts the first.
+std::size_t second_document(std::string_view text) {
+  bool content = false;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(at, end - at);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const bool marker =
+        line.substr(0, 3) == "---" && (line.size() == 3 || line[3] == ' ' || line[3] == '\t');
+    if (marker && content) return at;
+    const std::size_t first = line.find_first_not_of(" \t");
+    if (!marker && first != std::string_view::npos && line[first] != '#' && line[0] != '%' &&
+        line.substr(0, 3) != "...")
+      content = true;
+    at = end + 1;
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
@@ -553,19 +574,21 @@ ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
                       " here");
   try {
     // One document: a file of several would be read up to the first, the rest silently left.
-    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
-    std::vector<const YAML::Node*> filled;
-    for (const YAML::Node& d : docs)
-      if (d.IsDefined() && !d.IsNull()) filled.push_back(&d);
-    if (filled.size() > 1) {
+    // Told from the text (a "---" line after content), so a later document is never parsed.
+    if (const std::size_t at = second_document(yaml); at != std::string_view::npos) {
       ConfigLoad out;
-      out.errors.push_back(Reader::make(filled[1]->Mark(), "",
-                                        "the file holds " + std::to_string(filled.size()) +
-                                            " YAML documents; a config is one (the second "
-                                            "begins here)"));
+      const std::size_t line = static_cast<std::size_t>(
+          std::count(yaml.begin(), yaml.begin() + static_cast<long>(at), '\n'));
+      ConfigError e;
+      e.line = static_cast<int>(line) + 1;
+      e.column = 1;
+      e.message =
+          "the file holds more than one YAML document; a config is one (the second "
+          "begins here)";
+      out.errors.push_back(std::move(e));
       return out;
     }
-    const YAML::Node root = filled.empty() ? YAML::Node() : *filled.front();
+    const YAML::Node root = YAML::Load(std::string(yaml));
     if (!root.IsDefined() || root.IsNull()) {
       return file_error(yaml.find('#') != std::string_view::npos
                             ? "the file has only comments" + needs

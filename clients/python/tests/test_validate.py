@@ -130,8 +130,8 @@ def test_a_config_of_several_yaml_documents_is_refused_naming_the_second(tmp_pat
                       "policies:\n  b: {kind: rate, limit: 5, period: 1s}\n")
     out = run("validate", str(config))
     assert out.returncode == 1, out.stdout
-    assert "two.yaml:4:1: the file holds 2 YAML documents; a config is one (the second begins " \
-        "here)" in out.stderr, out.stderr
+    assert "two.yaml:3:1: the file holds more than one YAML document; a config is one (the " \
+        "second begins here)" in out.stderr, out.stderr
     config.write_text("---\npolicies:\n  a: {kind: rate, limit: 5, period: 1s}\n...\n")
     assert run("validate", str(config)).returncode == 0  # one document, marked as such
 
