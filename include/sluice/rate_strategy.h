@@ -74,8 +74,9 @@ struct RateDecision {
   std::uint64_t remaining = 0;
   Nanos reset_after{0};
   Nanos retry_after{0};
-  // Denied: why, when it is more than the key's own limit (a federated policy's reasons, e.g.
-  // "coordinator_unreachable"); empty otherwise. A static string.
+  // Denied: why, when it is more than the key's own limit ("key_capacity" with key_capacity, a
+  // federated policy's reasons, e.g. "coordinator_unreachable"); empty otherwise. A static
+  // string.
   std::string_view reason;
   friend bool operator==(const RateDecision&, const RateDecision&) = default;
 };

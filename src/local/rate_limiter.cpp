@@ -171,6 +171,7 @@ class ShardedLimiter final : public RateLimiter {
     RateDecision d;
     d.limit = fresh.limit;
     d.key_capacity = true;
+    d.reason = "key_capacity";
     const Nanos next_sweep =
         shard.swept_at.count() == INT64_MIN ? now : shard.swept_at + kCapSweepGap;
     d.retry_after = std::max(Nanos{1}, next_sweep - now);

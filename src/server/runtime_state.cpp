@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "server/calls.h"
+#include "sluice/text.h"
 
 namespace sluice::server {
 namespace {
@@ -107,23 +108,13 @@ StatusOr<std::optional<std::string>> read_file(const std::string& path) {
 
 // Bounds, shared by the calls and the loader.
 
-// Whether the JSON writer accepts `s` as a string (it must be UTF-8): the writer is the judge.
-bool writable_string(std::string_view s) {
-  try {
-    (void)json(std::string(s)).dump();
-    return true;
-  } catch (const json::type_error&) {
-    return false;
-  }
-}
-
 Status check_name(std::string_view field, std::string_view name, std::size_t max) {
   if (name.empty()) return invalid(field, "is empty");
   if (name.size() > max) {
     return invalid(field,
                    "is " + std::to_string(name.size()) + " bytes; at most " + std::to_string(max));
   }
-  if (!writable_string(name)) return invalid(field, "is not valid UTF-8");
+  if (!is_utf8(name)) return invalid(field, "is not valid UTF-8");
   return {};
 }
 

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sluice/federation.h"
@@ -55,9 +56,12 @@ class Switchable final : public RateCoordinator {
     return inner_.lease(key, r, timeout);
   }
   int batches = 0;  // lease_many() calls
+  // Run (once) inside the next lease_many() call: while a batch is out.
+  std::function<void()> during;
   std::vector<StatusOr<LeaseReply>> lease_many(std::span<const LeaseCall> calls,
                                                Nanos timeout) noexcept override {
     ++batches;
+    if (auto f = std::exchange(during, nullptr)) f();
     return RateCoordinator::lease_many(calls, timeout);  // lease() for each, counted there
   }
   StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region, Nanos w,

@@ -191,37 +191,12 @@ TEST(Federation, ColdKeysLeaseConcurrently) {
   EXPECT_EQ(sw.batches, 2);
 }
 
-// A coordinator that runs `during` (once) inside its next lease_many() call: a batch is out.
-class Interleaved final : public RateCoordinator {
- public:
-  explicit Interleaved(RateCoordinator& inner) : inner_(inner) {}
-  std::function<void()> during;
-  StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& r,
-                             Nanos timeout) noexcept override {
-    return inner_.lease(key, r, timeout);
-  }
-  std::vector<StatusOr<LeaseReply>> lease_many(std::span<const LeaseCall> calls,
-                                               Nanos timeout) noexcept override {
-    if (auto f = std::exchange(during, nullptr)) f();
-    return RateCoordinator::lease_many(calls, timeout);
-  }
-  StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region, Nanos w,
-                                    std::uint64_t total, Nanos timeout) noexcept override {
-    return inner_.reconcile(key, region, w, total, timeout);
-  }
-  Status health(Nanos timeout) noexcept override { return inner_.health(timeout); }
-  std::string_view backend() const noexcept override { return "interleaved"; }
-
- private:
-  RateCoordinator& inner_;
-};
-
 // Leases queued while a batch is out start a second drainer, so the next batch can go while the
 // first's replies are handled; never a third, and never a second while one has yet to start.
 TEST(Federation, LeasesQueuedWhileABatchIsOutStartOneMoreDrainer) {
   ManualClock clock(seconds(100));
   MemoryRateCoordinator coord(clock);
-  Interleaved net(coord);
+  Switchable net(coord);
   QueuedIo io;
   FederatedLimiter f(net, clock, opts("eu", 1000), io.executor());
   int answered = 0;

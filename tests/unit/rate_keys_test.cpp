@@ -114,6 +114,7 @@ TEST(RateKeys, TheCapRefusesNewKeysAndEvictsNothing) {
     const RateDecision no = l->check("new");
     EXPECT_FALSE(no.allowed) << to_string(s);
     EXPECT_TRUE(no.key_capacity) << to_string(s);
+    EXPECT_EQ(no.reason, "key_capacity") << to_string(s);
     EXPECT_GT(no.retry_after, Nanos{0});
     EXPECT_LE(no.retry_after, kCapSweepGap);
     EXPECT_EQ(l->keys(), 100u);

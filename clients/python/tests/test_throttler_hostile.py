@@ -80,20 +80,25 @@ def varint(n):
     return out + bytes([n])
 
 
-def test_a_probe_error_that_is_not_utf8_is_served_repaired(start_server, tmp_path):
-    server = start_server("""
+def one_command(command, metric_extra="", policy_extra=""):
+    """A throttler (shard main, sampling every 50 ms) over one command probe."""
+    return f"""
 policies:
   db:
     kind: throttler
     shard: main
     fast_interval: 50ms
-    dormant_interval: 50ms
+    dormant_interval: 50ms{policy_extra}
     metrics:
-      depth:
+      probe:
         probe: command
-        command: "printf '\\\\377\\\\376 bytes'"
+        command: "{command}"{metric_extra}
         threshold: 5
-""")
+"""
+
+
+def test_a_probe_error_that_is_not_utf8_is_served_repaired(start_server, tmp_path):
+    server = start_server(one_command("printf '\\\\377\\\\376 bytes'"))
     wait_until(lambda: "printed" in server.http("GET", "/throttler/check?app=x").text, 5,
                what="the probe's error in the check")
     r = server.http("GET", "/throttler/check?app=x")
@@ -105,21 +110,9 @@ policies:
     assert "printed '\ufffd\ufffd'" in hosts[0]["error"], hosts
 
 
-SLOW_PROBE = """
-policies:
-  db:
-    kind: throttler
-    shard: main
-    fast_interval: 50ms
-    dormant_interval: 50ms
-    stale_intervals: 1000
-    metrics:
-      slow:
-        probe: command
-        command: "sleep 30; echo 1"
-        timeout: 20s
-        threshold: 5
-"""
+# A probe that outlives the server's crash: 20 s of timeout, samples fresh for 50 s.
+SLOW_PROBE = one_command("sleep 30; echo 1", "\n        timeout: 20s",
+                         "\n    stale_intervals: 1000")
 
 
 def test_a_crashed_server_leaves_no_socket_to_its_probe_child_and_restarts_on_its_ports(

@@ -52,16 +52,11 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   RateDecision check(std::string_view key, std::uint64_t hits, Nanos now) override {
     RateDecision d = limiter_->check(key, hits, now);
     (d.allowed ? allowed_ : denied_).fetch_add(1, std::memory_order_relaxed);
-    if (d.key_capacity) {
-      key_capacity_denied_.fetch_add(1, std::memory_order_relaxed);
-      d.reason = "key_capacity";  // the answer says why, with refusal()'s detail
-    }
+    if (d.key_capacity) key_capacity_denied_.fetch_add(1, std::memory_order_relaxed);
     return d;
   }
   RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const override {
-    RateDecision d = limiter_->peek(key, hits, now);
-    if (d.key_capacity) d.reason = "key_capacity";
-    return d;
+    return limiter_->peek(key, hits, now);
   }
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
     limiter_->refund(key, hits, now);
