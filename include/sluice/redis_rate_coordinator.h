@@ -10,13 +10,15 @@
 //
 // Keys: a key's ledger is one string, "<key_prefix>{<key>}" (one hash slot per key), holding a
 // MessagePack array (read it with EVAL "return cmsgpack.unpack(redis.call('GET', KEYS[1]))" 1
-// <key>; the layout is in escrow_script.cpp); a lease reads and writes it with GET and SET ... PX,
-// two commands, as a per-request limiter's script runs. A ledger left as a hash by an earlier
-// version is read and rewritten. Its TTL is max(3 periods, 1 minute) from the last call, so an
-// idle key disappears, which changes no reply (its window has long ended; only a clock stepping
-// back further than that is no longer held). key_prefix must not be the fleet coordinator's:
-// default_options() gives "sluice:fed:", and the fleet's default "sluice:fleet:" is refused (the
-// two scripts would share keys).
+// <key>; the layout is in escrow_script.cpp). A lease of a key that has no ledger yet (a key's
+// first in a window: every lease of a key checked less than once a window) is one command on it,
+// SET ... NX GET PX; one of a key with a ledger two (that SET, which then writes nothing and
+// returns the ledger, and SET ... PX). A server older than Redis 7.0, which refuses NX with GET, is
+// served with GET and SET. A ledger left as a hash by an earlier version is read and rewritten. Its
+// TTL is max(3 periods, 1 minute) from the last call, so an idle key disappears, which changes no
+// reply (its window has long ended; only a clock stepping back further than that is no longer
+// held). key_prefix must not be the fleet coordinator's: default_options() gives "sluice:fed:", and
+// the fleet's default "sluice:fleet:" is refused (the two scripts would share keys).
 //
 // State loss (sluice/escrow.h, rule 3): the marker key "<key_prefix>origin" (no TTL) holds the
 // coordinator time at which this Redis was last found to have lost grants it may have
@@ -53,12 +55,18 @@
 // must be a whole number of microseconds and a reconcile's window_start a window this
 // coordinator leased; limit is at most 2^53 (kInvalidArgument naming the field otherwise).
 //
-// Connection: one hiredis connection, one call at a time; a broken connection is re-established
-// on the next call (AUTH, SELECT, INFO server, the maxmemory-policy check, SCRIPT LOAD). Every call
-// is bounded by its timeout: a hanging server yields kDeadlineExceeded, an unreachable one
+// lease_many(): leases of one region and budget share a script call (up to 64; the markers are
+// read once for them all, and a fresh ledger's lease, the same for every key that asks the same,
+// is made once), the calls pipelined in one round trip.
+//
+// Connections: two hiredis connections, one call at a time on each; a call takes a free one, so
+// that Redis has the next call to run while the last one's replies are read (connect() opens
+// both). A broken connection is re-established on its next call (AUTH, SELECT, INFO server, the
+// maxmemory-policy check, SCRIPT LOAD). Every call is bounded by its timeout, waiting for a
+// connection included: a hanging server yields kDeadlineExceeded, an unreachable one
 // kUnavailable. NOSCRIPT (a restarted or flushed server) loads the script again and retries once.
 //
-// Thread-safety: every member is safe to call concurrently (calls are serialised).
+// Thread-safety: every member is safe to call concurrently (two calls at a time, the rest wait).
 #pragma once
 
 #include <cstdint>

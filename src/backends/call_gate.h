@@ -43,6 +43,11 @@ class CallGate {
     busy_ = true;
     return true;
   }
+  // Whether someone holds the gate now (a hint: it may change at once).
+  [[nodiscard]] bool busy() const {
+    const std::lock_guard lock(mu_);
+    return busy_;
+  }
   void leave() noexcept {
     {
       const std::lock_guard lock(mu_);
@@ -69,7 +74,7 @@ class CallGate {
   };
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable free_;
   bool busy_ = false;
 };

@@ -180,8 +180,26 @@ TYPED_TEST(RateCoordinatorBackends, LeaseManyRepliesAsOneLeaseAfterAnother) {
   }
   // By now every key's budget is spent: the replies said so alike.
   EXPECT_EQ(one->lease("a", reqs[0], kTimeout).value().status, LeaseStatus::kSpent);
+  // `keys[i]` leased with `reqs[i]` in one lease_many() call: each reply as lease()'s on the other
+  // coordinator, in order (the replies are returned).
+  const auto as_one_after_another = [&](const std::vector<std::string>& keys,
+                                        const std::vector<LeaseRequest>& reqs) {
+    std::vector<LeaseCall> calls;
+    for (std::size_t i = 0; i < keys.size(); ++i) calls.push_back(LeaseCall{keys[i], &reqs[i]});
+    std::vector<StatusOr<LeaseReply>> got = many->lease_many(calls, kTimeout);
+    EXPECT_EQ(got.size(), calls.size());
+    for (std::size_t i = 0; i < calls.size() && i < got.size(); ++i) {
+      const StatusOr<LeaseReply> want = one->lease(keys[i], reqs[i], kTimeout);
+      EXPECT_TRUE(got[i].ok() && want.ok()) << "call " << i;
+      if (!got[i].ok() || !want.ok()) continue;
+      LeaseReply a = got[i].value(), b = want.value();
+      a.coordinator_now = b.coordinator_now = Nanos{0};
+      EXPECT_EQ(a, b) << "call " << i;
+    }
+    return got;
+  };
   // More calls than one script call takes on Redis (64), keys repeated within and across the
-  // script calls, some with a need: still each reply as lease()'s, in order.
+  // script calls, some with a need.
   std::vector<std::string> many_keys;
   std::vector<LeaseRequest> many_reqs;
   for (std::size_t i = 0; i < 150; ++i) {
@@ -190,18 +208,28 @@ TYPED_TEST(RateCoordinatorBackends, LeaseManyRepliesAsOneLeaseAfterAnother) {
     r.need = i % 4 == 0 ? r.want : 0;
     many_reqs.push_back(std::move(r));
   }
-  std::vector<LeaseCall> calls;
-  for (std::size_t i = 0; i < many_keys.size(); ++i)
-    calls.push_back(LeaseCall{many_keys[i], &many_reqs[i]});
-  const std::vector<StatusOr<LeaseReply>> got = many->lease_many(calls, kTimeout);
-  ASSERT_EQ(got.size(), calls.size());
-  for (std::size_t i = 0; i < calls.size(); ++i) {
-    const StatusOr<LeaseReply> want = one->lease(many_keys[i], many_reqs[i], kTimeout);
-    ASSERT_TRUE(got[i].ok() && want.ok()) << "call " << i;
-    LeaseReply a = got[i].value(), b = want.value();
-    a.coordinator_now = b.coordinator_now = Nanos{0};
-    EXPECT_EQ(a, b) << "call " << i;
+  (void)as_one_after_another(many_keys, many_reqs);
+  // One region and budget throughout (one script call on Redis): keys without a ledger that
+  // share a want and need, a key twice, and one whose ledger holds another budget.
+  const LeaseRequest other = request("eu", 61, kLong, 4);
+  ASSERT_TRUE(many->lease("other", other, kTimeout).ok());
+  ASSERT_TRUE(one->lease("other", other, kTimeout).ok());
+  std::vector<std::string> shared_keys;
+  std::vector<LeaseRequest> shared_reqs;
+  for (std::size_t i = 0; i < 40; ++i) {
+    shared_keys.push_back(i == 7 || i == 30 ? "twice"
+                          : i == 12         ? "other"
+                                            : "fresh" + std::to_string(i));
+    LeaseRequest r = request("eu", 500, kLong, i % 5 == 0 ? 9 : 7);
+    r.need = i % 10 == 0 ? 2 : 0;
+    shared_reqs.push_back(std::move(r));
   }
+  const std::vector<StatusOr<LeaseReply>> shared = as_one_after_another(shared_keys, shared_reqs);
+  ASSERT_EQ(shared.size(), shared_keys.size());
+  ASSERT_TRUE(shared[12].ok() && shared[30].ok());
+  EXPECT_EQ(shared[12].value().status, LeaseStatus::kSpecMismatch);
+  EXPECT_EQ(shared[12].value().spec.limit, 61u);          // the ledger's budget
+  EXPECT_EQ(shared[30].value().remaining, 500u - 7 - 9);  // its two leases
 }
 
 TYPED_TEST(RateCoordinatorBackends,

@@ -75,6 +75,30 @@ TEST_F(RedisConnectionTest, ScriptsRunByIndexWithKeysAndArgumentsAndAllReloadAft
   EXPECT_EQ(conn.eval(0, {"conn:n"}, {"1"}, kTimeout).value()->integer, 6);  // ran once
 }
 
+// A restarted server closes every connection: the next call on one finds it closed before it
+// writes, connects again (reading the run_id again) and succeeds, where it would fail on the
+// dead connection. Played by CLIENT KILL, which closes them as a restart does.
+TEST_F(RedisConnectionTest, AConnectionTheServerClosedWhileIdleIsMadeAgainWithinTheNextCall) {
+  RedisConnection conn(options_for(server_->port()), scripts(), {}, /*track_run_id=*/true);
+  auto first = conn.eval(0, {"conn:closed"}, {"1"}, kTimeout);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  auto client = conn.command({"CLIENT", "ID"}, kTimeout);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string id = std::to_string(client.value()->integer);
+  ASSERT_EQ(cli(server_->port(), "CLIENT KILL ID " + id), "1");
+  const auto run_id = conn.call(kTimeout, [](RedisConnection::Session& s) -> StatusOr<std::string> {
+    auto r = s.server_run_id();
+    if (!r.ok()) return r.status();
+    auto added = s.eval(0, {"conn:closed"}, {"1"});
+    if (!added.ok()) return added.status();
+    return r.value() + ":" + std::to_string(added.value()->integer);
+  });
+  ASSERT_TRUE(run_id.ok()) << run_id.status().to_string();
+  EXPECT_EQ(run_id.value(), test_clients::info_field(server_->port(), "server", "run_id") + ":2");
+  // Another connection now.
+  EXPECT_NE(std::to_string(conn.command({"CLIENT", "ID"}, kTimeout).value()->integer), id);
+}
+
 TEST_F(RedisConnectionTest, AScriptsErrorReplyNamesTheScriptAndOtherRepliesComeBackAsTheyAre) {
   RedisConnection conn(options_for(server_->port()), scripts());
   const auto failed = conn.eval(2, {"conn:k"}, {}, kTimeout);

@@ -1,5 +1,6 @@
 #include "backends/redis/redis_connection.h"
 
+#include <poll.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -128,6 +129,15 @@ Status RedisConnection::ping(Nanos timeout) noexcept {
 Status RedisConnection::Session::connect() {
   if (conn_.ctx_) return {};
   return conn_.connect_locked(deadline_);
+}
+
+bool RedisConnection::peer_closed() const noexcept {
+  // An idle connection has nothing to read: a readable one (end of file, a reset, or anything
+  // the server sent unasked) was closed or is out of step.
+  pollfd p{};
+  p.fd = ctx_->fd;
+  p.events = POLLIN | POLLRDHUP;
+  return ::poll(&p, 1, 0) != 0;
 }
 
 StatusOr<RedisConnection::Reply> RedisConnection::send(const std::vector<std::string>& args,

@@ -13,8 +13,9 @@
 // Timeouts and reconnects: a call holds the connection for its whole length, waiting for it
 // counts against the call's timeout, and every read and write on the socket is bounded by what
 // is left of it. A failed I/O (a timeout, a lost or refused connection) drops the connection;
-// the next call reconnects. Nothing is retried but the NOSCRIPT case above: a call that timed
-// out may or may not have run on the server.
+// the next call reconnects. A connection the server closed while it was idle (a restart closes
+// them all) is found before a call is written on it, and made again within that call. Nothing is
+// retried but the NOSCRIPT case above: a call that timed out may or may not have run on the server.
 //
 // Errors are values, never exceptions: kDeadlineExceeded (no reply in time, or the connection
 // stayed busy with other calls for the whole timeout), kUnavailable (cannot connect, connection
@@ -140,6 +141,9 @@ class RedisConnection {
   // PING within `timeout`: ok when the server answers it (an error reply is kUnavailable).
   [[nodiscard]] Status ping(Nanos timeout) noexcept;
 
+  // Whether a call holds the connection now (a hint for choosing among connections).
+  [[nodiscard]] bool busy() const { return gate_.busy(); }
+
   // The SHA1 of script `script` as the server last reported it (empty before the first load).
   [[nodiscard]] std::string script_sha(std::size_t script) const;
   [[nodiscard]] const RedisOptions& options() const noexcept { return options_; }
@@ -163,6 +167,9 @@ class RedisConnection {
   StatusOr<std::vector<StatusOr<Reply>>> eval_many_locked(std::size_t script,
                                                           const std::vector<EvalCall>& calls,
                                                           Nanos deadline, std::uint64_t pinned = 0);
+  // Whether the server closed the idle connection (checked as a call begins: it is then made
+  // again within the call instead of failing it). Needs ctx_.
+  [[nodiscard]] bool peer_closed() const noexcept;
   void drop() noexcept {
     ctx_.reset();
     run_id_.clear();
@@ -186,7 +193,11 @@ std::invoke_result_t<F&, RedisConnection::Session&> RedisConnection::call(Nanos 
   Session session(*this, backend_detail::deadline_after(timeout));
   return backend_detail::call_holding(
       gate_, timeout, "redis: the connection was busy with another call for the whole timeout",
-      "redis: ", [&] { return body(session); },
+      "redis: ",
+      [&] {
+        if (ctx_ && peer_closed()) drop();
+        return body(session);
+      },
       [this]() noexcept { drop(); });  // it may be mid-protocol
 }
 

@@ -1,8 +1,11 @@
 #include "sluice/redis_rate_coordinator.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,41 +42,66 @@ constexpr LeaseStatus kStatuses[] = {LeaseStatus::kGranted,      LeaseStatus::kS
                                      LeaseStatus::kWindowEnding, LeaseStatus::kStateLost,
                                      LeaseStatus::kSpecMismatch, LeaseStatus::kShort};
 
-// The lease reply in `r`'s elements [at, at + 8) (a "many" call's replies follow each other).
-StatusOr<LeaseReply> lease_reply_of(const redisReply* r, std::size_t at = 0,
-                                    std::size_t replies = 1) {
+// The lease reply in `r`'s elements from `at` on (a "many" call's replies follow each other):
+// five numbers, seven when the status is a spec mismatch (the ledger's limit and period); the
+// others are the request's spec, `asked`. `at` is moved past it.
+StatusOr<LeaseReply> lease_reply_at(const redisReply* r, std::size_t& at, const BudgetSpec& asked) {
   const Status bad(StatusCode::kInternal, "redis: unexpected lease reply");
-  if (r->type != REDIS_REPLY_ARRAY || r->elements != 8 * replies) return bad;
-  std::int64_t v[8];
-  for (std::size_t i = 0; i < 8; ++i) {
-    if (r->element[at + i]->type != REDIS_REPLY_INTEGER) return bad;
-    v[i] = r->element[at + i]->integer;
-  }
-  if (v[0] < 0 || v[0] >= static_cast<std::int64_t>(std::size(kStatuses)) || v[1] < 0 || v[5] < 0 ||
-      v[6] < 0)
+  if (r->type != REDIS_REPLY_ARRAY) return bad;
+  std::int64_t v[7];
+  const auto take = [&](std::size_t n) {
+    if (r->elements < at + n) return false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const redisReply* e = r->element[at + i];
+      if (e->type != REDIS_REPLY_INTEGER) return false;
+      v[i] = e->integer;
+    }
+    return true;
+  };
+  if (!take(5) || v[0] < 0 || v[0] >= static_cast<std::int64_t>(std::size(kStatuses)) || v[1] < 0 ||
+      v[4] < 0)
     return bad;
+  const LeaseStatus status = kStatuses[v[0]];
+  const std::size_t n = status == LeaseStatus::kSpecMismatch ? 7 : 5;
+  if (n == 7 && (!take(7) || v[5] < 0 || v[6] < 0)) return bad;
+  at += n;
   const auto us = [](std::int64_t x) { return Nanos{std::chrono::microseconds(x)}; };
   LeaseReply out;
-  out.status = kStatuses[v[0]];
+  out.status = status;
   out.granted = static_cast<std::uint64_t>(v[1]);
+  out.spec = n == 7 ? BudgetSpec{static_cast<std::uint64_t>(v[5]), us(v[6])} : asked;
   out.window_start = us(v[2]);
-  out.window_end = us(v[3]);
-  out.coordinator_now = us(v[4]);
-  out.remaining = static_cast<std::uint64_t>(v[5]);
-  out.spec = BudgetSpec{static_cast<std::uint64_t>(v[6]), us(v[7])};
+  out.window_end = out.window_start + out.spec.period;
+  out.coordinator_now = us(v[3]);
+  out.remaining = static_cast<std::uint64_t>(v[4]);
   return out;
 }
 
 }  // namespace
 
 struct RedisRateCoordinator::Impl {
-  Impl(RedisOptions o, const Clock* clock)
-      : conn(o, {{"escrow", redis_detail::escrow_script()}},
-             {{"CONFIG", "GET", "maxmemory-policy"}, &eviction_policy_ok}, /*track_run_id=*/true),
-        ledger_prefix(std::move(o.key_prefix)),
-        caller_clock(clock) {}
+  Impl(const RedisOptions& o, const Clock* clock)
+      : ledger_prefix(o.key_prefix), caller_clock(clock) {
+    for (auto& c : lanes)
+      c = std::make_unique<RedisConnection>(
+          o, std::vector<RedisConnection::Script>{{"escrow", redis_detail::escrow_script()}},
+          RedisConnection::ConnectCheck{{"CONFIG", "GET", "maxmemory-policy"}, &eviction_policy_ok},
+          /*track_run_id=*/true);
+  }
 
-  RedisConnection conn;
+  // Two connections: a call finds one free while the other's call is on its way (a batch of
+  // leases being built or its replies read), so Redis has the next call to run at once.
+  std::array<std::unique_ptr<RedisConnection>, 2> lanes;
+  std::atomic<unsigned> next_lane{0};
+  // A free connection if there is one, else the next in turn (its call waits for it).
+  RedisConnection& lane() {
+    const unsigned first = next_lane.fetch_add(1, std::memory_order_relaxed);
+    for (unsigned i = 0; i < lanes.size(); ++i) {
+      RedisConnection& c = *lanes[(first + i) % lanes.size()];
+      if (!c.busy()) return c;
+    }
+    return *lanes[first % lanes.size()];
+  }
   const std::string ledger_prefix;
   const Clock* const caller_clock;
 
@@ -147,8 +175,8 @@ StatusOr<std::unique_ptr<RedisRateCoordinator>> RedisRateCoordinator::connect(
     RedisOptions options, const Clock* caller_clock) {
   auto c = open(std::move(options), caller_clock);
   if (!c.ok()) return c;
-  RedisConnection& conn = c.value()->impl_->conn;
-  if (Status s = conn.connect(conn.options().connect_timeout); !s.ok()) return s;
+  for (auto& conn : c.value()->impl_->lanes)
+    if (Status s = conn->connect(conn->options().connect_timeout); !s.ok()) return s;
   return c;
 }
 
@@ -170,34 +198,54 @@ Status lease_error(std::string_view key, const LeaseRequest& request) {
 
 }  // namespace
 
+namespace {
+
+// A grant never exceeds the limit, so a larger want asks for the same, and a need over the limit
+// is never met, as one of limit + 1 is not (the numbers stay exact in Lua).
+std::uint64_t want_of(const LeaseRequest& r) { return std::min(r.want, r.spec.limit); }
+std::uint64_t need_of(const LeaseRequest& r) { return std::min(r.need, r.spec.limit + 1); }
+std::int64_t min_left_us(const LeaseRequest& r) {
+  return std::chrono::ceil<std::chrono::microseconds>(r.min_window_left).count();
+}
+// Whether two leases can share a "many" call: the same region, budget and window left.
+bool same_call(const LeaseRequest& a, const LeaseRequest& b) {
+  return a.region == b.region && a.spec.limit == b.spec.limit && a.spec.period == b.spec.period &&
+         min_left_us(a) == min_left_us(b);
+}
+
+}  // namespace
+
 RedisConnection::EvalCall RedisRateCoordinator::Impl::lease_call(std::string_view key,
                                                                  const LeaseRequest& request,
                                                                  const std::string& run_id) const {
-  // A grant never exceeds the limit, so a larger want asks for the same, and a need over the
-  // limit is never met, as one of limit + 1 is not (the numbers stay exact in Lua).
-  const std::uint64_t want = std::min(request.want, request.spec.limit);
-  const std::uint64_t need = std::min(request.need, request.spec.limit + 1);
-  const auto min_left = std::chrono::ceil<std::chrono::microseconds>(request.min_window_left);
   return {keys_of(key),
           {"lease", now_arg(), std::to_string(kMinTtlMs), request.region,
            std::to_string(request.spec.limit), std::to_string(floor_us(request.spec.period)),
-           std::to_string(want), std::to_string(min_left.count()), run_id, std::to_string(need)}};
+           std::to_string(want_of(request)), std::to_string(min_left_us(request)), run_id,
+           std::to_string(need_of(request))}};
 }
 
 RedisConnection::EvalCall RedisRateCoordinator::Impl::many_call(
     std::span<const LeaseCall> calls, const std::vector<std::size_t>& slot, std::size_t from,
     std::size_t to, const std::string& run_id) const {
+  const LeaseRequest& first = *calls[slot[from]].request;  // shared by all (same_call)
   RedisConnection::EvalCall c;
   c.keys.reserve(to - from + 2);
-  c.args.reserve(5 + 6 * (to - from));
-  c.args = {"many", now_arg(), std::to_string(kMinTtlMs), run_id, std::to_string(to - from)};
+  c.args.reserve(9 + 2 * (to - from));
+  c.args = {"many",
+            now_arg(),
+            std::to_string(kMinTtlMs),
+            run_id,
+            std::to_string(to - from),
+            first.region,
+            std::to_string(first.spec.limit),
+            std::to_string(floor_us(first.spec.period)),
+            std::to_string(min_left_us(first))};
   for (std::size_t j = from; j < to; ++j) {
     const LeaseCall& call = calls[slot[j]];
-    RedisConnection::EvalCall one = lease_call(call.key, *call.request, run_id);
-    c.keys.push_back(std::move(one.keys[0]));
-    // One's arguments: lease, now, min_ttl, region, limit, period, want, min_left, run_id, need.
-    constexpr std::size_t kPerLease[] = {3, 4, 5, 6, 7, 9};
-    for (const std::size_t a : kPerLease) c.args.push_back(std::move(one.args[a]));
+    c.keys.push_back(keys_of(call.key)[0]);
+    c.args.push_back(std::to_string(want_of(*call.request)));
+    c.args.push_back(std::to_string(need_of(*call.request)));
   }
   c.keys.push_back(ledger_prefix + "origin");
   c.keys.push_back(ledger_prefix + "server");
@@ -209,14 +257,18 @@ StatusOr<LeaseReply> RedisRateCoordinator::lease(std::string_view key, const Lea
   if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
   if (Status bad = lease_error(key, request); !bad.ok()) return bad;
   const Impl& m = *impl_;
-  return impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<LeaseReply> {
+  return impl_->lane().call(timeout, [&](RedisConnection::Session& s) -> StatusOr<LeaseReply> {
     // Connected first: the run_id is the server's this call runs on.
     auto run_id = s.server_run_id();
     if (!run_id.ok()) return run_id.status();
     RedisConnection::EvalCall c = m.lease_call(key, request, run_id.value());
     auto r = s.eval(0, c.keys, c.args);
     if (!r.ok()) return r.status();
-    return lease_reply_of(r.value().get());
+    std::size_t at = 0;
+    StatusOr<LeaseReply> out = lease_reply_at(r.value().get(), at, request.spec);
+    if (out.ok() && at != r.value()->elements)
+      return Status(StatusCode::kInternal, "redis: unexpected lease reply");
+    return out;
   });
 }
 
@@ -234,37 +286,41 @@ std::vector<StatusOr<LeaseReply>> RedisRateCoordinator::lease_many(std::span<con
       if (bad.ok()) slot.push_back(i);
     }
     if (slot.empty()) return out;
-    // Up to kPerCall leases per script call (the markers read once for them all), the calls
-    // pipelined (one round trip).
-    const std::size_t chunks = (slot.size() + kPerCall - 1) / kPerCall;
-    const auto chunk_of = [&](std::size_t c) {
-      return std::pair{c * kPerCall, std::min(slot.size(), (c + 1) * kPerCall)};
-    };
+    // Script calls of up to kPerCall leases that share a region and budget (the markers read
+    // once for them all, the shared arguments sent once), the calls pipelined (one round trip).
+    std::vector<std::pair<std::size_t, std::size_t>> chunks;  // [from, to) in `slot`
+    for (std::size_t j = 0; j < slot.size(); ++j) {
+      if (chunks.empty() || chunks.back().second - chunks.back().first == kPerCall ||
+          !same_call(*calls[slot[chunks.back().first]].request, *calls[slot[j]].request))
+        chunks.emplace_back(j, j);
+      chunks.back().second = j + 1;
+    }
     using Replies = std::vector<StatusOr<RedisConnection::Reply>>;
     StatusOr<Replies> replies =
-        impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<Replies> {
+        impl_->lane().call(timeout, [&](RedisConnection::Session& s) -> StatusOr<Replies> {
           // Connected first: the run_id is the server's these calls run on.
           auto run_id = s.server_run_id();
           if (!run_id.ok()) return run_id.status();
           std::vector<RedisConnection::EvalCall> sent;
-          sent.reserve(chunks);
-          for (std::size_t c = 0; c < chunks; ++c) {
-            const auto [from, to] = chunk_of(c);
+          sent.reserve(chunks.size());
+          for (const auto& [from, to] : chunks)
             sent.push_back(impl_->many_call(calls, slot, from, to, run_id.value()));
-          }
           return s.eval_many(0, sent);
         });
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const auto [from, to] = chunk_of(c);
-      for (std::size_t j = from; j < to; ++j) {
-        if (!replies.ok())
-          out[slot[j]] = replies.status();
-        else if (!replies.value()[c].ok())
-          out[slot[j]] = replies.value()[c].status();
-        else
-          out[slot[j]] =
-              lease_reply_of(replies.value()[c].value().get(), 8 * (j - from), to - from);
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const auto [from, to] = chunks[c];
+      if (!replies.ok() || !replies.value()[c].ok()) {
+        const Status why = replies.ok() ? replies.value()[c].status() : replies.status();
+        for (std::size_t j = from; j < to; ++j) out[slot[j]] = why;
+        continue;
       }
+      const redisReply* r = replies.value()[c].value().get();
+      std::size_t at = 0;
+      for (std::size_t j = from; j < to; ++j)
+        out[slot[j]] = lease_reply_at(r, at, calls[slot[j]].request->spec);
+      if (r->type != REDIS_REPLY_ARRAY || at != r->elements)  // a reply of another length
+        for (std::size_t j = from; j < to; ++j)
+          out[slot[j]] = Status(StatusCode::kInternal, "redis: unexpected lease reply");
     }
   } catch (...) {
     out.clear();
@@ -283,7 +339,7 @@ StatusOr<std::uint64_t> RedisRateCoordinator::reconcile(std::string_view key,
     return Status(StatusCode::kInvalidArgument,
                   "window_start: must be a window this coordinator leased (whole microseconds)");
   const Impl& m = *impl_;
-  return impl_->conn.call(timeout, [&](RedisConnection::Session& s) -> StatusOr<std::uint64_t> {
+  return impl_->lane().call(timeout, [&](RedisConnection::Session& s) -> StatusOr<std::uint64_t> {
     // Never more than any limit: a larger total gives back the same (what the region held).
     const std::uint64_t total = std::min(relinquished, kMaxExact);
     auto r = m.run_script(s, key,
@@ -297,6 +353,6 @@ StatusOr<std::uint64_t> RedisRateCoordinator::reconcile(std::string_view key,
   });
 }
 
-Status RedisRateCoordinator::health(Nanos timeout) noexcept { return impl_->conn.ping(timeout); }
+Status RedisRateCoordinator::health(Nanos timeout) noexcept { return impl_->lane().ping(timeout); }
 
 }  // namespace sluice
