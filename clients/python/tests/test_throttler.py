@@ -3,6 +3,7 @@
 --throttle-http polls it) and the freno shape (/check/APP/STORE_TYPE/STORE_NAME), over a metric
 a command probe reads from a file the test writes."""
 
+import datetime
 import signal
 import subprocess
 import time
@@ -386,8 +387,8 @@ def test_throttling_an_app_at_run_time_refuses_it_417_until_unthrottled(start_se
     assert status_of(server) == 200
     assert "gh-ost" not in server.http("GET", "/throttler/throttled-apps").json()["apps"]
 
-    # freno's verbs: /throttle-app/APP/TTL_MINUTES/RATIO and /unthrottle-app/APP.
-    assert admin(server, "/throttle-app/purge/10/1").status == 200
+    # freno's verbs: /throttle-app/APP/ttl/TTL_MINUTES/ratio/RATIO and /unthrottle-app/APP.
+    assert admin(server, "/throttle-app/purge/ttl/10/ratio/1").status == 200
     assert status_of(server, "/check/purge/mysql/main") == 417
     assert admin(server, "/unthrottle-app/purge").status == 200
     assert status_of(server, "/check/purge/mysql/main") == 200
@@ -409,7 +410,7 @@ def test_throttling_an_app_at_run_time_refuses_it_417_until_unthrottled(start_se
     for path, word in [("/throttler/throttle-app?app=x&ratio=2", "ratio"),
                        ("/throttler/throttle-app?app=x&duration=soon", "duration"),
                        ("/throttler/throttle-app", "app"),
-                       ("/throttle-app/x/abc", "ttl_minutes"),
+                       ("/throttle-app/x/ttl/abc", "ttl_minutes"),
                        ("/throttler/exempt-app?app=x&exempt=maybe", "exempt")]:
         r = admin(server, path)
         assert r.status == 400 and word in r.text, (path, r)
@@ -421,13 +422,117 @@ def test_throttling_an_app_at_run_time_refuses_it_417_until_unthrottled(start_se
     assert next(a for a in recent if a["app"] == "half")["checks"] == 200
 
 
+def two_stores(value_file):
+    """Two throttlers, freno's stores "main" and "replica", over the same metric."""
+    store = """
+  {name}:
+    kind: throttler
+    shard: {shard}
+    fast_interval: 50ms
+    dormant_interval: 50ms
+    stale_intervals: 40
+    low_priority_hold: 5s
+    metrics:
+      depth:
+        probe: command
+        command: "cat {value}"
+        threshold: 5
+"""
+    return ("policies:" + store.format(name="db", shard="main", value=value_file)
+            + store.format(name="db2", shard="replica", value=value_file))
+
+
+def freno_expiry_in(listed, key):
+    """Seconds from now to the ExpireAt (RFC 3339, UTC) freno's /throttled-apps lists."""
+    at = datetime.datetime.strptime(listed[key]["ExpireAt"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    return (at.replace(tzinfo=datetime.timezone.utc)
+            - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+
+
+def test_freno_routes_as_freno_serves_them(start_server, tmp_path):
+    """freno's route grammar and answers (pkg/http/api.go): /throttle-app/APP[/ttl/M][/ratio/R]
+    with ?store_name= (none: every store), /unthrottle-app/APP, /throttled-apps,
+    /recent-apps[/M], /lb-check, /_ping, /status, /leader-check, ?p=low on the checks."""
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(two_stores(value))
+    for store in ("main", "replica"):
+        wait_until(lambda: status_of(server, f"/check/gh-ost/mysql/{store}") == 200, 5,
+                   what=f"the first sample of {store}")
+    ok = b'{"StatusCode":200,"Message":"OK"}\n'
+    for path in ("/lb-check", "/_ping", "/status"):
+        r = server.http("GET", path)
+        assert (r.status, r.body, r.headers["content-type"]) == (200, ok, "application/json"), r
+        assert server.http("HEAD", path).status == 200
+    r = server.http("GET", "/leader-check")
+    assert (r.status, r.body) == (200, b'"HTTP 200"\n'), r
+
+    # No store: every store. The answer is freno's.
+    r = admin(server, "/throttle-app/purge/ttl/30/ratio/1")
+    assert (r.status, r.body) == (200, ok), r
+    for store in ("main", "replica"):
+        assert status_of(server, f"/check/purge/mysql/{store}") == 417
+    listed = server.http("GET", "/throttled-apps").json()
+    assert set(listed) == {"purge/main", "purge/replica"}, listed
+    assert listed["purge/main"]["Ratio"] == 1
+    assert 29 * 60 < freno_expiry_in(listed, "purge/main") <= 30 * 60
+    # No TTL: the longest rule (freno: none); no ratio: the one it has.
+    assert admin(server, "/throttle-app/purge/ratio/0.5").status == 200
+    listed = server.http("GET", "/throttled-apps").json()
+    assert listed["purge/replica"]["Ratio"] == 0.5
+    assert freno_expiry_in(listed, "purge/replica") > 365 * 86400
+    assert admin(server, "/throttle-app/purge/ttl/10").status == 200
+    listed = server.http("GET", "/throttled-apps").json()
+    assert listed["purge/main"]["Ratio"] == 0.5
+    assert 9 * 60 < freno_expiry_in(listed, "purge/main") <= 10 * 60
+    assert admin(server, "/unthrottle-app/purge").status == 200
+    assert server.http("GET", "/throttled-apps").json() == {}
+    assert status_of(server, "/check/purge/mysql/replica") == 200
+
+    # ?store_name=: that store alone (404 for a store no throttler serves).
+    assert admin(server, "/throttle-app/copy/ttl/5?store_name=replica").status == 200
+    assert status_of(server, "/check/copy/mysql/replica") == 417
+    assert status_of(server, "/check/copy/mysql/main") == 200
+    assert admin(server, "/throttle-app/copy?store_name=nowhere").status == 404
+    assert admin(server, "/unthrottle-app/copy?store_name=replica").status == 200
+    assert status_of(server, "/check/copy/mysql/replica") == 200
+    # HEAD changes the rule as GET does (freno registers both); a ratio of 0 lifts it.
+    assert server.http("HEAD", "/throttle-app/quiet").status == 200
+    assert status_of(server, "/check/quiet/mysql/main") == 417
+    assert admin(server, "/throttle-app/quiet/ratio/0").status == 200
+    assert status_of(server, "/check/quiet/mysql/main") == 200
+    # Bad input is 400 naming it; sluice's earlier grammar is no route.
+    for path, word in [("/throttle-app/x/ttl/abc", "ttl_minutes"),
+                       ("/throttle-app/x/ratio/1.5", "ratio"),
+                       ("/recent-apps/soon", "last_minutes")]:
+        r = server.http("GET", path)
+        assert r.status == 400 and word in r.text, (path, r)
+    assert admin(server, "/throttle-app/x/10/1").status == 404
+
+    # Recent apps: APP/ADDRESS with the time of its last check.
+    recent = server.http("GET", "/recent-apps").json()
+    entry = recent["gh-ost/127.0.0.1"]
+    assert entry["MinutesSinceChecked"] == 0 and abs(entry["CheckedAtEpoch"] - time.time()) < 60
+    assert "gh-ost/127.0.0.1" in server.http("GET", "/recent-apps/5").json()
+
+    # ?p=low on freno's checks: low priority yields while a normal app was refused.
+    value.write_text("9\n")
+    wait_until(lambda: status_of(server, "/check/ddl/mysql/main") == 429, 5, what="429")
+    value.write_text("1\n")
+    wait_until(lambda: status_of(server, "/check/web/mysql/main") == 200, 5, what="200")
+    r = check(server, "/check/purge/mysql/main?p=low")
+    assert r.status == 429 and r.json()["reason"] == "low_priority", r
+    assert status_of(server, "/check/purge/mysql/main") == 200
+
+
 def test_admin_verbs_need_the_token_when_one_is_set(start_server, tmp_path):
     value = tmp_path / "depth"
     value.write_text("1\n")
     with_token = "server:\n  admin_token: s3cret\npolicies:"
     server = start_server(config(value).replace("policies:", with_token, 1))
     for path in ["/throttler/throttle-app?app=a", "/throttler/unthrottle-app?app=a",
-                 "/throttler/exempt-app?app=a", "/throttle-app/a/10/1", "/unthrottle-app/a"]:
+                 "/throttler/exempt-app?app=a", "/throttle-app/a/ttl/10/ratio/1",
+                 "/unthrottle-app/a"]:
         r = admin(server, path)
         assert r.status == 401, (path, r)
         assert admin(server, path, token="wrong").status == 401

@@ -81,18 +81,26 @@
 //   /throttler/app-rule?app=A[&metrics=lag,load][&thresholds=lag:2,load:8][&clear=true]
 //                            the app's metric set and thresholds (over the config's; a
 //                            threshold of 0, or metrics= empty, drops the run-time one)
-//   /throttle-app/A[/TTL_MINUTES[/RATIO]], /unthrottle-app/A  the freno shape (TTL 0: an hour)
+//   /throttle-app/A[/ttl/MINUTES][/ratio/R][?store_name=S], /unthrottle-app/A[?store_name=S]
+//                            the freno shape, also HEAD: store S's throttler, or without it
+//                            every one; no TTL or 0: a year (freno: never expires); no ratio:
+//                            the app's current one, else 1; ratio 0 lifts it; answered
+//                            {"StatusCode":200,"Message":"OK"}
 // `app=all` throttles every app (an exempt one still passes). The rules are kept in the
 // server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
 // the time left; servers do not share them (each its own file). Listings (GET, no token):
 // /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
 // checked, most recent first, with counts, rate and last client address; and per metric
-// whether its load is unexplained by refused checks, sluice/throttler.h: audit_load).
+// whether its load is unexplained by refused checks, sluice/throttler.h: audit_load); in
+// freno's shapes /throttled-apps, /recent-apps[/MINUTES], and /lb-check, /_ping, /status,
+// /leader-check (HEAD too).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <limits>
 #include <map>
@@ -116,6 +124,30 @@
 
 namespace sluice::server {
 namespace {
+
+// The address in a transport's peer ("ip:port", "[ip6]:port"), without the port; anything
+// else (a transport's name) as it is.
+std::string_view address_of(std::string_view peer) {
+  if (peer.size() > 2 && peer.front() == '[') {
+    const auto close = peer.find(']');
+    return close == std::string_view::npos ? peer : peer.substr(1, close - 1);
+  }
+  const auto colon = peer.find(':');
+  return colon != std::string_view::npos && colon == peer.rfind(':') ? peer.substr(0, colon) : peer;
+}
+
+// Unix time in milliseconds as RFC 3339 in UTC, "2026-11-27T20:00:00.125Z".
+std::string rfc3339_utc(std::int64_t unix_ms) {
+  const std::int64_t s = unix_ms >= 0 ? unix_ms / 1000 : (unix_ms - 999) / 1000;
+  const auto t = static_cast<std::time_t>(s);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[40];
+  const int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
+                              tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                              tm.tm_sec, static_cast<int>(unix_ms - s * 1000));
+  return std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+}
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
@@ -238,19 +270,23 @@ class ThrottlerPolicy final : public Policy {
   // change (the rule applies from then on). A transport thread never waits for the disk.
   using Done = RuntimeStateStore::Done;
 
-  // Throttles `app` for `duration` with probability `ratio` (an app "all": every app).
-  void throttle(const std::string& app, Nanos duration, double ratio, Done done) {
+  // Throttles `app` for `duration` with probability `ratio` (an app "all": every app); no ratio:
+  // the one it is throttled with now (freno's rule), else 1.
+  void throttle(const std::string& app, Nanos duration, std::optional<double> ratio, Done done) {
     if (Status s = check_app(app); !s.ok()) return done(std::move(s));
-    if (!(ratio > 0 && ratio <= 1)) return done(bad("ratio: must be in (0, 1]"));
+    if (ratio && !(*ratio > 0 && *ratio <= 1)) return done(bad("ratio: must be in (0, 1]"));
     if (duration <= Nanos{0} || duration > kMaxThrottle)
       return done(bad("duration: must be positive and at most a year"));
     const std::lock_guard lock(admin_mu_);
     RuntimeRule r = runtime_rule(app);
-    r.until_unix_ms =
-        unix_ms_now() + std::chrono::ceil<std::chrono::milliseconds>(duration).count();
-    r.ratio = ratio;
+    const std::int64_t now_ms = unix_ms_now();
+    if (!ratio) ratio = r.until_unix_ms > now_ms ? r.ratio : 1.0;
+    r.until_unix_ms = now_ms + std::chrono::ceil<std::chrono::milliseconds>(duration).count();
+    r.ratio = *ratio;
     save(app, r, std::move(done));
   }
+  // The longest throttle: what freno's "no TTL" (never expires) is here.
+  static constexpr Nanos longest_throttle() { return kMaxThrottle; }
   void unthrottle(const std::string& app, Done done) {
     if (Status s = check_app(app); !s.ok()) return done(std::move(s));
     const std::lock_guard lock(admin_mu_);
@@ -328,6 +364,35 @@ class ThrottlerPolicy final : public Policy {
                                {"seconds", secs(audits_[i].unexplained_for)}};
     return out;
   }
+  // freno's /throttled-apps: each app throttled now under `app + suffix`, {"ExpireAt": the
+  // wall-clock expiry (RFC 3339, UTC), "Ratio"}.
+  void freno_throttled_apps(nlohmann::json& out, const std::string& suffix) const {
+    const Nanos now = clock_.now();
+    const std::int64_t now_ms = unix_ms_now();
+    const std::lock_guard lock(mu_);
+    for (const auto& [app, r] : rules_) {
+      if (!(now < r.throttled_until)) continue;
+      const std::int64_t at_ms =
+          now_ms + std::chrono::ceil<std::chrono::milliseconds>(r.throttled_until - now).count();
+      out[app + suffix] = {{"ExpireAt", rfc3339_utc(at_ms)}, {"Ratio", r.ratio}};
+    }
+  }
+  // freno's /recent-apps: each app that checked within `last_minutes` (0: any), under
+  // "app/<its last client's address>", {"CheckedAtEpoch" (seconds), "MinutesSinceChecked"}.
+  void freno_recent_apps(nlohmann::json& out, std::int64_t last_minutes) const {
+    const Nanos now = clock_.now();
+    const std::int64_t now_s = unix_ms_now() / 1000;
+    const std::lock_guard lock(mu_);
+    for (const auto& [name, a] : state_.apps) {
+      const std::int64_t ago_s =
+          std::chrono::floor<std::chrono::seconds>(now - a.last_check).count();
+      const std::int64_t minutes = ago_s / 60;
+      if (last_minutes > 0 && minutes > last_minutes) continue;
+      out[name + "/" + std::string(address_of(a.last_client))] = {{"CheckedAtEpoch", now_s - ago_s},
+                                                                  {"MinutesSinceChecked", minutes}};
+    }
+  }
+
   // The apps that checked, most recent first: the audit.
   nlohmann::json recent_apps_json() const {
     const Nanos now = clock_.now();
@@ -1194,7 +1259,7 @@ RouteReply ok_json(nlohmann::json body) {
 // freno's checks: /check/{app}/{store_type}/{store_name} (the store name is the shard),
 // /check-read/.../{threshold} with the reader's own threshold, and their -if-exists forms, which
 // answer 200 for a store no throttler serves (a client that may ask about stores not yet
-// throttled).
+// throttled); ?p=low for a low-priority app.
 HttpRoute freno_route(std::string pattern, bool if_exists) {
   return HttpRoute{
       {"GET", "HEAD"},
@@ -1216,8 +1281,10 @@ HttpRoute freno_route(std::string pattern, bool if_exists) {
         }
         if (std::string why = app_name_error(req.param("app")); !why.empty())
           return bad_request(why);
-        return reply_of(t.value()->check(req.param("app"), ThrottleScope::kDefault, false, req.peer,
-                                         threshold));
+        // freno: p=low is low priority, any other p normal.
+        const bool low = req.arg("p") == std::optional<std::string_view>("low");
+        return reply_of(
+            t.value()->check(req.param("app"), ThrottleScope::kDefault, low, req.peer, threshold));
       }};
 }
 
@@ -1355,24 +1422,126 @@ HttpRoute admin_route(std::string pattern, AdminAction action) {
       }};
 }
 
-// freno: /throttle-app/{app}[/{ttl_minutes}[/{ratio}]] (a TTL of 0 or none: an hour).
+// freno's admin verbs, as freno routes them (GET and HEAD; POST too): the rule is for the store
+// `store_name=` names (that shard's throttler: 404 if none) or, without it, for every store
+// (every throttler), as freno's rule without a store holds for all. Answered in freno's shape
+// once every throttler's state file holds it: 200 {"StatusCode":200,"Message":"OK"}; bad input
+// 400 naming it (freno answers 500).
+RouteReply freno_ok() {
+  RouteReply out;
+  out.body = "{\"StatusCode\":200,\"Message\":\"OK\"}\n";
+  return out;
+}
+HttpRoute freno_admin_route(std::string pattern, AdminAction action) {
+  return HttpRoute{
+      {"GET", "HEAD", "POST"},
+      std::move(pattern),
+      true,
+      [action = std::move(action)](const RouteRequest& req, const KindPolicies& ps,
+                                   Deferral<RouteReply>& later) -> Decided<RouteReply> {
+        std::vector<std::shared_ptr<ThrottlerPolicy>> targets;
+        if (const auto store = req.arg("store_name")) {
+          auto t = find(ps, *store);
+          if (!t.ok()) return not_found(t.status());
+          targets.push_back(std::move(t.value()));
+        } else {
+          for (const std::shared_ptr<Policy>& p : ps)
+            targets.push_back(std::static_pointer_cast<ThrottlerPolicy>(p));
+          if (targets.empty()) return not_found(find(ps, std::nullopt).status());
+        }
+        // Answered when the last throttler has answered: OK, or the first error.
+        struct Join {
+          std::mutex mu;
+          std::size_t left;
+          Status first;
+          Completion<RouteReply> answer;
+        };
+        auto join = std::make_shared<Join>();
+        join->left = targets.size();
+        join->answer = later.defer();
+        for (const std::shared_ptr<ThrottlerPolicy>& t : targets)
+          action(req, *t, [join, t](Status s) {
+            std::unique_lock lock(join->mu);
+            if (!s.ok() && join->first.ok()) join->first = std::move(s);
+            if (--join->left > 0) return;
+            const Status first = join->first;
+            lock.unlock();
+            join->answer(first.ok() ? StatusOr<RouteReply>(freno_ok())
+                                    : StatusOr<RouteReply>(first));
+          });
+        return std::nullopt;
+      }};
+}
+
+// freno: /throttle-app/{app}[/ttl/{ttl_minutes}][/ratio/{ratio}]. No TTL, or 0: freno's rule
+// never expires; here it lasts the longest a rule may (a year). No ratio: the one the app is
+// throttled with now, else 1; a ratio of 0 (freno: never refused) lifts the throttle.
 void freno_throttle(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
-  Nanos ttl = std::chrono::hours(1);
+  Nanos ttl = ThrottlerPolicy::longest_throttle();
   const std::string_view minutes = req.param("ttl_minutes");
   if (!minutes.empty()) {
     std::uint64_t m = 0;
     const auto [end, ec] = std::from_chars(minutes.data(), minutes.data() + minutes.size(), m);
-    if (ec != std::errc{} || end != minutes.data() + minutes.size() || m > 366 * 24 * 60)
-      return done(Status(
-          StatusCode::kInvalidArgument,
-          "ttl_minutes: must be a whole number of minutes, not '" + std::string(minutes) + "'"));
+    if (ec != std::errc{} || end != minutes.data() + minutes.size() ||
+        std::chrono::minutes(m) > ThrottlerPolicy::longest_throttle())
+      return done(Status(StatusCode::kInvalidArgument,
+                         "ttl_minutes: must be a whole number of minutes up to a year, not '" +
+                             std::string(minutes) + "'"));
     if (m > 0) ttl = std::chrono::minutes(m);
   }
-  const std::string_view ratio_text = req.param("ratio");
-  auto ratio =
-      ratio_arg(ratio_text.empty() ? std::nullopt : std::optional<std::string_view>(ratio_text));
-  if (!ratio.ok()) return done(ratio.status());
-  t.throttle(app_of(req), ttl, ratio.value(), std::move(done));
+  std::optional<double> ratio;
+  if (const std::string_view text = req.param("ratio"); !text.empty()) {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size() || !(v >= 0 && v <= 1))
+      return done(Status(StatusCode::kInvalidArgument,
+                         "ratio: must be a number in [0, 1], not '" + std::string(text) + "'"));
+    if (v == 0) return t.unthrottle(app_of(req), std::move(done));
+    ratio = v;
+  }
+  t.throttle(app_of(req), ttl, ratio, std::move(done));
+}
+
+// freno's read-only routes: the rules and the recent apps in its shape (with several
+// throttlers, each app under APP/STORE), and the load balancer's and leader checks (every
+// sluice server decides alone: each is its own leader).
+HttpRoute freno_listing(std::string pattern, bool recent) {
+  return HttpRoute{{"GET", "HEAD"},
+                   std::move(pattern),
+                   false,
+                   [recent](const RouteRequest& req, const KindPolicies& ps,
+                            Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+                     std::int64_t last_minutes = 0;
+                     if (const std::string_view text = req.param("last_minutes"); !text.empty()) {
+                       const auto [end, ec] =
+                           std::from_chars(text.data(), text.data() + text.size(), last_minutes);
+                       if (ec != std::errc{} || end != text.data() + text.size())
+                         return bad_request("last_minutes: must be a whole number, not '" +
+                                            std::string(text) + "'");
+                     }
+                     nlohmann::json out = nlohmann::json::object();
+                     for (const std::shared_ptr<Policy>& p : ps) {
+                       const auto t = std::static_pointer_cast<ThrottlerPolicy>(p);
+                       if (recent)
+                         t->freno_recent_apps(out, last_minutes);
+                       else
+                         t->freno_throttled_apps(out,
+                                                 ps.size() > 1 ? "/" + t->shard() : std::string());
+                     }
+                     return ok_json(std::move(out));
+                   }};
+}
+HttpRoute freno_status(std::string pattern, std::string body) {
+  return HttpRoute{
+      {"GET", "HEAD"},
+      std::move(pattern),
+      false,
+      [body = std::move(body)](const RouteRequest& /*req*/, const KindPolicies& /*ps*/,
+                               Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+        RouteReply out;
+        out.body = body;
+        return out;
+      }};
 }
 
 PolicyKind throttler_kind_impl() {
@@ -1393,7 +1562,7 @@ PolicyKind throttler_kind_impl() {
         if (!d.ok()) return done(d.status());
         auto ratio = ratio_arg(req.arg("ratio"));
         if (!ratio.ok()) return done(ratio.status());
-        t.throttle(app_of(req), d.value(), ratio.value(), std::move(done));
+        t.throttle(app_of(req), d.value(), ratio.value(), std::move(done));  // ratio: 1 if none
       }));
   kind.routes.push_back(admin_route("/throttler/unthrottle-app",
                                     [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
@@ -1444,13 +1613,20 @@ PolicyKind throttler_kind_impl() {
                              "exempt: must be true or false, not '" + std::string(e) + "'"));
         t.exempt(app_of(req), e == "true", std::move(done));
       }));
-  for (const char* pattern : {"/throttle-app/{app}", "/throttle-app/{app}/{ttl_minutes}",
-                              "/throttle-app/{app}/{ttl_minutes}/{ratio}"})
-    kind.routes.push_back(admin_route(pattern, freno_throttle));
-  kind.routes.push_back(admin_route("/unthrottle-app/{app}",
-                                    [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
-                                      t.unthrottle(app_of(req), std::move(done));
-                                    }));
+  for (const char* pattern : {"/throttle-app/{app}", "/throttle-app/{app}/ratio/{ratio}",
+                              "/throttle-app/{app}/ttl/{ttl_minutes}",
+                              "/throttle-app/{app}/ttl/{ttl_minutes}/ratio/{ratio}"})
+    kind.routes.push_back(freno_admin_route(pattern, freno_throttle));
+  kind.routes.push_back(freno_admin_route(
+      "/unthrottle-app/{app}", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
+        t.unthrottle(app_of(req), std::move(done));
+      }));
+  kind.routes.push_back(freno_listing("/throttled-apps", false));
+  kind.routes.push_back(freno_listing("/recent-apps", true));
+  kind.routes.push_back(freno_listing("/recent-apps/{last_minutes}", true));
+  for (const char* pattern : {"/lb-check", "/_ping", "/status"})
+    kind.routes.push_back(freno_status(pattern, freno_ok().body));
+  kind.routes.push_back(freno_status("/leader-check", "\"HTTP 200\"\n"));
   // Read-only listings: the rules, and the apps that checked (the audit).
   const auto listing = [](std::string pattern, bool recent) {
     return HttpRoute{
