@@ -136,6 +136,17 @@ int main(int argc, char** argv) {
               return "must be host:port with a port in 1..65535, not '" + text + "'";
             },
             "HOST:PORT");
+    // $SLUICE_SERVER stands for --server when none is given: the same check, naming it.
+    c->parse_complete_callback([c, &client] {
+      const char* env = std::getenv("SLUICE_SERVER");
+      if (env == nullptr || c->count("--server") > 0) return;
+      std::string host;
+      int port = 0;
+      if (!sluice::parse_host_port(client.server, host, port))
+        throw CLI::ValidationError(
+            "SLUICE_SERVER",
+            "must be host:port with a port in 1..65535, not '" + client.server + "'");
+    });
     c->add_option("--timeout", client.timeout_seconds, "seconds to wait for the reply")
         ->check(CLI::Range(0.001, 3600.0));
     c->add_flag("--json", client.json, "print the reply as JSON");

@@ -127,10 +127,27 @@ void ok_json(HttpExchange& x, const json& j, unsigned status = 200) {
   x.response = json_text(j);
 }
 
-// The request body as a JSON object; an error names what is wrong.
+// The request body as a JSON object; an error names what is wrong. A key twice in one object
+// is an error (a parser keeps one of the two silently, and not every parser the same one).
 StatusOr<json> body_object(const HttpExchange& x) {
-  json j = json::parse(x.body, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::set<std::string, std::less<>>> open;  // per open object, its keys so far
+  std::string twice;
+  const json::parser_callback_t keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      open.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      if (!open.empty()) open.pop_back();
+    } else if (event == json::parse_event_t::key && !open.empty() && parsed.is_string()) {
+      if (!open.back().insert(parsed.get_ref<const std::string&>()).second && twice.empty())
+        twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json j = json::parse(x.body, keys, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status(StatusCode::kInvalidArgument, "body: not valid JSON");
+  if (!twice.empty())
+    return Status(StatusCode::kInvalidArgument,
+                  "body: the key " + json_text(json(twice)) + " appears twice in one object");
   if (!j.is_object()) return Status(StatusCode::kInvalidArgument, "body: must be a JSON object");
   return j;
 }

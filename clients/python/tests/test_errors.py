@@ -1,6 +1,7 @@
 """Bad input: each error is the right SluiceError subclass, carries the gRPC code, and its message
 names the field at fault."""
 
+import os
 import secrets
 
 import grpc
@@ -209,3 +210,10 @@ def test_a_cli_server_address_with_a_port_out_of_range_is_refused():
                            capture_output=True, text=True, timeout=30)
         assert r.returncode != 0, (bad, r.stdout)
         assert f"must be host:port with a port in 1..65535, not '{bad}'" in r.stderr, r.stderr
+    # $SLUICE_SERVER, which stands for --server, is checked alike, naming it.
+    env = dict(os.environ, SLUICE_SERVER="127.0.0.1:99999")
+    r = subprocess.run([sluice_bin(), "check", "api-rate", "k"], capture_output=True, text=True,
+                       timeout=30, env=env)
+    assert r.returncode != 0, r.stdout
+    assert "SLUICE_SERVER: must be host:port with a port in 1..65535, not '127.0.0.1:99999'" \
+        in r.stderr, r.stderr

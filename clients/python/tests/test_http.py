@@ -158,6 +158,16 @@ def test_bad_input_is_400_naming_the_field(server):
     err = r.json()["error"]
     assert err["code"] == "invalid_argument"
     assert "JSON" in err["message"]
+    # A key twice in one object (at any depth) is refused, naming it, and takes nothing.
+    # (the last "hits" is 1: a parser that kept it would take one)
+    for body, name in [('{"policy": "api-rate", "key": "twice", "hits": 1000, "hits": 1}', "hits"),
+                       ('{"checks": [{"policy": "api-rate", "key": "a", "key": "b"}]}', "key")]:
+        path = "/v1/check" if "checks" not in body else "/v1/check_many"
+        r = server.http("POST", path, body)
+        assert r.status == 400, (body, r)
+        assert r.json()["error"]["message"] == f'body: the key "{name}" appears twice in one object'
+    r = server.http("POST", "/v1/peek", {"policy": "api-rate", "key": "twice"})
+    assert r.status == 200 and r.json()["remaining"] == r.json()["limit"] - 1, r  # a fresh key
 
     cases = [
         ("/v1/check", {"policy": "api-rate", "key": "k", "hits": "many"}, "hits:"),
