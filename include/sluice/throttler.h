@@ -25,6 +25,10 @@
 //   6. a low-priority check (p=low) is refused 429 ("low_priority") while any normal-priority
 //      check was refused within `low_priority_hold`: background work yields first;
 //   7. otherwise 200.
+// An app name of several ':'-separated parts (Vitess's "<uuid>:vreplication:online-ddl") is
+// also each of its parts: its own rule is the whole name's, else the first part's that has one;
+// any part's rule that exempts (2) or throttles (5) it does so. It is reported and audited
+// under the whole name.
 // Every check records itself in the ThrottlerState (per-app counts and times for the audit, the
 // last refusal of a normal-priority app, "recently checked").
 //

@@ -157,8 +157,22 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
   out.scope = std::string(to_string(scope));
   out.recently_checked = state.last_check.count() != kNone && now - state.last_check <= o.recently;
 
-  // 1. The app's rule: its own, else `all`'s, else the defaults.
+  // 1. The app's rule: its own, else `all`'s, else the defaults. A name of several
+  // ':'-separated parts (Vitess's "<uuid>:vreplication:online-ddl") is also each part: the rule
+  // is the whole name's, else the first part's that has one; any part exempt or throttled
+  // exempts or throttles it.
   const ThrottleAppRule* own = rule_of(rules, out.app);
+  std::vector<const ThrottleAppRule*> parts;  // the parts' rules, in order (no whole name's)
+  if (out.app.find(':') != std::string::npos)
+    for (std::string_view rest = out.app; !rest.empty();) {
+      const std::size_t colon = rest.find(':');
+      const std::string_view part = rest.substr(0, colon);
+      rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+      if (const ThrottleAppRule* r = part.empty() ? nullptr : rule_of(rules, part)) {
+        parts.push_back(r);
+        if (own == nullptr) own = r;
+      }
+    }
   const ThrottleAppRule* all = rule_of(rules, "all");
   const ThrottleAppRule* rule = own != nullptr ? own : all;
   std::vector<const ThrottleMetric*> set;
@@ -199,10 +213,15 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
       out.threshold = decided->threshold;
     }
     const bool over = decided != nullptr && decided->over;
-    const bool throttled_now =
-        (own != nullptr && now < own->throttled_until && check.random < own->ratio) ||
-        (all != nullptr && now < all->throttled_until && check.random < all->ratio);
-    if (own != nullptr && own->exempt) {
+    const auto throttles = [&](const ThrottleAppRule* r) {
+      return r != nullptr && now < r->throttled_until && check.random < r->ratio;
+    };
+    const bool throttled_now = throttles(own) || throttles(all) ||
+                               std::any_of(parts.begin(), parts.end(), throttles);
+    const bool exempt = (own != nullptr && own->exempt) ||
+                        std::any_of(parts.begin(), parts.end(),
+                                    [](const ThrottleAppRule* r) { return r->exempt; });
+    if (exempt) {
       out.reason = "exempt";  // 2.
       out.message = "app " + out.app + " is exempt";
     } else if (over) {

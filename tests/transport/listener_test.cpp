@@ -50,15 +50,20 @@ class Running {
   std::thread thread_;
 };
 
-// A connected client socket (-1: the process had no descriptor for it).
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
+// Connects the client socket `fd` to the listener on `port`.
+bool connect_fd(int fd, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+  return ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+}
+
+// A connected client socket (-1: the process had no descriptor for it).
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (!connect_fd(fd, port)) {
     ::close(fd);
     return -1;
   }
@@ -201,14 +206,17 @@ TEST(Listener, OutOfDescriptorsItShedsBacksOffReportsAndRecovers) {
   std::vector<int> filler;
   for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) filler.push_back(fd);
   ASSERT_EQ(errno, EMFILE);
-  // Three descriptors for three clients; none is left for the listener to accept with.
+  // Three descriptors for three clients; none is left for the listener to accept with. The
+  // sockets are all made before the first connects: shedding a connection frees the listener's
+  // spare descriptor and takes it again, which a socket made meanwhile could take instead.
   std::vector<int> clients;
   for (int i = 0; i < 3; ++i) {
     ::close(filler.back());
     filler.pop_back();
-    clients.push_back(connect_to(run.port()));
+    clients.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     ASSERT_GE(clients.back(), 0);
   }
+  for (int fd : clients) ASSERT_TRUE(connect_fd(fd, run.port()));
   // Each waiting connection is shed through the spare descriptor: none stays stuck.
   for (int fd : clients) EXPECT_TRUE(closed_by_server(fd, 3000ms));
   EXPECT_EQ(held.served.load(), 0);

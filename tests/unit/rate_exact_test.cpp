@@ -274,6 +274,46 @@ TEST(WindowExtremes, SlidingWindowDoesNotWrapAndWeighsExactly) {
   }
 }
 
+// A refused check's retry_after is exact for every limit the API accepts (those above 2^62
+// included): the same check is refused 1 ns before it and allowed at it. Random states, limits
+// small and from 2^62 to 2^64 - 1, periods from 1 ns to 100 years.
+TEST(WindowExtremes, SlidingWindowRetryAfterIsExactForEveryLimit) {
+  std::mt19937_64 rng(20261127);
+  int checked = 0;
+  for (int i = 0; i < 200'000; ++i) {
+    const std::uint64_t limit =
+        i % 3 == 0 ? 1 + rng() % 1000 : (rng() >> (rng() % 2)) | (std::uint64_t{1} << 62);
+    const std::int64_t periods[] = {1, 7, 1'000'000'007,
+                                    std::chrono::nanoseconds(kMaxRatePeriod).count()};
+    const std::int64_t p =
+        i % 5 == 0 ? 1 + static_cast<std::int64_t>(rng() % 5'000'000'000) : periods[rng() % 4];
+    const RateRule r = rule(RateStrategy::kSlidingWindow, limit, Nanos{p});
+    // A time the clock can reach with two more periods after it (the steady clock counts from
+    // boot: far below 2^63 ns).
+    const std::int64_t room = std::numeric_limits<std::int64_t>::max() / p - 3;
+    const std::int64_t start = p * (room > 0 ? static_cast<std::int64_t>(rng() % 3) % room : 0);
+    const Nanos now{start + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(p))};
+    SlidingWindowState s;
+    s.window_start = start;
+    s.previous = rng() % (limit / (1 + rng() % 4) + 1);
+    s.current = rng() % (limit - std::min(limit, s.previous / 2) + 1);
+    const std::uint64_t hits = 1 + rng() % limit;
+    const RateDecision d = decide(s, r, hits, now, false);
+    if (d.allowed || d.retry_after == Nanos::max()) continue;
+    ++checked;
+    ASSERT_GT(d.retry_after, Nanos{0});
+    ASSERT_TRUE(decide(s, r, hits, now + d.retry_after, false).allowed)
+        << "limit " << limit << " period " << p << " prev " << s.previous << " cur " << s.current
+        << " hits " << hits << " retry_after " << d.retry_after.count();
+    if (d.retry_after > Nanos{1}) {
+      ASSERT_FALSE(decide(s, r, hits, now + d.retry_after - Nanos{1}, false).allowed)
+          << "limit " << limit << " period " << p << " prev " << s.previous << " cur " << s.current
+          << " hits " << hits << " retry_after " << d.retry_after.count();
+    }
+  }
+  EXPECT_GT(checked, 50'000);
+}
+
 // Random requests against a 128-bit count, for windows with limits above 2^63.
 TEST(WindowExtremes, FixedWindowMatchesAWideCounter) {
   std::mt19937_64 rng(42);

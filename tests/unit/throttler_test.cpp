@@ -223,6 +223,35 @@ TEST(Throttler, AnExemptAppPassesWhateverTheMetricsAndThrottlesSay) {
   EXPECT_TRUE(r.metrics[0].over);  // still reported
 }
 
+// Vitess names an app by several ':'-separated parts ("<uuid>:vreplication:online-ddl"): a rule
+// on any part applies (the whole name's first, then the first part's), as Vitess's throttler
+// reads them.
+TEST(Throttler, AnAppNameOfSeveralPartsIsEachOfThem) {
+  Throttler t({metric("lag", 5, {sample("r1", 1)}), metric("load", 8, {sample("r1", 7)})});
+  const std::string name = "4b3c:vreplication:online-ddl";
+  EXPECT_EQ(t.check(name).status, 200u);
+  t.rules["online-ddl"].throttled_until = kNow + seconds(60);
+  EXPECT_EQ(t.check(name).status, 417u);
+  EXPECT_EQ(t.check(name).app, name);  // reported (and audited) under its whole name
+  EXPECT_EQ(t.check("online-ddl-other").status, 200u);  // a part is a whole part
+  EXPECT_EQ(t.check("online-ddl:x").status, 417u);
+  // A part that is exempt exempts the name; a part's thresholds and metric set apply.
+  t.rules["vreplication"].exempt = true;
+  EXPECT_EQ(t.check(name).reason, "exempt");
+  t.rules.erase("vreplication");
+  t.rules.erase("online-ddl");
+  t.rules["vreplication"].metrics = {"load"};
+  t.rules["vreplication"].thresholds["load"] = 6;
+  const ThrottleResult r = t.check(name);
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.metric, "load");
+  EXPECT_EQ(r.threshold, 6);
+  // The whole name's own rule comes first.
+  t.rules[name].metrics = {"lag"};
+  EXPECT_EQ(t.check(name).status, 200u);
+  EXPECT_EQ(t.check(":::").status, 200u);  // empty parts name nothing
+}
+
 TEST(Throttler, LowPriorityYieldsWhileANormalAppWasRefusedRecently) {
   Throttler t({metric("lag", 5, {sample("r1", 1, milliseconds(50), kSlow)})});
   EXPECT_EQ(t.check("bg", ThrottleScope::kDefault, true).status, 200u);

@@ -392,6 +392,11 @@ def test_throttling_an_app_at_run_time_refuses_it_417_until_unthrottled(start_se
     assert status_of(server, "/check/purge/mysql/main") == 417
     assert admin(server, "/unthrottle-app/purge").status == 200
     assert status_of(server, "/check/purge/mysql/main") == 200
+    # Vitess's app names of several ':'-separated parts: a rule on a part applies.
+    assert admin(server, "/throttler/throttle-app?app=online-ddl").status == 200
+    assert status_of(server, "/throttler/check?app=4b3c:vreplication:online-ddl") == 417
+    assert status_of(server, "/throttler/check?app=4b3c:vreplication") == 200
+    assert admin(server, "/throttler/unthrottle-app?app=online-ddl").status == 200
 
     # `all` throttles every app; an exempt app passes anyway.
     assert admin(server, "/throttler/throttle-app?app=all").status == 200
