@@ -216,11 +216,11 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
     const auto throttles = [&](const ThrottleAppRule* r) {
       return r != nullptr && now < r->throttled_until && check.random < r->ratio;
     };
-    const bool throttled_now = throttles(own) || throttles(all) ||
-                               std::any_of(parts.begin(), parts.end(), throttles);
-    const bool exempt = (own != nullptr && own->exempt) ||
-                        std::any_of(parts.begin(), parts.end(),
-                                    [](const ThrottleAppRule* r) { return r->exempt; });
+    const bool throttled_now =
+        throttles(own) || throttles(all) || std::any_of(parts.begin(), parts.end(), throttles);
+    const bool exempt =
+        (own != nullptr && own->exempt) ||
+        std::any_of(parts.begin(), parts.end(), [](const ThrottleAppRule* r) { return r->exempt; });
     if (exempt) {
       out.reason = "exempt";  // 2.
       out.message = "app " + out.app + " is exempt";
