@@ -5,11 +5,12 @@
 // hook tells.
 //
 // An input is a sequence of records: a byte (low 3 bits: the call: Check, Peek, CheckMany,
-// Admit, Release, Heartbeat, ListPolicies; bits 4-5: how far the clock moves first: 0, 10ms,
-// 1s, 2m), a two-byte little-endian length and that many bytes: the raw request, as the service
-// receives it (it decodes requests itself: bytes that do not decode must be INVALID_ARGUMENT). A
-// Release or Heartbeat whose lease_id is "LEASE" gets the last lease an admit returned (lease ids
-// are random).
+// Admit, Release, Heartbeat, ListPolicies, and 7 the throttler kind's own method
+// sluice.v1.Throttler/Check, called as GrpcKindMethods calls it; bits 4-5: how far the clock moves
+// first: 0, 10ms, 1s, 2m), a two-byte little-endian length and that many bytes: the raw request, as
+// the service receives it (it decodes requests itself: bytes that do not decode must be
+// INVALID_ARGUMENT). A Release or Heartbeat whose lease_id is "LEASE" gets the last lease an admit
+// returned (lease ids are random).
 //
 // Invariants: every call finishes inline (these policies never defer) with OK or a code the
 // API documents (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE), with a
@@ -112,6 +113,15 @@ std::string with_lease(EngineUnderTest& t, std::string_view bytes) {
   return req.SerializeAsString();
 }
 
+// A kind method's deferral: the methods fuzzed here answer inline, never defer.
+class NoDeferral final : public sluice::server::Deferral<std::string> {
+ public:
+  sluice::server::Completion<std::string> defer() override {
+    require(false, "a kind method deferred its answer");
+    return [](sluice::StatusOr<std::string>) {};
+  }
+};
+
 void check_decision(const pb::Decision& d, const char* name) {
   require(d.allowed() || d.has_retry_after(), std::string(name) + ": a denial has a retry_after");
 }
@@ -180,6 +190,35 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
       pb::HeartbeatResponse resp;
       if (call<pb::HeartbeatRequest>(service, &GrpcService::Heartbeat, req, resp, "Heartbeat").ok())
         require(resp.has_ttl(), "an OK Heartbeat gives the TTL");
+      break;
+    }
+    case 7: {
+      // A kind's own method, as GrpcKindMethods passes it: sluice.v1.Throttler/Check, whose
+      // request the throttler kind decodes by hand (server/proto_wire.h).
+      const auto* m = t.engine().kinds().method("/sluice.v1.Throttler/Check");
+      require(m != nullptr, "the throttler kind registers /sluice.v1.Throttler/Check");
+      NoDeferral later;
+      const auto r = m->method.handle(std::string(bytes), t.engine().policies_of(m->kind), later);
+      require(r.has_value(), "Throttler/Check answers inline");
+      if (r->ok()) {
+        pb::ThrottlerCheckResponse resp;
+        require(resp.ParseFromString(r->value()), "Throttler/Check: the response decodes");
+        require(resp.status_code() == 200 || resp.status_code() == 429 ||
+                    resp.status_code() == 417 || resp.status_code() == 404,
+                "Throttler/Check: a status the API documents, got " +
+                    std::to_string(resp.status_code()));
+        pb::ThrottlerCheckRequest req;
+        if (req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+          require(req.app().empty() || resp.app() == req.app(),
+                  "Throttler/Check answers for the app asked");
+      } else {
+        const auto code = r->status().code();
+        require((code == sluice::StatusCode::kInvalidArgument ||
+                 code == sluice::StatusCode::kNotFound) &&
+                    !r->status().message().empty(),
+                "Throttler/Check: an error is INVALID_ARGUMENT or NOT_FOUND with a message, got " +
+                    r->status().to_string());
+      }
       break;
     }
     default: {

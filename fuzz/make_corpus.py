@@ -242,7 +242,19 @@ def heartbeat_req(lease="LEASE", ttl=None):
     return out
 
 
-CHECK, PEEK, CHECK_MANY, ADMIT, RELEASE, HEARTBEAT, LIST = range(7)
+CHECK, PEEK, CHECK_MANY, ADMIT, RELEASE, HEARTBEAT, LIST, THROTTLER_CHECK = range(8)
+
+
+def throttler_req(app="", shard="", scope="", low=False, threshold=None):
+    out = b""
+    for field, v in ((1, app), (2, shard), (3, scope)):
+        if v:
+            out += f_len(field, v)
+    if low:
+        out += f_int(4, 1)
+    if threshold is not None:
+        out += varint(5 << 3 | 1) + struct.pack("<d", threshold)
+    return out
 
 
 def record(call, msg, clock=0):
@@ -271,6 +283,13 @@ def grpc_seeds():
         record(RELEASE, release_req(outcome=99)),
         record(HEARTBEAT, heartbeat_req("nope", (1, 0))),
         record(LIST, b""),
+        record(THROTTLER_CHECK, throttler_req("gh-ost")),
+        record(THROTTLER_CHECK, throttler_req("a:b:c", "main", "self", True, 0.5)),
+        record(THROTTLER_CHECK, throttler_req("x", "nowhere")),
+        record(THROTTLER_CHECK, throttler_req("x", scope="sideways")),
+        record(THROTTLER_CHECK, throttler_req("x", threshold=-1.0)),
+        record(THROTTLER_CHECK, f_int(1, 5)),  # app with the wrong wire type
+        record(THROTTLER_CHECK, b"\xff\xff"),
     ]
     sequences = [
         record(ADMIT, admit_req("search", key="alice")) * 3

@@ -19,6 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "server/engine.h"
+#include "server/registry.h"
+#include "sluice/config.h"
+#include "transport/http_server.h"
+
 namespace sluice::transport {
 namespace {
 
@@ -57,6 +62,16 @@ bool connect_fd(int fd, int port) {
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   return ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+}
+
+// GET /healthz of a server whose engine has `part` attached: its status and body.
+std::pair<unsigned, std::string> healthz(server::Engine& engine) {
+  HttpExchange x;
+  x.method = "GET";
+  x.target = "/healthz";
+  x.peer = "127.0.0.1:1";
+  handle_http(engine, nullptr, x);
+  return {x.status, x.response};
 }
 
 // A connected client socket (-1: the process had no descriptor for it).
@@ -197,6 +212,15 @@ TEST(Listener, OutOfDescriptorsItShedsBacksOffReportsAndRecovers) {
     held.served.fetch_add(1);
   };
   Running run(o, clock, served_then_closed);
+  // The server's engine, with this listener attached as the HTTP port: /healthz tells its
+  // problem.
+  const server::PolicyRegistry kinds = server::PolicyRegistry::builtin();
+  ConfigLoad load = load_config("policies:\n  r: {kind: rate, limit: 5, period: 1s}\n", kinds);
+  ASSERT_TRUE(load.config.has_value());
+  auto engine = server::Engine::create(*load.config, clock, kinds);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  engine.value()->attach("http listener", &run.listener());
+  EXPECT_EQ(healthz(*engine.value()), (std::pair<unsigned, std::string>{200, "ok\n"}));
   // A low descriptor limit for this process (its own test process), restored at the end.
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
@@ -242,8 +266,12 @@ TEST(Listener, OutOfDescriptorsItShedsBacksOffReportsAndRecovers) {
   EXPECT_LE(errors, 20) << "accept is retried without backing off";
   // Health: a problem only once it has lasted failing_after.
   EXPECT_EQ(run.listener().problem(), "");
+  EXPECT_EQ(healthz(*engine.value()).first, 200u);
   clock.advance(2s);
   EXPECT_EQ(run.listener().problem(), "cannot accept connections for 2.0s: Too many open files");
+  EXPECT_EQ(healthz(*engine.value()),
+            (std::pair<unsigned, std::string>{
+                503, "http listener: cannot accept connections for 2.0s: Too many open files\n"}));
   // Descriptors come back: the next client is served and the problem is gone.
   for (int fd : filler) ::close(fd);
   for (int fd : clients) ::close(fd);
@@ -251,6 +279,8 @@ TEST(Listener, OutOfDescriptorsItShedsBacksOffReportsAndRecovers) {
   ASSERT_GE(again, 0);
   EXPECT_TRUE(eventually([&] { return held.served.load() == 1; }));
   EXPECT_EQ(run.listener().problem(), "");
+  EXPECT_EQ(healthz(*engine.value()).first, 200u);
+  engine.value()->detach(&run.listener());
   ::close(again);
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
 }

@@ -299,3 +299,84 @@ def test_grpc_calls_open_at_once_on_one_connection_are_capped(start_server):
         for c in calls:
             c.cancel()
         channel.close()
+
+
+def h2_frame(kind: int, flags: int = 0, payload: bytes = b"", stream: int = 0) -> bytes:
+    """An HTTP/2 frame (RFC 9113, 4.1)."""
+    return (len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")
+            + payload)
+
+
+def h2_read_frame(s: socket.socket):
+    """(type, flags, payload) of the next frame; None at the end of the connection."""
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = s.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+    head = exactly(9)
+    if head is None:
+        return None
+    payload = exactly(int.from_bytes(head[:3], "big"))
+    return (head[3], head[4], payload) if payload is not None else None
+
+
+def h2_open(port: int) -> socket.socket:
+    """An HTTP/2 connection with no call on it: the preface and an empty SETTINGS."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4))
+    return s
+
+
+SETTINGS, PING, GOAWAY = 4, 6, 7
+
+
+def test_grpc_pings_a_quiet_connection_and_closes_it_when_the_ping_goes_unanswered(
+        start_server):
+    """server.keepalive: gRPC pings a connection quiet for that long (a call under way or not)
+    and closes it when the ping is not answered within the keepalive (at most 10 s); a client
+    that answers keeps its connection."""
+    server = start_server("server:\n  keepalive: 300ms\n"
+                          "policies:\n  r: {kind: rate, limit: 5, period: 1s}\n")
+    # Not answered: pinged, then closed (the connection ends).
+    s = h2_open(server.grpc_port)
+    seen, opened = [], time.monotonic()
+    pinged_after = None
+    while True:
+        frame = h2_read_frame(s)
+        if frame is None:
+            break
+        kind, flags, _ = frame
+        seen.append(kind)
+        if kind == SETTINGS and not flags & 1:
+            s.sendall(h2_frame(SETTINGS, 1))  # acknowledged: the connection is up
+        if kind == PING and not flags & 1 and pinged_after is None:
+            pinged_after = time.monotonic() - opened
+    closed_after = time.monotonic() - opened
+    s.close()
+    assert pinged_after is not None, f"no PING in {closed_after:.1f} s: frames {seen}"
+    assert pinged_after < closed_after < 5, (pinged_after, closed_after, seen)
+
+    # Answered: every PING acknowledged, the connection outlives many keepalives.
+    s = h2_open(server.grpc_port)
+    s.settimeout(0.2)
+    pings = 0
+    until = time.monotonic() + 2.5
+    while time.monotonic() < until:
+        try:
+            frame = h2_read_frame(s)
+        except socket.timeout:
+            continue
+        assert frame is not None, f"closed though its {pings} PINGs were answered"
+        kind, flags, payload = frame
+        assert kind != GOAWAY, f"GOAWAY though its {pings} PINGs were answered"
+        if kind == SETTINGS and not flags & 1:
+            s.sendall(h2_frame(SETTINGS, 1))
+        if kind == PING and not flags & 1:
+            pings += 1
+            s.sendall(h2_frame(PING, 1, payload))
+    s.close()
+    assert pings >= 1
