@@ -4,6 +4,7 @@
 a command probe reads from a file the test writes."""
 
 import datetime
+import shutil
 import signal
 import subprocess
 import time
@@ -570,6 +571,28 @@ def test_rules_set_at_run_time_survive_a_restart(start_server, tmp_path):
     assert apps["rescue"]["exempt"] is True
     # A throttle that ran out while the server was down is gone, from the file too.
     assert "brief" not in apps and "brief" not in state.read_text()
+
+
+def test_a_rule_the_state_file_cannot_hold_is_503_and_not_applied(start_server, tmp_path):
+    """A state file that cannot be written (here its directory is gone: tests run as root, so a
+    permission cannot be taken away) is the server's trouble: 503 naming the file and why, and
+    the rule takes no effect; the server keeps serving checks."""
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    home = tmp_path / "state"
+    home.mkdir()
+    state = home / "state.json"
+    text = config(value).replace("policies:", f"server:\n  state_file: {state}\npolicies:", 1)
+    server = start_server(text)
+    wait_until(lambda: status_of(server) == 200, 5, what="the first sample")
+    assert admin(server, "/throttler/throttle-app?app=kept&duration=1h").status == 200
+    shutil.rmtree(home)
+    for path in ("/throttler/throttle-app?app=lost&duration=1h", "/throttle-app/lost"):
+        r = admin(server, path)
+        assert r.status == 503, (path, r)
+        assert str(state) in r.text, r.text
+    assert status_of(server, "/throttler/check?app=lost") == 200
+    assert status_of(server, "/throttler/check?app=kept") == 417
 
 
 def test_the_default_configs_throttler_answers_its_first_check_from_good_samples(server):
