@@ -83,9 +83,9 @@ void check_answer(EngineUnderTest& t, const HttpExchange& x) {
   // Errors; a denied check's 429 is a decision, and a failed reload says so in its own shape.
   // The throttler's checks answer in the shape Vitess and freno clients parse: its StatusCode
   // is the response's, with a Message.
-  // (freno's listings, when they answer, are maps keyed by app names, which may be any word.)
-  const bool listing =
-      x.status == 200 && (path == "/throttled-apps" || path.rfind("/recent-apps", 0) == 0);
+  // (freno's listings, when they answer, are maps keyed by app or host names: any word.)
+  const bool listing = x.status == 200 && (path == "/throttled-apps" || path == "/skipped-hosts" ||
+                                           path.rfind("/recent-apps", 0) == 0);
   if (is_json && j.is_object() && j.contains("StatusCode") && !listing) {
     require(j["StatusCode"].is_number_unsigned() && j["StatusCode"].get<unsigned>() == x.status &&
                 j["Message"].is_string(),

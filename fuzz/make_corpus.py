@@ -133,6 +133,8 @@ def http_seeds():
         http_request("/check/gh-ost/mysql/main?p=low", method=1),
         http_request("/throttled-apps", method=1), http_request("/recent-apps/5", method=1),
         http_request("/lb-check", method=3), http_request("/leader-check", method=1),
+        http_request("/skip-host/self/ttl/5", method=1), http_request("/skipped-hosts", method=1),
+        http_request("/recover-host/self", method=2),
         http_request("/throttler/app-rule?app=x&metrics=busy&thresholds=busy:0.5", method=1),
         http_request("/throttler/throttled-apps", method=1),
         http_request("/throttler/recent-apps", method=1),

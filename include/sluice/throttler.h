@@ -94,6 +94,11 @@ struct ThrottleCheck {
   // the probes): a sample is stale only past stale_intervals of the longer of it and the
   // interval the sample was taken under. 0: the sample's own alone.
   Nanos interval_in_force{0};
+  // Hosts skipped until a time (freno's skip-host: a host taken out for maintenance): in the
+  // shard scope their samples are left out while now < their time; a metric whose every host
+  // is skipped counts as over ("no_sample"). The self scope is the first host whatever this
+  // says. Null: none.
+  const std::map<std::string, Nanos, std::less<>>* skipped_hosts = nullptr;
 };
 
 struct ThrottleOptions {

@@ -67,7 +67,8 @@ bool worse(const Judged& a, const Judged& b) {
 }
 
 ThrottleMetricResult evaluate(const ThrottleMetric& m, double threshold, ThrottleScope scope,
-                              Nanos now, Nanos in_force) {
+                              Nanos now, Nanos in_force,
+                              const std::map<std::string, Nanos, std::less<>>* skipped = nullptr) {
   ThrottleMetricResult r;
   r.name = m.name;
   r.scope = std::string(to_string(scope));
@@ -82,8 +83,19 @@ ThrottleMetricResult evaluate(const ThrottleMetric& m, double threshold, Throttl
   if (scope == ThrottleScope::kSelf) {
     hosts.push_back(judge(m.hosts.front(), m.stale_intervals, now, in_force));
   } else {
+    const auto is_skipped = [&](const std::string& host) {
+      if (skipped == nullptr) return false;
+      const auto it = skipped->find(host);
+      return it != skipped->end() && now < it->second;
+    };
     for (const ThrottleSample& s : m.hosts)
-      hosts.push_back(judge(s, m.stale_intervals, now, in_force));
+      if (!is_skipped(s.host)) hosts.push_back(judge(s, m.stale_intervals, now, in_force));
+    if (hosts.empty()) {
+      r.over = true;
+      r.reason = "no_sample";
+      r.detail = "every host of metric " + m.name + " is skipped";
+      return r;
+    }
     std::sort(hosts.begin(), hosts.end(), worse);
     const std::size_t ignore = std::min(m.ignore_hosts, hosts.size() - 1);
     hosts.erase(hosts.begin(), hosts.begin() + static_cast<std::ptrdiff_t>(ignore));
@@ -202,7 +214,8 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
         if (t != rule->thresholds.end()) threshold = t->second;
       }
       if (check.threshold > 0) threshold = check.threshold;
-      out.metrics.push_back(evaluate(*m, threshold, scope, now, check.interval_in_force));
+      out.metrics.push_back(
+          evaluate(*m, threshold, scope, now, check.interval_in_force, check.skipped_hosts));
     }
     const ThrottleMetricResult* decided = nullptr;
     for (const ThrottleMetricResult& r : out.metrics)

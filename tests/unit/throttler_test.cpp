@@ -49,10 +49,13 @@ struct Throttler {
   ThrottleOptions options;
   ThrottlerState state;
 
+  std::map<std::string, Nanos, std::less<>> skipped;
+
   ThrottleResult check(std::string_view app, ThrottleScope scope = ThrottleScope::kDefault,
                        bool low = false, double random = 0.5, Nanos now = kNow) {
-    return throttle_check(metrics, rules, options, state, ThrottleCheck{app, scope, low, random},
-                          "127.0.0.1:5000", now);
+    ThrottleCheck c{app, scope, low, random};
+    c.skipped_hosts = &skipped;
+    return throttle_check(metrics, rules, options, state, c, "127.0.0.1:5000", now);
   }
 };
 
@@ -156,6 +159,28 @@ TEST(Throttler, ShardScopeIsTheWorstHostAfterIgnoringTheWorstNAndSelfIsTheFirst)
   // Never all of them: ignoring more than hosts - 1 still judges one.
   t.metrics[0].ignore_hosts = 10;
   EXPECT_EQ(t.check("a").metrics[0].host, "r3");
+}
+
+// freno's skip-host: a skipped host is left out of the shard scope until its time; the self
+// scope is the first host regardless; every host skipped counts as over.
+TEST(Throttler, ASkippedHostIsLeftOutOfTheShardScopeUntilItsTime) {
+  Throttler t({metric("lag", 5, {sample("self", 1), sample("r2", 9), sample("r3", 3)})});
+  EXPECT_EQ(t.check("a").status, 429u);
+  t.skipped["r2"] = kNow + seconds(60);
+  ThrottleResult r = t.check("a");
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(r.metrics[0].host, "r3");
+  EXPECT_EQ(t.check("a", ThrottleScope::kShard, false, 0.5, kNow + seconds(60)).status,
+            429u);  // its time is up
+  t.skipped["self"] = kNow + seconds(60);
+  t.metrics[0].hosts[0].value = 7;
+  EXPECT_EQ(t.check("a", ThrottleScope::kSelf).status, 429u);  // self is self
+  EXPECT_EQ(t.check("a", ThrottleScope::kShard).metrics[0].host, "r3");
+  t.skipped["r3"] = kNow + seconds(60);
+  r = t.check("a");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_EQ(r.reason, "no_sample");
+  EXPECT_NE(r.message.find("every host of metric lag is skipped"), std::string::npos) << r.message;
 }
 
 TEST(Throttler, AnAppsRuleSetsItsMetricsAndThresholdsAndAllIsTheCatchAll) {

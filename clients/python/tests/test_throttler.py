@@ -531,6 +531,39 @@ def test_freno_routes_as_freno_serves_them(start_server, tmp_path):
     assert status_of(server, "/check/purge/mysql/main") == 200
 
 
+def test_freno_skip_host_leaves_a_host_out_of_the_shard_scope(start_server, tmp_path):
+    """freno's /skip-host/HOST[/ttl/MINUTES], /recover-host/HOST and /skipped-hosts: a skipped
+    host's samples are left out of the shard scope (here the command probe's only host, "self":
+    every host skipped counts as over), never out of the self scope."""
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(config(value))
+    wait_until(lambda: status_of(server) == 200, 5, what="the first sample")
+    r = admin(server, "/skip-host/self/ttl/5")
+    assert (r.status, r.body) == (200, b'{"StatusCode":200,"Message":"OK"}\n'), r
+    skipped = server.http("GET", "/skipped-hosts").json()
+    assert set(skipped) == {"self"}, skipped
+    at = datetime.datetime.strptime(skipped["self"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc)
+    left = (at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    assert 4 * 60 < left <= 5 * 60, left
+    r = check(server)
+    assert r.status == 429 and r.json()["reason"] == "no_sample", r
+    assert "every host of metric depth is skipped" in r.json()["Message"], r
+    assert status_of(server, "/throttler/check-self?app=gh-ost") == 200  # self is self
+    assert admin(server, "/recover-host/self").status == 200
+    assert server.http("GET", "/skipped-hosts").json() == {}
+    assert status_of(server) == 200
+    # No TTL: an hour, as freno's; bad input names it.
+    assert admin(server, "/skip-host/self").status == 200
+    at = datetime.datetime.strptime(server.http("GET", "/skipped-hosts").json()["self"],
+                                    "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+    assert 59 * 60 < (at - datetime.datetime.now(datetime.timezone.utc)).total_seconds() <= 3600
+    r = admin(server, "/skip-host/self/ttl/soon")
+    assert r.status == 400 and "ttl_minutes" in r.text, r
+    assert admin(server, "/recover-host/self").status == 200
+
+
 def test_admin_verbs_need_the_token_when_one_is_set(start_server, tmp_path):
     value = tmp_path / "depth"
     value.write_text("1\n")

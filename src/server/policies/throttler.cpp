@@ -86,14 +86,16 @@
 //                            every one; no TTL or 0: a year (freno: never expires); no ratio:
 //                            the app's current one, else 1; ratio 0 lifts it; answered
 //                            {"StatusCode":200,"Message":"OK"}
+//   /skip-host/H[/ttl/MINUTES], /recover-host/H   freno's: host H's samples left out of every
+//                            metric's shard scope (no TTL or 0: an hour), kept in memory only
 // `app=all` throttles every app (an exempt one still passes). The rules are kept in the
 // server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
 // the time left; servers do not share them (each its own file). Listings (GET, no token):
 // /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
 // checked, most recent first, with counts, rate and last client address; and per metric
 // whether its load is unexplained by refused checks, sluice/throttler.h: audit_load); in
-// freno's shapes /throttled-apps, /recent-apps[/MINUTES], and /lb-check, /_ping, /status,
-// /leader-check (HEAD too).
+// freno's shapes /throttled-apps, /recent-apps[/MINUTES], /skipped-hosts, and /lb-check,
+// /_ping, /status, /leader-check (HEAD too).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -393,6 +395,35 @@ class ThrottlerPolicy final : public Policy {
     }
   }
 
+  // freno's skip-host: `host`'s samples are left out of the shard scope for `ttl` (kept in
+  // memory: a restart forgets it). At most kMaxSkippedHosts at once.
+  Status skip_host(const std::string& host, Nanos ttl) {
+    if (std::string why = app_name_error(host); !why.empty()) return bad("host" + why.substr(3));
+    const Nanos now = clock_.now();
+    const std::lock_guard lock(mu_);
+    std::erase_if(skipped_hosts_, [&](const auto& e) { return !(now < e.second); });
+    if (!skipped_hosts_.contains(host) && skipped_hosts_.size() >= kMaxSkippedHosts)
+      return bad("host: at most " + std::to_string(kMaxSkippedHosts) +
+                 " hosts are skipped at once (recover some first)");
+    skipped_hosts_[host] = now + ttl;
+    return {};
+  }
+  void recover_host(std::string_view host) {
+    const std::lock_guard lock(mu_);
+    if (const auto it = skipped_hosts_.find(host); it != skipped_hosts_.end())
+      skipped_hosts_.erase(it);
+  }
+  // freno's /skipped-hosts: each host skipped now, with its wall-clock end (RFC 3339, UTC).
+  void freno_skipped_hosts(nlohmann::json& out) const {
+    const Nanos now = clock_.now();
+    const std::int64_t now_ms = unix_ms_now();
+    const std::lock_guard lock(mu_);
+    for (const auto& [host, until] : skipped_hosts_)
+      if (now < until)
+        out[host] =
+            rfc3339_utc(now_ms + std::chrono::ceil<std::chrono::milliseconds>(until - now).count());
+  }
+
   // The apps that checked, most recent first: the audit.
   nlohmann::json recent_apps_json() const {
     const Nanos now = clock_.now();
@@ -426,9 +457,9 @@ class ThrottlerPolicy final : public Policy {
       const Nanos in_force = interval_at(now);
       was_dormant = in_force != spec_.fast_interval;
       const double draw = std::uniform_real_distribution<double>(0, 1)(rng_);
-      r = throttle_check(metrics_, rules_, spec_.options, state_,
-                         ThrottleCheck{app, scope, low_priority, draw, threshold, in_force}, client,
-                         now);
+      ThrottleCheck c{app, scope, low_priority, draw, threshold, in_force};
+      if (!skipped_hosts_.empty()) c.skipped_hosts = &skipped_hosts_;
+      r = throttle_check(metrics_, rules_, spec_.options, state_, c, client, now);
     }
     if (was_dormant) wake_loops();  // sample at the fast interval from now on
     return r;
@@ -623,6 +654,7 @@ class ThrottlerPolicy final : public Policy {
  private:
   static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
   static constexpr std::size_t kMaxRuntimeRules = 1000;
+  static constexpr std::size_t kMaxSkippedHosts = 1000;
   static constexpr Nanos kBeforePublish = std::chrono::milliseconds(1);
 
   static Status bad(std::string message) {
@@ -778,6 +810,7 @@ class ThrottlerPolicy final : public Policy {
   std::vector<Last> last_;                                     // guarded by mu_
   ThrottlerState state_;                                       // guarded by mu_
   std::map<std::string, ThrottleAppRule, std::less<>> rules_;  // config + run time; mu_
+  std::map<std::string, Nanos, std::less<>> skipped_hosts_;    // host -> until (clock_); mu_
   std::mt19937_64 rng_;                                        // guarded by mu_
 };
 
@@ -1476,19 +1509,24 @@ HttpRoute freno_admin_route(std::string pattern, AdminAction action) {
 // freno: /throttle-app/{app}[/ttl/{ttl_minutes}][/ratio/{ratio}]. No TTL, or 0: freno's rule
 // never expires; here it lasts the longest a rule may (a year). No ratio: the one the app is
 // throttled with now, else 1; a ratio of 0 (freno: never refused) lifts the throttle.
-void freno_throttle(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
-  Nanos ttl = ThrottlerPolicy::longest_throttle();
+// freno's {ttl_minutes} segment: `fallback` when absent or 0, else that many minutes (a year at
+// most).
+StatusOr<Nanos> freno_ttl(const RouteRequest& req, Nanos fallback) {
   const std::string_view minutes = req.param("ttl_minutes");
-  if (!minutes.empty()) {
-    std::uint64_t m = 0;
-    const auto [end, ec] = std::from_chars(minutes.data(), minutes.data() + minutes.size(), m);
-    if (ec != std::errc{} || end != minutes.data() + minutes.size() ||
-        std::chrono::minutes(m) > ThrottlerPolicy::longest_throttle())
-      return done(Status(StatusCode::kInvalidArgument,
-                         "ttl_minutes: must be a whole number of minutes up to a year, not '" +
-                             std::string(minutes) + "'"));
-    if (m > 0) ttl = std::chrono::minutes(m);
-  }
+  if (minutes.empty()) return fallback;
+  std::uint64_t m = 0;
+  const auto [end, ec] = std::from_chars(minutes.data(), minutes.data() + minutes.size(), m);
+  if (ec != std::errc{} || end != minutes.data() + minutes.size() ||
+      std::chrono::minutes(m) > ThrottlerPolicy::longest_throttle())
+    return Status(StatusCode::kInvalidArgument,
+                  "ttl_minutes: must be a whole number of minutes up to a year, not '" +
+                      std::string(minutes) + "'");
+  return m > 0 ? Nanos{std::chrono::minutes(m)} : fallback;
+}
+
+void freno_throttle(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
+  const StatusOr<Nanos> ttl = freno_ttl(req, ThrottlerPolicy::longest_throttle());
+  if (!ttl.ok()) return done(ttl.status());
   std::optional<double> ratio;
   if (const std::string_view text = req.param("ratio"); !text.empty()) {
     double v = 0;
@@ -1499,7 +1537,7 @@ void freno_throttle(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
     if (v == 0) return t.unthrottle(app_of(req), std::move(done));
     ratio = v;
   }
-  t.throttle(app_of(req), ttl, ratio, std::move(done));
+  t.throttle(app_of(req), ttl.value(), ratio, std::move(done));
 }
 
 // freno's read-only routes: the rules and the recent apps in its shape (with several
@@ -1531,6 +1569,14 @@ HttpRoute freno_listing(std::string pattern, bool recent) {
                      return ok_json(std::move(out));
                    }};
 }
+// freno: /skip-host/{host_name}[/ttl/{ttl_minutes}] (no TTL, or 0: an hour, as freno's) leaves
+// the host out of every metric's shard scope until then; /recover-host/{host_name} ends it.
+void freno_skip_host(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
+  const StatusOr<Nanos> ttl = freno_ttl(req, std::chrono::hours(1));
+  if (!ttl.ok()) return done(ttl.status());
+  done(t.skip_host(std::string(req.param("host_name")), ttl.value()));
+}
+
 HttpRoute freno_status(std::string pattern, std::string body) {
   return HttpRoute{
       {"GET", "HEAD"},
@@ -1621,6 +1667,24 @@ PolicyKind throttler_kind_impl() {
       "/unthrottle-app/{app}", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
         t.unthrottle(app_of(req), std::move(done));
       }));
+  for (const char* pattern : {"/skip-host/{host_name}", "/skip-host/{host_name}/ttl/{ttl_minutes}"})
+    kind.routes.push_back(freno_admin_route(pattern, freno_skip_host));
+  kind.routes.push_back(freno_admin_route(
+      "/recover-host/{host_name}", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
+        t.recover_host(req.param("host_name"));
+        done(Status());
+      }));
+  kind.routes.push_back(
+      HttpRoute{{"GET", "HEAD"},
+                "/skipped-hosts",
+                false,
+                [](const RouteRequest& /*req*/, const KindPolicies& ps,
+                   Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+                  nlohmann::json out = nlohmann::json::object();
+                  for (const std::shared_ptr<Policy>& p : ps)
+                    std::static_pointer_cast<ThrottlerPolicy>(p)->freno_skipped_hosts(out);
+                  return ok_json(std::move(out));
+                }});
   kind.routes.push_back(freno_listing("/throttled-apps", false));
   kind.routes.push_back(freno_listing("/recent-apps", true));
   kind.routes.push_back(freno_listing("/recent-apps/{last_minutes}", true));
