@@ -105,7 +105,7 @@ RateDecision decide(FixedWindowState& s, const RateRule& rule, std::uint64_t hit
   std::uint64_t count = s.window_start == start ? s.count : 0;
   RateDecision d;
   d.limit = rule.limit;
-  const Nanos window_end{start + p - now.count()};
+  const Nanos window_end{p - (now.count() - start)};  // start + p - now, without overflow
   if (!fits(count, hits, rule.limit)) {
     d.remaining = count < rule.limit ? rule.limit - count : 0;
     d.reset_after = count > 0 ? window_end : Nanos{0};
@@ -149,9 +149,9 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
   const u128 used = weighted_prev + cur_after * up;
   d.remaining = used < cap ? static_cast<std::uint64_t>((cap - used) / up) : 0;
   if (cur_after > 0)
-    d.reset_after = Nanos{start + 2 * p - n};
+    d.reset_after = Nanos{2 * p - elapsed};  // start + 2p - n, which could overflow
   else if (prev > 0)
-    d.reset_after = Nanos{start + p - n};
+    d.reset_after = Nanos{p - elapsed};
   if (allowed) {
     d.allowed = true;
     if (commit && hits > 0) {
@@ -168,13 +168,13 @@ RateDecision decide(SlidingWindowState& s, const RateRule& rule, std::uint64_t h
     // or it would have passed): the smallest elapsed e with prev * (p - e) <= room.
     const u128 room = static_cast<u128>(rule.limit - cur - hits) * up;
     const std::int64_t at = p - static_cast<std::int64_t>(std::min(room / prev, up));
-    d.retry_after = Nanos{std::max<std::int64_t>(1, start + at - n)};
+    d.retry_after = Nanos{std::max<std::int64_t>(1, at - elapsed)};
   } else {
     // The next window, where this window's count is the previous one (cur > 0): the smallest
     // x into it with cur * (p - x) <= (limit - hits) * p.
     const u128 room = static_cast<u128>(rule.limit - hits) * up;
     const std::int64_t x = p - static_cast<std::int64_t>(std::min(room / cur, up));
-    d.retry_after = Nanos{std::max<std::int64_t>(1, start + p + x - n)};
+    d.retry_after = Nanos{std::max<std::int64_t>(1, p + x - elapsed)};
   }
   return d;
 }

@@ -131,23 +131,23 @@ void ok_json(HttpExchange& x, const json& j, unsigned status = 200) {
 // is an error (a parser keeps one of the two silently, and not every parser the same one).
 StatusOr<json> body_object(const HttpExchange& x) {
   std::vector<std::set<std::string, std::less<>>> open;  // per open object, its keys so far
-  std::string twice;
+  std::optional<std::string> twice;  // the first key seen twice ("" is a key too)
   const json::parser_callback_t keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
     if (event == json::parse_event_t::object_start) {
       open.emplace_back();
     } else if (event == json::parse_event_t::object_end) {
       if (!open.empty()) open.pop_back();
     } else if (event == json::parse_event_t::key && !open.empty() && parsed.is_string()) {
-      if (!open.back().insert(parsed.get_ref<const std::string&>()).second && twice.empty())
+      if (!open.back().insert(parsed.get_ref<const std::string&>()).second && !twice)
         twice = parsed.get<std::string>();
     }
     return true;
   };
   json j = json::parse(x.body, keys, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status(StatusCode::kInvalidArgument, "body: not valid JSON");
-  if (!twice.empty())
+  if (twice)
     return Status(StatusCode::kInvalidArgument,
-                  "body: the key " + json_text(json(twice)) + " appears twice in one object");
+                  "body: the key " + json_text(json(*twice)) + " appears twice in one object");
   if (!j.is_object()) return Status(StatusCode::kInvalidArgument, "body: must be a JSON object");
   return j;
 }

@@ -161,7 +161,8 @@ def test_bad_input_is_400_naming_the_field(server):
     # A key twice in one object (at any depth) is refused, naming it, and takes nothing.
     # (the last "hits" is 1: a parser that kept it would take one)
     for body, name in [('{"policy": "api-rate", "key": "twice", "hits": 1000, "hits": 1}', "hits"),
-                       ('{"checks": [{"policy": "api-rate", "key": "a", "key": "b"}]}', "key")]:
+                       ('{"checks": [{"policy": "api-rate", "key": "a", "key": "b"}]}', "key"),
+                       ('{"policy": "api-rate", "key": "k", "": 1, "": 2}', "")]:
         path = "/v1/check" if "checks" not in body else "/v1/check_many"
         r = server.http("POST", path, body)
         assert r.status == 400, (body, r)
