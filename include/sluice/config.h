@@ -125,9 +125,10 @@ enum class CoordinatorRole : std::uint8_t {
   kConcurrency,     // the fleet's concurrency interface (sluice/coordinator.h)
   kRateBudget,      // federation's rate-budget interface (sluice/rate_coordinator.h)
   kRegionalEscrow,  // federation's regional pool (sluice/regional_escrow.h)
+  kSharedRules,     // a throttler's rules set at run time (sluice/shared_rules.h)
 };
-// Whether a coordinator of `kind` serves `role`: every kind serves the concurrency and
-// rate-budget interfaces; the regional pool runs on memory and Redis, not on PostgreSQL (the
+// Whether a coordinator of `kind` serves `role`: every kind serves the concurrency, rate-budget
+// and shared-rules interfaces; the regional pool runs on memory and Redis, not on PostgreSQL (the
 // server offers each coordinator's interfaces by this table, server/coordinators.h).
 [[nodiscard]] bool serves(CoordinatorSpec::Kind kind, CoordinatorRole role) noexcept;
 // "memory", "redis", "postgres".

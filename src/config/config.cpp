@@ -39,6 +39,8 @@ std::string_view role_name(CoordinatorRole role) {
       return "a federated budget (the rate-budget interface)";
     case CoordinatorRole::kRegionalEscrow:
       return "a regional escrow (the regional pool)";
+    case CoordinatorRole::kSharedRules:
+      return "a throttler's shared rules";
   }
   return "this";
 }

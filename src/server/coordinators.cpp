@@ -11,6 +11,7 @@
 #include "sluice/redis_coordinator.h"
 #include "sluice/redis_rate_coordinator.h"
 #include "sluice/redis_regional_escrow.h"
+#include "sluice/shared_rules.h"
 
 namespace sluice::server {
 
@@ -106,6 +107,36 @@ void offer_pool(NamedCoordinator& named, RedisOptions options, const Clock& cloc
   });
 }
 
+// The shared rules' keys and table beside the fleet's: "<fleet prefix>rules:", or
+// "sluice:rules:" beside the default "sluice:fleet:"; the table "<fleet prefix>_rules", or
+// "sluice_rules" beside the default "sluice_fleet".
+RedisOptions rules_options(RedisOptions o) {
+  const RedisOptions fleet_default;
+  o.key_prefix = o.key_prefix == fleet_default.key_prefix ? redis_shared_rules_options().key_prefix
+                                                          : o.key_prefix + "rules:";
+  return o;
+}
+PostgresOptions rules_options(PostgresOptions o) {
+  const PostgresOptions fleet_default;
+  o.table_prefix = o.table_prefix == fleet_default.table_prefix
+                       ? postgres_shared_rules_options().table_prefix
+                       : o.table_prefix + "_rules";
+  return o;
+}
+
+// The shared rules, made when a throttler first names the coordinator (they connect on their
+// first call, so a server that cannot be reached now is no error).
+template <typename Options>
+void offer_rules(NamedCoordinator& named, Options options,
+                 StatusOr<std::unique_ptr<SharedRules>> (*make)(Options)) {
+  named.offer_lazy<SharedRules>(
+      [options = rules_options(std::move(options)), make]() -> StatusOr<std::shared_ptr<void>> {
+        auto r = make(options);
+        if (!r.ok()) return r.status();
+        return std::shared_ptr<void>(std::shared_ptr<SharedRules>(std::move(r.value())));
+      });
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& name,
@@ -139,13 +170,16 @@ StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(const std::string& 
           std::make_unique<MemoryRateCoordinator>(clock), clock, named->stats));
       named->offer<RegionalEscrow>(std::make_shared<TimedRegionalEscrow>(
           std::make_shared<MemoryRegionalEscrow>(clock), clock, named->stats));
+      named->offer<SharedRules>(std::shared_ptr<SharedRules>(memory_shared_rules(clock)));
       break;
     case CoordinatorSpec::Kind::kRedis:
       offer_rate<RedisRateCoordinator>(*named, spec.redis, clock);
       offer_pool(*named, spec.redis, clock);
+      offer_rules<RedisOptions>(*named, spec.redis, &redis_shared_rules);
       break;
     case CoordinatorSpec::Kind::kPostgres:
       offer_rate<PostgresRateCoordinator>(*named, spec.postgres, clock);
+      offer_rules<PostgresOptions>(*named, spec.postgres, &postgres_shared_rules);
       break;
   }
   return named;
@@ -171,12 +205,18 @@ std::vector<std::string> coordinator_problems(const CoordinatorSpec& spec,
       if (has(CoordinatorRole::kRegionalEscrow))
         check(RedisRegionalEscrow::open(pool_options(spec.redis)).status(),
               "the regional pool's keys: ");
+      if (has(CoordinatorRole::kSharedRules))
+        check(redis_shared_rules(rules_options(spec.redis)).status(), "the shared rules' keys: ");
       break;
     case CoordinatorSpec::Kind::kPostgres:
       check(PostgresCoordinator::open(spec.postgres, spec.rules).status(), "");
       if (has(CoordinatorRole::kRateBudget))
         check(PostgresRateCoordinator::open(rate_options(spec.postgres)).status(),
               "federation's tables (prefix " + rate_options(spec.postgres).table_prefix +
+                  ", from table_prefix): ");
+      if (has(CoordinatorRole::kSharedRules))
+        check(postgres_shared_rules(rules_options(spec.postgres)).status(),
+              "the shared rules' table (" + rules_options(spec.postgres).table_prefix +
                   ", from table_prefix): ");
       break;
   }

@@ -4,12 +4,12 @@
 // What it is: NamedCoordinator is one coordinator of the config (memory, Redis or PostgreSQL)
 // with the spec's fingerprint (a reload keeps it when unchanged) and every interface it serves,
 // by type (the fleet's ConcurrencyCoordinator, federation's RateCoordinator and RegionalEscrow),
-// each decorated to time its calls into the one CoordinatorCallStats (the regional pool's calls
-// are not timed yet). An interface may be offered lazily: it is connected when the first
-// policy asks for it (so a Redis that only fleet policies use is never held to federation's
-// requirements), and a failure to connect fails that policy's build, naming the coordinator. A
-// policy asks for the interface it needs through its BuildContext; its identity includes every
-// coordinator it names. make_coordinator() connects one.
+// each decorated to time its calls into the one CoordinatorCallStats, and a throttler's
+// SharedRules (whose calls are not timed). An interface may be offered lazily: it is connected
+// when the first policy asks for it (so a Redis that only fleet policies use is never held to
+// federation's requirements), and a failure to connect fails that policy's build, naming the
+// coordinator. A policy asks for the interface it needs through its BuildContext; its identity
+// includes every coordinator it names. make_coordinator() connects one.
 //
 // Thread-safety: a NamedCoordinator is built once, then shared read-only; its interfaces are
 // safe to call concurrently.

@@ -71,6 +71,7 @@ PUBLIC_HEADERS = {
     "redis_options.h": "core",
     "redis_rate_coordinator.h": "backends",
     "redis_regional_escrow.h": "backends",
+    "shared_rules.h": "backends",
     "config.h": "config",
     "config_section.h": "config",
 }

@@ -81,6 +81,13 @@ CASES = {  # name: (config, validate's error, serve's when it differs)
           r: {kind: rate, limit: 5, period: 99999999999h}
         """, "policies.r.period: is too long to hold: at most 2562047h (about 292 years), not "
              "'99999999999h'", None),
+    "throttler-shared-rules-on-no-coordinator": ("""
+        policies:
+          t:
+            kind: throttler
+            shared_rules: nope
+            metrics: {load: {probe: loadavg, threshold: 4}}
+        """, "policies.t.shared_rules: no coordinator named 'nope'", None),
     "throttler-stale-after-one-interval": ("""
         policies:
           t:

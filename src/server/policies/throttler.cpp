@@ -87,10 +87,13 @@
 //                            the app's current one, else 1; ratio 0 lifts it; answered
 //                            {"StatusCode":200,"Message":"OK"}
 //   /skip-host/H[/ttl/MINUTES], /recover-host/H   freno's: host H's samples left out of every
-//                            metric's shard scope (no TTL or 0: an hour), kept in memory only
+//                            metric's shard scope (no TTL or 0: an hour), kept in memory
 // `app=all` throttles every app (an exempt one still passes). The rules are kept in the
 // server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
-// the time left; servers do not share them (each its own file). Listings (GET, no token):
+// the time left (each server its own file); or, with `shared_rules: COORDINATOR`, in that
+// coordinator's table for the shard (sluice/shared_rules.h), skipped hosts too, which every
+// server naming it reads every shared_rules_interval (server/shared_rule_mirror.h): a verb is
+// answered once the coordinator holds the change. Listings (GET, no token):
 // /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
 // checked, most recent first, with counts, rate and last client address; and per metric
 // whether its load is unexplained by refused checks, sluice/throttler.h: audit_load); in
@@ -120,7 +123,9 @@
 #include "server/json_text.h"
 #include "server/proto_wire.h"
 #include "server/registry.h"
+#include "server/shared_rule_mirror.h"
 #include "sluice/config.h"
+#include "sluice/shared_rules.h"
 #include "sluice/text.h"
 #include "sluice/throttler.h"
 
@@ -178,6 +183,10 @@ struct ThrottlerSpec final : PolicyBody {
   double stale_intervals = ThrottleMetric{}.stale_intervals;
   std::vector<MetricSpec> metrics;
   std::map<std::string, ThrottleAppRule, std::less<>> apps;
+  // The coordinator whose table holds the rules set at run time, shared by every server that
+  // names it (empty: this server's own, in its state file), and how often it is read.
+  std::string shared_rules;
+  Nanos shared_rules_interval = std::chrono::seconds(1);
 };
 
 // Whether `metrics` has one named `name`.
@@ -236,15 +245,18 @@ class PolicyProbe final : public Probe {
 
 class ThrottlerPolicy final : public Policy {
  public:
-  ThrottlerPolicy(const BuildContext& c, const ThrottlerSpec& spec)
+  // `shared`: the coordinator's table of spec.shared_rules (null: the state file keeps the rules).
+  ThrottlerPolicy(const BuildContext& c, const ThrottlerSpec& spec,
+                  std::shared_ptr<SharedRules> shared)
       : Policy(c.name, "throttler", ""),
         clock_(c.clock),
         spec_(spec),
         directory_(c.directory),
+        notices_(c.notices),
         state_store_(c.runtime_state()),
         rules_(spec.apps),
         rng_(std::random_device{}()) {
-    load_runtime_rules();
+    if (shared == nullptr) load_runtime_rules();
     for (const MetricSpec& m : spec_.metrics) {
       ThrottleMetric tm;
       tm.name = m.name;
@@ -259,6 +271,13 @@ class ThrottlerPolicy final : public Policy {
     }
     for (std::size_t i = 0; i < metrics_.size(); ++i)
       start_loop(c.clock, [this, i](Nanos now) { return tick(i, now); });
+    // Last: its first read applies what the coordinator holds, through shared_changed().
+    if (shared != nullptr)
+      shared_ = std::make_unique<SharedRuleMirror>(
+          std::move(shared), spec_.shard, spec_.shared_rules_interval, kSharedTimeout,
+          [this](const std::string& key, const SharedRuleMirror::Entry* e) {
+            shared_changed(key, e);
+          });
   }
   ~ThrottlerPolicy() override { retire(); }
   ThrottlerPolicy(const ThrottlerPolicy&) = delete;
@@ -396,22 +415,47 @@ class ThrottlerPolicy final : public Policy {
   }
 
   // freno's skip-host: `host`'s samples are left out of the shard scope for `ttl` (kept in
-  // memory: a restart forgets it). At most kMaxSkippedHosts at once.
-  Status skip_host(const std::string& host, Nanos ttl) {
-    if (std::string why = app_name_error(host); !why.empty()) return bad("host" + why.substr(3));
+  // memory, a restart forgets it; or in the shared rules' table). At most kMaxSkippedHosts at
+  // once. `done` as the rule verbs'.
+  void skip_host(const std::string& host, Nanos ttl, Done done) {
+    if (std::string why = app_name_error(host); !why.empty())
+      return done(bad("host" + why.substr(3)));
     const Nanos now = clock_.now();
-    const std::lock_guard lock(mu_);
-    std::erase_if(skipped_hosts_, [&](const auto& e) { return !(now < e.second); });
-    if (!skipped_hosts_.contains(host) && skipped_hosts_.size() >= kMaxSkippedHosts)
+    const auto too_many = [] {
       return bad("host: at most " + std::to_string(kMaxSkippedHosts) +
                  " hosts are skipped at once (recover some first)");
-    skipped_hosts_[host] = now + ttl;
-    return {};
+    };
+    if (shared_ != nullptr) {
+      if (!shared_->get(kHostKey + host) && shared_->count(kHostKey) >= kMaxSkippedHosts)
+        return done(too_many());
+      SharedRuleMirror::Entry e;
+      e.has_deadline = true;
+      e.deadline_unix_ms =
+          unix_ms_now() + std::chrono::ceil<std::chrono::milliseconds>(ttl).count();
+      e.drop_at_deadline = true;
+      return shared_->put_async(kHostKey + host, std::move(e), kMaxSharedKeys, std::move(done));
+    }
+    {
+      const std::lock_guard lock(mu_);
+      std::erase_if(skipped_hosts_, [&](const auto& e) { return !(now < e.second); });
+      if (!skipped_hosts_.contains(host) && skipped_hosts_.size() >= kMaxSkippedHosts)
+        return done(too_many());
+      skipped_hosts_[host] = now + ttl;
+    }
+    done(Status());
   }
-  void recover_host(std::string_view host) {
-    const std::lock_guard lock(mu_);
-    if (const auto it = skipped_hosts_.find(host); it != skipped_hosts_.end())
-      skipped_hosts_.erase(it);
+  void recover_host(const std::string& host, Done done) {
+    if (shared_ != nullptr) {
+      if (std::string why = app_name_error(host); !why.empty())
+        return done(bad("host" + why.substr(3)));
+      return shared_->erase_async(kHostKey + host, std::move(done));
+    }
+    {
+      const std::lock_guard lock(mu_);
+      if (const auto it = skipped_hosts_.find(host); it != skipped_hosts_.end())
+        skipped_hosts_.erase(it);
+    }
+    done(Status());
   }
   // freno's /skipped-hosts: each host skipped now, with its wall-clock end (RFC 3339, UTC).
   void freno_skipped_hosts(nlohmann::json& out) const {
@@ -472,6 +516,17 @@ class ThrottlerPolicy final : public Policy {
   }
 
   void describe(nlohmann::json& j, PolicyInfo& /*info*/) const override {
+    if (shared_ != nullptr) {
+      const SharedRuleMirror::Health h = shared_->health();
+      nlohmann::json r = {{"coordinator", spec_.shared_rules},
+                          {"backend", shared_->backend()},
+                          {"reads", h.reads},
+                          {"read_failures", h.failures}};
+      if (h.last_read)
+        r["seconds_since_read"] = secs(std::chrono::system_clock::now() - *h.last_read);
+      if (!h.last_error.empty()) r["last_error"] = h.last_error;
+      j["shared_rules"] = std::move(r);
+    }
     const Nanos now = clock_.now();
     const std::lock_guard lock(mu_);
     j["shard"] = spec_.shard;
@@ -501,6 +556,25 @@ class ThrottlerPolicy final : public Policy {
   }
 
   void metrics(std::vector<MetricFamily>& out) const override {
+    if (shared_ != nullptr) {
+      const SharedRuleMirror::Health h = shared_->health();
+      MetricFamily failures{"sluice_throttler_shared_rules_read_failures_total",
+                            "Reads of the shared rules' table that failed (the last copy read "
+                            "stays in force)",
+                            MetricType::Counter,
+                            {}};
+      failures.metric.emplace_back().counter.value = static_cast<double>(h.failures);
+      out.push_back(std::move(failures));
+      if (h.last_read) {
+        MetricFamily age{"sluice_throttler_shared_rules_age_seconds",
+                         "Seconds since the shared rules' table was last read",
+                         MetricType::Gauge,
+                         {}};
+        age.metric.emplace_back().gauge.value =
+            secs(std::chrono::system_clock::now() - *h.last_read);
+        out.push_back(std::move(age));
+      }
+    }
     const Nanos now = clock_.now();
     const std::lock_guard lock(mu_);
     MetricFamily checks{"sluice_throttler_checks_total",
@@ -655,10 +729,23 @@ class ThrottlerPolicy final : public Policy {
   static constexpr Nanos kMaxThrottle = std::chrono::hours(24 * 366);
   static constexpr std::size_t kMaxRuntimeRules = 1000;
   static constexpr std::size_t kMaxSkippedHosts = 1000;
+  // A shared table's keys: "app/<app>" for an app's rule, "host/<host>" for a skipped host; at
+  // most both bounds at once (the coordinator holds that one; this server checks each).
+  static inline const std::string kAppKey = "app/";
+  static inline const std::string kHostKey = "host/";
+  static constexpr std::size_t kMaxSharedKeys = kMaxRuntimeRules + kMaxSkippedHosts;
+  // Each call to the coordinator's table, a read or a write.
+  static constexpr Nanos kSharedTimeout = std::chrono::seconds(1);
   static constexpr Nanos kBeforePublish = std::chrono::milliseconds(1);
 
   static Status bad(std::string message) {
     return Status(StatusCode::kInvalidArgument, std::move(message));
+  }
+  static Status too_many_rules() {
+    return Status(StatusCode::kFailedPrecondition,
+                  "app: " + std::to_string(kMaxRuntimeRules) +
+                      " apps have rules set at run time, the most a throttler keeps; "
+                      "unthrottle some first");
   }
   static Status check_app(const std::string& app) {
     if (std::string why = app_name_error(app); !why.empty()) return bad(std::move(why));
@@ -672,10 +759,69 @@ class ThrottlerPolicy final : public Policy {
   // The rule stored for `app` (the defaults when none; a stored one build() found unreadable
   // cannot be here: the policy was refused).
   RuntimeRule runtime_rule(const std::string& app) const {
+    if (shared_ != nullptr) {
+      const std::optional<SharedRuleMirror::Entry> e = shared_->get(kAppKey + app);
+      if (!e) return RuntimeRule{};
+      StatusOr<RuntimeRule> r = shared_rule_of(*e);
+      return r.ok() ? std::move(r.value()) : RuntimeRule{};
+    }
     auto v = state_store_.get(app);
     if (!v.ok() || !v.value()) return RuntimeRule{};
     StatusOr<RuntimeRule> r = rule_of(*v.value());
     return r.ok() ? std::move(r.value()) : RuntimeRule{};
+  }
+  // A rule as the coordinator's table keeps it: the state file's form less its throttle's end,
+  // which is the entry's deadline (dropped with it when the rule says nothing else).
+  static StatusOr<RuntimeRule> shared_rule_of(const SharedRuleMirror::Entry& e) {
+    nlohmann::json j = nlohmann::json::parse(e.value, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return bad("the rule: not JSON");
+    if (j.is_object() && j.contains("throttled_until_unix_ms"))
+      return bad("the rule: throttled_until_unix_ms is the entry's deadline, not a field");
+    StatusOr<RuntimeRule> r = rule_of(j);
+    if (r.ok() && e.has_deadline)
+      r.value().until_unix_ms = std::max<std::int64_t>(1, e.deadline_unix_ms);
+    return r;
+  }
+  static SharedRuleMirror::Entry shared_entry_of(const RuntimeRule& r) {
+    nlohmann::json j = r.to_json();
+    j.erase("throttled_until_unix_ms");
+    RuntimeRule rest = r;
+    rest.until_unix_ms = 0;
+    rest.ratio = 1;
+    SharedRuleMirror::Entry e;
+    e.value = j.dump();
+    e.has_deadline = r.until_unix_ms != 0;
+    e.deadline_unix_ms = r.until_unix_ms;
+    e.drop_at_deadline = e.has_deadline && rest.says_nothing();
+    return e;
+  }
+  // The coordinator's table gained, changed or lost (`e` null) an entry: an app's rule or a
+  // skipped host. On the mirror's thread.
+  void shared_changed(const std::string& key, const SharedRuleMirror::Entry* e) {
+    if (key.starts_with(kHostKey)) {
+      const std::string host = key.substr(kHostKey.size());
+      const Nanos now = clock_.now();
+      const std::lock_guard lock(mu_);
+      if (e == nullptr || !e->has_deadline) {
+        if (const auto it = skipped_hosts_.find(host); it != skipped_hosts_.end())
+          skipped_hosts_.erase(it);
+        return;
+      }
+      skipped_hosts_[host] = now + std::chrono::milliseconds(e->deadline_unix_ms - unix_ms_now());
+      return;
+    }
+    if (!key.starts_with(kAppKey)) return;  // a later version's; not this one's to read
+    const std::string app = key.substr(kAppKey.size());
+    if (e == nullptr) return apply(app, RuntimeRule{});
+    StatusOr<RuntimeRule> r = shared_rule_of(*e);
+    if (!r.ok() || !app_name_error(app).empty()) {
+      if (notices_)
+        notices_->tell("policy " + name() + ": the shared rule for app " + json_text(app) +
+                       " is not one this server can read (" +
+                       (r.ok() ? app_name_error(app) : r.status().message()) + "); ignored");
+      return apply(app, RuntimeRule{});
+    }
+    apply(app, r.value());
   }
 
  public:
@@ -731,14 +877,18 @@ class ThrottlerPolicy final : public Policy {
   // Stores `r` for `app` (seen at once by runtime_rule(), so the next verb builds on it) and
   // applies it once the state file holds it; `done` then. Called under admin_mu_.
   void save(const std::string& app, const RuntimeRule& r, Done done) {
+    if (shared_ != nullptr) {
+      // Applied when the coordinator holds it (shared_changed()), as every other server will.
+      if (r.says_nothing()) return shared_->erase_async(kAppKey + app, std::move(done));
+      if (!shared_->get(kAppKey + app) && shared_->count(kAppKey) >= kMaxRuntimeRules)
+        return done(too_many_rules());
+      return shared_->put_async(kAppKey + app, shared_entry_of(r), kMaxSharedKeys, std::move(done));
+    }
     // Rules are bounded: each change rewrites the state file, so their number bounds its cost.
     if (!r.says_nothing()) {
       const auto stored = state_store_.get(app);
       if (stored.ok() && !stored.value() && state_store_.size() >= kMaxRuntimeRules)
-        return done(Status(StatusCode::kFailedPrecondition,
-                           "app: " + std::to_string(kMaxRuntimeRules) +
-                               " apps have rules set at run time, the most a throttler keeps; "
-                               "unthrottle some first"));
+        return done(too_many_rules());
     }
     // The caller keeps this policy alive until `done` is called (the routes hold it).
     Done applied = [this, app, r, done = std::move(done)](Status s) mutable {
@@ -798,6 +948,7 @@ class ThrottlerPolicy final : public Policy {
   const Clock& clock_;
   const ThrottlerSpec spec_;
   const std::shared_ptr<const PolicyDirectory> directory_;  // null without an engine
+  const std::shared_ptr<Notices> notices_;                  // null without an engine
   RuntimeState state_store_;
   std::mutex admin_mu_;  // one admin change at a time (read, change, write a rule)
   std::vector<std::unique_ptr<Probe>> probes_;  // probes_[i] used by metric i's loop only
@@ -812,6 +963,8 @@ class ThrottlerPolicy final : public Policy {
   std::map<std::string, ThrottleAppRule, std::less<>> rules_;  // config + run time; mu_
   std::map<std::string, Nanos, std::less<>> skipped_hosts_;    // host -> until (clock_); mu_
   std::mt19937_64 rng_;                                        // guarded by mu_
+  // Last, so it stops first: its thread calls shared_changed(). Null: rules are this server's.
+  std::unique_ptr<SharedRuleMirror> shared_;
 };
 
 // ---- the config ----
@@ -1033,10 +1186,10 @@ MakeProbe metric_probe(const std::string& policy, ConfigSection& m, const Freshn
 }
 
 std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& s,
-                                        PolicySpec& /*spec*/) {
+                                        PolicySpec& spec) {
   s.keys({"kind", "shard", "scope", "default_app", "fast_interval", "dormant_interval",
           "idle_after", "unexplained_after", "stale_intervals", "low_priority_hold", "metrics",
-          "apps"});
+          "apps", "shared_rules", "shared_rules_interval"});
   auto body = std::make_shared<ThrottlerSpec>();
   body->shard = name;
   if (auto v = s.str("shard")) {
@@ -1060,6 +1213,21 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
       body->unexplained_after = *d;
   }
   if (auto d = s.duration("low_priority_hold")) body->options.low_priority_hold = *d;
+  if (auto v = s.str("shared_rules")) {
+    if (v->empty())
+      s.error("shared_rules", "must name a coordinator");
+    else
+      spec.use("shared_rules", *v, CoordinatorRole::kSharedRules);
+    body->shared_rules = *v;
+  }
+  if (auto d = s.duration("shared_rules_interval")) {
+    if (!s.has("shared_rules"))
+      s.error("shared_rules_interval", "needs shared_rules (the coordinator it reads)");
+    else if (*d < std::chrono::milliseconds(10) || *d > std::chrono::minutes(1))
+      s.error("shared_rules_interval", "must be from 10ms to 1m");
+    else
+      body->shared_rules_interval = *d;
+  }
   if (body->dormant_interval < body->fast_interval)
     s.error("dormant_interval", "must be at least fast_interval");
   if (auto v = s.number("stale_intervals")) {
@@ -1127,7 +1295,19 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
                         " of scope " + json_text(state.scope()) + ": " +
                         (bad_app.empty() ? r.status().message() : bad_app));
   }
-  return std::shared_ptr<Policy>(std::make_shared<ThrottlerPolicy>(c, *c.spec.as<ThrottlerSpec>()));
+  const auto& spec = *c.spec.as<ThrottlerSpec>();
+  std::shared_ptr<SharedRules> shared;
+  if (!spec.shared_rules.empty()) {
+    auto r = c.coordinator<SharedRules>(spec.shared_rules, "a throttler's shared rules");
+    if (!r.ok()) return Status(r.status().code(), "shared_rules: " + r.status().message());
+    shared = std::move(r.value());
+    if (const std::size_t n = state.list().size(); n > 0 && c.notices)
+      c.notices->tell("policy " + c.name + ": " + std::to_string(n) +
+                      " rule(s) in the state file are not used: its rules are shared through "
+                      "coordinator " +
+                      spec.shared_rules);
+  }
+  return std::shared_ptr<Policy>(std::make_shared<ThrottlerPolicy>(c, spec, std::move(shared)));
 }
 
 // ---- the routes ----
@@ -1574,7 +1754,7 @@ HttpRoute freno_listing(std::string pattern, bool recent) {
 void freno_skip_host(const RouteRequest& req, ThrottlerPolicy& t, Done done) {
   const StatusOr<Nanos> ttl = freno_ttl(req, std::chrono::hours(1));
   if (!ttl.ok()) return done(ttl.status());
-  done(t.skip_host(std::string(req.param("host_name")), ttl.value()));
+  t.skip_host(std::string(req.param("host_name")), ttl.value(), std::move(done));
 }
 
 HttpRoute freno_status(std::string pattern, std::string body) {
@@ -1671,8 +1851,7 @@ PolicyKind throttler_kind_impl() {
     kind.routes.push_back(freno_admin_route(pattern, freno_skip_host));
   kind.routes.push_back(freno_admin_route(
       "/recover-host/{host_name}", [](const RouteRequest& req, ThrottlerPolicy& t, Done done) {
-        t.recover_host(req.param("host_name"));
-        done(Status());
+        t.recover_host(std::string(req.param("host_name")), std::move(done));
       }));
   kind.routes.push_back(
       HttpRoute{{"GET", "HEAD"},
