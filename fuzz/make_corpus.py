@@ -138,6 +138,8 @@ def http_seeds():
         http_request("/throttler/app-rule?app=x&metrics=busy&thresholds=busy:0.5", method=1),
         http_request("/throttler/throttled-apps", method=1),
         http_request("/throttler/recent-apps", method=1),
+        http_request("/throttler/status", method=1),
+        http_request("/throttler/status?shard=%FF", method=3),
     ]
     sequences = [
         # Admit, refuse, release, admit again.

@@ -141,7 +141,9 @@ struct ThrottleResult {
 struct ThrottleAppStats {
   std::uint64_t checks = 0, refused = 0;
   Nanos first_check{INT64_MIN}, last_check{INT64_MIN};
-  std::string last_client;  // the address of its last check (the transport's)
+  std::string last_client;     // the address of its last check (the transport's)
+  unsigned last_status = 0;    // its last check's status
+  int last_response_code = 0;  // and vitess_response_code() of it
 };
 struct ThrottlerState {
   Nanos last_check{INT64_MIN};
@@ -169,6 +171,20 @@ inline constexpr std::size_t kMaxAppBytes = 256;
     const std::vector<ThrottleMetric>& metrics,
     const std::map<std::string, ThrottleAppRule, std::less<>>& rules, const ThrottleOptions& o,
     ThrottlerState& state, const ThrottleCheck& check, std::string_view client, Nanos now);
+
+// Metric `m` in `scope` at `now`, judged against `threshold` exactly as a check judges it
+// (`in_force`: the probe interval in force, for staleness; `skipped`: hosts left out of the shard
+// scope until their time), recording nothing.
+[[nodiscard]] ThrottleMetricResult judge_metric(
+    const ThrottleMetric& m, double threshold, ThrottleScope scope, Nanos now, Nanos in_force,
+    const std::map<std::string, Nanos, std::less<>>* skipped = nullptr);
+
+// Vitess's CheckThrottlerResponseCode for a check's status and reason (its "ResponseCode"):
+// OK 1 (200, exempt included), THRESHOLD_EXCEEDED 2 (429 over a threshold, or a low-priority
+// check held back), APP_DENIED 3 (417), UNKNOWN_METRIC 4 (404), INTERNAL_ERROR 5 (429 because a
+// metric could not be read: a failed probe, a stale sample, no sample; Vitess answers those 500,
+// sluice 429 so that every client backs off). Not a status sluice gives: 0 (UNDEFINED).
+[[nodiscard]] int vitess_response_code(unsigned status, std::string_view reason) noexcept;
 
 // The non-compliance audit of one metric: load that no checking app explains. A collaborative
 // throttler only works if what loads the system asks first; when a metric's value has been over

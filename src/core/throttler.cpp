@@ -68,7 +68,7 @@ bool worse(const Judged& a, const Judged& b) {
 
 ThrottleMetricResult evaluate(const ThrottleMetric& m, double threshold, ThrottleScope scope,
                               Nanos now, Nanos in_force,
-                              const std::map<std::string, Nanos, std::less<>>* skipped = nullptr) {
+                              const std::map<std::string, Nanos, std::less<>>* skipped) {
   ThrottleMetricResult r;
   r.name = m.name;
   r.scope = std::string(to_string(scope));
@@ -275,15 +275,39 @@ ThrottleResult throttle_check(const std::vector<ThrottleMetric>& metrics,
   ThrottleAppStats& a = it->second;
   ++a.checks;
   if (out.status != 200) ++a.refused;
+  a.last_status = out.status;
+  a.last_response_code = vitess_response_code(out.status, out.reason);
   if (a.first_check.count() == kNone) a.first_check = now;
   a.last_check = now;
   a.last_client = std::string(client);
   return out;
 }
 
+ThrottleMetricResult judge_metric(const ThrottleMetric& m, double threshold, ThrottleScope scope,
+                                  Nanos now, Nanos in_force,
+                                  const std::map<std::string, Nanos, std::less<>>* skipped) {
+  return evaluate(m, threshold, scope, now, in_force, skipped);
+}
+
+int vitess_response_code(unsigned status, std::string_view reason) noexcept {
+  switch (status) {
+    case 200:
+      return 1;
+    case 417:
+      return 3;
+    case 404:
+      return 4;
+    case 429:
+      return reason == "threshold_exceeded" || reason == "low_priority" ? 2 : 5;
+    default:
+      return 0;
+  }
+}
+
 void audit_load(const ThrottleMetric& m, const ThrottlerState& state, Nanos window, Nanos now,
                 LoadAudit& audit) {
-  const ThrottleMetricResult r = evaluate(m, m.threshold, ThrottleScope::kShard, now, Nanos{0});
+  const ThrottleMetricResult r =
+      evaluate(m, m.threshold, ThrottleScope::kShard, now, Nanos{0}, nullptr);
   const bool over = r.reason == "threshold_exceeded";
   if (!over) {
     audit.over_since = Nanos{kNone};

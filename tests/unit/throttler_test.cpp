@@ -313,6 +313,40 @@ TEST(Throttler, TheAuditCountsChecksPerAppWithABoundedNumberOfApps) {
   EXPECT_EQ(t.state.apps.at("a").last_check, kNow + milliseconds(10));
 }
 
+// Vitess's CheckThrottlerResponseCode (OK 1, THRESHOLD_EXCEEDED 2, APP_DENIED 3,
+// UNKNOWN_METRIC 4, INTERNAL_ERROR 5) for each way a check ends, and the audit keeps an app's
+// last status and code (/throttler/status's RecentApps).
+TEST(Throttler, EachOutcomeHasVitesssResponseCodeAndTheAuditKeepsTheLast) {
+  Throttler t({metric("lag", 5, {sample("r1", 1)})});
+  const auto code = [](const ThrottleResult& r) {
+    return vitess_response_code(r.status, r.reason);
+  };
+  EXPECT_EQ(code(t.check("a")), 1);
+  t.rules["e"].exempt = true;
+  t.metrics[0].hosts[0].value = 9;
+  EXPECT_EQ(code(t.check("e")), 1);  // exempt: 200
+  EXPECT_EQ(code(t.check("a")), 2);  // over the threshold
+  EXPECT_EQ(t.state.apps.at("a").last_status, 429u);
+  EXPECT_EQ(t.state.apps.at("a").last_response_code, 2);
+  t.metrics[0].hosts[0].value = 1;
+  t.rules["slow"].throttled_until = kNow + seconds(60);
+  EXPECT_EQ(code(t.check("slow")), 3);
+  EXPECT_EQ(t.state.apps.at("slow").last_response_code, 3);
+  t.rules["odd"].metrics = {"missing"};
+  EXPECT_EQ(code(t.check("odd")), 4);
+  // A normal check refused, then a low-priority one held back: THRESHOLD_EXCEEDED, as Vitess.
+  t.metrics[0].hosts[0].value = 9;
+  (void)t.check("a");
+  t.metrics[0].hosts[0].value = 1;
+  const ThrottleResult low = t.check("batch", ThrottleScope::kDefault, true);
+  EXPECT_EQ(low.reason, "low_priority");
+  EXPECT_EQ(code(low), 2);
+  // A metric that cannot be read: 429 here (every client backs off), INTERNAL_ERROR for Vitess.
+  t.metrics[0].hosts[0].error = "connection refused";
+  EXPECT_EQ(code(t.check("b")), 5);
+  EXPECT_EQ(vitess_response_code(500, "anything"), 0);
+}
+
 TEST(Throttler, AnAppNameIsShortUtf8AndTheAuditStoresNoOther) {
   EXPECT_EQ(app_name_error("gh-ost"), "");
   EXPECT_EQ(app_name_error("1f0e:vreplication:online-ddl"), "");

@@ -432,3 +432,70 @@ def test_an_apps_metric_set_and_thresholds_set_at_run_time_survive_a_restart(sta
     assert cli(again, "rule", "purge", "--clear", token="s3cret").returncode == 0
     assert again.http("GET", "/throttler/check?app=purge").status == 429
     assert "purge" not in state.read_text() and "backfill" in state.read_text()
+
+
+def test_vitess_clients_get_the_response_code_and_the_status_page(start_server, tmp_path):
+    """Vitess's newer check answer carries `ResponseCode` (CheckThrottlerResponseCode: OK 1,
+    THRESHOLD_EXCEEDED 2, APP_DENIED 3, INTERNAL_ERROR 5), top level and per metric, beside
+    freno's `StatusCode`; /throttler/status answers with ThrottlerStatus's field names and types."""
+    value = tmp_path / "depth"
+    value.write_text("1\n")
+    server = start_server(config(value))
+    wait_until(lambda: server.http("GET", "/throttler/check?app=a").status == 200, 5,
+               what="the first sample")
+
+    def checked(app):
+        r = server.http("GET", f"/throttler/check?app={app}")
+        body = r.json()
+        assert body["StatusCode"] == r.status, body
+        return body
+
+    ok = checked("online-ddl")
+    assert ok["ResponseCode"] == 1 and ok["Metrics"]["depth"]["ResponseCode"] == 1, ok
+    value.write_text("9\n")
+    over = wait_until(lambda: (b := checked("online-ddl"))["StatusCode"] == 429 and b, 5,
+                      what="the metric over its threshold")
+    assert over["ResponseCode"] == 2 and over["Metrics"]["depth"]["ResponseCode"] == 2, over
+    value.write_text("1\n")
+    wait_until(lambda: checked("online-ddl")["StatusCode"] == 200, 5, what="under again")
+    assert server.http("GET", "/throttler/throttle-app?app=purge&duration=1h&ratio=1").status == 200
+    denied = checked("purge")
+    assert (denied["StatusCode"], denied["ResponseCode"]) == (417, 3), denied
+    assert server.http("GET", "/throttler/exempt-app?app=backup").status == 200
+
+    status = server.http("GET", "/throttler/status")
+    assert status.status == 200, status.text()
+    s = status.json()
+    types = {"Keyspace": str, "Shard": str, "IsLeader": bool, "IsOpen": bool, "IsEnabled": bool,
+             "IsDormant": bool, "RecentlyChecked": bool, "Query": str, "CustomQuery": str,
+             "Threshold": (int, float), "MetricNameUsedAsDefault": str,
+             "AggregatedMetrics": dict, "MetricsThresholds": dict, "MetricsHealth": dict,
+             "ThrottledApps": list, "AppCheckedMetrics": dict, "RecentApps": dict}
+    assert set(s) == set(types), sorted(s)
+    for field, kind in types.items():
+        assert isinstance(s[field], kind), (field, s[field])
+    assert s["Shard"] == "main" and s["IsLeader"] and s["IsOpen"] and s["IsEnabled"], s
+    assert s["RecentlyChecked"] is True and s["IsDormant"] is False, s
+    assert s["Threshold"] == 5 and s["MetricNameUsedAsDefault"] == "depth", s
+    assert s["MetricsThresholds"] == {"depth": 5, "default": 5}, s
+    assert s["AggregatedMetrics"]["shard/depth"] == {"Value": 1}, s["AggregatedMetrics"]
+    assert s["AggregatedMetrics"]["self"] == {"Value": 1}, s["AggregatedMetrics"]
+    health = s["MetricsHealth"]["depth"]
+    assert health["SecondsSinceLastHealthy"] == 0 and health["LastHealthyAt"].endswith("Z"), s
+    apps = {a["AppName"]: a for a in s["ThrottledApps"]}
+    assert set(apps) == {"purge", "backup"}, apps
+    assert apps["purge"]["Ratio"] == 1 and apps["purge"]["Exempt"] is False, apps
+    assert apps["backup"]["Exempt"] is True and apps["backup"]["Ratio"] == 0, apps
+    recent = s["RecentApps"]["purge"]
+    assert recent == {"AppName": "purge", "CheckedAt": recent["CheckedAt"], "StatusCode": 417,
+                      "ResponseCode": 3}, recent
+    assert server.http("HEAD", "/throttler/status").status == 200
+    assert server.http("GET", "/throttler/status?shard=nope").status == 404
+
+    # A metric that cannot be read: 429 (every client backs off), INTERNAL_ERROR for Vitess.
+    value.unlink()
+    failed = wait_until(lambda: (b := checked("online-ddl"))["ResponseCode"] == 5 and b, 5,
+                        what="the probe to fail")
+    assert failed["StatusCode"] == 429, failed
+    agg = server.http("GET", "/throttler/status").json()["AggregatedMetrics"]["shard/depth"]
+    assert set(agg) == {"Error"}, agg

@@ -70,7 +70,9 @@
 //   /check/{app}/{store_type}/{store_name}                         the freno shape (store_name
 //                                                                  is the shard)
 // Status: 200 ok, 429 over a threshold (or a probe failed, or its sample is stale: fail
-// closed), 417 the app is throttled, 404 an unknown metric or shard, 400 a malformed argument.
+// closed), 417 the app is throttled, 404 an unknown metric or shard, 400 a malformed argument;
+// the JSON's StatusCode is the same and ResponseCode Vitess's (sluice/throttler.h:
+// vitess_response_code).
 //
 // Admin verbs (GET or POST; 401 without `Authorization: Bearer <server.admin_token>` when the
 // server has one), each taking `shard=` too and answering the app's rule now:
@@ -94,9 +96,10 @@
 // coordinator's table for the shard (sluice/shared_rules.h), skipped hosts too, which every
 // server naming it reads every shared_rules_interval (server/shared_rule_mirror.h): a verb is
 // answered once the coordinator holds the change. Listings (GET, no token):
-// /throttler/throttled-apps (every app with a rule) and /throttler/recent-apps (the apps that
-// checked, most recent first, with counts, rate and last client address; and per metric
-// whether its load is unexplained by refused checks, sluice/throttler.h: audit_load); in
+// /throttler/status (Vitess's ThrottlerStatus), /throttler/throttled-apps (every app with a
+// rule) and /throttler/recent-apps (the apps that checked, most recent first, with counts, rate
+// and last client address; and per metric whether its load is unexplained by refused checks,
+// sluice/throttler.h: audit_load); in
 // freno's shapes /throttled-apps, /recent-apps[/MINUTES], /skipped-hosts, and /lb-check,
 // /_ping, /status, /leader-check (HEAD too).
 #include <algorithm>
@@ -266,6 +269,7 @@ class ThrottlerPolicy final : public Policy {
       metrics_.push_back(std::move(tm));
       probes_.push_back(m.make(c.directory));
       last_sampled_.push_back(Nanos{INT64_MIN});
+      last_healthy_.push_back(Nanos{INT64_MIN});
       audits_.emplace_back();
       last_.push_back(Last::kOk);
     }
@@ -490,6 +494,84 @@ class ThrottlerPolicy final : public Policy {
     return out;
   }
 
+  // Vitess's /throttler/status, its field names and shapes (ThrottlerStatus): what applies to a
+  // sluice throttler is filled in (every server is its own leader, always open and enabled);
+  // Keyspace, Query and CustomQuery are empty (sluice's metrics come from probes, not one query).
+  // The first metric is the default one ("self", "shard", "default" keys).
+  nlohmann::json vitess_status_json() const {
+    const Nanos now = clock_.now();
+    const std::int64_t now_ms = unix_ms_now();
+    const auto wall = [&](Nanos at) {
+      return rfc3339_utc(now_ms - std::chrono::floor<std::chrono::milliseconds>(now - at).count());
+    };
+    const std::lock_guard lock(mu_);
+    const Nanos in_force = interval_at(now);
+    nlohmann::json aggregated = nlohmann::json::object();
+    nlohmann::json thresholds = nlohmann::json::object();
+    nlohmann::json health = nlohmann::json::object();
+    for (std::size_t i = 0; i < metrics_.size(); ++i) {
+      const ThrottleMetric& m = metrics_[i];
+      thresholds[m.name] = m.threshold;
+      for (const ThrottleScope scope : {ThrottleScope::kSelf, ThrottleScope::kShard}) {
+        const ThrottleMetricResult r =
+            judge_metric(m, m.threshold, scope, now, in_force, &skipped_hosts_);
+        nlohmann::json v = nlohmann::json::object();
+        if (r.reason == "ok" || r.reason == "threshold_exceeded")
+          v["Value"] = r.value;
+        else
+          v["Error"] = r.detail.empty() ? r.reason : r.detail;
+        aggregated[std::string(to_string(scope)) + "/" + m.name] = v;
+        if (i == 0) aggregated[std::string(to_string(scope))] = std::move(v);
+      }
+      if (last_healthy_[i].count() != INT64_MIN)
+        health[m.name] = {
+            {"LastHealthyAt", wall(last_healthy_[i])},
+            {"SecondsSinceLastHealthy",
+             std::chrono::floor<std::chrono::seconds>(now - last_healthy_[i]).count()}};
+    }
+    if (!metrics_.empty()) thresholds["default"] = metrics_.front().threshold;
+    nlohmann::json throttled = nlohmann::json::array();
+    nlohmann::json checked_metrics = nlohmann::json::object();
+    for (const auto& [app, r] : rules_) {
+      const bool active = now < r.throttled_until;
+      if (active || r.exempt)
+        throttled.push_back(
+            {{"AppName", app},
+             {"ExpireAt", active ? wall(r.throttled_until) : std::string("0001-01-01T00:00:00Z")},
+             {"Ratio", active ? r.ratio : 0.0},
+             {"Exempt", r.exempt}});
+      if (!r.metrics.empty()) {
+        std::string joined;
+        for (const std::string& m : r.metrics) joined += (joined.empty() ? "" : ",") + m;
+        checked_metrics[app] = joined;
+      }
+    }
+    nlohmann::json recent = nlohmann::json::object();
+    for (const auto& [name, a] : state_.apps)
+      recent[name] = {{"AppName", name},
+                      {"CheckedAt", wall(a.last_check)},
+                      {"StatusCode", a.last_status},
+                      {"ResponseCode", a.last_response_code}};
+    return {{"Keyspace", ""},
+            {"Shard", spec_.shard},
+            {"IsLeader", true},
+            {"IsOpen", true},
+            {"IsEnabled", true},
+            {"IsDormant", in_force != spec_.fast_interval},
+            {"RecentlyChecked", state_.last_check.count() != INT64_MIN &&
+                                    now - state_.last_check < spec_.options.recently},
+            {"Query", ""},
+            {"CustomQuery", ""},
+            {"Threshold", metrics_.empty() ? 0.0 : metrics_.front().threshold},
+            {"MetricNameUsedAsDefault", metrics_.empty() ? "" : metrics_.front().name},
+            {"AggregatedMetrics", std::move(aggregated)},
+            {"MetricsThresholds", std::move(thresholds)},
+            {"MetricsHealth", std::move(health)},
+            {"ThrottledApps", std::move(throttled)},
+            {"AppCheckedMetrics", std::move(checked_metrics)},
+            {"RecentApps", std::move(recent)}};
+  }
+
   // `threshold` > 0: the caller's own for every metric (freno's check-read).
   ThrottleResult check(std::string_view app, ThrottleScope scope, bool low_priority,
                        std::string_view client, double threshold = 0) {
@@ -696,7 +778,12 @@ class ThrottlerPolicy final : public Policy {
     }
     const std::lock_guard lock(mu_);
     metrics_[i].hosts = std::move(hosts);
-    audit_load(metrics_[i], state_, spec_.unexplained_after, clock_.now(), audits_[i]);
+    const Nanos sampled = clock_.now();
+    audit_load(metrics_[i], state_, spec_.unexplained_after, sampled, audits_[i]);
+    if (!judge_metric(metrics_[i], metrics_[i].threshold, ThrottleScope::kShard, sampled, interval,
+                      &skipped_hosts_)
+             .over)
+      last_healthy_[i] = sampled;
     last_sampled_[i] = started;
     last_[i] = !failed ? Last::kOk : unpublished ? Last::kFailedUnpublished : Last::kFailed;
     if (!failed) return started + interval;
@@ -955,6 +1042,7 @@ class ThrottlerPolicy final : public Policy {
   mutable std::mutex mu_;
   std::vector<ThrottleMetric> metrics_;  // guarded by mu_
   std::vector<Nanos> last_sampled_;      // guarded by mu_
+  std::vector<Nanos> last_healthy_;      // per metric: its shard scope last under; mu_
   std::vector<LoadAudit> audits_;        // per metric; guarded by mu_
   // How the last sample went: ok, failed, or failed before the first publish.
   enum class Last { kOk, kFailed, kFailedUnpublished };
@@ -1402,12 +1490,18 @@ class JsonWriter {
 
 std::string body_of(const ThrottleResult& r) {
   JsonWriter w;
-  w.open().key("StatusCode").number(r.status).key("Value").number(r.value);
+  w.open().key("StatusCode").number(r.status);
+  w.key("ResponseCode")
+      .number(vitess_response_code(r.status, r.reason))
+      .key("Value")
+      .number(r.value);
   w.key("Threshold").number(r.threshold).key("Message").text(r.message);
   w.key("RecentlyChecked").boolean(r.recently_checked).key("AppName").text(r.app);
   w.key("MetricName").text(r.metric).key("Scope").text(r.scope).key("Metrics").open();
   for (const ThrottleMetricResult& m : r.metrics) {
-    w.key(m.name).open().key("StatusCode").number(m.over ? 429 : 200);
+    const unsigned status = m.over ? 429 : 200;
+    w.key(m.name).open().key("StatusCode").number(status);
+    w.key("ResponseCode").number(vitess_response_code(status, m.reason));
     w.key("Value").number(m.value).key("Threshold").number(m.threshold);
     w.key("Message").text(m.detail).key("Scope").text(m.scope).key("Host").text(m.host);
     w.key("reason").text(m.reason).close();
@@ -1887,6 +1981,15 @@ PolicyKind throttler_kind_impl() {
         }};
   };
   kind.routes.push_back(listing("/throttler/throttled-apps", false));
+  kind.routes.push_back(HttpRoute{{"GET", "HEAD"},
+                                  "/throttler/status",
+                                  false,
+                                  [](const RouteRequest& req, const KindPolicies& ps,
+                                     Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+                                    auto t = find(ps, req.arg("shard"));
+                                    if (!t.ok()) return not_found(t.status());
+                                    return ok_json(t.value()->vitess_status_json());
+                                  }});
   kind.routes.push_back(listing("/throttler/recent-apps", true));
   return kind;
 }
