@@ -10,7 +10,8 @@
 #   asan     AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan     ThreadSanitizer
 #   fuzz     the libFuzzer targets (scripts/fuzz.sh: clang, ASan + UBSan, build/fuzz), each run
-#            SLUICE_FUZZ_SECONDS (default 60) on a copy of its seed corpus; one test per target
+#            SLUICE_FUZZ_SECONDS (default 30 here) on a copy of its seed corpus, two at a time;
+#            one test per target
 # Every g++ build here treats warnings in sluice's own code as errors (SLUICE_WERROR=ON); a
 # user's build does not, nor does the clang build of the fuzz suite (scripts/fuzz.sh says why).
 # Prints one summary line per configuration and a closing "N passed, N failed" line; exits
@@ -28,6 +29,7 @@ jobs=$(nproc)
 total_pass=0 total_fail=0 status=0
 failed_names=()  # "suite: test", printed again at the end (a long log's tail is what CI shows)
 failure_tails=()  # the end of each failed test's output, printed before them
+slowest_lines=()  # each suite's 15 slowest tests, printed at the end
 
 suite_flags() {
   case $1 in
@@ -70,22 +72,45 @@ run_release() {
   return "$rc"
 }
 
-# The fuzz targets: one build, then each target is one test.
+# The fuzz targets: one build, then each target is one test, two at a time (one per core;
+# each replays its corpus, then explores for SLUICE_FUZZ_SECONDS, 30 s here).
 run_fuzz() {
-  local rc=0 t
+  local rc=0 t pids=() names=() i
   bash "$root/scripts/fuzz.sh" --build-only || return 1
   for t in $(bash "$root/scripts/fuzz.sh" --list); do
-    suite_step fuzz "$t" bash "$root/scripts/fuzz.sh" --no-build "$t" || rc=1
+    SLUICE_FUZZ_SECONDS=${SLUICE_FUZZ_SECONDS:-30} bash "$root/scripts/fuzz.sh" --no-build "$t" \
+      >"$root/build/fuzz-$t.log" 2>&1 &
+    pids+=("$!"); names+=("$t")
+    if [ "${#pids[@]}" -ge "$jobs" ]; then
+      fuzz_wait "${pids[0]}" "${names[0]}" || rc=1
+      pids=("${pids[@]:1}"); names=("${names[@]:1}")
+    fi
   done
+  for i in "${!pids[@]}"; do fuzz_wait "${pids[$i]}" "${names[$i]}" || rc=1; done
+  return "$rc"
+}
+fuzz_wait() {
+  suite_step fuzz "$2" wait "$1"
+  local rc=$?
+  cat "$root/build/fuzz-$2.log"
   return "$rc"
 }
 
-# Deterministic single-threaded searches (the exhaustive protocol model) gain nothing from a
-# sanitizer and run ten times slower under one: only the default build runs them.
+# Deterministic single-threaded searches and simulations (the exhaustive protocol models, the
+# seeded fleet, federation and cascade simulations) gain nothing from a sanitizer and run many
+# times slower under one: only the default build runs them.
+sanitizer_skips="GatewayModel|FleetModel|FederationModel|CascadeBreakerModel|CascadeSim|FederationSim|FederationPoolSim|FleetSim"
 suite_ctest_args() {
   case $1 in
-    asan|tsan) echo "-E ^(GatewayModel|FleetModel|FederationModel)\\." ;;
+    asan|tsan) echo "-E ^($sanitizer_skips)[./]" ;;
   esac
+}
+
+# The 15 slowest tests of a suite's ctest log, slowest first: where its time went.
+slowest() {
+  grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$1" |
+    sed -E 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/' | sort -rn | head -n 15 |
+    awk -v s="$2" '{printf "=== %s: slowest: %7.1f s  %s\n", s, $1, $2}'
 }
 
 run_suite() {
@@ -122,6 +147,7 @@ run_suite() {
 $(failure_tail "$dir" "${t% (*}")")
   done < <(
     sed -n '/^The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]+[0-9]+ - (.*)$/\1/p')
+  slowest_lines+=("$(slowest "$log" "$name")")
   return "$rc"
 }
 
@@ -141,6 +167,7 @@ for s in $suites; do
     status=1; echo "=== $s: FAILED"
   fi
 done
+for t in "${slowest_lines[@]}"; do echo "$t"; done
 for t in "${failure_tails[@]}"; do echo "$t"; done
 echo "suites: $suites"
 [ "$status" = 0 ] || echo "some suite failed to build or pass (see above)"
