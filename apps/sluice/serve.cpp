@@ -3,7 +3,7 @@
 #include <fmt/core.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -17,6 +17,7 @@
 
 #include "server/engine.h"
 #include "sluice/config.h"
+#include "transport/grpc_health.h"
 #include "transport/grpc_kind_methods.h"
 #include "transport/grpc_listener.h"
 #include "transport/grpc_service.h"
@@ -70,10 +71,11 @@ std::string restart_needed(const ServerSettings& started, const ServerSettings& 
 
 // Runs the lease sweeper until stopped; logs what the policies tell (Engine::take_notices) and
 // each change of readiness (a problem /readyz starts or stops reporting: a fleet guard refused
-// its node id, a coordinator lost).
+// its node id, a coordinator lost); gives memory back once many health Watch streams have ended.
 class Sweeper {
  public:
-  explicit Sweeper(server::Engine& engine) : engine_(engine), thread_([this] { run(); }) {}
+  Sweeper(server::Engine& engine, const transport::HealthService& health)
+      : engine_(engine), health_(health), thread_([this] { run(); }) {}
   ~Sweeper() { stop(); }
   void stop() {
     {
@@ -93,7 +95,10 @@ class Sweeper {
       const std::size_t n = engine_.expire_leases();
       if (n > 0) log(fmt::format("expired {} lease(s) whose client stopped heartbeating", n));
       for (const std::string& line : engine_.take_notices()) log("warning: " + line);
-      if (++round_ % 20 == 0) log_readiness();  // once a second
+      if (++round_ % 20 == 0) {  // once a second
+        log_readiness();
+        give_back_memory();
+      }
       lock.lock();
       cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; });
     }
@@ -114,11 +119,25 @@ class Sweeper {
       if (!now.contains(shape)) log("ready again after: " + p);
     problems_ = std::move(now);
   }
+  // A Watch stream's memory (about 22 KB, measured) goes back to glibc's malloc when it ends,
+  // and malloc keeps most of it from the system: the process would stay as large as at its most
+  // Watch streams. Once 256 or more have ended since the last time (checked once a second),
+  // malloc_trim gives the free pages back.
+  void give_back_memory() {
+    const std::uint64_t ended = health_.watches_ended();
+    if (ended - trimmed_at_ < 256) return;
+    trimmed_at_ = ended;
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  }
   server::Engine& engine_;
+  const transport::HealthService& health_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::uint64_t round_ = 0;                      // the sweeper thread's only
+  std::uint64_t trimmed_at_ = 0;                 // the sweeper thread's only: watches_ended()
   std::map<std::string, std::string> problems_;  // the sweeper thread's only
   std::thread thread_;
 };
@@ -210,8 +229,9 @@ int run_serve(const ServeOptions& options) {
     return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
   };
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // grpc.health.v1.Health: sluice's own (gRPC's default one cannot cap its Watch streams).
+  transport::HealthService health(ss.max_watch_streams);
   transport::GrpcService service(engine);
   transport::GrpcKindMethods kind_methods(engine);  // the methods policy kinds register
   // The port is sluice's own listener's (grpc_listener.h): the server is built with none.
@@ -232,6 +252,7 @@ int run_serve(const ServeOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              static_cast<int>(ss.max_streams_per_connection));
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
   builder.RegisterCallbackGenericService(&kind_methods);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server) {
@@ -239,9 +260,8 @@ int run_serve(const ServeOptions& options) {
     return 1;
   }
   grpc_listener.start(grpc_server.get());
-  grpc_server->GetHealthCheckService()->SetServingStatus(true);
-  grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
-                                                         true);
+  health.set_status("", true);
+  health.set_status(sluice::v1::Sluice::service_full_name(), true);
 
   transport::HttpServer http(engine, reload);
   transport::HttpOptions http_options;
@@ -253,10 +273,11 @@ int run_serve(const ServeOptions& options) {
   if (!http_port.ok()) {
     log("cannot start: " + http_port.status().message());
     grpc_listener.stop();
+    health.shutdown();
     grpc_server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
-  Sweeper sweeper(engine);
+  Sweeper sweeper(engine, health);
   const auto host = [](const std::string& a) { return a.substr(0, a.rfind(':')); };
   log(fmt::format("serving {} policies ({}) as node {}: grpc {}:{}, http {}:{}",
                   config->policies.size(),
@@ -282,9 +303,8 @@ int run_serve(const ServeOptions& options) {
   log(fmt::format("shutting down: refusing new calls; waiting up to {}s for {} lease(s)",
                   std::chrono::duration<double>(grace).count(), engine.leases()));
   engine.drain();
-  grpc_server->GetHealthCheckService()->SetServingStatus(false);
-  grpc_server->GetHealthCheckService()->SetServingStatus(sluice::v1::Sluice::service_full_name(),
-                                                         false);
+  health.set_status("", false);
+  health.set_status(sluice::v1::Sluice::service_full_name(), false);
   const auto until = std::chrono::steady_clock::now() + grace;
   sigset_t stop_now;
   sigemptyset(&stop_now);
@@ -300,6 +320,7 @@ int run_serve(const ServeOptions& options) {
   }
   const std::size_t left = engine.leases();
   grpc_listener.stop();
+  health.shutdown();  // ends every Watch stream, so the server need not wait for them
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   http.stop();
   sweeper.stop();

@@ -20,9 +20,10 @@
 //     max_connections: 10000     # per port; idle_timeout: 60s, request_timeout: 10s,
 //                                # keepalive: 30s (each at least 100ms): ServerSettings
 //     max_streams_per_connection: 1000   # gRPC calls open at once on one connection
+//     max_watch_streams: 1000            # gRPC health Watch streams open at once, server-wide
 //     # A reload refuses a change to grpc, http, node_id, max_connections, idle_timeout,
-//     # request_timeout, keepalive or max_streams_per_connection (restart_only_changes); it
-//     # takes the rest.
+//     # request_timeout, keepalive, max_streams_per_connection or max_watch_streams
+//     # (restart_only_changes); it takes the rest.
 //   coordinators:                # optional; "memory" (embedded) always exists
 //     <name>:
 //       kind: memory | redis | postgres
@@ -92,6 +93,9 @@ struct ServerSettings {
   // streams of a client that does not (REFUSED_STREAM). With max_connections it bounds what
   // held calls (Watch, queued Admits) can cost.
   std::size_t max_streams_per_connection = 1000;
+  // gRPC health Watch streams (grpc.health.v1.Health/Watch) open at once on the whole server;
+  // a Watch past it is finished at once with RESOURCE_EXHAUSTED naming this setting.
+  std::size_t max_watch_streams = 1000;
 };
 
 // A server setting that a running server cannot take from a reload, with its value in force
@@ -103,8 +107,8 @@ struct RestartOnlyChange {
 };
 // The settings that differ between the settings a server started with and a reloaded file's,
 // of those a reload cannot apply: the listeners (grpc, http) and their connection settings
-// (max_connections, idle_timeout, request_timeout, keepalive, max_streams_per_connection) are
-// set when the server starts,
+// (max_connections, idle_timeout, request_timeout, keepalive, max_streams_per_connection,
+// max_watch_streams) are set when the server starts,
 // and its fleets know it by node_id. A reload that changes any of them is refused, naming each
 // (the old config keeps serving); the other server settings are taken by a reload, except
 // state_file (kept, with a warning). Empty: none.

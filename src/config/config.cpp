@@ -50,7 +50,7 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   r.keys(n, "server",
          {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace",
           "state_file", "max_connections", "idle_timeout", "request_timeout", "keepalive",
-          "max_streams_per_connection"});
+          "max_streams_per_connection", "max_watch_streams"});
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
@@ -72,6 +72,7 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (auto v = r.uint(n, "max_connections", "server", 1, 1U << 24)) out.max_connections = *v;
   if (auto v = r.uint(n, "max_streams_per_connection", "server", 1, 1U << 20))
     out.max_streams_per_connection = *v;
+  if (auto v = r.uint(n, "max_watch_streams", "server", 1, 1U << 20)) out.max_watch_streams = *v;
   for (auto [key, field] :
        {std::pair<std::string_view, Nanos*>{"idle_timeout", &out.idle_timeout},
         std::pair<std::string_view, Nanos*>{"request_timeout", &out.request_timeout},
@@ -399,6 +400,9 @@ std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& runnin
     out.push_back({"server.max_streams_per_connection",
                    std::to_string(running.max_streams_per_connection),
                    std::to_string(next.max_streams_per_connection)});
+  if (running.max_watch_streams != next.max_watch_streams)
+    out.push_back({"server.max_watch_streams", std::to_string(running.max_watch_streams),
+                   std::to_string(next.max_watch_streams)});
   return out;
 }
 

@@ -301,6 +301,72 @@ def test_grpc_calls_open_at_once_on_one_connection_are_capped(start_server):
         channel.close()
 
 
+def vm_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_health_watch_streams_are_capped_server_wide_and_cancelled_ones_give_memory_back(
+        start_server):
+    """server.max_watch_streams: past it, a Watch on any connection is finished at once with
+    RESOURCE_EXHAUSTED naming the setting; cancelled Watches give their slots back (a new one is
+    served) and the server's memory comes back to about where it was."""
+    cap, per_channel, channels = 1500, 500, 4  # 2,000 Watches asked for, 1,500 served
+    server = start_server(f"server:\n  max_watch_streams: {cap}\n"
+                          "policies:\n  r: {kind: rate, limit: 5, period: 1s}\n")
+    pid = server.proc.pid
+    opened = [grpc.insecure_channel(server.grpc_target,
+                                    options=[("grpc.use_local_subchannel_pool", 1)])
+              for _ in range(channels)]
+    watches = [c.unary_stream("/grpc.health.v1.Health/Watch") for c in opened]
+    # Warm up (gRPC's threads and caches, one connection each), then the level before.
+    for w in watches:
+        first = w(b"", timeout=60)
+        assert next(first) == b"\x08\x01"
+        first.cancel()
+    time.sleep(0.5)
+    before = vm_rss_mib(pid)
+
+    calls = [w(b"", timeout=60) for w in watches for _ in range(per_channel)]
+    served, refused = [], []
+    for c in calls:
+        try:
+            assert next(c) == b"\x08\x01"  # SERVING
+            served.append(c)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            assert f"{cap} Watch streams are open (server.max_watch_streams)" in e.details(), e
+            refused.append(c)
+    peak = vm_rss_mib(pid)
+    try:
+        assert (len(served), len(refused)) == (cap, per_channel * channels - cap)
+    finally:
+        for c in calls:
+            c.cancel()
+
+    # The slots come back: a Watch is served again.
+    def served_again():
+        c = watches[-1](b"", timeout=60)
+        try:
+            return next(c) == b"\x08\x01"
+        except grpc.RpcError:
+            return False
+        finally:
+            c.cancel()
+    wait_until(served_again, timeout=10, what="a Watch served after the others were cancelled")
+    # And the memory, within 10 s: the connections stay open, the streams are gone.
+    deadline = time.monotonic() + 10
+    while (after := vm_rss_mib(pid)) > before + 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for c in opened:
+        c.close()
+    assert after <= before + 20, \
+        f"VmRSS {before:.1f} MiB before, {peak:.1f} with {cap} Watches open, {after:.1f} after"
+
+
 def h2_frame(kind: int, flags: int = 0, payload: bytes = b"", stream: int = 0) -> bytes:
     """An HTTP/2 frame (RFC 9113, 4.1)."""
     return (len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")

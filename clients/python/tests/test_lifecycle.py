@@ -146,7 +146,7 @@ def test_reload_that_changes_and_removes_policies(start_server):
 RESTART_ONLY = {  # a running server cannot apply these: each needs a restart
     "grpc": "127.0.0.1:1", "http": "127.0.0.1:2", "node_id": "gw-9", "max_connections": "5",
     "idle_timeout": "2s", "request_timeout": "500ms", "keepalive": "45s",
-    "max_streams_per_connection": "8",
+    "max_streams_per_connection": "8", "max_watch_streams": "7",
 }
 
 
@@ -166,7 +166,8 @@ def test_a_reload_that_changes_what_needs_a_restart_is_refused_naming_each(start
     for part in ["server.node_id (unset -> 'gw-9')", "server.max_connections (10000 -> 5)",
                  "server.idle_timeout (1m -> 2s)", "server.request_timeout (10s -> 500ms)",
                  "server.keepalive (30s -> 45s)",
-                 "server.max_streams_per_connection (1000 -> 8)", "restart it to apply them",
+                 "server.max_streams_per_connection (1000 -> 8)",
+                 "server.max_watch_streams (1000 -> 7)", "restart it to apply them",
                  "the old config keeps serving"]:
         assert part in message, (part, message)
     # Nothing of the file was applied: not the policy's new limit either.
