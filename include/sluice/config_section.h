@@ -39,6 +39,7 @@ class ConfigSection {
 
   // Every key of the section must be one of `allowed`: any other is an error at that key.
   void keys(std::initializer_list<std::string_view> allowed);
+  void keys(const std::vector<std::string_view>& allowed);
 
   // A scalar, as text.
   std::optional<std::string> str(std::string_view key, bool required = false);
@@ -58,6 +59,10 @@ class ConfigSection {
   std::optional<Nanos> duration(std::string_view key);
   // A duration that may be 0 ("0s"): for a field whose 0 has a meaning of its own.
   std::optional<Nanos> duration_or_zero(std::string_view key);
+  // One of `words`, as written; an error lists them.
+  std::optional<std::string> one_of(std::string_view key,
+                                    const std::vector<std::string_view>& words,
+                                    bool required = false);
   // One of `names`; an error lists them.
   template <class E>
   std::optional<E> choice(std::string_view key,

@@ -80,6 +80,18 @@ void ConfigSection::keys(std::initializer_list<std::string_view> allowed) {
   reader_->keys(node(node_), path_, allowed);
 }
 
+void ConfigSection::keys(const std::vector<std::string_view>& allowed) {
+  reader_->keys(node(node_), path_, allowed);
+}
+
+std::optional<std::string> ConfigSection::one_of(std::string_view key,
+                                                 const std::vector<std::string_view>& words,
+                                                 bool required) {
+  const std::optional<std::size_t> i = choose(key, words, required);
+  if (!i) return std::nullopt;
+  return std::string(words[*i]);
+}
+
 std::optional<std::string> ConfigSection::str(std::string_view key, bool required) {
   return reader_->str(node(node_), key, path_, required);
 }

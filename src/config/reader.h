@@ -100,7 +100,7 @@ class Reader {
 
   // Every key of `n` must be one of `allowed`.
   void keys(const YAML::Node& n, const std::string& path,
-            std::initializer_list<std::string_view> allowed) {
+            const std::vector<std::string_view>& allowed) {
     for (auto it = n.begin(); it != n.end(); ++it) {
       if (!it->first.IsScalar()) {
         error(it->first, path, "keys must be plain names");

@@ -24,6 +24,7 @@
 
 #include "backends/http_client.h"
 #include "backends/probes/probe.h"
+#include "backends/probes/registry.h"
 
 namespace sluice::probes {
 
@@ -229,6 +230,20 @@ class CommandProbe final : public Probe {
 std::unique_ptr<Probe> loadavg_probe() { return std::make_unique<LoadAvgProbe>(); }
 std::unique_ptr<Probe> command_probe(std::string command, Nanos timeout) {
   return std::make_unique<CommandProbe>(std::move(command), timeout);
+}
+
+void add_host_probes(ProbeRegistry& r) {
+  r.add({"loadavg", {}, [](ProbeSettings& /*s*/, const ProbeContext& /*c*/) -> MakeProbe {
+           return [](const ProbeEnv&) { return loadavg_probe(); };
+         }});
+  r.add(
+      {"command", {"command", "timeout"}, [](ProbeSettings& s, const ProbeContext& c) -> MakeProbe {
+         std::string command = s.str("command", true).value_or("");
+         if (s.has("command") && command.empty()) s.error("command", "must not be empty");
+         return [command, timeout = c.timeout](const ProbeEnv&) {
+           return command_probe(command, timeout);
+         };
+       }});
 }
 
 }  // namespace sluice::probes

@@ -7,6 +7,7 @@
 
 #include "backends/http_client.h"
 #include "backends/probes/probe.h"
+#include "backends/probes/registry.h"
 
 namespace sluice::probes {
 namespace {
@@ -53,6 +54,17 @@ std::string http_url_error(const std::string& url) {
 
 std::unique_ptr<Probe> http_probe(HttpProbeOptions options) {
   return std::make_unique<HttpProbe>(std::move(options));
+}
+
+void add_http_probe(ProbeRegistry& r) {
+  r.add({"http", {"url", "timeout"}, [](ProbeSettings& s, const ProbeContext& c) -> MakeProbe {
+           HttpProbeOptions o;
+           o.url = s.str("url", true).value_or("");
+           if (s.has("url"))
+             if (std::string error = http_url_error(o.url); !error.empty()) s.error("url", error);
+           o.timeout = c.timeout;
+           return [o](const ProbeEnv&) { return http_probe(o); };
+         }});
 }
 
 }  // namespace sluice::probes

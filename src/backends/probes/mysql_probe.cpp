@@ -27,6 +27,7 @@
 
 #include "backends/call_gate.h"
 #include "backends/probes/probe.h"
+#include "backends/probes/registry.h"
 
 namespace sluice::probes {
 
@@ -319,6 +320,35 @@ class MysqlProbe final : public Probe {
 
 std::unique_ptr<Probe> mysql_probe(MysqlProbeOptions options) {
   return std::make_unique<MysqlProbe>(std::move(options));
+}
+
+void add_mysql_probes(ProbeRegistry& r) {
+  const auto type = [](std::string name, MysqlMeasure measure,
+                       std::vector<std::string_view> settings) {
+    return ProbeType{std::move(name), std::move(settings),
+                     [measure](ProbeSettings& s, const ProbeContext& c) -> MakeProbe {
+                       MysqlProbeOptions o;
+                       o.measure = measure;
+                       o.hosts = read_hosts(s, 3306);
+                       o.user = s.str("user", true).value_or("");
+                       o.password = read_password(s);
+                       o.timeout = c.timeout;
+                       if (auto t = s.str("heartbeat_table")) {
+                         if (std::string error = heartbeat_table_error(*t); !error.empty())
+                           s.error("heartbeat_table", error);
+                         o.heartbeat_table = *t;
+                       }
+                       if (auto u = s.boolean("heartbeat_utc")) o.heartbeat_utc = *u;
+                       return [o](const ProbeEnv&) { return mysql_probe(o); };
+                     }};
+  };
+  r.add(type("mysql_lag", MysqlMeasure::kLag,
+             {"hosts", "user", "password", "password_env", "timeout"}));
+  r.add(type("mysql_heartbeat", MysqlMeasure::kHeartbeat,
+             {"hosts", "user", "password", "password_env", "timeout", "heartbeat_table",
+              "heartbeat_utc"}));
+  r.add(type("mysql_threads_running", MysqlMeasure::kThreadsRunning,
+             {"hosts", "user", "password", "password_env", "timeout"}));
 }
 
 }  // namespace sluice::probes

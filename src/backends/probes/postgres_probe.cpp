@@ -13,6 +13,7 @@
 
 #include "backends/postgres/pg_connection.h"
 #include "backends/probes/probe.h"
+#include "backends/probes/registry.h"
 
 namespace sluice::probes {
 namespace {
@@ -130,6 +131,34 @@ class PostgresProbe final : public Probe {
 
 std::unique_ptr<Probe> postgres_probe(PostgresProbeOptions options) {
   return std::make_unique<PostgresProbe>(std::move(options));
+}
+
+void add_postgres_probes(ProbeRegistry& r) {
+  const auto type = [](std::string name, PostgresMeasure measure) {
+    return ProbeType{
+        std::move(name),
+        {"hosts", "conninfo", "password_env", "timeout"},
+        [measure](ProbeSettings& s, const ProbeContext& c) -> MakeProbe {
+          PostgresProbeOptions o;
+          o.measure = measure;
+          o.hosts = read_hosts(s, 5432);
+          o.conninfo = s.str("conninfo").value_or("");
+          if (o.conninfo.find("://") != std::string::npos)
+            s.error("conninfo",
+                    "must be keyword=value pairs (the hosts are added to it), not a URI");
+          if (s.has("password_env")) {
+            std::string p = read_password(s);
+            std::string q = "'";
+            for (const char ch : p)
+              q += (ch == '\\' || ch == '\'') ? std::string{'\\', ch} : std::string{ch};
+            o.conninfo += " password=" + q + "'";
+          }
+          o.timeout = c.timeout;
+          return [o](const ProbeEnv&) { return postgres_probe(o); };
+        }};
+  };
+  r.add(type("postgres_lag", PostgresMeasure::kLag));
+  r.add(type("postgres_active", PostgresMeasure::kActive));
 }
 
 }  // namespace sluice::probes

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/probes/probe.h"
+#include "backends/probes/registry.h"
 #include "backends/redis/redis_connection.h"
 
 namespace sluice::probes {
@@ -133,6 +134,21 @@ class RedisProbe final : public Probe {
 
 std::unique_ptr<Probe> redis_probe(RedisProbeOptions options) {
   return std::make_unique<RedisProbe>(std::move(options));
+}
+
+void add_redis_probe(ProbeRegistry& r) {
+  r.add({"redis",
+         {"hosts", "field", "username", "password", "password_env", "timeout"},
+         [](ProbeSettings& s, const ProbeContext& c) -> MakeProbe {
+           RedisProbeOptions o;
+           o.hosts = read_hosts(s, 6379);
+           o.field = s.str("field", true).value_or("");
+           if (s.has("field") && o.field.empty()) s.error("field", "must name an INFO field");
+           o.username = s.str("username").value_or("");
+           o.password = read_password(s);
+           o.timeout = c.timeout;
+           return [o](const ProbeEnv&) { return redis_probe(o); };
+         }});
 }
 
 }  // namespace sluice::probes

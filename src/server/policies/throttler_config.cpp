@@ -13,37 +13,23 @@
 namespace sluice::server::throttler_detail {
 namespace {
 
-// The probes a metric may name, and the settings each takes beside probe, threshold and
-// ignore_hosts.
-enum class ProbeKind {
-  kLoadAvg,
-  kCommand,
-  kPolicy,
-  kMysqlLag,
-  kMysqlHeartbeat,
-  kMysqlThreadsRunning,
-  kPostgresLag,
-  kPostgresActive,
-  kRedis,
-  kHttp
+// A metric's config section as the probes read it (backends/probes/registry.h).
+class SectionSettings final : public probes::ProbeSettings {
+ public:
+  explicit SectionSettings(ConfigSection& m) : m_(m) {}
+  bool has(std::string_view key) const override { return m_.has(key); }
+  std::optional<std::string> str(std::string_view key, bool required) override {
+    return m_.str(key, required);
+  }
+  std::optional<std::vector<std::string>> strings(std::string_view key) override {
+    return m_.strings(key);
+  }
+  std::optional<bool> boolean(std::string_view key) override { return m_.boolean(key); }
+  void error(std::string_view key, const std::string& message) override { m_.error(key, message); }
+
+ private:
+  ConfigSection& m_;
 };
-const std::map<std::string, std::vector<std::string_view>, std::less<>>& probe_settings() {
-  static const std::map<std::string, std::vector<std::string_view>, std::less<>> settings = {
-      {"loadavg", {}},
-      {"command", {"command", "timeout"}},
-      {"policy", {"policy"}},
-      {"mysql_lag", {"hosts", "user", "password", "password_env", "timeout"}},
-      {"mysql_heartbeat",
-       {"hosts", "user", "password", "password_env", "timeout", "heartbeat_table",
-        "heartbeat_utc"}},
-      {"mysql_threads_running", {"hosts", "user", "password", "password_env", "timeout"}},
-      {"postgres_lag", {"hosts", "conninfo", "password_env", "timeout"}},
-      {"postgres_active", {"hosts", "conninfo", "password_env", "timeout"}},
-      {"redis", {"hosts", "field", "username", "password", "password_env", "timeout"}},
-      {"http", {"url", "timeout"}},
-  };
-  return settings;
-}
 
 // `v` in the fewest digits that read back as it.
 std::string number_text(double v) {
@@ -72,35 +58,20 @@ struct Freshness {
 
 // A metric's probe from its settings (errors reported on `m`; null when it has none).
 MakeProbe metric_probe(const std::string& policy, ConfigSection& m, const Freshness& fresh) {
-  m.keys({"probe", "threshold", "ignore_hosts", "command", "timeout", "policy", "hosts", "user",
-          "password", "password_env", "heartbeat_table", "heartbeat_utc", "conninfo", "field",
-          "username", "url"});
-  const std::optional<ProbeKind> kind =
-      m.choice<ProbeKind>("probe",
-                          {{"loadavg", ProbeKind::kLoadAvg},
-                           {"command", ProbeKind::kCommand},
-                           {"policy", ProbeKind::kPolicy},
-                           {"mysql_lag", ProbeKind::kMysqlLag},
-                           {"mysql_heartbeat", ProbeKind::kMysqlHeartbeat},
-                           {"mysql_threads_running", ProbeKind::kMysqlThreadsRunning},
-                           {"postgres_lag", ProbeKind::kPostgresLag},
-                           {"postgres_active", ProbeKind::kPostgresActive},
-                           {"redis", ProbeKind::kRedis},
-                           {"http", ProbeKind::kHttp}},
-                          true);
-  if (!kind) return nullptr;
-  const std::string probe = *m.str("probe");
-  const auto& allowed = probe_settings().at(probe);
-  for (std::string_view key :
-       {"command", "timeout", "policy", "hosts", "user", "password", "password_env",
-        "heartbeat_table", "heartbeat_utc", "conninfo", "field", "username", "url"})
-    if (m.has(key) && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
-      m.error(key, "is not a setting of probe: " + probe);
+  const probes::ProbeRegistry& registry = probes::builtin_probes();
+  std::vector<std::string_view> keys = {"probe", "threshold", "ignore_hosts"};
+  for (std::string_view k : registry.settings()) keys.push_back(k);
+  m.keys(keys);
+  const std::optional<std::string> probe = m.one_of("probe", registry.names(), true);
+  if (!probe) return nullptr;
+  const probes::ProbeType& type = *registry.find(*probe);
+  for (std::string_view key : registry.settings())
+    if (m.has(key) && !type.takes(key)) m.error(key, "is not a setting of probe: " + *probe);
 
   // A probe with a timeout: 1 s by default, less when the samples would go stale first.
   const Nanos longest = fresh.longest_timeout();
   Nanos timeout = std::min<Nanos>(std::chrono::seconds(1), longest);
-  const bool timed = std::find(allowed.begin(), allowed.end(), "timeout") != allowed.end();
+  const bool timed = type.takes("timeout");
   const std::string why_stale =
       "a probe may take max(fast_interval, timeout) + timeout to replace its sample, and a "
       "sample is stale after stale_intervals (" +
@@ -119,114 +90,8 @@ MakeProbe metric_probe(const std::string& policy, ConfigSection& m, const Freshn
     m.error("probe",
             "cannot keep its samples fresh: " + why_stale + "; raise stale_intervals above 1");
   }
-  // hosts: "host[:port]" each, at least one.
-  const auto hosts = [&](int default_port) {
-    std::vector<probes::Endpoint> out;
-    const auto list = m.strings("hosts");
-    if (!list) {
-      if (!m.has("hosts")) m.error("hosts", "is required: the hosts to sample, host[:port] each");
-      return out;
-    }
-    if (list->empty()) m.error("hosts", "must name at least one host");
-    for (const std::string& h : *list) {
-      probes::Endpoint e;
-      if (std::string error = probes::parse_endpoint(h, default_port, e); !error.empty())
-        m.error("hosts", error);
-      else
-        out.push_back(std::move(e));
-    }
-    return out;
-  };
-  // password, or password_env: the environment variable that holds it (read now).
-  const auto password = [&]() -> std::string {
-    if (m.has("password") && m.has("password_env"))
-      m.error("password_env", "give password or password_env, not both");
-    if (auto env = m.str("password_env")) {
-      const char* v = std::getenv(env->c_str());
-      if (v == nullptr) {
-        m.error("password_env", "names " + *env + ", which is not set");
-        return {};
-      }
-      return v;
-    }
-    return m.str("password").value_or("");
-  };
-
-  switch (*kind) {
-    case ProbeKind::kLoadAvg:
-      return [](const auto&) { return probes::loadavg_probe(); };
-    case ProbeKind::kCommand: {
-      std::string command = m.str("command", true).value_or("");
-      if (m.has("command") && command.empty()) m.error("command", "must not be empty");
-      return [command, timeout](const auto&) { return probes::command_probe(command, timeout); };
-    }
-    case ProbeKind::kPolicy: {
-      std::string target = m.str("policy", true).value_or("");
-      if (m.has("policy") && (target.empty() || target == policy))
-        m.error("policy", target.empty() ? "must name a policy" : "must name another policy");
-      return [target](const std::shared_ptr<const PolicyDirectory>& directory) {
-        return policy_probe(directory, target);
-      };
-    }
-    case ProbeKind::kMysqlLag:
-    case ProbeKind::kMysqlHeartbeat:
-    case ProbeKind::kMysqlThreadsRunning: {
-      probes::MysqlProbeOptions o;
-      o.measure = *kind == ProbeKind::kMysqlLag         ? probes::MysqlMeasure::kLag
-                  : *kind == ProbeKind::kMysqlHeartbeat ? probes::MysqlMeasure::kHeartbeat
-                                                        : probes::MysqlMeasure::kThreadsRunning;
-      o.hosts = hosts(3306);
-      o.user = m.str("user", true).value_or("");
-      o.password = password();
-      o.timeout = timeout;
-      if (auto t = m.str("heartbeat_table")) {
-        if (std::string error = probes::heartbeat_table_error(*t); !error.empty())
-          m.error("heartbeat_table", error);
-        o.heartbeat_table = *t;
-      }
-      if (auto u = m.boolean("heartbeat_utc")) o.heartbeat_utc = *u;
-      return [o](const auto&) { return probes::mysql_probe(o); };
-    }
-    case ProbeKind::kPostgresLag:
-    case ProbeKind::kPostgresActive: {
-      probes::PostgresProbeOptions o;
-      o.measure = *kind == ProbeKind::kPostgresLag ? probes::PostgresMeasure::kLag
-                                                   : probes::PostgresMeasure::kActive;
-      o.hosts = hosts(5432);
-      o.conninfo = m.str("conninfo").value_or("");
-      if (o.conninfo.find("://") != std::string::npos)
-        m.error("conninfo", "must be keyword=value pairs (the hosts are added to it), not a URI");
-      if (m.has("password_env")) {
-        std::string p = password();
-        std::string q = "'";
-        for (const char c : p)
-          q += (c == '\\' || c == '\'') ? std::string{'\\', c} : std::string{c};
-        o.conninfo += " password=" + q + "'";
-      }
-      o.timeout = timeout;
-      return [o](const auto&) { return probes::postgres_probe(o); };
-    }
-    case ProbeKind::kRedis: {
-      probes::RedisProbeOptions o;
-      o.hosts = hosts(6379);
-      o.field = m.str("field", true).value_or("");
-      if (m.has("field") && o.field.empty()) m.error("field", "must name an INFO field");
-      o.username = m.str("username").value_or("");
-      o.password = password();
-      o.timeout = timeout;
-      return [o](const auto&) { return probes::redis_probe(o); };
-    }
-    case ProbeKind::kHttp: {
-      probes::HttpProbeOptions o;
-      o.url = m.str("url", true).value_or("");
-      if (m.has("url"))
-        if (std::string error = probes::http_url_error(o.url); !error.empty())
-          m.error("url", error);
-      o.timeout = timeout;
-      return [o](const auto&) { return probes::http_probe(o); };
-    }
-  }
-  return nullptr;
+  SectionSettings settings(m);
+  return type.read(settings, probes::ProbeContext{policy, timeout});
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // throttler_policy.cpp: the throttler policy at work (throttler_policy.h): its checks, its
 // sampling loops, the rules set at run time (in the state file or a coordinator's shared
-// table) and skipped hosts; and the policy probe.
+// table) and skipped hosts; and what its probes read of the server (probe_env()).
 #include "server/policies/throttler_policy.h"
 
 #include <algorithm>
@@ -10,51 +10,34 @@
 #include "server/json_text.h"
 
 namespace sluice::server::throttler_detail {
-namespace {
-
-// The probe policy_probe() makes.
-class PolicyProbe final : public Probe {
- public:
-  PolicyProbe(std::shared_ptr<const PolicyDirectory> directory, std::string policy)
-      : directory_(std::move(directory)), policy_(std::move(policy)) {}
-
-  void sample(std::vector<ThrottleSample>& hosts) override {
-    hosts.resize(1);
-    ThrottleSample& s = hosts.front();
-    s.host = policy_;
-    const std::shared_ptr<Policy> p = directory_ ? directory_->find(policy_) : nullptr;
-    if (p == nullptr) {
-      s.error = "no policy named '" + policy_ + "' is serving";
-      return;
-    }
-    if (p->admit_family() == nullptr) {
-      s.error = "policy " + policy_ + " is a " + p->kind() + " policy: it has no calls in flight";
-      return;
-    }
-    const PolicyInfo info = p->info();
-    if (info.limit == 0) {
-      s.error = "policy " + policy_ + " has no single limit";
-      return;
-    }
-    s.value = static_cast<double>(info.in_flight) / static_cast<double>(info.limit);
-    s.error.clear();
-  }
-
- private:
-  const std::shared_ptr<const PolicyDirectory> directory_;
-  const std::string policy_;
-};
-
-}  // namespace
 
 bool has_metric(const std::vector<MetricSpec>& metrics, std::string_view name) {
   return std::any_of(metrics.begin(), metrics.end(),
                      [&](const MetricSpec& m) { return m.name == name; });
 }
 
-std::unique_ptr<Probe> policy_probe(std::shared_ptr<const PolicyDirectory> directory,
-                                    std::string policy) {
-  return std::make_unique<PolicyProbe>(std::move(directory), std::move(policy));
+probes::ProbeEnv probe_env(std::shared_ptr<const PolicyDirectory> directory) {
+  probes::ProbeEnv env;
+  env.policy_utilisation = [directory = std::move(directory)](
+                               const std::string& name,
+                               std::string& error) -> std::optional<double> {
+    const std::shared_ptr<Policy> p = directory ? directory->find(name) : nullptr;
+    if (p == nullptr) {
+      error = "no policy named '" + name + "' is serving";
+      return std::nullopt;
+    }
+    if (p->admit_family() == nullptr) {
+      error = "policy " + name + " is a " + p->kind() + " policy: it has no calls in flight";
+      return std::nullopt;
+    }
+    const PolicyInfo info = p->info();
+    if (info.limit == 0) {
+      error = "policy " + name + " has no single limit";
+      return std::nullopt;
+    }
+    return static_cast<double>(info.in_flight) / static_cast<double>(info.limit);
+  };
+  return env;
 }
 
 ThrottlerPolicy::ThrottlerPolicy(const BuildContext& c, const ThrottlerSpec& spec,
@@ -68,6 +51,7 @@ ThrottlerPolicy::ThrottlerPolicy(const BuildContext& c, const ThrottlerSpec& spe
       rules_(spec.apps),
       rng_(std::random_device{}()) {
   if (shared == nullptr) load_runtime_rules();
+  const probes::ProbeEnv env = probe_env(c.directory);
   for (const MetricSpec& m : spec_.metrics) {
     ThrottleMetric tm;
     tm.name = m.name;
@@ -75,7 +59,7 @@ ThrottlerPolicy::ThrottlerPolicy(const BuildContext& c, const ThrottlerSpec& spe
     tm.stale_intervals = spec_.stale_intervals;
     tm.ignore_hosts = m.ignore_hosts;
     metrics_.push_back(std::move(tm));
-    probes_.push_back(m.make(c.directory));
+    probes_.push_back(m.make(env));
     last_sampled_.push_back(Nanos{INT64_MIN});
     last_healthy_.push_back(Nanos{INT64_MIN});
     audits_.emplace_back();

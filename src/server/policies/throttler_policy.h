@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/probes/probe.h"
+#include "backends/probes/registry.h"
 #include "server/registry.h"
 #include "server/shared_rule_mirror.h"
 #include "sluice/config.h"
@@ -29,9 +30,8 @@ namespace sluice::server::throttler_detail {
 
 using probes::Probe;
 
-// How a metric's probe is made (the server's policy directory: for a policy probe).
-using MakeProbe =
-    std::function<std::unique_ptr<Probe>(const std::shared_ptr<const PolicyDirectory>&)>;
+// How a metric's probe is made, once the server it runs in is known (probe_env()).
+using probes::MakeProbe;
 
 struct MetricSpec {
   std::string name;
@@ -59,10 +59,9 @@ struct ThrottlerSpec final : PolicyBody {
 // Whether `metrics` has one named `name`.
 bool has_metric(const std::vector<MetricSpec>& metrics, std::string_view name);
 
-// A sluice policy's utilisation, in flight / limit, looked up by name among the policies the
-// server serves now (so a reload that replaces it is followed); the host is its name.
-std::unique_ptr<Probe> policy_probe(std::shared_ptr<const PolicyDirectory> directory,
-                                    std::string policy);
+// What a probe reads of the server: a policy's utilisation, in flight / limit, looked up by name
+// among the policies the server serves now (so a reload that replaces it is followed).
+probes::ProbeEnv probe_env(std::shared_ptr<const PolicyDirectory> directory);
 
 class ThrottlerPolicy final : public Policy {
  public:
