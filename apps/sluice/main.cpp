@@ -15,6 +15,7 @@
 #include "sim.h"
 #include "sluice/config.h"
 #include "sluice/sim/cascade_sim.h"
+#include "sluice/text.h"
 #include "throttler_cli.h"
 
 int main(int argc, char** argv) {
@@ -130,9 +131,8 @@ int main(int argc, char** argv) {
                   "the server's gRPC address host:port (default $SLUICE_SERVER or 127.0.0.1:7070)")
         ->check(
             [](const std::string& text) -> std::string {
-              std::string host;
-              int port = 0;
-              if (sluice::parse_host_port(text, host, port)) return {};
+              sluice::HostPort ignored;
+              if (sluice::parse_host_port(text, ignored).empty()) return {};
               return "must be host:port with a port in 1..65535, not '" + text + "'";
             },
             "HOST:PORT");
@@ -140,9 +140,8 @@ int main(int argc, char** argv) {
     c->parse_complete_callback([c, &client] {
       const char* env = std::getenv("SLUICE_SERVER");
       if (env == nullptr || c->count("--server") > 0) return;
-      std::string host;
-      int port = 0;
-      if (!sluice::parse_host_port(client.server, host, port))
+      sluice::HostPort ignored;
+      if (!sluice::parse_host_port(client.server, ignored).empty())
         throw CLI::ValidationError(
             "SLUICE_SERVER",
             "must be host:port with a port in 1..65535, not '" + client.server + "'");

@@ -17,6 +17,7 @@
 
 #include "server/engine.h"
 #include "sluice/config.h"
+#include "sluice/text.h"
 #include "transport/grpc_health.h"
 #include "transport/grpc_kind_methods.h"
 #include "transport/grpc_listener.h"
@@ -162,9 +163,8 @@ int run_serve(const ServeOptions& options) {
   for (const auto& [what, value] :
        {std::pair<const char*, const std::string&>{"grpc", options.grpc},
         std::pair<const char*, const std::string&>{"http", options.http}}) {
-    std::string host;
-    int port = 0;
-    if (!value.empty() && !parse_host_port(value, host, port, /*min_port=*/0)) {
+    HostPort ignored;
+    if (!value.empty() && !parse_host_port(value, ignored, /*min_port=*/0).empty()) {
       log(fmt::format("{0} address (--{0}): must be host:port with a port in 0..65535, not '{1}'",
                       what, value));
       return 1;

@@ -240,9 +240,5 @@ struct ConfigLoad {
 // s, ms, us, ns it reaches, with at most three decimals, trailing zeros dropped ("1.5s", "90s",
 // "250ms", "1.25ms", "0s"). Whole values ("90s", "250ms") read back with parse_duration.
 [[nodiscard]] std::string format_duration(Nanos d);
-// Splits "host:port" (the last colon) with a decimal port in min_port..65535 and nothing after
-// it; false when malformed.
-[[nodiscard]] bool parse_host_port(std::string_view text, std::string& host, int& port,
-                                   int min_port = 1);
 
 }  // namespace sluice

@@ -1,5 +1,6 @@
 // http_client.h: one HTTP/1.0 request over a fresh connection, bounded by a timeout.
 #include "backends/http_client.h"
+#include "sluice/text.h"
 
 #include <netdb.h>
 #include <poll.h>
@@ -97,37 +98,6 @@ std::string HttpUrl::authority() const {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::string parse_host_port(const std::string& text, int default_port, std::string& host,
-                            int& port) {
-  std::string h = text;
-  std::string p;
-  if (!text.empty() && text.front() == '[') {
-    const auto close = text.find(']');
-    if (close == std::string::npos) return "'" + text + "': an unclosed '['";
-    h = text.substr(1, close - 1);
-    const std::string rest = text.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest.front() != ':') return "'" + text + "': expected ':' after ']'";
-      p = rest.substr(1);
-    }
-  } else if (const auto colon = text.rfind(':'); colon != std::string::npos) {
-    if (text.find(':') != colon) return "'" + text + "': an IPv6 address goes in brackets";
-    h = text.substr(0, colon);
-    p = text.substr(colon + 1);
-  }
-  if (h.empty()) return "'" + text + "': no host";
-  int number = default_port;
-  if (!p.empty() || text.back() == ':') {
-    const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), number);
-    if (p.empty() || ec != std::errc{} || end != p.data() + p.size() || number < 1 ||
-        number > 65535)
-      return "'" + text + "': the port must be 1..65535";
-  }
-  host = h;
-  port = number;
-  return {};
-}
-
 std::string parse_http_url(const std::string& url, HttpUrl& out) {
   constexpr std::string_view kScheme = "http://";
   if (url.rfind(kScheme, 0) != 0) return "must start with http:// (https is not supported)";
@@ -135,7 +105,10 @@ std::string parse_http_url(const std::string& url, HttpUrl& out) {
   const auto slash = rest.find('/');
   const std::string authority = rest.substr(0, slash);
   if (authority.find('@') != std::string::npos) return "must not carry user information";
-  if (std::string e = parse_host_port(authority, 80, out.host, out.port); !e.empty()) return e;
+  HostPort hp;
+  if (std::string e = parse_host_port(authority, hp, 1, 80); !e.empty()) return e;
+  out.host = std::move(hp.host);
+  out.port = hp.port;
   out.target = slash == std::string::npos ? "/" : rest.substr(slash);
   for (const char c : out.target)
     if (c <= ' ' || c == 0x7f) return "the path must not contain spaces or control characters";

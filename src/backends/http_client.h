@@ -29,11 +29,6 @@ struct HttpUrl {
   [[nodiscard]] std::string authority() const;
 };
 
-// Parses "host[:port]" / "[v6][:port]" (the port defaulting to `default_port`); empty when it
-// could, else what is wrong, quoting `text`.
-[[nodiscard]] std::string parse_host_port(const std::string& text, int default_port,
-                                          std::string& host, int& port);
-
 // Parses http://host[:port][/path]; empty when it could, else what is wrong.
 [[nodiscard]] std::string parse_http_url(const std::string& url, HttpUrl& out);
 

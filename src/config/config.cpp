@@ -54,9 +54,8 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
-      std::string host;
-      int port = 0;
-      if (parse_host_port(*s, host, port))
+      HostPort ignored;
+      if (parse_host_port(*s, ignored).empty())
         *field = *s;
       else
         r.error(n[std::string(key)], "server." + std::string(key),
@@ -112,9 +111,14 @@ void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
              {"kind", "aggregate", "allocation", "acknowledged_handoff", "address", "username",
               "password", "database", "key_prefix", "connect_timeout"});
       if (auto s = r.str(n, "address", path)) {
-        if (!parse_host_port(*s, out.redis.host, out.redis.port))
+        HostPort hp;
+        if (parse_host_port(*s, hp).empty()) {
+          out.redis.host = hp.host;
+          out.redis.port = hp.port;
+        } else {
           r.error(n["address"], path + ".address",
                   "must be host:port with a port in 1..65535, not '" + *s + "'");
+        }
       }
       if (auto d = r.duration(n, "connect_timeout", path)) out.redis.connect_timeout = *d;
       if (auto s = r.str(n, "username", path)) out.redis.username = *s;
@@ -448,19 +452,6 @@ std::string ConfigError::to_string(std::string_view source) const {
   }
   out += message;
   return out;
-}
-
-bool parse_host_port(std::string_view text, std::string& host, int& port, int min_port) {
-  const std::size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  int p = 0;
-  const char* b = text.data() + colon + 1;
-  const char* e = text.data() + text.size();
-  const auto [end, ec] = std::from_chars(b, e, p);
-  if (ec != std::errc{} || end != e || p < min_port || p > 65535) return false;
-  host = std::string(text.substr(0, colon));
-  port = p;
-  return true;
 }
 
 std::optional<Nanos> parse_duration(std::string_view text) {

@@ -13,6 +13,7 @@
 
 #include "server/policy.h"
 #include "sluice/config.h"
+#include "sluice/text.h"
 
 namespace sluice::transport {
 
@@ -152,14 +153,13 @@ Listener::Listener(net::io_context& ioc, std::string what, ListenerOptions optio
 Listener::~Listener() { close(); }
 
 StatusOr<int> Listener::bind(const std::string& address, int min_port) {
-  std::string host;
-  int port = 0;
-  if (!parse_host_port(address, host, port, min_port))
+  HostPort hp;
+  if (!parse_host_port(address, hp, min_port).empty())
     return Status(StatusCode::kInvalidArgument,
                   what_ + " address: must be host:port with a port in " + std::to_string(min_port) +
                       "..65535, not '" + address + "'");
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')  // [::1]:port
-    host = host.substr(1, host.size() - 2);
+  const std::string& host = hp.host;  // "[::1]:port" gives "::1"
+  const int port = hp.port;
   boost::system::error_code ec;
   const auto ip = net::ip::make_address(host, ec);
   if (ec)

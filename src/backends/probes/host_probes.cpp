@@ -51,10 +51,6 @@ std::string Endpoint::name() const {
   return u.authority();
 }
 
-std::string parse_endpoint(const std::string& text, int default_port, Endpoint& out) {
-  return backend_detail::parse_host_port(text, default_port, out.host, out.port);
-}
-
 void sample_each(std::vector<ThrottleSample>& hosts, const std::vector<Endpoint>& endpoints,
                  const std::function<std::optional<double>(std::size_t, std::string&)>& measure) {
   hosts.resize(endpoints.size());

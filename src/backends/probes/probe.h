@@ -68,8 +68,6 @@ struct Endpoint {
   int port = 0;
   [[nodiscard]] std::string name() const;
 };
-// Parses "host[:port]" / "[v6][:port]"; an empty string when `text` is malformed, naming why.
-[[nodiscard]] std::string parse_endpoint(const std::string& text, int default_port, Endpoint& out);
 
 enum class MysqlMeasure { kLag, kHeartbeat, kThreadsRunning };
 struct MysqlProbeOptions {

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include "sluice/text.h"
+
 namespace sluice::probes {
 
 bool ProbeType::takes(std::string_view setting) const {
@@ -62,11 +64,11 @@ std::vector<Endpoint> read_hosts(ProbeSettings& s, int default_port) {
   }
   if (list->empty()) s.error("hosts", "must name at least one host");
   for (const std::string& h : *list) {
-    Endpoint e;
-    if (std::string error = parse_endpoint(h, default_port, e); !error.empty())
+    HostPort hp;
+    if (std::string error = parse_host_port(h, hp, 1, default_port); !error.empty())
       s.error("hosts", error);
     else
-      out.push_back(std::move(e));
+      out.push_back(Endpoint{std::move(hp.host), hp.port});
   }
   return out;
 }
