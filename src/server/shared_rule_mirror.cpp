@@ -25,14 +25,14 @@ bool same(const SharedRuleMirror::Entry& a, const SharedRuleMirror::Entry& b) {
 
 }  // namespace
 
-struct SharedRuleMirror::Core {
-  struct Write {
-    std::string key;
-    std::optional<Entry> entry;  // nullopt: erase
-    std::size_t max_keys = 0;
-    Done done;
-  };
+struct SharedRuleMirror::Write {
+  std::string key;
+  std::optional<Entry> entry;  // nullopt: erase
+  std::size_t max_keys = 0;
+  Done done;
+};
 
+struct SharedRuleMirror::Core {
   Core(std::shared_ptr<SharedRules> r, std::string s, Nanos i, Nanos t, Changed c)
       : rules(std::move(r)), scope(std::move(s)), interval(i), timeout(t), changed(std::move(c)) {}
 
@@ -154,7 +154,7 @@ SharedRuleMirror::SharedRuleMirror(std::shared_ptr<SharedRules> rules, std::stri
 }
 
 SharedRuleMirror::~SharedRuleMirror() {
-  std::deque<Core::Write> left;
+  std::deque<Write> left;
   {
     const std::lock_guard lock(core_->mu);
     core_->stopping = true;
@@ -168,7 +168,7 @@ SharedRuleMirror::~SharedRuleMirror() {
     { const std::lock_guard tell(core_->telling); }
     thread_.join();
   }
-  for (Core::Write& w : left)
+  for (Write& w : left)
     w.done(Status(StatusCode::kUnavailable,
                   "the throttler was replaced before the change was written; it was not made"));
 }
@@ -191,19 +191,21 @@ std::size_t SharedRuleMirror::count(const std::string& prefix) const {
 
 void SharedRuleMirror::put_async(const std::string& key, Entry entry, std::size_t max_keys,
                                  Done done) {
-  {
-    const std::lock_guard lock(core_->mu);
-    core_->writes.push_back(Core::Write{key, std::move(entry), max_keys, std::move(done)});
-  }
-  core_->wake.notify_all();
+  enqueue(core_, Write{key, std::move(entry), max_keys, std::move(done)});
 }
 
 void SharedRuleMirror::erase_async(const std::string& key, Done done) {
+  enqueue(core_, Write{key, std::nullopt, 0, std::move(done)});
+}
+
+// Through a copy of the Core's pointer: once the write is queued, its `done` may end this
+// mirror (on its thread) before the caller's thread returns from here.
+void SharedRuleMirror::enqueue(std::shared_ptr<Core> core, Write w) {
   {
-    const std::lock_guard lock(core_->mu);
-    core_->writes.push_back(Core::Write{key, std::nullopt, 0, std::move(done)});
+    const std::lock_guard lock(core->mu);
+    core->writes.push_back(std::move(w));
   }
-  core_->wake.notify_all();
+  core->wake.notify_all();
 }
 
 SharedRuleMirror::Health SharedRuleMirror::health() const {

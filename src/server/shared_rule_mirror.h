@@ -87,6 +87,8 @@ class SharedRuleMirror {
 
  private:
   struct Core;  // everything the thread uses: it holds it too (see the destructor)
+  struct Write;
+  static void enqueue(std::shared_ptr<Core> core, Write w);
   std::shared_ptr<Core> core_;
   std::thread thread_;
 };

@@ -34,15 +34,22 @@ using std::chrono::seconds;
 constexpr Nanos kTimeout = seconds(5);
 
 struct MemoryBackend {
+  // One table per name, as one server holds one (two "connections" to it are the same object);
+  // a suite's start is a new server, with none.
+  static std::map<std::string, std::shared_ptr<SharedRules>>& tables() {
+    static std::map<std::string, std::shared_ptr<SharedRules>> t;
+    return t;
+  }
   struct Server {
-    Status start() { return {}; }
-    void stop() {}
+    Status start() {
+      tables().clear();
+      return {};
+    }
+    void stop() { tables().clear(); }
   };
-  // One table per name, as one server holds one (two "connections" to it are the same object).
   static std::shared_ptr<SharedRules> make(const Server& /*server*/, const std::string& name) {
     static SteadyClock clock;
-    static std::map<std::string, std::shared_ptr<SharedRules>> tables;
-    std::shared_ptr<SharedRules>& t = tables[name];
+    std::shared_ptr<SharedRules>& t = tables()[name];
     if (t == nullptr) t = memory_shared_rules(clock);
     return t;
   }
