@@ -98,8 +98,9 @@ fuzz_wait() {
 }
 
 # Deterministic single-threaded searches and simulations (the exhaustive protocol models, the
-# seeded fleet, federation and cascade simulations) gain nothing from a sanitizer and run many
-# times slower under one: only the default build runs them.
+# seeded fleet, federation and cascade simulations) are single-threaded, so ThreadSanitizer has
+# nothing to check in them, and run many times slower under a sanitizer: only the default build
+# runs them.
 sanitizer_skips="GatewayModel|FleetModel|FederationModel|CascadeBreakerModel|CascadeSim|FederationSim|FederationPoolSim|FleetSim"
 suite_ctest_args() {
   case $1 in
