@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python" / "tests"))
 from conftest import SluiceServer, wait_until  # noqa: E402
+from test_throttler import config as throttler_config  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "faults"))  # after: its conftest is not the one above
 from harness import PostgresCoordinator, RedisCoordinator  # noqa: E402
@@ -34,25 +35,10 @@ def coordinator(request, tmp_path):
 
 
 def config(coordinator, value_file: Path) -> str:
-    return f"""
-coordinators:
-  shared:
-{coordinator.config("127.0.0.1")}
-policies:
-  db:
-    kind: throttler
-    shard: main
-    fast_interval: 50ms
-    dormant_interval: 50ms
-    stale_intervals: 40
-    shared_rules: shared
-    shared_rules_interval: 100ms
-    metrics:
-      depth:
-        probe: command
-        command: "cat {value_file}"
-        threshold: 5
-"""
+    """The Python suite's throttler (metric depth from a file, shard main), its rules shared."""
+    return (f"coordinators:\n  shared:\n{coordinator.config('127.0.0.1')}" +
+            throttler_config(value_file, extra="    shared_rules: shared\n"
+                                                "    shared_rules_interval: 100ms"))
 
 
 def start(tmp_path: Path, name: str, coordinator, value_file: Path) -> SluiceServer:

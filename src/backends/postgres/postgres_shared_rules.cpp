@@ -6,7 +6,9 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/postgres/pg_connection.h"
@@ -33,6 +35,21 @@ const PGresult* last_rows(const PgConnection::Results& rs) {
   return nullptr;
 }
 
+// Connects, then quotes each text as an SQL literal, in order (an error names the field of the
+// first that cannot be one).
+StatusOr<std::vector<std::string>> connect_and_quote(
+    PgConnection::Session& db,
+    std::initializer_list<std::pair<std::string_view, const char*>> texts) {
+  if (Status c = db.connect(); !c.ok()) return c;
+  std::vector<std::string> out;
+  for (const auto& [text, field] : texts) {
+    auto q = db.literal(text, field);
+    if (!q.ok()) return q.status();
+    out.push_back(std::move(q.value()));
+  }
+  return out;
+}
+
 class PostgresSharedRules final : public SharedRules {
  public:
   explicit PostgresSharedRules(PostgresOptions o)
@@ -45,10 +62,9 @@ class PostgresSharedRules final : public SharedRules {
   StatusOr<std::vector<SharedRule>> list(std::string_view scope, Nanos timeout) noexcept override {
     if (Status s = check(scope, "k", ""); !s.ok()) return s;
     return conn_.call(timeout, [&](PgConnection::Session& db) -> StatusOr<std::vector<SharedRule>> {
-      if (Status c = db.connect(); !c.ok()) return c;
-      auto sc = db.literal(scope, "scope");
-      if (!sc.ok()) return sc.status();
-      const std::string& S = sc.value();
+      auto q = connect_and_quote(db, {{scope, "scope"}});
+      if (!q.ok()) return q.status();
+      const std::string& S = q.value()[0];
       // One row even for an empty scope (the clock's), so now is always read.
       const std::string sql =
           db.begin() + "WITH c AS (SELECT " + kNowMs + " AS n), gone AS (DELETE FROM " + table_ +
@@ -86,14 +102,11 @@ class PostgresSharedRules final : public SharedRules {
              Nanos timeout) noexcept override {
     if (Status s = check(scope, key, value); !s.ok()) return s;
     return conn_.call(timeout, [&](PgConnection::Session& db) -> Status {
-      if (Status c = db.connect(); !c.ok()) return c;
-      auto sc = db.literal(scope, "scope");
-      if (!sc.ok()) return sc.status();
-      auto k = db.literal(key, "key");
-      if (!k.ok()) return k.status();
-      auto v = db.literal(value, "value");
-      if (!v.ok()) return v.status();
-      const std::string& S = sc.value();
+      auto q = connect_and_quote(db, {{scope, "scope"}, {key, "key"}, {value, "value"}});
+      if (!q.ok()) return q.status();
+      const std::string& S = q.value()[0];
+      const std::string& K = q.value()[1];
+      const std::string& V = q.value()[2];
       const std::string where = " WHERE scope = " + S;
       const std::string deadline =
           has_deadline
@@ -106,10 +119,9 @@ class PostgresSharedRules final : public SharedRules {
       sql += "DELETE FROM " + table_ + where +
              " AND drop_at_deadline AND deadline_ms <= " + kNowMs + ";";
       sql += "INSERT INTO " + table_ +
-             " (scope, key, value, deadline_ms, drop_at_deadline) SELECT " + S + ", " + k.value() +
-             ", " + v.value() + ", " + deadline + ", " +
-             (has_deadline && drop_at_deadline ? "true" : "false") +
-             " WHERE EXISTS (SELECT 1 FROM " + table_ + where + " AND key = " + k.value() +
+             " (scope, key, value, deadline_ms, drop_at_deadline) SELECT " + S + ", " + K + ", " +
+             V + ", " + deadline + ", " + (has_deadline && drop_at_deadline ? "true" : "false") +
+             " WHERE EXISTS (SELECT 1 FROM " + table_ + where + " AND key = " + K +
              ") OR (SELECT count(*) FROM " + table_ + where + ") < " + std::to_string(max_keys) +
              " ON CONFLICT (scope, key) DO UPDATE SET value = EXCLUDED.value,"
              " deadline_ms = EXCLUDED.deadline_ms, drop_at_deadline = EXCLUDED.drop_at_deadline"
@@ -133,13 +145,10 @@ class PostgresSharedRules final : public SharedRules {
   Status erase(std::string_view scope, std::string_view key, Nanos timeout) noexcept override {
     if (Status s = check(scope, key, ""); !s.ok()) return s;
     return conn_.call(timeout, [&](PgConnection::Session& db) -> Status {
-      if (Status c = db.connect(); !c.ok()) return c;
-      auto sc = db.literal(scope, "scope");
-      if (!sc.ok()) return sc.status();
-      auto k = db.literal(key, "key");
-      if (!k.ok()) return k.status();
-      return db.run(db.begin() + "DELETE FROM " + table_ + " WHERE scope = " + sc.value() +
-                    " AND key = " + k.value() + ";COMMIT;");
+      auto q = connect_and_quote(db, {{scope, "scope"}, {key, "key"}});
+      if (!q.ok()) return q.status();
+      return db.run(db.begin() + "DELETE FROM " + table_ + " WHERE scope = " + q.value()[0] +
+                    " AND key = " + q.value()[1] + ";COMMIT;");
     });
   }
 
