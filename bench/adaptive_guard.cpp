@@ -8,11 +8,11 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/adaptive_guard.h"
-#include "sluice/aimd_limit.h"
-#include "sluice/fixed_limit.h"
-#include "sluice/gradient2_limit.h"
-#include "sluice/vegas_limit.h"
+#include "sluice/core/aimd_limit.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/core/gradient2_limit.h"
+#include "sluice/core/vegas_limit.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace {
 

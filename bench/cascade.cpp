@@ -1,4 +1,4 @@
-// The fallback cascade's hot path (sluice/fallback_cascade.h): pick + permit + report for one
+// The fallback cascade's hot path (sluice/local/fallback_cascade.h): pick + permit + report for one
 // call (acquire(): snapshot each node's buckets, compute its health and weight, order the nodes
 // by the weighted random permutation, take the first permit; then finish the lease, which
 // releases the permit into the node's guard and records the outcome in its buckets), for 3, 10
@@ -15,8 +15,8 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/fallback_cascade.h"
-#include "sluice/fixed_limit.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/local/fallback_cascade.h"
 
 namespace {
 

@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "common/ratio_main.h"
-#include "sluice/postgres_coordinator.h"
-#include "sluice/redis_coordinator.h"
+#include "sluice/backends/postgres_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
 #include "sluice/testing/servers.h"
 
 extern char** environ;

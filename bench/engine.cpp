@@ -14,8 +14,8 @@
 #include "common/floor.h"
 #include "common/ratio_main.h"
 #include "server/engine.h"
-#include "sluice/config.h"
-#include "sluice/rate_limiter.h"
+#include "sluice/config/config.h"
+#include "sluice/local/rate_limiter.h"
 
 namespace {
 

@@ -49,11 +49,11 @@
 #include "common/floor.h"
 #include "common/ratio_main.h"
 #include "fleet/io_pool.h"
-#include "sluice/federation.h"
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/postgres_rate_coordinator.h"
-#include "sluice/rate_limiter.h"
-#include "sluice/redis_rate_coordinator.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/postgres_rate_coordinator.h"
+#include "sluice/backends/redis_rate_coordinator.h"
+#include "sluice/fleet/federation.h"
+#include "sluice/local/rate_limiter.h"
 #include "sluice/testing/servers.h"
 
 extern char** environ;

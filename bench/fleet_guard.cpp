@@ -14,10 +14,10 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/adaptive_guard.h"
-#include "sluice/fleet_guard.h"
-#include "sluice/memory_coordinator.h"
-#include "sluice/vegas_limit.h"
+#include "sluice/backends/memory_coordinator.h"
+#include "sluice/core/vegas_limit.h"
+#include "sluice/fleet/fleet_guard.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/gateway.h"
+#include "sluice/local/gateway.h"
 #include "sluice/testing/gateway_fixtures.h"
 
 namespace {

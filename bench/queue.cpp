@@ -27,7 +27,7 @@
 
 #include "common/ratio_main.h"
 #include "server/engine.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 
 namespace {
 

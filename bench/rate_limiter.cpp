@@ -12,7 +12,7 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/rate_limiter.h"
+#include "sluice/local/rate_limiter.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Semaphore acquire+release against the floor (an atomic fetch_add/fetch_sub pair), on one
 // thread and with 2 threads contending on one semaphore (and on one floor counter).
-#include "sluice/semaphore.h"
+#include "sluice/local/semaphore.h"
 #include "common/floor.h"
 #include "common/ratio_main.h"
 

@@ -1,4 +1,4 @@
-// The throttler's in-process check (sluice/throttler.h: throttle_check), the lookup behind
+// The throttler's in-process check (sluice/core/throttler.h: throttle_check), the lookup behind
 // every GET/HEAD /throttler/check: one metric on one host, and three metrics of three hosts
 // each (a shard's replicas), for an app with a rule, against the floor (an atomic pair). The
 // samples are cached values, as the server's probes leave them; the check reads them, decides,
@@ -10,7 +10,7 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "sluice/throttler.h"
+#include "sluice/core/throttler.h"
 
 namespace {
 

@@ -26,8 +26,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/sluice DESTINATION ${CMAKE_INSTA
         PATTERN "redis_coordinator.h" EXCLUDE PATTERN "postgres_coordinator.h" EXCLUDE)
 foreach(backend redis postgres)
   if(TARGET sluice_${backend})
-    install(FILES ${PROJECT_SOURCE_DIR}/include/sluice/${backend}_coordinator.h
-            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/sluice)
+    install(FILES ${PROJECT_SOURCE_DIR}/include/sluice/backends/${backend}_coordinator.h
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/sluice/backends)
   endif()
 endforeach()
 install(EXPORT sluiceTargets NAMESPACE sluice:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/sluice)

@@ -1,4 +1,4 @@
-// The refusal's renderings: problem_json() and to_http_response() (sluice/rejection.h) of a
+// The refusal's renderings: problem_json() and to_http_response() (sluice/local/rejection.h) of a
 // Rejection built from the input.
 //
 // Every text field is valid UTF-8, as every one the server fills is: they come from the config
@@ -20,7 +20,7 @@
 #include <string>
 
 #include "fuzz_support.h"
-#include "sluice/rejection.h"
+#include "sluice/local/rejection.h"
 
 namespace {
 

@@ -14,9 +14,9 @@
 
 #include "server/engine.h"
 #include "server/registry.h"
-#include "sluice/clock.h"
-#include "sluice/config.h"
-#include "sluice/text.h"
+#include "sluice/config/config.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/text.h"
 
 namespace sluice::fuzz {
 

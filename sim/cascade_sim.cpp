@@ -9,8 +9,8 @@
 #include <random>
 #include <utility>
 
-#include "sluice/adaptive_guard.h"
-#include "sluice/algorithm_spec.h"
+#include "sluice/core/algorithm_spec.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace sluice::sim {
 namespace {

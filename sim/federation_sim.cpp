@@ -10,10 +10,10 @@
 #include <random>
 #include <thread>
 
-#include "sluice/federation.h"
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/memory_regional_escrow.h"
-#include "sluice/rate_strategy.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/memory_regional_escrow.h"
+#include "sluice/core/rate_strategy.h"
+#include "sluice/fleet/federation.h"
 
 namespace sluice::sim {
 namespace {

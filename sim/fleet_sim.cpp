@@ -9,13 +9,13 @@
 #include <random>
 #include <unordered_map>
 
-#include "sluice/adaptive_guard.h"
-#include "sluice/aimd_limit.h"
-#include "sluice/fixed_limit.h"
-#include "sluice/fleet_guard.h"
-#include "sluice/gradient2_limit.h"
-#include "sluice/memory_coordinator.h"
-#include "sluice/vegas_limit.h"
+#include "sluice/backends/memory_coordinator.h"
+#include "sluice/core/aimd_limit.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/core/gradient2_limit.h"
+#include "sluice/core/vegas_limit.h"
+#include "sluice/fleet/fleet_guard.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace sluice::sim {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "transport/wire.h"
 

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/gateway.h"
-#include "sluice/gateway_metrics.h"
+#include "sluice/local/gateway.h"
+#include "sluice/local/gateway_metrics.h"
 
 namespace sluice::cli {
 namespace {

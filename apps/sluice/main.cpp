@@ -13,9 +13,9 @@
 #include "server/coordinators.h"
 #include "server/registry.h"
 #include "sim.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
+#include "sluice/core/text.h"
 #include "sluice/sim/cascade_sim.h"
-#include "sluice/text.h"
 #include "throttler_cli.h"
 
 int main(int argc, char** argv) {

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "server/engine.h"
-#include "sluice/config.h"
-#include "sluice/text.h"
+#include "sluice/config/config.h"
+#include "sluice/core/text.h"
 #include "transport/grpc_health.h"
 #include "transport/grpc_kind_methods.h"
 #include "transport/grpc_listener.h"

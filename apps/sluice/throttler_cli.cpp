@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/http_client.h"
-#include "sluice/config.h"
-#include "sluice/throttler_client.h"
+#include "backends/http/http_client.h"
+#include "sluice/backends/throttler_client.h"
+#include "sluice/config/config.h"
 
 namespace sluice::cli {
 namespace {

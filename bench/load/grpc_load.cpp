@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "server/engine.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "sluice_bench/v1/echo.grpc.pb.h"
 #include "transport/grpc_service.h"

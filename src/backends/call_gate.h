@@ -15,8 +15,8 @@
 #include <string>
 #include <type_traits>
 
-#include "sluice/clock.h"
-#include "sluice/status.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/status.h"
 
 namespace sluice::backend_detail {
 

@@ -1,5 +1,6 @@
-// The bounds every SharedRules backend checks (sluice/shared_rules.h), and the memory backend.
-#include "sluice/shared_rules.h"
+// The bounds every SharedRules backend checks (sluice/backends/shared_rules.h), and the memory
+// backend.
+#include "sluice/backends/shared_rules.h"
 
 #include <map>
 #include <mutex>

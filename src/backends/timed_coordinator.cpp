@@ -1,4 +1,4 @@
-#include "sluice/timed_coordinator.h"
+#include "sluice/backends/timed_coordinator.h"
 
 #include <algorithm>
 #include <chrono>

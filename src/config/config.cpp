@@ -1,4 +1,4 @@
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "config/reader.h"
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 namespace sluice {
 namespace {

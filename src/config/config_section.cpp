@@ -1,4 +1,4 @@
-#include "sluice/config_section.h"
+#include "sluice/config/config_section.h"
 
 #include <charconv>
 #include <cmath>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "config/reader.h"
-#include "sluice/aimd_limit.h"
-#include "sluice/gradient2_limit.h"
-#include "sluice/vegas_limit.h"
+#include "sluice/core/aimd_limit.h"
+#include "sluice/core/gradient2_limit.h"
+#include "sluice/core/vegas_limit.h"
 
 namespace sluice {
 namespace {

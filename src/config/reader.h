@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/config.h"
-#include "sluice/config_section.h"
+#include "sluice/config/config.h"
+#include "sluice/config/config_section.h"
 
 namespace sluice::config_detail {
 

@@ -1,4 +1,4 @@
-#include "sluice/aimd_limit.h"
+#include "sluice/core/aimd_limit.h"
 
 #include <algorithm>
 #include <cmath>

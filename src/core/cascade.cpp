@@ -1,5 +1,5 @@
 // cascade.h: a node's success rate and weight, and the weighted random order.
-#include "sluice/cascade.h"
+#include "sluice/core/cascade.h"
 
 #include <algorithm>
 #include <cmath>

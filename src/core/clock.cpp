@@ -1,9 +1,15 @@
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
 
 namespace sluice {
 
 Nanos SteadyClock::now() const noexcept {
   return std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+std::int64_t unix_ms_now() noexcept {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 const SteadyClock& SteadyClock::instance() noexcept {

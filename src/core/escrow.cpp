@@ -1,9 +1,9 @@
-#include "sluice/escrow.h"
+#include "sluice/core/escrow.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "sluice/rate_strategy.h"
+#include "sluice/core/rate_strategy.h"
 
 namespace sluice {
 

@@ -1,4 +1,4 @@
-#include "sluice/fixed_limit.h"
+#include "sluice/core/fixed_limit.h"
 
 namespace sluice {
 

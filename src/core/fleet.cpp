@@ -1,4 +1,4 @@
-#include "sluice/fleet.h"
+#include "sluice/core/fleet.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "sluice/gradient2_limit.h"
+#include "sluice/core/gradient2_limit.h"
 
 #include <algorithm>
 #include <cmath>

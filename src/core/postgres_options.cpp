@@ -1,4 +1,4 @@
-#include "sluice/postgres_options.h"
+#include "sluice/core/postgres_options.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "sluice/rate_strategy.h"
+#include "sluice/core/rate_strategy.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice {
 

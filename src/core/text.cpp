@@ -1,4 +1,4 @@
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 #include <charconv>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "sluice/throttler.h"
+#include "sluice/core/throttler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <utility>
 
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 namespace sluice {
 

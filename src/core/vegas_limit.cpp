@@ -1,4 +1,4 @@
-#include "sluice/vegas_limit.h"
+#include "sluice/core/vegas_limit.h"
 
 #include <algorithm>
 #include <cmath>

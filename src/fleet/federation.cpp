@@ -1,4 +1,4 @@
-#include "sluice/federation.h"
+#include "sluice/fleet/federation.h"
 
 #include <algorithm>
 #include <deque>

@@ -1,4 +1,4 @@
-#include "sluice/fleet_guard.h"
+#include "sluice/fleet/fleet_guard.h"
 
 #include <algorithm>
 #include <bit>
@@ -6,7 +6,8 @@
 
 #include <unistd.h>
 
-#include "core/tick_loop.h"
+#include "local/tick_loop.h"
+#include "sluice/core/clock.h"
 
 namespace sluice {
 namespace {
@@ -47,7 +48,7 @@ std::uint64_t random_instance() {
   } catch (...) {
     // No entropy source: the clock and the pid below still tell members apart.
   }
-  v ^= static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  v ^= static_cast<std::uint64_t>(SteadyClock::instance().now().count());
   v ^= static_cast<std::uint64_t>(getpid()) << 40;
   return v != 0 ? v : 1;
 }

@@ -1,6 +1,6 @@
 // io_pool.h (private): a few threads that run coordinator calls off the callers' threads.
 //
-// What it is: an IoExecutor (sluice/federation.h) backed by `threads` workers and one FIFO.
+// What it is: an IoExecutor (sluice/fleet/federation.h) backed by `threads` workers and one FIFO.
 // A call blocks its worker for at most its own timeout, so `threads` bounds how many
 // coordinator calls are in flight at once. The destructor runs what is queued, then joins.
 //
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/federation.h"
+#include "sluice/fleet/federation.h"
 
 namespace sluice {
 

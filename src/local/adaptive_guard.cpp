@@ -1,4 +1,4 @@
-#include "sluice/adaptive_guard.h"
+#include "sluice/local/adaptive_guard.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,5 +1,5 @@
 // cascade_stats.h: the lock-free rolling window of stat buckets.
-#include "sluice/cascade_stats.h"
+#include "sluice/local/cascade_stats.h"
 
 #include <algorithm>
 

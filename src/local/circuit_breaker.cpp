@@ -1,5 +1,5 @@
 // circuit_breaker.h: closed, open, half-open.
-#include "sluice/circuit_breaker.h"
+#include "sluice/local/circuit_breaker.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // fallback_cascade.h: pick by health, take the first permit that is free, record the outcome.
-#include "sluice/fallback_cascade.h"
+#include "sluice/local/fallback_cascade.h"
 
 #include <algorithm>
 #include <random>

@@ -1,4 +1,4 @@
-#include "sluice/gateway.h"
+#include "sluice/local/gateway.h"
 
 #include <algorithm>
 #include <atomic>

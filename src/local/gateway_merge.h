@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "sluice/gateway_config.h"
+#include "sluice/local/gateway_config.h"
 
 namespace sluice {
 

@@ -1,4 +1,4 @@
-#include "sluice/gateway_metrics.h"
+#include "sluice/local/gateway_metrics.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "local/gateway_state.h"
-#include "sluice/gateway.h"
+#include "sluice/local/gateway.h"
 
 namespace sluice {
 namespace {

@@ -30,8 +30,8 @@
 
 #include "core/string_map.h"
 #include "local/access_index.h"
-#include "sluice/gateway.h"
-#include "sluice/semaphore.h"
+#include "sluice/local/gateway.h"
+#include "sluice/local/semaphore.h"
 
 namespace sluice::gateway_detail {
 

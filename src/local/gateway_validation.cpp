@@ -1,4 +1,4 @@
-#include "sluice/gateway_validation.h"
+#include "sluice/local/gateway_validation.h"
 
 #include <cstdint>
 #include <optional>

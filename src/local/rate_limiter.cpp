@@ -1,4 +1,4 @@
-#include "sluice/rate_limiter.h"
+#include "sluice/local/rate_limiter.h"
 
 #include <algorithm>
 #include <atomic>

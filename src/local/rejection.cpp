@@ -1,4 +1,4 @@
-#include "sluice/rejection.h"
+#include "sluice/local/rejection.h"
 
 #include <algorithm>
 #include <cctype>

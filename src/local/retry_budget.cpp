@@ -1,5 +1,5 @@
 // retry_budget.h: a share of the calls, counted in a lock-free window.
-#include "sluice/retry_budget.h"
+#include "sluice/local/retry_budget.h"
 
 #include "local/bucket_word.h"
 

@@ -1,4 +1,4 @@
-#include "sluice/semaphore.h"
+#include "sluice/local/semaphore.h"
 
 namespace sluice {
 

@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/rate_strategy.h"
-#include "sluice/rejection.h"
-#include "sluice/status.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/rate_strategy.h"
+#include "sluice/core/status.h"
+#include "sluice/local/rejection.h"
 
 namespace sluice::server {
 

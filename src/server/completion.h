@@ -33,7 +33,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::server {
 

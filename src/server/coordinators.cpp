@@ -3,15 +3,15 @@
 #include <algorithm>
 #include <map>
 
-#include "sluice/memory_coordinator.h"
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/memory_regional_escrow.h"
-#include "sluice/postgres_coordinator.h"
-#include "sluice/postgres_rate_coordinator.h"
-#include "sluice/redis_coordinator.h"
-#include "sluice/redis_rate_coordinator.h"
-#include "sluice/redis_regional_escrow.h"
-#include "sluice/shared_rules.h"
+#include "sluice/backends/memory_coordinator.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/memory_regional_escrow.h"
+#include "sluice/backends/postgres_coordinator.h"
+#include "sluice/backends/postgres_rate_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
+#include "sluice/backends/redis_rate_coordinator.h"
+#include "sluice/backends/redis_regional_escrow.h"
+#include "sluice/backends/shared_rules.h"
 
 namespace sluice::server {
 

@@ -25,11 +25,11 @@
 #include <typeindex>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/config.h"
-#include "sluice/coordinator.h"
-#include "sluice/status.h"
-#include "sluice/timed_coordinator.h"
+#include "sluice/backends/timed_coordinator.h"
+#include "sluice/config/config.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/coordinator.h"
+#include "sluice/core/status.h"
 
 namespace sluice::server {
 

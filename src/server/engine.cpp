@@ -13,7 +13,7 @@
 #include "server/coordinators.h"
 #include "server/json_text.h"
 #include "server/policy.h"
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 namespace sluice::server {
 

@@ -43,11 +43,11 @@
 #include "server/completion.h"
 #include "server/leases.h"
 #include "server/registry.h"
-#include "sluice/adaptive_guard.h"
-#include "sluice/clock.h"
-#include "sluice/config.h"
-#include "sluice/rate_strategy.h"
-#include "sluice/status.h"
+#include "sluice/config/config.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/rate_strategy.h"
+#include "sluice/core/status.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace sluice::server {
 

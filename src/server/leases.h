@@ -29,7 +29,7 @@
 
 #include "core/string_map.h"
 #include "server/permit.h"
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
 
 namespace sluice::server {
 

@@ -25,8 +25,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "sluice/adaptive_guard.h"
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace sluice::server {
 

@@ -1,6 +1,6 @@
 #include "server/policy.h"
 
-#include "core/tick_loop.h"
+#include "local/tick_loop.h"
 #include "server/json_text.h"
 #include "server/registry.h"
 

@@ -41,10 +41,10 @@
 #include "server/calls.h"
 #include "server/completion.h"
 #include "server/permit.h"
-#include "sluice/clock.h"
-#include "sluice/rate_strategy.h"
-#include "sluice/rejection.h"
-#include "sluice/status.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/rate_strategy.h"
+#include "sluice/core/status.h"
+#include "sluice/local/rejection.h"
 
 namespace sluice {
 class TickLoop;

@@ -24,10 +24,10 @@
 #include "server/policy.h"
 #include "server/routes.h"
 #include "server/runtime_state.h"
-#include "sluice/clock.h"
-#include "sluice/config.h"
-#include "sluice/coordinator.h"
-#include "sluice/status.h"
+#include "sluice/config/config.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/coordinator.h"
+#include "sluice/core/status.h"
 
 namespace sluice::server {
 

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "server/completion.h"
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::server {
 

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "server/calls.h"
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 namespace sluice::server {
 namespace {

@@ -6,14 +6,10 @@
 #include <utility>
 #include <vector>
 
+#include "sluice/core/clock.h"
+
 namespace sluice::server {
 namespace {
-
-std::int64_t unix_ms_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Whether two entries are the same rule: equal but for deadlines within kJitter of each other.
 bool same(const SharedRuleMirror::Entry& a, const SharedRuleMirror::Entry& b) {

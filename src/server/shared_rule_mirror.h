@@ -1,5 +1,5 @@
 // shared_rule_mirror.h: a server's copy of one scope of a coordinator's shared rules
-// (sluice/shared_rules.h), kept fresh by reading it every interval, and the writes to it.
+// (sluice/backends/shared_rules.h), kept fresh by reading it every interval, and the writes to it.
 //
 // What it is: the rules a throttler set at run time live on the coordinator, so that every
 // server naming it enforces them. The mirror holds the last copy read (what checks use: reading
@@ -37,8 +37,8 @@
 #include <thread>
 
 #include "server/completion.h"
-#include "sluice/shared_rules.h"
-#include "sluice/status.h"
+#include "sluice/backends/shared_rules.h"
+#include "sluice/core/status.h"
 
 namespace sluice::server {
 
@@ -76,8 +76,8 @@ class SharedRuleMirror {
   [[nodiscard]] std::optional<Entry> get(const std::string& key) const;
   // How many entries of the copy have keys starting with `prefix`.
   [[nodiscard]] std::size_t count(const std::string& prefix) const;
-  // Writes `entry` under `key` (`max_keys`: the scope's bound, sluice/shared_rules.h); `done`
-  // once the coordinator holds it and `changed` has seen it, or with the error.
+  // Writes `entry` under `key` (`max_keys`: the scope's bound, sluice/backends/shared_rules.h);
+  // `done` once the coordinator holds it and `changed` has seen it, or with the error.
   void put_async(const std::string& key, Entry entry, std::size_t max_keys, Done done);
   // Removes `key`; `done` as put_async().
   void erase_async(const std::string& key, Done done);

@@ -38,7 +38,7 @@
 
 #include "server/completion.h"
 #include "server/engine.h"
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 #include "transport/listener.h"
 
 namespace sluice::transport {

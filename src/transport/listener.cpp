@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "server/policy.h"
-#include "sluice/config.h"
-#include "sluice/text.h"
+#include "sluice/config/config.h"
+#include "sluice/core/text.h"
 
 namespace sluice::transport {
 

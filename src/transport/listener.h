@@ -30,8 +30,8 @@
 #include <string>
 
 #include "server/engine.h"
-#include "sluice/clock.h"
-#include "sluice/status.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/status.h"
 
 namespace sluice::transport {
 

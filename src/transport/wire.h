@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "sluice/clock.h"
-#include "sluice/status.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/status.h"
 
 namespace sluice::transport {
 

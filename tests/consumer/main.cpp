@@ -1,14 +1,14 @@
 // Uses the installed headers and library the way a user's program would; exits non-zero if
 // the semaphore, the gateway, the fleet guard or the coordinators do not behave.
-#include <sluice/config.h>
-#include <sluice/fixed_limit.h>
-#include <sluice/fleet_guard.h>
-#include <sluice/gateway.h>
-#include <sluice/gateway_metrics.h>
-#include <sluice/memory_coordinator.h>
-#include <sluice/postgres_coordinator.h>
-#include <sluice/redis_coordinator.h>
-#include <sluice/semaphore.h>
+#include <sluice/backends/memory_coordinator.h>
+#include <sluice/backends/postgres_coordinator.h>
+#include <sluice/backends/redis_coordinator.h>
+#include <sluice/config/config.h>
+#include <sluice/core/fixed_limit.h>
+#include <sluice/fleet/fleet_guard.h>
+#include <sluice/local/gateway.h>
+#include <sluice/local/gateway_metrics.h>
+#include <sluice/local/semaphore.h>
 
 #include <cstdio>
 #include <memory>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "server/engine.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "support/config_of.h"
 
 namespace sluice::server {

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "sluice/memory_coordinator.h"
-#include "sluice/postgres_coordinator.h"
-#include "sluice/redis_coordinator.h"
+#include "sluice/backends/memory_coordinator.h"
+#include "sluice/backends/postgres_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

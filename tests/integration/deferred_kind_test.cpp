@@ -14,7 +14,7 @@
 
 #include "server/engine.h"
 #include "server/registry.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 
 namespace sluice::server {
 namespace {

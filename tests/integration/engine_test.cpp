@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/config.h"
-#include "sluice/redis_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
+#include "sluice/config/config.h"
 #include "sluice/testing/servers.h"
 #include "support/config_of.h"
 

@@ -18,7 +18,7 @@
 
 #include "server/engine.h"
 #include "server/registry.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "sluice/testing/servers.h"
 #include "support/config_of.h"
 

@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
 #include "sluice/testing/servers.h"
 
 extern char** environ;

@@ -2,7 +2,7 @@
 // equal to the memory coordinator's step by step (8 configs), server time, tables created on
 // first use, GlobalCap under concurrent heartbeats from two connections, timeouts on a held
 // lock and on a hanging backend, bad input, and a server that goes away.
-#include "sluice/postgres_coordinator.h"
+#include "sluice/backends/postgres_coordinator.h"
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "integration/server_clients.h"
-#include "sluice/memory_coordinator.h"
+#include "sluice/backends/memory_coordinator.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

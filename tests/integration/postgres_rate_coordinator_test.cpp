@@ -4,7 +4,7 @@
 // a held key lock, bad input, and the lease latency. Concurrent regions and health, alike on
 // every backend, are in rate_coordinator_backends_test.cpp; replies equal to the memory and Redis
 // coordinators' step by step in rate_coordinator_conformance_test.cpp.
-#include "sluice/postgres_rate_coordinator.h"
+#include "sluice/backends/postgres_rate_coordinator.h"
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "integration/server_clients.h"
-#include "sluice/memory_rate_coordinator.h"
+#include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "integration/server_clients.h"
-#include "sluice/postgres_rate_coordinator.h"
-#include "sluice/redis_rate_coordinator.h"
+#include "sluice/backends/postgres_rate_coordinator.h"
+#include "sluice/backends/redis_rate_coordinator.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/postgres_rate_coordinator.h"
-#include "sluice/redis_rate_coordinator.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/postgres_rate_coordinator.h"
+#include "sluice/backends/redis_rate_coordinator.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

@@ -2,7 +2,7 @@
 // grants, its storage (one hash per key, one hash slot, an expiring key), NOSCRIPT reload, AUTH,
 // server time, timeouts on a hanging server, and bad input. Step-by-step equality with the
 // other backends over a long random sequence is in coordinator_conformance_test.cpp.
-#include "sluice/redis_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "integration/server_clients.h"
-#include "sluice/memory_coordinator.h"
+#include "sluice/backends/memory_coordinator.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

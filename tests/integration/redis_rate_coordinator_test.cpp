@@ -5,7 +5,7 @@
 // check, NOSCRIPT reload, timeouts, bad input, and the lease latency. Concurrent regions and
 // health, alike on every backend, are in rate_coordinator_backends_test.cpp; replies equal to the
 // memory and PostgreSQL coordinators' step by step in rate_coordinator_conformance_test.cpp.
-#include "sluice/redis_rate_coordinator.h"
+#include "sluice/backends/redis_rate_coordinator.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -2,7 +2,7 @@
 // to the memory pool's, field by field, for one long random sequence of takes, refills and
 // releases on the caller's clock; Redis TIME as the pool's clock, the hash and its TTL, NOSCRIPT
 // reload, bad input, and processes of one region sharing the pool through FederatedLimiter.
-#include "sluice/redis_regional_escrow.h"
+#include "sluice/backends/redis_regional_escrow.h"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "server_clients.h"
-#include "sluice/federation.h"
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/memory_regional_escrow.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/memory_regional_escrow.h"
+#include "sluice/fleet/federation.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

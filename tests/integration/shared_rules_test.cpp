@@ -1,5 +1,5 @@
-// Shared rules (sluice/shared_rules.h) on memory, a real Redis and a real PostgreSQL under one
-// typed suite: what every backend must do alike (values round-trip byte for byte, deadlines on
+// Shared rules (sluice/backends/shared_rules.h) on memory, a real Redis and a real PostgreSQL under
+// one typed suite: what every backend must do alike (values round-trip byte for byte, deadlines on
 // the backend's clock, entries dropped at their deadline, the key bound counted atomically, bad
 // input named); then the server's mirror of one scope (server/shared_rule_mirror.h) over two
 // servers' worth of mirrors: a write through one reaches the other within its interval, a
@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "sluice/shared_rules.h"
+#include "sluice/backends/shared_rules.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

@@ -1,106 +1,82 @@
 #!/usr/bin/python3
-"""check_layers.py ROOT: every include in the tree points down the layers, never up.
+"""check_layers.py ROOT: every include follows an edge of the layer graph.
 
-The layers, lowest first (DESIGN.md): core -> local -> fleet -> backends -> config -> server ->
-transport -> apps; sim sits beside server (over the layers below it); testing is test support
-(anything but apps may use it, nothing in src/ does). A file may include its own layer and the
-layers below it. A public header (include/sluice/X.h) belongs to the layer named for it in
-PUBLIC_HEADERS below: a new public header must be added there, or the check fails.
+A file's path names its layer: src/<layer>/..., include/sluice/<layer>/..., sim/ (sim),
+apps/ (apps), testing/ (testing); the generated gRPC API (sluice/v1/, grpc/health/v1/) is the
+layer `api`. The graph (docs/design.md, "Layers") lists the layers each layer is built on; a
+file may include its own layer and any layer reachable from it along the graph, nothing else.
+So backends reach core only, core nothing, and a new folder under src/ or include/sluice/ is a
+layer the check refuses until it has a line in GRAPH.
 
 Reads the files git tracks under ROOT (src/, include/, sim/, apps/, testing/), so a build
-directory inside the tree is never read. Prints every upward include, file:line, and exits 1
-if there is one; exits 0 otherwise.
+directory inside the tree is never read. Prints every include off the graph, file:line, and
+exits 1 if there is one; exits 0 otherwise.
 """
 import os
 import re
 import subprocess
 import sys
 
-ORDER = ["core", "local", "fleet", "backends", "config", "server", "transport", "apps"]
-
-# Which layers each layer may include (itself and below; sim and testing as described above).
-ALLOWED = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
-ALLOWED["sim"] = set(ORDER[: ORDER.index("backends") + 1]) | {"sim"}
-ALLOWED["apps"] |= {"sim"}
-ALLOWED["testing"] = set(ORDER[: ORDER.index("transport") + 1]) | {"testing", "sim"}
-
-# include/sluice/<name>: the layer of each public header.
-PUBLIC_HEADERS = {
-    "aimd_limit.h": "core",
-    "algorithm_spec.h": "core",
-    "clock.h": "core",
-    "coordinator.h": "core",
-    "escrow.h": "core",
-    "fixed_limit.h": "core",
-    "fleet.h": "core",
-    "gradient2_limit.h": "core",
-    "limit_algorithm.h": "core",
-    "rate_coordinator.h": "core",
-    "regional_escrow.h": "core",
-    "rate_strategy.h": "core",
-    "status.h": "core",
-    "text.h": "core",
-    "throttler.h": "core",
-    "cascade.h": "core",
-    "timed_coordinator.h": "backends",
-    "throttler_client.h": "backends",
-    "vegas_limit.h": "core",
-    "adaptive_guard.h": "local",
-    "gateway.h": "local",
-    "gateway_admission.h": "local",
-    "gateway_config.h": "local",
-    "gateway_metrics.h": "local",
-    "gateway_permit.h": "local",
-    "rejection.h": "local",
-    "gateway_validation.h": "local",
-    "rate_limiter.h": "local",
-    "semaphore.h": "local",
-    "cascade_stats.h": "local",
-    "circuit_breaker.h": "local",
-    "retry_budget.h": "local",
-    "fallback_cascade.h": "local",
-    "federation.h": "fleet",
-    "fleet_guard.h": "fleet",
-    "memory_coordinator.h": "backends",
-    "memory_rate_coordinator.h": "backends",
-    "memory_regional_escrow.h": "backends",
-    "postgres_coordinator.h": "backends",
-    "postgres_options.h": "core",
-    "postgres_rate_coordinator.h": "backends",
-    "redis_coordinator.h": "backends",
-    "redis_options.h": "core",
-    "redis_rate_coordinator.h": "backends",
-    "redis_regional_escrow.h": "backends",
-    "shared_rules.h": "backends",
-    "config.h": "config",
-    "config_section.h": "config",
+# Each layer and the layers it is built on (direct edges; includes may follow them transitively).
+GRAPH = {
+    "core": [],                                   # pure rules: the standard library only
+    "local": ["core"],                            # in-process state: semaphores, guards, limiters
+    "fleet": ["local"],                           # the fleet guard and the regional engine
+    "backends": ["core"],                         # I/O behind core's interfaces: coordinators, probes
+    "config": ["core"],                           # the YAML reader and ConfigSection
+    "api": [],                                    # the generated gRPC messages and stubs
+    "server": ["fleet", "backends", "config"],    # the engine and the policy kinds
+    "transport": ["server", "api"],               # gRPC and HTTP
+    "sim": ["fleet", "backends"],                 # deterministic simulations
+    "apps": ["transport", "sim"],                 # the executable
+    "testing": ["transport", "sim"],              # test support (nothing in src/ uses it)
 }
 
+
+def reachable(layer):
+    """The layers a file of `layer` may include: itself and everything below it on the graph."""
+    seen, todo = {layer}, list(GRAPH[layer])
+    while todo:
+        below = todo.pop()
+        if below not in seen:
+            seen.add(below)
+            todo.extend(GRAPH[below])
+    return seen
+
+
+ALLOWED = {layer: reachable(layer) for layer in GRAPH}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+GENERATED = ("sluice/v1/", "grpc/health/v1/")
 
 
 def layer_of_file(path):
-    """The layer a tracked file belongs to, or None when it is not in a layer."""
+    """The layer a tracked file belongs to, "unknown:<folder>" for a folder the graph does not
+    name, or None when the file is not in a layer."""
     parts = path.split("/")
     if parts[0] == "src" and len(parts) > 2:
-        return parts[1] if parts[1] in ALLOWED else None
-    if parts[0] == "include" and parts[1:2] == ["sluice"] and len(parts) == 3:
-        return PUBLIC_HEADERS.get(parts[2], "unlisted")
-    if parts[0] in ("sim", "apps", "testing"):
-        return parts[0]
-    return None
+        folder = parts[1]
+    elif parts[0] == "include" and parts[1:2] == ["sluice"]:
+        if len(parts) == 3:
+            return "unknown:"
+        folder = parts[2]
+    elif parts[0] in ("sim", "apps", "testing"):
+        folder = parts[0]
+    else:
+        return None
+    return folder if folder in GRAPH else f"unknown:{'/'.join(parts[:-1])}"
 
 
 def layer_of_include(name, including_dir, files):
     """The layer of what `#include name` names, or None when it is not sluice's own."""
-    if name.startswith("sluice/v1/"):
-        return "transport"  # the generated gRPC API
+    if name.startswith(GENERATED):
+        return "api"
     if name.startswith("sluice/sim/"):
         return "sim"
     if name.startswith("sluice/testing/"):
         return "testing"
-    if name.startswith("sluice/") and name.count("/") == 1:
-        return PUBLIC_HEADERS.get(name[len("sluice/"):], "unlisted")
+    if name.startswith("sluice/"):
+        return layer_of_file("include/" + name)
     if "src/" + name in files:
         return layer_of_file("src/" + name)
     local = os.path.normpath(os.path.join(including_dir, name))
@@ -120,9 +96,13 @@ def main(root):
     problems = []
     for f in sorted(files):
         layer = layer_of_file(f)
-        if layer == "unlisted":
-            problems.append(f"{f}: a public header with no layer: add it to PUBLIC_HEADERS in "
-                            f"{os.path.relpath(__file__, root)}")
+        if layer == "unknown:":
+            problems.append(f"{f}: a public header outside its layer's folder: move it to "
+                            "include/sluice/<layer>/")
+            continue
+        if layer is not None and layer.startswith("unknown:"):
+            problems.append(f"{f}: in no layer ({layer[len('unknown:'):]}): add the folder to "
+                            f"GRAPH in {os.path.relpath(__file__, root)} and to docs/design.md")
             continue
         if layer is None or not os.path.exists(os.path.join(root, f)):
             continue
@@ -132,19 +112,20 @@ def main(root):
                 if not m:
                     continue
                 target = layer_of_include(m.group(1), os.path.dirname(f), files)
-                if target == "unlisted":
-                    problems.append(f"{f}:{n}: includes {m.group(1)}, a public header with no "
-                                    "layer")
-                elif target is not None and target not in ALLOWED[layer]:
-                    problems.append(f"{f}:{n}: {layer} includes {m.group(1)} ({target}): an "
-                                    f"include must point down the layers "
-                                    f"({' -> '.join(ORDER)}; sim beside server)")
+                if target is None or target in ALLOWED[layer]:
+                    continue
+                if target.startswith("unknown:"):
+                    problems.append(f"{f}:{n}: includes {m.group(1)}, which is in no layer")
+                else:
+                    problems.append(f"{f}:{n}: {layer} includes {m.group(1)} ({target}); "
+                                    f"{layer} may include only "
+                                    f"{', '.join(sorted(ALLOWED[layer]))}")
     for p in problems:
         print(p)
     if problems:
         print(f"layering: {len(problems)} problem(s)")
         return 1
-    print(f"layering: {len(files)} files, every include points down the layers")
+    print(f"layering: {len(files)} files, every include follows the layer graph")
     return 0
 
 

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "sluice/circuit_breaker.h"
+#include "sluice/local/circuit_breaker.h"
 
 namespace sluice {
 namespace {

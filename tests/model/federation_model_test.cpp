@@ -66,7 +66,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "sluice/escrow.h"
+#include "sluice/core/escrow.h"
 
 namespace sluice {
 namespace {

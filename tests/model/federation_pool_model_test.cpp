@@ -82,10 +82,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "sluice/escrow.h"
-#include "sluice/federation.h"
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/memory_regional_escrow.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/memory_regional_escrow.h"
+#include "sluice/core/escrow.h"
+#include "sluice/fleet/federation.h"
 #include "support/federation_fixtures.h"
 
 namespace sluice {

@@ -60,7 +60,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "sluice/fleet.h"
+#include "sluice/core/fleet.h"
 
 namespace sluice {
 namespace {

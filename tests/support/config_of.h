@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "server/registry.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 
 namespace sluice::server {
 

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/federation.h"
-#include "sluice/rate_coordinator.h"
-#include "sluice/regional_escrow.h"
+#include "sluice/core/rate_coordinator.h"
+#include "sluice/core/regional_escrow.h"
+#include "sluice/fleet/federation.h"
 
 namespace sluice::testing_support {
 

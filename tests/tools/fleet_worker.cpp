@@ -57,10 +57,10 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/fixed_limit.h"
-#include "sluice/fleet_guard.h"
-#include "sluice/redis_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/fleet/fleet_guard.h"
 
 namespace sluice {
 namespace {

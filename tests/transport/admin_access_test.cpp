@@ -8,8 +8,8 @@
 
 #include "server/engine.h"
 #include "server/registry.h"
-#include "sluice/clock.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
+#include "sluice/core/clock.h"
 #include "transport/http_server.h"
 
 namespace sluice {

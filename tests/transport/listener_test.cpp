@@ -21,7 +21,7 @@
 
 #include "server/engine.h"
 #include "server/registry.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "transport/http_server.h"
 
 namespace sluice::transport {

@@ -26,7 +26,7 @@
 #include "server/engine.h"
 #include "server/labels.h"
 #include "server/registry.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "transport/grpc_kind_methods.h"
 #include "transport/grpc_service.h"

@@ -1,6 +1,6 @@
 // AdaptiveGuard: admission, windowed sampling on a manual clock, outcomes, the external cap,
 // an 8-thread stress test and a random-operation property.
-#include "sluice/adaptive_guard.h"
+#include "sluice/local/adaptive_guard.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/aimd_limit.h"
-#include "sluice/fixed_limit.h"
-#include "sluice/gradient2_limit.h"
+#include "sluice/core/aimd_limit.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/core/gradient2_limit.h"
 
 namespace sluice {
 namespace {

@@ -1,7 +1,7 @@
-// One node's stat buckets (sluice/cascade_stats.h) on explicit time: recording into the current
-// bucket, lazy ageing, the sticky bucket (the last non-empty bucket to age out), saturation, and
-// a concurrent stress test that loses no count.
-#include "sluice/cascade_stats.h"
+// One node's stat buckets (sluice/local/cascade_stats.h) on explicit time: recording into the
+// current bucket, lazy ageing, the sticky bucket (the last non-empty bucket to age out),
+// saturation, and a concurrent stress test that loses no count.
+#include "sluice/local/cascade_stats.h"
 
 #include <gtest/gtest.h>
 

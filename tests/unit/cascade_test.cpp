@@ -1,7 +1,7 @@
-// The cascade's health arithmetic (sluice/cascade.h): success rate from the weighted buckets,
+// The cascade's health arithmetic (sluice/core/cascade.h): success rate from the weighted buckets,
 // the sticky bucket and the clean slate, the weight and its floor, and the weighted random order
 // checked against its exact distribution with a chi-square test at a fixed seed.
-#include "sluice/cascade.h"
+#include "sluice/core/cascade.h"
 
 #include <gtest/gtest.h>
 

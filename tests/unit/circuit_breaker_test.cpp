@@ -1,8 +1,8 @@
-// The circuit breaker (sluice/circuit_breaker.h) on a manual clock: failures in a row open it,
-// an open breaker refuses until its spell is over, half-open lets `probes` calls through at
+// The circuit breaker (sluice/local/circuit_breaker.h) on a manual clock: failures in a row open
+// it, an open breaker refuses until its spell is over, half-open lets `probes` calls through at
 // once, a probe success closes it and a probe failure reopens it for twice as long (capped),
 // stale tickets count for nothing, and concurrent callers never take more probes than allowed.
-#include "sluice/circuit_breaker.h"
+#include "sluice/local/circuit_breaker.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
 
 #include <gtest/gtest.h>
 

@@ -12,9 +12,9 @@
 
 #include "server/coordinators.h"
 #include "server/registry.h"
-#include "sluice/algorithm_spec.h"
-#include "sluice/config.h"
-#include "sluice/regional_escrow.h"
+#include "sluice/config/config.h"
+#include "sluice/core/algorithm_spec.h"
+#include "sluice/core/regional_escrow.h"
 #include "support/config_of.h"
 
 namespace sluice {

@@ -1,6 +1,6 @@
 // The configuration file: every kind of policy and coordinator read into values, and every
 // problem reported with its line, column and field path, all at once.
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -469,7 +469,7 @@ TEST(Config, AlgorithmLimitsAreCheckedAgainstTheAlgorithmsDefaults) {
                   .config.has_value());
 }
 
-// A rate policy is checked by its rule (sluice/rate_strategy.h), each error at its field.
+// A rate policy is checked by its rule (sluice/core/rate_strategy.h), each error at its field.
 TEST(Config, RateRulesAreCheckedByTheRuleAtTheirField) {
   const ConfigLoad bad = load_yaml(R"yaml(policies:
   x:

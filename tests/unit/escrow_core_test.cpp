@@ -1,5 +1,5 @@
-// The escrow core, rule by rule (sluice/escrow.h): the coordinator's ledger (rules 1-6) and the
-// region's escrow, with small numbers. The exhaustive search over interleavings is
+// The escrow core, rule by rule (sluice/core/escrow.h): the coordinator's ledger (rules 1-6) and
+// the region's escrow, with small numbers. The exhaustive search over interleavings is
 // tests/model/federation_model_test.cpp.
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "sluice/escrow.h"
-#include "sluice/rate_strategy.h"
+#include "sluice/core/escrow.h"
+#include "sluice/core/rate_strategy.h"
 
 namespace sluice {
 namespace {

@@ -1,10 +1,10 @@
-// The fallback cascade (sluice/fallback_cascade.h) on a manual clock: it prefers healthy nodes
-// by their weights, skips full ones, fails fast when every node is full, records each outcome
+// The fallback cascade (sluice/local/fallback_cascade.h) on a manual clock: it prefers healthy
+// nodes by their weights, skips full ones, fails fast when every node is full, records each outcome
 // in the node's guard and buckets (an overload refusal as a failure), lets a node floored by
 // its sticky bucket back in, keeps health across node-set changes, skips a node whose breaker
 // is open without taking its permit, counts half-open probes against the node's limit, retries
 // within the retry budget only, and loses no permit or count under concurrent callers.
-#include "sluice/fallback_cascade.h"
+#include "sluice/local/fallback_cascade.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/fixed_limit.h"
+#include "sluice/core/fixed_limit.h"
 
 namespace sluice {
 namespace {

@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "sluice/federation.h"
-#include "sluice/memory_rate_coordinator.h"
-#include "sluice/memory_regional_escrow.h"
+#include "sluice/backends/memory_rate_coordinator.h"
+#include "sluice/backends/memory_regional_escrow.h"
+#include "sluice/fleet/federation.h"
 #include "support/federation_fixtures.h"
 
 namespace sluice {

@@ -3,7 +3,7 @@
 // budget shared by regions (never over the limit in a window), window roll and forfeit,
 // fail-closed outages, a coordinator that lost its state, a spec mismatch, clock skew between
 // regions, and the reasons and retry times a refusal carries.
-#include "sluice/federation.h"
+#include "sluice/fleet/federation.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/memory_rate_coordinator.h"
+#include "sluice/backends/memory_rate_coordinator.h"
 #include "support/federation_fixtures.h"
 
 namespace sluice {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "server/policies/fleet.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "support/config_of.h"
 
 namespace sluice {
@@ -56,8 +56,8 @@ TEST(FleetConfig, TheDefaultDeadlineFitsTheDefaultLease) {
 }
 
 // fence_safety_margin: 0 fences exactly when the lease runs out on the node's clock
-// (sluice/fleet_guard.h says when that is safe): accepted, and in force as 0, the default call
-// deadline then taking the margin's share. A negative margin is not a duration.
+// (sluice/fleet/fleet_guard.h says when that is safe): accepted, and in force as 0, the default
+// call deadline then taking the margin's share. A negative margin is not a duration.
 TEST(FleetConfig, AFenceSafetyMarginOfZeroIsAcceptedAndInForce) {
   const ConfigLoad load = load_yaml(R"yaml(policies:
   backend:

@@ -1,11 +1,11 @@
-// The heartbeat core, rule by rule (sluice/fleet.h), and the memory coordinator around it.
+// The heartbeat core, rule by rule (sluice/core/fleet.h), and the memory coordinator around it.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <string>
 
-#include "sluice/fleet.h"
-#include "sluice/memory_coordinator.h"
+#include "sluice/backends/memory_coordinator.h"
+#include "sluice/core/fleet.h"
 
 namespace sluice {
 namespace {

@@ -1,6 +1,6 @@
 // FleetGuard on explicit time: phases, outage modes, self-fencing, bounded calls, eager
 // handoff, close, and the effective ceiling min(share, L_local).
-#include "sluice/fleet_guard.h"
+#include "sluice/fleet/fleet_guard.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/fixed_limit.h"
-#include "sluice/memory_coordinator.h"
+#include "sluice/backends/memory_coordinator.h"
+#include "sluice/core/fixed_limit.h"
 #include "sluice/testing/faulty_coordinator.h"
 
 namespace sluice {

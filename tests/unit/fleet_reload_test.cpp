@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "server/engine.h"
-#include "sluice/config.h"
+#include "sluice/config/config.h"
 #include "support/config_of.h"
 
 namespace sluice::server {

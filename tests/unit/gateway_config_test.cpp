@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "local/gateway_merge.h"
-#include "sluice/gateway_config.h"
-#include "sluice/gateway_validation.h"
-#include "sluice/rejection.h"
+#include "sluice/local/gateway_config.h"
+#include "sluice/local/gateway_validation.h"
+#include "sluice/local/rejection.h"
 
 namespace sluice {
 namespace {

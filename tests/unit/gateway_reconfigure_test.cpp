@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/gateway.h"
+#include "sluice/local/gateway.h"
 
 namespace sluice {
 namespace {

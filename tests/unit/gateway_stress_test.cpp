@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/gateway.h"
-#include "sluice/gateway_metrics.h"
+#include "sluice/local/gateway.h"
+#include "sluice/local/gateway_metrics.h"
 #include "sluice/testing/gateway_fixtures.h"
 
 namespace sluice {

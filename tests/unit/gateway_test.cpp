@@ -1,7 +1,7 @@
 // Gateway limits: levels and their rollback, sharing in the live gateway, resolution, the queue
 // strategy on explicit time, metrics, a many-thread stress test checking every level at every
 // admission, and a model-based property test.
-#include "sluice/gateway.h"
+#include "sluice/local/gateway.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/gateway_metrics.h"
+#include "sluice/local/gateway_metrics.h"
 #include "sluice/testing/gateway_fixtures.h"
 
 namespace sluice {

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "core/epoch_min.h"
-#include "sluice/aimd_limit.h"
-#include "sluice/algorithm_spec.h"
-#include "sluice/fixed_limit.h"
-#include "sluice/gradient2_limit.h"
-#include "sluice/vegas_limit.h"
+#include "sluice/core/aimd_limit.h"
+#include "sluice/core/algorithm_spec.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/core/gradient2_limit.h"
+#include "sluice/core/vegas_limit.h"
 
 namespace sluice {
 namespace {

@@ -9,9 +9,9 @@
 #include <optional>
 #include <set>
 
-#include "sluice/aimd_limit.h"
-#include "sluice/gradient2_limit.h"
-#include "sluice/vegas_limit.h"
+#include "sluice/core/aimd_limit.h"
+#include "sluice/core/gradient2_limit.h"
+#include "sluice/core/vegas_limit.h"
 
 namespace sluice {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backends/probes/probe.h"
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
 
 namespace sluice::probes {
 namespace {

@@ -1,4 +1,4 @@
-// Exactness of the rate strategies (sluice/rate_strategy.h): GCRA against an independent exact
+// Exactness of the rate strategies (sluice/core/rate_strategy.h): GCRA against an independent exact
 // model (a token bucket in 128-bit integers) at awkward limit / period ratios, the windows at
 // the ends of the 64-bit range, and carrying a key's state to a new limit.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "sluice/rate_strategy.h"
+#include "sluice/core/rate_strategy.h"
 
 namespace sluice {
 namespace {

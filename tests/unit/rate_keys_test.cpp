@@ -1,5 +1,5 @@
-// The local limiter's keys (sluice/rate_limiter.h): idle keys are swept on time with no further
-// traffic, the key cap refuses new keys and never evicts one that has spent budget, and an
+// The local limiter's keys (sluice/local/rate_limiter.h): idle keys are swept on time with no
+// further traffic, the key cap refuses new keys and never evicts one that has spent budget, and an
 // in-place reconfigure keeps every key's state.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "sluice/rate_limiter.h"
+#include "sluice/local/rate_limiter.h"
 
 namespace sluice {
 namespace {

@@ -1,7 +1,8 @@
-// Rate strategies (sluice/rate_strategy.h) and the sharded local limiter (sluice/rate_limiter.h):
-// each strategy's rule, exact retry_after, no over-admission over random arrivals, peek, bad
-// input, bounded memory under key churn, and a hot key shared by threads.
-#include "sluice/rate_limiter.h"
+// Rate strategies (sluice/core/rate_strategy.h) and the sharded local limiter
+// (sluice/local/rate_limiter.h): each strategy's rule, exact retry_after, no over-admission over
+// random arrivals, peek, bad input, bounded memory under key churn, and a hot key shared by
+// threads.
+#include "sluice/local/rate_limiter.h"
 
 #include <gtest/gtest.h>
 

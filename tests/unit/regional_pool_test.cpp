@@ -1,4 +1,4 @@
-// The regional pool's rules (sluice/escrow.h, P1-P3) and the memory RegionalEscrow, with small
+// The regional pool's rules (sluice/core/escrow.h, P1-P3) and the memory RegionalEscrow, with small
 // numbers; the pool as part of a limiter is in tests/unit/federation_test.cpp.
 #include <gtest/gtest.h>
 
@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/escrow.h"
-#include "sluice/memory_regional_escrow.h"
-#include "sluice/timed_coordinator.h"
+#include "sluice/backends/memory_regional_escrow.h"
+#include "sluice/backends/timed_coordinator.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/escrow.h"
 
 namespace sluice {
 namespace {

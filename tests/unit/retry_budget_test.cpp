@@ -1,7 +1,7 @@
-// The retry budget (sluice/retry_budget.h) on a manual clock: retries fit within ratio x calls
-// plus the allowance over the window, old calls age out, and concurrent retries never spend
+// The retry budget (sluice/local/retry_budget.h) on a manual clock: retries fit within ratio x
+// calls plus the allowance over the window, old calls age out, and concurrent retries never spend
 // past the budget.
-#include "sluice/retry_budget.h"
+#include "sluice/local/retry_budget.h"
 
 #include <gtest/gtest.h>
 

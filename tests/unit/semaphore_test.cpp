@@ -1,4 +1,4 @@
-#include "sluice/semaphore.h"
+#include "sluice/local/semaphore.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

@@ -1,5 +1,5 @@
 // text.h: well-formed UTF-8 told from the rest, and repaired with U+FFFD; host:port text read.
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// The throttler's client helpers (sluice/throttler_client.h) on a manual clock: the backoff's
-// 1-2-4-4 s sequence with its jitter and floor, the wait's deadline, the chunked job's counts,
-// reading answers (the JSON, a bare status, a 5xx or a foreign page as unreachable) and the
+// The throttler's client helpers (sluice/backends/throttler_client.h) on a manual clock: the
+// backoff's 1-2-4-4 s sequence with its jitter and floor, the wait's deadline, the chunked job's
+// counts, reading answers (the JSON, a bare status, a 5xx or a foreign page as unreachable) and the
 // client's option checks.
-#include "sluice/throttler_client.h"
+#include "sluice/backends/throttler_client.h"
 
 #include <gtest/gtest.h>
 

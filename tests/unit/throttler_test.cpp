@@ -1,9 +1,9 @@
-// The throttler's check (sluice/throttler.h), rule by rule, on explicit time: thresholds, the
+// The throttler's check (sluice/core/throttler.h), rule by rule, on explicit time: thresholds, the
 // fail-closed samples (failed, stale, missing), staleness judged against the interval a sample
 // was taken under, scopes and ignored hosts, app rules (metric sets, thresholds, exempt, `all`,
 // explicit throttles with a ratio), low priority, the audit's bounded app count and the probing
 // cadence.
-#include "sluice/throttler.h"
+#include "sluice/core/throttler.h"
 
 #include <gtest/gtest.h>
 

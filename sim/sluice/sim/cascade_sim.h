@@ -5,7 +5,7 @@
 // What it is: Poisson arrivals at `rate` per second, for `duration`, each sent to one of `nodes`
 // nodes that a strategy picks. The strategies run on the same arrivals and the same node
 // behaviour (see "Same traffic" below):
-//   cascade       the production FallbackCascade (sluice/fallback_cascade.h) with the
+//   cascade       the production FallbackCascade (sluice/local/fallback_cascade.h) with the
 //                 strategy's FallbackCascadeOptions, on the simulation's ManualClock and a
 //                 seeded UniformDraw; each call is finished with how it went;
 //   round-robin   node (call number mod nodes);
@@ -47,8 +47,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/fallback_cascade.h"
+#include "sluice/core/clock.h"
+#include "sluice/local/fallback_cascade.h"
 #include "sluice/sim/scenarios.h"
 
 namespace sluice::sim {

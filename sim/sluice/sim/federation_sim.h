@@ -60,8 +60,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/federation.h"
+#include "sluice/core/clock.h"
+#include "sluice/fleet/federation.h"
 #include "sluice/sim/scenarios.h"
 
 namespace sluice::sim {

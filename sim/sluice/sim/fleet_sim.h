@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/fleet.h"
-#include "sluice/fleet_guard.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/fleet.h"
+#include "sluice/fleet/fleet_guard.h"
 
 namespace sluice::sim {
 

@@ -1,4 +1,4 @@
-#include "sluice/memory_coordinator.h"
+#include "sluice/backends/memory_coordinator.h"
 
 #include <new>
 

@@ -1,4 +1,4 @@
-#include "sluice/memory_rate_coordinator.h"
+#include "sluice/backends/memory_rate_coordinator.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "sluice/memory_regional_escrow.h"
+#include "sluice/backends/memory_regional_escrow.h"
 
 #include <algorithm>
 #include <string>

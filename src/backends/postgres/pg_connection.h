@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "backends/call_gate.h"
-#include "sluice/postgres_options.h"
-#include "sluice/status.h"
+#include "sluice/core/postgres_options.h"
+#include "sluice/core/status.h"
 
 namespace sluice::postgres_detail {
 

@@ -12,7 +12,7 @@
 // The connection is a PgConnection (pg_connection.h): every wait bounded by the call's deadline,
 // the connection dropped past it (the next call reconnects) and rolled back or dropped after a
 // failed statement, so that it is always idle between calls.
-#include "sluice/postgres_rate_coordinator.h"
+#include "sluice/backends/postgres_rate_coordinator.h"
 
 #include <libpq-fe.h>
 

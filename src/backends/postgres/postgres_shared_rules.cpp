@@ -1,6 +1,6 @@
-// SharedRules on PostgreSQL (sluice/shared_rules.h): one table, every deadline on the server's
-// clock (clock_timestamp(), whole milliseconds); a put holds the scope's advisory lock, so its
-// count of keys and its write are one step.
+// SharedRules on PostgreSQL (sluice/backends/shared_rules.h): one table, every deadline on the
+// server's clock (clock_timestamp(), whole milliseconds); a put holds the scope's advisory lock, so
+// its count of keys and its write are one step.
 #include <libpq-fe.h>
 
 #include <charconv>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backends/postgres/pg_connection.h"
-#include "sluice/shared_rules.h"
+#include "sluice/backends/shared_rules.h"
 
 namespace sluice {
 namespace {

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "backends/http_client.h"
+#include "backends/http/http_client.h"
 #include "backends/probes/probe.h"
 #include "backends/probes/registry.h"
 

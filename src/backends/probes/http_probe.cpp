@@ -1,11 +1,11 @@
-// The HTTP probe (probe.h): GET a URL (backends/http_client.h), its body's first word as the
+// The HTTP probe (probe.h): GET a URL (backends/http/http_client.h), its body's first word as the
 // number, a 2xx answer required.
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "backends/http_client.h"
+#include "backends/http/http_client.h"
 #include "backends/probes/probe.h"
 #include "backends/probes/registry.h"
 

@@ -46,8 +46,8 @@
 #include <string>
 #include <vector>
 
-#include "sluice/clock.h"
-#include "sluice/throttler.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/throttler.h"
 
 namespace sluice::probes {
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 namespace sluice::probes {
 

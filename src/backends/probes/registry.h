@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "backends/probes/probe.h"
-#include "sluice/clock.h"
+#include "sluice/core/clock.h"
 
 namespace sluice::probes {
 

@@ -1,5 +1,5 @@
-// The Redis escrow script: sluice/escrow.h's lease() and reconcile(), transcribed rule for rule
-// (src/core/escrow.cpp), on one key's ledger, or leases of many keys in one call.
+// The Redis escrow script: sluice/core/escrow.h's lease() and reconcile(), transcribed rule for
+// rule (src/core/escrow.cpp), on one key's ledger, or leases of many keys in one call.
 //
 // KEYS[1]  the key's ledger: one string, a MessagePack array of 1 (the form's version), window
 //          start, clock_high, limit, period, granted, returned, forfeited, then per region its

@@ -1,4 +1,4 @@
-// The Redis heartbeat script: sluice/fleet.h's heartbeat core, transcribed rule for rule.
+// The Redis heartbeat script: sluice/core/fleet.h's heartbeat core, transcribed rule for rule.
 //
 // KEYS[1]  the key's hash: field "g" = generation, "c" = the ceiling in force, field
 //          "n:<node id>" = the node's record

@@ -1,4 +1,4 @@
-// The Redis regional pool script: sluice/escrow.h's pool_take(), pool_refill() and
+// The Redis regional pool script: sluice/core/escrow.h's pool_take(), pool_refill() and
 // pool_release() (P1-P3), transcribed rule for rule (src/core/escrow.cpp), on one key's pool.
 //
 // KEYS[1]  the key's pool hash: "w" window start, "x" expiry, "b" balance, "d" demand,

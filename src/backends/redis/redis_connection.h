@@ -44,8 +44,8 @@
 #include <vector>
 
 #include "backends/call_gate.h"
-#include "sluice/redis_options.h"
-#include "sluice/status.h"
+#include "sluice/core/redis_options.h"
+#include "sluice/core/status.h"
 
 namespace sluice::redis_detail {
 

@@ -1,4 +1,4 @@
-#include "sluice/redis_coordinator.h"
+#include "sluice/backends/redis_coordinator.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "sluice/redis_rate_coordinator.h"
+#include "sluice/backends/redis_rate_coordinator.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "sluice/redis_regional_escrow.h"
+#include "sluice/backends/redis_regional_escrow.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
-// SharedRules on Redis (sluice/shared_rules.h): one hash per scope, a script per list and put so
-// that deadlines are read and written on Redis's clock (TIME) in the call that uses them.
+// SharedRules on Redis (sluice/backends/shared_rules.h): one hash per scope, a script per list and
+// put so that deadlines are read and written on Redis's clock (TIME) in the call that uses them.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/redis/redis_connection.h"
-#include "sluice/shared_rules.h"
+#include "sluice/backends/shared_rules.h"
 
 namespace sluice {
 namespace {

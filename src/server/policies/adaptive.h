@@ -9,7 +9,7 @@
 #pragma once
 
 #include "server/registry.h"
-#include "sluice/algorithm_spec.h"
+#include "sluice/core/algorithm_spec.h"
 
 namespace sluice::server {
 

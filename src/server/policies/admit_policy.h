@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "server/policy.h"
-#include "sluice/adaptive_guard.h"
+#include "sluice/local/adaptive_guard.h"
 
 namespace sluice::server {
 

@@ -1,4 +1,4 @@
-// The cascade kind: a FallbackCascade (sluice/fallback_cascade.h) over named nodes, each with
+// The cascade kind: a FallbackCascade (sluice/local/fallback_cascade.h) over named nodes, each with
 // its own adaptive guard; Admit chooses the healthiest node that has room and names it.
 //
 //   kind: cascade
@@ -51,9 +51,9 @@
 
 #include "server/policies/admit_policy.h"
 #include "server/registry.h"
-#include "sluice/algorithm_spec.h"
-#include "sluice/config_section.h"
-#include "sluice/fallback_cascade.h"
+#include "sluice/config/config_section.h"
+#include "sluice/core/algorithm_spec.h"
+#include "sluice/local/fallback_cascade.h"
 
 namespace sluice::server {
 namespace {

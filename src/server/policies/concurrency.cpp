@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "server/policies/admit_policy.h"
-#include "sluice/gateway.h"
-#include "sluice/gateway_metrics.h"
-#include "sluice/gateway_validation.h"
+#include "sluice/local/gateway.h"
+#include "sluice/local/gateway_metrics.h"
+#include "sluice/local/gateway_validation.h"
 
 namespace sluice::server {
 namespace {

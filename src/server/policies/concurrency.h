@@ -1,7 +1,8 @@
 // concurrency.h: the concurrency (gateway) kind's fields (src/server/policies/concurrency.cpp).
 //
 //   kind: concurrency
-//   tenants, upstreams, bindings, problem, metrics   # sluice/gateway_config.h, checked by the
+//   tenants, upstreams, bindings, problem, metrics   # sluice/local/gateway_config.h, checked by
+//   the
 //                                                    # gateway's own validation, its issues
 //                                                    # placed at the lines they name
 //   rate: <rate policy>                              # optional: passed first (keyed by the
@@ -17,7 +18,7 @@
 #pragma once
 
 #include "server/registry.h"
-#include "sluice/gateway_config.h"
+#include "sluice/local/gateway_config.h"
 
 namespace sluice::server {
 

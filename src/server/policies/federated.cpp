@@ -10,8 +10,8 @@
 #include "fleet/io_pool.h"
 #include "server/calls.h"
 #include "server/policies/rate.h"
-#include "sluice/rate_coordinator.h"
-#include "sluice/regional_escrow.h"
+#include "sluice/core/rate_coordinator.h"
+#include "sluice/core/regional_escrow.h"
 
 namespace sluice::server {
 namespace {

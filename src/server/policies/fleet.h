@@ -10,9 +10,10 @@
 //   lease_ttl: 2s                # default 2 x heartbeat
 //   outage: fail-closed | local-only
 //   self_fence, fence_safety_margin (0s allowed), eager_handoff, min_heartbeat, call_timeout
-//                                 # each as sluice/fleet_guard.h describes it
+//                                 # each as sluice/fleet/fleet_guard.h describes it
 //   call_deadline: 500ms          # longest an admitted call may run; + heartbeat +
-//                                 # fence_safety_margin must be < lease_ttl (sluice/fleet_guard.h)
+//                                 # fence_safety_margin must be < lease_ttl
+//                                 (sluice/fleet/fleet_guard.h)
 //   rate: <rate policy>          # optional: passed first
 //
 // A reload that changes the spec but keeps the coordinator, the key, the algorithm and the call
@@ -24,8 +25,8 @@
 #include <string>
 
 #include "server/registry.h"
-#include "sluice/algorithm_spec.h"
-#include "sluice/fleet_guard.h"
+#include "sluice/core/algorithm_spec.h"
+#include "sluice/fleet/fleet_guard.h"
 
 namespace sluice::server {
 

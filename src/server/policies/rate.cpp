@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include "sluice/rate_limiter.h"
+#include "sluice/local/rate_limiter.h"
 
 namespace sluice::server {
 namespace {
@@ -37,7 +37,7 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   RateLimitPolicy& operator=(const RateLimitPolicy&) = delete;
 
   // In place when the strategy and the period stay (a new limit, burst or max_keys): every
-  // key keeps what it has spent (sluice/rate_strategy.h: carry). Otherwise rebuilt: a new
+  // key keeps what it has spent (sluice/core/rate_strategy.h: carry). Otherwise rebuilt: a new
   // strategy or period starts every key afresh.
   StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
     const RateSpec& spec = *c.spec.as<RateSpec>();

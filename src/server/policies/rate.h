@@ -9,7 +9,7 @@
 //
 // Reload: a changed rate policy whose strategy and period stay the same (a new limit, burst or
 // max_keys) is reconfigured in place and every key keeps what it has spent (a key that spent
-// 40 of 100 has 10 left of a new limit of 50; sluice/rate_strategy.h: carry). A new strategy
+// 40 of 100 has 10 left of a new limit of 50; sluice/core/rate_strategy.h: carry). A new strategy
 // or period builds a new policy: every key starts afresh.
 #pragma once
 
@@ -17,8 +17,8 @@
 #include <cstdint>
 
 #include "server/registry.h"
-#include "sluice/rate_limiter.h"
-#include "sluice/rate_strategy.h"
+#include "sluice/core/rate_strategy.h"
+#include "sluice/local/rate_limiter.h"
 
 namespace sluice::server {
 

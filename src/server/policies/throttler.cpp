@@ -1,5 +1,5 @@
 // The throttler kind: the collaborative check API that batch jobs ask before each chunk of work
-// (sluice/throttler.h decides), over metrics its probes sample in loops of their own (one
+// (sluice/core/throttler.h decides), over metrics its probes sample in loops of their own (one
 // per metric), so a check is a lookup and never waits on a database.
 //
 //   kind: throttler
@@ -76,7 +76,7 @@
 //                                                                  is the shard)
 // Status: 200 ok, 429 over a threshold (or a probe failed, or its sample is stale: fail
 // closed), 417 the app is throttled, 404 an unknown metric or shard, 400 a malformed argument;
-// the JSON's StatusCode is the same and ResponseCode Vitess's (sluice/throttler.h:
+// the JSON's StatusCode is the same and ResponseCode Vitess's (sluice/core/throttler.h:
 // vitess_response_code).
 //
 // Admin verbs (GET or POST; 401 without `Authorization: Bearer <server.admin_token>` when the
@@ -98,13 +98,13 @@
 // `app=all` throttles every app (an exempt one still passes). The rules are kept in the
 // server's state file (server.state_file), each expiry as wall-clock time, so a restart keeps
 // the time left (each server its own file); or, with `shared_rules: COORDINATOR`, in that
-// coordinator's table for the shard (sluice/shared_rules.h), skipped hosts too, which every
-// server naming it reads every shared_rules_interval (server/shared_rule_mirror.h): a verb is
+// coordinator's table for the shard (sluice/backends/shared_rules.h), skipped hosts too, which
+// every server naming it reads every shared_rules_interval (server/shared_rule_mirror.h): a verb is
 // answered once the coordinator holds the change. Listings (GET, no token):
 // /throttler/status (Vitess's ThrottlerStatus), /throttler/throttled-apps (every app with a
 // rule) and /throttler/recent-apps (the apps that checked, most recent first, with counts, rate
 // and last client address; and per metric whether its load is unexplained by refused checks,
-// sluice/throttler.h: audit_load); in
+// sluice/core/throttler.h: audit_load); in
 // freno's shapes /throttled-apps, /recent-apps[/MINUTES], /skipped-hosts, and /lb-check,
 // /_ping, /status, /leader-check (HEAD too).
 //

@@ -8,6 +8,8 @@
 #include <ctime>
 #include <utility>
 
+#include "sluice/core/clock.h"
+
 namespace sluice::server::throttler_detail {
 namespace {
 

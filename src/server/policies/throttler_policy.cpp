@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "server/json_text.h"
+#include "sluice/core/clock.h"
 
 namespace sluice::server::throttler_detail {
 
@@ -266,12 +267,6 @@ Status ThrottlerPolicy::too_many_rules() {
 Status ThrottlerPolicy::check_app(const std::string& app) {
   if (std::string why = app_name_error(app); !why.empty()) return bad(std::move(why));
   return {};
-}
-
-std::int64_t ThrottlerPolicy::unix_ms_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 ThrottlerPolicy::RuntimeRule ThrottlerPolicy::runtime_rule(const std::string& app) const {

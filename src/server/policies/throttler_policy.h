@@ -21,10 +21,10 @@
 #include "backends/probes/registry.h"
 #include "server/registry.h"
 #include "server/shared_rule_mirror.h"
-#include "sluice/config.h"
-#include "sluice/shared_rules.h"
-#include "sluice/status.h"
-#include "sluice/throttler.h"
+#include "sluice/backends/shared_rules.h"
+#include "sluice/config/config.h"
+#include "sluice/core/status.h"
+#include "sluice/core/throttler.h"
 
 namespace sluice::server::throttler_detail {
 
@@ -177,7 +177,6 @@ class ThrottlerPolicy final : public Policy {
   }
   static Status too_many_rules();
   static Status check_app(const std::string& app);
-  static std::int64_t unix_ms_now();
   // The rule stored for `app` (the defaults when none; a stored one build() found unreadable
   // cannot be here: the policy was refused).
   RuntimeRule runtime_rule(const std::string& app) const;

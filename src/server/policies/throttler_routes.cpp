@@ -16,7 +16,7 @@
 #include "server/json_text.h"
 #include "server/policies/throttler_policy.h"
 #include "server/proto_wire.h"
-#include "sluice/text.h"
+#include "sluice/core/text.h"
 
 namespace sluice::server::throttler_detail {
 namespace {

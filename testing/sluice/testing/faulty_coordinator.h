@@ -11,7 +11,7 @@
 
 #include <atomic>
 
-#include "sluice/coordinator.h"
+#include "sluice/core/coordinator.h"
 
 namespace sluice::testing {
 

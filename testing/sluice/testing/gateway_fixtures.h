@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/gateway_config.h"
+#include "sluice/local/gateway_config.h"
 
 namespace sluice::testing {
 

@@ -1,0 +1,244 @@
+// config.h: sluice's configuration file (YAML): coordinators and named policies.
+//
+// What it is: load_config() parses and checks a whole file and returns either a SluiceConfig or
+// every problem found, each with its YAML line and column and the field's path
+// (`policies.checkout.limit`). The text must be UTF-8. Unknown keys are errors (a typo must not
+// silently become a default), and so is a key given twice in one mapping (at the second, naming
+// the first's line). A config serves at least one policy: an empty file, one of only comments,
+// or a missing or empty `policies:` is an error. The schema:
+//
+//   server:                      # optional
+//     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070
+//     http: 127.0.0.1:8080       # host:port; default 127.0.0.1:8080
+//     admin_token: "..."         # bearer token for admin endpoints (reload, rules); default
+//                                #   none: they answer loopback clients only
+//     node_id: gw-1              # this server's id in fleets; default hostname-pid-random
+//     lease_ttl: 30s             # an Admit's lease when the call asks for none
+//     max_lease_ttl: 10m         # the longest lease a call may ask for
+//     shutdown_grace: 10s        # SIGTERM: how long in-flight calls may finish
+//     state_file: <path>         # rules set at run time, kept across restarts; default none
+//     max_connections: 10000     # per port; idle_timeout: 60s, request_timeout: 10s,
+//                                # keepalive: 30s (each at least 100ms): ServerSettings
+//     max_streams_per_connection: 1000   # gRPC calls open at once on one connection
+//     max_watch_streams: 1000            # gRPC health Watch streams open at once, server-wide
+//     # A reload refuses a change to grpc, http, node_id, max_connections, idle_timeout,
+//     # request_timeout, keepalive, max_streams_per_connection or max_watch_streams
+//     # (restart_only_changes); it takes the rest.
+//   coordinators:                # optional; "memory" (embedded) always exists
+//     <name>:
+//       kind: memory | redis | postgres
+//       # redis:    address (host:port, default 127.0.0.1:6379), username, password,
+//       #           database (default 0), key_prefix (default "sluice:fleet:")
+//       # postgres: conninfo (libpq; sslmode passes through), table_prefix (default
+//       #           sluice_fleet; [a-z_][a-z0-9_]*, at most 57 characters; a federated policy
+//       #           on it adds "_fed", which must fit federation's 55); no regional_escrow
+//       # A policy's use of a coordinator is checked against its kind (serves()), and no two
+//       # fleet policies may join one coordinator under one key (CoordinatorUse).
+//       aggregate: median | min                                  # default median
+//       allocation: equal-split | demand-proportional            # default equal-split
+//       acknowledged_handoff: true | false                       # default false
+//   policies:                    # required: at least one
+//     <name>:
+//       kind: <a policy kind>        # the kinds the loader is given (PolicyKinds); each parses
+//                                    # its own fields (sluice's: src/server/policies/*.cpp,
+//                                    # documented in config/example.yaml)
+//       rate: <rate policy>          # kinds of the admit family: a call passes that rate policy
+//                                    # first (429 when over, no permit taken), then the limit
+//
+// Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "sluice/config/config_section.h"
+#include "sluice/core/clock.h"
+#include "sluice/core/fleet.h"
+#include "sluice/core/postgres_options.h"
+#include "sluice/core/redis_options.h"
+
+namespace sluice {
+
+struct ServerSettings {
+  std::string grpc = "127.0.0.1:7070";
+  std::string http = "127.0.0.1:8080";
+  std::string admin_token;                     // empty: admin endpoints for loopback clients
+  std::string node_id;                         // this server in fleets; empty: hostname-pid-random
+  Nanos lease_ttl = std::chrono::seconds(30);  // an Admit's lease when the call names none
+  Nanos max_lease_ttl = std::chrono::minutes(10);   // the longest lease a call may ask for
+  Nanos shutdown_grace = std::chrono::seconds(10);  // SIGTERM: how long in-flight calls may finish
+  // Where rules set at run time (through a kind's admin endpoints) are kept across restarts;
+  // empty: in memory only. Read at start; a reload keeps the file the server started with.
+  std::string state_file;
+  // Connections, on each port: at most this many open (later ones are shed; the default is
+  // lowered to fit the process's file-descriptor limit, and so is a larger setting, with a
+  // warning); closed after idle_timeout with no request under way (gRPC: no call); a request
+  // must arrive in full, and its answer be taken, within request_timeout (HTTP); gRPC pings a
+  // connection quiet for `keepalive` and closes it if the ping goes unanswered.
+  std::size_t max_connections = 10000;
+  Nanos idle_timeout = std::chrono::seconds(60);
+  Nanos request_timeout = std::chrono::seconds(10);
+  Nanos keepalive = std::chrono::seconds(30);
+  // gRPC calls (HTTP/2 streams) open at once on one connection: the server announces it
+  // (SETTINGS_MAX_CONCURRENT_STREAMS), so a client queues its further calls, and refuses the
+  // streams of a client that does not (REFUSED_STREAM). With max_connections it bounds what
+  // held calls (Watch, queued Admits) can cost.
+  std::size_t max_streams_per_connection = 1000;
+  // gRPC health Watch streams (grpc.health.v1.Health/Watch) open at once on the whole server;
+  // a Watch past it is finished at once with RESOURCE_EXHAUSTED naming this setting.
+  std::size_t max_watch_streams = 1000;
+};
+
+// A server setting that a running server cannot take from a reload, with its value in force
+// and the reloaded file's (restart_only_changes).
+struct RestartOnlyChange {
+  std::string setting;  // "server.grpc"
+  std::string running;  // as a person reads it ("127.0.0.1:7070", "60s", "unset")
+  std::string next;
+};
+// The settings that differ between the settings a server started with and a reloaded file's,
+// of those a reload cannot apply: the listeners (grpc, http) and their connection settings
+// (max_connections, idle_timeout, request_timeout, keepalive, max_streams_per_connection,
+// max_watch_streams) are set when the server starts,
+// and its fleets know it by node_id. A reload that changes any of them is refused, naming each
+// (the old config keeps serving); the other server settings are taken by a reload, except
+// state_file (kept, with a warning). Empty: none.
+[[nodiscard]] std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& running,
+                                                                  const ServerSettings& next);
+
+struct CoordinatorSpec {
+  enum class Kind : std::uint8_t { kMemory, kRedis, kPostgres };
+  Kind kind = Kind::kMemory;
+  CoordinatorConfig rules;
+  RedisOptions redis;
+  PostgresOptions postgres;
+  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+};
+
+// What a policy asks of a coordinator it names.
+enum class CoordinatorRole : std::uint8_t {
+  kConcurrency,     // the fleet's concurrency interface (sluice/core/coordinator.h)
+  kRateBudget,      // federation's rate-budget interface (sluice/core/rate_coordinator.h)
+  kRegionalEscrow,  // federation's regional pool (sluice/core/regional_escrow.h)
+  kSharedRules,     // a throttler's rules set at run time (sluice/backends/shared_rules.h)
+};
+// Whether a coordinator of `kind` serves `role`: every kind serves the concurrency, rate-budget
+// and shared-rules interfaces; the regional pool runs on memory and Redis, not on PostgreSQL (the
+// server offers each coordinator's interfaces by this table, server/coordinators.h).
+[[nodiscard]] bool serves(CoordinatorSpec::Kind kind, CoordinatorRole role) noexcept;
+// "memory", "redis", "postgres".
+[[nodiscard]] std::string_view kind_name(CoordinatorSpec::Kind kind) noexcept;
+
+// One use of a coordinator by a policy (PolicySpec::use).
+struct CoordinatorUse {
+  std::string field;        // the policy's field naming it ("coordinator", "regional_escrow")
+  std::string coordinator;  // a name in SluiceConfig::coordinators
+  CoordinatorRole role = CoordinatorRole::kConcurrency;
+  // Set when the policy joins the coordinator as a member under the server's node id (a fleet
+  // policy): its key there, and the field that sets it (the key defaults to the policy's name).
+  // The loader refuses a second member of one key at one coordinator in a config: the two
+  // would beat under one node id into one member record, each taking the whole share.
+  std::string member_key;
+  std::string member_key_field;
+};
+
+// A policy kind's own fields, as its parser read them (each kind defines its body).
+struct PolicyBody {
+  virtual ~PolicyBody() = default;
+};
+
+struct PolicySpec {
+  std::string kind;                        // as in the file's `kind:`
+  std::shared_ptr<const PolicyBody> body;  // the kind's own fields
+  // Kinds of the admit family: the rate policy a call passes first (429, no permit taken);
+  // empty: none.
+  std::string rate;
+  // The coordinators (by name) the policy uses; each must be in SluiceConfig::coordinators.
+  std::vector<std::string> coordinators;
+  // The field that names each of `coordinators`, for errors ("coordinator" where missing).
+  std::vector<std::string> coordinator_fields;
+  // What the policy asks of each (use() records them): the loader checks that the coordinator's
+  // kind serves it, and that no two policies join one coordinator as members under one key.
+  std::vector<CoordinatorUse> uses;
+  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+
+  // Records `u`, and its coordinator in `coordinators` (once, with u.field).
+  void use(CoordinatorUse u);
+  // The same for a use that joins as no member.
+  void use(std::string field, std::string coordinator, CoordinatorRole role) {
+    use(CoordinatorUse{std::move(field), std::move(coordinator), role, {}, {}});
+  }
+
+  // The body as the kind's type; null when it is of another kind.
+  template <class Body>
+  [[nodiscard]] const Body* as() const noexcept {
+    return dynamic_cast<const Body*>(body.get());
+  }
+};
+
+// How the loader reads one policy kind's section.
+struct PolicyKindParser {
+  std::string name;           // the `kind:` it reads
+  bool rate_family = false;   // may be named by another policy's `rate:`
+  bool admit_family = false;  // may name a `rate:`
+  // Reads policy `name`'s section (its keys() must list every key it allows, `kind` and, for
+  // the admit family, `rate` included) and may add to spec.coordinators. Errors go to the
+  // section.
+  std::function<std::shared_ptr<const PolicyBody>(const std::string& name, ConfigSection& section,
+                                                  PolicySpec& spec)>
+      parse;
+};
+
+// The policy kinds a load knows.
+class PolicyKinds {
+ public:
+  virtual ~PolicyKinds() = default;
+  [[nodiscard]] virtual const PolicyKindParser* parser(std::string_view kind) const = 0;
+  // Every kind's name, in the order messages list them.
+  [[nodiscard]] virtual std::vector<std::string> kind_names() const = 0;
+};
+
+struct SluiceConfig {
+  ServerSettings server;
+  std::map<std::string, CoordinatorSpec> coordinators;  // "memory" always present
+  std::map<std::string, PolicySpec> policies;
+};
+
+struct ConfigError {
+  std::string path;  // e.g. "policies.checkout.limit"
+  int line = 0;      // 1-based; 0 when unknown
+  int column = 0;    // 1-based; 0 when unknown
+  std::string message;
+  // "<source>:<line>:<column>: <path>: <message>"
+  [[nodiscard]] std::string to_string(std::string_view source) const;
+};
+
+struct ConfigLoad {
+  std::optional<SluiceConfig> config;  // set iff errors is empty
+  std::vector<ConfigError> errors;
+  std::vector<ConfigError> warnings;
+};
+
+// Parses and checks YAML text, each policy with its kind's parser. Never throws.
+[[nodiscard]] ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds);
+// Reads a file first; a missing or unreadable file, or a directory, is one error (line 0, no
+// path: ConfigError::to_string(path) names the file).
+[[nodiscard]] ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds);
+
+// Parses "250ms", "2s", ...: nullopt when malformed.
+[[nodiscard]] std::optional<Nanos> parse_duration(std::string_view text);
+// A duration for people: whole hours or minutes as "2h", "10m"; otherwise the largest unit of
+// s, ms, us, ns it reaches, with at most three decimals, trailing zeros dropped ("1.5s", "90s",
+// "250ms", "1.25ms", "0s"). Whole values ("90s", "250ms") read back with parse_duration.
+[[nodiscard]] std::string format_duration(Nanos d);
+
+}  // namespace sluice

@@ -1,0 +1,27 @@
+# The benchmarks' smoke tests (label bench), included from tests/CMakeLists.txt when the
+# benchmarks are built (bench/CMakeLists.txt): each runs briefly, so a broken benchmark fails the
+# suite; the figures themselves are never asserted in ctest (bench/README.md has them).
+file(GLOB bench_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/bench/*.cpp)
+foreach(src ${bench_sources})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME bench_smoke.${name} COMMAND bench_${name} --benchmark_min_time=0.001)
+  set_tests_properties(bench_smoke.${name} PROPERTIES LABELS bench TIMEOUT 300)
+endforeach()
+
+# The server's load generators (bench/load), when the transport is built.
+if(TARGET sluice_transport)
+  # Runs it briefly: every call must succeed; the figures are not asserted here.
+  add_test(NAME bench_smoke.grpc_load COMMAND sluice_load --seconds 0.2 --levels 1,8 --repeat 1)
+  set_tests_properties(bench_smoke.grpc_load PROPERTIES LABELS bench TIMEOUT 300)
+  # A malformed option is refused by name (it used to read as 0, "use the default").
+  add_test(NAME bench_smoke.grpc_load_bad_option COMMAND sluice_load --rate 5x)
+  set_tests_properties(bench_smoke.grpc_load_bad_option PROPERTIES LABELS bench TIMEOUT 30
+    PASS_REGULAR_EXPRESSION "--rate: '5x' is not a number")
+  find_program(SLUICE_WRK wrk)
+  if(SLUICE_WRK AND TARGET sluice_cli)
+    add_test(NAME bench_smoke.wrk
+      COMMAND bash ${PROJECT_SOURCE_DIR}/bench/load/wrk.sh $<TARGET_FILE:sluice_cli> 1
+              $<TARGET_FILE:sluice_http_load>)
+    set_tests_properties(bench_smoke.wrk PROPERTIES LABELS bench TIMEOUT 120)
+  endif()
+endif()
