@@ -3,19 +3,21 @@
 
 #include <algorithm>
 
-#include "local/bucket_word.h"
+#include <optional>
+#include <utility>
+
+#include "local/bucket_ring.h"
 
 namespace sluice {
 namespace {
 
-using bucket_word::behind;
-using bucket_word::epoch_of;
-using bucket_word::kEpochMask;
-using bucket_word::kHalfRange;
-using bucket_word::pack;
+namespace ring = bucket_ring;
+using ring::behind;
+using ring::epoch_of;
+using ring::kHalfRange;
 // [epoch][finished][succeeded]
-constexpr std::uint32_t finished_of(std::uint64_t w) noexcept { return bucket_word::a_of(w); }
-constexpr std::uint32_t succeeded_of(std::uint64_t w) noexcept { return bucket_word::b_of(w); }
+constexpr std::uint32_t finished_of(std::uint64_t w) noexcept { return ring::a_of(w); }
+constexpr std::uint32_t succeeded_of(std::uint64_t w) noexcept { return ring::b_of(w); }
 
 }  // namespace
 
@@ -28,29 +30,17 @@ std::string_view cascade_stats_error(const CascadeStatsOptions& o) noexcept {
 CascadeNodeStats::CascadeNodeStats(CascadeStatsOptions o) noexcept : options_(o) {}
 
 void CascadeNodeStats::record(bool success, Nanos now) noexcept {
-  const std::uint64_t e64 = static_cast<std::uint64_t>(now.count() / options_.width.count());
-  const auto epoch = static_cast<std::uint32_t>(e64 & kEpochMask);
-  std::atomic<std::uint64_t>& slot = slots_[e64 % options_.buckets];
-  std::uint64_t old = slot.load(std::memory_order_relaxed);
-  for (;;) {
-    const std::uint32_t tag = epoch_of(old);
-    std::uint64_t next;
-    if (tag == epoch || finished_of(old) == 0) {
-      const std::uint32_t f = finished_of(old), s = succeeded_of(old);
-      if (tag == epoch && f >= kMaxCount) return;  // saturated: a fair sample already
-      next = tag == epoch ? pack(epoch, f + 1, s + (success ? 1 : 0))
-                          : pack(epoch, 1, success ? 1 : 0);
-    } else if (behind(epoch, tag) >= kHalfRange) {
-      return;  // the slot holds a newer bucket (a caller whose clock read is behind): dropped
-    } else {
-      next = pack(epoch, 1, success ? 1 : 0);  // a bucket aged out: replaced
-    }
-    if (slot.compare_exchange_weak(old, next, std::memory_order_acq_rel,
-                                   std::memory_order_relaxed)) {
-      break;
-    }
-  }
-  if (epoch_of(old) == epoch || finished_of(old) == 0) return;
+  const ring::Position p = ring::position(now, options_.width, options_.buckets);
+  // Saturated: a fair sample already. A slot holding a newer bucket (a caller whose clock read
+  // is behind): dropped. An older bucket: replaced.
+  const ring::Update u =
+      ring::update(slots_[p.slot], p, [success](std::uint32_t finished, std::uint32_t succeeded) {
+        using NewCounts = std::optional<std::pair<std::uint32_t, std::uint32_t>>;
+        if (finished >= kMaxCount) return NewCounts{};
+        return NewCounts{{finished + 1, succeeded + (success ? 1 : 0)}};
+      });
+  const std::uint64_t old = u.replaced;
+  if (u.outcome != ring::Outcome::kWritten || old == 0 || epoch_of(old) == p.epoch) return;
   // The replaced bucket had calls: it is the newest to age out unless the sticky word already
   // holds a newer one.
   std::uint64_t sticky = sticky_.load(std::memory_order_relaxed);
@@ -62,36 +52,30 @@ void CascadeNodeStats::record(bool success, Nanos now) noexcept {
 }
 
 CascadeNodeStats::Version CascadeNodeStats::version(Nanos now) const noexcept {
-  const std::uint64_t e64 = static_cast<std::uint64_t>(now.count() / options_.width.count());
+  const ring::Position p = ring::position(now, options_.width, options_.buckets);
   const std::size_t b = options_.buckets;
-  const std::size_t slot = static_cast<std::size_t>(e64 % b);
-  return {e64, slots_[slot].load(std::memory_order_acquire),
-          slots_[slot == 0 ? b - 1 : slot - 1].load(std::memory_order_acquire)};
+  return {p.e64, slots_[p.slot].load(std::memory_order_acquire),
+          slots_[p.slot == 0 ? b - 1 : p.slot - 1].load(std::memory_order_acquire)};
 }
 
 CascadeNodeStats::Snapshot CascadeNodeStats::snapshot(Nanos now) const noexcept {
   Snapshot out;
-  const std::uint64_t e64 = static_cast<std::uint64_t>(now.count() / options_.width.count());
-  const auto epoch = static_cast<std::uint32_t>(e64 & kEpochMask);
   const std::size_t b = options_.buckets;
+  const ring::Position p = ring::position(now, options_.width, b);
   out.count = b;
   std::uint64_t newest_aged = sticky_.load(std::memory_order_acquire);
-  // The slot of epoch e64 - i, walked down with a wrap rather than a division per bucket.
-  std::size_t slot = static_cast<std::size_t>(e64 % b);
-  for (std::size_t i = 0; i < b && i <= e64; ++i, slot = slot == 0 ? b - 1 : slot - 1) {
-    const std::uint64_t w = slots_[slot].load(std::memory_order_acquire);
-    const std::uint32_t tag = epoch_of(w);
-    const std::uint32_t d = behind(epoch, tag);
-    if (finished_of(w) == 0) continue;
-    if (d == i) {
-      out.historical[i] = {finished_of(w), succeeded_of(w)};
-    } else if (d >= b && d < kHalfRange &&
-               (finished_of(newest_aged) == 0 || behind(epoch, epoch_of(newest_aged)) > d)) {
-      newest_aged = w;  // aged out, not yet replaced, newer than the sticky word's
-    }
-  }
+  ring::walk(
+      std::span(slots_.data(), b), p,
+      [&](std::size_t i, std::size_t, std::uint64_t w, std::uint32_t d) {
+        if (d == i) {
+          out.historical[i] = {finished_of(w), succeeded_of(w)};
+        } else if (d >= b && d < kHalfRange &&
+                   (finished_of(newest_aged) == 0 || behind(p.epoch, epoch_of(newest_aged)) > d)) {
+          newest_aged = w;  // aged out, not yet replaced, newer than the sticky word's
+        }
+      });
   if (finished_of(newest_aged) > 0 &&
-      behind(epoch, epoch_of(newest_aged)) >= static_cast<std::uint32_t>(b))
+      behind(p.epoch, epoch_of(newest_aged)) >= static_cast<std::uint32_t>(b))
     out.sticky = {finished_of(newest_aged), succeeded_of(newest_aged)};
   return out;
 }
