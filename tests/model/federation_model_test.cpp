@@ -67,9 +67,12 @@
 #include <vector>
 
 #include "sluice/core/escrow.h"
+#include "state_space.h"
 
 namespace sluice {
 namespace {
+
+using sluice::model::StateSpace;
 
 constexpr int kMaxRegions = 3;
 constexpr int kNet = 2;  // reconciles in transit, all regions together
@@ -170,18 +173,6 @@ constexpr std::array<const char*, kActions> kActionNames = {
     "reconcile'", "duplicate", "duplicate'", "tick",    "outage", "loss"};
 constexpr Action kFirstGlobal = kReconcile0;
 
-std::uint64_t hash_of(const State& s) {
-  std::array<std::uint64_t, (sizeof(State) + 7) / 8> words{};
-  std::memcpy(words.data(), &s, sizeof(State));
-  std::uint64_t h = 0x9E37'79B9'7F4A'7C15ull;
-  for (std::uint64_t w : words) {
-    h = (h ^ w) * 0xBF58'476D'1CE4'E5B9ull;
-    h ^= h >> 29;
-  }
-  h *= 0x94D0'49BB'1331'11EBull;
-  return h ^ (h >> 32);
-}
-
 struct Result {
   std::size_t states = 0;
   std::string violation;             // empty: every invariant held in every state
@@ -195,7 +186,7 @@ struct Result {
 
 class Explorer {
  public:
-  explicit Explorer(Config c) : c_(c) {}
+  explicit Explorer(Config c) : c_(c), space_(kMaxStates) {}
 
   Result run() {
     State init;
@@ -206,9 +197,13 @@ class Explorer {
     for (Region& g : init.region) g.e_window = kNone;
     for (Msg& m : init.msg) m.window = kNone;
     Result r;
-    insert(init, 0, 0, 0);
-    for (std::size_t at = 0; at < entries_.size(); ++at) {
-      const State s = entries_[at].state;
+    space_.add(init);
+    for (std::size_t at = 0; at < space_.size(); ++at) {
+      if (space_.full()) {
+        r.violation = "Harness: more than " + std::to_string(kMaxStates) + " states";
+        return r;
+      }
+      const State s = space_[at].state;
       ++r.states;
       r.max_admitted = std::max<std::uint64_t>(r.max_admitted, s.admitted);
       const auto outstanding = static_cast<std::int64_t>(s.l_granted) - s.l_returned;
@@ -232,7 +227,7 @@ class Explorer {
             r.trace = trace_to(at);
             return r;
           }
-          insert(n, static_cast<std::uint32_t>(at), a, static_cast<std::uint8_t>(i));
+          space_.add(n, at, a, static_cast<std::uint8_t>(i));
         }
       }
     }
@@ -240,50 +235,6 @@ class Explorer {
   }
 
  private:
-  struct Entry {
-    State state;
-    std::uint32_t parent;
-    std::uint8_t action;
-    std::uint8_t region;
-  };
-
-  // The visited set: an open-addressing table of (hash tag << 32 | index + 1) into entries_,
-  // which is also the BFS queue (every state is stored once).
-  void insert(const State& s, std::uint32_t parent, std::uint8_t action, std::uint8_t region) {
-    if (entries_.size() >= kMaxStates) {
-      if (harness_error_.empty())
-        harness_error_ = "more than " + std::to_string(kMaxStates) + " states";
-      return;
-    }
-    if ((entries_.size() + 1) * 2 > table_.size()) grow();
-    const std::size_t mask = table_.size() - 1;
-    const std::uint64_t h = hash_of(s);
-    const std::uint64_t tag = h >> 32;
-    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
-      const std::uint64_t held = table_[slot];
-      if (held == 0) {
-        entries_.push_back({s, parent, action, region});
-        table_[slot] = tag << 32 | entries_.size();
-        return;
-      }
-      if ((held >> 32) == tag &&
-          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
-        return;
-    }
-  }
-
-  void grow() {
-    std::vector<std::uint64_t> table(std::max<std::size_t>(1024, table_.size() * 2), 0);
-    const std::size_t mask = table.size() - 1;
-    for (std::uint64_t held : table_) {
-      if (held == 0) continue;
-      std::size_t slot = hash_of(entries_[(held & 0xFFFF'FFFFu) - 1].state) & mask;
-      while (table[slot] != 0) slot = (slot + 1) & mask;
-      table[slot] = held;
-    }
-    table_.swap(table);
-  }
-
   BudgetSpec spec() const { return BudgetSpec{c_.limit, Nanos{c_.period}}; }
 
   // Window index <-> window start in the core.
@@ -603,26 +554,18 @@ class Explorer {
     return out;
   }
 
-  // The actions from the initial state to entries_[at], each with the state it leads to.
+  // The actions from the initial state to the state at `at`, each with the state it leads to.
   std::string trace_to(std::size_t at) const {
-    std::vector<std::size_t> path;
-    for (std::size_t k = at; k != 0; k = entries_[k].parent) path.push_back(k);
-    std::string out;
-    int step_no = 0;
-    for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      const Entry& e = entries_[*it];
+    return space_.trace(at, [&](const auto& e) {
       const std::string who =
-          e.action >= kFirstGlobal ? std::string() : std::string(kIds[e.region]) + ".";
-      out += "  " + std::to_string(++step_no) + ". " + who + kActionNames[e.action] + "  ->  " +
-             describe(e.state) + "\n";
-    }
-    return out;
+          e.action >= kFirstGlobal ? std::string() : std::string(kIds[e.actor]) + ".";
+      return who + kActionNames[e.action] + "  ->  " + describe(e.state);
+    });
   }
 
   Config c_;
   Ledger scratch_;
-  std::vector<Entry> entries_;
-  std::vector<std::uint64_t> table_;
+  StateSpace<State> space_;
   std::string harness_error_;
 };
 

@@ -86,10 +86,13 @@
 #include "sluice/backends/memory_regional_escrow.h"
 #include "sluice/core/escrow.h"
 #include "sluice/fleet/federation.h"
+#include "state_space.h"
 #include "support/federation_fixtures.h"
 
 namespace sluice {
 namespace {
+
+using sluice::model::StateSpace;
 
 constexpr int kProcs = 2;                       // processes of region "a"
 constexpr std::int8_t kNone = -1;               // no window (INT64_MIN in the core)
@@ -265,18 +268,6 @@ constexpr std::array<const char*, kActions> kActionNames = {"take",
                                                             "b.reconcile"};
 constexpr Action kFirstGlobal = kTick;
 
-std::uint64_t hash_of(const State& s) {
-  std::array<std::uint64_t, (sizeof(State) + 7) / 8> words{};
-  std::memcpy(words.data(), &s, sizeof(State));
-  std::uint64_t h = 0x9E37'79B9'7F4A'7C15ull;
-  for (std::uint64_t w : words) {
-    h = (h ^ w) * 0xBF58'476D'1CE4'E5B9ull;
-    h ^= h >> 29;
-  }
-  h *= 0x94D0'49BB'1331'11EBull;
-  return h ^ (h >> 32);
-}
-
 struct Result {
   std::size_t states = 0;
   std::string violation;  // empty: the invariant held in every state
@@ -291,7 +282,7 @@ struct Result {
 
 class Explorer {
  public:
-  explicit Explorer(Config c) : c_(c) {}
+  explicit Explorer(Config c) : c_(c), space_(kMaxStates) {}
 
   Result run() {
     State init;
@@ -306,9 +297,13 @@ class Explorer {
     init.b.e_window = kNone;
     init.b.rec_window = kNone;
     Result r;
-    insert(init, 0, 0, 0);
-    for (std::size_t at = 0; at < entries_.size(); ++at) {
-      const State s = entries_[at].state;
+    space_.add(init);
+    for (std::size_t at = 0; at < space_.size(); ++at) {
+      if (space_.full()) {
+        r.violation = "Harness: more than " + std::to_string(kMaxStates) + " states";
+        return r;
+      }
+      const State s = space_[at].state;
       ++r.states;
       r.max_admitted = std::max<std::uint64_t>(r.max_admitted, s.admitted);
       if (s.admitted > c_.limit) {
@@ -327,7 +322,7 @@ class Explorer {
             r.trace = trace_to(at);
             return r;
           }
-          insert(n, static_cast<std::uint32_t>(at), a, static_cast<std::uint8_t>(i));
+          space_.add(n, at, a, static_cast<std::uint8_t>(i));
         }
       }
     }
@@ -335,50 +330,6 @@ class Explorer {
   }
 
  private:
-  struct Entry {
-    State state;
-    std::uint32_t parent;
-    std::uint8_t action;
-    std::uint8_t owner;
-  };
-
-  // The visited set: open addressing of (hash tag << 32 | index + 1) into entries_, which is
-  // also the BFS queue.
-  void insert(const State& s, std::uint32_t parent, std::uint8_t action, std::uint8_t owner) {
-    if (entries_.size() >= kMaxStates) {
-      if (harness_error_.empty())
-        harness_error_ = "more than " + std::to_string(kMaxStates) + " states";
-      return;
-    }
-    if ((entries_.size() + 1) * 2 > table_.size()) grow();
-    const std::size_t mask = table_.size() - 1;
-    const std::uint64_t h = hash_of(s);
-    const std::uint64_t tag = h >> 32;
-    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
-      const std::uint64_t held = table_[slot];
-      if (held == 0) {
-        entries_.push_back({s, parent, action, owner});
-        table_[slot] = tag << 32 | entries_.size();
-        return;
-      }
-      if ((held >> 32) == tag &&
-          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
-        return;
-    }
-  }
-
-  void grow() {
-    std::vector<std::uint64_t> table(std::max<std::size_t>(1024, table_.size() * 2), 0);
-    const std::size_t mask = table.size() - 1;
-    for (std::uint64_t held : table_) {
-      if (held == 0) continue;
-      std::size_t slot = hash_of(entries_[(held & 0xFFFF'FFFFu) - 1].state) & mask;
-      while (table[slot] != 0) slot = (slot + 1) & mask;
-      table[slot] = held;
-    }
-    table_.swap(table);
-  }
-
   BudgetSpec spec() const { return BudgetSpec{c_.limit, Nanos{c_.period}}; }
   std::int64_t start_of(std::int8_t w) const { return w == kNone ? INT64_MIN : w * c_.period; }
   std::int8_t index_of(std::int64_t start) {
@@ -965,24 +916,16 @@ class Explorer {
   }
 
   std::string trace_to(std::size_t at) const {
-    std::vector<std::size_t> path;
-    for (std::size_t k = at; k != 0; k = entries_[k].parent) path.push_back(k);
-    std::string out;
-    int step_no = 0;
-    for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      const Entry& e = entries_[*it];
+    return space_.trace(at, [&](const auto& e) {
       const std::string who =
-          e.action >= kFirstGlobal ? std::string() : "p" + std::to_string(e.owner) + ".";
-      out += "  " + std::to_string(++step_no) + ". " + who + kActionNames[e.action] + "  ->  " +
-             describe(e.state) + "\n";
-    }
-    return out;
+          e.action >= kFirstGlobal ? std::string() : "p" + std::to_string(e.actor) + ".";
+      return who + kActionNames[e.action] + "  ->  " + describe(e.state);
+    });
   }
 
   Config c_;
   Ledger scratch_;
-  std::vector<Entry> entries_;
-  std::vector<std::uint64_t> table_;
+  StateSpace<State> space_;
   std::string harness_error_;
 };
 

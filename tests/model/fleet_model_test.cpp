@@ -61,9 +61,12 @@
 #include <vector>
 
 #include "sluice/core/fleet.h"
+#include "state_space.h"
 
 namespace sluice {
 namespace {
+
+using sluice::model::StateSpace;
 
 constexpr int kMaxNodes = 3;
 constexpr int kMaxUnacked = 3;
@@ -140,18 +143,6 @@ constexpr std::array<const char*, kActions> kActionNames = {
     "heartbeat", "send",  "process", "deliver", "acquire",
     "release",   "leave", "crash",   "expire",  "estimate"};
 
-std::uint64_t hash_of(const State& s) {
-  std::array<std::uint64_t, (sizeof(State) + 7) / 8> words{};
-  std::memcpy(words.data(), &s, sizeof(State));
-  std::uint64_t h = 0x9E37'79B9'7F4A'7C15ull;
-  for (std::uint64_t w : words) {
-    h = (h ^ w) * 0xBF58'476D'1CE4'E5B9ull;
-    h ^= h >> 29;
-  }
-  h *= 0x94D0'49BB'1331'11EBull;
-  return h ^ (h >> 32);
-}
-
 // The broken core: upsert the reporter, then a stateless floor(L/N) split (+1 for the first
 // L mod N ids), no cap, no reserve.
 Grant stateless_split(FleetState& state, const NodeReport& report) {
@@ -191,9 +182,9 @@ class Explorer {
     for (int i = c_.nodes; i < kMaxNodes; ++i) init.node[i].phase = kStopped;
     Result r;
     std::size_t max_in_flight_at = 0;
-    insert(init, 0, 0, 0);
-    for (std::size_t at = 0; at < entries_.size(); ++at) {
-      const State s = entries_[at].state;
+    space_.add(init);
+    for (std::size_t at = 0; at < space_.size(); ++at) {
+      const State s = space_[at].state;
       ++r.states;
       std::uint32_t shares = 0, in_flight = 0;
       bool busy = true;
@@ -229,7 +220,7 @@ class Explorer {
             r.trace = trace_to(at);
             return r;
           }
-          insert(n, static_cast<std::uint32_t>(at), a, static_cast<std::uint8_t>(i));
+          space_.add(n, at, a, static_cast<std::uint8_t>(i));
         }
       }
     }
@@ -238,46 +229,6 @@ class Explorer {
   }
 
  private:
-  struct Entry {
-    State state;
-    std::uint32_t parent;
-    std::uint8_t action;
-    std::uint8_t node;
-  };
-
-  // The visited set: an open-addressing table of (hash tag << 32 | index + 1) into entries_,
-  // which is also the BFS queue (every state is stored once). The tag spares most mismatching
-  // probes a visit to entries_.
-  void insert(const State& s, std::uint32_t parent, std::uint8_t action, std::uint8_t node) {
-    if ((entries_.size() + 1) * 2 > table_.size()) grow();
-    const std::size_t mask = table_.size() - 1;
-    const std::uint64_t h = hash_of(s);
-    const std::uint64_t tag = h >> 32;
-    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
-      const std::uint64_t held = table_[slot];
-      if (held == 0) {
-        entries_.push_back({s, parent, action, node});
-        table_[slot] = tag << 32 | entries_.size();
-        return;
-      }
-      if ((held >> 32) == tag &&
-          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
-        return;
-    }
-  }
-
-  void grow() {
-    std::vector<std::uint64_t> table(std::max<std::size_t>(1024, table_.size() * 2), 0);
-    const std::size_t mask = table.size() - 1;
-    for (std::uint64_t held : table_) {
-      if (held == 0) continue;
-      std::size_t slot = hash_of(entries_[(held & 0xFFFF'FFFFu) - 1].state) & mask;
-      while (table[slot] != 0) slot = (slot + 1) & mask;
-      table[slot] = held;
-    }
-    table_.swap(table);
-  }
-
   FleetState to_fleet(const State& s) const {
     FleetState f;
     f.generation = s.generation;
@@ -523,23 +474,15 @@ class Explorer {
     return out + " | sum sh=" + std::to_string(shares) + " if=" + std::to_string(in_flight);
   }
 
-  // The actions from the initial state to entries_[at], each with the state it leads to.
+  // The actions from the initial state to the state at `at`, each with the state it leads to.
   std::string trace_to(std::size_t at) const {
-    std::vector<std::size_t> path;
-    for (std::size_t k = at; k != 0; k = entries_[k].parent) path.push_back(k);
-    std::string out;
-    int step_no = 0;
-    for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      const Entry& e = entries_[*it];
-      out += "  " + std::to_string(++step_no) + ". " + name_of(e.node) + "." +
-             kActionNames[e.action] + "  ->  " + describe(e.state) + "\n";
-    }
-    return out;
+    return space_.trace(at, [&](const auto& e) {
+      return name_of(e.actor) + "." + kActionNames[e.action] + "  ->  " + describe(e.state);
+    });
   }
 
   Config c_;
-  std::vector<Entry> entries_;
-  std::vector<std::uint64_t> table_;
+  StateSpace<State> space_;
   std::string harness_error_;
 };
 
