@@ -7,6 +7,8 @@ pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)      # PkgConfig::HI
 find_package(PostgreSQL REQUIRED)                                # PostgreSQL::PostgreSQL (libpq)
 pkg_check_modules(MARIADB REQUIRED IMPORTED_TARGET libmariadb)   # PkgConfig::MARIADB (throttler probes)
 find_package(yaml-cpp CONFIG REQUIRED)                           # yaml-cpp (the config file)
+# The generated API's messages (the engine's kinds read theirs with them).
+find_package(Protobuf REQUIRED)                                  # protobuf::libprotobuf, protobuf::protoc
 
 if(SLUICE_BUILD_APPS)
   find_package(CLI11 CONFIG REQUIRED)                            # CLI11::CLI11
@@ -23,7 +25,6 @@ endif()
 
 # The server (sluice serve) and its clients: gRPC, protobuf, Boost.Beast.
 if(SLUICE_BUILD_APPS)
-  find_package(Protobuf REQUIRED)                                # protobuf::libprotobuf, protobuf::protoc
   find_package(gRPC CONFIG REQUIRED)                             # gRPC::grpc++ (+ _reflection, plugins)
   find_package(Boost 1.74 REQUIRED)                              # Boost::headers (Beast, Asio)
   add_library(deps_boost INTERFACE)
@@ -35,26 +36,58 @@ if(SLUICE_BUILD_APPS)
   endif()
 endif()
 
-# sluice_add_proto(target dir a/b.proto ...): protoc + grpc_cpp_plugin -> a static library of the
-# generated code, its headers under <build>/<target>_gen (include as "a/b.pb.h").
-function(sluice_add_proto target proto_dir)
-  set(gen ${CMAKE_CURRENT_BINARY_DIR}/${target}_gen)
-  file(MAKE_DIRECTORY ${gen})
+# sluice_proto_outputs(srcs files gen suffix dir a/b.proto ...): sets `files` to the .proto
+# files' absolute paths and `srcs` to what protoc writes for them in `gen` (a/b<suffix>).
+function(sluice_proto_outputs srcs_var files_var gen suffix proto_dir)
   set(srcs)
   set(files)
   foreach(p ${ARGN})
     get_filename_component(abs ${proto_dir}/${p} ABSOLUTE)
     string(REGEX REPLACE "\\.proto$" "" base ${p})
     list(APPEND files ${abs})
-    list(APPEND srcs ${gen}/${base}.pb.cc ${gen}/${base}.grpc.pb.cc)
+    list(APPEND srcs ${gen}/${base}${suffix})
   endforeach()
+  set(${srcs_var} ${srcs} PARENT_SCOPE)
+  set(${files_var} ${files} PARENT_SCOPE)
+endfunction()
+
+# sluice_add_proto_messages(target dir a/b.proto ...): protoc -> a static library of the
+# generated messages (no gRPC), its headers under <build>/<target>_gen (include as "a/b.pb.h").
+function(sluice_add_proto_messages target proto_dir)
+  set(gen ${CMAKE_CURRENT_BINARY_DIR}/${target}_gen)
+  file(MAKE_DIRECTORY ${gen})
+  sluice_proto_outputs(srcs files ${gen} .pb.cc ${proto_dir} ${ARGN})
   add_custom_command(
     OUTPUT ${srcs}
-    COMMAND protobuf::protoc -I ${proto_dir} -I ${Protobuf_INCLUDE_DIRS} --cpp_out=${gen}
-            --grpc_out=${gen} --plugin=protoc-gen-grpc=$<TARGET_FILE:gRPC::grpc_cpp_plugin> ${files}
-    DEPENDS ${files} protobuf::protoc gRPC::grpc_cpp_plugin
-    COMMENT "protoc (cpp+grpc) ${ARGN}" VERBATIM)
+    COMMAND protobuf::protoc -I ${proto_dir} -I ${Protobuf_INCLUDE_DIRS} --cpp_out=${gen} ${files}
+    DEPENDS ${files} protobuf::protoc
+    COMMENT "protoc (cpp) ${ARGN}" VERBATIM)
   add_library(${target} STATIC ${srcs})
   target_include_directories(${target} SYSTEM PUBLIC ${gen})
-  target_link_libraries(${target} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
+  target_link_libraries(${target} PUBLIC protobuf::libprotobuf)
+endfunction()
+
+# sluice_add_grpc(target messages dir a/b.proto ...): grpc_cpp_plugin -> a static library of the
+# gRPC stubs over the messages library `messages` (made by sluice_add_proto_messages from the
+# same files), its headers under <build>/<target>_gen (include as "a/b.grpc.pb.h").
+function(sluice_add_grpc target messages proto_dir)
+  set(gen ${CMAKE_CURRENT_BINARY_DIR}/${target}_gen)
+  file(MAKE_DIRECTORY ${gen})
+  sluice_proto_outputs(srcs files ${gen} .grpc.pb.cc ${proto_dir} ${ARGN})
+  add_custom_command(
+    OUTPUT ${srcs}
+    COMMAND protobuf::protoc -I ${proto_dir} -I ${Protobuf_INCLUDE_DIRS} --grpc_out=${gen}
+            --plugin=protoc-gen-grpc=$<TARGET_FILE:gRPC::grpc_cpp_plugin> ${files}
+    DEPENDS ${files} protobuf::protoc gRPC::grpc_cpp_plugin
+    COMMENT "protoc (grpc) ${ARGN}" VERBATIM)
+  add_library(${target} STATIC ${srcs})
+  target_include_directories(${target} SYSTEM PUBLIC ${gen})
+  target_link_libraries(${target} PUBLIC ${messages} gRPC::grpc++)
+endfunction()
+
+# sluice_add_proto(target dir a/b.proto ...): both: the messages (${target}_messages) and the gRPC
+# stubs over them (${target}).
+function(sluice_add_proto target proto_dir)
+  sluice_add_proto_messages(${target}_messages ${proto_dir} ${ARGN})
+  sluice_add_grpc(${target} ${target}_messages ${proto_dir} ${ARGN})
 endfunction()

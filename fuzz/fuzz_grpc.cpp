@@ -194,7 +194,7 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
     }
     case 7: {
       // A kind's own method, as GrpcKindMethods passes it: sluice.v1.Throttler/Check, whose
-      // request the throttler kind decodes by hand (server/proto_wire.h).
+      // request the throttler kind decodes with the generated message (the api layer).
       const auto* m = t.engine().kinds().method("/sluice.v1.Throttler/Check");
       require(m != nullptr, "the throttler kind registers /sluice.v1.Throttler/Check");
       NoDeferral later;

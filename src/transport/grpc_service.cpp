@@ -1,6 +1,6 @@
 #include "transport/grpc_service.h"
 
-#include <google/protobuf/message.h>
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "server/proto_wire.h"
+#include "api/decode_errors.h"
 
 namespace sluice::transport {
 namespace {
@@ -71,69 +71,24 @@ StatusOr<server::CallResult> outcome_of(pb::Outcome o) {
   }
 }
 
-// What protobuf last reported on this thread while decoding (its "String field 'x.y.key'
-// contains invalid UTF-8" names the field). Everything else it logs goes to stderr as before;
-// that one is the client's error, answered to the client, and not logged (a client could fill
-// the log with it).
-thread_local std::string decode_error;
-
+// Protobuf logs a string field that is not valid UTF-8 as it refuses the message. That is the
+// client's error, answered to the client (undecodable() names the field), and not logged: a
+// client could fill the log with it. Everything else protobuf logs goes to stderr as before.
 void protobuf_log(google::protobuf::LogLevel level, const char* file, int line,
                   const std::string& message) {
-  if (message.find("invalid UTF-8") != std::string::npos) {
-    decode_error = message;
-    return;
-  }
+  if (message.find("invalid UTF-8") != std::string::npos) return;
   static const char* const kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
   std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", kLevels[level], file, line, message.c_str());
 }
 
-// The path of the field protobuf named (its full name, "sluice.v1.CheckRequest.key") in a
-// request of type `top` whose bytes are `in`: "key" when it is top's own, else through the
-// field of `top` holding that message, with the entry's index when it repeats
-// ("checks[2].key": the first entry that does not decode on its own).
-std::string field_path(const google::protobuf::Descriptor* top, const grpc::ByteBuffer* in,
-                       const std::string& full) {
-  const std::size_t dot = full.rfind('.');
-  const std::string container = full.substr(0, dot), leaf = full.substr(dot + 1);
-  if (dot == std::string::npos || container == top->full_name()) return leaf;
-  for (int i = 0; i < top->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* f = top->field(i);
-    if (f->message_type() == nullptr || f->message_type()->full_name() != container) continue;
-    if (!f->is_repeated()) return f->name() + "." + leaf;
-    std::vector<grpc::Slice> slices;
-    std::string bytes;
-    if (in != nullptr && in->Dump(&slices).ok())
-      for (const grpc::Slice& sl : slices)
-        bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    const google::protobuf::Message* prototype =
-        google::protobuf::MessageFactory::generated_factory()->GetPrototype(f->message_type());
-    server::WireReader r(bytes);
-    for (std::size_t n = 0; prototype != nullptr && r.next();) {
-      if (r.field() != static_cast<std::uint32_t>(f->number()) || r.type() != 2) continue;
-      std::unique_ptr<google::protobuf::Message> entry(prototype->New());
-      if (!entry->ParseFromArray(r.bytes_value().data(), static_cast<int>(r.bytes_value().size())))
-        return f->name() + "[" + std::to_string(n) + "]." + leaf;
-      ++n;
-    }
-    return f->name() + "[]." + leaf;
-  }
-  return leaf;
-}
-
 // Why the bytes `in` do not decode as a `top` (the error starts with the field it names).
 grpc::Status undecodable(const google::protobuf::Descriptor* top, const grpc::ByteBuffer* in) {
-  constexpr std::string_view kField = "String field '";
-  if (const std::size_t at = decode_error.find(kField); at != std::string::npos) {
-    const std::size_t from = at + kField.size();
-    const std::size_t to = decode_error.find('\'', from);
-    const std::string full = decode_error.substr(from, to - from);
-    decode_error.clear();  // the entries field_path() decodes again report it once more
-    const std::string path = field_path(top, in, full);
-    decode_error.clear();
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, path + ": not valid UTF-8");
-  }
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      "request: cannot be decoded as " + top->full_name());
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (in != nullptr && in->Dump(&slices).ok())
+    for (const grpc::Slice& sl : slices)
+      bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, api::why_undecodable(*top, bytes));
 }
 
 // One unary call: its request decoded from the raw bytes, its response encoded when it
@@ -148,7 +103,6 @@ class Unary final {
                       grpc::ByteBuffer* out) {
     auto* call = new Unary(reactor, out);
     grpc::ByteBuffer copy(*in);  // decoding consumes its buffer; the copy shares the slices
-    decode_error.clear();
     if (!grpc::SerializationTraits<Req>::Deserialize(&copy, &call->req).ok()) {
       delete call;
       reactor->Finish(undecodable(Req::descriptor(), in));
@@ -265,7 +219,6 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
 
   void start(const grpc::ByteBuffer* in) {
     grpc::ByteBuffer copy(*in);  // decoding consumes its buffer; the copy shares the slices
-    decode_error.clear();
     if (!grpc::SerializationTraits<pb::AdmitRequest>::Deserialize(&copy, &req_).ok())
       return done(undecodable(pb::AdmitRequest::descriptor(), in));
     auto ttl = get_duration(req_.has_ttl(), req_.ttl(), "ttl");

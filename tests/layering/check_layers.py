@@ -2,9 +2,10 @@
 """check_layers.py ROOT: every include follows an edge of the layer graph.
 
 A file's path names its layer: src/<layer>/..., include/sluice/<layer>/..., sim/ (sim),
-apps/ (apps), testing/ (testing); the generated gRPC API (sluice/v1/, grpc/health/v1/) is the
-layer `api`. The graph (docs/design.md, "Layers") lists the layers each layer is built on; a
-file may include its own layer and any layer reachable from it along the graph, nothing else.
+apps/ (apps), testing/ (testing); the generated messages (sluice/v1/, grpc/health/v1/ *.pb.h)
+belong to the layer `api`, with src/api/, and their gRPC stubs (*.grpc.pb.h) to the transport.
+The graph (docs/design.md, "Layers") lists the layers each layer is built on; a file may
+include its own layer and any layer reachable from it along the graph, nothing else.
 So backends reach core only, core nothing, and a new folder under src/ or include/sluice/ is a
 layer the check refuses until it has a line in GRAPH.
 
@@ -24,8 +25,8 @@ GRAPH = {
     "fleet": ["local"],                           # the fleet guard and the regional engine
     "backends": ["core"],                         # I/O behind core's interfaces: coordinators, probes
     "config": ["core"],                           # the YAML reader and ConfigSection
-    "api": [],                                    # the generated gRPC messages and stubs
-    "server": ["fleet", "backends", "config"],    # the engine and the policy kinds
+    "api": ["core"],                              # the generated messages; src/api: decode errors
+    "server": ["fleet", "backends", "config", "api"],  # the engine and the policy kinds
     "transport": ["server", "api"],               # gRPC and HTTP
     "sim": ["fleet", "backends"],                 # deterministic simulations
     "apps": ["transport", "sim"],                 # the executable
@@ -70,7 +71,7 @@ def layer_of_file(path):
 def layer_of_include(name, including_dir, files):
     """The layer of what `#include name` names, or None when it is not sluice's own."""
     if name.startswith(GENERATED):
-        return "api"
+        return "transport" if name.endswith(".grpc.pb.h") else "api"
     if name.startswith("sluice/sim/"):
         return "sim"
     if name.startswith("sluice/testing/"):

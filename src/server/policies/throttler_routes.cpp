@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,10 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "api/decode_errors.h"
 #include "server/json_text.h"
 #include "server/policies/throttler_policy.h"
-#include "server/proto_wire.h"
 #include "sluice/core/text.h"
+#include "sluice/v1/sluice.pb.h"
 
 namespace sluice::server::throttler_detail {
 namespace {
@@ -270,77 +272,53 @@ HttpRoute freno_route(std::string pattern, bool if_exists) {
       }};
 }
 
-// gRPC sluice.v1.Throttler/Check: ThrottlerCheckRequest -> ThrottlerCheckResponse (declared in
-// proto/sluice/v1/sluice.proto), read and written with proto_wire.h.
+// gRPC sluice.v1.Throttler/Check: ThrottlerCheckRequest -> ThrottlerCheckResponse
+// (proto/sluice/v1/sluice.proto), read and written with the generated messages.
 Decided<std::string> grpc_check(std::string_view request, const KindPolicies& ps,
                                 Deferral<std::string>& /*later*/) {
-  std::string app, shard, scope_text;
-  bool low = false;
-  double threshold = 0;
-  WireReader in(request);
-  const char* mistyped = nullptr;  // a field whose wire type is not its declared one
-  const auto typed = [&](unsigned type, const char* name) {
-    if (in.type() != type) mistyped = name;
-    return in.type() == type;
-  };
-  while (in.next() && mistyped == nullptr) {
-    switch (in.field()) {
-      case 1:
-        if (typed(2, "app")) app = in.bytes_value();
-        break;
-      case 2:
-        if (typed(2, "shard")) shard = in.bytes_value();
-        break;
-      case 3:
-        if (typed(2, "scope")) scope_text = in.bytes_value();
-        break;
-      case 4:
-        if (typed(0, "low_priority")) low = in.varint_value() != 0;
-        break;
-      case 5:
-        if (typed(1, "threshold")) threshold = in.double_value();
-        break;
-      default:
-        break;  // a field of a later version
-    }
-  }
-  if (mistyped != nullptr)
-    return Status(StatusCode::kInvalidArgument, std::string(mistyped) + ": wrong wire type");
-  if (!in.ok()) return Status(StatusCode::kInvalidArgument, "request: not a ThrottlerCheckRequest");
+  v1::ThrottlerCheckRequest in;
+  if (request.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+      !in.ParseFromArray(request.data(), static_cast<int>(request.size())))
+    return Status(StatusCode::kInvalidArgument,
+                  api::why_undecodable(*v1::ThrottlerCheckRequest::descriptor(), request));
+  if (std::string why = api::mistyped_field(in); !why.empty())
+    return Status(StatusCode::kInvalidArgument, std::move(why));
+  const std::string& app = in.app();
   if (std::string why = app.empty() ? "" : app_name_error(app); !why.empty())
     return Status(StatusCode::kInvalidArgument, std::move(why));
+  const double threshold = in.threshold();
   if (threshold < 0 || !std::isfinite(threshold))
     return Status(StatusCode::kInvalidArgument, "threshold: must be >= 0 (0: the metrics' own)");
-  const std::optional<ThrottleScope> scope = parse_scope(scope_text);
+  const std::optional<ThrottleScope> scope = parse_scope(in.scope());
   if (!scope)
     return Status(StatusCode::kInvalidArgument,
-                  "scope: must be self or shard, not '" + scope_text + "'");
-  auto t = find(ps, shard.empty() ? std::nullopt : std::optional<std::string_view>(shard));
+                  "scope: must be self or shard, not '" + in.scope() + "'");
+  auto t =
+      find(ps, in.shard().empty() ? std::nullopt : std::optional<std::string_view>(in.shard()));
   if (!t.ok()) return t.status();
-  const ThrottleResult r = t.value()->check(app, *scope, low, "grpc", threshold);
-  WireWriter out;
-  out.int32(1, static_cast<std::int32_t>(r.status))
-      .str(2, r.reason)
-      .dbl(3, r.value)
-      .dbl(4, r.threshold)
-      .str(5, r.message)
-      .str(6, r.app)
-      .str(7, r.metric)
-      .str(8, r.scope)
-      .boolean(9, r.recently_checked);
+  const ThrottleResult r = t.value()->check(app, *scope, in.low_priority(), "grpc", threshold);
+  v1::ThrottlerCheckResponse out;
+  out.set_status_code(static_cast<std::int32_t>(r.status));
+  out.set_reason(r.reason);
+  out.set_value(r.value);
+  out.set_threshold(r.threshold);
+  out.set_message(r.message);
+  out.set_app(r.app);
+  out.set_metric(r.metric);
+  out.set_scope(r.scope);
+  out.set_recently_checked(r.recently_checked);
   for (const ThrottleMetricResult& m : r.metrics) {
-    WireWriter w;
-    w.str(1, m.name)
-        .int32(2, m.over ? 429 : 200)
-        .dbl(3, m.value)
-        .dbl(4, m.threshold)
-        .str(5, m.reason)
-        .str(6, m.detail)
-        .str(7, m.scope)
-        .str(8, m.host);
-    out.bytes(10, w.data());
+    v1::ThrottlerMetric& w = *out.add_metrics();
+    w.set_name(m.name);
+    w.set_status_code(m.over ? 429 : 200);
+    w.set_value(m.value);
+    w.set_threshold(m.threshold);
+    w.set_reason(m.reason);
+    w.set_message(m.detail);
+    w.set_scope(m.scope);
+    w.set_host(m.host);
   }
-  return out.data();
+  return out.SerializeAsString();
 }
 
 // An admin route of the throttler named by `shard=` (or the first). Its action answers `done`
