@@ -92,7 +92,9 @@ int main(int argc, char** argv) {
     sluice::ConfigLoad load =
         sluice::load_config_file(config_path, sluice::server::PolicyRegistry::builtin());
     // Then what `sluice serve` checks of the coordinators before it connects to them.
-    if (load.config) load.errors = sluice::server::check_before_connecting(*load.config);
+    if (load.config)
+      load.errors = sluice::server::check_before_connecting(
+          *load.config, sluice::server::PolicyRegistry::builtin());
     for (const sluice::ConfigError& e : load.warnings)
       fmt::print(stderr, "warning: {}\n", e.to_string(config_path));
     for (const sluice::ConfigError& e : load.errors)

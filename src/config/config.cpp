@@ -89,65 +89,28 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
 }
 
 void read_coordinator(Reader& r, const YAML::Node& n, const std::string& path,
-                      CoordinatorSpec& out) {
+                      const PolicyKinds& kinds, CoordinatorSpec& out) {
   if (!r.map(n, path, true)) return;
-  const auto kind =
-      r.choice<CoordinatorSpec::Kind>(n, "kind", path,
-                                      {{"memory", CoordinatorSpec::Kind::kMemory},
-                                       {"redis", CoordinatorSpec::Kind::kRedis},
-                                       {"postgres", CoordinatorSpec::Kind::kPostgres}},
-                                      true);
+  const YAML::Node kind_node = n["kind"];
+  const auto kind = r.str(n, "kind", path, true);
   if (!kind) return;
+  const CoordinatorBackendParser* backend = kinds.coordinator_backend(*kind);
+  if (backend == nullptr) {
+    std::string list;
+    for (const std::string& k : kinds.coordinator_backend_names())
+      list += (list.empty() ? "" : ", ") + k;
+    r.error(kind_node, path + ".kind", "must be one of " + list + ", not '" + *kind + "'");
+    return;
+  }
   out.kind = *kind;
   if (auto a = r.choice(n, "aggregate", path, kAggregates)) out.rules.aggregate = *a;
   if (auto a = r.choice(n, "allocation", path, kAllocations)) out.rules.allocation = *a;
   if (auto h = r.boolean(n, "acknowledged_handoff", path)) out.rules.acknowledged_handoff = *h;
-  switch (*kind) {
-    case CoordinatorSpec::Kind::kMemory:
-      r.keys(n, path, {"kind", "aggregate", "allocation", "acknowledged_handoff"});
-      break;
-    case CoordinatorSpec::Kind::kRedis:
-      r.keys(n, path,
-             {"kind", "aggregate", "allocation", "acknowledged_handoff", "address", "username",
-              "password", "database", "key_prefix", "connect_timeout"});
-      if (auto s = r.str(n, "address", path)) {
-        HostPort hp;
-        if (parse_host_port(*s, hp).empty()) {
-          out.redis.host = hp.host;
-          out.redis.port = hp.port;
-        } else {
-          r.error(n["address"], path + ".address",
-                  "must be host:port with a port in 1..65535, not '" + *s + "'");
-        }
-      }
-      if (auto d = r.duration(n, "connect_timeout", path)) out.redis.connect_timeout = *d;
-      if (auto s = r.str(n, "username", path)) out.redis.username = *s;
-      if (auto s = r.str(n, "password", path)) out.redis.password = *s;
-      if (auto v = r.uint(n, "database", path, 0, 1 << 20))
-        out.redis.database = static_cast<int>(*v);
-      if (auto s = r.str(n, "key_prefix", path)) {
-        if (s->empty())
-          r.error(n["key_prefix"], path + ".key_prefix", "must not be empty");
-        else
-          out.redis.key_prefix = *s;
-      }
-      break;
-    case CoordinatorSpec::Kind::kPostgres:
-      r.keys(
-          n, path,
-          {"kind", "aggregate", "allocation", "acknowledged_handoff", "conninfo", "table_prefix"});
-      if (auto s = r.str(n, "conninfo", path, true)) out.postgres.conninfo = *s;
-      if (auto s = r.str(n, "table_prefix", path)) {
-        // The fleet's rule here; federation's longer table names are checked where a federated
-        // policy names the coordinator (the server, before it connects).
-        if (std::string why = table_prefix_problem(*s, PostgresOptions::kFleetMaxPrefix);
-            !why.empty())
-          r.error(n["table_prefix"], path + ".table_prefix", why + ", not '" + *s + "'");
-        else
-          out.postgres.table_prefix = *s;
-      }
-      break;
-  }
+  ConfigSection section = r.section(n, path);
+  std::vector<std::string_view> keys = {"kind", "aggregate", "allocation", "acknowledged_handoff"};
+  keys.insert(keys.end(), backend->keys.begin(), backend->keys.end());
+  section.keys(keys);
+  if (backend->parse) backend->parse(section, out);
 }
 
 void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const std::string& name,
@@ -202,7 +165,8 @@ std::string name_problem(const std::string& name, std::string_view what) {
   return {};
 }
 
-void read_coordinators(Reader& r, const YAML::Node& cs, SluiceConfig& cfg) {
+void read_coordinators(Reader& r, const YAML::Node& cs, const PolicyKinds& kinds,
+                       SluiceConfig& cfg) {
   if (!r.map(cs, "coordinators")) return;
   for (auto it = cs.begin(); it != cs.end(); ++it) {
     const std::string name = it->first.IsScalar() ? it->first.Scalar() : "";
@@ -211,7 +175,7 @@ void read_coordinators(Reader& r, const YAML::Node& cs, SluiceConfig& cfg) {
       continue;
     }
     const std::string path = "coordinators." + name;
-    read_coordinator(r, it->second, path, cfg.coordinators[name]);
+    read_coordinator(r, it->second, path, kinds, cfg.coordinators[name]);
     cfg.coordinators[name].fingerprint = YAML::Dump(it->second);
   }
 }
@@ -257,37 +221,33 @@ YAML::Mark mark_of(const Reader& r, std::string path) {
   }
 }
 
-// The data a coordinator keeps its members in: two names for one Redis database and key prefix
-// (or one PostgreSQL conninfo and table prefix) hold one set of records. Each memory coordinator
-// is its own.
+// The data a coordinator keeps its members in: its backend's store, or (empty: each memory
+// coordinator is its own) its name.
 std::string store_of(const std::string& name, const CoordinatorSpec& c) {
-  switch (c.kind) {
-    case CoordinatorSpec::Kind::kMemory:
-      break;
-    case CoordinatorSpec::Kind::kRedis:
-      return "redis\n" + c.redis.host + ":" + std::to_string(c.redis.port) + "\n" +
-             std::to_string(c.redis.database) + "\n" + c.redis.key_prefix;
-    case CoordinatorSpec::Kind::kPostgres:
-      return "postgres\n" + c.postgres.conninfo + "\n" + c.postgres.table_prefix;
-  }
-  return "memory\n" + name;
+  return c.store.empty() ? c.kind + "\n" + name : c.kind + "\n" + c.store;
 }
 
-// Each use of a coordinator by a policy: the coordinator's kind must serve it.
-void check_roles(Reader& r, const SluiceConfig& cfg) {
+// Each use of a coordinator by a policy: the coordinator's backend must serve it.
+void check_roles(Reader& r, const SluiceConfig& cfg, const PolicyKinds& kinds) {
   for (const auto& [name, p] : cfg.policies) {
     for (const CoordinatorUse& u : p.uses) {
       const auto c = cfg.coordinators.find(u.coordinator);
-      if (c == cfg.coordinators.end() || serves(c->second.kind, u.role)) continue;
-      std::string kinds;
-      for (auto k : {CoordinatorSpec::Kind::kMemory, CoordinatorSpec::Kind::kRedis,
-                     CoordinatorSpec::Kind::kPostgres})
-        if (serves(k, u.role)) kinds += (kinds.empty() ? "" : " or ") + std::string(kind_name(k));
+      if (c == cfg.coordinators.end()) continue;
+      const CoordinatorBackendParser* backend = kinds.coordinator_backend(c->second.kind);
+      if (backend == nullptr || backend->serves(u.role)) continue;
+      std::vector<std::string> able;  // "a, b or c"
+      for (const std::string& k : kinds.coordinator_backend_names())
+        if (const CoordinatorBackendParser* b = kinds.coordinator_backend(k);
+            b != nullptr && b->serves(u.role))
+          able.push_back(k);
+      std::string serving;
+      for (std::size_t i = 0; i < able.size(); ++i)
+        serving += (i == 0 ? "" : i + 1 == able.size() ? " or " : ", ") + able[i];
       const std::string path = "policies." + name + "." + u.field;
       r.error_at(mark_of(r, path), path,
-                 "coordinator '" + u.coordinator + "' is a " +
-                     std::string(kind_name(c->second.kind)) + " coordinator, which cannot hold " +
-                     std::string(role_name(u.role)) + " (name a " + kinds + " coordinator)");
+                 "coordinator '" + u.coordinator + "' is a " + c->second.kind +
+                     " coordinator, which cannot hold " + std::string(role_name(u.role)) +
+                     " (name a " + serving + " coordinator)");
     }
   }
 }
@@ -313,8 +273,8 @@ void check_members(Reader& r, const SluiceConfig& cfg, const std::vector<PolicyN
       const std::string where = f.coordinator == u.coordinator
                                     ? "coordinator '" + u.coordinator + "'"
                                     : "coordinator '" + u.coordinator + "' (the same " +
-                                          std::string(kind_name(c->second.kind)) +
-                                          " data as coordinator '" + f.coordinator + "')";
+                                          c->second.kind + " data as coordinator '" +
+                                          f.coordinator + "')";
       const std::string path = "policies." + name + "." + u.member_key_field;
       r.error_at(mark_of(r, path), path,
                  "policies " + f.policy + " (line " + std::to_string(f.line) + ") and " + name +
@@ -336,7 +296,7 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
     r.unique_keys(root, "");
     r.keys(root, "", {"server", "coordinators", "policies"});
     read_server(r, root["server"], cfg.server);
-    read_coordinators(r, root["coordinators"], cfg);
+    read_coordinators(r, root["coordinators"], kinds, cfg);
     const std::vector<PolicyName> order = read_policies(r, root, kinds, cfg);
     // Cross-references.
     for (const auto& [name, p] : cfg.policies) {
@@ -367,7 +327,7 @@ ConfigLoad read(const YAML::Node& root, const PolicyKinds& kinds) {
                    "no coordinator named '" + c + "'");
       }
     }
-    check_roles(r, cfg);
+    check_roles(r, cfg, kinds);
     check_members(r, cfg, order);
   }
   ConfigLoad out;
@@ -408,22 +368,6 @@ std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& runnin
     out.push_back({"server.max_watch_streams", std::to_string(running.max_watch_streams),
                    std::to_string(next.max_watch_streams)});
   return out;
-}
-
-bool serves(CoordinatorSpec::Kind kind, CoordinatorRole role) noexcept {
-  return role != CoordinatorRole::kRegionalEscrow || kind != CoordinatorSpec::Kind::kPostgres;
-}
-
-std::string_view kind_name(CoordinatorSpec::Kind kind) noexcept {
-  switch (kind) {
-    case CoordinatorSpec::Kind::kMemory:
-      return "memory";
-    case CoordinatorSpec::Kind::kRedis:
-      return "redis";
-    case CoordinatorSpec::Kind::kPostgres:
-      return "postgres";
-  }
-  return "unknown";
 }
 
 void PolicySpec::use(CoordinatorUse u) {

@@ -1,9 +1,10 @@
 // coordinators.h: the config's coordinators as the server holds them: by name, each interface
 // a policy may ask of it, every call timed into the coordinator's one latency histogram.
 //
-// What it is: NamedCoordinator is one coordinator of the config (memory, Redis or PostgreSQL)
-// with the spec's fingerprint (a reload keeps it when unchanged) and every interface it serves,
-// by type (the fleet's ConcurrencyCoordinator, federation's RateCoordinator and RegionalEscrow),
+// What it is: NamedCoordinator is one coordinator of the config (of a backend: memory, Redis,
+// PostgreSQL; CoordinatorBackend below) with the spec's fingerprint (a reload keeps it when
+// unchanged) and every interface it serves, by type (the fleet's ConcurrencyCoordinator,
+// federation's RateCoordinator and RegionalEscrow),
 // each decorated to time its calls into the one CoordinatorCallStats, and a throttler's
 // SharedRules (whose calls are not timed). An interface may be offered lazily: it is connected
 // when the first policy asks for it (so a Redis that only fleet policies use is never held to
@@ -81,25 +82,46 @@ struct NamedCoordinator {
   std::map<std::type_index, std::shared_ptr<Lazy>> interfaces_;
 };
 
-// Connects the coordinator `spec` describes. An error names it. A server that cannot be reached
-// now (unavailable, or no answer in time) is not an error: the coordinator connects on its first
-// call, the fleet policies on it start in their outage mode (and /readyz says not ready), and
-// `warning` says so. Anything else (bad options, a password Redis refuses) is; libpq reports a
-// login PostgreSQL refuses as unavailable, so that one is a warning.
+// A coordinator backend (`kind:` memory, redis, postgres): how the loader reads its section
+// (CoordinatorBackendParser) and how the server connects a coordinator of it. A backend is its
+// client code under src/backends/<name>/, one file under src/server/coordinators/ that defines
+// `CoordinatorBackend <name>_backend()`, and one entry in policies/builtin.cpp.
+struct CoordinatorBackend : CoordinatorBackendParser {
+  // The fleet's interface of coordinator `name` (every backend serves it), connected; an error
+  // names the coordinator. A server that cannot be reached now is no error: the interface then
+  // connects on its first call, and `warning` says so (make_coordinator).
+  std::function<StatusOr<std::unique_ptr<ConcurrencyCoordinator>>(
+      const std::string& name, const CoordinatorSpec& spec, const Clock& clock,
+      std::string& warning)>
+      connect;
+  // Offers the other interfaces of `roles`' kinds it serves on `named` (lazily where they
+  // connect: a policy's first ask connects them), each timed into named.stats but the shared
+  // rules.
+  std::function<void(const CoordinatorSpec& spec, const Clock& clock, NamedCoordinator& named)>
+      offer;
+  // What connect() and the interfaces of `roles` would refuse of the spec's options, without
+  // connecting: each problem as the backend words it. Null: nothing to check.
+  std::function<std::vector<std::string>(const CoordinatorSpec& spec,
+                                         const std::vector<CoordinatorRole>& roles)>
+      problems;
+};
+
+// Connects the coordinator `spec` describes, of `backend`. An error names it. A server that
+// cannot be reached now (unavailable, or no answer in time) is not an error: the coordinator
+// connects on its first call, the fleet policies on it start in their outage mode (and /readyz
+// says not ready), and `warning` says so. Anything else (bad options, a password Redis refuses)
+// is; libpq reports a login PostgreSQL refuses as unavailable, so that one is a warning.
 [[nodiscard]] StatusOr<std::shared_ptr<NamedCoordinator>> make_coordinator(
-    const std::string& name, const CoordinatorSpec& spec, const Clock& clock, std::string& warning);
+    const CoordinatorBackend& backend, const std::string& name, const CoordinatorSpec& spec,
+    const Clock& clock, std::string& warning);
 
-// What the server would refuse of the coordinator `spec` before connecting to it: the checks
-// its backends make of their options when make_coordinator() opens it and when a policy first
-// asks for the interfaces of `roles` (a conninfo libpq cannot parse, a table prefix too long
-// for federation's tables), run without connecting: each problem as the backend words it
-// ("postgres: bad conninfo: ..."); empty: none. No I/O.
-[[nodiscard]] std::vector<std::string> coordinator_problems(
-    const CoordinatorSpec& spec, const std::vector<CoordinatorRole>& roles);
+class PolicyRegistry;
 
-// The same for every coordinator the config's policies use, with the roles they use it in:
-// what `sluice serve` would refuse of the config before it connects anywhere, beyond what the
-// loader checks (`sluice validate` reports them as errors).
-[[nodiscard]] std::vector<ConfigError> check_before_connecting(const SluiceConfig& config);
+// What the server would refuse of every coordinator the config's policies use, with the roles
+// they use it in, before it connects anywhere (each backend's problems()): a conninfo libpq
+// cannot parse, a table prefix too long for federation's tables, beyond what the loader checks
+// (`sluice validate` reports them as errors). No I/O.
+[[nodiscard]] std::vector<ConfigError> check_before_connecting(const SluiceConfig& config,
+                                                               const PolicyRegistry& registry);
 
 }  // namespace sluice::server

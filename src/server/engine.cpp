@@ -95,8 +95,8 @@ namespace {
 
 // The coordinators `config`'s policies use, reusing from `old` (may be null) every one whose
 // spec is unchanged.
-Status build_coordinators(const SluiceConfig& config, const Clock& clock, const PolicySet* old,
-                          PolicySet& set) {
+Status build_coordinators(const SluiceConfig& config, const PolicyRegistry& registry,
+                          const Clock& clock, const PolicySet* old, PolicySet& set) {
   for (const auto& [policy, spec] : config.policies) {
     for (const std::string& name : spec.coordinators) {
       if (set.coordinators.contains(name)) continue;
@@ -108,8 +108,12 @@ Status build_coordinators(const SluiceConfig& config, const Clock& clock, const 
           continue;
         }
       }
+      const CoordinatorBackend* backend = registry.find_backend(cs.kind);
+      if (backend == nullptr)
+        return Status(StatusCode::kInvalidArgument,
+                      "coordinator " + name + ": no coordinator backend '" + cs.kind + "'");
       std::string warning;
-      auto named = make_coordinator(name, cs, clock, warning);
+      auto named = make_coordinator(*backend, name, cs, clock, warning);
       if (!named.ok()) return named.status();
       if (!warning.empty()) set.warnings.push_back(std::move(warning));
       set.coordinators.emplace(name, std::move(named.value()));
@@ -153,7 +157,7 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
     set.settings.state_file = old->settings.state_file;
   }
   set.generation = generation;
-  if (Status s = build_coordinators(config, clock, old, set); !s.ok()) return s;
+  if (Status s = build_coordinators(config, kinds, clock, old, set); !s.ok()) return s;
   // A fleet guard built by a reload joins under an id of its own: the guard it replaces is
   // still a member until it leaves, and its leave must not take the new guard's record (and
   // share) with it. While both are members the fleet splits among one node more: safe.

@@ -48,6 +48,25 @@ std::vector<std::string> PolicyRegistry::kind_names() const {
   return out;
 }
 
+bool PolicyRegistry::add_backend(CoordinatorBackend backend) {
+  if (backend.name.empty() || !backend.connect || find_backend(backend.name) != nullptr)
+    return false;
+  backends_.push_back(std::move(backend));
+  return true;
+}
+
+const CoordinatorBackend* PolicyRegistry::find_backend(std::string_view name) const {
+  for (const CoordinatorBackend& b : backends_)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+std::vector<std::string> PolicyRegistry::coordinator_backend_names() const {
+  std::vector<std::string> out;
+  for (const CoordinatorBackend& b : backends_) out.push_back(b.name);
+  return out;
+}
+
 std::string kinds_phrase(const std::vector<std::string>& kinds) {
   if (kinds.empty()) return "no policy";
   const char first = kinds.front().front();

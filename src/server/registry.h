@@ -1,4 +1,5 @@
-// registry.h: the policy kinds a server knows, by name: each kind's families and builder.
+// registry.h: the policy kinds and coordinator backends a server knows, by name: each kind's
+// families and builder, each backend's parser and connector (coordinators.h).
 //
 // What it is: a kind is one file under src/server/policies/ that defines `PolicyKind
 // <name>_kind()`: its config parser (the loader calls it for the kind's section and the kind
@@ -161,11 +162,21 @@ class PolicyRegistry final : public PolicyKinds {
   // (&PolicyKindParser::rate_family or &PolicyKindParser::admit_family).
   [[nodiscard]] std::vector<std::string> kinds_of(bool PolicyKindParser::*family) const;
 
+  // Adds a coordinator backend; false (and nothing changes) when one of that name is
+  // registered already.
+  bool add_backend(CoordinatorBackend backend);
+  [[nodiscard]] const CoordinatorBackend* find_backend(std::string_view name) const;
+
   // PolicyKinds (what the config loader asks).
   [[nodiscard]] const PolicyKindParser* parser(std::string_view kind) const override {
     return find(kind);
   }
   [[nodiscard]] std::vector<std::string> kind_names() const override;
+  [[nodiscard]] const CoordinatorBackendParser* coordinator_backend(
+      std::string_view kind) const override {
+    return find_backend(kind);
+  }
+  [[nodiscard]] std::vector<std::string> coordinator_backend_names() const override;
 
   // Every kind's HTTP routes, and its gRPC method named `name` (null: none).
   [[nodiscard]] const Router& router() const noexcept { return router_; }
@@ -176,11 +187,12 @@ class PolicyRegistry final : public PolicyKinds {
   [[nodiscard]] const Method* method(std::string_view name) const;
   [[nodiscard]] const std::vector<Method>& methods() const noexcept { return methods_; }
 
-  // The kinds sluice ships (policies/builtin.cpp).
+  // The kinds and coordinator backends sluice ships (policies/builtin.cpp).
   [[nodiscard]] static const PolicyRegistry& builtin();
 
  private:
   std::vector<PolicyKind> kinds_;
+  std::vector<CoordinatorBackend> backends_;
   Router router_;
   std::vector<Method> methods_;
 };

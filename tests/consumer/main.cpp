@@ -37,9 +37,17 @@ class OneKind final : public sluice::PolicyKinds {
     return kind == kind_.name ? &kind_ : nullptr;
   }
   std::vector<std::string> kind_names() const override { return {kind_.name}; }
+  // One coordinator backend: `kind: memory`, no settings of its own.
+  const sluice::CoordinatorBackendParser* coordinator_backend(
+      std::string_view kind) const override {
+    return kind == memory_.name ? &memory_ : nullptr;
+  }
+  std::vector<std::string> coordinator_backend_names() const override { return {memory_.name}; }
 
  private:
   sluice::PolicyKindParser kind_;
+  sluice::CoordinatorBackendParser memory_{.name = "memory",
+                                           .roles = {sluice::CoordinatorRole::kConcurrency}};
 };
 
 int main() {

@@ -129,8 +129,9 @@ policies:
               "coordinator, which cannot hold a regional escrow (the regional pool) (name a "
               "memory or redis coordinator)");
   }
-  EXPECT_TRUE(serves(CoordinatorSpec::Kind::kRedis, CoordinatorRole::kRegionalEscrow));
-  EXPECT_TRUE(serves(CoordinatorSpec::Kind::kPostgres, CoordinatorRole::kRateBudget));
+  const server::PolicyRegistry& builtin = server::PolicyRegistry::builtin();
+  EXPECT_TRUE(builtin.find_backend("redis")->serves(CoordinatorRole::kRegionalEscrow));
+  EXPECT_TRUE(builtin.find_backend("postgres")->serves(CoordinatorRole::kRateBudget));
 }
 
 // The table says what the server offers: a PostgreSQL coordinator has no regional pool, the
@@ -145,11 +146,14 @@ policies:
   ASSERT_TRUE(load.config.has_value()) << errors_of(load);
   for (const auto& [name, spec] : load.config->coordinators) {
     std::string warning;
-    auto c = server::make_coordinator(name, spec, SteadyClock::instance(), warning);
+    const server::CoordinatorBackend* backend =
+        server::PolicyRegistry::builtin().find_backend(spec.kind);
+    ASSERT_NE(backend, nullptr) << name;
+    auto c = server::make_coordinator(*backend, name, spec, SteadyClock::instance(), warning);
     ASSERT_TRUE(c.ok()) << name << ": " << c.status().message();
     auto pool = c.value()->get<RegionalEscrow>();
     ASSERT_TRUE(pool.ok()) << name << ": " << pool.status().message();
-    EXPECT_EQ(pool.value() != nullptr, serves(spec.kind, CoordinatorRole::kRegionalEscrow)) << name;
+    EXPECT_EQ(pool.value() != nullptr, backend->serves(CoordinatorRole::kRegionalEscrow)) << name;
   }
 }
 
@@ -194,7 +198,8 @@ policies:
 )yaml");
   ASSERT_TRUE(load.config.has_value()) << errors_of(load);
   std::map<std::string, std::string> by_path;
-  for (const ConfigError& e : server::check_before_connecting(*load.config))
+  for (const ConfigError& e :
+       server::check_before_connecting(*load.config, server::PolicyRegistry::builtin()))
     by_path[e.path] += e.message;
   ASSERT_EQ(by_path.size(), 2u);
   EXPECT_NE(by_path["coordinators.conn"].find("postgres: bad conninfo"), std::string::npos)

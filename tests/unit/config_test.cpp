@@ -100,15 +100,20 @@ TEST(Config, ReadsEveryKindOfPolicyAndCoordinator) {
   EXPECT_EQ(c.server.admin_token, "s3cret");
   ASSERT_EQ(c.coordinators.size(), 3u);  // main, pg and the embedded memory one
   const CoordinatorSpec& main = c.coordinators.at("main");
-  EXPECT_EQ(main.kind, CoordinatorSpec::Kind::kRedis);
-  EXPECT_EQ(main.redis.host, "redis.internal");
-  EXPECT_EQ(main.redis.port, 6380);
-  EXPECT_EQ(main.redis.database, 2);
-  EXPECT_EQ(main.redis.connect_timeout, std::chrono::milliseconds(250));
+  EXPECT_EQ(main.kind, "redis");
+  const RedisOptions* redis = main.options_as<RedisOptions>();
+  ASSERT_NE(redis, nullptr);
+  EXPECT_EQ(redis->host, "redis.internal");
+  EXPECT_EQ(redis->port, 6380);
+  EXPECT_EQ(redis->database, 2);
+  EXPECT_EQ(redis->connect_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(main.rules.aggregate, Aggregate::kMin);
   EXPECT_EQ(main.rules.allocation, Allocation::kDemandProportional);
   EXPECT_TRUE(main.rules.acknowledged_handoff);
-  EXPECT_EQ(c.coordinators.at("pg").postgres.conninfo, "host=db sslmode=require");
+  ASSERT_NE(c.coordinators.at("pg").options_as<PostgresOptions>(), nullptr);
+  EXPECT_EQ(c.coordinators.at("pg").options_as<PostgresOptions>()->conninfo,
+            "host=db sslmode=require");
+  EXPECT_EQ(c.coordinators.at("pg").options_as<RedisOptions>(), nullptr);
 
   const auto& rate = *c.policies.at("api-rate").as<server::RateSpec>();
   EXPECT_EQ(rate.rule.strategy, RateStrategy::kSlidingWindow);

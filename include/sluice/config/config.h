@@ -26,14 +26,13 @@
 //     # (restart_only_changes); it takes the rest.
 //   coordinators:                # optional; "memory" (embedded) always exists
 //     <name>:
-//       kind: memory | redis | postgres
-//       # redis:    address (host:port, default 127.0.0.1:6379), username, password,
-//       #           database (default 0), key_prefix (default "sluice:fleet:")
-//       # postgres: conninfo (libpq; sslmode passes through), table_prefix (default
-//       #           sluice_fleet; [a-z_][a-z0-9_]*, at most 57 characters; a federated policy
-//       #           on it adds "_fed", which must fit federation's 55); no regional_escrow
-//       # A policy's use of a coordinator is checked against its kind (serves()), and no two
-//       # fleet policies may join one coordinator under one key (CoordinatorUse).
+//       kind: <a coordinator backend>  # the backends the loader is given (PolicyKinds); each
+//                                      # parses its own fields (sluice's: memory, redis and
+//                                      # postgres, src/server/coordinators/*.cpp, documented in
+//                                      # config/example.yaml)
+//       # A policy's use of a coordinator is checked against the roles its backend serves
+//       # (CoordinatorBackendParser::serves), and no two fleet policies may join one
+//       # coordinator's store under one key (CoordinatorUse).
 //       aggregate: median | min                                  # default median
 //       allocation: equal-split | demand-proportional            # default equal-split
 //       acknowledged_handoff: true | false                       # default false
@@ -50,6 +49,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -115,15 +115,6 @@ struct RestartOnlyChange {
 [[nodiscard]] std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& running,
                                                                   const ServerSettings& next);
 
-struct CoordinatorSpec {
-  enum class Kind : std::uint8_t { kMemory, kRedis, kPostgres };
-  Kind kind = Kind::kMemory;
-  CoordinatorConfig rules;
-  RedisOptions redis;
-  PostgresOptions postgres;
-  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
-};
-
 // What a policy asks of a coordinator it names.
 enum class CoordinatorRole : std::uint8_t {
   kConcurrency,     // the fleet's concurrency interface (sluice/core/coordinator.h)
@@ -131,12 +122,42 @@ enum class CoordinatorRole : std::uint8_t {
   kRegionalEscrow,  // federation's regional pool (sluice/core/regional_escrow.h)
   kSharedRules,     // a throttler's rules set at run time (sluice/backends/shared_rules.h)
 };
-// Whether a coordinator of `kind` serves `role`: every kind serves the concurrency, rate-budget
-// and shared-rules interfaces; the regional pool runs on memory and Redis, not on PostgreSQL (the
-// server offers each coordinator's interfaces by this table, server/coordinators.h).
-[[nodiscard]] bool serves(CoordinatorSpec::Kind kind, CoordinatorRole role) noexcept;
-// "memory", "redis", "postgres".
-[[nodiscard]] std::string_view kind_name(CoordinatorSpec::Kind kind) noexcept;
+
+// A coordinator of the config: its backend (`kind:`), the fleet's rules, and the backend's own
+// settings as its parser read them.
+struct CoordinatorSpec {
+  std::string kind = "memory";  // the backend's name, as in the file
+  CoordinatorConfig rules;      // aggregate, allocation, acknowledged_handoff
+  std::any options;             // the backend's own settings (RedisOptions, PostgresOptions...)
+  // Where it keeps its data: two coordinators with one store share one set of member records
+  // (one Redis database and key prefix, one PostgreSQL conninfo and table prefix). Empty: its
+  // own (each memory coordinator).
+  std::string store;
+  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+
+  // The backend's settings as its type; null when they are of another type (another backend).
+  template <class Options>
+  [[nodiscard]] const Options* options_as() const noexcept {
+    return std::any_cast<Options>(&options);
+  }
+};
+
+// How the loader reads one coordinator backend's section (the server's registry gives them:
+// server/coordinator_backend.h).
+struct CoordinatorBackendParser {
+  std::string name;                    // the `kind:` it reads
+  std::vector<CoordinatorRole> roles;  // the interfaces a coordinator of it serves
+  std::vector<std::string_view> keys;  // its own keys, beyond kind and the fleet's rules
+  // Reads its own keys of the section into spec.options and spec.store; errors go to the
+  // section. Null: it has none (options stay empty, the store is the coordinator's own).
+  std::function<void(ConfigSection& section, CoordinatorSpec& spec)> parse;
+
+  [[nodiscard]] bool serves(CoordinatorRole role) const noexcept {
+    for (CoordinatorRole r : roles)
+      if (r == role) return true;
+    return false;
+  }
+};
 
 // One use of a coordinator by a policy (PolicySpec::use).
 struct CoordinatorUse {
@@ -198,13 +219,18 @@ struct PolicyKindParser {
       parse;
 };
 
-// The policy kinds a load knows.
+// The policy kinds and coordinator backends a load knows.
 class PolicyKinds {
  public:
   virtual ~PolicyKinds() = default;
   [[nodiscard]] virtual const PolicyKindParser* parser(std::string_view kind) const = 0;
   // Every kind's name, in the order messages list them.
   [[nodiscard]] virtual std::vector<std::string> kind_names() const = 0;
+  // The coordinator backend named `kind` (a coordinator's `kind:`); null: none.
+  [[nodiscard]] virtual const CoordinatorBackendParser* coordinator_backend(
+      std::string_view kind) const = 0;
+  // Every backend's name, in the order messages list them.
+  [[nodiscard]] virtual std::vector<std::string> coordinator_backend_names() const = 0;
 };
 
 struct SluiceConfig {
