@@ -187,7 +187,7 @@ class Simulation {
   // Picks the call's node and takes a permit there; false when refused.
   bool take(Call& call) {
     if (cascade_) {
-      StatusOr<CascadeLease> lease = cascade_->acquire();
+      CascadeResult<CascadeLease> lease = cascade_->acquire();
       if (!lease.ok()) return false;
       call.node = index_of(lease.value().node());
       call.lease.emplace(std::move(lease.value()));

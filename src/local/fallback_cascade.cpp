@@ -267,7 +267,28 @@ FallbackCascade::Load FallbackCascade::load() const noexcept {
   return out;
 }
 
-StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exclude) {
+std::string CascadeRefusal::message() const {
+  std::string why = tried == 0 && open == 0
+                        ? "cascade: every node is excluded ("
+                        : (open > 0 ? "cascade: every node is at its concurrency limit or open ("
+                                    : "cascade: every node is at its concurrency limit (");
+  why += std::to_string(tried);
+  why += " tried";
+  if (open > 0) {
+    why += ", ";
+    why += std::to_string(open);
+    why += " with an open circuit breaker";
+  }
+  if (excluded > 0) {
+    why += ", ";
+    why += std::to_string(excluded);
+    why += " excluded";
+  }
+  why += ")";
+  return why;
+}
+
+CascadeResult<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exclude) {
   const std::shared_ptr<const Nodes> nodes = this->nodes();
   const Nanos now = clock_.now();
   thread_local std::vector<double> weights, rates;
@@ -345,24 +366,7 @@ StatusOr<CascadeLease> FallbackCascade::acquire(std::span<const std::string> exc
       if (*i != revived)
         if (std::optional<CascadeLease> l = attempt(*i)) return std::move(*l);
   }
-  std::string why = tried == 0 && open == 0
-                        ? "cascade: every node is excluded ("
-                        : (open > 0 ? "cascade: every node is at its concurrency limit or open ("
-                                    : "cascade: every node is at its concurrency limit (");
-  why += std::to_string(tried);
-  why += " tried";
-  if (open > 0) {
-    why += ", ";
-    why += std::to_string(open);
-    why += " with an open circuit breaker";
-  }
-  if (skipped > 0) {
-    why += ", ";
-    why += std::to_string(skipped);
-    why += " excluded";
-  }
-  why += ")";
-  return Status(StatusCode::kResourceExhausted, std::move(why));
+  return CascadeRefusal{.tried = tried, .open = open, .excluded = skipped};
 }
 
 std::vector<CascadeNodeState> FallbackCascade::state() const {

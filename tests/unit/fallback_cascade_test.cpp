@@ -47,7 +47,7 @@ struct Fixture {
     std::map<std::string, int> picks;
     for (int i = 0; i < n; ++i) {
       auto lease = c.acquire();
-      EXPECT_TRUE(lease.ok()) << lease.status().to_string();
+      EXPECT_TRUE(lease.ok()) << lease.refusal().message();
       if (!lease.ok()) break;
       ++picks[lease.value().node()];
       lease.value().finish(outcome(lease.value().node()), milliseconds(2));
@@ -97,13 +97,13 @@ TEST(FallbackCascade, AFullNodeIsSkippedAndEveryNodeFullFailsFast) {
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_NE(first.value().node(), second.value().node());  // the first took one, the other left
   auto third = c.acquire();
-  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_EQ(third.status().message(), "cascade: every node is at its concurrency limit (2 tried)");
+  EXPECT_FALSE(third.ok());
+  EXPECT_EQ(third.refusal().message(), "cascade: every node is at its concurrency limit (2 tried)");
   // Excluding the node a caller already tried.
   first.value().finish(CascadeOutcome::kSuccess);
   const std::string tried[] = {first.value().node()};
   auto retry = c.acquire(tried);
-  EXPECT_EQ(retry.status().message(),
+  EXPECT_EQ(retry.refusal().message(),
             "cascade: every node is at its concurrency limit (1 tried, 1 excluded)");
   auto again = c.acquire();
   ASSERT_TRUE(again.ok());
@@ -168,7 +168,7 @@ TEST(FallbackCascade, ANodeSetChangeKeepsKnownNodesAndStartsNewOnesClean) {
     ASSERT_EQ(l.value().node(), "a");
     on_a.push_back(std::move(l.value()));
   }
-  StatusOr<CascadeLease> held = c.acquire();
+  CascadeResult<CascadeLease> held = c.acquire();
   ASSERT_TRUE(held.ok() && held.value().node() == "b");
   c.set_nodes(f.specs({{"a", 10}, {"c", 10}}));
   const std::vector<CascadeNodeState> s = c.state();
@@ -212,7 +212,7 @@ TEST(FallbackCascade, ANodeAddedBackWhileItsCallsRunIsTheSameNodeAndItsLimitHold
   EXPECT_EQ(a_guard->in_flight(), 8u);
   const auto refused = c.acquire(not_b);
   EXPECT_FALSE(refused.ok());  // 8 of 8: not 8 more
-  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(refused.ok());
   const std::vector<CascadeNodeState> s = c.state();
   ASSERT_EQ(s.size(), 2u);  // no longer parked
   EXPECT_EQ(s[0].in_flight, 8u);
@@ -271,7 +271,7 @@ TEST(FallbackCascade, ACallThatExcludesEveryNodeIsToldSo) {
   FallbackCascade c(f.specs({{"a", 8}, {"b", 8}}), f.clock, {}, f.draw());
   const auto r = c.acquire(std::vector<std::string>{"a", "b"});
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message(), "cascade: every node is excluded (0 tried, 2 excluded)");
+  EXPECT_EQ(r.refusal().message(), "cascade: every node is excluded (0 tried, 2 excluded)");
   auto held = c.acquire(std::vector<std::string>{"b"});
   for (int i = 1; i < 8; ++i) ASSERT_TRUE(c.acquire(std::vector<std::string>{"b"}).ok());
 }
@@ -442,8 +442,8 @@ TEST(FallbackCascade, AnOpenBreakerSkipsItsNodeWithoutTakingAPermit) {
   const std::uint64_t accepted = down->stats().accepted;
   EXPECT_EQ(accepted, 3u);
   auto refused = c.acquire();
-  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_EQ(refused.status().message(),
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(refused.refusal().message(),
             "cascade: every node is at its concurrency limit or open (1 tried, 1 with an open "
             "circuit breaker)");
   EXPECT_EQ(down->stats().accepted, accepted);  // no permit taken, not even tried
@@ -454,7 +454,7 @@ TEST(FallbackCascade, AnOpenBreakerSkipsItsNodeWithoutTakingAPermit) {
   ASSERT_TRUE(probe.ok());
   EXPECT_EQ(probe.value().node(), "down");
   EXPECT_TRUE(probe.value().probe());
-  EXPECT_EQ(c.acquire().status().code(), StatusCode::kResourceExhausted);  // one probe at once
+  EXPECT_FALSE(c.acquire().ok());  // one probe at once
   probe.value().finish(CascadeOutcome::kSuccess);
   EXPECT_EQ(c.state()[1].breaker->state, BreakerState::kClosed);
 }
@@ -473,7 +473,7 @@ TEST(FallbackCascade, HalfOpenProbesCountAgainstTheNodesLimit) {
   EXPECT_TRUE(p1.value().probe() && p2.value().probe());
   EXPECT_EQ(n->in_flight(), 2u);
   // The node's limit, not the breaker's five probes, stops the third.
-  EXPECT_EQ(c.acquire().status().message(),
+  EXPECT_EQ(c.acquire().refusal().message(),
             "cascade: every node is at its concurrency limit (1 tried)");
   p1.value().finish(CascadeOutcome::kSuccess);  // closes it
   EXPECT_EQ(c.state()[0].breaker->state, BreakerState::kClosed);
@@ -507,7 +507,7 @@ TEST(FallbackCascade, WithMostBreakersOpenItPanicsAndTheBreakersStopNoCall) {
   const std::vector<CascadeNodeState> before = c.state();
   const std::string only_open[] = {"c"};
   auto l = c.acquire(only_open);
-  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  ASSERT_TRUE(l.ok()) << l.refusal().message();
   const std::string node = l.value().node();
   EXPECT_TRUE(node == "a" || node == "b");
   l.value().finish(CascadeOutcome::kSuccess);
@@ -520,14 +520,14 @@ TEST(FallbackCascade, WithMostBreakersOpenItPanicsAndTheBreakersStopNoCall) {
   o.panic_below = 0;
   FallbackCascade strict(f.specs({{"a", 10}}), f.clock, o, f.draw());
   strict.acquire().value().finish(CascadeOutcome::kFailed);
-  EXPECT_EQ(strict.acquire().status().code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(strict.acquire().ok());
 }
 
 TEST(FallbackCascade, CallWrapsACallableAndByDefaultNeverRetries) {
   Fixture f;
   FallbackCascade c(f.specs({{"a", 10}, {"b", 10}}), f.clock, {}, f.draw());
   int calls = 0;
-  StatusOr<int> reply = c.call(
+  CascadeResult<int> reply = c.call(
       [&](std::string_view) {
         ++calls;
         return 503;
@@ -550,7 +550,7 @@ TEST(FallbackCascade, RetriesGoToOtherNodesAndStopAtTheRetryBudget) {
   FallbackCascade c(f.specs({{"a", 10}, {"b", 10}, {"c", 10}}), f.clock, o, f.draw());
   // One call: every node fails: three attempts, on three different nodes.
   std::vector<std::string> nodes;
-  StatusOr<int> r = c.call(
+  CascadeResult<int> r = c.call(
       [&](std::string_view n) {
         nodes.emplace_back(n);
         return 500;

@@ -5,10 +5,10 @@
 // circuit breaker (circuit_breaker.h). acquire() orders the nodes by a weighted random
 // permutation of their health (cascade.h: success rate, weight, order), walks that order and
 // takes a permit from the first node whose breaker lets the call through and whose guard has
-// room; when no node has, it fails fast (kResourceExhausted, saying how many nodes were tried,
-// open and excluded). An open breaker refuses without a permit being taken; a half-open one's
-// probe takes a permit like any call, so probes count against the node's limit. The caller
-// makes the call to the lease's node and finishes the lease with how it went:
+// room; when no node has, it fails fast with a refusal (CascadeRefusal, a value: how many
+// nodes were tried, open and excluded). An open breaker refuses without a permit being taken; a
+// half-open one's probe takes a permit like any call, so probes count against the node's limit. The
+// caller makes the call to the lease's node and finishes the lease with how it went:
 //   kSuccess   the guard gets the call's RTT (latency evidence); the buckets a success;
 //   kTimeout   the guard: dropped (its limit comes down); the buckets a failure;
 //   kOverload  a fast refusal by the node as overloaded (HTTP 429/503, gRPC RESOURCE_EXHAUSTED
@@ -61,11 +61,11 @@
 // Use, pick -> permit -> report:
 //   sluice::FallbackCascade cascade(nodes, sluice::SteadyClock::instance());
 //   auto lease = cascade.acquire();
-//   if (!lease.ok()) return lease.status();           // every node full: fail fast
+//   if (!lease.ok()) return shed(lease.refusal());    // every node full: fail fast
 //   auto reply = call(lease.value().node());          // the caller's own call
 //   lease.value().finish(sluice::outcome_of_http(reply.status));
 // or, wrapping a callable and how to read its reply:
-//   StatusOr<Reply> reply = cascade.call(
+//   sluice::CascadeResult<Reply> reply = cascade.call(
 //       [&](std::string_view node) { return get(node, path); },
 //       [](const Reply& r) { return sluice::outcome_of_http(r.status); });
 //
@@ -87,7 +87,6 @@
 
 #include "sluice/core/cascade.h"
 #include "sluice/core/clock.h"
-#include "sluice/core/status.h"
 #include "sluice/local/adaptive_guard.h"
 #include "sluice/local/cascade_stats.h"
 #include "sluice/local/circuit_breaker.h"
@@ -226,6 +225,38 @@ class [[nodiscard]] CascadeLease {
   CircuitBreaker::Ticket ticket_;
 };
 
+// Why the cascade made no call: no node had room. A decision, not an error (status.h): it is
+// the caller's to answer (a 503, a shed call), never a failure to decide.
+struct CascadeRefusal {
+  std::size_t tried = 0;     // nodes whose guard had no room
+  std::size_t open = 0;      // nodes an open circuit breaker refused
+  std::size_t excluded = 0;  // nodes the caller excluded
+  // "cascade: every node is at its concurrency limit or open (2 tried, 1 with an open circuit
+  // breaker, 1 excluded)"; "cascade: every node is excluded (0 tried, 2 excluded)".
+  [[nodiscard]] std::string message() const;
+};
+
+// What the cascade gives: a T (a lease from acquire(), a reply from call()), or its refusal.
+template <typename T>
+class [[nodiscard]] CascadeResult {
+ public:
+  CascadeResult(T value) : value_(std::move(value)) {}          // NOLINT: implicit, as a value
+  CascadeResult(CascadeRefusal refusal) : refusal_(refusal) {}  // NOLINT: likewise
+
+  // Whether it holds a T; else refusal() says why not.
+  [[nodiscard]] bool ok() const noexcept { return value_.has_value(); }
+  // The T; ok() must be true.
+  [[nodiscard]] T& value() & { return *value_; }
+  [[nodiscard]] const T& value() const& { return *value_; }
+  [[nodiscard]] T&& value() && { return std::move(*value_); }
+  // The refusal; meaningful when !ok().
+  [[nodiscard]] const CascadeRefusal& refusal() const noexcept { return refusal_; }
+
+ private:
+  std::optional<T> value_;
+  CascadeRefusal refusal_;
+};
+
 // A node's state, for metrics and tests.
 struct CascadeNodeState {
   std::string name;
@@ -250,19 +281,19 @@ class FallbackCascade {
                   const FallbackCascade* previous = nullptr);
 
   // A permit on the first node of the order whose breaker lets a call through and whose guard
-  // has room, skipping the nodes named in `exclude` (those a caller already tried);
-  // kResourceExhausted when none has.
-  [[nodiscard]] StatusOr<CascadeLease> acquire(std::span<const std::string> exclude = {});
+  // has room, skipping the nodes named in `exclude` (those a caller already tried); the
+  // refusal when none has.
+  [[nodiscard]] CascadeResult<CascadeLease> acquire(std::span<const std::string> exclude = {});
 
   // Picks, calls `f(node_name)` -> R, reads the outcome with `classify(const R&)` and finishes
   // the lease with it (kFailed if `f` throws, rethrown). A failed call is retried on another
   // node while retry.max_attempts and the retry budget allow. Returns the last reply, or the
   // refusal when no node had room for the first attempt.
   template <typename F, typename C>
-  auto call(F&& f, C&& classify) -> StatusOr<std::invoke_result_t<F&, std::string_view>>;
-  // The same with `f` returning the CascadeOutcome itself: OK, or the refusal.
+  auto call(F&& f, C&& classify) -> CascadeResult<std::invoke_result_t<F&, std::string_view>>;
+  // The same with `f` returning the CascadeOutcome itself: the last outcome, or the refusal.
   template <typename F>
-  Status call(F&& f);
+  CascadeResult<CascadeOutcome> call(F&& f);
 
   // For callers that retry by themselves: counts a first attempt / spends a retry from the
   // budget (false: make no retry). call() does both itself.
@@ -319,7 +350,7 @@ class FallbackCascade {
 
 template <typename F, typename C>
 auto FallbackCascade::call(F&& f, C&& classify)
-    -> StatusOr<std::invoke_result_t<F&, std::string_view>> {
+    -> CascadeResult<std::invoke_result_t<F&, std::string_view>> {
   using R = std::invoke_result_t<F&, std::string_view>;
   std::optional<R> last;
   std::vector<std::string> tried;
@@ -331,7 +362,7 @@ auto FallbackCascade::call(F&& f, C&& classify)
     auto lease = acquire(tried);
     if (!lease.ok()) {
       if (last) break;
-      return lease.status();
+      return lease.refusal();
     }
     CascadeOutcome outcome;
     try {
@@ -349,9 +380,8 @@ auto FallbackCascade::call(F&& f, C&& classify)
 }
 
 template <typename F>
-Status FallbackCascade::call(F&& f) {
-  StatusOr<CascadeOutcome> r = call(f, [](CascadeOutcome o) { return o; });
-  return r.ok() ? Status() : r.status();
+CascadeResult<CascadeOutcome> FallbackCascade::call(F&& f) {
+  return call(f, [](CascadeOutcome o) { return o; });
 }
 
 }  // namespace sluice

@@ -130,7 +130,7 @@ class CascadePolicy final : public AdmitPolicy {
     if (!go_on.ok()) return go_on.status();
     if (!go_on.value()) return out;
     const std::shared_ptr<FallbackCascade> cascade = this->cascade();
-    StatusOr<CascadeLease> lease = cascade->acquire(call.exclude);
+    CascadeResult<CascadeLease> lease = cascade->acquire(call.exclude);
     if (lease.ok()) {
       out.chosen = lease.value().node();
       out.permit = this->lease(CascadePermit{std::move(lease.value())});
@@ -148,7 +148,7 @@ class CascadePolicy final : public AdmitPolicy {
     r.current_in_flight = load.in_flight;
     r.max_concurrent = load.limit;
     r.retry_after = std::chrono::seconds(1);
-    r.detail_text = "Policy " + name() + ": " + std::string(lease.status().message());
+    r.detail_text = "Policy " + name() + ": " + lease.refusal().message();
     out.refusal = std::move(r);
     out.refusal_owner = shared_from_this();
     return out;
