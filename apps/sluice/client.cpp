@@ -252,25 +252,12 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
 int run_release(const ClientOptions& o, const ReleaseArgs& a) {
   pb::ReleaseRequest req;
   req.set_lease_id(a.lease_id);
-  if (a.outcome == "success") {
-    req.set_outcome(pb::OUTCOME_SUCCESS);
-  } else if (a.outcome == "dropped") {
-    req.set_outcome(pb::OUTCOME_DROPPED);
-  } else if (a.outcome == "ignored") {
-    req.set_outcome(pb::OUTCOME_IGNORED);
-  } else if (a.outcome == "failed") {
-    req.set_outcome(pb::OUTCOME_FAILED);
-  } else if (a.outcome == "timeout") {
-    req.set_outcome(pb::OUTCOME_TIMEOUT);
-  } else if (a.outcome == "overload") {
-    req.set_outcome(pb::OUTCOME_OVERLOAD);
-  } else {
-    fmt::print(stderr,
-               "sluice: --outcome: must be success, dropped, timeout, overload, ignored or failed, "
-               "not '{}'\n",
-               a.outcome);
+  const StatusOr<server::CallResult> outcome = transport::call_result_of(a.outcome, "--outcome");
+  if (!outcome.ok()) {
+    fmt::print(stderr, "sluice: {}\n", outcome.status().message());
     return 2;
   }
+  req.set_outcome(transport::to_proto(outcome.value()));
   std::optional<Nanos> rtt;
   if (!duration_arg(a.rtt, "rtt", rtt)) return 2;
   if (rtt) to_proto(*rtt, req.mutable_rtt());

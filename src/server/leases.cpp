@@ -18,6 +18,10 @@ std::string_view to_string(CallResult r) noexcept {
       return "ignored";
     case CallResult::kFailed:
       return "failed";
+    case CallResult::kTimeout:
+      return "timeout";
+    case CallResult::kOverload:
+      return "overload";
   }
   return "unknown";
 }

@@ -7,9 +7,12 @@
 // shutdown. The lease table and the engine know nothing else about it, so a new kind needs no
 // edit to either.
 //
-// CallResult is richer than the guards' Outcome: kFailed is a call that failed for a reason
-// that says nothing about overload (a 500, a bad request). It is no latency evidence (an
-// adaptive limit treats it as ignored) but it is a health signal for kinds that track one.
+// CallResult is the one outcome vocabulary every transport carries and every kind reads for
+// itself, richer than the guards' Outcome: kTimeout and kOverload say how a call was dropped (a
+// cascade tells its nodes which; an adaptive limit, to_outcome() below, sees a drop either way),
+// and kFailed is a call that failed for a reason that says nothing about overload (a 500, a bad
+// request): no latency evidence (an adaptive limit treats it as ignored) but a health signal for
+// kinds that track one.
 //
 // A kind's permit lives inline (no allocation): it must fit kInlineBytes, be nothrow movable
 // and have `void finish(const CallEnd&) noexcept`. A larger one boxes itself.
@@ -31,13 +34,15 @@
 namespace sluice::server {
 
 enum class CallResult : std::uint8_t {
-  kSuccess,  // the call finished: its RTT is latency evidence
-  kDropped,  // the backend was overloaded (a timeout, a 503): the limit comes down
-  kIgnored,  // says nothing about the backend (the client gave up, was cancelled)
-  kFailed,   // failed, but not from overload: no latency evidence, a health signal
+  kSuccess,   // the call finished: its RTT is latency evidence
+  kDropped,   // the backend was overloaded (a timeout, a 503): the limit comes down
+  kIgnored,   // says nothing about the backend (the client gave up, was cancelled)
+  kFailed,    // failed, but not from overload: no latency evidence, a health signal
+  kTimeout,   // dropped: the call timed out
+  kOverload,  // dropped: the backend refused it as overloaded, fast (a 429, a 503)
 };
 
-// "success", "dropped", "ignored", "failed".
+// "success", "dropped", "ignored", "failed", "timeout", "overload".
 [[nodiscard]] std::string_view to_string(CallResult r) noexcept;
 
 // What an adaptive limit learns from a call: kFailed says nothing about overload or latency.
@@ -46,6 +51,8 @@ enum class CallResult : std::uint8_t {
     case CallResult::kSuccess:
       return Outcome::kSuccess;
     case CallResult::kDropped:
+    case CallResult::kTimeout:
+    case CallResult::kOverload:
       return Outcome::kDropped;
     case CallResult::kIgnored:
     case CallResult::kFailed:

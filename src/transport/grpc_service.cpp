@@ -50,27 +50,6 @@ CheckCall call_of(const pb::CheckRequest& r) {
   return CheckCall{r.policy(), r.key(), r.has_hits() ? r.hits() : 1};
 }
 
-// An enum value this server does not know (a newer client's) is an error, not a success whose
-// RTT would mislead the limit algorithm.
-StatusOr<server::CallResult> outcome_of(pb::Outcome o) {
-  switch (o) {
-    case pb::OUTCOME_UNSPECIFIED:
-    case pb::OUTCOME_SUCCESS:
-      return server::CallResult::kSuccess;
-    case pb::OUTCOME_DROPPED:
-    case pb::OUTCOME_TIMEOUT:
-    case pb::OUTCOME_OVERLOAD:
-      return server::CallResult::kDropped;
-    case pb::OUTCOME_IGNORED:
-      return server::CallResult::kIgnored;
-    case pb::OUTCOME_FAILED:
-      return server::CallResult::kFailed;
-    default:
-      return Status(StatusCode::kInvalidArgument,
-                    "outcome: unknown value " + std::to_string(static_cast<int>(o)));
-  }
-}
-
 // Protobuf logs a string field that is not valid UTF-8 as it refuses the message. That is the
 // client's error, answered to the client (undecodable() names the field), and not logged: a
 // client could fill the log with it. Everything else protobuf logs goes to stderr as before.
@@ -343,7 +322,7 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
   const auto status = [&]() -> Status {
     auto rtt = get_duration(req.has_rtt(), req.rtt(), "rtt");
     if (!rtt.ok()) return rtt.status();
-    const auto outcome = outcome_of(req.outcome());
+    const auto outcome = call_result_of(req.outcome());
     if (!outcome.ok()) return outcome.status();
     auto held = engine_.release(req.lease_id(), outcome.value(), rtt.value());
     if (held.ok()) to_proto(held.value(), call->resp.mutable_held());

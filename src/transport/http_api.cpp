@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "server/json_text.h"
+#include "transport/wire.h"
 
 namespace sluice::transport {
 
@@ -356,20 +357,10 @@ void do_release(Engine& engine, HttpExchange& x) {
   const std::string_view outcome = f.str("outcome");
   const std::optional<Nanos> rtt = f.millis("rtt_ms");
   if (!f.status().ok()) return error(x, f.status());
-  server::CallResult o = server::CallResult::kSuccess;
-  // timeout and overload: what a cascade's caller reports; to a limit both are a drop.
-  if (outcome == "dropped" || outcome == "timeout" || outcome == "overload")
-    o = server::CallResult::kDropped;
-  else if (outcome == "ignored")
-    o = server::CallResult::kIgnored;
-  else if (outcome == "failed")
-    o = server::CallResult::kFailed;
-  else if (!outcome.empty() && outcome != "success")
-    return error(
-        x, Status(StatusCode::kInvalidArgument,
-                  "outcome: must be success, dropped, timeout, overload, ignored or failed, not '" +
-                      std::string(outcome) + "'"));
-  auto held = engine.release(lease, o, rtt);
+  const StatusOr<server::CallResult> o =
+      outcome.empty() ? server::CallResult::kSuccess : call_result_of(outcome);
+  if (!o.ok()) return error(x, o.status());
+  auto held = engine.release(lease, o.value(), rtt);
   if (!held.ok()) return error(x, held.status());
   ok_json(x, {{"released", true}, {"held_ms", ms_of(held.value())}});
 }

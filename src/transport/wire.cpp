@@ -1,5 +1,8 @@
 #include "transport/wire.h"
 
+#include <string>
+#include <utility>
+
 namespace sluice::transport {
 
 void to_proto(Nanos n, google::protobuf::Duration* d) {
@@ -42,6 +45,66 @@ grpc::Status to_grpc(const Status& s) {
       break;
   }
   return {grpc::StatusCode::INTERNAL, s.message()};
+}
+
+namespace {
+
+// The words, in the order an error lists them.
+constexpr std::pair<std::string_view, server::CallResult> kOutcomeWords[] = {
+    {"success", server::CallResult::kSuccess}, {"dropped", server::CallResult::kDropped},
+    {"timeout", server::CallResult::kTimeout}, {"overload", server::CallResult::kOverload},
+    {"ignored", server::CallResult::kIgnored}, {"failed", server::CallResult::kFailed},
+};
+
+}  // namespace
+
+StatusOr<server::CallResult> call_result_of(std::string_view word, std::string_view field) {
+  for (const auto& [w, r] : kOutcomeWords)
+    if (w == word) return r;
+  std::string message(field);
+  message += ": must be success, dropped, timeout, overload, ignored or failed, not '";
+  message += word;
+  message += "'";
+  return Status(StatusCode::kInvalidArgument, std::move(message));
+}
+
+StatusOr<server::CallResult> call_result_of(v1::Outcome o) {
+  switch (o) {
+    case v1::OUTCOME_UNSPECIFIED:
+    case v1::OUTCOME_SUCCESS:
+      return server::CallResult::kSuccess;
+    case v1::OUTCOME_DROPPED:
+      return server::CallResult::kDropped;
+    case v1::OUTCOME_TIMEOUT:
+      return server::CallResult::kTimeout;
+    case v1::OUTCOME_OVERLOAD:
+      return server::CallResult::kOverload;
+    case v1::OUTCOME_IGNORED:
+      return server::CallResult::kIgnored;
+    case v1::OUTCOME_FAILED:
+      return server::CallResult::kFailed;
+    default:
+      return Status(StatusCode::kInvalidArgument,
+                    "outcome: unknown value " + std::to_string(static_cast<int>(o)));
+  }
+}
+
+v1::Outcome to_proto(server::CallResult r) noexcept {
+  switch (r) {
+    case server::CallResult::kSuccess:
+      return v1::OUTCOME_SUCCESS;
+    case server::CallResult::kDropped:
+      return v1::OUTCOME_DROPPED;
+    case server::CallResult::kTimeout:
+      return v1::OUTCOME_TIMEOUT;
+    case server::CallResult::kOverload:
+      return v1::OUTCOME_OVERLOAD;
+    case server::CallResult::kIgnored:
+      return v1::OUTCOME_IGNORED;
+    case server::CallResult::kFailed:
+      return v1::OUTCOME_FAILED;
+  }
+  return v1::OUTCOME_UNSPECIFIED;
 }
 
 }  // namespace sluice::transport

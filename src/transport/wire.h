@@ -1,7 +1,9 @@
 // wire.h: what the gRPC API's encoding means, shared by the server's service and the CLI.
 //
 // What it is: durations to and from google.protobuf.Duration (with the encoding of "never"),
-// and the mapping of sluice's status codes to gRPC's.
+// the mapping of sluice's status codes to gRPC's, and the outcome vocabulary (server::CallResult)
+// as each transport spells it: the API's Outcome enum, and the words of HTTP's JSON and the
+// CLI's --outcome.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -10,9 +12,12 @@
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
+#include <string_view>
 
+#include "server/permit.h"
 #include "sluice/core/clock.h"
 #include "sluice/core/status.h"
+#include "sluice/v1/sluice.pb.h"
 
 namespace sluice::transport {
 
@@ -28,5 +33,15 @@ void to_proto(Nanos n, google::protobuf::Duration* d);
 
 // Maps an Engine status to its gRPC status.
 [[nodiscard]] grpc::Status to_grpc(const Status& s);
+
+// The outcome a word names ("success", "dropped", "timeout", "overload", "ignored", "failed");
+// an error naming `field` and the words otherwise.
+[[nodiscard]] StatusOr<server::CallResult> call_result_of(std::string_view word,
+                                                          std::string_view field = "outcome");
+// The outcome an API enum value names (unspecified is success); an error for a value this
+// server does not know (a newer client's), not a success whose RTT would mislead a limit.
+[[nodiscard]] StatusOr<server::CallResult> call_result_of(v1::Outcome o);
+// The API's enum value of an outcome.
+[[nodiscard]] v1::Outcome to_proto(server::CallResult r) noexcept;
 
 }  // namespace sluice::transport

@@ -94,7 +94,11 @@ struct CascadePermit {
           o = CascadeOutcome::kSuccess;
           break;
         case CallResult::kDropped:
-          o = CascadeOutcome::kTimeout;  // the same to a node's limit and health as overload
+        case CallResult::kTimeout:
+          o = CascadeOutcome::kTimeout;  // a drop that says no more: as a timeout
+          break;
+        case CallResult::kOverload:
+          o = CascadeOutcome::kOverload;
           break;
         case CallResult::kFailed:
           o = CascadeOutcome::kFailed;
