@@ -94,9 +94,9 @@ struct CoordinatorBackend : CoordinatorBackendParser {
       const std::string& name, const CoordinatorSpec& spec, const Clock& clock,
       std::string& warning)>
       connect;
-  // Offers the other interfaces of `roles`' kinds it serves on `named` (lazily where they
-  // connect: a policy's first ask connects them), each timed into named.stats but the shared
-  // rules.
+  // Offers its other interfaces (those of the roles it serves beyond the fleet's) on `named`,
+  // lazily where they connect (a policy's first ask connects them), each timed into
+  // named.stats but the shared rules. Null: it serves no other.
   std::function<void(const CoordinatorSpec& spec, const Clock& clock, NamedCoordinator& named)>
       offer;
   // What connect() and the interfaces of `roles` would refuse of the spec's options, without

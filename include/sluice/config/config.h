@@ -28,8 +28,8 @@
 //     <name>:
 //       kind: <a coordinator backend>  # the backends the loader is given (PolicyKinds); each
 //                                      # parses its own fields (sluice's: memory, redis and
-//                                      # postgres, src/server/coordinators/*.cpp, documented in
-//                                      # config/example.yaml)
+//                                      # postgres, src/server/coordinators/*.cpp, each file's
+//                                      # settings listed at its top)
 //       # A policy's use of a coordinator is checked against the roles its backend serves
 //       # (CoordinatorBackendParser::serves), and no two fleet policies may join one
 //       # coordinator's store under one key (CoordinatorUse).

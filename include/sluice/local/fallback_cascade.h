@@ -240,8 +240,9 @@ struct CascadeRefusal {
 template <typename T>
 class [[nodiscard]] CascadeResult {
  public:
-  CascadeResult(T value) : value_(std::move(value)) {}          // NOLINT: implicit, as a value
-  CascadeResult(CascadeRefusal refusal) : refusal_(refusal) {}  // NOLINT: likewise
+  // Implicit, as a value: `return lease;` or `return refusal;`.
+  CascadeResult(T value) : value_(std::move(value)) {}
+  CascadeResult(CascadeRefusal refusal) : refusal_(refusal) {}
 
   // Whether it holds a T; else refusal() says why not.
   [[nodiscard]] bool ok() const noexcept { return value_.has_value(); }
