@@ -35,6 +35,7 @@ using sluice::Nanos;
 using sluice::StatusOr;
 using sluice::server::AdmitCall;
 using sluice::server::AdmitResult;
+using sluice::server::CallAttribute;
 using sluice::server::CallResult;
 using sluice::server::Engine;
 using Clock = std::chrono::steady_clock;
@@ -106,8 +107,8 @@ class Answer final : public sluice::server::Deferral<AdmitResult> {
 
 StatusOr<AdmitResult> admit(Engine& e, const char* upstream,
                             std::optional<Nanos> max_wait = std::nullopt) {
-  AdmitCall c{"gw", "", "t", upstream, "", std::nullopt};
-  c.max_wait = max_wait;
+  const CallAttribute at[] = {{"tenant", "t"}, {"upstream", upstream}};
+  const AdmitCall c{.policy = "gw", .max_wait = max_wait, .attributes = at};
   Answer a;
   if (auto r = e.admit(c, a)) return std::move(*r);
   return a.wait();
@@ -223,7 +224,8 @@ void BM_Queue_Handoff(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     Answer waiter;
-    AdmitCall c{"gw", "", "t", "handoff", "", std::nullopt};
+    const CallAttribute at[] = {{"tenant", "t"}, {"upstream", "handoff"}};
+    const AdmitCall c{.policy = "gw", .attributes = at};
     if (auto r = e.admit(c, waiter)) return state.SkipWithError("not queued");
     std::this_thread::sleep_for(std::chrono::microseconds(100));
     state.ResumeTiming();

@@ -207,6 +207,16 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
   req.set_upstream(a.upstream);
   req.set_route(a.route);
   for (const std::string& node : a.exclude) req.add_exclude(node);
+  for (const std::string& nv : a.attributes) {
+    const std::size_t eq = nv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      fmt::print(stderr, "sluice: --attribute: '{}' is not name=value\n", nv);
+      return 2;
+    }
+    pb::Attribute* at = req.add_attributes();
+    at->set_name(nv.substr(0, eq));
+    at->set_value(nv.substr(eq + 1));
+  }
   std::optional<Nanos> ttl;
   if (!duration_arg(a.ttl, "ttl", ttl)) return 2;
   if (ttl) to_proto(*ttl, req.mutable_ttl());
@@ -223,6 +233,15 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
       j["lease_id"] = resp.lease_id();
       j["ttl_seconds"] = seconds_of(resp.ttl());
       if (!resp.chosen().empty()) j["chosen"] = resp.chosen();
+      for (const pb::Attribute& at : resp.attributes()) {
+        json& v = j["attributes"][at.name()];
+        if (v.is_null())
+          v = at.value();
+        else if (v.is_array())
+          v.push_back(at.value());
+        else
+          v = json::array({v, at.value()});
+      }
       if (resp.has_call_deadline()) j["call_deadline_seconds"] = seconds_of(resp.call_deadline());
     } else {
       j["rejection"] = json::parse(resp.rejection().problem_json(), nullptr, false);
@@ -233,6 +252,8 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     fmt::print(stderr, "admitted: lease {} for {} (release it with: sluice release {})\n",
                resp.lease_id(), duration_text(resp.ttl()), resp.lease_id());
     if (!resp.chosen().empty()) fmt::print(stderr, "chosen node: {}\n", resp.chosen());
+    for (const pb::Attribute& at : resp.attributes())
+      fmt::print(stderr, "{}: {}\n", at.name(), at.value());
     if (resp.has_waited())
       fmt::print(stderr, "waited {} in the queue\n", duration_text(resp.waited()));
     if (resp.has_call_deadline())

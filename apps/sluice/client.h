@@ -21,8 +21,9 @@ struct CheckArgs {
 };
 struct AdmitArgs {
   std::string policy, key, tenant, upstream, route, ttl;
-  std::vector<std::string> exclude;  // a cascade: nodes not to choose
-  std::string max_wait;              // a queue: the most to wait in it (e.g. 500ms)
+  std::vector<std::string> exclude;     // a cascade: nodes not to choose
+  std::string max_wait;                 // a queue: the most to wait in it (e.g. 500ms)
+  std::vector<std::string> attributes;  // "name=value": what the policy's kind reads
 };
 struct ReleaseArgs {
   std::string lease_id, outcome = "success", rtt;

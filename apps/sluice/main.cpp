@@ -179,6 +179,9 @@ int main(int argc, char** argv) {
   admit_cmd->add_option("--ttl", admit.ttl, "the lease's TTL, e.g. 30s (default: the server's)");
   admit_cmd->add_option("--exclude,-x", admit.exclude,
                         "cascade policies: a node not to choose (repeatable)");
+  admit_cmd->add_option("--attribute,-a", admit.attributes,
+                        "name=value: an attribute the policy's kind reads (repeatable; a name "
+                        "given more than once is a list); --tenant and the like are shorthands");
   admit_cmd->add_option("--max-wait", admit.max_wait,
                         "concurrency policies with a queue: the most to wait in it, e.g. 500ms "
                         "(default: the queue's timeout; 0s: do not wait); --timeout bounds it too");

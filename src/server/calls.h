@@ -56,21 +56,73 @@ struct CheckManyResult {
   int denied_index = -1;
 };
 
+// A request field of one kind: an admit call names the policy, its key and the lease's terms;
+// anything else is an attribute that the kind it names reads and checks for itself (a
+// concurrency policy its tenant, upstream and route; a cascade the nodes to exclude). A name
+// given more than once is a list (each value in order); a kind ignores names it does not read.
+struct CallAttribute {
+  std::string_view name;
+  std::string_view value;
+};
+
+// Limits on an admit's attributes: how many in all, and each name and value (the engine checks
+// these; a kind checks what its own attributes mean).
+inline constexpr std::size_t kMaxAttributes = 256;
+
+// "<field>: is N bytes; at most M", or "must not be empty" when `required`: the checks every
+// request field gets (the engine's and each kind's).
+[[nodiscard]] inline Status check_field(std::string_view field, std::string_view v, std::size_t max,
+                                        bool required) {
+  if (v.empty()) return required ? invalid(field, "must not be empty") : Status{};
+  if (v.size() > max)
+    return invalid(field,
+                   "is " + std::to_string(v.size()) + " bytes; at most " + std::to_string(max));
+  return {};
+}
+
 struct AdmitCall {
-  std::string_view policy;
-  std::string_view key;
-  std::string_view tenant;
-  std::string_view upstream;
-  std::string_view route;
-  std::optional<Nanos> ttl;
-  // Nodes a cascade must not choose (those a caller's retry already tried); at most kMaxBatch
-  // names. Other kinds choose no node and ignore it.
-  std::span<const std::string> exclude = {};
+  std::string_view policy = {};
+  std::string_view key = {};
+  std::optional<Nanos> ttl = std::nullopt;
   // The most the caller waits for a permit, from when the call arrives (its own deadline): a
   // kind that queues calls (a concurrency policy's `queue` strategy) never keeps it longer.
   // Unset: the kind's own bound (the queue's timeout). Zero: no wait at all.
   std::optional<Nanos> max_wait = std::nullopt;
+  // What the kind reads beyond the fields above (see CallAttribute); the views are the
+  // caller's, valid while the call is being answered inline.
+  std::span<const CallAttribute> attributes = {};
+
+  // How many values `name` has.
+  [[nodiscard]] std::size_t count(std::string_view name) const noexcept {
+    std::size_t n = 0;
+    for (const CallAttribute& a : attributes) n += a.name == name ? 1 : 0;
+    return n;
+  }
+  // The value of an attribute that takes one: empty when absent; an error naming it when it is
+  // given more than once.
+  [[nodiscard]] StatusOr<std::string_view> single(std::string_view name) const {
+    std::string_view out;
+    bool seen = false;
+    for (const CallAttribute& a : attributes) {
+      if (a.name != name) continue;
+      if (seen) return invalid(name, "takes one value, given " + std::to_string(count(name)));
+      seen = true;
+      out = a.value;
+    }
+    return out;
+  }
+  // Every value of `name`, in order.
+  [[nodiscard]] std::vector<std::string_view> all(std::string_view name) const {
+    std::vector<std::string_view> out;
+    for (const CallAttribute& a : attributes)
+      if (a.name == name) out.push_back(a.value);
+    return out;
+  }
 };
+
+// What a kind answers beyond the common fields (a name and a value; a name more than once is a
+// list), as a call's attributes are asked.
+using AnswerAttributes = std::vector<std::pair<std::string, std::string>>;
 
 struct AdmitResult {
   bool admitted = false;
@@ -87,6 +139,8 @@ struct AdmitResult {
   std::shared_ptr<const void> refusal_owner;
   // How long the call waited in a queue before this answer (admitted or refused); 0: none.
   Nanos waited{0};
+  // Admitted: what the kind answers beyond the fields above (its own, in its own words).
+  AnswerAttributes attributes;
 };
 
 struct PolicyInfo {

@@ -56,6 +56,12 @@ class Once<R(A...)> {
 
   // Calls it; it is empty afterwards. Calling an empty Once is a bug (it is checked: nothing
   // happens and R{} is returned).
+// GCC 12 warns, wrongly, that a StatusOr moved through a devirtualized call here "may be used
+// uninitialized" (its std::variant's inactive member), depending on what the caller inlines.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
   R operator()(A... args) {
     std::unique_ptr<Base> f = std::move(impl_);
     if (f == nullptr) {
@@ -66,6 +72,9 @@ class Once<R(A...)> {
     }
     return f->call(std::forward<A>(args)...);
   }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
  private:
   struct Base {

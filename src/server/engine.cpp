@@ -1,7 +1,5 @@
 #include "server/engine.h"
 
-#include <prometheus/metric_family.h>
-#include <prometheus/text_serializer.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,7 +12,6 @@
 #include "server/json_text.h"
 #include "server/policy.h"
 #include "server/policy_set.h"
-#include "sluice/core/text.h"
 
 namespace sluice::server {
 
@@ -22,12 +19,30 @@ using nlohmann::json;
 
 namespace {
 
-// A string field: present when `required`, and at most `max` bytes.
-Status check_field(std::string_view field, std::string_view v, std::size_t max, bool required) {
-  if (v.empty()) return required ? invalid(field, "must not be empty") : Status{};
-  if (v.size() > max)
-    return invalid(field,
-                   "is " + std::to_string(v.size()) + " bytes; at most " + std::to_string(max));
+// An attribute's name: 1 to 64 letters, digits, '_', '-' or '.' (what a config or a flag can
+// name without quoting).
+bool attribute_name(std::string_view n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (const char c : n)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-' || c == '.'))
+      return false;
+  return true;
+}
+
+// What every admit's attributes must be, whatever the kind: a bounded number of named values,
+// each at most kMaxNameBytes. What a value means is the kind's to check.
+Status check_attributes(std::span<const CallAttribute> attributes) {
+  if (attributes.size() > kMaxAttributes)
+    return invalid("attributes", "at most " + std::to_string(kMaxAttributes) + " values, not " +
+                                     std::to_string(attributes.size()));
+  for (const CallAttribute& a : attributes) {
+    if (!attribute_name(a.name))
+      return invalid("attributes",
+                     "'" + std::string(a.name.substr(0, 64)) +
+                         "' is not an attribute name (1 to 64 letters, digits, '_', '-' or '.')");
+    if (Status s = check_field(a.name, a.value, kMaxNameBytes, false); !s.ok()) return s;
+  }
   return {};
 }
 
@@ -378,6 +393,7 @@ AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos t
   out.admitted = true;
   out.ttl = ttl;
   out.chosen = std::move(d.chosen);
+  out.attributes = std::move(d.attributes);
   out.call_deadline = d.call_deadline;
   if (out.call_deadline) out.call_timeout = std::max(Nanos{0}, *out.call_deadline - now);
   return out;
@@ -411,40 +427,69 @@ class AdmitLater final : public Deferral<AdmitDecision> {
 
 }  // namespace
 
+namespace {
+
+// The rate policy `e` chains, passed between the phases of an admit: keyed by the call's key,
+// or what the kind keys it by when it gives none. nullopt: go on; a refusal (its 429: no permit
+// is taken); an error when there is no key.
+StatusOr<std::optional<AdmitDecision>> pass_rate(const PolicySet::Entry& e, const AdmitCall& call,
+                                                 const ResolvedAdmit& resolved, AdmitFamily& admit,
+                                                 Nanos now) {
+  const std::string_view key = call.key.empty() ? resolved.rate_key() : call.key;
+  if (key.empty())
+    return invalid("key", "must not be empty: policy '" + e.base->name() +
+                              "' chains rate policy '" + e.rate->name() + "', keyed by it");
+  RateFamily& rate = *e.rate->rate_family();
+  const RateDecision d = rate.check(key, 1, now);
+  if (d.allowed) return std::optional<AdmitDecision>();
+  admit.refused_by_rate();
+  AdmitDecision refused;
+  refused.refusal = rate.refusal(key, d);
+  refused.refusal_owner = e.rate;  // what the refusal's views point into
+  return std::optional<AdmitDecision>(std::move(refused));
+}
+
+}  // namespace
+
 Decided<AdmitResult> Engine::admit(const AdmitCall& call, Deferral<AdmitResult>& later) {
   if (Status s = usable(); !s.ok()) return s;
   const auto set = current();
   if (Status s = check_name("policy", call.policy); !s.ok()) return s;
-  std::shared_ptr<Policy> p = set->find(call.policy);
-  if (p == nullptr)
+  const PolicySet::Entry* entry = set->entry(call.policy);
+  if (entry == nullptr)
     return Status(StatusCode::kNotFound,
                   "policy: no policy named '" + std::string(call.policy) + "'");
-  AdmitFamily* admit = p->admit_family();
+  Policy& p = *entry->base;
+  AdmitFamily* admit = p.admit_family();
   if (admit == nullptr)
     return Status(StatusCode::kFailedPrecondition,
-                  "policy: '" + std::string(call.policy) + "' is " + a_kind(*p) + "; Admit takes " +
+                  "policy: '" + std::string(call.policy) + "' is " + a_kind(p) + "; Admit takes " +
                       kinds_phrase(kinds_.kinds_of(&PolicyKindParser::admit_family)) +
                       " (use Check)");
   if (Status s = check_field("key", call.key, kMaxKeyBytes, false); !s.ok()) return s;
-  for (auto [field, v] : {std::pair<const char*, std::string_view>{"tenant", call.tenant},
-                          {"upstream", call.upstream},
-                          {"route", call.route}})
-    if (Status s = check_field(field, v, kMaxNameBytes, false); !s.ok()) return s;
-  if (call.exclude.size() > kMaxBatch)
-    return invalid("exclude", "at most " + std::to_string(kMaxBatch) + " nodes, not " +
-                                  std::to_string(call.exclude.size()));
-  for (const std::string& node : call.exclude)
-    if (Status s = check_field("exclude", node, kMaxNameBytes, true); !s.ok()) return s;
+  if (Status s = check_attributes(call.attributes); !s.ok()) return s;
   if (call.max_wait && *call.max_wait < Nanos{0})
     return invalid("max_wait", "must not be negative");
   const Nanos ttl = call.ttl.value_or(set->settings.lease_ttl);
   if (Status s = check_ttl(ttl, set->settings.max_lease_ttl); !s.ok()) return s;
 
   const Nanos now = clock_.now();
-  // A deferred admit keeps its policy alive through the Completion it holds (the kind's
-  // contract: it answers, retired or not).
+  // Phase one: the kind checks what the call names and resolves it (an error costs nothing).
+  StatusOr<std::unique_ptr<ResolvedAdmit>> resolved = admit->resolve(call, now);
+  if (!resolved.ok()) return resolved.status();
+  // Between the phases, the chained rate policy (the gateway document's order).
+  std::optional<AdmitDecision> refused;
+  if (entry->rate != nullptr) {
+    StatusOr<std::optional<AdmitDecision>> r =
+        pass_rate(*entry, call, *resolved.value(), *admit, now);
+    if (!r.ok()) return r.status();
+    refused = std::move(r.value());
+  }
+  if (refused) return admit_result(std::move(*refused), leases_, now, ttl);
+  // Phase two: the permit. A deferred take keeps its policy alive through the Completion it
+  // holds (the kind's contract: it answers, retired or not).
   AdmitLater deferred(later, leases_, clock_, ttl);
-  Decided<AdmitDecision> d = admit->admit_or_defer(call, now, nullptr, deferred);
+  Decided<AdmitDecision> d = resolved.value()->take(now, deferred);
   if (!d) return std::nullopt;
   if (!d->ok()) return d->status();
   return admit_result(std::move(d->value()), leases_, now, ttl);
@@ -612,78 +657,6 @@ void Engine::close() {
   leases_.clear();
   const auto set = current();
   for (const auto& [name, p] : set->policies) p.base->retire();
-}
-
-// ---- metrics ----
-
-namespace {
-
-class Families {
- public:
-  void add(prometheus::MetricFamily f) {
-    prometheus::MetricFamily& into = family(f.name, f.help, f.type);
-    for (auto& m : f.metric) into.metric.push_back(std::move(m));
-  }
-  prometheus::MetricFamily& family(const std::string& name, const std::string& help,
-                                   prometheus::MetricType type) {
-    auto it = index_.find(name);
-    if (it != index_.end()) return out_[it->second];
-    index_.emplace(name, out_.size());
-    out_.push_back(prometheus::MetricFamily{name, help, type, {}});
-    return out_.back();
-  }
-  // Folds in families from a collectable, each series labelled with the policy.
-  void merge(std::vector<prometheus::MetricFamily> fams, const std::string& label,
-             const std::string& value) {
-    for (auto& f : fams) {
-      prometheus::MetricFamily& into = family(f.name, f.help, f.type);
-      for (auto& m : f.metric) {
-        m.label.insert(m.label.begin(), prometheus::ClientMetric::Label{label, value});
-        into.metric.push_back(std::move(m));
-      }
-    }
-  }
-  std::vector<prometheus::MetricFamily>& out() { return out_; }
-
- private:
-  std::vector<prometheus::MetricFamily> out_;
-  std::map<std::string, std::size_t> index_;
-};
-
-}  // namespace
-
-std::string Engine::metrics_text() const {
-  const auto set = current();
-  Families f;
-  using prometheus::MetricType;
-  f.add(one("sluice_config_generation",
-            "Generation of the config in force (1 at start, +1 per reload)", MetricType::Gauge,
-            static_cast<double>(set->generation)));
-  f.add(by_label("sluice_config_reloads_total", "Config reloads by result", "result",
-                 {{"ok", reloads_.load(std::memory_order_relaxed)},
-                  {"error", reload_failures_.load(std::memory_order_relaxed)}}));
-  f.add(one("sluice_leases", "Leases held now (admitted calls not yet released or expired)",
-            MetricType::Gauge, static_cast<double>(leases_.size())));
-  f.add(one("sluice_leases_expired_total",
-            "Leases that expired (their client stopped heartbeating)", MetricType::Counter,
-            static_cast<double>(leases_.expired_total())));
-  f.add(one("sluice_draining", "1 while the server shuts down", MetricType::Gauge,
-            draining() ? 1 : 0));
-  for (const auto& [name, named] : set->coordinators)
-    f.merge(named->collect(), "coordinator", name);
-  for (const auto& [name, p] : set->policies) f.merge(p.base->collect(), "policy", name);
-  {
-    const std::lock_guard lock(parts_mu_);
-    for (const auto& [name, part] : parts_) f.merge(part->collect(), "listener", name);
-  }
-  // The exposition is UTF-8: a label value that is not (a stored string) is written repaired,
-  // so one value can never make the whole scrape unreadable.
-  std::vector<prometheus::MetricFamily>& out = f.out();
-  for (prometheus::MetricFamily& family : out)
-    for (prometheus::ClientMetric& m : family.metric)
-      for (prometheus::ClientMetric::Label& l : m.label)
-        if (!is_utf8(l.value)) l.value = utf8_or_replaced(l.value);
-  return prometheus::TextSerializer().Serialize(out);
 }
 
 }  // namespace sluice::server

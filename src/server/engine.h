@@ -8,10 +8,11 @@
 // a thread. Every common input is checked here and every kind-specific one in its kind, so both
 // transports refuse the same things with the same messages (each names its field).
 //
-// Policy chaining (the gateway document's order): a policy with `rate: R` is served behind R
-// (chain_rate): its admit resolves the call, then passes R for the call's key (or its tenant
-// when it names no key): over the rate, a 429 and no permit is taken; then its own limit: a 503,
-// or a permit held by a lease.
+// Policy chaining (the gateway document's order): a policy with `rate: R` passes R between the
+// two phases of its admit (its kind resolves the call; the engine checks R for the call's key,
+// or what the kind keys it by, a concurrency call's tenant, when it gives none: over the rate, a
+// 429 and no permit is taken; then the kind takes the permit or refuses at its own limit: a
+// 503).
 //
 // Reload: the new config's policies are built next to the old ones; a policy whose spec (and
 // every coordinator's spec it uses) is unchanged is carried over as the same object,

@@ -9,9 +9,9 @@
 //   - the admit family (AdmitFamily: admit -> a LeasePermit that Release, expiry or shutdown
 //     finishes, and optionally what it chose; Heartbeat is the lease table's), or both, or (a
 //     kind with routes of its own, routes.h) neither.
-// A policy that names a rate policy (`rate: R`) is served wrapped (chain_rate()): the wrapper
-// passes the call through R between resolving it and taking the permit. Composition, not a
-// flag: the wrapped kind knows nothing of it.
+// An admit runs in two phases, resolve() then take(): the engine passes a policy's chained rate
+// policy (`rate: R`) between them, so a kind knows nothing of chaining and never takes a permit
+// for a call the rate refused.
 //
 // Lifecycle: the builder starts what a policy runs (start_loop(): a thread that only delivers
 // tick(now), in the shape of FleetGuardRunner); retire() stops it, ends fleet membership and
@@ -79,43 +79,62 @@ class RateFamily {
   [[nodiscard]] virtual Rejection refusal(std::string_view key, const RateDecision& d) const = 0;
 };
 
-// What runs between resolving an admit and taking its permit (a chained rate policy).
-class AdmitGate {
- public:
-  virtual ~AdmitGate() = default;
-  // nullopt: pass. A Rejection: refused, and no permit is taken (`owner` then keeps alive what
-  // the rejection's views point into). An error: the call is bad, and it cost nothing.
-  [[nodiscard]] virtual StatusOr<std::optional<Rejection>> pass(
-      const AdmitCall& call, Nanos now, std::shared_ptr<const void>& owner) = 0;
-};
-
 struct AdmitDecision {
   std::optional<LeasePermit> permit;   // admitted
   std::string chosen;                  // admitted: what it chose (a cascade's node); may be empty
+  AnswerAttributes attributes;         // admitted: what else it answers, in its own words
   std::optional<Nanos> call_deadline;  // admitted: when the call must have ended (fleet)
   Rejection refusal;                   // when not admitted
   std::shared_ptr<const void> refusal_owner;
   Nanos waited{0};  // how long it waited in a queue first
 };
 
-// The admit family: take a permit for one call.
+// Phase two of one admit: the call is resolved (its fields checked, what it names found), its
+// permit not yet taken. Dropping it untaken lets go of whatever resolving held.
+class ResolvedAdmit {
+ public:
+  virtual ~ResolvedAdmit() = default;
+  // What a chained rate policy is keyed by when the call gives no key (a concurrency call: its
+  // tenant); empty: nothing.
+  [[nodiscard]] virtual std::string_view rate_key() const noexcept { return {}; }
+  // Takes a permit or refuses; at most once. Decided now, or deferred by a kind that queues the
+  // call until a permit frees up (completion.h's contract: the kind answers within the call's
+  // max_wait and its own bound, and lets the call go at once when later.on_cancel's hook
+  // fires). What the call's views pointed to is gone once take() returns.
+  [[nodiscard]] virtual Decided<AdmitDecision> take(Nanos now, Deferral<AdmitDecision>& later) = 0;
+};
+
+// A ResolvedAdmit whose take is `f` (Decided<AdmitDecision>(Nanos now, Deferral<AdmitDecision>&)),
+// keyed for a chained rate policy by `rate_key` (a view the call keeps alive until take()).
+template <class F>
+[[nodiscard]] std::unique_ptr<ResolvedAdmit> resolved(F f, std::string_view rate_key = {}) {
+  class Fn final : public ResolvedAdmit {
+   public:
+    Fn(F f, std::string_view key) : f_(std::move(f)), key_(key) {}
+    std::string_view rate_key() const noexcept override { return key_; }
+    Decided<AdmitDecision> take(Nanos now, Deferral<AdmitDecision>& later) override {
+      return f_(now, later);
+    }
+
+   private:
+    F f_;
+    std::string_view key_;
+  };
+  return std::make_unique<Fn>(std::move(f), rate_key);
+}
+
+// The admit family: take a permit for one call, in two phases.
 class AdmitFamily {
  public:
   virtual ~AdmitFamily() = default;
-  // Checks the call's fields this kind needs (an error names the field and costs nothing),
-  // resolves what it names, passes `gate` (null: none), then takes a permit or refuses.
-  [[nodiscard]] virtual StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now,
-                                                      AdmitGate* gate) = 0;
-  // Admit as the transports ask it: decided now (by default, admit()), or deferred by a kind
-  // that queues the call until a permit frees up (completion.h's contract: `call`'s views are
-  // valid only until it returns; the kind answers within call.max_wait and its own bound, and
-  // lets the call go at once when later.on_cancel's hook fires).
-  [[nodiscard]] virtual Decided<AdmitDecision> admit_or_defer(const AdmitCall& call, Nanos now,
-                                                              AdmitGate* gate,
-                                                              Deferral<AdmitDecision>& later) {
-    (void)later;
-    return admit(call, now, gate);
-  }
+  // Phase one: checks the call's fields this kind reads (its attributes: an error names the
+  // field and costs nothing) and resolves what they name. The call's views stay valid until
+  // the result's take() returns.
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<ResolvedAdmit>> resolve(const AdmitCall& call,
+                                                                         Nanos now) = 0;
+  // A call it resolved was refused by its chained rate policy between the phases (no permit
+  // was taken). Default: nothing.
+  virtual void refused_by_rate() noexcept {}
 };
 
 struct PolicyReadiness {
@@ -197,12 +216,6 @@ class Policy : public std::enable_shared_from_this<Policy> {
   std::atomic<bool> retired_{false};
   std::vector<std::unique_ptr<TickLoop>> loops_;  // started before serving, stopped by retire()
 };
-
-// `inner` (an admit-family policy) served behind `rate` (a rate-family policy): each admit
-// passes `rate` for the call's key (or, with no key, its tenant) after `inner` resolved it and
-// before it takes a permit. A refusal there is `rate`'s 429 and takes no permit.
-[[nodiscard]] std::shared_ptr<Policy> chain_rate(std::shared_ptr<Policy> inner,
-                                                 std::shared_ptr<Policy> rate);
 
 // Prometheus families built at scrape time. A family of one series:
 [[nodiscard]] prometheus::MetricFamily one(

@@ -81,7 +81,7 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
       if (it != old->policies.end()) was = &it->second;
     }
     if (was != nullptr && was->identity == identity) {
-      set.policies.emplace(name, PolicySet::Entry{was->base, was->base, std::move(identity)});
+      set.policies.emplace(name, PolicySet::Entry{was->base, nullptr, std::move(identity)});
       continue;
     }
     const PolicyKind* kind = kinds.find(spec.kind);
@@ -97,7 +97,7 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
                       "policy " + name + ": " + in_place.status().message());
       if (in_place.value()) {
         set.reconfigurations.emplace_back(name, std::move(in_place.value()));
-        set.policies.emplace(name, PolicySet::Entry{was->base, was->base, std::move(identity)});
+        set.policies.emplace(name, PolicySet::Entry{was->base, nullptr, std::move(identity)});
         continue;
       }
     }
@@ -113,9 +113,9 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
     }
     auto p = kind->build(built);
     if (!p.ok()) return Status(p.status().code(), "policy " + name + ": " + p.status().message());
-    set.policies.emplace(name, PolicySet::Entry{p.value(), p.value(), std::move(identity)});
+    set.policies.emplace(name, PolicySet::Entry{p.value(), nullptr, std::move(identity)});
   }
-  // Rate chaining: a policy naming a rate policy is served behind it.
+  // Rate chaining: a policy naming a rate policy passes it between resolving and taking.
   for (auto& [name, entry] : set.policies) {
     const std::string& rate = entry.base->rate_name();
     if (rate.empty()) continue;
@@ -124,7 +124,7 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
         entry.base->admit_family() == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": rate: no rate policy named '" + rate + "'");
-    entry.served = chain_rate(entry.base, it->second.base);
+    entry.rate = it->second.base;
   }
   return {};
 }
@@ -149,7 +149,7 @@ StatusOr<std::shared_ptr<PolicySet>> build_policy_set(
 
 void publish(PolicyDirectory& directory, const PolicySet& set) {
   PolicyDirectory::Policies policies;
-  for (const auto& [name, entry] : set.policies) policies.emplace(name, entry.served);
+  for (const auto& [name, entry] : set.policies) policies.emplace(name, entry.base);
   directory.publish(std::move(policies));
 }
 

@@ -23,11 +23,11 @@ namespace sluice::server {
 
 class PolicySet {
  public:
-  // A policy as built (`base`: what it shows, what leases count on, what a reload keeps or
-  // retires) and as served (`served`: the base, or the base behind its chained rate policy).
+  // A policy as built (`base`: what it serves and shows, what leases count on, what a reload
+  // keeps or retires) and the rate policy its admits pass first (`rate: R`; null: none).
   struct Entry {
     std::shared_ptr<Policy> base;
-    std::shared_ptr<Policy> served;
+    std::shared_ptr<Policy> rate;
     // The spec's fingerprint, plus every coordinator's it uses: equal means unchanged.
     std::string identity;
   };
@@ -41,9 +41,13 @@ class PolicySet {
   // applied when it commits.
   std::vector<std::pair<std::string, Policy::Reconfiguration>> reconfigurations;
 
-  [[nodiscard]] std::shared_ptr<Policy> find(std::string_view name) const {
+  [[nodiscard]] const Entry* entry(std::string_view name) const {
     auto it = policies.find(name);
-    return it == policies.end() ? nullptr : it->second.served;
+    return it == policies.end() ? nullptr : &it->second;
+  }
+  [[nodiscard]] std::shared_ptr<Policy> find(std::string_view name) const {
+    const Entry* e = entry(name);
+    return e == nullptr ? nullptr : e->base;
   }
 };
 
@@ -58,7 +62,7 @@ class PolicySet {
     const std::shared_ptr<const PolicyDirectory>& directory,
     const std::shared_ptr<Notices>& notices);
 
-// Publishes `set`'s policies (as served) to `directory`.
+// Publishes `set`'s policies to `directory`.
 void publish(PolicyDirectory& directory, const PolicySet& set);
 
 }  // namespace sluice::server

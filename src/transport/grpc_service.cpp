@@ -204,11 +204,12 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
     if (!ttl.ok()) return finish(ttl.status());
     auto max_wait = get_duration(req_.has_max_wait(), req_.max_wait(), "max_wait");
     if (!max_wait.ok()) return finish(max_wait.status());
-    exclude_.assign(req_.exclude().begin(), req_.exclude().end());
-    AdmitCall admit{req_.policy(),   req_.key(),   req_.tenant(),
-                    req_.upstream(), req_.route(), ttl.value()};
-    admit.exclude = exclude_;
-    admit.max_wait = max_wait.value();
+    attributes_of(req_, attributes_);
+    AdmitCall admit{.policy = req_.policy(),
+                    .key = req_.key(),
+                    .ttl = ttl.value(),
+                    .max_wait = max_wait.value(),
+                    .attributes = attributes_};
     // The call's own deadline bounds any wait too, less a margin for the answer's way back (a
     // tenth of the time left, 5 to 50 ms).
     const auto deadline = ctx_->deadline();
@@ -259,6 +260,11 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
       resp.set_lease_id(a.lease_id);
       to_proto(a.ttl, resp.mutable_ttl());
       resp.set_chosen(a.chosen);
+      for (const auto& [name, value] : a.attributes) {
+        pb::Attribute* at = resp.add_attributes();
+        at->set_name(name);
+        at->set_value(value);
+      }
       if (a.call_timeout) to_proto(*a.call_timeout, resp.mutable_call_deadline());
     } else {
       const Rejection& rj = a.refusal;
@@ -298,7 +304,7 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
   const std::function<void(const grpc::Status&)>& finished_;  // the service's (it outlives us)
   pb::AdmitRequest req_;
   pb::AdmitResponse resp_;
-  std::vector<std::string> exclude_;
+  std::vector<server::CallAttribute> attributes_;  // views into req_
   std::mutex mu_;
   bool cancelled_ = false;       // guarded by mu_
   server::Once<void()> cancel_;  // guarded by mu_

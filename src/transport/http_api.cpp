@@ -153,15 +153,40 @@ class Fields {
     }
     return Nanos{static_cast<std::int64_t>(std::llround(v * 1e6))};
   }
-  // A list of strings, appended to `out`; absent or null: nothing.
-  void strings(const char* name, std::vector<std::string>& out) {
+  // A list of strings, appended to `out` as values of the attribute `attribute` (views into the
+  // document); absent or null: nothing.
+  void string_views(const char* name, std::string_view attribute,
+                    std::vector<server::CallAttribute>& out) {
     asked_.push_back(name);
     auto it = j_.find(name);
     if (it == j_.end() || it->is_null()) return;
     if (!it->is_array()) return fail(name, "must be a list of strings");
     for (const json& e : *it) {
       if (!e.is_string()) return fail(name, "must be a list of strings");
-      out.push_back(e.get<std::string>());
+      out.push_back({attribute, e.get_ref<const std::string&>()});
+    }
+  }
+  // An object of attributes (server::CallAttribute), appended to `out` in order: each value a
+  // string, or a list of strings (a list attribute); absent or null: nothing. The views point
+  // into the document.
+  void attributes(const char* name, std::vector<server::CallAttribute>& out) {
+    asked_.push_back(name);
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) return;
+    if (!it->is_object())
+      return fail(name, "must be an object of names to strings (or lists of strings)");
+    for (auto e = it->begin(); e != it->end(); ++e) {
+      const std::string& n = e.key();  // the document's own key
+      const json& value = e.value();
+      if (value.is_string()) {
+        out.push_back({n, value.get_ref<const std::string&>()});
+        continue;
+      }
+      if (!value.is_array()) return fail(name, "values must be strings or lists of strings");
+      for (const json& v : value) {
+        if (!v.is_string()) return fail(name, "values must be strings or lists of strings");
+        out.push_back({n, v.get_ref<const std::string&>()});
+      }
     }
   }
   [[nodiscard]] const Status& status() {
@@ -310,12 +335,28 @@ void do_check_many(Engine& engine, HttpExchange& x, HttpLater& later) {
   if (auto r = engine.check_many(calls, park)) render_check_many(x, *r);
 }
 
+// A kind's answer attributes as JSON: one value a string, a name given more than once a list.
+json attributes_json(const server::AnswerAttributes& attributes) {
+  json j = json::object();
+  for (const auto& [name, value] : attributes) {
+    auto it = j.find(name);
+    if (it == j.end())
+      j[name] = value;
+    else if (it->is_array())
+      it->push_back(value);
+    else
+      *it = json::array({*it, value});
+  }
+  return j;
+}
+
 void render_admit(HttpExchange& x, const StatusOr<server::AdmitResult>& r) {
   if (!r.ok()) return error(x, r.status());
   const AdmitResult& a = r.value();
   if (a.admitted) {
     json j = {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}};
     if (!a.chosen.empty()) j["chosen"] = a.chosen;
+    if (!a.attributes.empty()) j["attributes"] = attributes_json(a.attributes);
     if (a.call_timeout) j["call_deadline_ms"] = ms_of(*a.call_timeout);
     if (a.waited > Nanos{0}) j["waited_ms"] = ms_of(a.waited);
     return ok_json(x, j);
@@ -335,12 +376,16 @@ void do_admit(Engine& engine, HttpExchange& x, HttpLater& later) {
   auto body = body_object(x);
   if (!body.ok()) return error(x, body.status());
   Fields f(body.value());
-  std::vector<std::string> exclude;
-  AdmitCall c{f.str("policy"),   f.str("key"),   f.str("tenant"),
-              f.str("upstream"), f.str("route"), f.millis("ttl_ms", true)};
-  f.strings("exclude", exclude);
-  c.exclude = exclude;
+  AdmitCall c{.policy = f.str("policy"), .key = f.str("key")};
+  // The shorthand fields first (an empty one gives none), then `attributes`, as over gRPC.
+  std::vector<server::CallAttribute> attributes;
+  for (const char* name : {"tenant", "upstream", "route"})
+    if (const std::string_view v = f.str(name); !v.empty()) attributes.push_back({name, v});
+  c.ttl = f.millis("ttl_ms", true);
+  f.string_views("exclude", "exclude", attributes);
   c.max_wait = f.millis("max_wait_ms");
+  f.attributes("attributes", attributes);
+  c.attributes = attributes;
   if (!f.status().ok()) return error(x, f.status());
   const auto render = [](HttpExchange& out, const StatusOr<server::AdmitResult>& r) {
     render_admit(out, r);

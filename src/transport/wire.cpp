@@ -58,6 +58,16 @@ constexpr std::pair<std::string_view, server::CallResult> kOutcomeWords[] = {
 
 }  // namespace
 
+void attributes_of(const v1::AdmitRequest& req, std::vector<server::CallAttribute>& out) {
+  for (auto [name, value] :
+       {std::pair<std::string_view, const std::string*>{"tenant", &req.tenant()},
+        {"upstream", &req.upstream()},
+        {"route", &req.route()}})
+    if (!value->empty()) out.push_back({name, *value});
+  for (const std::string& node : req.exclude()) out.push_back({"exclude", node});
+  for (const v1::Attribute& a : req.attributes()) out.push_back({a.name(), a.value()});
+}
+
 StatusOr<server::CallResult> call_result_of(std::string_view word, std::string_view field) {
   for (const auto& [w, r] : kOutcomeWords)
     if (w == word) return r;

@@ -1,9 +1,9 @@
 // wire.h: what the gRPC API's encoding means, shared by the server's service and the CLI.
 //
 // What it is: durations to and from google.protobuf.Duration (with the encoding of "never"),
-// the mapping of sluice's status codes to gRPC's, and the outcome vocabulary (server::CallResult)
-// as each transport spells it: the API's Outcome enum, and the words of HTTP's JSON and the
-// CLI's --outcome.
+// the mapping of sluice's status codes to gRPC's, an admit's attributes, and the outcome vocabulary
+// (server::CallResult) as each transport spells it: the API's Outcome enum, and the words of HTTP's
+// JSON and the CLI's --outcome.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
+#include "server/calls.h"
 #include "server/permit.h"
 #include "sluice/core/clock.h"
 #include "sluice/core/status.h"
@@ -33,6 +35,11 @@ void to_proto(Nanos n, google::protobuf::Duration* d);
 
 // Maps an Engine status to its gRPC status.
 [[nodiscard]] grpc::Status to_grpc(const Status& s);
+
+// An admit's attributes as the engine reads them (server::CallAttribute): the shorthand fields
+// first (`tenant`, `upstream`, `route`: an empty one gives none; `exclude`: each value), then
+// `attributes` in order. The views point into `req`.
+void attributes_of(const v1::AdmitRequest& req, std::vector<server::CallAttribute>& out);
 
 // The outcome a word names ("success", "dropped", "timeout", "overload", "ignored", "failed");
 // an error naming `field` and the words otherwise.

@@ -42,9 +42,9 @@ class CascadePolicyTest : public ::testing::Test {
     engine_ = std::move(e.value());
   }
   AdmitResult admit(std::vector<std::string> exclude = {}) {
-    AdmitCall c{"replicas", {}, {}, {}, {}, std::nullopt};
-    c.exclude = exclude;
-    auto r = engine_->admit(c);
+    std::vector<CallAttribute> at;
+    for (const std::string& node : exclude) at.push_back({"exclude", node});
+    auto r = engine_->admit(AdmitCall{.policy = "replicas", .attributes = at});
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() ? r.value() : AdmitResult{};
   }
@@ -243,15 +243,12 @@ TEST_F(CascadePolicyTest, ACallExcludingEveryNodeIsToldSo) {
 }
 
 TEST_F(CascadePolicyTest, BadExcludeListsAreNamed) {
-  AdmitCall c{"replicas", {}, {}, {}, {}, std::nullopt};
-  const std::vector<std::string> empty_name = {""};
-  c.exclude = empty_name;
-  auto r = engine_->admit(c);
+  const CallAttribute empty_name[] = {{"exclude", ""}};
+  auto r = engine_->admit(AdmitCall{.policy = "replicas", .attributes = empty_name});
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message().find("exclude: "), 0u) << r.status().message();
-  const std::vector<std::string> many(129, "db-1");
-  c.exclude = many;
-  r = engine_->admit(c);
+  const std::vector<CallAttribute> many(129, CallAttribute{"exclude", "db-1"});
+  r = engine_->admit(AdmitCall{.policy = "replicas", .attributes = many});
   EXPECT_EQ(r.status().message(), "exclude: at most 128 nodes, not 129");
   EXPECT_EQ(engine_->leases(), 0u);
 }

@@ -136,7 +136,7 @@ policies:
   // grant lands the policy refuses (at no cost), so the test waits for the grant, not a beat.
   bool admitted = false;
   while (!admitted && std::chrono::steady_clock::now() < until) {
-    const auto a = engine.admit(AdmitCall{"f", "k", {}, {}, {}, std::nullopt});
+    const auto a = engine.admit(AdmitCall{"f", "k"});
     ASSERT_TRUE(a.ok()) << a.status().to_string();
     admitted = a.value().admitted;
     if (!admitted) std::this_thread::sleep_for(milliseconds(5));

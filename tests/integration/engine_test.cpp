@@ -86,7 +86,7 @@ class EngineTest : public ::testing::Test {
     engine_ = std::move(e.value());
   }
   AdmitResult admit(std::string_view policy, std::string_view key = "k") {
-    auto r = engine_->admit(AdmitCall{policy, key, {}, {}, {}, std::nullopt});
+    auto r = engine_->admit(AdmitCall{policy, key});
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() ? r.value() : AdmitResult{};
   }
@@ -163,7 +163,8 @@ TEST_F(EngineTest, AFailedCallIsNeitherLatencyEvidenceNorOverload) {
 
 TEST_F(EngineTest, AConcurrencyPolicyIsKeyedByItsTenantAndRefusesAtItsLevel) {
   auto call = [&](std::string_view tenant) {
-    return engine_->admit(AdmitCall{"gw", {}, tenant, "llm", {}, std::nullopt});
+    const CallAttribute at[] = {{"tenant", tenant}, {"upstream", "llm"}};
+    return engine_->admit(AdmitCall{.policy = "gw", .attributes = at});
   };
   auto a = call("acme");
   ASSERT_TRUE(a.ok() && a.value().admitted) << a.status().to_string();
@@ -181,8 +182,50 @@ TEST_F(EngineTest, AConcurrencyPolicyIsKeyedByItsTenantAndRefusesAtItsLevel) {
   auto d = call("nobody");
   EXPECT_EQ(d.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(d.status().message(), "tenant: unknown tenant 'nobody'");  // the field's name first
-  expect_error(engine_->admit(AdmitCall{"gw", {}, {}, "llm", {}, std::nullopt}).status(),
+  const CallAttribute no_tenant[] = {{"upstream", "llm"}};
+  expect_error(engine_->admit(AdmitCall{.policy = "gw", .attributes = no_tenant}).status(),
                StatusCode::kInvalidArgument, "tenant");
+  const CallAttribute two_tenants[] = {{"tenant", "acme"}, {"upstream", "llm"}, {"tenant", "x"}};
+  expect_error(engine_->admit(AdmitCall{.policy = "gw", .attributes = two_tenants}).status(),
+               StatusCode::kInvalidArgument, "tenant");
+}
+
+// Two phases: the gateway resolves the call (holding the generation it resolved on), the rate
+// refuses it, and nothing is held after: a reload that replaces that generation frees it as
+// soon as the last lease on it is released.
+TEST_F(EngineTest, ACallTheRateRefusesBetweenThePhasesHoldsNothing) {
+  const CallAttribute at[] = {{"tenant", "acme"}, {"upstream", "llm"}};
+  auto a = engine_->admit(AdmitCall{.policy = "gw", .key = "k", .attributes = at});
+  ASSERT_TRUE(a.ok() && a.value().admitted) << a.status().to_string();
+  ASSERT_TRUE(engine_->release(a.value().lease_id, CallResult::kSuccess, std::nullopt).ok());
+  auto b = engine_->admit(AdmitCall{.policy = "gw", .key = "k", .attributes = at});
+  ASSERT_TRUE(b.ok() && b.value().admitted);
+  {
+    const auto refused = engine_->admit(AdmitCall{.policy = "gw", .key = "k", .attributes = at});
+    ASSERT_TRUE(refused.ok());
+    ASSERT_EQ(refused.value().refusal.status, 429) << "per-key's 2 per second are spent";
+  }  // its views kept the rate policy alive, and nothing of the gateway's
+
+  std::string next = kBase;
+  next.replace(next.find("max_concurrent: 5"), 17, "max_concurrent: 4");
+  auto r = engine_->reload(config_of(next));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().reconfigured, std::vector<std::string>{"gw"});
+  const auto draining = [&] {
+    for (const PolicyInfo& p : engine_->policies())
+      if (p.name == "gw") return nlohmann::json::parse(p.state_json)["draining_gateways"];
+    return nlohmann::json();
+  };
+  EXPECT_EQ(draining(), 1) << "the held lease keeps the first gateway";
+  ASSERT_TRUE(engine_->release(b.value().lease_id, CallResult::kSuccess, std::nullopt).ok());
+  EXPECT_EQ(draining(), 0) << "and nothing else does";
+  const nlohmann::json gw = [&] {
+    for (const PolicyInfo& p : engine_->policies())
+      if (p.name == "gw") return nlohmann::json::parse(p.state_json);
+    return nlohmann::json();
+  }();
+  EXPECT_EQ(gw["refused_by_rate"], 1);
+  EXPECT_EQ(gw["in_flight"], 0);
 }
 
 TEST_F(EngineTest, CheckManyIsAllOrNothing) {
@@ -222,14 +265,14 @@ TEST_F(EngineTest, BadInputIsNamedAndCostsNothing) {
                  StatusCode::kInvalidArgument, "hits");
   expect_error(engine_->check(CheckCall{"two", "k", 1}).status(), StatusCode::kFailedPrecondition,
                "policy");
-  expect_error(engine_->admit(AdmitCall{"per-key", "k", {}, {}, {}, std::nullopt}).status(),
-               StatusCode::kFailedPrecondition, "policy");
-  expect_error(engine_->admit(AdmitCall{"two", "k", {}, {}, {}, Nanos{0}}).status(),
+  expect_error(engine_->admit(AdmitCall{"per-key", "k"}).status(), StatusCode::kFailedPrecondition,
+               "policy");
+  expect_error(engine_->admit(AdmitCall{"two", "k", Nanos{0}}).status(),
                StatusCode::kInvalidArgument, "ttl");
-  expect_error(engine_->admit(AdmitCall{"two", "k", {}, {}, {}, std::chrono::minutes(2)}).status(),
+  expect_error(engine_->admit(AdmitCall{"two", "k", std::chrono::minutes(2)}).status(),
                StatusCode::kInvalidArgument, "ttl");
-  expect_error(engine_->admit(AdmitCall{"chained", "", {}, {}, {}, std::nullopt}).status(),
-               StatusCode::kInvalidArgument, "key");
+  expect_error(engine_->admit(AdmitCall{"chained", ""}).status(), StatusCode::kInvalidArgument,
+               "key");
   expect_error(engine_->release("", CallResult::kSuccess, std::nullopt).status(),
                StatusCode::kInvalidArgument, "lease_id");
   expect_error(engine_->release("not-a-lease", CallResult::kSuccess, std::nullopt).status(),
@@ -319,7 +362,8 @@ TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {
   ASSERT_TRUE(engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt).ok());
   ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
   EXPECT_EQ(in_flight("two"), 1u);
-  EXPECT_EQ(engine_->admit(AdmitCall{"gw", {}, "acme", "llm", {}, std::nullopt}).status().code(),
+  const CallAttribute at[] = {{"tenant", "acme"}, {"upstream", "llm"}};
+  EXPECT_EQ(engine_->admit(AdmitCall{.policy = "gw", .attributes = at}).status().code(),
             StatusCode::kNotFound);
 }
 
@@ -341,7 +385,7 @@ TEST(EngineReload, ChangingAPolicyNeverRefusesCallsDuringTheSwap) {
   for (int t = 0; t < 2; ++t)
     callers.emplace_back([&] {
       while (!done.load()) {
-        auto r = engine.admit(AdmitCall{"a", "k", {}, {}, {}, std::nullopt});
+        auto r = engine.admit(AdmitCall{"a", "k"});
         if (!r.ok() || !r.value().admitted) {
           refused.fetch_add(1);
           continue;
@@ -388,8 +432,7 @@ TEST_F(EngineTest, DrainRefusesNewWorkButReleasesHeldLeases) {
   ASSERT_TRUE(a.admitted);
   engine_->drain();
   EXPECT_EQ(engine_->check(CheckCall{"per-key", "k", 1}).status().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(engine_->admit(AdmitCall{"two", "k", {}, {}, {}, std::nullopt}).status().code(),
-            StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->admit(AdmitCall{"two", "k"}).status().code(), StatusCode::kUnavailable);
   EXPECT_FALSE(engine_->readiness().ready);
   EXPECT_TRUE(engine_->heartbeat(a.lease_id, std::nullopt).ok());
   EXPECT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
@@ -496,7 +539,7 @@ TEST(EngineFleet, ALocalOnlyFleetInAnOutageIsReadyAndSaysItIsDegraded) {
   ASSERT_EQ(r.degraded.size(), 1u);
   EXPECT_EQ(r.degraded[0].find("policy f: fleet guard is "), 0u) << r.degraded[0];
   EXPECT_NE(r.degraded[0].find("local-only"), std::string::npos) << r.degraded[0];
-  EXPECT_TRUE(local.value()->admit(AdmitCall{"f", "k", {}, {}, {}, std::nullopt}).value().admitted);
+  EXPECT_TRUE(local.value()->admit(AdmitCall{"f", "k"}).value().admitted);
   local.value()->close();
 
   auto closed = Engine::create(with("fail-closed"), SteadyClock::instance());
@@ -505,8 +548,7 @@ TEST(EngineFleet, ALocalOnlyFleetInAnOutageIsReadyAndSaysItIsDegraded) {
   EXPECT_FALSE(c.ready);
   ASSERT_EQ(c.problems.size(), 1u);
   EXPECT_TRUE(c.degraded.empty());
-  EXPECT_FALSE(
-      closed.value()->admit(AdmitCall{"f", "k", {}, {}, {}, std::nullopt}).value().admitted);
+  EXPECT_FALSE(closed.value()->admit(AdmitCall{"f", "k"}).value().admitted);
   closed.value()->close();
 }
 

@@ -126,7 +126,7 @@ TEST_F(FederatedPolicyTest, CheckManyIsAllOrNothingOverFederatedKeys) {
 TEST_F(FederatedPolicyTest, AnAdmitChainedToAFederatedPolicyPassesItFirst) {
   std::uint64_t admitted = 0;
   for (int i = 0; i < 45; ++i) {
-    auto r = engine_->admit(AdmitCall{"jobs", "tenant-1", {}, {}, {}, std::nullopt});
+    auto r = engine_->admit(AdmitCall{"jobs", "tenant-1"});
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     if (r.value().admitted) {
       ++admitted;

@@ -98,9 +98,8 @@ class Call final : public Deferral<AdmitResult> {
 };
 
 AdmitCall gw_call(std::optional<Nanos> max_wait = std::nullopt) {
-  AdmitCall c{"gw", "", "t", "q", "", std::nullopt};
-  c.max_wait = max_wait;
-  return c;
+  static const CallAttribute kTenantAndUpstream[] = {{"tenant", "t"}, {"upstream", "q"}};
+  return AdmitCall{.policy = "gw", .max_wait = max_wait, .attributes = kTenantAndUpstream};
 }
 
 nlohmann::json queue_state(const Engine& e) {

@@ -63,8 +63,9 @@ class ReloadTest : public ::testing::Test {
     EXPECT_TRUE(r.value().changed.empty());
   }
   std::string admit(std::string_view policy, std::string_view upstream = {}) {
-    auto r = engine_->admit(
-        AdmitCall{policy, "k", upstream.empty() ? "" : "acme", upstream, {}, std::nullopt});
+    const CallAttribute at[] = {{"tenant", "acme"}, {"upstream", upstream}};
+    auto r = engine_->admit(AdmitCall{
+        .policy = policy, .key = "k", .attributes = std::span(at, upstream.empty() ? 0 : 2)});
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() && r.value().admitted ? r.value().lease_id : std::string();
   }
@@ -221,7 +222,8 @@ TEST_F(ReloadTest, ARemovedUpstreamCountsAgainstItsTenantUntilReleasedAndAnAdded
   const std::string on_db = admit("g", "db");
   ASSERT_FALSE(on_db.empty());
   reload(gateway(2, 5, false), "g");  // db removed
-  auto gone = engine_->admit(AdmitCall{"g", {}, "acme", "db", {}, std::nullopt});
+  const CallAttribute db[] = {{"tenant", "acme"}, {"upstream", "db"}};
+  auto gone = engine_->admit(AdmitCall{.policy = "g", .attributes = db});
   EXPECT_EQ(gone.status().code(), StatusCode::kNotFound);
   const std::string on_llm = admit("g", "llm");
   EXPECT_FALSE(on_llm.empty());
@@ -290,14 +292,15 @@ TEST(ReloadUnderLoad, AdaptiveNeverExceedsTheLargestLimitInForce) {
   const SteadyClock& clock = SteadyClock::instance();
   auto e = Engine::create(config_of(fixed(2)), clock);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
-  churn(*e.value(), AdmitCall{"a", "k", {}, {}, {}, std::nullopt}, {fixed(1), fixed(2)}, 2);
+  churn(*e.value(), AdmitCall{"a", "k"}, {fixed(1), fixed(2)}, 2);
 }
 
 TEST(ReloadUnderLoad, GatewayNeverExceedsTheLargestLimitInForce) {
   const SteadyClock& clock = SteadyClock::instance();
   auto e = Engine::create(config_of(gateway(2, 2, true)), clock);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
-  churn(*e.value(), AdmitCall{"g", {}, "acme", "llm", {}, std::nullopt},
+  const CallAttribute at[] = {{"tenant", "acme"}, {"upstream", "llm"}};
+  churn(*e.value(), AdmitCall{.policy = "g", .attributes = at},
         {gateway(2, 1, false), gateway(1, 2, true), gateway(2, 2, true)}, 2);
 }
 
@@ -310,7 +313,7 @@ TEST(ReloadUnderLoad, CascadeNeverExceedsTheLargestLimitInForce) {
   };
   auto e = Engine::create(config_of(cascade(2, "5s")), SteadyClock::instance());
   ASSERT_TRUE(e.ok()) << e.status().to_string();
-  churn(*e.value(), AdmitCall{"c", {}, {}, {}, {}, std::nullopt},
+  churn(*e.value(), AdmitCall{.policy = "c"},
         {cascade(1, "5s"), cascade(2, "4s"), cascade(2, "5s"), cascade(1, "4s")}, 2);
 }
 

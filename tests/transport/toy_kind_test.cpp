@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -99,16 +100,24 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
     return toy_rejection(429, d.limit - d.remaining, d.limit);
   }
 
-  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
+  // Phase one: its own attribute, `colour` (optional, one of three), checked; phase two takes a
+  // slot and answers the colour back with the slot taken. A chained rate policy runs between
+  // them, and the toy knows nothing of it.
+  StatusOr<std::unique_ptr<ResolvedAdmit>> resolve(const AdmitCall& call, Nanos /*now*/) override {
+    auto colour = call.single("colour");
+    if (!colour.ok()) return colour.status();
+    if (!colour.value().empty() && colour.value() != "red" && colour.value() != "green" &&
+        colour.value() != "blue")
+      return invalid("colour",
+                     "must be red, green or blue, not '" + std::string(colour.value()) + "'");
+    return resolved([this, colour = std::string(colour.value())](
+                        Nanos /*now*/, Deferral<AdmitDecision>& /*later*/) {
+      return Decided<AdmitDecision>(take(colour));
+    });
+  }
+
+  AdmitDecision take(const std::string& colour) {
     AdmitDecision out;
-    if (gate != nullptr) {
-      auto refused = gate->pass(call, now, out.refusal_owner);
-      if (!refused.ok()) return refused.status();
-      if (refused.value()) {
-        out.refusal = *refused.value();
-        return out;
-      }
-    }
     std::uint32_t held = held_.load();
     do {
       if (held >= slots_.load()) {
@@ -119,6 +128,8 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
     } while (!held_.compare_exchange_weak(held, held + 1));
     out.permit = LeasePermit(ToyLease{std::static_pointer_cast<ToyPolicy>(shared_from_this())});
     out.chosen = "slot-" + std::to_string(held);
+    if (!colour.empty()) out.attributes.emplace_back("colour", colour);
+    out.attributes.emplace_back("slot", std::to_string(held));
     return out;
   }
 
@@ -164,6 +175,10 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
     info.limit = slots_.load();
     j["slots"] = info.limit;
     j["in_flight"] = info.in_flight;
+    json ends = json::object();
+    const std::lock_guard lock(mu_);
+    for (const auto& [word, n] : ends_) ends[word] = n;
+    j["ends"] = std::move(ends);
   }
   void metrics(std::vector<prometheus::MetricFamily>& out) const override {
     out.push_back(
@@ -191,8 +206,42 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
   };
   struct ToyLease {
     std::shared_ptr<ToyPolicy> policy;
-    void finish(const CallEnd& /*end*/) noexcept { policy->held_.fetch_sub(1); }
+    void finish(const CallEnd& end) noexcept {
+      policy->held_.fetch_sub(1);
+      policy->count_end(end);
+    }
   };
+
+  // How a call ended, in the toy's own words: every kind maps the one outcome vocabulary for
+  // itself.
+  void count_end(const CallEnd& end) noexcept {
+    const char* word = "unsaid";
+    switch (end.result) {
+      case CallResult::kSuccess:
+        word = "fine";
+        break;
+      case CallResult::kDropped:
+        word = "lost";
+        break;
+      case CallResult::kTimeout:
+        word = "late";
+        break;
+      case CallResult::kOverload:
+        word = "swamped";
+        break;
+      case CallResult::kFailed:
+        word = "broken";
+        break;
+      case CallResult::kIgnored:
+        word = "unsaid";
+        break;
+    }
+    try {
+      const std::lock_guard lock(mu_);
+      ++ends_[word];
+    } catch (...) {  // a tally that cannot grow loses a count, never the release
+    }
+  }
 
   std::vector<Pending> take_pending() {
     const std::lock_guard lock(mu_);
@@ -246,6 +295,7 @@ class ToyPolicy final : public Policy, public RateFamily, public AdmitFamily {
   std::atomic<std::uint64_t> ticks_{0};
   mutable std::mutex mu_;
   std::map<std::string, std::uint64_t> spent_;
+  std::map<std::string, std::uint64_t> ends_;  // releases by the toy's word for their outcome
   std::vector<Pending> pending_;
   std::vector<Completion<std::uint64_t>> waiters_;
 };
@@ -749,6 +799,97 @@ TEST_F(ToyKind, AnAdmitNamesWhatItChose) {
   const Reply r = http(http_port_, "POST", "/v1/admit", R"({"policy":"play"})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["chosen"], "slot-1");
+}
+
+// The sluice CLI (a user's shell): its stdout, and its exit code.
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+CliRun cli(const std::string& args) {
+  CliRun r;
+  FILE* p = popen((std::string(SLUICE_CLI_PATH) + " " + args + " 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The toy reads an attribute of its own (`colour`) and answers with its own (`colour`, `slot`),
+// and maps every release outcome to a word of its own: over gRPC, HTTP and the CLI, with no
+// field, flag or route for either anywhere but this file.
+TEST_F(ToyKind, ItsOwnAttributeAndOutcomesAreServedOverEveryTransportAndTheCli) {
+  const auto answered = [](const pb::AdmitResponse& r) {
+    std::map<std::string, std::string> out;
+    for (const pb::Attribute& a : r.attributes()) out[a.name()] += a.value();
+    return out;
+  };
+  // gRPC: the attribute read, checked (by the kind: the engine knows no colour) and answered.
+  grpc::ClientContext c1;
+  pb::AdmitRequest req;
+  req.set_policy("play");
+  pb::Attribute* colour = req.add_attributes();
+  colour->set_name("colour");
+  colour->set_value("red");
+  pb::AdmitResponse red;
+  ASSERT_TRUE(stub_->Admit(&c1, req, &red).ok());
+  ASSERT_TRUE(red.admitted());
+  EXPECT_EQ(answered(red), (std::map<std::string, std::string>{{"colour", "red"}, {"slot", "0"}}));
+  colour->set_value("pink");
+  grpc::ClientContext c2;
+  pb::AdmitResponse bad;
+  grpc::Status st = stub_->Admit(&c2, req, &bad);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "colour: must be red, green or blue, not 'pink'");
+  colour->set_value("red");
+  pb::Attribute* again = req.add_attributes();
+  again->set_name("colour");
+  again->set_value("blue");
+  grpc::ClientContext c3;
+  st = stub_->Admit(&c3, req, &bad);
+  EXPECT_EQ(st.error_message(), "colour: takes one value, given 2");
+  EXPECT_EQ(engine_->leases(), 1u) << "a refused attribute costs nothing";
+
+  // HTTP: the same attribute in the body's `attributes`, answered in the JSON's.
+  Reply h =
+      http(http_port_, "POST", "/v1/admit", R"({"policy":"play","attributes":{"colour":"green"}})");
+  ASSERT_EQ(h.status, 200) << h.body;
+  const json green = json::parse(h.body);
+  EXPECT_EQ(green["attributes"], json({{"colour", "green"}, {"slot", "1"}})) << h.body;
+  h = http(http_port_, "POST", "/v1/admit", R"({"policy":"play","attributes":{"colour":"grey"}})");
+  EXPECT_EQ(h.status, 400);
+  EXPECT_EQ(json::parse(h.body)["error"]["message"],
+            "colour: must be red, green or blue, not 'grey'");
+
+  // Outcomes: released with timeout over gRPC and overload over HTTP, in the toy's words.
+  grpc::ClientContext c4;
+  pb::ReleaseRequest rel;
+  rel.set_lease_id(red.lease_id());
+  rel.set_outcome(pb::OUTCOME_TIMEOUT);
+  pb::ReleaseResponse rr;
+  ASSERT_TRUE(stub_->Release(&c4, rel, &rr).ok());
+  h = http(
+      http_port_, "POST", "/v1/release",
+      R"({"lease_id":")" + green["lease_id"].get<std::string>() + R"(","outcome":"overload"})");
+  ASSERT_EQ(h.status, 200) << h.body;
+
+  // The CLI: --attribute in, the answer's attributes out; released as failed.
+  const std::string server = " -s 127.0.0.1:" + std::to_string(grpc_port_);
+  CliRun run = cli("admit play -a colour=blue --json" + server);
+  ASSERT_EQ(run.code, 0) << run.out;
+  const json blue = json::parse(run.out);
+  EXPECT_EQ(blue["attributes"], json({{"colour", "blue"}, {"slot", "0"}})) << run.out;
+  EXPECT_EQ(cli("admit play -a colour=pink" + server).code, 2);
+  EXPECT_EQ(cli("admit play -a colour" + server).code, 2) << "not name=value";
+  run = cli("release " + blue["lease_id"].get<std::string>() + " --outcome failed" + server);
+  EXPECT_EQ(run.code, 0) << run.out;
+
+  const std::shared_ptr<ToyPolicy> toy = toy_named(engine_->policies_of("toy"), "play");
+  ASSERT_NE(toy, nullptr);
+  EXPECT_EQ(toy->state()["ends"], json({{"late", 1}, {"swamped", 1}, {"broken", 1}}));
+  EXPECT_EQ(engine_->leases(), 0u);
 }
 
 TEST_F(ToyKind, AReloadOfTheSameKindTakesTheNewSpecInPlace) {

@@ -41,7 +41,7 @@ class FleetReload : public ::testing::Test {
   }
 
   AdmitResult admit() {
-    auto r = engine_->admit(AdmitCall{"f", "k", {}, {}, {}, std::nullopt});
+    auto r = engine_->admit(AdmitCall{"f", "k"});
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() ? std::move(r.value()) : AdmitResult{};
   }

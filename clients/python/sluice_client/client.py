@@ -7,7 +7,8 @@ import datetime
 import math
 import threading
 import time
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, TypeVar,
+                    Union)
 
 import grpc
 from google.protobuf import duration_pb2
@@ -182,7 +183,8 @@ class Client:
 
     def admit(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
               route: str = "", ttl: Optional[Seconds] = None,
-              exclude: Sequence[str] = (), max_wait: Optional[Seconds] = None) -> Lease:
+              exclude: Sequence[str] = (), max_wait: Optional[Seconds] = None,
+              attributes: Optional[Mapping[str, Union[str, Sequence[str]]]] = None) -> Lease:
         """Admits one call on an adaptive, fleet, concurrency or cascade policy and returns its
         lease.
 
@@ -198,12 +200,22 @@ class Client:
         deadline is then the client's timeout plus `max_wait`. ``lease.waited`` (and
         ``Refused.waited``) says how long it waited.
 
+        `attributes`: what else the policy's kind reads, by name (a list of strings for a list);
+        `tenant`, `upstream`, `route` and `exclude` are shorthands for attributes of those
+        names. What the kind answers beyond the lease is in ``lease.attributes``.
+
         Raises :class:`~sluice_client.Refused` (status 429 or 503) when not admitted.
         """
         if isinstance(exclude, str):
             raise TypeError("exclude: must be a list of node names, not a string")
         req = sluice_pb2.AdmitRequest(policy=policy, key=key, tenant=tenant, upstream=upstream,
                                       route=route, exclude=list(exclude))
+        for name, value in (attributes or {}).items():
+            for v in ([value] if isinstance(value, str) else list(value)):
+                if not isinstance(v, str):
+                    raise TypeError(f"attributes: {name!r} must be a string or a list of "
+                                    f"strings, not {value!r}")
+                req.attributes.add(name=name, value=v)
         if ttl is not None:
             req.ttl.CopyFrom(_duration(ttl, "ttl"))
         timeout = None
@@ -216,9 +228,17 @@ class Client:
             answered = time.monotonic()
             deadline = (answered + _seconds(resp.call_deadline)
                         if resp.HasField("call_deadline") else None)
+            answer: dict = {}
+            for a in resp.attributes:
+                if a.name not in answer:
+                    answer[a.name] = a.value
+                elif isinstance(answer[a.name], list):
+                    answer[a.name].append(a.value)
+                else:
+                    answer[a.name] = [answer[a.name], a.value]
             return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy,
                          admitted_at=answered, chosen=resp.chosen, deadline=deadline,
-                         waited=waited)
+                         waited=waited, attributes=answer)
         r = resp.rejection
         raise Refused(
             r.status, title=r.title, type=r.type, detail=r.detail,
@@ -265,7 +285,9 @@ class Client:
     @contextlib.contextmanager
     def lease(self, policy: str, key: str = "", tenant: str = "", upstream: str = "",
               route: str = "", ttl: Optional[Seconds] = None,
-              max_wait: Optional[Seconds] = None) -> Iterator[Lease]:
+              max_wait: Optional[Seconds] = None,
+              attributes: Optional[Mapping[str, Union[str, Sequence[str]]]] = None
+              ) -> Iterator[Lease]:
         """Admits on entry (raising :class:`~sluice_client.Refused` if not admitted) and
         releases on exit, with the time since admission as the RTT::
 
@@ -290,7 +312,7 @@ class Client:
         because the block outlived its TTL without a heartbeat).
         """
         lease = self.admit(policy, key=key, tenant=tenant, upstream=upstream, route=route,
-                           ttl=ttl, max_wait=max_wait)
+                           ttl=ttl, max_wait=max_wait, attributes=attributes)
         try:
             yield lease
         except BaseException as exc:

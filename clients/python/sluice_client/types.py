@@ -80,6 +80,8 @@ class Lease:
         deadline: :func:`time.monotonic` by which the call must have ended (a fleet policy's
             call deadline: pass the time left on to the backend); ``None``: no deadline.
         waited: seconds the call waited in a queue before it was admitted (0: none).
+        attributes: what the policy's kind answered beyond the above, by name (a string, or
+            a list of strings for a name answered more than once).
     """
 
     lease_id: str
@@ -91,6 +93,7 @@ class Lease:
     chosen: str = ""
     deadline: Optional[float] = None
     waited: float = 0.0
+    attributes: dict = field(default_factory=dict)
 
     def time_left(self) -> Optional[float]:
         """Seconds until :attr:`deadline` (never negative); ``None``: no deadline."""

@@ -96,6 +96,14 @@ def test_admit_argument_errors(client):
     raises(InvalidArgument, "upstream", client.admit, "gateway", tenant="acme")
     with pytest.raises(NotFound):
         client.admit("gateway", tenant="nobody", upstream="llm")
+    # The same fields as attributes, checked the same way by the kind that reads them.
+    raises(InvalidArgument, "tenant", client.admit, "gateway", attributes={"upstream": "llm"})
+    raises(InvalidArgument, "tenant", client.admit, "gateway",
+           attributes={"tenant": ["acme", "globex"], "upstream": "llm"})
+    raises(InvalidArgument, "attributes", client.admit, "gateway",
+           attributes={"not a name": "x"})
+    with pytest.raises(TypeError):
+        client.admit("gateway", attributes={"tenant": 3})
     ps = client.policies()
     assert ps.leases == 0
     assert ps["small"].in_flight == 0 and ps["gateway"].in_flight == 0

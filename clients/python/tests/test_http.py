@@ -186,8 +186,12 @@ def test_bad_input_is_400_naming_the_field(server):
         # unknown fields are errors naming them (a misspelt ttl must not become the default)
         ("/v1/admit", {"policy": "small", "ttl": 5000},
          "ttl: unknown field (known: policy, key, tenant, upstream, route, ttl_ms, exclude, "
-         "max_wait_ms)"),
+         "max_wait_ms, attributes)"),
         ("/v1/admit", {"policy": "small", "max_wait_ms": -1}, "max_wait_ms:"),
+        ("/v1/admit", {"policy": "small", "attributes": ["tenant"]}, "attributes: must be an object"),
+        ("/v1/admit", {"policy": "small", "attributes": {"tenant": 3}}, "attributes: values must"),
+        ("/v1/admit", {"policy": "small", "attributes": {"": "x"}}, "attributes: '' is not"),
+        ("/v1/admit", {"policy": "gateway", "attributes": {"tenant": ["a", "b"]}}, "tenant: takes one"),
         ("/v1/check", {"policy": "api-rate", "key": "k", "hit": 2}, "hit: unknown field"),
         ("/v1/check_many", {"checks": [{"policy": "api-rate", "key": "k", "hitz": 1}]},
          "checks[0].hitz: unknown field"),

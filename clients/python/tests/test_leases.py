@@ -199,6 +199,11 @@ def test_gateway_limits_refuse_with_503(client, key):
         assert refused.value.status == 503
         assert refused.value.level == "route"
         assert in_flight(client, "gateway") == 20
+        # The same call with its names given as attributes: the same route, the same refusal.
+        with pytest.raises(Refused) as refused:
+            client.admit("gateway", key=key(), attributes={"tenant": "acme-team",
+                                                           "upstream": "llm", "route": "chat"})
+        assert refused.value.level == "route"
         # Without the route, the upstream still has room.
         with client.lease("gateway", key=key(), tenant="acme-team", upstream="llm"):
             assert in_flight(client, "gateway") == 21

@@ -20,19 +20,12 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
       count_leases_of(*was);
   }
 
-  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
-    AdmitDecision out;
-    auto go_on = pass(gate, call, now, out);
-    if (!go_on.ok()) return go_on.status();
-    if (!go_on.value()) return out;
-    if (std::optional<GuardPermit> p = guard_->acquire()) {
-      out.permit = lease(GuardLease{std::move(*p)});
-    } else {
-      count_limit_refusal();
-      out.refusal = guard_refusal(name(), guard_->stats());
-      out.refusal_owner = shared_from_this();
-    }
-    return out;
+  // It reads no attribute: nothing to resolve.
+  StatusOr<std::unique_ptr<ResolvedAdmit>> resolve(const AdmitCall& /*call*/,
+                                                   Nanos /*now*/) override {
+    return resolved([this](Nanos /*now*/, Deferral<AdmitDecision>& /*later*/) {
+      return Decided<AdmitDecision>(take());
+    });
   }
 
   // In place, always: the guard (and so every permit in flight, which stays counted against
@@ -75,6 +68,18 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
   }
 
  private:
+  AdmitDecision take() {
+    AdmitDecision out;
+    if (std::optional<GuardPermit> p = guard_->acquire()) {
+      out.permit = lease(GuardLease{std::move(*p)});
+    } else {
+      count_limit_refusal();
+      out.refusal = guard_refusal(name(), guard_->stats());
+      out.refusal_owner = shared_from_this();
+    }
+    return out;
+  }
+
   // A new guard, or the predecessor's (BuildContext::predecessor: the calls it admitted stay
   // counted against this limit) with the new spec's algorithm, as a reload in place would do.
   static std::shared_ptr<AdaptiveGuard> guard_for(const BuildContext& c,

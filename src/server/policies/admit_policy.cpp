@@ -5,17 +5,6 @@ namespace sluice::server {
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-StatusOr<bool> AdmitPolicy::pass(AdmitGate* gate, const AdmitCall& call, Nanos now,
-                                 AdmitDecision& out) {
-  if (gate == nullptr) return true;
-  auto refused = gate->pass(call, now, out.refusal_owner);
-  if (!refused.ok()) return refused.status();
-  if (!refused.value()) return true;
-  gate_refused_.fetch_add(1, std::memory_order_relaxed);
-  out.refusal = std::move(*refused.value());
-  return false;
-}
-
 void AdmitPolicy::describe_admissions(nlohmann::json& j) const {
   j["admitted"] = admitted_.load(std::memory_order_relaxed);
   j["refused_by_limit"] = limit_refused_.load(std::memory_order_relaxed);

@@ -20,6 +20,10 @@ namespace sluice::server {
 class AdmitPolicy : public Policy, public AdmitFamily {
  public:
   [[nodiscard]] AdmitFamily* admit_family() noexcept override { return this; }
+  // Counted as refused by the rate (state's refused_by_rate, sluice_admissions_total).
+  void refused_by_rate() noexcept override {
+    gate_refused_.fetch_add(1, std::memory_order_relaxed);
+  }
   // Counts `predecessor`'s leases still held as this policy's own from here on (they are calls
   // in flight against the limits it took over; BuildContext::predecessor). For the builder,
   // before the policy is served.
@@ -37,10 +41,6 @@ class AdmitPolicy : public Policy, public AdmitFamily {
     return LeasePermit(
         Lease<P>(std::move(permit), std::static_pointer_cast<AdmitPolicy>(shared_from_this())));
   }
-  // Runs `gate` (if any): true to go on; false with `out` filled (refused, counted as refused
-  // by the gate); an error when the call is bad.
-  [[nodiscard]] StatusOr<bool> pass(AdmitGate* gate, const AdmitCall& call, Nanos now,
-                                    AdmitDecision& out);
   void count_limit_refusal() noexcept { limit_refused_.fetch_add(1, std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t leases() const noexcept {
     return leases_->load(std::memory_order_relaxed);

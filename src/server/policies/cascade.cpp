@@ -25,8 +25,8 @@
 //                                   #     no call (0: never)
 //   rate: <rate policy>             # optional: passed first
 //
-// Admit: AdmitCall::exclude names nodes not to choose (a caller's budgeted retry). A refusal
-// (every node at its limit or open) is a 503 naming how many nodes were tried, open and
+// Admit: the call's `exclude` attribute names nodes not to choose (a caller's budgeted retry). A
+// refusal (every node at its limit or open) is a 503 naming how many nodes were tried, open and
 // excluded. Release: success; dropped, timeout or overload (all three a drop to the node's limit
 // and a failure to its health); failed (a failure, no latency evidence); ignored (counted
 // nowhere). A lease that expires or is ended by shutdown counts as ignored: its client never
@@ -128,13 +128,26 @@ class CascadePolicy final : public AdmitPolicy {
     if (was != nullptr) count_leases_of(*was);
   }
 
-  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
+  StatusOr<std::unique_ptr<ResolvedAdmit>> resolve(const AdmitCall& call, Nanos /*now*/) override {
+    // Its attribute: `exclude`, the nodes not to choose (those a caller's retry already tried).
+    if (const std::size_t n = call.count("exclude"); n > kMaxBatch)
+      return invalid("exclude",
+                     "at most " + std::to_string(kMaxBatch) + " nodes, not " + std::to_string(n));
+    std::vector<std::string> exclude;
+    for (const std::string_view node : call.all("exclude")) {
+      if (Status s = check_field("exclude", node, kMaxNameBytes, true); !s.ok()) return s;
+      exclude.emplace_back(node);
+    }
+    return resolved(
+        [this, exclude = std::move(exclude)](Nanos /*now*/, Deferral<AdmitDecision>& /*later*/) {
+          return Decided<AdmitDecision>(take(exclude));
+        });
+  }
+
+  AdmitDecision take(std::span<const std::string> exclude) {
     AdmitDecision out;
-    auto go_on = pass(gate, call, now, out);
-    if (!go_on.ok()) return go_on.status();
-    if (!go_on.value()) return out;
     const std::shared_ptr<FallbackCascade> cascade = this->cascade();
-    CascadeResult<CascadeLease> lease = cascade->acquire(call.exclude);
+    CascadeResult<CascadeLease> lease = cascade->acquire(exclude);
     if (lease.ok()) {
       out.chosen = lease.value().node();
       out.permit = this->lease(CascadePermit{std::move(lease.value())});

@@ -165,38 +165,21 @@ class GatewayPolicy final : public AdmitPolicy {
     start_loop(clock_, [this](Nanos now) { return tick(now); });
   }
 
-  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
-    if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
-    if (call.upstream.empty())
-      return invalid("upstream", "must not be empty for a concurrency policy");
+  // Resolves the call's tenant, upstream and route on the gateway serving now (held until the
+  // permit is taken or the call refused): an unknown name is an error that costs nothing.
+  StatusOr<std::unique_ptr<ResolvedAdmit>> resolve(const AdmitCall& call, Nanos /*now*/) override {
+    auto names = names_of(call);
+    if (!names.ok()) return names.status();
     Generation* g = hold();
-    AdmitDecision out;
-    const Status s = admit_on(*g, call, now, gate, out);
-    if (!out.permit) let_go(g);  // a lease keeps its hold
-    if (!s.ok()) return s;
-    return out;
-  }
-
-  // As admit(), but a call that finds a queue-strategy upstream full waits in its queue (FIFO,
-  // handed a permit when one is released) up to the earlier of the queue's timeout and the
-  // call's max_wait, holding no thread: it is deferred, and answered by whoever decides.
-  Decided<AdmitDecision> admit_or_defer(const AdmitCall& call, Nanos now, AdmitGate* gate,
-                                        Deferral<AdmitDecision>& later) override {
-    if (call.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
-    if (call.upstream.empty())
-      return invalid("upstream", "must not be empty for a concurrency policy");
-    Generation* g = hold();
-    AdmitDecision out;
-    std::optional<Target> wait_on;
-    const Status s = admit_on(*g, call, now, gate, out,
-                              call.max_wait.value_or(Nanos::max()) > Nanos{0} ? &wait_on : nullptr);
-    if (!s.ok() || !wait_on) {
-      if (!out.permit) let_go(g);  // a lease keeps its hold
-      if (!s.ok()) return s;
-      return out;
+    Resolution r =
+        g->gateway->resolve(names.value().tenant, names.value().upstream, names.value().route);
+    if (!r.ok()) {
+      let_go(g);
+      return Status(StatusCode::kNotFound, r.error()->message());
     }
-    // The upstream's queue: `out.refusal` is its refusal now, the template of those to come.
-    return wait(*g, *wait_on, call, now, std::move(out.refusal), later);
+    return std::unique_ptr<ResolvedAdmit>(
+        std::make_unique<Resolved>(std::static_pointer_cast<GatewayPolicy>(shared_from_this()), g,
+                                   r.target(), names.value().tenant, call.max_wait));
   }
 
   // In place: a gateway built for the new config takes the current one's place, sharing the
@@ -299,34 +282,81 @@ class GatewayPolicy final : public AdmitPolicy {
   void on_drain() noexcept override { close_queues(EndWhy::kStopping); }
 
  private:
-  // Admits on `g`: `out` gets a permit (whose lease takes over the caller's hold of `g`) or a
-  // refusal. With `wait_on`: a refusal by an upstream pool that queues sets it to the call's
-  // target instead, `out.refusal` holding that refusal and nothing else (the caller queues it).
-  Status admit_on(Generation& g, const AdmitCall& call, Nanos now, AdmitGate* gate,
-                  AdmitDecision& out, std::optional<Target>* wait_on = nullptr) {
-    // Resolved before the gate: an unknown name is an error, and an error must cost nothing.
-    Resolution r = g.gateway->resolve(call.tenant, call.upstream, call.route);
-    if (!r.ok()) return Status(StatusCode::kNotFound, r.error()->message());
-    auto go_on = pass(gate, call, now, out);
-    if (!go_on.ok()) return go_on.status();
-    if (!go_on.value()) return {};
-    Admission a = g.gateway->try_acquire(r.target());
+  // What a concurrency call names: its attributes `tenant` and `upstream` (both required) and
+  // `route` (optional), one value each.
+  struct Names {
+    std::string_view tenant, upstream, route;
+  };
+  static StatusOr<Names> names_of(const AdmitCall& call) {
+    Names n;
+    for (auto [field, out] : {std::pair<const char*, std::string_view*>{"tenant", &n.tenant},
+                              {"upstream", &n.upstream},
+                              {"route", &n.route}}) {
+      auto v = call.single(field);
+      if (!v.ok()) return v.status();
+      *out = v.value();
+    }
+    if (n.tenant.empty()) return invalid("tenant", "must not be empty for a concurrency policy");
+    if (n.upstream.empty())
+      return invalid("upstream", "must not be empty for a concurrency policy");
+    return n;
+  }
+
+  // A call resolved on a generation it holds: take() admits it there, or (a full upstream
+  // whose queue it may wait in) queues it, FIFO, handed a permit when one is released, up to
+  // the earlier of the queue's timeout and the call's max_wait, holding no thread.
+  class Resolved final : public ResolvedAdmit {
+   public:
+    Resolved(std::shared_ptr<GatewayPolicy> policy, Generation* g, Target target,
+             std::string_view tenant, std::optional<Nanos> max_wait)
+        : policy_(std::move(policy)),
+          g_(g),
+          target_(std::move(target)),
+          tenant_(tenant),
+          max_wait_(max_wait) {}
+    ~Resolved() override {
+      if (g_ != nullptr) policy_->let_go(g_);  // refused by the rate, or never taken
+    }
+    Resolved(const Resolved&) = delete;
+    Resolved& operator=(const Resolved&) = delete;
+
+    std::string_view rate_key() const noexcept override { return tenant_; }
+    Decided<AdmitDecision> take(Nanos now, Deferral<AdmitDecision>& later) override {
+      Generation* g = std::exchange(g_, nullptr);  // the hold passes to what comes of it
+      return policy_->take_on(*g, target_, now, max_wait_, later);
+    }
+
+   private:
+    std::shared_ptr<GatewayPolicy> policy_;
+    Generation* g_;
+    Target target_;
+    std::string_view tenant_;
+    std::optional<Nanos> max_wait_;
+  };
+
+  // Takes a permit for `target` on `g` (whose hold the caller passes on: to the lease, to a
+  // refusal, or to the queue), or refuses, or queues the call.
+  Decided<AdmitDecision> take_on(Generation& g, const Target& target, Nanos now,
+                                 std::optional<Nanos> max_wait, Deferral<AdmitDecision>& later) {
+    AdmitDecision out;
+    Admission a = g.gateway->try_acquire(target);
     if (a.admitted()) {
       out.permit = lease(GatewayLease{std::move(a.permit()), &g});
-      return {};
+      return out;
     }
-    if (wait_on != nullptr && a.rejection()->level == LimitLevel::kUpstream &&
-        g.gateway->queues(r.target())) {
-      wait_on->emplace(r.target());
-      out.refusal = std::move(*a.rejection());
-      out.refusal.policy = name();
-      return {};
+    if (max_wait.value_or(Nanos::max()) > Nanos{0} &&
+        a.rejection()->level == LimitLevel::kUpstream && g.gateway->queues(target)) {
+      // The upstream's queue: its refusal now is the template of those to come.
+      Rejection refused = std::move(*a.rejection());
+      refused.policy = name();
+      return wait(g, target, max_wait, now, std::move(refused), later);
     }
     count_limit_refusal();
     out.refusal = std::move(*a.rejection());
     out.refusal.policy = name();
     out.refusal_owner = refusal_owner(g);
-    return {};
+    let_go(&g);
+    return out;
   }
 
   // Keeps `g` and this policy alive for a refusal whose views point into both (takes a hold).
@@ -340,13 +370,12 @@ class GatewayPolicy final : public AdmitPolicy {
   // Queues the call (holding `g`, which the caller held) on `target`'s upstream queue: deferred,
   // or answered now when the gateway decides at once (the queue full, a unit freed meanwhile)
   // or the policy is closing.
-  Decided<AdmitDecision> wait(Generation& g, const Target& target, const AdmitCall& call, Nanos now,
-                              Rejection refused, Deferral<AdmitDecision>& later) {
+  Decided<AdmitDecision> wait(Generation& g, const Target& target, std::optional<Nanos> max_wait,
+                              Nanos now, Rejection refused, Deferral<AdmitDecision>& later) {
     auto w = std::make_shared<Waiter>();
     w->generation = &g;
     w->since = now;
-    w->deadline =
-        call.max_wait && *call.max_wait < Nanos::max() - now ? now + *call.max_wait : Nanos::max();
+    w->deadline = max_wait && *max_wait < Nanos::max() - now ? now + *max_wait : Nanos::max();
     w->stats = queue_stats_of(std::string(refused.upstream_id));
     w->queue_timeout = queue_timeout_of(g, refused);
     w->template_refusal = std::move(refused);
@@ -623,85 +652,6 @@ void GatewayLease::finish(const CallEnd& /*end*/) noexcept {
   generation->policy->let_go(generation);
 }
 
-std::optional<ConcurrencyLimit> read_limit(ConfigSection& parent, std::string_view key) {
-  std::optional<ConfigSection> s = parent.map(key);
-  if (!s) return std::nullopt;
-  s->keys({"sharing", "max_concurrent", "per_tenant_max", "strategy", "queue"});
-  ConcurrencyLimit l;
-  l.sharing = s->choice<Sharing>("sharing", {{"private", Sharing::kPrivate},
-                                             {"inherit", Sharing::kInherit},
-                                             {"enforce", Sharing::kEnforce}});
-  l.max_concurrent = s->u32("max_concurrent");
-  l.per_tenant_max = s->u32("per_tenant_max");
-  if (auto v = s->choice<Strategy>("strategy",
-                                   {{"reject", Strategy::kReject}, {"queue", Strategy::kQueue}}))
-    l.strategy = *v;
-  if (std::optional<ConfigSection> q = s->map("queue")) {
-    q->keys({"max_depth", "timeout"});
-    if (auto d = q->u32("max_depth")) l.queue.max_depth = *d;
-    if (auto t = q->duration("timeout")) l.queue.timeout = *t;
-  }
-  return l;
-}
-
-void read_gateway(ConfigSection& s, GatewayConfig& g) {
-  s.each("tenants", [&](ConfigSection& t) {
-    t.keys({"id", "parent", "global_concurrency_limit"});
-    TenantConfig c;
-    if (auto v = t.str("id", true)) c.id = *v;
-    c.parent = t.str("parent");
-    c.global_concurrency_limit = t.u32("global_concurrency_limit");
-    g.tenants.push_back(std::move(c));
-  });
-  s.each("upstreams", [&](ConfigSection& u) {
-    u.keys({"id", "host", "owner", "concurrency_limit", "routes"});
-    UpstreamConfig c;
-    if (auto v = u.str("id", true)) c.id = *v;
-    if (auto v = u.str("host")) c.host = *v;
-    if (auto v = u.str("owner", true)) c.owner = *v;
-    c.concurrency_limit = read_limit(u, "concurrency_limit");
-    u.each("routes", [&](ConfigSection& rt) {
-      rt.keys({"id", "max_concurrent"});
-      RouteConfig route;
-      if (auto v = rt.str("id", true)) route.id = *v;
-      route.max_concurrent = rt.u32("max_concurrent");
-      c.routes.push_back(std::move(route));
-    });
-    g.upstreams.push_back(std::move(c));
-  });
-  s.each("bindings", [&](ConfigSection& b) {
-    b.keys({"tenant", "upstream", "concurrency_limit"});
-    BindingConfig c;
-    if (auto v = b.str("tenant", true)) c.tenant = *v;
-    if (auto v = b.str("upstream", true)) c.upstream = *v;
-    c.concurrency_limit = read_limit(b, "concurrency_limit");
-    g.bindings.push_back(std::move(c));
-  });
-  if (std::optional<ConfigSection> pr = s.map("problem")) {
-    pr->keys({"status", "retry_after_seconds", "type", "title"});
-    if (auto v = pr->uint("status", 0, 999)) g.problem.status = static_cast<std::uint16_t>(*v);
-    if (auto v = pr->u32("retry_after_seconds")) g.problem.retry_after_seconds = *v;
-    if (auto v = pr->str("type")) g.problem.type = *v;
-    if (auto v = pr->str("title")) g.problem.title = *v;
-  }
-  if (std::optional<ConfigSection> m = s.map("metrics")) {
-    m->keys({"per_tenant"});
-    if (auto b = m->boolean("per_tenant")) g.metrics.per_tenant = *b;
-  }
-  // The gateway's own validation, its issues placed at the fields they name.
-  const ValidationReport report = validate(g);
-  for (const ConfigIssue& i : report.errors) s.error_at(i.path, i.message);
-  for (const ConfigIssue& i : report.warnings) s.warning_at(i.path, i.message);
-}
-
-std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
-                                        PolicySpec& /*spec*/) {
-  s.keys({"kind", "tenants", "upstreams", "bindings", "problem", "metrics", "rate"});
-  auto body = std::make_shared<ConcurrencySpec>();
-  read_gateway(s, body->gateway);
-  return body;
-}
-
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const ConcurrencySpec& spec = *c.spec.as<ConcurrencySpec>();
   GatewayBuild b = GatewayPolicy::gateway_for(c, spec.gateway);
@@ -716,7 +666,7 @@ StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
 }  // namespace
 
 PolicyKind concurrency_kind() {
-  return PolicyKind("concurrency", PolicyKind::kAdmit, parse, build);
+  return PolicyKind("concurrency", PolicyKind::kAdmit, parse_concurrency, build);
 }
 
 }  // namespace sluice::server

@@ -1,10 +1,9 @@
 // concurrency.h: the concurrency (gateway) kind's fields (src/server/policies/concurrency.cpp).
 //
 //   kind: concurrency
-//   tenants, upstreams, bindings, problem, metrics   # sluice/local/gateway_config.h, checked by
-//   the
-//                                                    # gateway's own validation, its issues
-//                                                    # placed at the lines they name
+//   tenants, upstreams, bindings, problem, metrics   # sluice/local/gateway_config.h, checked
+//                                                    # by the gateway's own validation, its
+//                                                    # issues placed at the lines they name
 //   rate: <rate policy>                              # optional: passed first (keyed by the
 //                                                    # call's key, else its tenant)
 //
@@ -17,6 +16,9 @@
 // the calls waiting, how waits ended and a wait histogram.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include "server/registry.h"
 #include "sluice/local/gateway_config.h"
 
@@ -27,5 +29,10 @@ struct ConcurrencySpec final : PolicyBody {
 };
 
 [[nodiscard]] PolicyKind concurrency_kind();
+
+// The kind's parser (concurrency_config.cpp): its section as a ConcurrencySpec.
+[[nodiscard]] std::shared_ptr<const PolicyBody> parse_concurrency(const std::string& name,
+                                                                  ConfigSection& s,
+                                                                  PolicySpec& spec);
 
 }  // namespace sluice::server

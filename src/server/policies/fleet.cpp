@@ -63,11 +63,16 @@ class FleetLimitPolicy final : public AdmitPolicy {
     });
   }
 
-  StatusOr<AdmitDecision> admit(const AdmitCall& call, Nanos now, AdmitGate* gate) override {
+  // It reads no attribute: nothing to resolve.
+  StatusOr<std::unique_ptr<ResolvedAdmit>> resolve(const AdmitCall& /*call*/,
+                                                   Nanos /*now*/) override {
+    return resolved([this](Nanos now, Deferral<AdmitDecision>& /*later*/) {
+      return Decided<AdmitDecision>(take(now));
+    });
+  }
+
+  AdmitDecision take(Nanos now) {
     AdmitDecision out;
-    auto go_on = pass(gate, call, now, out);
-    if (!go_on.ok()) return go_on.status();
-    if (!go_on.value()) return out;
     if (std::optional<FleetPermit> p = guard_->acquire(now)) {
       out.call_deadline = p->deadline();
       out.permit = lease(FleetLease{std::move(*p)});
