@@ -95,6 +95,13 @@ def http_seeds():
         http_request(7, {"policy": "replicas"}), http_request(7, admit_replicas),
         http_request(7, {"policy": "replicas", "exclude": "db-1"}),
         http_request(7, {"policy": "replicas", "exclude": [1, None]}),
+        http_request(7, {"policy": "gateway", "attributes": {"tenant": "acme-team",
+                                                             "upstream": "llm"}}),
+        http_request(7, {"policy": "replicas", "attributes": {"exclude": ["db-1", "db-2"]}}),
+        http_request(7, {"policy": "gateway", "tenant": "acme-team",
+                         "attributes": {"tenant": "acme", "upstream": "llm"}}),
+        http_request(7, {"policy": "search", "key": "k", "attributes": {"": "x", "a b": 1}}),
+        http_request(7, {"policy": "search", "key": "k", "attributes": ["tenant"]}),
         http_request(8, {"lease_id": "LEASE", "outcome": "overload"}),
         http_request(8, {"lease_id": "LEASE", "outcome": "timeout", "rtt_ms": 3}),
         http_request(0), http_request(1), http_request(2), http_request(3),
@@ -220,13 +227,15 @@ def check_req(policy, key, hits=None):
     return out
 
 
-def admit_req(policy, key="", tenant="", upstream="", route="", ttl=None):
+def admit_req(policy, key="", tenant="", upstream="", route="", ttl=None, attributes=()):
     out = f_len(1, policy)
     for field, v in ((2, key), (3, tenant), (4, upstream), (5, route)):
         if v:
             out += f_len(field, v)
     if ttl is not None:
         out += f_len(6, duration(*ttl))
+    for name, value in attributes:  # AdmitRequest.attributes (9): Attribute{name=1, value=2}
+        out += f_len(9, f_len(1, name) + f_len(2, value))
     return out
 
 
@@ -283,6 +292,12 @@ def grpc_seeds():
         record(ADMIT, gw),
         record(ADMIT, admit_req("gateway", tenant="nobody", upstream="llm")),
         record(ADMIT, admit_req("api-rate", key="k")),
+        record(ADMIT, admit_req("gateway", attributes=[("tenant", "acme-team"),
+                                                       ("upstream", "llm")])),
+        record(ADMIT, admit_req("gateway", tenant="acme-team",
+                                attributes=[("tenant", "x"), ("upstream", "llm")])),
+        record(ADMIT, admit_req("replicas", attributes=[("exclude", "db-1"), ("exclude", "")])),
+        record(ADMIT, admit_req("search", key="k", attributes=[("", "v"), ("n" * 70, "v")])),
         record(RELEASE, release_req("nope")),
         record(RELEASE, release_req(outcome=99)),
         record(HEARTBEAT, heartbeat_req("nope", (1, 0))),
