@@ -115,6 +115,11 @@ slowest() {
     awk -v s="$2" '{printf "=== %s: slowest: %7.1f s  %s\n", s, $1, $2}'
 }
 
+# Where the run's time went: each suite's wall time (and a built suite's build and ctest),
+# printed at the end as "=== time: ..." lines.
+time_lines=()
+took() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
 run_suite() {
   local name=$1; shift
   [ "$name" = release ] && { run_release; return; }
@@ -122,6 +127,7 @@ run_suite() {
   local dir="$root/build/test-$name" flags log
   flags=$(suite_flags "$name") || return 1
   echo "=== $name: configure + build ($dir)"
+  local started=$SECONDS
   # shellcheck disable=SC2086
   if ! cmake -S "$root" -B "$dir" -G Ninja $flags >"$dir.configure.log" 2>&1; then
     cat "$dir.configure.log"; echo "=== $name: configure FAILED"; return 1
@@ -129,12 +135,15 @@ run_suite() {
   if ! cmake --build "$dir" -j "$jobs" >"$dir.build.log" 2>&1; then
     tail -n 60 "$dir.build.log"; echo "=== $name: build FAILED"; return 1
   fi
+  time_lines+=("=== time: $name: configure + build $(took $((SECONDS - started)))")
   echo "=== $name: ctest"
+  started=$SECONDS
   log="$dir.ctest.log"
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
      ctest --output-on-failure -j "$jobs" $(suite_ctest_args "$name") "$@") 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]} line pass fail
+  time_lines+=("=== time: $name: ctest $(took $((SECONDS - started)))")
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
   if [ -n "$line" ]; then
     fail=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
@@ -165,11 +174,15 @@ failure_tail() {
 
 mkdir -p "$root/build"
 for s in $suites; do
+  suite_started=$SECONDS
   if ! run_suite "$s" "$@"; then
     status=1; echo "=== $s: FAILED"
   fi
+  time_lines+=("=== time: $s: $(took $((SECONDS - suite_started))) in all")
 done
+time_lines+=("=== time: the whole run: $(took "$SECONDS")")
 for t in "${slowest_lines[@]}"; do echo "$t"; done
+for t in "${time_lines[@]}"; do echo "$t"; done
 for t in "${failure_tails[@]}"; do echo "$t"; done
 echo "suites: $suites"
 [ "$status" = 0 ] || echo "some suite failed to build or pass (see above)"
