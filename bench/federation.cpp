@@ -48,11 +48,11 @@
 
 #include "common/floor.h"
 #include "common/ratio_main.h"
-#include "fleet/io_pool.h"
+#include "federation/io_pool.h"
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/postgres_rate_coordinator.h"
 #include "sluice/backends/redis_rate_coordinator.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 #include "sluice/local/rate_limiter.h"
 #include "sluice/testing/servers.h"
 

@@ -13,7 +13,7 @@
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/memory_regional_escrow.h"
 #include "sluice/core/rate_strategy.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 
 namespace sluice::sim {
 namespace {

@@ -16,7 +16,7 @@
 #include "server_clients.h"
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/memory_regional_escrow.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 #include "sluice/testing/servers.h"
 
 namespace sluice {

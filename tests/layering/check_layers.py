@@ -22,13 +22,14 @@ import sys
 GRAPH = {
     "core": [],                                   # pure rules: the standard library only
     "local": ["core"],                            # in-process state: semaphores, guards, limiters
-    "fleet": ["local"],                           # the fleet guard and the regional engine
+    "fleet": ["local"],                           # the fleet guard (one concurrency ceiling)
+    "federation": ["core"],                       # a global rate budget's regional engine
     "backends": ["core"],                         # I/O behind core's interfaces: coordinators, probes
     "config": ["core"],                           # the YAML reader and ConfigSection
     "api": ["core"],                              # the generated messages; src/api: decode errors
-    "server": ["fleet", "backends", "config", "api"],  # the engine and the policy kinds
+    "server": ["fleet", "federation", "backends", "config", "api"],  # the engine, the kinds
     "transport": ["server", "api"],               # gRPC and HTTP
-    "sim": ["fleet", "backends"],                 # deterministic simulations
+    "sim": ["fleet", "federation", "backends"],   # deterministic simulations
     "apps": ["transport", "sim"],                 # the executable
     "testing": ["transport", "sim"],              # test support (nothing in src/ uses it)
 }

@@ -85,7 +85,7 @@
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/memory_regional_escrow.h"
 #include "sluice/core/escrow.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 #include "state_space.h"
 #include "support/federation_fixtures.h"
 

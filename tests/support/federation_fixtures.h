@@ -15,7 +15,7 @@
 
 #include "sluice/core/rate_coordinator.h"
 #include "sluice/core/regional_escrow.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 
 namespace sluice::testing_support {
 

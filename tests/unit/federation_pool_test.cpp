@@ -14,7 +14,7 @@
 
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/memory_regional_escrow.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 #include "support/federation_fixtures.h"
 
 namespace sluice {

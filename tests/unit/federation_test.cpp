@@ -3,7 +3,7 @@
 // budget shared by regions (never over the limit in a window), window roll and forfeit,
 // fail-closed outages, a coordinator that lost its state, a spec mismatch, clock skew between
 // regions, and the reasons and retry times a refusal carries.
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 
 #include <gtest/gtest.h>
 

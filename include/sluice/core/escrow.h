@@ -30,10 +30,10 @@
 // never exceed `limit`, so the admissions spent from them do not either, for any number of
 // regions, any order of calls, and any outage (tests/model/federation_model_test.cpp).
 //
-// The region's side (an Escrow per key; sluice/fleet/federation.h spends it): a grant arrives with
-// the coordinator's window end and its clock reading when it decided; the region maps the end
-// onto its own monotonic clock from the moment it SENT the request (the reply cannot have been
-// decided before then), less a drift allowance, so escrow always expires on the region's clock
+// The region's side (an Escrow per key; sluice/federation/federation.h spends it): a grant
+// arrives with the coordinator's window end and its clock reading when it decided; the region maps
+// the end onto its own monotonic clock from the moment it SENT the request (the reply cannot have
+// been decided before then), less a drift allowance, so escrow always expires on the region's clock
 // no later than its window ends on the coordinator's. Unspent escrow is forfeited at expiry.
 //
 // The regional pool (L2; sluice/core/regional_escrow.h shares it): processes of one region may

@@ -61,7 +61,7 @@
 #include <vector>
 
 #include "sluice/core/clock.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 #include "sluice/sim/scenarios.h"
 
 namespace sluice::sim {

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "fleet/io_pool.h"
+#include "federation/io_pool.h"
 #include "server/calls.h"
 #include "server/policies/rate.h"
 #include "sluice/core/rate_coordinator.h"

@@ -1,5 +1,5 @@
 // federated.h: the federated kind's fields (src/server/policies/federated.cpp): one global rate
-// budget per key across regions, with no overshoot (sluice/fleet/federation.h).
+// budget per key across regions, with no overshoot (sluice/federation/federation.h).
 //
 //   kind: federated
 //   strategy: fixed-window      # the only strategy federation runs (see below); the default
@@ -14,8 +14,9 @@
 //   batch: 16                   # units per lease; default 16
 //   coordinator: global         # a coordinator of the config; default memory
 //   regional_escrow: l2        # a coordinator (memory or redis) holding this region's pool,
-//                               #   shared by the region's processes (sluice/fleet/federation.h);
-//                               #   default none: each process leases for itself
+//                               #   shared by the region's processes
+//                               #   (sluice/federation/federation.h); default none: each
+//                               #   process leases for itself
 //   regional_batch: 64          # what a process the pool leaves short leases for it; default
 //                               #   4 x batch; needs regional_escrow. The coordinator grants at
 //                               #   most remaining / (2 x regions) at once, so the pool saves
@@ -48,7 +49,7 @@
 #include <string>
 
 #include "server/registry.h"
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 
 namespace sluice::server {
 

@@ -1,7 +1,7 @@
 // io_pool.h (private): a few threads that run coordinator calls off the callers' threads.
 //
-// What it is: an IoExecutor (sluice/fleet/federation.h) backed by `threads` workers and one FIFO.
-// A call blocks its worker for at most its own timeout, so `threads` bounds how many
+// What it is: an IoExecutor (sluice/federation/federation.h) backed by `threads` workers and one
+// FIFO. A call blocks its worker for at most its own timeout, so `threads` bounds how many
 // coordinator calls are in flight at once. The destructor runs what is queued, then joins.
 //
 // Thread-safety: executor() may be called from any thread; its tasks run on the workers.
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 
 namespace sluice {
 

@@ -1,4 +1,4 @@
-#include "sluice/fleet/federation.h"
+#include "sluice/federation/federation.h"
 
 #include <algorithm>
 #include <deque>
