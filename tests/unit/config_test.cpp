@@ -217,6 +217,12 @@ TEST(Config, ANameWithAControlCharacterIsAnError) {
   ASSERT_FALSE(newline.errors.empty());
   EXPECT_EQ(newline.errors[0].message,
             "a coordinator name must not contain control characters (byte 0x0A at offset 1)");
+  // A tenant's id with a carriage return (it would not survive the config written back out).
+  const ConfigLoad id =
+      load_yaml("policies:\n  g:\n    kind: concurrency\n    tenants:\n      - {id: \"ac\\r\"}\n");
+  ASSERT_FALSE(id.errors.empty());
+  EXPECT_EQ(id.errors[0].path, "policies.g.tenants[0].id");
+  EXPECT_EQ(id.errors[0].message, "must not contain control characters (byte 0x0D at offset 2)");
 }
 
 TEST(Config, ADirectoryOrAnEmptyFileIsAnErrorNamingIt) {

@@ -2,6 +2,7 @@
 // bindings, problem and metrics, read with their lines and checked by the gateway's own
 // validation.
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,23 @@
 
 namespace sluice::server {
 namespace {
+
+// A tenant's, upstream's or route's id: a name that calls give and metrics label, so no control
+// characters (a carriage return in one would not even survive the config written back out).
+std::optional<std::string> read_id(ConfigSection& s) {
+  std::optional<std::string> v = s.str("id", true);
+  if (!v) return v;
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    const auto c = static_cast<unsigned char>((*v)[i]);
+    if (c >= 0x20 && c != 0x7f) continue;
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02X", c);
+    s.error("id", std::string("must not contain control characters (byte ") + byte + " at offset " +
+                      std::to_string(i) + ")");  // the load fails: one error
+    break;
+  }
+  return v;
+}
 
 std::optional<ConcurrencyLimit> read_limit(ConfigSection& parent, std::string_view key) {
   std::optional<ConfigSection> s = parent.map(key);
@@ -39,7 +57,7 @@ void read_gateway(ConfigSection& s, GatewayConfig& g) {
   s.each("tenants", [&](ConfigSection& t) {
     t.keys({"id", "parent", "global_concurrency_limit"});
     TenantConfig c;
-    if (auto v = t.str("id", true)) c.id = *v;
+    if (auto v = read_id(t)) c.id = *v;
     c.parent = t.str("parent");
     c.global_concurrency_limit = t.u32("global_concurrency_limit");
     g.tenants.push_back(std::move(c));
@@ -47,14 +65,14 @@ void read_gateway(ConfigSection& s, GatewayConfig& g) {
   s.each("upstreams", [&](ConfigSection& u) {
     u.keys({"id", "host", "owner", "concurrency_limit", "routes"});
     UpstreamConfig c;
-    if (auto v = u.str("id", true)) c.id = *v;
+    if (auto v = read_id(u)) c.id = *v;
     if (auto v = u.str("host")) c.host = *v;
     if (auto v = u.str("owner", true)) c.owner = *v;
     c.concurrency_limit = read_limit(u, "concurrency_limit");
     u.each("routes", [&](ConfigSection& rt) {
       rt.keys({"id", "max_concurrent"});
       RouteConfig route;
-      if (auto v = rt.str("id", true)) route.id = *v;
+      if (auto v = read_id(rt)) route.id = *v;
       route.max_concurrent = rt.u32("max_concurrent");
       c.routes.push_back(std::move(route));
     });
