@@ -12,30 +12,6 @@
 
 namespace sluice {
 
-std::string_view to_string(FederatedReason r) noexcept {
-  switch (r) {
-    case FederatedReason::kAdmitted:
-      return "admitted";
-    case FederatedReason::kBudgetSpent:
-      return "budget_spent";
-    case FederatedReason::kCoordinatorUnreachable:
-      return "coordinator_unreachable";
-    case FederatedReason::kCoordinatorRestarted:
-      return "coordinator_restarted";
-    case FederatedReason::kSpecMismatch:
-      return "spec_mismatch";
-    case FederatedReason::kNeverFits:
-      return "never_fits";
-    case FederatedReason::kKeyCapacity:
-      return "key_capacity";
-    case FederatedReason::kRegionalBalanceSpent:
-      return "regional_balance_spent";
-    case FederatedReason::kBudgetShort:
-      return "budget_short";
-  }
-  return "unknown";
-}
-
 std::string_view to_string(FederationOutage o) noexcept {
   return o == FederationOutage::kRegionalOnly ? "regional-only" : "fail-closed";
 }
@@ -58,9 +34,7 @@ std::string FederationOptions::validate() const {
 
 namespace {
 constexpr std::size_t kShards = 16;
-constexpr std::int64_t kNever = INT64_MIN;
-// A refill asks for at most this many batches.
-constexpr std::uint64_t kMaxBatches = 16;
+constexpr std::int64_t kNever = kFederatedNever;
 // Leases sent in one lease_many() call, at most.
 constexpr std::size_t kPipeline = 64;
 // drain_leases() running at once, at most: with two, the coordinator has the next batch while
@@ -68,41 +42,10 @@ constexpr std::size_t kPipeline = 64;
 constexpr int kDrainers = 2;
 }  // namespace
 
-struct FederatedLimiter::Waiter {
-  std::uint64_t hits;
-  Callback done;
-};
-
-struct FederatedLimiter::Outcome {
-  bool outage = false;  // leased in a regional-only outage
-  // Units taken from the pool, of `pool_window`, usable until `pool_expires` on this clock.
-  std::uint64_t pool_units = 0;
-  Nanos pool_window{kNever};
-  Nanos pool_expires{kNever};
-  bool pool_spent = false;                    // in an outage: the pool had nothing
-  bool pool_unreachable = false;              // in an outage: nor could the pool be reached
-  Nanos sent_at{0};                           // when the coordinator's lease was sent
-  std::optional<StatusOr<LeaseReply>> reply;  // the coordinator's, when it was asked
-};
-
+// A key's state (the core's) and the callbacks of its parked checks, one per state.waiting entry.
 struct FederatedLimiter::Key {
-  Escrow escrow;
-  bool leasing = false;
-  std::uint64_t global_left = UINT64_MAX;  // budget left at the last reply (max: not known)
-  Nanos window_end{kNever};                // the last window's end on this clock (no allowance)
-  Nanos closed_until{kNever};              // no lease before this: the window is spent
-  FederatedReason closed_reason = FederatedReason::kBudgetSpent;
-  Nanos unreachable_until{kNever};  // no lease before this: the coordinator failed
-  // Until this, a check needing more than the escrow and global_left hold is refused here
-  // (kBudgetShort) without a lease: the coordinator said so, and only give-backs add to it.
-  Nanos short_until{kNever};
-  std::deque<Waiter> waiters;  // FIFO; answered by the lease in flight
-  // The last lease refused for a spec mismatch: the spec in force, and the window told of it.
-  std::optional<BudgetSpec> spec_in_force;
-  Nanos mismatch_told{kNever};
-  // The drift allowance the escrow's expiry was computed with: a larger one in force since
-  // (a measured drift) makes that expiry unsafe, so the next grant's replaces it.
-  std::uint32_t expiry_ppm = 0;
+  FederatedKey state;
+  std::deque<Callback> parked;
 };
 
 struct FederatedLimiter::Shard {
@@ -116,8 +59,11 @@ FederatedLimiter::FederatedLimiter(RateCoordinator& coordinator, RegionalEscrow*
       pool_(pool),
       clock_(clock),
       options_(std::move(options)),
-      refill_below_(options_.refill_below != 0 ? options_.refill_below
-                                               : std::max<std::uint64_t>(1, options_.batch / 4)),
+      rules_{options_.budget, options_.batch,
+             options_.refill_below != 0 ? options_.refill_below
+                                        : std::max<std::uint64_t>(1, options_.batch / 4),
+             options_.retry_backoff,
+             pool != nullptr && options_.outage == FederationOutage::kRegionalOnly},
       regional_batch_(options_.regional_batch != 0 ? options_.regional_batch : 4 * options_.batch),
       io_(std::move(io)),
       shards_(std::make_unique<Shard[]>(kShards)) {
@@ -131,39 +77,6 @@ FederatedLimiter::~FederatedLimiter() {
 
 std::string FederatedLimiter::global_key(const std::string& key) const {
   return options_.budget_id.empty() ? key : options_.budget_id + ":" + key;
-}
-
-std::uint64_t FederatedLimiter::refill_size(const Key& k, Nanos now) const {
-  // What the key is expected to spend here before its window ends, at the rate it has spent
-  // since the window began, capped by what it was granted so far in the window (so refills at
-  // most double) and by kMaxBatches batches; never less than a batch. A key that spends
-  // thousands a window costs a few leases, not one per batch, while what a region holds when
-  // the window ends stays about what it would have spent (the coordinator's taper still cuts
-  // every ask when the budget runs low). No window known yet (escrow served by the pool in a
-  // regional-only outage only): a batch.
-  if (k.window_end.count() == kNever) return options_.batch;
-  const Nanos elapsed = now - (k.window_end - options_.budget.period);
-  const Nanos left = k.window_end - now;
-  if (elapsed <= Nanos{0} || left <= Nanos{0}) return options_.batch;
-  __extension__ typedef unsigned __int128 Wide;
-  const auto expected = static_cast<std::uint64_t>(
-      std::min<Wide>(static_cast<Wide>(k.escrow.spent) * static_cast<std::uint64_t>(left.count()) /
-                         static_cast<std::uint64_t>(elapsed.count()),
-                     UINT64_MAX));
-  const std::uint64_t cap = std::min(k.escrow.granted, kMaxBatches * options_.batch);
-  return std::max(options_.batch, std::min(expected, cap));
-}
-
-std::uint64_t FederatedLimiter::first_batch(const Key& k, Nanos now) const {
-  // The key's last escrow is of the window that just ended (it expired less than a window
-  // ago): what this region spent in it is its demand, and a key that spent less than a batch
-  // leases only that much. Whatever it leased and did not spend would be stranded at the window's
-  // end, out of every other region's reach. A key whose demand grew gets the rest from the
-  // leases that follow (they ask for every check queued, at least a batch).
-  const bool last_window = k.escrow.window_start != kNever && now >= k.escrow.expires_at &&
-                           now - k.escrow.expires_at < options_.budget.period;
-  if (!last_window || k.escrow.spent >= options_.batch) return options_.batch;
-  return std::max<std::uint64_t>(1, k.escrow.spent);
 }
 
 FederatedLimiter::Shard& FederatedLimiter::shard_of(std::string_view key) noexcept {
@@ -180,39 +93,6 @@ void FederatedLimiter::post(std::function<void()> task) {
     const std::lock_guard lock(io_mu_);
     if (--io_pending_ == 0) io_cv_.notify_all();
   });
-}
-
-namespace {
-// Time from `now` to `t`, at least 1 ns (also for a time not set: kNever, long past).
-Nanos until(Nanos t, Nanos now) { return t > now ? t - now : Nanos{1}; }
-}  // namespace
-
-FederatedDecision FederatedLimiter::decide_from(const Key& k, std::uint64_t hits, bool allowed,
-                                                FederatedReason reason, Nanos now) const {
-  FederatedDecision d;
-  d.reason = reason;
-  d.rate.allowed = allowed;
-  if (!allowed) d.rate.reason = to_string(reason);
-  d.rate.limit = options_.budget.limit;
-  const std::uint64_t here = usable(k.escrow, now);
-  // Not leased yet: as far as this region knows, the whole budget.
-  const std::uint64_t there = k.global_left == UINT64_MAX ? options_.budget.limit : k.global_left;
-  d.rate.remaining = std::min(options_.budget.limit, here + std::min(there, options_.budget.limit));
-  d.rate.reset_after = k.window_end.count() == kNever ? options_.budget.period
-                                                      : std::max(Nanos{0}, k.window_end - now);
-  if (!allowed) {
-    if (reason == FederatedReason::kNeverFits || hits > options_.budget.limit)
-      d.rate.retry_after = Nanos::max();
-    else if (reason == FederatedReason::kCoordinatorUnreachable)
-      d.rate.retry_after = until(k.unreachable_until, now);
-    else if (reason == FederatedReason::kKeyCapacity)
-      d.rate.retry_after = options_.budget.period;  // keys are forgotten a window or two idle
-    else if (reason == FederatedReason::kBudgetShort)
-      d.rate.retry_after = until(k.short_until, now);
-    else
-      d.rate.retry_after = until(k.closed_until, now);
-  }
-  return d;
 }
 
 void FederatedLimiter::lease_async(std::string key, std::uint64_t want, std::uint64_t need) {
@@ -401,17 +281,20 @@ void FederatedLimiter::maybe_probe(Nanos now) {
   });
 }
 
-void FederatedLimiter::forfeit(const std::string& key, Key& k, Nanos now, bool expired_only,
-                               Tasks& io) {
-  if (k.escrow.units == 0 || (expired_only && now < k.escrow.expires_at)) return;
-  const std::uint64_t units = k.escrow.units;
-  const std::uint64_t total = relinquish(k.escrow);
-  forfeited_.fetch_add(units, std::memory_order_relaxed);
-  const Nanos w{k.escrow.window_start};
-  if (pool_ != nullptr)
-    io.push_back([this, key, w, units] { send_release(key, w, units); });
-  else
-    io.push_back([this, key, w, total] { send_reconcile(key, w, total); });
+void FederatedLimiter::apply(const std::string& key, const KeyEffects& e, Tasks& io) {
+  if (e.granted > 0) granted_.fetch_add(e.granted, std::memory_order_relaxed);
+  if (e.pool_taken > 0) pool_taken_.fetch_add(e.pool_taken, std::memory_order_relaxed);
+  if (e.forfeited > 0) forfeited_.fetch_add(e.forfeited, std::memory_order_relaxed);
+  if (e.spent > 0) spent_.fetch_add(e.spent, std::memory_order_relaxed);
+  if (e.spec_mismatch) spec_mismatches_.fetch_add(1, std::memory_order_relaxed);
+  for (const GivenUp& g : e.given_up) {
+    if (pool_ != nullptr)
+      io.push_back(
+          [this, key, w = g.window_start, units = g.units] { send_release(key, w, units); });
+    else
+      io.push_back(
+          [this, key, w = g.window_start, total = g.total] { send_reconcile(key, w, total); });
+  }
 }
 
 void FederatedLimiter::send_release(const std::string& key, Nanos window_start,
@@ -439,8 +322,7 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
                                                           Nanos now, Callback* park) {
   maybe_probe(now);
   Shard& s = shard_of(key);
-  std::optional<FederatedDecision> d;
-  std::uint64_t lease_want = 0, lease_need = 0;
+  KeyEffects e;
   std::string lease_key;
   Tasks reconciles;
   {
@@ -448,13 +330,14 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
     auto it = s.keys.find(key);
     if (it == s.keys.end()) {
       // A new key: what needs no state is answered without it, and none is added past max_keys.
-      static const Key none;
+      static const FederatedKey none;
       if (hits == 0 || hits > options_.budget.limit)
         return decide_from(none, hits, hits == 0,
                            hits == 0 ? FederatedReason::kAdmitted : FederatedReason::kNeverFits,
-                           now);
+                           now, rules_);
       if (keys_.load(std::memory_order_relaxed) >= options_.max_keys) {
-        FederatedDecision full = decide_from(none, hits, false, FederatedReason::kKeyCapacity, now);
+        FederatedDecision full =
+            decide_from(none, hits, false, FederatedReason::kKeyCapacity, now, rules_);
         full.rate.key_capacity = true;
         return full;
       }
@@ -462,50 +345,15 @@ std::optional<FederatedDecision> FederatedLimiter::decide(std::string_view key, 
       keys_.fetch_add(1, std::memory_order_relaxed);
     }
     Key& k = it->second;
-    forfeit(it->first, k, now, true, reconciles);
-    if (hits > options_.budget.limit) {
-      d = decide_from(k, hits, false, FederatedReason::kNeverFits, now);
-    } else if (hits == 0) {
-      d = decide_from(k, 0, true, FederatedReason::kAdmitted, now);
-    } else if (k.waiters.empty() && spend(k.escrow, hits, now)) {
-      spent_.fetch_add(hits, std::memory_order_relaxed);
-      d = decide_from(k, hits, true, FederatedReason::kAdmitted, now);
-      // A busy key (a batch or more leased in this window) refills before it runs dry; a quiet
-      // one, leased only what it needed, leases again when it needs more. A check of a batch or
-      // more that ran the escrow down says nothing of the next one: it leases what that needs
-      // when it comes, rather than holding units here that a check elsewhere could spend.
-      if (hits < options_.batch && usable(k.escrow, now) < refill_below_ &&
-          k.escrow.granted >= options_.batch && !k.leasing && now >= k.closed_until &&
-          now >= k.unreachable_until && k.global_left > 0) {
-        k.leasing = true;
-        lease_want = refill_size(k, now);
-        lease_key = it->first;
-      }
-    } else if (now < k.closed_until) {
-      d = decide_from(k, hits, false, k.closed_reason, now);
-    } else if (now < k.unreachable_until) {
-      d = decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now);
-    } else if (k.waiters.empty() && now < k.short_until && k.global_left != UINT64_MAX &&
-               hits > usable(k.escrow, now) + k.global_left) {
-      d = decide_from(k, hits, false, FederatedReason::kBudgetShort, now);
-    } else {
-      // It needs a lease: parked behind the key's lease call (started here if none is in
-      // flight), or, for try_check, left undecided (the lease is started all the same). The
-      // lease asks for at least what the first waiter lacks, and for nothing less.
-      if (park != nullptr) k.waiters.push_back({hits, std::move(*park)});
-      if (!k.leasing) {
-        k.leasing = true;
-        const std::uint64_t first = k.waiters.empty() ? hits : k.waiters.front().hits;
-        lease_need = first - std::min(first, usable(k.escrow, now));
-        lease_want = std::max(first_batch(k, now), hits - std::min(hits, usable(k.escrow, now)));
-        lease_want = std::max(lease_want, lease_need);
-        lease_key = it->first;
-      }
-    }
+    check_key(k.state, hits, now, park != nullptr, rules_, e);
+    // Parked (check_key() added its hits to the state's queue): its callback beside them.
+    if (!e.decision && park != nullptr) k.parked.push_back(std::move(*park));
+    apply(it->first, e, reconciles);
+    if (e.lease_want > 0) lease_key = it->first;
   }
   for (auto& r : reconciles) r();
-  if (lease_want > 0) lease_async(std::move(lease_key), lease_want, lease_need);
-  return d;
+  if (e.lease_want > 0) lease_async(std::move(lease_key), e.lease_want, e.lease_need);
+  return e.decision;
 }
 
 void FederatedLimiter::check(std::string_view key, std::uint64_t hits, Nanos now, Callback done) {
@@ -522,174 +370,41 @@ FederatedDecision FederatedLimiter::peek(std::string_view key, std::uint64_t hit
   const Shard& s = shards_[StringHash{}(key) % kShards];
   const std::lock_guard lock(s.mu);
   auto it = s.keys.find(key);
-  static const Key none;  // a key not held: nothing known here
-  const Key& k = it == s.keys.end() ? none : it->second;
-  if (hits > options_.budget.limit)
-    return decide_from(k, hits, false, FederatedReason::kNeverFits, now);
-  const std::uint64_t here = usable(k.escrow, now);
-  if (here >= hits) return decide_from(k, hits, true, FederatedReason::kAdmitted, now);
-  if (now < k.closed_until) return decide_from(k, hits, false, k.closed_reason, now);
-  if (now < k.unreachable_until)
-    return decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now);
-  const bool may = k.global_left == UINT64_MAX || here + k.global_left >= hits;
-  return decide_from(k, hits, may, may ? FederatedReason::kAdmitted : FederatedReason::kBudgetSpent,
-                     now);
+  static const FederatedKey none;  // a key not held: nothing known here
+  return peek_key(it == s.keys.end() ? none : it->second.state, hits, now, rules_);
 }
 
 void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
   Shard& s = shard_of(key);
   std::vector<std::pair<Callback, FederatedDecision>> decided;
-  std::uint64_t again = 0, again_need = 0;
+  KeyEffects e;
   Tasks reconciles;
-  std::optional<BudgetSpec> mismatch;  // to tell, after the lock
-  std::optional<std::uint32_t> drift;  // likewise
+  std::optional<std::uint32_t> drift;  // to tell, after the lock
   {
     const std::lock_guard lock(s.mu);
     auto it = s.keys.find(key);
     if (it == s.keys.end()) return;  // never: a key with a lease in flight is kept
     Key& k = it->second;
-    k.leasing = false;
     const Nanos now = clock_.now();
-    if (o.pool_units > 0) {
-      granted_.fetch_add(o.pool_units, std::memory_order_relaxed);
-      pool_taken_.fetch_add(o.pool_units, std::memory_order_relaxed);
-      LeaseReply taken;
-      taken.granted = o.pool_units;
-      // Past its window in an outage: added to whatever window this escrow holds.
-      taken.window_start = std::max(o.pool_window, Nanos{k.escrow.window_start});
-      if (o.outage && k.escrow.units > 0 && o.pool_expires > k.escrow.expires_at) {
-        // What this process still holds of its own leases must not take the later expiry of
-        // units served past their window: given up (not to the pool), so that an outage serves
-        // beyond the windows' own grants no more than the pools held at its onset.
-        forfeited_.fetch_add(k.escrow.units, std::memory_order_relaxed);
-        (void)relinquish(k.escrow);
-      }
-      if (taken.window_start.count() > k.escrow.window_start)
-        forfeit(key, k, now, false, reconciles);
-      forfeited_.fetch_add(add_grant(k.escrow, taken, o.pool_expires), std::memory_order_relaxed);
-      if (!o.outage) k.window_end = std::max(k.window_end, o.pool_expires);
-    }
-    if (o.pool_spent) {
-      k.closed_until = now + options_.retry_backoff;
-      k.closed_reason = FederatedReason::kRegionalBalanceSpent;
-    }
-    if (o.pool_unreachable) k.unreachable_until = now + options_.retry_backoff;
-    const Nanos sent_at = o.sent_at;
-    const bool told_left = o.reply.has_value() && o.reply->ok();  // global_left is fresh
-    if (told_left && o.reply->value().status != LeaseStatus::kSpecMismatch) k.spec_in_force.reset();
-    if (!o.reply.has_value()) {
-      // Served by the pool alone.
-    } else if (o.reply->ok()) {
-      const LeaseReply& r = o.reply->value();
-      drift = measure_drift(sent_at, now, r.coordinator_now);
-      k.unreachable_until = Nanos{kNever};
-      k.global_left = r.remaining;
-      k.window_end = sent_at + (r.window_end - r.coordinator_now);
-      if (r.granted > 0) {
-        granted_.fetch_add(r.granted, std::memory_order_relaxed);
-        const std::uint32_t ppm = drift_in_force_.load(std::memory_order_relaxed);
-        const Nanos expires = escrow_expiry(r, sent_at, ppm);
-        // add_grant keeps the later of two expiries of one window, each safe under the
-        // allowance it was computed with; one computed with a smaller allowance than the one
-        // in force now is not safe, so this grant's (safe under it) replaces it.
-        if (ppm > k.expiry_ppm && r.window_start.count() == k.escrow.window_start)
-          k.escrow.expires_at = std::min(k.escrow.expires_at, expires);
-        k.expiry_ppm = ppm;
-        // A grant of a later window replaces what is left of the last one: give that up first,
-        // so its reconcile carries the window's whole running total.
-        if (r.window_start.count() > k.escrow.window_start) forfeit(key, k, now, false, reconciles);
-        forfeited_.fetch_add(add_grant(k.escrow, r, expires), std::memory_order_relaxed);
-        // A grant that arrives after its own expiry (a round trip longer than what the window
-        // had left) is no use: treat the window as over here rather than lease again at once.
-        if (now >= expires) {
-          k.closed_until = std::max(now + Nanos{1}, k.window_end);
-          k.closed_reason = FederatedReason::kBudgetSpent;
-        }
-      }
-      switch (r.status) {
-        case LeaseStatus::kGranted:
-          break;
-        case LeaseStatus::kSpent:
-        case LeaseStatus::kWindowEnding:
-          k.closed_until = std::max(now + Nanos{1}, k.window_end);
-          k.closed_reason = FederatedReason::kBudgetSpent;
-          break;
-        case LeaseStatus::kStateLost:
-          k.closed_until = std::max(now + Nanos{1}, k.window_end);
-          k.closed_reason = FederatedReason::kCoordinatorRestarted;
-          break;
-        case LeaseStatus::kShort:
-          // Budget left, less than the first waiter needs: it and any other check needing
-          // more than escrow and what is left are refused here for a while (below).
-          k.short_until = short_until(k, now);
-          break;
-        case LeaseStatus::kSpecMismatch:
-          spec_mismatches_.fetch_add(1, std::memory_order_relaxed);
-          k.closed_until = now + options_.retry_backoff;
-          k.closed_reason = FederatedReason::kSpecMismatch;
-          k.spec_in_force = r.spec;
-          if (k.mismatch_told != r.window_end) {  // once per key and window
-            k.mismatch_told = r.window_end;
-            mismatch = r.spec;
-          }
-          break;
-      }
-    } else {
+    // The reply's clock reading first: a grant's expiry takes the allowance it leaves in force.
+    if (o.reply.has_value() && o.reply->ok())
+      drift = measure_drift(o.sent_at, now, o.reply->value().coordinator_now);
+    sluice::on_lease(k.state, o, now, drift_in_force_.load(std::memory_order_relaxed), rules_, e);
+    if (e.lease_failed) {
       lease_failures_.fetch_add(1, std::memory_order_relaxed);
-      if (pool_ != nullptr && options_.outage == FederationOutage::kRegionalOnly) {
-        // Regional-only: the pool serves from now on (the checks still queued lease from it
-        // at once, below), and checks probe the coordinator until it answers.
-        if (!in_outage_.exchange(true, std::memory_order_relaxed)) {
-          outages_.fetch_add(1, std::memory_order_relaxed);
-          next_probe_.store((now + options_.coordinator_health_check).count(),
-                            std::memory_order_relaxed);
-        }
-      } else {
-        k.unreachable_until = now + options_.retry_backoff;
+      // Regional-only: the pool serves from now on, and checks probe the coordinator until it
+      // answers.
+      if (rules_.regional_only && !in_outage_.exchange(true, std::memory_order_relaxed)) {
+        outages_.fetch_add(1, std::memory_order_relaxed);
+        next_probe_.store((now + options_.coordinator_health_check).count(),
+                          std::memory_order_relaxed);
       }
     }
-    while (!k.waiters.empty()) {
-      Waiter& w = k.waiters.front();
-      if (spend(k.escrow, w.hits, now)) {
-        spent_.fetch_add(w.hits, std::memory_order_relaxed);
-        decided.emplace_back(std::move(w.done),
-                             decide_from(k, w.hits, true, FederatedReason::kAdmitted, now));
-      } else if (now < k.closed_until) {
-        decided.emplace_back(std::move(w.done),
-                             decide_from(k, w.hits, false, k.closed_reason, now));
-      } else if (now < k.unreachable_until) {
-        decided.emplace_back(
-            std::move(w.done),
-            decide_from(k, w.hits, false, FederatedReason::kCoordinatorUnreachable, now));
-      } else if (told_left && w.hits > usable(k.escrow, now) + k.global_left) {
-        // More than escrow and the budget left hold (the coordinator's word just now): refused
-        // without another lease, for a while (decide_from's retry_after); with nothing left,
-        // for the rest of the window, as a kSpent reply would have it.
-        if (k.global_left == 0) {
-          k.closed_until = std::max(now + Nanos{1}, k.window_end);
-          k.closed_reason = FederatedReason::kBudgetSpent;
-        } else if (now >= k.short_until) {
-          k.short_until = short_until(k, now);
-        }
-        decided.emplace_back(std::move(w.done),
-                             decide_from(k, w.hits, false,
-                                         k.global_left == 0 ? FederatedReason::kBudgetSpent
-                                                            : FederatedReason::kBudgetShort,
-                                         now));
-      } else {
-        // The budget may hold more: lease again, for the whole queue, and for at least what
-        // the first waiter lacks.
-        k.leasing = true;
-        // A busy key's next lease is rate-sized, as its background refill would be.
-        std::uint64_t queued = 0;
-        for (const Waiter& q : k.waiters) queued += q.hits;
-        const std::uint64_t size =
-            k.escrow.granted >= options_.batch ? refill_size(k, now) : options_.batch;
-        again = std::max(size, queued - std::min(queued, usable(k.escrow, now)));
-        again_need = w.hits - std::min(w.hits, usable(k.escrow, now));
-        break;
-      }
-      k.waiters.pop_front();
+    apply(key, e, reconciles);
+    decided.reserve(e.decided.size());
+    for (FederatedDecision& d : e.decided) {
+      decided.emplace_back(std::move(k.parked.front()), std::move(d));
+      k.parked.pop_front();
     }
   }
   for (auto& r : reconciles) r();
@@ -700,20 +415,15 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
       // Best effort, as below.
     }
   }
-  if (mismatch && options_.on_spec_mismatch) {
+  if (e.tell_mismatch && options_.on_spec_mismatch) {
     try {
-      options_.on_spec_mismatch(key, *mismatch);
+      options_.on_spec_mismatch(key, *e.tell_mismatch);
     } catch (...) {
       // Telling is best effort: the refusal and the count stand.
     }
   }
   for (auto& [cb, d] : decided) cb(d);
-  if (again > 0) lease_async(key, again, again_need);
-}
-
-Nanos FederatedLimiter::short_until(const Key& k, Nanos now) const {
-  // Never past the window's end: the next window's budget is whole.
-  return std::max(now + Nanos{1}, std::min(now + options_.retry_backoff, k.window_end));
+  if (e.lease_want > 0) lease_async(key, e.lease_want, e.lease_need);
 }
 
 std::optional<std::uint32_t> FederatedLimiter::measure_drift(Nanos sent, Nanos received,
@@ -734,7 +444,7 @@ std::optional<BudgetSpec> FederatedLimiter::spec_in_force(std::string_view key) 
   const std::lock_guard lock(s.mu);
   const auto it = s.keys.find(key);
   if (it == s.keys.end()) return std::nullopt;
-  return it->second.spec_in_force;
+  return it->second.state.spec_in_force;
 }
 
 FederatedDecision FederatedLimiter::check_wait(std::string_view key, std::uint64_t hits) {
@@ -749,9 +459,10 @@ void FederatedLimiter::refund(std::string_view key, std::uint64_t hits, Nanos no
   const std::lock_guard lock(s.mu);
   auto it = s.keys.find(key);
   if (it == s.keys.end()) return;
-  const std::uint64_t before = it->second.escrow.spent;
-  unspend(it->second.escrow, hits, now);
-  spent_.fetch_sub(before - it->second.escrow.spent, std::memory_order_relaxed);
+  Escrow& escrow = it->second.state.escrow;
+  const std::uint64_t before = escrow.spent;
+  unspend(escrow, hits, now);
+  spent_.fetch_sub(before - escrow.spent, std::memory_order_relaxed);
 }
 
 std::size_t FederatedLimiter::sweep(Nanos now) {
@@ -762,13 +473,10 @@ std::size_t FederatedLimiter::sweep(Nanos now) {
     {
       const std::lock_guard lock(s.mu);
       for (auto it = s.keys.begin(); it != s.keys.end();) {
-        Key& k = it->second;
-        forfeit(it->first, k, now, true, reconciles);
-        // Kept while its escrow's window lasts (a refund may still come for what it spent), and
-        // a window longer, so that the next window's first lease is sized by its demand.
-        const bool idle = !k.leasing && k.waiters.empty() && k.escrow.units == 0 &&
-                          now >= k.escrow.expires_at + options_.budget.period &&
-                          now >= k.closed_until && now >= k.unreachable_until;
+        KeyEffects e;
+        give_up(it->second.state, now, true, e);
+        apply(it->first, e, reconciles);
+        const bool idle = forgettable(it->second.state, now, rules_);
         if (idle) {
           it = s.keys.erase(it);
           keys_.fetch_sub(1, std::memory_order_relaxed);
@@ -789,7 +497,11 @@ void FederatedLimiter::relinquish_all(Nanos now) {
     Tasks reconciles;
     {
       const std::lock_guard lock(s.mu);
-      for (auto& [key, k] : s.keys) forfeit(key, k, now, false, reconciles);
+      for (auto& [key, k] : s.keys) {
+        KeyEffects e;
+        give_up(k.state, now, false, e);
+        apply(key, e, reconciles);
+      }
     }
     for (auto& r : reconciles) r();
   }

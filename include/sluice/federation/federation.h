@@ -68,29 +68,12 @@
 
 #include "sluice/core/clock.h"
 #include "sluice/core/escrow.h"
+#include "sluice/core/federated_key.h"
 #include "sluice/core/rate_coordinator.h"
 #include "sluice/core/rate_strategy.h"
 #include "sluice/core/regional_escrow.h"
 
 namespace sluice {
-
-enum class FederatedReason : std::uint8_t {
-  kAdmitted,
-  kBudgetSpent,             // the key's global budget for this window is spent
-  kCoordinatorUnreachable,  // escrow empty and the coordinator cannot be reached
-  kCoordinatorRestarted,    // the coordinator lost its state in this window: it counts as spent
-  kSpecMismatch,            // another region fixed this window with a different limit or period
-  kNeverFits,               // more hits than the limit: no window admits them
-  kKeyCapacity,             // a new key while max_keys keys are held
-  kRegionalBalanceSpent,    // regional-only outage: the coordinator is down, the pool is empty
-  kBudgetShort,  // the window's budget left (>= 1) is less than the check needs beyond the escrow
-};
-[[nodiscard]] std::string_view to_string(FederatedReason r) noexcept;
-
-struct FederatedDecision {
-  RateDecision rate;  // allowed, limit, remaining (escrow here + budget left globally), times
-  FederatedReason reason = FederatedReason::kAdmitted;
-};
 
 enum class FederationOutage : std::uint8_t { kFailClosed, kRegionalOnly };
 [[nodiscard]] std::string_view to_string(FederationOutage o) noexcept;
@@ -205,8 +188,7 @@ class FederatedLimiter {
  private:
   struct Key;
   struct Shard;
-  struct Waiter;
-  struct Outcome;
+  using Outcome = FederatedLeaseOutcome;
   using Tasks = std::vector<std::function<void()>>;
 
   Shard& shard_of(std::string_view key) noexcept;
@@ -226,31 +208,22 @@ class FederatedLimiter {
   void on_lease(const std::string& key, Outcome outcome);
   // Regional-only outage: probes the coordinator when a probe is due (at most one in flight).
   void maybe_probe(Nanos now);
-  // Until when a key the coordinator said is short of a check's need refuses such checks here.
-  [[nodiscard]] Nanos short_until(const Key& k, Nanos now) const;
   // Adds a lease reply's clock reading to the drift gauge and updates the allowance in force;
   // what to tell (on_drift) when it went over drift_ppm or back.
   std::optional<std::uint32_t> measure_drift(Nanos sent, Nanos received, Nanos coordinator_now);
-  // Gives up `k`'s unspent escrow, if any (when `expired_only`, only once it has expired), and
-  // adds its reconcile to `io`.
-  void forfeit(const std::string& key, Key& k, Nanos now, bool expired_only, Tasks& io);
+  // Counts what a key's step did, and adds the I/O it asks for to `io`: a reconcile (or, with a
+  // pool, a release) of each escrow given up. The lease it asks for is the caller's to send.
+  void apply(const std::string& key, const KeyEffects& e, Tasks& io);
   void send_reconcile(const std::string& key, Nanos window_start, std::uint64_t total);
   void send_release(const std::string& key, Nanos window_start, std::uint64_t units);
   [[nodiscard]] std::string global_key(const std::string& key) const;
-  // The size of a key's first lease in a window: a batch, or less for a key that spent less
-  // than a batch in the window before.
-  [[nodiscard]] std::uint64_t first_batch(const Key& k, Nanos now) const;
-  // The size of a busy key's background refill.
-  [[nodiscard]] std::uint64_t refill_size(const Key& k, Nanos now) const;
   void post(std::function<void()> task);
-  FederatedDecision decide_from(const Key& k, std::uint64_t hits, bool allowed,
-                                FederatedReason reason, Nanos now) const;
 
   RateCoordinator& coordinator_;
   RegionalEscrow* const pool_;
   const Clock& clock_;
   const FederationOptions options_;
-  const std::uint64_t refill_below_;
+  const FederatedKeyRules rules_;  // what a key's rules read of options_
   const std::uint64_t regional_batch_;
   IoExecutor io_;
   std::unique_ptr<Shard[]> shards_;
