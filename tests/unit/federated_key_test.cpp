@@ -1,0 +1,183 @@
+// The per-key rules of a federated budget (sluice/core/federated_key.h) driven directly: no
+// limiter, no lock, no coordinator; each event in, the state and the effects out.
+#include "sluice/core/federated_key.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+FederatedKeyRules rules() {
+  FederatedKeyRules r;
+  r.budget = BudgetSpec{10, seconds(1)};
+  r.batch = 4;
+  r.refill_below = 1;
+  r.retry_backoff = milliseconds(100);
+  return r;
+}
+
+// A reply as the coordinator gives it at `now` on its clock, for the window [0, 1 s).
+FederatedLeaseOutcome reply(LeaseStatus status, std::uint64_t granted, std::uint64_t remaining,
+                            Nanos sent_at, Nanos now) {
+  LeaseReply r;
+  r.status = status;
+  r.granted = granted;
+  r.window_start = Nanos{0};
+  r.window_end = seconds(1);
+  r.coordinator_now = now;
+  r.remaining = remaining;
+  r.spec = rules().budget;
+  FederatedLeaseOutcome o;
+  o.sent_at = sent_at;
+  o.reply = StatusOr<LeaseReply>(r);
+  return o;
+}
+
+TEST(FederatedKey, ACheckWithNoEscrowParksAndAsksForOneLeaseOfABatch) {
+  FederatedKey k;
+  KeyEffects first;
+  check_key(k, 1, milliseconds(10), true, rules(), first);
+  EXPECT_FALSE(first.decision) << "nothing here to decide it with";
+  EXPECT_EQ(first.lease_want, 4u);
+  EXPECT_EQ(first.lease_need, 1u);
+  EXPECT_TRUE(k.leasing);
+  KeyEffects second;
+  check_key(k, 2, milliseconds(11), true, rules(), second);
+  EXPECT_FALSE(second.decision);
+  EXPECT_EQ(second.lease_want, 0u) << "one lease at a time: it joins the one in flight";
+  EXPECT_EQ(k.waiting, (std::deque<std::uint64_t>{1, 2}));
+  KeyEffects unparked;
+  check_key(k, 1, milliseconds(12), false, rules(), unparked);
+  EXPECT_FALSE(unparked.decision);
+  EXPECT_EQ(k.waiting.size(), 2u) << "a check that does not park is not queued";
+}
+
+TEST(FederatedKey, AGrantDecidesTheParkedChecksInOrderAndSpendsFromEscrowAfter) {
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, 1, milliseconds(10), true, rules(), e);
+  check_key(k, 2, milliseconds(11), true, rules(), e);
+  KeyEffects granted;
+  on_lease(k, reply(LeaseStatus::kGranted, 4, 6, milliseconds(10), milliseconds(10)),
+           milliseconds(12), 0, rules(), granted);
+  ASSERT_EQ(granted.decided.size(), 2u);
+  EXPECT_TRUE(granted.decided[0].rate.allowed);
+  EXPECT_TRUE(granted.decided[1].rate.allowed);
+  EXPECT_EQ(granted.granted, 4u);
+  EXPECT_EQ(granted.spent, 3u);
+  EXPECT_EQ(granted.lease_want, 0u);
+  EXPECT_FALSE(k.leasing);
+  EXPECT_EQ(k.global_left, 6u);
+  KeyEffects now;
+  check_key(k, 1, milliseconds(13), true, rules(), now);
+  ASSERT_TRUE(now.decision);
+  EXPECT_TRUE(now.decision->rate.allowed) << "the last unit of escrow, no lease";
+  EXPECT_EQ(usable(k.escrow, milliseconds(13)), 0u);
+}
+
+TEST(FederatedKey, ASpentWindowRefusesUntilItEndsWithoutAskingAgain) {
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, 3, milliseconds(10), true, rules(), e);
+  KeyEffects spent;
+  on_lease(k, reply(LeaseStatus::kSpent, 0, 0, milliseconds(10), milliseconds(10)),
+           milliseconds(12), 0, rules(), spent);
+  ASSERT_EQ(spent.decided.size(), 1u);
+  EXPECT_FALSE(spent.decided[0].rate.allowed);
+  EXPECT_EQ(spent.decided[0].reason, FederatedReason::kBudgetSpent);
+  EXPECT_EQ(spent.lease_want, 0u);
+  KeyEffects later;
+  check_key(k, 1, milliseconds(500), true, rules(), later);
+  ASSERT_TRUE(later.decision);
+  EXPECT_EQ(later.decision->reason, FederatedReason::kBudgetSpent);
+  EXPECT_EQ(later.lease_want, 0u) << "the window is over here: no lease until it ends";
+  EXPECT_EQ(later.decision->rate.retry_after, milliseconds(500)) << "until the window's end";
+}
+
+TEST(FederatedKey, AFailedLeaseRefusesForTheBackoffUnlessThePoolServesAnOutage) {
+  FederatedLeaseOutcome failed;
+  failed.sent_at = milliseconds(10);
+  failed.reply = StatusOr<LeaseReply>(Status(StatusCode::kUnavailable, "down"));
+
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, 1, milliseconds(10), true, rules(), e);
+  KeyEffects out;
+  on_lease(k, failed, milliseconds(20), 0, rules(), out);
+  EXPECT_TRUE(out.lease_failed);
+  ASSERT_EQ(out.decided.size(), 1u);
+  EXPECT_EQ(out.decided[0].reason, FederatedReason::kCoordinatorUnreachable);
+  EXPECT_EQ(out.decided[0].rate.retry_after, milliseconds(100));
+
+  FederatedKeyRules pooled = rules();
+  pooled.regional_only = true;
+  FederatedKey p;
+  check_key(p, 1, milliseconds(10), true, pooled, e);
+  KeyEffects again;
+  on_lease(p, failed, milliseconds(20), 0, pooled, again);
+  EXPECT_TRUE(again.lease_failed);
+  EXPECT_TRUE(again.decided.empty()) << "the pool serves it: it leases again at once";
+  EXPECT_GT(again.lease_want, 0u);
+}
+
+TEST(FederatedKey, ASpecMismatchIsToldOncePerWindow) {
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, 1, milliseconds(10), true, rules(), e);
+  KeyEffects first;
+  on_lease(k, reply(LeaseStatus::kSpecMismatch, 0, 0, milliseconds(10), milliseconds(10)),
+           milliseconds(12), 0, rules(), first);
+  EXPECT_TRUE(first.spec_mismatch);
+  EXPECT_TRUE(first.tell_mismatch);
+  ASSERT_TRUE(k.spec_in_force);
+  check_key(k, 1, milliseconds(200), true, rules(), e);  // past the backoff: it asks again
+  KeyEffects second;
+  on_lease(k, reply(LeaseStatus::kSpecMismatch, 0, 0, milliseconds(200), milliseconds(200)),
+           milliseconds(202), 0, rules(), second);
+  EXPECT_TRUE(second.spec_mismatch) << "counted every time";
+  EXPECT_FALSE(second.tell_mismatch) << "told once in the window";
+}
+
+TEST(FederatedKey, ExpiredEscrowIsGivenUpWithItsWindowsRunningTotal) {
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, 1, milliseconds(10), true, rules(), e);
+  KeyEffects granted;
+  on_lease(k, reply(LeaseStatus::kGranted, 4, 6, milliseconds(10), milliseconds(10)),
+           milliseconds(12), 0, rules(), granted);
+  ASSERT_EQ(k.escrow.units, 3u);
+  KeyEffects early;
+  give_up(k, milliseconds(500), true, early);
+  EXPECT_TRUE(early.given_up.empty()) << "not expired yet";
+  KeyEffects late;
+  check_key(k, 1, seconds(2), true, rules(), late);
+  ASSERT_EQ(late.given_up.size(), 1u) << "a check gives expired escrow up first";
+  EXPECT_EQ(late.given_up[0].window_start, Nanos{0});
+  EXPECT_EQ(late.given_up[0].units, 3u);
+  EXPECT_EQ(late.given_up[0].total, 3u);
+  EXPECT_EQ(late.forfeited, 3u);
+  EXPECT_FALSE(forgettable(k, seconds(2), rules())) << "it leases for the check";
+}
+
+TEST(FederatedKey, PeekSpendsNothingAndAsksForNothing) {
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, 2, milliseconds(10), true, rules(), e);
+  KeyEffects granted;
+  on_lease(k, reply(LeaseStatus::kGranted, 4, 6, milliseconds(10), milliseconds(10)),
+           milliseconds(12), 0, rules(), granted);
+  const FederatedKey before = k;
+  EXPECT_TRUE(peek_key(k, 2, milliseconds(13), rules()).rate.allowed);
+  EXPECT_FALSE(peek_key(k, 11, milliseconds(13), rules()).rate.allowed);
+  EXPECT_EQ(peek_key(k, 11, milliseconds(13), rules()).reason, FederatedReason::kNeverFits);
+  EXPECT_EQ(k.escrow, before.escrow);
+  EXPECT_EQ(k.leasing, before.leasing);
+}
+
+}  // namespace
+}  // namespace sluice
