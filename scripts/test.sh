@@ -107,6 +107,15 @@ suite_ctest_args() {
     asan|tsan) echo "-E ^($sanitizer_skips)[./]" ;;
   esac
 }
+# Tests at once: two per core in the default suite (most wait on servers and timers; what keeps
+# a core busy takes two slots: tests/CMakeLists.txt, "Scheduling"), one per core under a
+# sanitizer (every test computes several times more there).
+suite_ctest_jobs() {
+  case $1 in
+    default) echo $((2 * jobs)) ;;
+    *) echo "$jobs" ;;
+  esac
+}
 
 # The 15 slowest tests of a suite's ctest log, slowest first: where its time went.
 slowest() {
@@ -141,7 +150,8 @@ run_suite() {
   log="$dir.ctest.log"
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-     ctest --output-on-failure -j "$jobs" $(suite_ctest_args "$name") "$@") 2>&1 | tee "$log"
+     ctest --output-on-failure -j "$(suite_ctest_jobs "$name")" $(suite_ctest_args "$name") "$@") \
+    2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]} line pass fail
   time_lines+=("=== time: $name: ctest $(took $((SECONDS - started)))")
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)

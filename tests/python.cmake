@@ -42,18 +42,19 @@ add_test(NAME examples.throttled_purge
          WORKING_DIRECTORY ${python_bin})
 set_tests_properties(examples.throttled_purge PROPERTIES
   ENVIRONMENT "PYTHONPATH=${python_gen}:${PROJECT_SOURCE_DIR}/clients/python;PYTHONDONTWRITEBYTECODE=1"
-  LABELS integration RUN_SERIAL TRUE TIMEOUT 300)
+  LABELS "integration;timing" TIMEOUT 300)
 
 # The fleet's fault suite (tests/faults): real Redis and PostgreSQL, three `sluice serve`
 # nodes, coordinator and node faults under load; the figures land in faults-results.md
-# (and .json) here. Alone (it measures timing) and bounded: about 2 minutes on 2 cores.
+# (and .json) here. It measures timing (label timing, scheduled as the end of tests/CMakeLists.txt
+# says): about 2 minutes.
 add_test(NAME faults.fleet
          COMMAND ${SLUICE_PYTHON} -m pytest -q -rxs
                  ${PROJECT_SOURCE_DIR}/tests/faults/test_fleet_faults.py
          WORKING_DIRECTORY ${python_bin})
 set_tests_properties(faults.fleet PROPERTIES
   ENVIRONMENT "PYTHONPATH=${python_gen}:${PROJECT_SOURCE_DIR}/clients/python;SLUICE_BIN=$<TARGET_FILE:sluice_cli>;PYTHONDONTWRITEBYTECODE=1;SLUICE_FAULTS_RESULTS=${python_bin}/faults-results.md"
-  LABELS "integration;faults" RUN_SERIAL TRUE TIMEOUT 300)
+  LABELS "integration;faults;timing" TIMEOUT 300)
 
 # Federation's fault suite (same directory): three `sluice serve` regions splitting one rate
 # budget through a real Redis, then a real PostgreSQL, steady and through a coordinator
@@ -62,11 +63,11 @@ set_tests_properties(faults.fleet PROPERTIES
 # Redis replica or a PostgreSQL standby that missed the last writes); then a region of three
 # processes sharing a regional pool on a second Redis (steady, the pool's Redis killed, the
 # coordinator stopped in both outage modes); figures in federation-results.md (and .json).
-# Alone (it measures timing): about 185 s.
+# It measures timing (label timing): about 185 s.
 add_test(NAME faults.federation
          COMMAND ${SLUICE_PYTHON} -m pytest -q -rxs
                  ${PROJECT_SOURCE_DIR}/tests/faults/test_federation_faults.py
          WORKING_DIRECTORY ${python_bin})
 set_tests_properties(faults.federation PROPERTIES
   ENVIRONMENT "PYTHONPATH=${python_gen}:${PROJECT_SOURCE_DIR}/clients/python;SLUICE_BIN=$<TARGET_FILE:sluice_cli>;PYTHONDONTWRITEBYTECODE=1;SLUICE_FEDERATION_RESULTS=${python_bin}/federation-results.md"
-  LABELS "integration;faults" RUN_SERIAL TRUE TIMEOUT 420)
+  LABELS "integration;faults;timing" TIMEOUT 420)

@@ -245,6 +245,15 @@ class RedisCoordinator(Coordinator):
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         return args
 
+    def ready(self) -> bool:
+        # Redis accepts connections while it loads its RDB or AOF, and answers LOADING to
+        # commands until it is done: ready once INFO (served while loading) says it is not.
+        if not port_accepts("127.0.0.1", self.port):
+            return False
+        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "INFO",
+                            "persistence"], capture_output=True, text=True, timeout=5)
+        return r.returncode == 0 and "loading:0" in r.stdout.split()
+
     @property
     def label(self) -> str:
         return {"none": "redis", "rdb": "redis, RDB", "aof": "redis, AOF"}[self.persistence]

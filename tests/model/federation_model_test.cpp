@@ -9,9 +9,9 @@
 // region reads it shifted by its own constant offset (clock skew: offsets, not drift, so the
 // drift allowance is 0). Actions, in every interleaving:
 //   check      a check of one hit (or, with big_checks, of a batch's hits) arrives at a region:
-//              check_key() at the region's clock decides it, or parks it (two at most are
-//              parked; a third is asked without parking, as try_check does) behind the key's
-//              lease; a lease it asks for goes out, escrow it gives up is reconciled;
+//              check_key() at the region's clock decides it, or parks it behind the key's
+//              lease (one check at a time, or two; one more is asked without parking, as
+//              try_check asks); a lease it asks for goes out, escrow it gives up is reconciled;
 //   process    the coordinator runs lease() on a request in transit (not during an outage); its
 //              reply, a grant or a refusal, travels back;
 //   deliver    the reply arrives, at any later time: on_lease() applies it and decides the parked
