@@ -229,26 +229,32 @@ class Explorer {
   }
 
  private:
-  FleetState to_fleet(const State& s) const {
-    FleetState f;
+  // The state's records as the core's FleetState, in a scratch one whose vectors and strings
+  // are reused (the search calls this for most steps).
+  FleetState& to_fleet(const State& s) {
+    FleetState& f = scratch_;
     f.generation = s.generation;
     // A constant limit keeps the ceiling at L whatever was stored: the state leaves it out.
     f.ceiling = c_.low > 0 ? s.ceiling : c_.limit;
+    std::size_t count = 0;
     for (int i = 0; i < kMaxNodes; ++i) {
       const Record& r = s.rec[i];
       if (!r.present) continue;
-      FleetNode n;
-      n.id = std::string(kIds[i]);
-      n.instance = r.owner;
+      if (count == f.nodes.size()) f.nodes.emplace_back();
+      FleetNode& n = f.nodes[count++];
+      n.id.assign(kIds[i]);
       n.l_local = r.low ? c_.low : c_.limit;
+      n.estimated = true;
       n.in_flight = r.in_flight;
       n.share = r.share;
       n.expires_at = kNow + kLeaseTtl;
       n.acked_generation = r.acked;
+      n.unacked.clear();
       for (int k = 0; k < r.unacked; ++k)
         n.unacked.push_back({r.unacked_gen[k], r.unacked_share[k]});
-      f.nodes.push_back(std::move(n));
+      n.instance = r.owner;
     }
+    f.nodes.resize(count);
     return f;
   }
 
@@ -291,7 +297,7 @@ class Explorer {
   // Nothing when the coordinator refuses it (another member's live record holds the id).
   std::optional<Grant> coordinate(State& s, int i, std::uint8_t in_flight, std::uint8_t acked,
                                   std::uint8_t low) {
-    FleetState f = to_fleet(s);
+    FleetState& f = to_fleet(s);
     // The broken ceiling: L_global drops with the aggregate at once (no memory of the last).
     if (c_.core == Core::kCeilingIsTheAggregate) f.ceiling = 0;
     NodeReport report;
@@ -311,7 +317,7 @@ class Explorer {
 
   // Node i leaves (or its record expires): the core removes the record of its id if it wrote it.
   void remove_record(State& s, int i) {
-    FleetState f = to_fleet(s);
+    FleetState& f = to_fleet(s);
     const Record& r = s.rec[id_of(i)];
     const bool own = r.present && r.owner == i + 1;
     if (leave(f, kIds[id_of(i)], static_cast<std::uint64_t>(i) + 1) != own)
@@ -483,6 +489,7 @@ class Explorer {
 
   Config c_;
   StateSpace<State> space_;
+  FleetState scratch_;  // to_fleet()'s
   std::string harness_error_;
 };
 
