@@ -65,7 +65,11 @@ lease=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["lease_
 import json, sys
 policies = json.load(sys.stdin)["policies"]
 nodes = {n["name"]: n for p in policies if p["name"] == "replicas" for n in p["nodes"]}
-assert nodes["db-3"]["buckets"][0] == {"finished": 1, "succeeded": 0}, nodes["db-3"]
+# In whichever bucket is current when it is read (the ring moves on with time, and a slow
+# machine may have passed a bucket boundary since the release).
+buckets = nodes["db-3"]["buckets"]
+assert sum(b["finished"] for b in buckets) == 1, nodes["db-3"]
+assert sum(b["succeeded"] for b in buckets) == 0, nodes["db-3"]
 assert nodes["db-3"]["weight"] == 0, nodes["db-3"]
 ' <<<"$("$sluice" policies --json)" || fail "cascade state: $("$sluice" policies --json)"
 
