@@ -34,7 +34,6 @@ std::string FederationOptions::validate() const {
 
 namespace {
 constexpr std::size_t kShards = 16;
-constexpr std::int64_t kNever = kFederatedNever;
 // Leases sent in one lease_many() call, at most.
 constexpr std::size_t kPipeline = 64;
 // drain_leases() running at once, at most: with two, the coordinator has the next batch while
@@ -243,7 +242,8 @@ FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string
   }
   if (extra == 0) {
     // End the refill in flight, so that another process may become the refiller at once.
-    StatusOr<PoolReply> f = pool_->refill(gk, Nanos{kNever}, 0, Nanos{0}, options_.lease_timeout);
+    StatusOr<PoolReply> f =
+        pool_->refill(gk, Nanos{kFederatedNever}, 0, Nanos{0}, options_.lease_timeout);
     if (!f.ok()) pool_failed(clock_.now());
     return o;
   }

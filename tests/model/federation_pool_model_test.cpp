@@ -41,7 +41,9 @@
 //   restart    a process loses its escrow and whatever it was waiting for;
 //   tick, coordinator outage / pool outage (on or off), coordinator loss (an empty ledger whose
 //   origin window is the current one), pool loss (an empty pool);
-//   region b   send, process, deliver, spend, expire and reconcile, as federation_model_test.cpp.
+//   region b   send (when it runs dry), process, deliver, spend, expire and reconcile: a region
+//              written here around the real escrow core (federation_model_test.cpp drives the
+//              production key rules instead).
 // Invariant, in every reachable state:
 //   Admitted  the admissions stamped with the real (global-clock) window they happen in never
 //             exceed `limit` in that window (Δ = 0).

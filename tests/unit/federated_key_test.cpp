@@ -38,6 +38,16 @@ FederatedLeaseOutcome reply(LeaseStatus status, std::uint64_t granted, std::uint
   return o;
 }
 
+// A key whose first check, of `hits`, is parked at 10 ms behind the lease it asked for.
+FederatedKey parked(std::uint64_t hits, const FederatedKeyRules& r = rules()) {
+  FederatedKey k;
+  KeyEffects e;
+  check_key(k, hits, milliseconds(10), true, r, e);
+  EXPECT_FALSE(e.decision);
+  EXPECT_GT(e.lease_want, 0u);
+  return k;
+}
+
 TEST(FederatedKey, ACheckWithNoEscrowParksAndAsksForOneLeaseOfABatch) {
   FederatedKey k;
   KeyEffects first;
@@ -58,9 +68,8 @@ TEST(FederatedKey, ACheckWithNoEscrowParksAndAsksForOneLeaseOfABatch) {
 }
 
 TEST(FederatedKey, AGrantDecidesTheParkedChecksInOrderAndSpendsFromEscrowAfter) {
-  FederatedKey k;
+  FederatedKey k = parked(1);
   KeyEffects e;
-  check_key(k, 1, milliseconds(10), true, rules(), e);
   check_key(k, 2, milliseconds(11), true, rules(), e);
   KeyEffects granted;
   on_lease(k, reply(LeaseStatus::kGranted, 4, 6, milliseconds(10), milliseconds(10)),
@@ -81,9 +90,7 @@ TEST(FederatedKey, AGrantDecidesTheParkedChecksInOrderAndSpendsFromEscrowAfter) 
 }
 
 TEST(FederatedKey, ASpentWindowRefusesUntilItEndsWithoutAskingAgain) {
-  FederatedKey k;
-  KeyEffects e;
-  check_key(k, 3, milliseconds(10), true, rules(), e);
+  FederatedKey k = parked(3);
   KeyEffects spent;
   on_lease(k, reply(LeaseStatus::kSpent, 0, 0, milliseconds(10), milliseconds(10)),
            milliseconds(12), 0, rules(), spent);
@@ -104,9 +111,7 @@ TEST(FederatedKey, AFailedLeaseRefusesForTheBackoffUnlessThePoolServesAnOutage) 
   failed.sent_at = milliseconds(10);
   failed.reply = StatusOr<LeaseReply>(Status(StatusCode::kUnavailable, "down"));
 
-  FederatedKey k;
-  KeyEffects e;
-  check_key(k, 1, milliseconds(10), true, rules(), e);
+  FederatedKey k = parked(1);
   KeyEffects out;
   on_lease(k, failed, milliseconds(20), 0, rules(), out);
   EXPECT_TRUE(out.lease_failed);
@@ -116,8 +121,7 @@ TEST(FederatedKey, AFailedLeaseRefusesForTheBackoffUnlessThePoolServesAnOutage) 
 
   FederatedKeyRules pooled = rules();
   pooled.regional_only = true;
-  FederatedKey p;
-  check_key(p, 1, milliseconds(10), true, pooled, e);
+  FederatedKey p = parked(1, pooled);
   KeyEffects again;
   on_lease(p, failed, milliseconds(20), 0, pooled, again);
   EXPECT_TRUE(again.lease_failed);
@@ -126,15 +130,14 @@ TEST(FederatedKey, AFailedLeaseRefusesForTheBackoffUnlessThePoolServesAnOutage) 
 }
 
 TEST(FederatedKey, ASpecMismatchIsToldOncePerWindow) {
-  FederatedKey k;
-  KeyEffects e;
-  check_key(k, 1, milliseconds(10), true, rules(), e);
+  FederatedKey k = parked(1);
   KeyEffects first;
   on_lease(k, reply(LeaseStatus::kSpecMismatch, 0, 0, milliseconds(10), milliseconds(10)),
            milliseconds(12), 0, rules(), first);
   EXPECT_TRUE(first.spec_mismatch);
   EXPECT_TRUE(first.tell_mismatch);
   ASSERT_TRUE(k.spec_in_force);
+  KeyEffects e;
   check_key(k, 1, milliseconds(200), true, rules(), e);  // past the backoff: it asks again
   KeyEffects second;
   on_lease(k, reply(LeaseStatus::kSpecMismatch, 0, 0, milliseconds(200), milliseconds(200)),
@@ -144,9 +147,7 @@ TEST(FederatedKey, ASpecMismatchIsToldOncePerWindow) {
 }
 
 TEST(FederatedKey, ExpiredEscrowIsGivenUpWithItsWindowsRunningTotal) {
-  FederatedKey k;
-  KeyEffects e;
-  check_key(k, 1, milliseconds(10), true, rules(), e);
+  FederatedKey k = parked(1);
   KeyEffects granted;
   on_lease(k, reply(LeaseStatus::kGranted, 4, 6, milliseconds(10), milliseconds(10)),
            milliseconds(12), 0, rules(), granted);
@@ -165,9 +166,7 @@ TEST(FederatedKey, ExpiredEscrowIsGivenUpWithItsWindowsRunningTotal) {
 }
 
 TEST(FederatedKey, PeekSpendsNothingAndAsksForNothing) {
-  FederatedKey k;
-  KeyEffects e;
-  check_key(k, 2, milliseconds(10), true, rules(), e);
+  FederatedKey k = parked(2);
   KeyEffects granted;
   on_lease(k, reply(LeaseStatus::kGranted, 4, 6, milliseconds(10), milliseconds(10)),
            milliseconds(12), 0, rules(), granted);

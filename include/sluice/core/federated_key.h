@@ -124,7 +124,7 @@ struct KeyEffects {
                                          const FederatedKeyRules& rules);
 // A check of `hits` at `now`: decided (effects.decision), or it needs a lease (none set): the
 // check is parked when `park` (its hits joining k.waiting), and a lease is asked for unless one
-// is in flight. Expired escrow is given up first. Precondition: hits <= the limit or not.
+// is in flight. Expired escrow is given up first. More hits than the limit: kNeverFits.
 void check_key(FederatedKey& k, std::uint64_t hits, Nanos now, bool park,
                const FederatedKeyRules& rules, KeyEffects& out);
 // A lease's outcome at `now` (`ppm`: the drift allowance in force): the grant added, the window
