@@ -160,21 +160,29 @@ run_suite() {
   while IFS= read -r t; do
     failed_names+=("$name: $t")
     failure_tails+=("=== $name: the end of ${t% (*}'s output
-$(failure_tail "$dir" "${t% (*}")")
+$(failure_tail "$log" "${t% (*}")")
   done < <(
     sed -n '/^The following tests FAILED:/,$p' "$log" | sed -nE 's/^[[:space:]]+[0-9]+ - (.*)$/\1/p')
   slowest_lines+=("$(slowest "$log" "$name")")
   return "$rc"
 }
 
-# The last lines a failed test printed (ctest keeps every test's output in LastTest.log): told
-# again at the end, where a reader of only the run's last lines sees them.
+# The last lines a failed test printed: told again at the end, where a reader of only the run's
+# last lines sees them. Read from the suite's ctest log (--output-on-failure prints a failed test's
+# output right after its result line, up to the next test's line), not from ctest's
+# Testing/Temporary/LastTest.log: a test that runs ctest itself (the registry check) rewrites that.
 failure_tail() {
-  local dir=$1 t=$2
-  awk -v head="Testing: $t" -v foot="\"$t\" end time" '
-    index($0, head) && substr($0, length($0) - length(head) + 1) == head { on = 1; next }
-    on && index($0, foot) { exit }
-    on' "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | tail -n 40
+  local log=$1 t=$2
+  awk -v t="$t" '
+    /^ *Start +[0-9]+: / || /^ *[0-9]+\/[0-9]+ Test +#[0-9]+: / {
+      on = 0
+      split($0, f, ": ")
+      name = f[2]; sub(/ .*/, "", name)
+      if (name == t && $0 ~ /Test +#/ && $0 !~ / Passed /) on = 1
+      next
+    }
+    /^[0-9]+% tests passed/ { on = 0 }
+    on' "$log" 2>/dev/null | tail -n 40
 }
 
 mkdir -p "$root/build"
