@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/string_map.h"
+#include "sluice/core/pool_lease.h"
 
 namespace sluice {
 
@@ -181,90 +182,51 @@ FederatedLimiter::Outcome FederatedLimiter::lease_direct(const std::string& key,
 FederatedLimiter::Outcome FederatedLimiter::lease_through_pool(const std::string& key,
                                                                std::uint64_t want,
                                                                std::uint64_t need) {
-  Outcome o;
+  // The calls PoolLease (sluice/core/pool_lease.h) asks for, in turn.
   const std::string gk = global_key(key);
-  o.outage = options_.outage == FederationOutage::kRegionalOnly &&
-             in_outage_.load(std::memory_order_relaxed);
-  const auto pool_failed = [&](Nanos at) {
-    pool_failures_.fetch_add(1, std::memory_order_relaxed);
-    pool_down_until_.store((at + options_.retry_backoff).count(), std::memory_order_relaxed);
-  };
-  std::uint64_t ask = want;
-  bool refiller = false;
-  Nanos pool_now{0}, seen{0};
-  if (clock_.now().count() >= pool_down_until_.load(std::memory_order_relaxed)) {
-    const Nanos sent = clock_.now();
-    StatusOr<PoolReply> t =
-        pool_->take(gk, want, 2 * options_.lease_timeout, o.outage, options_.lease_timeout);
-    seen = clock_.now();
-    if (t.ok()) {
-      const PoolReply& p = t.value();
-      if (p.granted > 0) {
-        o.pool_units = p.granted;
-        o.pool_window = p.window_start;
-        o.pool_expires = taken_expiry(p, sent, options_.drift_ppm);
-        // Past its window (the outage mode): usable until the next probe is due at least.
-        if (o.outage)
-          o.pool_expires = std::max(o.pool_expires, seen + options_.coordinator_health_check);
+  const PoolLeaseRules rules{options_.budget.period, regional_batch_, options_.drift_ppm,
+                             options_.coordinator_health_check};
+  const bool outage = options_.outage == FederationOutage::kRegionalOnly &&
+                      in_outage_.load(std::memory_order_relaxed);
+  const Nanos now = clock_.now();
+  PoolLease l;
+  start_pool_lease(l, want, need, outage,
+                   now.count() >= pool_down_until_.load(std::memory_order_relaxed), now);
+  while (l.next != PoolCall::kDone) {
+    switch (l.next) {
+      case PoolCall::kTake: {
+        StatusOr<PoolReply> t = pool_->take(gk, l.want, 2 * options_.lease_timeout,
+                                            l.outcome.outage, options_.lease_timeout);
+        on_pool_take(l, t, clock_.now(), rules);
+        break;
       }
-      if (o.outage) {
-        o.pool_spent = p.granted == 0;
-        return o;  // the coordinator is down: what the pool had is all there is
+      case PoolCall::kLease: {
+        Outcome direct = lease_direct(key, l.ask, l.lease_need);
+        on_pool_lease(l, std::move(*direct.reply), direct.sent_at,
+                      drift_in_force_.load(std::memory_order_relaxed), rules);
+        break;
       }
-      if (p.granted >= want) return o;
-      ask = want - p.granted;
-      if (p.refill) {
-        refiller = true;
-        pool_now = p.now;
-        ask = std::max(ask, regional_refill_size(p, options_.budget.period, regional_batch_));
+      case PoolCall::kRefill: {
+        StatusOr<PoolReply> f =
+            pool_->refill(gk, l.refill_window, l.extra, l.refill_expires, options_.lease_timeout);
+        on_pool_refill(l, f, clock_.now());
+        break;
       }
-    } else {
-      pool_failed(seen);
-      if (o.outage) {
-        o.pool_unreachable = true;
-        return o;
-      }
+      case PoolCall::kDone:
+        break;
     }
-  } else if (o.outage) {
-    o.pool_unreachable = true;
-    return o;
+    if (l.pool_failed_at) {
+      pool_failures_.fetch_add(1, std::memory_order_relaxed);
+      pool_down_until_.store((*l.pool_failed_at + options_.retry_backoff).count(),
+                             std::memory_order_relaxed);
+    }
   }
-  // Straight to the coordinator: for the pool too when this process is its refiller. What the
-  // pool gave counts toward the need.
-  Outcome direct = lease_direct(key, ask, need - std::min(need, o.pool_units));
-  o.sent_at = direct.sent_at;
-  o.reply = std::move(direct.reply);
-  if (!refiller) return o;
-  std::uint64_t extra = 0;
-  if (o.reply->ok()) {
-    const LeaseReply& r = o.reply->value();
-    extra = r.granted - std::min(r.granted, want - o.pool_units);
+  if (l.refilled > 0) pool_refilled_.fetch_add(l.refilled, std::memory_order_relaxed);
+  if (l.forfeited > 0) {
+    forfeited_.fetch_add(l.forfeited, std::memory_order_relaxed);
+    granted_.fetch_add(l.forfeited, std::memory_order_relaxed);
   }
-  if (extra == 0) {
-    // End the refill in flight, so that another process may become the refiller at once.
-    StatusOr<PoolReply> f =
-        pool_->refill(gk, Nanos{kFederatedNever}, 0, Nanos{0}, options_.lease_timeout);
-    if (!f.ok()) pool_failed(clock_.now());
-    return o;
-  }
-  LeaseReply& r = o.reply->value();
-  const Nanos expires_at = pool_expiry(
-      pool_now, seen, escrow_expiry(r, o.sent_at, drift_in_force_.load(std::memory_order_relaxed)),
-      options_.drift_ppm);
-  StatusOr<PoolReply> f =
-      pool_->refill(gk, r.window_start, extra, expires_at, options_.lease_timeout);
-  if (f.ok() && f.value().granted == extra) {
-    r.granted -= extra;  // this process keeps the rest
-    pool_refilled_.fetch_add(extra, std::memory_order_relaxed);
-  } else if (!f.ok()) {
-    // A failed call may still have been applied (a reply lost or late after the pool ran it):
-    // the units may be in the pool, so this process must not spend them too. Given up.
-    pool_failed(clock_.now());
-    r.granted -= extra;
-    forfeited_.fetch_add(extra, std::memory_order_relaxed);
-    granted_.fetch_add(extra, std::memory_order_relaxed);
-  }
-  return o;
+  return std::move(l.outcome);
 }
 
 void FederatedLimiter::maybe_probe(Nanos now) {
