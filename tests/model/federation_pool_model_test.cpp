@@ -1,49 +1,49 @@
 // Exhaustive state-space search of federation's regional pool (the "BFS twin" of the pool rules in
 // src/core/escrow.cpp and of FederatedLimiter's use of them; spec/federation_pool.pml is the same
 // protocol for spin). Beside federation_model_test.cpp, which searches the escrow protocol
-// without a pool: the coordinator, the pool and the escrow are the real core (sluice::lease,
-// reconcile, escrow_expiry, add_grant, spend, relinquish, pool_take, pool_refill, pool_release,
-// pool_expiry, taken_expiry); the clocks, the network and the failures are modelled here.
+// without a pool: the coordinator, the pool, the escrow and a process's lease through the pool
+// are the real core (sluice::lease, reconcile, escrow_expiry, add_grant, spend, relinquish,
+// pool_take, pool_refill, pool_release, and PoolLease's steps: start_pool_lease, on_pool_take,
+// on_pool_lease, on_pool_refill, the very functions FederatedLimiter::lease_through_pool
+// drives); the clocks, the network and the failures are modelled here.
 //
 // Region "a" has two processes (p0, p1) sharing one pool; region "b" (optional) leases directly,
 // as in federation_model_test.cpp. One key of `limit` units per window of `period` ticks. One
 // global clock t; the coordinator reads it as it is, the pool and every process read it shifted by
 // a constant offset of their own (skew, no drift: the drift allowance is 0). Fail-closed mode.
-// A process that runs dry leases `batch` as FederatedLimiter::lease_through_pool does, every
-// message taking its time (the clock may tick between a request and its processing, and between
-// a reply and its delivery):
-//   take       it sends pool_take(batch), noting its own clock (sent);
-//   pool       the pool runs pool_take on its own clock; the reply travels back;
-//   taken      the reply arrives (seen, on the process's clock): what it granted joins the
-//              escrow, expiring at taken_expiry(reply, sent), tagged with the pool's window (or
-//              the escrow's, if later: the limiter's rule); if that leaves it short it leases
-//              the rest from the coordinator, for a regional batch when the reply made it the
-//              refiller (keeping the pool's reading and `seen`);
+// A process that runs dry leases `batch` (of use with 1) through PoolLease, every call taking its
+// time (the clock may tick between a request and its processing, and between a reply and its
+// delivery); each delivery is one PoolLease step, which names the next call:
+//   take       start_pool_lease(): the take goes out, noting the process's clock;
+//   pool-take  the pool runs pool_take on its own clock; the reply travels back;
+//   taken      on_pool_take() at the process's clock (`seen`): done, or a lease goes out at once
+//              for the rest (a regional batch, or the last window's demand, when the take made
+//              it the refiller);
 //   lease      the coordinator runs lease() (not during its outage);
-//   leased     the reply arrives: a process that is not the refiller adds the grant
-//              (escrow_expiry from the lease's send time); the refiller keeps what it needs and
-//              sends refill(window, rest, pool_expiry(pool reading, seen, its escrow expiry)),
-//              or refill(0) to end the refill in flight when nothing is left over (or the
-//              lease failed);
+//   leased     on_pool_lease(): done, or the refiller's refill goes out (the units it does not
+//              need, expiring at pool_expiry(), or none, to end the refill in flight);
 //   refill     the pool runs pool_refill; its reply travels back;
-//   refilled   the reply arrives: units the pool accepted leave the refiller's grant, the rest
-//              joins its escrow;
+//   refilled   on_pool_refill(): what the pool accepted leaves the refiller's grant;
+//   (done)     the lease's outcome joins the escrow as FederatedKey's on_lease() adds it: the
+//              pool's units (in the escrow's window if that is later), then the coordinator's
+//              grant; a later window's units replace the escrow, whose rest is released;
 //   spend      a process admits one request from its escrow (spend() on its clock);
 //   expire     escrow past its expiry is relinquished and released to the pool (one release in
-//              transit per process); so is the rest of an older window's escrow that a later
-//              window's units replace;
+//              transit per process);
 //   release    the pool runs pool_release;
-//   drop       during the pool's outage, a take, refill or release (request or reply) is lost:
-//              a process whose take is lost leases its batch from the coordinator directly, one
-//              whose refill is lost keeps only what it needed (the limiter's rule on a failed
-//              refill: it may have been applied); during the coordinator's outage a lease
-//              (request or reply) is lost;
+//   drop       during the pool's outage, a take or refill (request or reply) is lost, during the
+//              coordinator's a lease: the PoolLease step gets the call's failure (a lost take
+//              leases the whole batch from the coordinator; a lost refill is given up: it may
+//              have been applied); a release is lost;
 //   restart    a process loses its escrow and whatever it was waiting for;
 //   tick, coordinator outage / pool outage (on or off), coordinator loss (an empty ledger whose
 //   origin window is the current one), pool loss (an empty pool);
 //   region b   send (when it runs dry), process, deliver, spend, expire and reconcile: a region
 //              written here around the real escrow core (federation_model_test.cpp drives the
 //              production key rules instead).
+// Not modelled: leaving the pool alone for retry_backoff after a failed call (its leases go to
+// the coordinator, as a lost take's does here), and the escrow's rules beyond add_grant, spend
+// and relinquish (FederatedKey's, which federation_model_test.cpp drives).
 // Invariant, in every reachable state:
 //   Admitted  the admissions stamped with the real (global-clock) window they happen in never
 //             exceed `limit` in that window (Δ = 0).
@@ -52,7 +52,8 @@
 // keeping the units a while); a refill whose expiry counts the time left from the TAKE's
 // send time (as if the pool had read its clock then, not at some time up to `seen`); a refill
 // whose expiry is the escrow's expiry taken as pool time; a taker whose expiry counts from when it
-// received the take; a pool that accepts a release into a later window than the units'.
+// received the take; a pool that accepts a release into a later window than the units'. (The
+// variants of a PoolLease decision change what the step decided, after it.)
 //
 // A refill whose reply is lost AFTER the pool applied it (a timeout on a slow reply) must not
 // leave the units both in the pool and in the refiller's escrow: the refiller gives up what it
@@ -68,9 +69,12 @@
 // Finite space: the clock is bounded, so every counter is (checked). The state leaves out what
 // cannot change what happens next, as an exact bisimulation of the real core: the ledger's and
 // the pool's clock high-water marks (no clock steps back here), an expiry already passed (on the
-// process's clock for escrow, the pool's for the pool: compared only with later times or taken
-// the max of with a later one), a refill hold already over, a ledger whose window has ended (the
-// next lease rolls it), and the admissions of a window that has ended.
+// process's clock for escrow and for units waiting to join it: compared only with later times or
+// taken the max of with a later one; the pool's once past by a period, when no take reads its
+// time left any more), the pool's demand beyond a regional batch or once no take can read it, a
+// refill hold already over, a ledger whose window has ended (the next lease rolls it), the
+// admissions of a window that has ended, and the fields of a PoolLease and of a reply that no
+// later step reads, or only as a sum or a difference (normalise(), kPoolTake).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,6 +91,7 @@
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/memory_regional_escrow.h"
 #include "sluice/core/escrow.h"
+#include "sluice/core/pool_lease.h"
 #include "sluice/federation/federation.h"
 #include "state_space.h"
 #include "support/federation_fixtures.h"
@@ -99,7 +104,7 @@ using sluice::model::StateSpace;
 constexpr int kProcs = 2;                       // processes of region "a"
 constexpr std::int8_t kNone = -1;               // no window (INT64_MIN in the core)
 constexpr std::int8_t kExpired = -100;          // an expiry already passed
-constexpr std::size_t kMaxStates = 12'000'000;  // a configuration too big for the suite fails
+constexpr std::size_t kMaxStates = 30'000'000;  // a configuration too big for the suite fails
 
 enum class Variant {
   kCorrect,
@@ -147,24 +152,39 @@ enum Phase : std::uint8_t {
   kRefillReply,  // refill reply in transit (accepted)
 };
 
+// A process of region "a": its escrow, and its lease through the pool as PoolLease holds it
+// (packed; the fields a later step reads, the rest folded away by normalise()), with the call in
+// transit and its reply.
 struct Proc {
   std::int8_t e_window;  // the Escrow
   std::int8_t e_expires;
   std::uint8_t e_units;
   std::uint8_t phase;
-  std::int8_t sent;  // take: its send time; lease: the lease's
-  std::uint8_t want;
-  std::uint8_t refiller;
-  std::int8_t pool_now;  // refiller: the pool's reading in its take reply, and when it was seen
+  // PoolLease (want and need are the config's batch and 1)
+  std::int8_t take_sent;
   std::int8_t seen;
-  std::int8_t take_sent;  // refiller: its take's send time (a broken variant reads it)
-  std::uint8_t granted;   // the reply in transit, or the grant kept aside during a refill
-  std::int8_t window;
-  std::int8_t expires;  // take: expires_in; lease: escrow_expiry
-  std::int8_t reading;  // take: the pool's clock when it decided
-  std::uint8_t refill;  // take: the reply makes it the refiller; refill: accepted
-  std::uint8_t extra;   // refill: the units for the pool
+  std::int8_t pool_now;
+  std::uint8_t refiller;
+  std::uint8_t ask;
+  std::uint8_t lease_need;
+  std::int8_t refill_window;
+  std::uint8_t extra;
   std::int8_t refill_expires;
+  std::uint8_t pool_units;  // its outcome: units from the pool, of pool_window, until pool_expires
+  std::int8_t pool_window;
+  std::int8_t pool_expires;
+  std::int8_t sent_at;  // the coordinator's lease: its send time, and its reply (r_ok: not failed)
+  std::uint8_t r_ok;
+  std::uint8_t r_granted;
+  std::int8_t r_window;
+  std::int8_t r_left;  // the reply's window_end - coordinator_now
+  // A pool reply in transit (take: all of it; refill: m_granted, what the pool accepted).
+  std::uint8_t m_granted;
+  std::int8_t m_window;
+  std::int8_t m_expires_in;
+  std::int8_t m_now;
+  std::uint8_t m_refill;
+  std::uint8_t m_demand;
   std::int8_t rel_window;  // a release in transit (kNone: none)
   std::uint8_t rel_units;
 };
@@ -204,6 +224,7 @@ struct State {
   std::int8_t p_window;
   std::int8_t p_expires;
   std::uint8_t p_balance;
+  std::uint8_t p_demand;  // at most regional_batch: all the core reads of it (regional_refill_size)
   std::int8_t p_refilling;  // refilling_until; kExpired: none in flight
   std::array<Proc, kProcs> proc;
   RegionB b;
@@ -352,18 +373,22 @@ class Explorer {
   Nanos pool_now(const State& s) const { return Nanos{s.t + c_.pool_offset}; }
   Nanos b_now(const State& s) const { return Nanos{s.t + c_.b_offset}; }
 
+  // Clears process p: its lease (nothing in transit but a release), and its escrow too when
+  // `with_escrow` (a restart loses it; a release in transit is on the wire already).
   static void clear_proc(Proc& p, bool with_escrow) {
     const Proc keep = p;
     std::memset(static_cast<void*>(&p), 0, sizeof(p));
     p.e_window = kNone;
-    p.window = kNone;
-    p.rel_window = kNone;
+    p.refill_window = kNone;
+    p.pool_window = kNone;
+    p.r_window = kNone;
+    p.m_window = kNone;
+    p.rel_window = keep.rel_window;
+    p.rel_units = keep.rel_units;
     if (!with_escrow) {
       p.e_window = keep.e_window;
       p.e_expires = keep.e_expires;
       p.e_units = keep.e_units;
-      p.rel_window = keep.rel_window;
-      p.rel_units = keep.rel_units;
     }
   }
 
@@ -411,12 +436,14 @@ class Explorer {
   }
 
   // lease() for `region` at the coordinator's clock; the reply, or nothing granted.
-  LeaseReply coordinate_lease(State& s, const char* region, std::uint64_t want, Result& out) {
+  LeaseReply coordinate_lease(State& s, const char* region, std::uint64_t want, std::uint64_t need,
+                              Result& out) {
     Ledger& l = to_ledger(s);
     LeaseRequest req;
     req.region = region;
     req.spec = spec();
     req.want = want;
+    req.need = need;
     const LeaseReply reply = lease(l, req, Nanos{s.t}, start_of(s.origin));
     from_ledger(l, s);
     if (reply.status == LeaseStatus::kStateLost) out.loss_refused = true;
@@ -433,6 +460,7 @@ class Explorer {
     p.window_start = start_of(s.p_window);
     p.expires_at = s.p_expires;  // kExpired: a time already passed
     p.balance = s.p_balance;
+    p.demand = s.p_demand;
     p.refilling_until = s.p_refilling == kExpired ? INT64_MIN : s.p_refilling;
     return p;
   }
@@ -440,6 +468,7 @@ class Explorer {
     s.p_window = index_of(p.window_start);
     s.p_expires = p.expires_at <= kExpired ? kExpired : tiny(p.expires_at, "pool expiry");
     s.p_balance = small(p.balance, "balance");
+    s.p_demand = small(std::min(p.demand, c_.regional_batch), "demand");
     s.p_refilling =
         p.refilling_until == INT64_MIN ? kExpired : tiny(p.refilling_until, "refilling_until");
   }
@@ -489,43 +518,168 @@ class Explorer {
     from_escrow(e, g);
   }
 
-  // The refiller's lease is over (`granted` of `window`, escrow expiry `expires`; 0: refused or
-  // lost): it keeps what it needs and sends the rest to the pool, or ends the refill in flight.
-  void after_lease(State& s, int i, std::uint64_t granted, std::int8_t window,
-                   std::int8_t expires) {
-    Proc& g = s.proc[i];
-    const std::uint64_t extra = granted - std::min<std::uint64_t>(granted, g.want);
-    g.phase = kRefillSent;
-    g.granted = small(granted, "granted");
-    g.window = window;
-    g.expires = expires;
-    g.extra = small(extra, "extra");
-    g.refill_expires = 0;
-    if (extra == 0) return;
-    Nanos at{0};
-    const Nanos escrow_expires{expires};
-    switch (c_.variant) {
-      case Variant::kRefillFromTakeSent:
-        at = pool_expiry(Nanos{g.pool_now}, Nanos{g.take_sent}, escrow_expires, 0);
-        break;
-      case Variant::kRefillEscrowAsPoolTime:
-        at = escrow_expires;
-        break;
-      default:
-        at = pool_expiry(Nanos{g.pool_now}, Nanos{g.seen}, escrow_expires, 0);
-    }
-    g.refill_expires = tiny(at.count(), "refill expiry");
+  // ---- a process's lease through the pool: PoolLease (sluice/core/pool_lease.h) ----
+
+  PoolLeaseRules pool_rules() const {
+    PoolLeaseRules r;
+    r.period = Nanos{c_.period};
+    r.regional_batch = c_.regional_batch;
+    r.drift_ppm = 0;
+    r.coordinator_health_check = Nanos{c_.period};  // read in the regional-only mode only
+    return r;
   }
 
-  // The refill call is over: the units the pool accepted leave the grant, the rest is kept. A
-  // call that failed may have been applied, so its units leave the grant too (given up).
-  void after_refill(State& s, int i, bool accepted, bool failed = false) {
+  // The coordinator's reply p's lease got (or is getting back), as the coordinator gave it.
+  LeaseReply reply_of(const Proc& g) const {
+    LeaseReply r;
+    r.status = g.r_granted > 0 ? LeaseStatus::kGranted : LeaseStatus::kSpent;
+    r.granted = g.r_granted;
+    r.spec = spec();
+    if (g.r_window != kNone) {
+      r.window_start = Nanos{start_of(g.r_window)};
+      r.window_end = r.window_start + Nanos{c_.period};
+      r.coordinator_now = r.window_end - Nanos{g.r_left};
+    }
+    return r;
+  }
+  void store_reply(const LeaseReply& r, Proc& g) {
+    g.r_ok = 1;
+    g.r_granted = small(r.granted, "granted");
+    g.r_window = r.granted > 0 ? index_of(r.window_start.count()) : kNone;
+    g.r_left = r.granted > 0 ? tiny((r.window_end - r.coordinator_now).count(), "left") : 0;
+  }
+
+  // p's PoolLease, unpacked (want and need: the batch and 1).
+  PoolLease to_lease(const Proc& g) const {
+    PoolLease l;
+    l.want = c_.batch;
+    l.need = 1;
+    l.take_sent = Nanos{g.take_sent};
+    l.seen = Nanos{g.seen};
+    l.pool_now = Nanos{g.pool_now};
+    l.refiller = g.refiller != 0;
+    l.ask = g.ask;
+    l.lease_need = g.lease_need;
+    l.refill_window = Nanos{start_of(g.refill_window)};
+    l.extra = g.extra;
+    l.refill_expires = Nanos{g.refill_expires};
+    FederatedLeaseOutcome& o = l.outcome;
+    o.pool_units = g.pool_units;
+    o.pool_window = Nanos{start_of(g.pool_window)};
+    o.pool_expires = g.pool_units > 0 ? Nanos{g.pool_expires} : Nanos{kFederatedNever};
+    if (g.phase >= kRefillSent) {
+      o.sent_at = Nanos{g.sent_at};
+      if (g.r_ok)
+        o.reply = StatusOr<LeaseReply>(reply_of(g));
+      else
+        o.reply = StatusOr<LeaseReply>(lost());
+    }
+    return l;
+  }
+
+  static Status lost() { return Status(StatusCode::kDeadlineExceeded, "lost"); }
+
+  // The next call `l` asks for goes out from process i (at its clock), or the lease is over and
+  // its outcome joins the escrow as on_lease() adds it: the pool's units (tagged with the
+  // escrow's window if that is later), then the coordinator's grant.
+  void advance(State& s, int i, const PoolLease& l) {
     Proc& g = s.proc[i];
-    const std::uint64_t keep = accepted || failed ? g.granted - g.extra : g.granted;
-    const std::int8_t window = g.window;
-    const Nanos expires{g.expires};
+    const std::int8_t sent_at = g.sent_at;
     clear_proc(g, false);
-    add_units(s, i, keep, window, expires, false);
+    if (l.next == PoolCall::kDone) {
+      const FederatedLeaseOutcome& o = l.outcome;
+      add_units(s, i, o.pool_units, index_of(o.pool_window.count()), o.pool_expires, true);
+      if (o.reply && o.reply->ok() && o.reply->value().granted > 0) {
+        const LeaseReply& r = o.reply->value();
+        add_units(s, i, r.granted, index_of(r.window_start.count()), escrow_expiry(r, o.sent_at, 0),
+                  false);
+      }
+      return;
+    }
+    g.take_sent = tiny(l.take_sent.count(), "take sent");
+    g.seen = tiny(l.seen.count(), "seen");
+    g.pool_now = tiny(l.pool_now.count(), "pool now");
+    g.refiller = l.refiller ? 1 : 0;
+    g.ask = small(l.ask, "ask");
+    g.lease_need = small(l.lease_need, "lease need");
+    g.refill_window = index_of(l.refill_window.count());
+    g.extra = small(l.extra, "extra");
+    g.refill_expires = tiny(l.refill_expires.count(), "refill expiry");
+    const FederatedLeaseOutcome& o = l.outcome;
+    g.pool_units = small(o.pool_units, "pool units");
+    g.pool_window = o.pool_units > 0 ? index_of(o.pool_window.count()) : kNone;
+    g.pool_expires = o.pool_units > 0 ? tiny(o.pool_expires.count(), "pool expiry") : 0;
+    switch (l.next) {
+      case PoolCall::kTake:
+        g.phase = kTakeSent;
+        break;
+      case PoolCall::kLease:  // sent now: the limiter sends it as soon as the take is over
+        g.phase = kLeaseSent;
+        g.sent_at = tiny(proc_now(s, i).count(), "sent");
+        break;
+      case PoolCall::kRefill:
+        g.phase = kRefillSent;
+        g.sent_at = sent_at;
+        if (o.reply->ok()) {
+          store_reply(o.reply->value(), g);
+        } else {
+          g.r_ok = 0;
+        }
+        break;
+      case PoolCall::kDone:
+        break;
+    }
+  }
+
+  // The take's reply p received (its message in transit).
+  PoolReply take_reply_of(const Proc& g) const {
+    PoolReply p;
+    p.granted = g.m_granted;
+    p.window_start = Nanos{start_of(g.m_window)};
+    p.expires_in = Nanos{g.m_expires_in};
+    p.now = Nanos{g.m_now};
+    p.refill = g.m_refill != 0;
+    p.demand = g.m_demand;
+    return p;
+  }
+
+  // The take's outcome at process i: its reply (or a failure), then the broken variants' changes
+  // to what the core decided.
+  void taken(State& s, int i, const StatusOr<PoolReply>& reply) {
+    PoolLease l = to_lease(s.proc[i]);
+    const Nanos seen = proc_now(s, i);
+    on_pool_take(l, reply, seen, pool_rules());
+    if (reply.ok() && l.outcome.pool_units > 0) {
+      if (c_.variant == Variant::kTakerFromReceipt)
+        l.outcome.pool_expires = taken_expiry(reply.value(), seen, 0);
+      // Served past its expiry, as regional-only does: usable a while (the limiter's rule).
+      if (c_.variant == Variant::kPoolServesPastExpiry)
+        l.outcome.pool_expires = std::max(l.outcome.pool_expires, seen + Nanos{c_.period});
+    }
+    advance(s, i, l);
+  }
+
+  // The coordinator's answer to process i's lease (or a failure), then the broken variants'
+  // changes to the refill the core asks for.
+  void leased(State& s, int i, StatusOr<LeaseReply> reply) {
+    const Proc& g = s.proc[i];
+    PoolLease l = to_lease(g);
+    const Nanos sent_at{g.sent_at};
+    on_pool_lease(l, std::move(reply), sent_at, 0, pool_rules());
+    if (l.next == PoolCall::kRefill && l.extra > 0) {
+      const Nanos escrow_expires = escrow_expiry(l.outcome.reply->value(), sent_at, 0);
+      if (c_.variant == Variant::kRefillFromTakeSent)
+        l.refill_expires = pool_expiry(l.pool_now, l.take_sent, escrow_expires, 0);
+      if (c_.variant == Variant::kRefillEscrowAsPoolTime) l.refill_expires = escrow_expires;
+    }
+    advance(s, i, l);
+  }
+
+  // The refill's outcome at process i: what the pool accepted, or a failure.
+  void refilled(State& s, int i, const StatusOr<PoolReply>& reply) {
+    PoolLease l = to_lease(s.proc[i]);
+    on_pool_refill(l, reply, proc_now(s, i));
+    advance(s, i, l);
   }
 
   // One atomic step of process i (or of the world, for the global actions); false if the
@@ -533,114 +687,84 @@ class Explorer {
   bool step(State& s, int i, Action a, Result& r) {
     Proc& g = s.proc[i];
     switch (a) {
-      case kTake:  // a process that runs dry leases (through the pool while it is up)
+      case kTake: {  // a process that runs dry leases a batch, through the pool
         if (g.phase != kIdle || usable(escrow_of(g), proc_now(s, i)) > 0) return false;
-        g.want = small(c_.batch, "want");
-        g.sent = tiny(proc_now(s, i).count(), "sent");
-        g.phase = kTakeSent;
+        PoolLease l;
+        start_pool_lease(l, c_.batch, 1, false, true, proc_now(s, i));
+        advance(s, i, l);
         break;
+      }
       case kPoolTake: {
         if (g.phase != kTakeSent || s.pool_down) return false;
         RegionalPool p = to_pool(s);
         const bool past = c_.variant == Variant::kPoolServesPastExpiry;
-        const PoolReply reply = pool_take(p, g.want, Nanos{c_.refill_hold}, past, pool_now(s));
+        const PoolReply reply = pool_take(p, c_.batch, Nanos{c_.refill_hold}, past, pool_now(s));
         from_pool(p, s);
         g.phase = kTakeReply;
-        g.granted = small(reply.granted, "taken");
-        g.window = reply.granted > 0 ? index_of(reply.window_start.count()) : kNone;
-        g.reading = tiny(reply.now.count(), "pool now");
-        g.refill = reply.granted < g.want && reply.refill ? 1 : 0;
-        if (!g.refill) g.reading = 0;
-        if (reply.granted > 0) r.taken = true;
-        // taken_expiry() is a pure function of the reply and the send time: computed here, so
-        // that neither need travel along (but for the variants that read them on arrival).
-        if (c_.variant == Variant::kTakerFromReceipt) {
-          g.expires = reply.granted > 0 ? tiny(reply.expires_in.count(), "expires_in") : 0;
-        } else {
-          g.expires = reply.granted > 0
-                          ? tiny(taken_expiry(reply, Nanos{g.sent}, 0).count(), "taken expiry")
-                          : 0;
-          if (!(c_.variant == Variant::kRefillFromTakeSent && g.refill)) g.sent = 0;
+        // The reply, as far as on_pool_take reads it (the rest zero): the units, their window
+        // and taken_expiry() when it granted any; for a take that makes the asker the refiller
+        // (short, refill set), the window, the pool's clock and what regional_refill_size()
+        // reads: the demand, and whether the pool's window ended less than a period ago (every
+        // expires_in at or below -period reads the same).
+        const bool refiller = reply.refill && reply.granted < c_.batch;
+        g.m_granted = small(reply.granted, "taken");
+        g.m_refill = refiller ? 1 : 0;
+        if (reply.granted > 0 || refiller) {
+          g.m_window = index_of(reply.window_start.count());
+          g.m_expires_in =
+              tiny(std::max<std::int64_t>(reply.expires_in.count(), -c_.period), "expires_in");
         }
+        // Units granted: a live pool, so expires_in > 0 and regional_refill_size() does not
+        // read it; taken_expiry() reads the take's send time plus it (the drift allowance 0),
+        // so the sum is kept (but for the variants that read either alone).
+        if (reply.granted > 0 && c_.variant != Variant::kTakerFromReceipt &&
+            c_.variant != Variant::kRefillFromTakeSent) {
+          g.m_expires_in = tiny(g.take_sent + g.m_expires_in, "taken expiry");
+          g.take_sent = 0;
+        }
+        if (reply.granted == 0 && !(c_.variant == Variant::kRefillFromTakeSent && refiller))
+          g.take_sent = 0;  // not read
+        if (refiller) {
+          g.m_now = tiny(reply.now.count(), "pool now");
+          g.m_demand = small(reply.demand, "demand");
+        }
+        if (reply.granted > 0) r.taken = true;
         break;
       }
       case kTaken: {
         if (g.phase != kTakeReply) return false;
-        const Nanos seen = proc_now(s, i);
-        if (g.granted > 0) {
-          Nanos expires{g.expires};
-          if (c_.variant == Variant::kTakerFromReceipt) {
-            PoolReply p;
-            p.granted = g.granted;
-            p.expires_in = Nanos{g.expires};
-            expires = taken_expiry(p, seen, 0);
-          }
-          // Served past its expiry, as regional-only does: usable a while (the limiter's rule).
-          if (c_.variant == Variant::kPoolServesPastExpiry)
-            expires = std::max(expires, seen + Nanos{c_.period});
-          add_units(s, i, g.granted, g.window, expires, true);
-        }
-        if (g.granted >= g.want) {
-          clear_proc(g, false);
-          break;
-        }
-        const std::uint64_t need = g.want - g.granted;
-        const bool refiller = g.refill != 0;
-        const std::int8_t reading = g.reading, take_sent = g.sent;
-        clear_proc(g, false);
-        g.phase = kLeaseSent;
-        g.want = small(need, "need");
-        g.sent = tiny(seen.count(), "sent");
-        if (refiller) {
-          g.refiller = 1;
-          g.pool_now = reading;
-          g.seen = tiny(seen.count(), "seen");
-          g.take_sent = take_sent;
-        }
+        taken(s, i, StatusOr<PoolReply>(take_reply_of(g)));
         break;
       }
       case kLease: {
         if (g.phase != kLeaseSent || s.coord_down) return false;
-        const std::uint64_t ask =
-            g.refiller ? std::max<std::uint64_t>(g.want, c_.regional_batch) : g.want;
-        const LeaseReply reply = coordinate_lease(s, "a", ask, r);
+        const LeaseReply reply = coordinate_lease(s, "a", g.ask, g.lease_need, r);
         g.phase = kLeaseReply;
-        g.granted = small(reply.granted, "granted");
-        g.window = reply.granted > 0 ? index_of(reply.window_start.count()) : kNone;
-        g.expires =
-            reply.granted > 0 ? tiny(escrow_expiry(reply, Nanos{g.sent}, 0).count(), "expiry") : 0;
-        g.sent = 0;  // the refiller's lease went out when it saw the take's reply (`seen`)
+        store_reply(reply, g);
         break;
       }
       case kLeased:
         if (g.phase != kLeaseReply) return false;
-        if (g.refiller) {
-          after_lease(s, i, g.granted, g.window, g.expires);
-        } else {
-          const std::uint64_t granted = g.granted;
-          const std::int8_t window = g.window;
-          const Nanos expires{g.expires};
-          clear_proc(g, false);
-          add_units(s, i, granted, window, expires, false);
-        }
+        leased(s, i, StatusOr<LeaseReply>(reply_of(g)));
         break;
       case kRefill: {
         if (g.phase != kRefillSent || s.pool_down) return false;
         RegionalPool p = to_pool(s);
-        const PoolReply reply = g.extra == 0
-                                    ? pool_refill(p, Nanos{INT64_MIN}, 0, Nanos{0}, pool_now(s))
-                                    : pool_refill(p, Nanos{start_of(g.window)}, g.extra,
-                                                  Nanos{g.refill_expires}, pool_now(s));
+        const PoolReply reply = pool_refill(p, Nanos{start_of(g.refill_window)}, g.extra,
+                                            Nanos{g.refill_expires}, pool_now(s));
         from_pool(p, s);
         g.phase = kRefillReply;
-        g.refill = g.extra > 0 && reply.granted == g.extra ? 1 : 0;
-        if (g.refill) r.refill_accepted = true;
+        g.m_granted = small(reply.granted, "accepted");
+        if (g.extra > 0 && reply.granted == g.extra) r.refill_accepted = true;
         break;
       }
-      case kRefilled:
+      case kRefilled: {
         if (g.phase != kRefillReply) return false;
-        after_refill(s, i, g.refill != 0);
+        PoolReply accepted;
+        accepted.granted = g.m_granted;
+        refilled(s, i, StatusOr<PoolReply>(accepted));
         break;
+      }
       case kSpend: {
         Escrow e = escrow_of(g);
         if (!spend(e, 1, proc_now(s, i))) return false;
@@ -667,29 +791,21 @@ class Explorer {
         g.rel_units = 0;
         break;
       }
-      case kDrop:
+      case kDrop:  // a call (request or reply) lost in its server's outage: it failed
         switch (g.phase) {
           case kTakeSent:
-          case kTakeReply: {  // the pool failed: lease the batch directly
+          case kTakeReply:
             if (!s.pool_down) return false;
-            const std::uint8_t want = g.want;
-            clear_proc(g, false);
-            g.phase = kLeaseSent;
-            g.want = want;
-            g.sent = tiny(proc_now(s, i).count(), "sent");
+            taken(s, i, StatusOr<PoolReply>(lost()));
             break;
-          }
           case kLeaseSent:
-          case kLeaseReply:  // the coordinator failed
+          case kLeaseReply:
             if (!s.coord_down) return false;
-            if (g.refiller)
-              after_lease(s, i, 0, kNone, 0);
-            else
-              clear_proc(g, false);
+            leased(s, i, StatusOr<LeaseReply>(lost()));
             break;
-          case kRefillSent:  // the refill failed: the refiller gives up what it sent
+          case kRefillSent:
             if (!s.pool_down) return false;
-            after_refill(s, i, false, true);
+            refilled(s, i, StatusOr<PoolReply>(lost()));
             break;
           default:
             return false;
@@ -702,17 +818,12 @@ class Explorer {
         break;
       case kLoseRefillReply:  // a reply later than the call's timeout: the call failed
         if (!c_.lost_refill_replies || g.phase != kRefillReply) return false;
-        after_refill(s, i, false, true);
+        refilled(s, i, StatusOr<PoolReply>(lost()));
         break;
-      case kRestart: {
+      case kRestart:
         if (!c_.restarts || (g.phase == kIdle && g.e_window == kNone)) return false;
-        const std::int8_t rel_window = g.rel_window;
-        const std::uint8_t rel_units = g.rel_units;
         clear_proc(g, true);
-        g.rel_window = rel_window;
-        g.rel_units = rel_units;
         break;
-      }
       case kTick: {
         if (s.t + 1 >= c_.ticks) return false;
         const auto before = s.t / c_.period;
@@ -770,7 +881,7 @@ class Explorer {
         break;
       case kBProcess: {
         if (b.phase != kLeaseSent || s.coord_down) return false;
-        const LeaseReply reply = coordinate_lease(s, "b", c_.batch, r);
+        const LeaseReply reply = coordinate_lease(s, "b", c_.batch, 1, r);
         if (reply.granted == 0) {
           b.phase = kIdle;
           b.sent = 0;
@@ -840,7 +951,7 @@ class Explorer {
     return true;
   }
 
-  void normalise(State& s) const {
+  void normalise(State& s) {
     const auto current = static_cast<std::int8_t>(s.t / c_.period);
     if (s.l_window != kNone && s.l_window < current) {  // the next lease rolls it
       s.l_window = kNone;
@@ -856,11 +967,53 @@ class Explorer {
       if (r.granted == 0 && r.relinquished_window == kNone) r = Rec{0, 0, 0, kNone};
     }
     const std::int64_t pool_t = pool_now(s).count();
-    if (s.p_expires != kExpired && s.p_expires <= pool_t) s.p_expires = kExpired;
+    // Past by a period or more: every later take reads the same (expires_in <= -period).
+    if (s.p_expires != kExpired && s.p_expires <= pool_t - c_.period) s.p_expires = kExpired;
+    // The demand is read only within a period after the pool's window ended; past that, no
+    // refill of that window is accepted (its expiry is no later than the window's end), and a
+    // later window's clears it.
+    if (s.p_window == kNone || s.p_expires == kExpired) s.p_demand = 0;
     if (s.p_refilling != kExpired && s.p_refilling <= pool_t) s.p_refilling = kExpired;
     for (int i = 0; i < kProcs; ++i) {
       Proc& g = s.proc[i];
       if (g.e_window != kNone && g.e_expires <= proc_now(s, i).count()) g.e_expires = kExpired;
+      // The lease's fields that no later step reads (PoolLease's steps, the model's sends):
+      // the take's send time once the take is over (but for the variant that reads it), the
+      // refiller's take reading outside its lease, the lease's ask outside its send, the
+      // refill's call outside its send.
+      const bool leasing = g.phase == kLeaseSent || g.phase == kLeaseReply;
+      if (g.phase > kTakeReply &&
+          !(c_.variant == Variant::kRefillFromTakeSent && g.refiller && leasing))
+        g.take_sent = 0;
+      if (!(g.refiller && leasing)) g.seen = g.pool_now = 0;
+      // pool_expiry() reads the pool's reading less `seen` (or, in a variant, less the take's
+      // send time): kept relative to `seen`.
+      if (g.refiller && leasing && g.seen != 0) {
+        g.pool_now = tiny(g.pool_now - g.seen, "pool now");
+        if (c_.variant == Variant::kRefillFromTakeSent)
+          g.take_sent = tiny(g.take_sent - g.seen, "take sent");
+        g.seen = 0;
+      }
+      if (g.phase != kLeaseSent) g.ask = g.lease_need = 0;
+      if (g.phase != kRefillSent) {
+        g.refill_window = kNone;
+        g.refill_expires = 0;
+      }
+      // The coordinator's reply once it is back: read only as escrow_expiry() (its send time
+      // plus the window's time left at the coordinator, the drift allowance 0), so the sum is
+      // kept. Units whose expiry has passed, waiting to join the escrow, join it as any expiry
+      // already passed does (add_grant() takes it, or the max with the escrow's, and the escrow's
+      // passed expiry is folded above) -- but not while a refiller reads its grant's expiry to
+      // refill the pool.
+      // A reply that granted nothing reads as a failed one (nothing to keep, nothing to refill).
+      if (g.phase >= kLeaseReply) {
+        if (g.r_ok && g.r_window != kNone) g.r_left = tiny(g.sent_at + g.r_left, "expiry");
+        if (g.r_granted == 0) g.r_ok = 0;
+        g.sent_at = 0;
+      }
+      const std::int64_t now = proc_now(s, i).count();
+      if (g.phase >= kRefillSent && g.r_window != kNone && g.r_left <= now) g.r_left = kExpired;
+      if (g.pool_units > 0 && g.pool_expires <= now) g.pool_expires = kExpired;
     }
     if (s.b.e_window != kNone && s.b.e_expires <= b_now(s).count()) s.b.e_expires = kExpired;
   }
@@ -885,15 +1038,28 @@ class Explorer {
         out += "w" + std::to_string(g.e_window) + " u=" + std::to_string(g.e_units) +
                " exp=" + std::to_string(g.e_expires);
       if (g.phase != kIdle) {
-        out += std::string(" ") + kPhases[g.phase] + "(sent=" + std::to_string(g.sent) + " +" +
-               std::to_string(g.granted) + " w" + std::to_string(g.window) +
-               " exp=" + std::to_string(g.expires);
+        out += std::string(" ") + kPhases[g.phase] + "(";
+        if (g.phase <= kTakeReply) out += "take_sent=" + std::to_string(g.take_sent);
+        if (g.phase == kTakeReply)
+          out += " +" + std::to_string(g.m_granted) + " w" + std::to_string(g.m_window) +
+                 " in=" + std::to_string(g.m_expires_in) + " pool_now=" + std::to_string(g.m_now) +
+                 (g.m_refill ? " refill" : "");
+        if (g.pool_units > 0)
+          out += " pool+" + std::to_string(g.pool_units) + " w" + std::to_string(g.pool_window) +
+                 " exp=" + std::to_string(g.pool_expires);
+        if (g.phase >= kLeaseSent)
+          out += " lease(ask=" + std::to_string(g.ask) + " sent=" + std::to_string(g.sent_at) + ")";
+        if (g.phase >= kLeaseReply)
+          out += g.r_ok ? " +" + std::to_string(g.r_granted) + " w" + std::to_string(g.r_window) +
+                              " left=" + std::to_string(g.r_left)
+                        : std::string(" failed");
         if (g.refiller)
           out += " refiller pool_now=" + std::to_string(g.pool_now) +
                  " seen=" + std::to_string(g.seen);
         if (g.phase >= kRefillSent)
           out +=
               " extra=" + std::to_string(g.extra) + " pool_exp=" + std::to_string(g.refill_expires);
+        if (g.phase == kRefillReply) out += " accepted=" + std::to_string(g.m_granted);
         out += ")";
       }
       if (g.rel_window != kNone)
