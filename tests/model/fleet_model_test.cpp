@@ -336,8 +336,11 @@ class Explorer {
   // Order-preserving renumbering of every generation in the state to 1..k (see the top).
   static void normalise(State& s) {
     std::array<std::uint8_t, 256> rank{};
+    std::uint8_t top = 0;  // the largest generation marked: the ranks are counted up to it only
     auto mark = [&](std::uint8_t g) {
-      if (g != 0) rank[g] = 1;
+      if (g == 0) return;
+      rank[g] = 1;
+      top = std::max(top, g);
     };
     mark(s.generation);
     for (const Record& r : s.rec) {
@@ -350,8 +353,8 @@ class Explorer {
       mark(n.grant_gen);
     }
     std::uint8_t next = 0;
-    for (std::uint8_t& v : rank)
-      if (v != 0) v = ++next;
+    for (int g = 1; g <= top; ++g)
+      if (rank[g] != 0) rank[g] = ++next;
     s.generation = rank[s.generation];
     for (Record& r : s.rec) {
       r.acked = rank[r.acked];

@@ -25,13 +25,16 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <optional>
 #include <string>
-#include <unordered_set>
+#include <type_traits>
+
+#include "state_space.h"
 
 namespace sluice {
 namespace {
+
+using sluice::model::StateSpace;
 
 constexpr int kMaxThreads = 3;
 constexpr int kT = 0, kP = 1, kR = 2;  // levels: tenant, pool, route
@@ -110,27 +113,9 @@ struct State {
   std::uint8_t qlen = 0;
   std::array<std::uint8_t, kMaxThreads> queue{};
   std::array<Thread, kMaxThreads> th{};
-
-  using Key = std::array<std::uint64_t, 4>;
-  [[nodiscard]] Key key() const {
-    Key k{};
-    std::memcpy(k.data(), this, sizeof(State));
-    return k;
-  }
 };
 static_assert(std::is_trivially_copyable_v<State>);
-static_assert(sizeof(State) <= sizeof(State::Key));
-
-struct KeyHash {
-  std::size_t operator()(const State::Key& k) const noexcept {
-    std::uint64_t h = 0x9E37'79B9'7F4A'7C15ull;
-    for (std::uint64_t w : k) {
-      h ^= w + 0x9E37'79B9'7F4A'7C15ull + (h << 6) + (h >> 2);
-      h *= 0xBF58'476D'1CE4'E5B9ull;
-    }
-    return h ^ (h >> 31);
-  }
-};
+static_assert(std::has_unique_object_representations_v<State>);  // compared and hashed as bytes
 
 struct Result {
   std::size_t states = 0;
@@ -147,13 +132,11 @@ class Explorer {
                 sizeof(init));  // padding too: states are compared as bytes
     init.mutex = -1;
     for (int i = 0; i < kMaxThreads; ++i) init.th[i].pc = i < c_.threads ? kStart : kDone;
-    std::unordered_set<State::Key, KeyHash> seen;
-    std::deque<State> frontier = {init};
-    seen.insert(init.key());
+    StateSpace<State> space;
+    space.add(init);
     Result r;
-    while (!frontier.empty()) {
-      const State s = frontier.front();
-      frontier.pop_front();
+    for (std::size_t at = 0; at < space.size(); ++at) {
+      const State s = space[at].state;
       ++r.states;
       if (auto v = check_cap(s)) return {r.states, *v};
       bool moved = false;
@@ -162,7 +145,7 @@ class Explorer {
           State n = s;
           if (!step(n, t, choice)) continue;
           moved = true;
-          if (seen.insert(n.key()).second) frontier.push_back(n);
+          space.add(n);
         }
       }
       if (!moved) {

@@ -1,5 +1,5 @@
-// state_space.h: the breadth-first search the exhaustive model tests share (the fleet guard,
-// federation's escrow, federation's regional pool).
+// state_space.h: the breadth-first search the exhaustive model tests share (the gateway's queue,
+// the fleet guard, federation's escrow, federation's regional pool).
 //
 // What it is: every state reached is stored once, in the order it was first reached, with the
 // state it came from, the action that led to it and who took the action; so the entries are
@@ -19,7 +19,10 @@
 //   if (space.full()) ...the search stopped at kMaxStates...
 //
 // The visited set is an open-addressing table of (hash tag << 32 | index + 1) into the
-// entries; the tag spares most mismatching probes a visit to the entries.
+// entries; the tag spares most mismatching probes a visit to the entries. A state added waits
+// among the last kAhead added (its table slot fetched into the cache meanwhile) before it is
+// looked up and stored, in the order added: size() and full() store the waiting ones first, so
+// the BFS above sees every state it added.
 #pragma once
 
 #include <algorithm>
@@ -62,35 +65,29 @@ class StateSpace {
   explicit StateSpace(std::size_t max_states = std::numeric_limits<std::uint32_t>::max())
       : max_states_(std::min<std::size_t>(max_states, std::numeric_limits<std::uint32_t>::max())) {}
 
-  // Stores `s` unless it was reached before. A new state past max_states is not stored, and
-  // full() says so from then on.
+  // Stores `s` unless it was reached before (once the kAhead states added after it are, or at
+  // the next size() or full()). A new state past max_states is not stored, and full() says so
+  // from then on.
   void add(const State& s, std::size_t parent = 0, std::uint8_t action = 0,
            std::uint8_t actor = 0) {
-    if ((entries_.size() + 1) * 2 > table_.size()) grow();
-    const std::size_t mask = table_.size() - 1;
+    if (waiting_ == kAhead) store_oldest();
     const std::uint64_t h = hash_bytes(s);
-    const std::uint64_t tag = h >> 32;
-    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
-      const std::uint64_t held = table_[slot];
-      if (held == 0) {
-        if (entries_.size() >= max_states_) {
-          full_ = true;
-          return;
-        }
-        entries_.push_back({s, static_cast<std::uint32_t>(parent), action, actor});
-        table_[slot] = tag << 32 | entries_.size();
-        return;
-      }
-      if ((held >> 32) == tag &&
-          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
-        return;
-    }
+    if (!table_.empty()) __builtin_prefetch(&table_[h & (table_.size() - 1)]);
+    ahead_[(first_ + waiting_) % kAhead] = {{s, static_cast<std::uint32_t>(parent), action, actor},
+                                            h};
+    ++waiting_;
   }
 
-  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] std::size_t size() {
+    flush();
+    return entries_.size();
+  }
   [[nodiscard]] const Entry& operator[](std::size_t i) const noexcept { return entries_[i]; }
   // Whether some new state was not stored because the space held max_states already.
-  [[nodiscard]] bool full() const noexcept { return full_; }
+  [[nodiscard]] bool full() {
+    flush();
+    return full_;
+  }
   [[nodiscard]] std::size_t max_states() const noexcept { return max_states_; }
 
   // The steps from the initial state to entries[at], one line each, numbered from 1:
@@ -107,6 +104,45 @@ class StateSpace {
   }
 
  private:
+  static constexpr std::size_t kAhead = 8;
+  struct Waiting {
+    Entry entry;
+    std::uint64_t hash;
+  };
+
+  void flush() {
+    while (waiting_ > 0) store_oldest();
+  }
+
+  void store_oldest() {
+    const Waiting& w = ahead_[first_];
+    first_ = (first_ + 1) % kAhead;
+    --waiting_;
+    store(w.entry, w.hash);
+  }
+
+  void store(const Entry& e, std::uint64_t h) {
+    if ((entries_.size() + 1) * 2 > table_.size()) grow();
+    const std::size_t mask = table_.size() - 1;
+    const State& s = e.state;
+    const std::uint64_t tag = h >> 32;
+    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
+      const std::uint64_t held = table_[slot];
+      if (held == 0) {
+        if (entries_.size() >= max_states_) {
+          full_ = true;
+          return;
+        }
+        entries_.push_back(e);
+        table_[slot] = tag << 32 | entries_.size();
+        return;
+      }
+      if ((held >> 32) == tag &&
+          std::memcmp(&entries_[(held & 0xFFFF'FFFFu) - 1].state, &s, sizeof(State)) == 0)
+        return;
+    }
+  }
+
   void grow() {
     std::vector<std::uint64_t> table(std::max<std::size_t>(1024, table_.size() * 2), 0);
     const std::size_t mask = table.size() - 1;
@@ -123,6 +159,9 @@ class StateSpace {
   std::vector<Entry> entries_;
   std::vector<std::uint64_t> table_;
   bool full_ = false;
+  std::array<Waiting, kAhead> ahead_{};
+  std::size_t first_ = 0;    // the oldest waiting state in ahead_
+  std::size_t waiting_ = 0;  // states added and not stored yet
 };
 
 }  // namespace sluice::model
