@@ -18,6 +18,7 @@ SLUICE_BUILD_PACKAGES=(
 
 # What only the tests need (scripts/test.sh installs them; the README's first command does not):
 # a MariaDB server, started by the throttler's suite as a primary and a replica on loopback.
+# shellcheck disable=SC2034  # read by scripts/test.sh, which sources this file
 SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client)
 
 sluice_missing_packages() {

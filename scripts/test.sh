@@ -143,9 +143,11 @@ run_suite() {
   echo "=== $name: ctest"
   started=$SECONDS
   log="$dir.ctest.log"
+  local skip
+  read -ra skip <<<"$(suite_ctest_args "$name")"
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-     ctest --output-on-failure -j "$ctest_jobs" $(suite_ctest_args "$name") "$@") \
+     ctest --output-on-failure -j "$ctest_jobs" "${skip[@]}" "$@") \
     2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]} line pass fail
   time_lines+=("=== time: $name: ctest $(took $((SECONDS - started)))")

@@ -11,7 +11,7 @@
 # Exit status 0 when every step passed; the failing step and the server's log otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 dir=$(mktemp -d /tmp/sluice-first-command.XXXXXX)
 pid=
 cleanup() { [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; rm -rf "$dir"; }
