@@ -69,6 +69,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "federated_key_state.h"
 #include "sluice/core/escrow.h"
 #include "sluice/core/federated_key.h"
 #include "state_space.h"
@@ -76,16 +77,18 @@
 namespace sluice {
 namespace {
 
+using sluice::model::kExpired;
+using sluice::model::kMaxParked;
+using sluice::model::kNone;
+using sluice::model::kNoTime;
+using sluice::model::kUnknown;
+using sluice::model::PackedKey;
+using sluice::model::Packing;
 using sluice::model::StateSpace;
 
 constexpr int kMaxRegions = 3;
-constexpr int kNet = 2;        // reconciles in transit, all regions together
-constexpr int kMaxParked = 2;  // checks parked behind a key's lease, at most
+constexpr int kNet = 2;  // reconciles in transit, all regions together
 constexpr std::array<std::string_view, kMaxRegions> kIds = {"a", "b", "c"};
-constexpr std::int8_t kNone = -1;               // no window (INT64_MIN in the core)
-constexpr std::int8_t kExpired = -100;          // an escrow expiry a window or more past
-constexpr std::int8_t kNoTime = INT8_MIN;       // a key's time never set, or passed
-constexpr std::uint8_t kUnknown = 255;          // the budget left, not known yet
 constexpr std::size_t kMaxStates = 20'000'000;  // a configuration too big for the suite fails
 
 enum class Variant {
@@ -129,21 +132,7 @@ struct Rec {
 
 // One region: its FederatedKey, packed (times on its clock, windows as indices), and the key's
 // lease in flight.
-struct Region {
-  std::int8_t e_window;  // the Escrow
-  std::int8_t e_expires;
-  std::uint8_t e_units;
-  std::uint8_t e_granted;
-  std::uint8_t e_spent;
-  std::uint8_t e_relinquished;
-  std::uint8_t leasing;
-  std::uint8_t global_left;  // kUnknown: not known
-  std::int8_t window_end;
-  std::int8_t closed_until;
-  std::uint8_t closed_reason;  // a FederatedReason while closed_until is set
-  std::int8_t unreachable_until;
-  std::int8_t short_until;
-  std::array<std::uint8_t, kMaxParked> parked;  // the parked checks' hits, FIFO; 0: free
+struct Region : PackedKey {
   // The lease: a request in transit (want, need), or the coordinator's reply coming back.
   std::uint8_t request;
   std::uint8_t want;
@@ -209,9 +198,9 @@ struct Result {
   bool two_decided = false;          // some lease's outcome decided two parked checks
 };
 
-class Explorer {
+class Explorer : Packing {
  public:
-  explicit Explorer(Config c) : c_(c), space_(kMaxStates) {
+  explicit Explorer(Config c) : Packing(c.period), c_(c), space_(kMaxStates) {
     rules_.budget = spec();
     rules_.batch = c_.batch;
     rules_.refill_below = std::max<std::uint64_t>(1, c_.batch / 4);  // the limiter's default
@@ -271,27 +260,6 @@ class Explorer {
  private:
   BudgetSpec spec() const { return BudgetSpec{c_.limit, Nanos{c_.period}}; }
 
-  // Window index <-> window start in the core.
-  std::int64_t start_of(std::int8_t w) const { return w == kNone ? INT64_MIN : w * c_.period; }
-  std::int8_t index_of(std::int64_t start) {
-    if (start == INT64_MIN) return kNone;
-    if (start < 0 || start % c_.period != 0 || start / c_.period > 100) harness_error_ = "window";
-    return static_cast<std::int8_t>(start / c_.period);
-  }
-  std::uint8_t small(std::uint64_t v, const char* what) {
-    if (v > 250 && harness_error_.empty()) harness_error_ = std::string(what) + " out of range";
-    return static_cast<std::uint8_t>(v);
-  }
-  std::int8_t tiny(std::int64_t v, const char* what) {
-    if ((v < -100 || v > 100) && harness_error_.empty())
-      harness_error_ = std::string(what) + " out of range";
-    return static_cast<std::int8_t>(v);
-  }
-  // A key's time <-> its byte (kNoTime: not set).
-  static Nanos time_of(std::int8_t v) { return Nanos{v == kNoTime ? kFederatedNever : v}; }
-  std::int8_t byte_of(Nanos t, const char* what) {
-    return t.count() == kFederatedNever ? kNoTime : tiny(t.count(), what);
-  }
   std::int64_t origin_of(const State& s) const { return start_of(s.origin); }
   Nanos region_now(const State& s, int i) const { return Nanos{s.t + c_.offset[i]}; }
 
@@ -339,53 +307,11 @@ class Explorer {
     }
   }
 
-  // The region's key as the core holds it (its parked checks' hits in the key's queue).
-  FederatedKey& to_key(const Region& g) {
-    FederatedKey& k = key_;  // reused: its queue keeps its allocation
-    k.escrow.window_start = start_of(g.e_window);
-    k.escrow.expires_at = Nanos{g.e_expires};
-    k.escrow.units = g.e_units;
-    k.escrow.granted = g.e_granted;
-    k.escrow.spent = g.e_spent;
-    k.escrow.relinquished = g.e_relinquished;
-    k.leasing = g.leasing != 0;
-    k.global_left = g.global_left == kUnknown ? UINT64_MAX : g.global_left;
-    k.window_end = time_of(g.window_end);
-    k.closed_until = time_of(g.closed_until);
-    k.closed_reason = static_cast<FederatedReason>(g.closed_reason);
-    k.unreachable_until = time_of(g.unreachable_until);
-    k.short_until = time_of(g.short_until);
-    k.waiting.clear();
-    for (const std::uint8_t hits : g.parked)
-      if (hits != 0) k.waiting.push_back(hits);
-    k.spec_in_force.reset();
-    k.mismatch_told = Nanos{kFederatedNever};
-    k.expiry_ppm = 0;
-    return k;
-  }
-
+  // The region's key as the core holds it (its parked checks' hits in the key's queue), and
+  // back (federated_key_state.h).
+  FederatedKey& to_key(const Region& g) { return sluice::model::unpack(*this, g, key_); }
   void from_key(const FederatedKey& k, Region& g) {
-    g.e_window = index_of(k.escrow.window_start);
-    g.e_expires = tiny(k.escrow.expires_at.count(), "expires_at");
-    g.e_units = small(k.escrow.units, "units");
-    g.e_granted = small(k.escrow.granted, "escrow granted");
-    g.e_spent = small(k.escrow.spent, "escrow spent");
-    g.e_relinquished = small(k.escrow.relinquished, "escrow relinquished");
-    g.leasing = k.leasing ? 1 : 0;
-    g.global_left = k.global_left == UINT64_MAX ? kUnknown : small(k.global_left, "global_left");
-    g.window_end = byte_of(k.window_end, "window_end");
-    g.closed_until = byte_of(k.closed_until, "closed_until");
-    g.closed_reason = static_cast<std::uint8_t>(k.closed_reason);
-    g.unreachable_until = byte_of(k.unreachable_until, "unreachable_until");
-    g.short_until = byte_of(k.short_until, "short_until");
-    if (k.waiting.size() > static_cast<std::size_t>(c_.parked))
-      harness_error_ = "more checks parked than the model parks";
-    g.parked.fill(0);
-    for (std::size_t j = 0; j < k.waiting.size() && j < kMaxParked; ++j)
-      g.parked[j] = small(k.waiting[j], "parked hits");
-    // Read only with a spec mismatch or a measured drift, neither of which happens here.
-    if (k.spec_in_force || k.mismatch_told.count() != kFederatedNever || k.expiry_ppm != 0)
-      harness_error_ = "a spec mismatch or a drift allowance";
+    sluice::model::pack(*this, k, c_.parked, g, harness_error_);
   }
 
   // A reconcile goes out; with the region's slots full the oldest one is lost (the network may
@@ -615,15 +541,7 @@ class Explorer {
     }
     for (int i = 0; i < c_.regions; ++i) {
       Region& g = s.region[i];
-      const std::int64_t now = region_now(s, i).count();
-      if (g.e_expires != kExpired && now - g.e_expires >= c_.period) g.e_expires = kExpired;
-      for (std::int8_t* t : {&g.window_end, &g.closed_until, &g.unreachable_until, &g.short_until})
-        if (*t != kNoTime && *t <= now) *t = kNoTime;
-      if (g.closed_until == kNoTime)
-        g.closed_reason = static_cast<std::uint8_t>(FederatedKey{}.closed_reason);
-      // The budget left is read fresh from a reply, or as "none" (a refill) or, while a short
-      // refusal lasts, as a number: outside that, any non-zero value reads as not known.
-      if (g.short_until == kNoTime && g.global_left != 0) g.global_left = kUnknown;
+      sluice::model::fold(g, region_now(s, i).count(), c_.period);
     }
   }
 
@@ -682,7 +600,6 @@ class Explorer {
   FederatedKeyRules rules_;
   Ledger scratch_;
   StateSpace<State> space_;
-  std::string harness_error_;
   FederatedKey key_;                         // the key of the region in hand
   std::uint64_t last_hits_ = 0;              // the hits of the check in hand
   std::vector<std::uint64_t> decided_hits_;  // the parked checks' hits, as a step began

@@ -88,6 +88,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "federated_key_state.h"
 #include "sluice/backends/memory_rate_coordinator.h"
 #include "sluice/backends/memory_regional_escrow.h"
 #include "sluice/core/escrow.h"
@@ -99,11 +100,12 @@
 namespace sluice {
 namespace {
 
+using sluice::model::kExpired;  // an expiry already passed
+using sluice::model::kNone;
+using sluice::model::Packing;
 using sluice::model::StateSpace;
 
 constexpr int kProcs = 2;                       // processes of region "a"
-constexpr std::int8_t kNone = -1;               // no window (INT64_MIN in the core)
-constexpr std::int8_t kExpired = -100;          // an expiry already passed
 constexpr std::size_t kMaxStates = 30'000'000;  // a configuration too big for the suite fails
 
 enum class Variant {
@@ -303,9 +305,9 @@ struct Result {
   bool loss_refused = false;      // some lease was refused for a coordinator's state loss
 };
 
-class Explorer {
+class Explorer : Packing {
  public:
-  explicit Explorer(Config c) : c_(c), space_(kMaxStates) {}
+  explicit Explorer(Config c) : Packing(c.period), c_(c), space_(kMaxStates) {}
 
   Result run() {
     State init;
@@ -354,21 +356,6 @@ class Explorer {
 
  private:
   BudgetSpec spec() const { return BudgetSpec{c_.limit, Nanos{c_.period}}; }
-  std::int64_t start_of(std::int8_t w) const { return w == kNone ? INT64_MIN : w * c_.period; }
-  std::int8_t index_of(std::int64_t start) {
-    if (start == INT64_MIN) return kNone;
-    if (start < 0 || start % c_.period != 0 || start / c_.period > 100) harness_error_ = "window";
-    return static_cast<std::int8_t>(start / c_.period);
-  }
-  std::uint8_t small(std::uint64_t v, const char* what) {
-    if (v > 250 && harness_error_.empty()) harness_error_ = std::string(what) + " out of range";
-    return static_cast<std::uint8_t>(v);
-  }
-  std::int8_t tiny(std::int64_t v, const char* what) {
-    if ((v < -100 || v > 100) && harness_error_.empty())
-      harness_error_ = std::string(what) + " out of range";
-    return static_cast<std::int8_t>(v);
-  }
   Nanos proc_now(const State& s, int i) const { return Nanos{s.t + c_.offset[i]}; }
   Nanos pool_now(const State& s) const { return Nanos{s.t + c_.pool_offset}; }
   Nanos b_now(const State& s) const { return Nanos{s.t + c_.b_offset}; }
@@ -1094,7 +1081,6 @@ class Explorer {
   Config c_;
   Ledger scratch_;
   StateSpace<State> space_;
-  std::string harness_error_;
 };
 
 Result explore(const Config& c) {
