@@ -7,6 +7,7 @@
 // explore a state the bytes cannot hold.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -74,6 +75,18 @@ struct PackedKey {
   std::int8_t short_until;
   std::array<std::uint8_t, kMaxParked> parked;
 };
+
+// The rules a searched key runs with: the limiter's defaults for `budget` and `batch`, a retry
+// backoff of one tick, fail-closed.
+inline FederatedKeyRules key_rules(BudgetSpec budget, std::uint64_t batch) {
+  FederatedKeyRules r;
+  r.budget = budget;
+  r.batch = batch;
+  r.refill_below = std::max<std::uint64_t>(1, batch / 4);  // the limiter's default
+  r.retry_backoff = Nanos{1};
+  r.regional_only = false;
+  return r;
+}
 
 // The key as the core holds it, in `k` (a scratch key: its queue keeps its allocation).
 inline FederatedKey& unpack(const Packing& p, const PackedKey& g, FederatedKey& k) {

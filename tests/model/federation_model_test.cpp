@@ -201,11 +201,7 @@ struct Result {
 class Explorer : Packing {
  public:
   explicit Explorer(Config c) : Packing(c.period), c_(c), space_(kMaxStates) {
-    rules_.budget = spec();
-    rules_.batch = c_.batch;
-    rules_.refill_below = std::max<std::uint64_t>(1, c_.batch / 4);  // the limiter's default
-    rules_.retry_backoff = Nanos{1};
-    rules_.regional_only = false;
+    rules_ = sluice::model::key_rules(spec(), c_.batch);
   }
 
   Result run() {

@@ -1,20 +1,24 @@
 // Exhaustive state-space search of federation's regional pool (the "BFS twin" of the pool rules in
 // src/core/escrow.cpp and of FederatedLimiter's use of them; spec/federation_pool.pml is the same
 // protocol for spin). Beside federation_model_test.cpp, which searches the escrow protocol
-// without a pool: the coordinator, the pool, the escrow and a process's lease through the pool
-// are the real core (sluice::lease, reconcile, escrow_expiry, add_grant, spend, relinquish,
-// pool_take, pool_refill, pool_release, and PoolLease's steps: start_pool_lease, on_pool_take,
-// on_pool_lease, on_pool_refill, the very functions FederatedLimiter::lease_through_pool
-// drives); the clocks, the network and the failures are modelled here.
+// without a pool: the coordinator, the pool, each process's key and its lease through the pool
+// are the real core (sluice::lease, reconcile, pool_take, pool_refill, pool_release; a key's
+// rules, check_key, on_lease and give_up of sluice/core/federated_key.h; PoolLease's steps,
+// start_pool_lease, on_pool_take, on_pool_lease and on_pool_refill of sluice/core/pool_lease.h:
+// the very functions FederatedLimiter calls); the clocks, the network and the failures are
+// modelled here.
 //
 // Region "a" has two processes (p0, p1) sharing one pool; region "b" (optional) leases directly,
 // as in federation_model_test.cpp. One key of `limit` units per window of `period` ticks. One
 // global clock t; the coordinator reads it as it is, the pool and every process read it shifted by
 // a constant offset of their own (skew, no drift: the drift allowance is 0). Fail-closed mode.
-// A process that runs dry leases `batch` (of use with 1) through PoolLease, every call taking its
-// time (the clock may tick between a request and its processing, and between a reply and its
-// delivery); each delivery is one PoolLease step, which names the next call:
-//   take       start_pool_lease(): the take goes out, noting the process's clock;
+// Each process of region a holds its FederatedKey and does what FederatedLimiter does with what a
+// key step asks (KeyEffects): counts the admissions, releases escrow given up to the pool, and
+// starts the lease asked for through PoolLease, every call taking its time (the clock may tick
+// between a request and its processing, and between a reply and its delivery):
+//   check      check_key() for one hit at the process's clock: admitted from the escrow, refused,
+//              or parked (while a slot is free; else tried, as try_check does) behind a lease,
+//              which start_pool_lease() starts with a take;
 //   pool-take  the pool runs pool_take on its own clock; the reply travels back;
 //   taken      on_pool_take() at the process's clock (`seen`): done, or a lease goes out at once
 //              for the rest (a regional batch, or the last window's demand, when the take made
@@ -24,26 +28,23 @@
 //              need, expiring at pool_expiry(), or none, to end the refill in flight);
 //   refill     the pool runs pool_refill; its reply travels back;
 //   refilled   on_pool_refill(): what the pool accepted leaves the refiller's grant;
-//   (done)     the lease's outcome joins the escrow as FederatedKey's on_lease() adds it: the
-//              pool's units (in the escrow's window if that is later), then the coordinator's
-//              grant; a later window's units replace the escrow, whose rest is released;
-//   spend      a process admits one request from its escrow (spend() on its clock);
-//   expire     escrow past its expiry is relinquished and released to the pool (one release in
-//              transit per process);
-//   release    the pool runs pool_release;
+//   (done)     on_lease() applies the lease's outcome to the key: its parked checks decided, the
+//              rest of an older window's escrow given up, the next lease started if it asks;
+//   expire     give_up() of escrow past its expiry (the limiter's sweep);
+//   release    the pool runs pool_release (one release in transit per process: a newer one
+//              pushes the older out, a loss);
 //   drop       during the pool's outage, a take or refill (request or reply) is lost, during the
 //              coordinator's a lease: the PoolLease step gets the call's failure (a lost take
-//              leases the whole batch from the coordinator; a lost refill is given up: it may
+//              leases the whole want from the coordinator; a lost refill is given up: it may
 //              have been applied); a release is lost;
-//   restart    a process loses its escrow and whatever it was waiting for;
+//   restart    a process loses its key (escrow, parked checks) and whatever it was waiting for;
 //   tick, coordinator outage / pool outage (on or off), coordinator loss (an empty ledger whose
 //   origin window is the current one), pool loss (an empty pool);
 //   region b   send (when it runs dry), process, deliver, spend, expire and reconcile: a region
-//              written here around the real escrow core (federation_model_test.cpp drives the
-//              production key rules instead).
+//              written here around the real escrow core (add_grant, spend, relinquish;
+//              federation_model_test.cpp drives the key rules of regions that lease directly).
 // Not modelled: leaving the pool alone for retry_backoff after a failed call (its leases go to
-// the coordinator, as a lost take's does here), and the escrow's rules beyond add_grant, spend
-// and relinquish (FederatedKey's, which federation_model_test.cpp drives).
+// the coordinator, as a lost take's does here).
 // Invariant, in every reachable state:
 //   Admitted  the admissions stamped with the real (global-clock) window they happen in never
 //             exceed `limit` in that window (Δ = 0).
@@ -102,6 +103,7 @@ namespace {
 
 using sluice::model::kExpired;  // an expiry already passed
 using sluice::model::kNone;
+using sluice::model::PackedKey;
 using sluice::model::Packing;
 using sluice::model::StateSpace;
 
@@ -141,6 +143,7 @@ struct Config {
   bool restarts = true;            // a process may restart
   // A refill's reply may be lost after the pool applied it (the refiller keeps its units).
   bool lost_refill_replies = false;
+  int parked = 1;  // checks parked behind a process's lease, at most (1 .. kMaxParked)
   Variant variant = Variant::kCorrect;
 };
 
@@ -157,12 +160,11 @@ enum Phase : std::uint8_t {
 // A process of region "a": its escrow, and its lease through the pool as PoolLease holds it
 // (packed; the fields a later step reads, the rest folded away by normalise()), with the call in
 // transit and its reply.
-struct Proc {
-  std::int8_t e_window;  // the Escrow
-  std::int8_t e_expires;
-  std::uint8_t e_units;
+struct Proc : PackedKey {  // its FederatedKey
   std::uint8_t phase;
-  // PoolLease (want and need are the config's batch and 1)
+  // PoolLease
+  std::uint8_t want;
+  std::uint8_t need;
   std::int8_t take_sent;
   std::int8_t seen;
   std::int8_t pool_now;
@@ -177,7 +179,9 @@ struct Proc {
   std::int8_t pool_expires;
   std::int8_t sent_at;  // the coordinator's lease: its send time, and its reply (r_ok: not failed)
   std::uint8_t r_ok;
+  std::uint8_t r_status;
   std::uint8_t r_granted;
+  std::uint8_t r_remaining;
   std::int8_t r_window;
   std::int8_t r_left;  // the reply's window_end - coordinator_now
   // A pool reply in transit (take: all of it; refill: m_granted, what the pool accepted).
@@ -236,14 +240,13 @@ static_assert(std::has_unique_object_representations_v<State>);  // compared and
 
 enum Action : std::uint8_t {
   // per process
-  kTake,
+  kCheck,
   kPoolTake,
   kTaken,
   kLease,
   kLeased,
   kRefill,
   kRefilled,
-  kSpend,
   kExpire,
   kRelease,
   kDrop,
@@ -265,32 +268,12 @@ enum Action : std::uint8_t {
   kBReconcile,
   kActions,
 };
-constexpr std::array<const char*, kActions> kActionNames = {"take",
-                                                            "pool-take",
-                                                            "taken",
-                                                            "lease",
-                                                            "leased",
-                                                            "refill",
-                                                            "refilled",
-                                                            "spend",
-                                                            "expire",
-                                                            "release",
-                                                            "drop",
-                                                            "drop-release",
-                                                            "lose-refill-reply",
-                                                            "restart",
-                                                            "tick",
-                                                            "coord-outage",
-                                                            "pool-outage",
-                                                            "coord-loss",
-                                                            "pool-loss",
-                                                            "b.send",
-                                                            "b.process",
-                                                            "b.drop",
-                                                            "b.deliver",
-                                                            "b.spend",
-                                                            "b.expire",
-                                                            "b.reconcile"};
+constexpr std::array<const char*, kActions> kActionNames = {
+    "check",        "pool-take",         "taken",     "lease",    "leased",
+    "refill",       "refilled",          "expire",    "release",  "drop",
+    "drop-release", "lose-refill-reply", "restart",   "tick",     "coord-outage",
+    "pool-outage",  "coord-loss",        "pool-loss", "b.send",   "b.process",
+    "b.drop",       "b.deliver",         "b.spend",   "b.expire", "b.reconcile"};
 constexpr Action kFirstGlobal = kTick;
 
 struct Result {
@@ -307,7 +290,9 @@ struct Result {
 
 class Explorer : Packing {
  public:
-  explicit Explorer(Config c) : Packing(c.period), c_(c), space_(kMaxStates) {}
+  explicit Explorer(Config c) : Packing(c.period), c_(c), space_(kMaxStates) {
+    rules_ = sluice::model::key_rules(spec(), c_.batch);
+  }
 
   Result run() {
     State init;
@@ -318,7 +303,11 @@ class Explorer : Packing {
     init.p_window = kNone;
     init.p_expires = kExpired;
     init.p_refilling = kExpired;
-    for (Proc& p : init.proc) clear_proc(p, true);
+    for (Proc& p : init.proc) {
+      p.rel_window = kNone;
+      clear_lease(p);
+      from_key(FederatedKey{}, p);
+    }
     init.b.e_window = kNone;
     init.b.rec_window = kNone;
     Result r;
@@ -360,23 +349,17 @@ class Explorer : Packing {
   Nanos pool_now(const State& s) const { return Nanos{s.t + c_.pool_offset}; }
   Nanos b_now(const State& s) const { return Nanos{s.t + c_.b_offset}; }
 
-  // Clears process p: its lease (nothing in transit but a release), and its escrow too when
-  // `with_escrow` (a restart loses it; a release in transit is on the wire already).
-  static void clear_proc(Proc& p, bool with_escrow) {
+  // Clears process p's lease (nothing in transit but a release); its key stays.
+  static void clear_lease(Proc& p) {
     const Proc keep = p;
     std::memset(static_cast<void*>(&p), 0, sizeof(p));
-    p.e_window = kNone;
+    static_cast<PackedKey&>(p) = keep;
     p.refill_window = kNone;
     p.pool_window = kNone;
     p.r_window = kNone;
     p.m_window = kNone;
     p.rel_window = keep.rel_window;
     p.rel_units = keep.rel_units;
-    if (!with_escrow) {
-      p.e_window = keep.e_window;
-      p.e_expires = keep.e_expires;
-      p.e_units = keep.e_units;
-    }
   }
 
   // ---- the coordinator ----
@@ -460,49 +443,48 @@ class Explorer : Packing {
         p.refilling_until == INT64_MIN ? kExpired : tiny(p.refilling_until, "refilling_until");
   }
 
-  // ---- a process's escrow ----
+  // ---- a process's key: FederatedKey (sluice/core/federated_key.h) ----
 
-  Escrow escrow_of(const Proc& g) const {
-    Escrow e;
-    e.window_start = start_of(g.e_window);
-    e.expires_at = Nanos{g.e_expires};
-    e.units = g.e_units;
-    return e;
-  }
-  void from_escrow(const Escrow& e, Proc& g) {
-    g.e_window = index_of(e.window_start);
-    g.e_expires = tiny(e.expires_at.count(), "expires_at");
-    g.e_units = small(e.units, "units");
+  FederatedKey& to_key(const Proc& g) { return sluice::model::unpack(*this, g, key_); }
+  void from_key(const FederatedKey& k, Proc& g) {
+    sluice::model::pack(*this, k, c_.parked, g, harness_error_);
   }
 
-  // Gives up the process's escrow and sends it back to the pool (one release in transit per
-  // process: a newer one pushes the older out, a loss).
-  void release_escrow(State& s, int i) {
+  // What a step of process i's key asks for, as FederatedLimiter does it: its admissions
+  // counted, escrow given up released to the pool (one release in transit per process: a newer
+  // one pushes the older out, a loss), its next lease started through the pool.
+  void effects(State& s, int i, const KeyEffects& e) {
     Proc& g = s.proc[i];
-    Escrow e = escrow_of(g);
-    const std::uint64_t units = e.units;
-    if (units == 0) return;
-    relinquish(e);
-    from_escrow(e, g);
-    g.rel_window = g.e_window;
-    g.rel_units = small(units, "release");
+    std::uint64_t admitted = 0;
+    if (e.decision && e.decision->rate.allowed) admitted += last_hits_;
+    for (std::size_t j = 0; j < e.decided.size(); ++j)
+      if (e.decided[j].rate.allowed) admitted += decided_hits_[j];
+    if (admitted != e.spent) harness_error_ = "admissions and spent units differ";
+    s.admitted = small(s.admitted + admitted, "admitted");
+    for (const GivenUp& u : e.given_up) {
+      if (u.units == 0) continue;
+      g.rel_window = index_of(u.window_start.count());
+      g.rel_units = small(u.units, "release");
+    }
+    if (e.lease_want > 0) {
+      if (g.phase != kIdle) harness_error_ = "a second lease in flight";
+      PoolLease l;
+      start_pool_lease(l, e.lease_want, e.lease_need, false, true, proc_now(s, i));
+      advance(s, i, l);
+    }
   }
 
-  // The limiter's on_lease for `granted` units of `window` expiring at `expires` (a later
-  // window's units replace the escrow, whose rest is released first; an older window's are
-  // added to the escrow's window, as on_lease does for units taken from the pool).
-  void add_units(State& s, int i, std::uint64_t granted, std::int8_t window, Nanos expires,
-                 bool from_pool) {
-    if (granted == 0) return;
-    Proc& g = s.proc[i];
-    LeaseReply r;
-    r.granted = granted;
-    r.window_start = Nanos{start_of(window)};
-    if (from_pool) r.window_start = std::max(r.window_start, Nanos{start_of(g.e_window)});
-    if (r.window_start.count() > start_of(g.e_window)) release_escrow(s, i);
-    Escrow e = escrow_of(g);
-    add_grant(e, r, expires);
-    from_escrow(e, g);
+  // Process i's key through one core step `f(key, effects)`, and what it asks for.
+  template <class F>
+  void key_step(State& s, int i, F f) {
+    FederatedKey& k = to_key(s.proc[i]);
+    decided_hits_.assign(k.waiting.begin(), k.waiting.end());
+    KeyEffects e;
+    f(k, e);
+    from_key(k, s.proc[i]);
+    effects(s, i, e);
+    if ((s.proc[i].leasing != 0) != (s.proc[i].phase != kIdle))
+      harness_error_ = "the key's leasing flag and the lease in flight differ";
   }
 
   // ---- a process's lease through the pool: PoolLease (sluice/core/pool_lease.h) ----
@@ -517,30 +499,32 @@ class Explorer : Packing {
   }
 
   // The coordinator's reply p's lease got (or is getting back), as the coordinator gave it.
+  // (The core reads the reply's window end and clock only as window_end - coordinator_now.)
   LeaseReply reply_of(const Proc& g) const {
     LeaseReply r;
-    r.status = g.r_granted > 0 ? LeaseStatus::kGranted : LeaseStatus::kSpent;
+    r.status = static_cast<LeaseStatus>(g.r_status);
     r.granted = g.r_granted;
+    r.remaining = g.r_remaining;
     r.spec = spec();
-    if (g.r_window != kNone) {
-      r.window_start = Nanos{start_of(g.r_window)};
-      r.window_end = r.window_start + Nanos{c_.period};
-      r.coordinator_now = r.window_end - Nanos{g.r_left};
-    }
+    r.window_start = Nanos{start_of(g.r_window)};
+    r.coordinator_now = Nanos{0};
+    r.window_end = Nanos{g.r_left};
     return r;
   }
   void store_reply(const LeaseReply& r, Proc& g) {
     g.r_ok = 1;
+    g.r_status = static_cast<std::uint8_t>(r.status);
     g.r_granted = small(r.granted, "granted");
-    g.r_window = r.granted > 0 ? index_of(r.window_start.count()) : kNone;
-    g.r_left = r.granted > 0 ? tiny((r.window_end - r.coordinator_now).count(), "left") : 0;
+    g.r_remaining = small(std::min<std::uint64_t>(r.remaining, 250), "remaining");
+    g.r_window = index_of(r.window_start.count());
+    g.r_left = tiny((r.window_end - r.coordinator_now).count(), "left");
   }
 
-  // p's PoolLease, unpacked (want and need: the batch and 1).
+  // p's PoolLease, unpacked.
   PoolLease to_lease(const Proc& g) const {
     PoolLease l;
-    l.want = c_.batch;
-    l.need = 1;
+    l.want = g.want;
+    l.need = g.need;
     l.take_sent = Nanos{g.take_sent};
     l.seen = Nanos{g.seen};
     l.pool_now = Nanos{g.pool_now};
@@ -567,22 +551,19 @@ class Explorer : Packing {
   static Status lost() { return Status(StatusCode::kDeadlineExceeded, "lost"); }
 
   // The next call `l` asks for goes out from process i (at its clock), or the lease is over and
-  // its outcome joins the escrow as on_lease() adds it: the pool's units (tagged with the
-  // escrow's window if that is later), then the coordinator's grant.
+  // the key applies its outcome (on_lease()).
   void advance(State& s, int i, const PoolLease& l) {
     Proc& g = s.proc[i];
     const std::int8_t sent_at = g.sent_at;
-    clear_proc(g, false);
+    clear_lease(g);
     if (l.next == PoolCall::kDone) {
-      const FederatedLeaseOutcome& o = l.outcome;
-      add_units(s, i, o.pool_units, index_of(o.pool_window.count()), o.pool_expires, true);
-      if (o.reply && o.reply->ok() && o.reply->value().granted > 0) {
-        const LeaseReply& r = o.reply->value();
-        add_units(s, i, r.granted, index_of(r.window_start.count()), escrow_expiry(r, o.sent_at, 0),
-                  false);
-      }
+      const Nanos now = proc_now(s, i);
+      key_step(s, i,
+               [&](FederatedKey& k, KeyEffects& e) { on_lease(k, l.outcome, now, 0, rules_, e); });
       return;
     }
+    g.want = small(l.want, "want");
+    g.need = small(l.need, "need");
     g.take_sent = tiny(l.take_sent.count(), "take sent");
     g.seen = tiny(l.seen.count(), "seen");
     g.pool_now = tiny(l.pool_now.count(), "pool now");
@@ -674,18 +655,20 @@ class Explorer : Packing {
   bool step(State& s, int i, Action a, Result& r) {
     Proc& g = s.proc[i];
     switch (a) {
-      case kTake: {  // a process that runs dry leases a batch, through the pool
-        if (g.phase != kIdle || usable(escrow_of(g), proc_now(s, i)) > 0) return false;
-        PoolLease l;
-        start_pool_lease(l, c_.batch, 1, false, true, proc_now(s, i));
-        advance(s, i, l);
+      case kCheck: {  // a check of one hit: parked while a slot is free, else tried
+        last_hits_ = 1;
+        const bool park = g.parked[c_.parked - 1] == 0;
+        const Nanos now = proc_now(s, i);
+        key_step(s, i, [&](FederatedKey& k, KeyEffects& e) {
+          check_key(k, last_hits_, now, park, rules_, e);
+        });
         break;
       }
       case kPoolTake: {
         if (g.phase != kTakeSent || s.pool_down) return false;
         RegionalPool p = to_pool(s);
         const bool past = c_.variant == Variant::kPoolServesPastExpiry;
-        const PoolReply reply = pool_take(p, c_.batch, Nanos{c_.refill_hold}, past, pool_now(s));
+        const PoolReply reply = pool_take(p, g.want, Nanos{c_.refill_hold}, past, pool_now(s));
         from_pool(p, s);
         g.phase = kTakeReply;
         // The reply, as far as on_pool_take reads it (the rest zero): the units, their window
@@ -693,7 +676,7 @@ class Explorer : Packing {
         // (short, refill set), the window, the pool's clock and what regional_refill_size()
         // reads: the demand, and whether the pool's window ended less than a period ago (every
         // expires_in at or below -period reads the same).
-        const bool refiller = reply.refill && reply.granted < c_.batch;
+        const bool refiller = reply.refill && reply.granted < g.want;
         g.m_granted = small(reply.granted, "taken");
         g.m_refill = refiller ? 1 : 0;
         if (reply.granted > 0 || refiller) {
@@ -752,17 +735,10 @@ class Explorer : Packing {
         refilled(s, i, StatusOr<PoolReply>(accepted));
         break;
       }
-      case kSpend: {
-        Escrow e = escrow_of(g);
-        if (!spend(e, 1, proc_now(s, i))) return false;
-        from_escrow(e, g);
-        s.admitted = small(s.admitted + 1u, "admitted");
-        break;
-      }
-      case kExpire: {
-        const Escrow e = escrow_of(g);
-        if (e.units == 0 || usable(e, proc_now(s, i)) != 0) return false;
-        release_escrow(s, i);
+      case kExpire: {  // the limiter's sweep gives up expired escrow
+        const Nanos now = proc_now(s, i);
+        if (g.e_units == 0 || now.count() < g.e_expires) return false;
+        key_step(s, i, [&](FederatedKey& k, KeyEffects& e) { give_up(k, now, true, e); });
         break;
       }
       case kRelease: {
@@ -809,7 +785,8 @@ class Explorer : Packing {
         break;
       case kRestart:
         if (!c_.restarts || (g.phase == kIdle && g.e_window == kNone)) return false;
-        clear_proc(g, true);
+        clear_lease(g);
+        from_key(FederatedKey{}, g);  // its parked checks are gone with it
         break;
       case kTick: {
         if (s.t + 1 >= c_.ticks) return false;
@@ -963,7 +940,7 @@ class Explorer : Packing {
     if (s.p_refilling != kExpired && s.p_refilling <= pool_t) s.p_refilling = kExpired;
     for (int i = 0; i < kProcs; ++i) {
       Proc& g = s.proc[i];
-      if (g.e_window != kNone && g.e_expires <= proc_now(s, i).count()) g.e_expires = kExpired;
+      sluice::model::fold(g, proc_now(s, i).count(), c_.period);
       // The lease's fields that no later step reads (PoolLease's steps, the model's sends):
       // the take's send time once the take is over (but for the variant that reads it), the
       // refiller's take reading outside its lease, the lease's ask outside its send, the
@@ -986,21 +963,19 @@ class Explorer : Packing {
         g.refill_window = kNone;
         g.refill_expires = 0;
       }
-      // The coordinator's reply once it is back: read only as escrow_expiry() (its send time
-      // plus the window's time left at the coordinator, the drift allowance 0), so the sum is
-      // kept. Units whose expiry has passed, waiting to join the escrow, join it as any expiry
-      // already passed does (add_grant() takes it, or the max with the escrow's, and the escrow's
-      // passed expiry is folded above) -- but not while a refiller reads its grant's expiry to
-      // refill the pool.
-      // A reply that granted nothing reads as a failed one (nothing to keep, nothing to refill).
+      // The coordinator's reply once it is back: its send time and the window's time left at the
+      // coordinator are read only as their sum (escrow_expiry() with the drift allowance 0, the
+      // key's window end), so the sum is kept. That sum, and the expiry of the pool's units
+      // waiting to join the escrow, once a period or more past, read as any such time does (as
+      // the key's escrow expiry is folded) -- but not while a refiller reads its grant's expiry
+      // to refill the pool.
       if (g.phase >= kLeaseReply) {
-        if (g.r_ok && g.r_window != kNone) g.r_left = tiny(g.sent_at + g.r_left, "expiry");
-        if (g.r_granted == 0) g.r_ok = 0;
+        if (g.r_ok) g.r_left = tiny(g.sent_at + g.r_left, "expiry");
         g.sent_at = 0;
       }
       const std::int64_t now = proc_now(s, i).count();
-      if (g.phase >= kRefillSent && g.r_window != kNone && g.r_left <= now) g.r_left = kExpired;
-      if (g.pool_units > 0 && g.pool_expires <= now) g.pool_expires = kExpired;
+      if (g.phase >= kRefillSent && g.r_ok && now - g.r_left >= c_.period) g.r_left = kExpired;
+      if (g.pool_units > 0 && now - g.pool_expires >= c_.period) g.pool_expires = kExpired;
     }
     if (s.b.e_window != kNone && s.b.e_expires <= b_now(s).count()) s.b.e_expires = kExpired;
   }
@@ -1023,9 +998,20 @@ class Explorer : Packing {
       out += " p" + std::to_string(i) + "[";
       if (g.e_window != kNone)
         out += "w" + std::to_string(g.e_window) + " u=" + std::to_string(g.e_units) +
-               " exp=" + std::to_string(g.e_expires);
+               " exp=" + std::to_string(g.e_expires) + " g/s/r=" + std::to_string(g.e_granted) +
+               "/" + std::to_string(g.e_spent) + "/" + std::to_string(g.e_relinquished);
+      if (g.global_left != sluice::model::kUnknown) out += " left=" + std::to_string(g.global_left);
+      if (g.window_end != sluice::model::kNoTime) out += " end=" + std::to_string(g.window_end);
+      if (g.closed_until != sluice::model::kNoTime)
+        out += " closed<" + std::to_string(g.closed_until) + " " +
+               std::string(to_string(static_cast<FederatedReason>(g.closed_reason)));
+      if (g.unreachable_until != sluice::model::kNoTime)
+        out += " unreachable<" + std::to_string(g.unreachable_until);
+      if (g.short_until != sluice::model::kNoTime) out += " short<" + std::to_string(g.short_until);
+      for (const std::uint8_t hits : g.parked)
+        if (hits != 0) out += " parked(" + std::to_string(hits) + ")";
       if (g.phase != kIdle) {
-        out += std::string(" ") + kPhases[g.phase] + "(";
+        out += std::string(" ") + kPhases[g.phase] + "(want=" + std::to_string(g.want) + " ";
         if (g.phase <= kTakeReply) out += "take_sent=" + std::to_string(g.take_sent);
         if (g.phase == kTakeReply)
           out += " +" + std::to_string(g.m_granted) + " w" + std::to_string(g.m_window) +
@@ -1081,6 +1067,10 @@ class Explorer : Packing {
   Config c_;
   Ledger scratch_;
   StateSpace<State> space_;
+  FederatedKeyRules rules_;
+  FederatedKey key_;                         // the key of the process in hand
+  std::uint64_t last_hits_ = 0;              // the hits of the check in hand
+  std::vector<std::uint64_t> decided_hits_;  // the parked checks' hits, as a step began
 };
 
 Result explore(const Config& c) {
