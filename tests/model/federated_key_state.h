@@ -137,6 +137,25 @@ inline void pack(Packing& p, const FederatedKey& k, int parked, PackedKey& g, st
     error = "a spec mismatch or a drift allowance";
 }
 
+// A key, as a trace shows it.
+inline std::string describe(const PackedKey& g) {
+  std::string out;
+  if (g.e_window != kNone)
+    out += "w" + std::to_string(g.e_window) + " u=" + std::to_string(g.e_units) +
+           " exp=" + std::to_string(g.e_expires) + " g/s/r=" + std::to_string(g.e_granted) + "/" +
+           std::to_string(g.e_spent) + "/" + std::to_string(g.e_relinquished);
+  if (g.global_left != kUnknown) out += " left=" + std::to_string(g.global_left);
+  if (g.window_end != kNoTime) out += " end=" + std::to_string(g.window_end);
+  if (g.closed_until != kNoTime)
+    out += " closed<" + std::to_string(g.closed_until) + " " +
+           std::string(to_string(static_cast<FederatedReason>(g.closed_reason)));
+  if (g.unreachable_until != kNoTime) out += " unreachable<" + std::to_string(g.unreachable_until);
+  if (g.short_until != kNoTime) out += " short<" + std::to_string(g.short_until);
+  for (const std::uint8_t hits : g.parked)
+    if (hits != 0) out += " parked(" + std::to_string(hits) + ")";
+  return out;
+}
+
 // Values of a key that behave alike from `now` on (its holder's clock) become one: an escrow
 // expiry a window or more past, a time passed, the reason of a refusal no longer in force, and
 // a budget left that nothing reads as a number.

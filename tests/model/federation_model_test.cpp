@@ -548,20 +548,7 @@ class Explorer : Packing {
     for (int i = 0; i < c_.regions; ++i) {
       const Region& g = s.region[i];
       out += " " + std::string(kIds[i]) + "[";
-      if (g.e_window != kNone)
-        out += "w" + std::to_string(g.e_window) + " u=" + std::to_string(g.e_units) +
-               " exp=" + std::to_string(g.e_expires) + " g/s/r=" + std::to_string(g.e_granted) +
-               "/" + std::to_string(g.e_spent) + "/" + std::to_string(g.e_relinquished);
-      if (g.global_left != kUnknown) out += " left=" + std::to_string(g.global_left);
-      if (g.window_end != kNoTime) out += " end=" + std::to_string(g.window_end);
-      if (g.closed_until != kNoTime)
-        out += " closed<" + std::to_string(g.closed_until) + " " +
-               std::string(to_string(static_cast<FederatedReason>(g.closed_reason)));
-      if (g.unreachable_until != kNoTime)
-        out += " unreachable<" + std::to_string(g.unreachable_until);
-      if (g.short_until != kNoTime) out += " short<" + std::to_string(g.short_until);
-      for (const std::uint8_t hits : g.parked)
-        if (hits != 0) out += " parked(" + std::to_string(hits) + ")";
+      out += sluice::model::describe(g);
       if (g.request)
         out += " req@" + std::to_string(g.sent_at) + "(want " + std::to_string(g.want) + " need " +
                std::to_string(g.need) + ")";

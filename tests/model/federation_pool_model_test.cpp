@@ -40,9 +40,9 @@
 //   restart    a process loses its key (escrow, parked checks) and whatever it was waiting for;
 //   tick, coordinator outage / pool outage (on or off), coordinator loss (an empty ledger whose
 //   origin window is the current one), pool loss (an empty pool);
-//   region b   send (when it runs dry), process, deliver, spend, expire and reconcile: a region
-//              written here around the real escrow core (add_grant, spend, relinquish;
-//              federation_model_test.cpp drives the key rules of regions that lease directly).
+//   region b   its key's checks, its leases sent, processed by the coordinator, lost in its
+//              outage and delivered (on_lease()), its expired escrow given up and reconciled, as
+//              federation_model_test.cpp drives a region that leases directly.
 // Not modelled: leaving the pool alone for retry_backoff after a failed call (its leases go to
 // the coordinator, as a lost take's does here).
 // Invariant, in every reachable state:
@@ -160,7 +160,18 @@ enum Phase : std::uint8_t {
 // A process of region "a": its escrow, and its lease through the pool as PoolLease holds it
 // (packed; the fields a later step reads, the rest folded away by normalise()), with the call in
 // transit and its reply.
-struct Proc : PackedKey {  // its FederatedKey
+// The coordinator's reply to a lease (r_ok: a reply, not a failure; r_left: its window_end -
+// coordinator_now, plus the lease's send time once the reply is back: all the core reads of them).
+struct PackedReply {
+  std::uint8_t r_ok;
+  std::uint8_t r_status;
+  std::uint8_t r_granted;
+  std::uint8_t r_remaining;
+  std::int8_t r_window;
+  std::int8_t r_left;
+};
+
+struct Proc : PackedKey, PackedReply {  // its FederatedKey
   std::uint8_t phase;
   // PoolLease
   std::uint8_t want;
@@ -177,13 +188,7 @@ struct Proc : PackedKey {  // its FederatedKey
   std::uint8_t pool_units;  // its outcome: units from the pool, of pool_window, until pool_expires
   std::int8_t pool_window;
   std::int8_t pool_expires;
-  std::int8_t sent_at;  // the coordinator's lease: its send time, and its reply (r_ok: not failed)
-  std::uint8_t r_ok;
-  std::uint8_t r_status;
-  std::uint8_t r_granted;
-  std::uint8_t r_remaining;
-  std::int8_t r_window;
-  std::int8_t r_left;  // the reply's window_end - coordinator_now
+  std::int8_t sent_at;  // the coordinator's lease: its send time
   // A pool reply in transit (take: all of it; refill: m_granted, what the pool accepted).
   std::uint8_t m_granted;
   std::int8_t m_window;
@@ -195,17 +200,14 @@ struct Proc : PackedKey {  // its FederatedKey
   std::uint8_t rel_units;
 };
 
-struct RegionB {
-  std::int8_t e_window;
-  std::int8_t e_expires;
-  std::uint8_t e_units;
-  std::uint8_t e_relinquished;
-  std::uint8_t phase;  // kIdle, kLeaseSent, kLeaseReply
-  std::int8_t sent;
-  std::uint8_t granted;
-  std::int8_t window;
-  std::int8_t expires;
-  std::int8_t rec_window;  // a reconcile in transit (kNone: none)
+// Region b: its FederatedKey, its lease in flight (a request, or the coordinator's reply coming
+// back), and a reconcile in transit.
+struct RegionB : PackedKey, PackedReply {
+  std::uint8_t request;
+  std::uint8_t want;
+  std::uint8_t need;
+  std::int8_t sent_at;
+  std::int8_t rec_window;  // kNone: none
   std::uint8_t rec_total;
 };
 
@@ -259,21 +261,19 @@ enum Action : std::uint8_t {
   kPoolOutage,
   kCoordLoss,
   kPoolLoss,
-  kBSend,
+  kBCheck,
   kBProcess,
   kBDrop,
   kBDeliver,
-  kBSpend,
   kBExpire,
   kBReconcile,
   kActions,
 };
 constexpr std::array<const char*, kActions> kActionNames = {
-    "check",        "pool-take",         "taken",     "lease",    "leased",
-    "refill",       "refilled",          "expire",    "release",  "drop",
-    "drop-release", "lose-refill-reply", "restart",   "tick",     "coord-outage",
-    "pool-outage",  "coord-loss",        "pool-loss", "b.send",   "b.process",
-    "b.drop",       "b.deliver",         "b.spend",   "b.expire", "b.reconcile"};
+    "check",    "pool-take", "taken",        "lease",       "leased",       "refill",
+    "refilled", "expire",    "release",      "drop",        "drop-release", "lose-refill-reply",
+    "restart",  "tick",      "coord-outage", "pool-outage", "coord-loss",   "pool-loss",
+    "b.check",  "b.process", "b.drop",       "b.deliver",   "b.expire",     "b.reconcile"};
 constexpr Action kFirstGlobal = kTick;
 
 struct Result {
@@ -308,8 +308,9 @@ class Explorer : Packing {
       clear_lease(p);
       from_key(FederatedKey{}, p);
     }
-    init.b.e_window = kNone;
     init.b.rec_window = kNone;
+    init.b.r_window = kNone;
+    from_key(FederatedKey{}, init.b);
     Result r;
     space_.add(init);
     for (std::size_t at = 0; at < space_.size(); ++at) {
@@ -445,8 +446,8 @@ class Explorer : Packing {
 
   // ---- a process's key: FederatedKey (sluice/core/federated_key.h) ----
 
-  FederatedKey& to_key(const Proc& g) { return sluice::model::unpack(*this, g, key_); }
-  void from_key(const FederatedKey& k, Proc& g) {
+  FederatedKey& to_key(const PackedKey& g) { return sluice::model::unpack(*this, g, key_); }
+  void from_key(const FederatedKey& k, PackedKey& g) {
     sluice::model::pack(*this, k, c_.parked, g, harness_error_);
   }
 
@@ -455,12 +456,7 @@ class Explorer : Packing {
   // one pushes the older out, a loss), its next lease started through the pool.
   void effects(State& s, int i, const KeyEffects& e) {
     Proc& g = s.proc[i];
-    std::uint64_t admitted = 0;
-    if (e.decision && e.decision->rate.allowed) admitted += last_hits_;
-    for (std::size_t j = 0; j < e.decided.size(); ++j)
-      if (e.decided[j].rate.allowed) admitted += decided_hits_[j];
-    if (admitted != e.spent) harness_error_ = "admissions and spent units differ";
-    s.admitted = small(s.admitted + admitted, "admitted");
+    admit(s, e);
     for (const GivenUp& u : e.given_up) {
       if (u.units == 0) continue;
       g.rel_window = index_of(u.window_start.count());
@@ -474,15 +470,33 @@ class Explorer : Packing {
     }
   }
 
-  // Process i's key through one core step `f(key, effects)`, and what it asks for.
+  // The admissions a key step made (the check in hand's, its parked checks'), counted in the
+  // window; returns how many.
+  std::uint64_t admit(State& s, const KeyEffects& e) {
+    std::uint64_t admitted = 0;
+    if (e.decision && e.decision->rate.allowed) admitted += last_hits_;
+    for (std::size_t j = 0; j < e.decided.size(); ++j)
+      if (e.decided[j].rate.allowed) admitted += decided_hits_[j];
+    if (admitted != e.spent) harness_error_ = "admissions and spent units differ";
+    s.admitted = small(s.admitted + admitted, "admitted");
+    return admitted;
+  }
+
+  // A key `g` through one core step `f(key, effects)`; the effects, for the caller to act on.
   template <class F>
-  void key_step(State& s, int i, F f) {
-    FederatedKey& k = to_key(s.proc[i]);
+  KeyEffects core_step(PackedKey& g, F f) {
+    FederatedKey& k = to_key(g);
     decided_hits_.assign(k.waiting.begin(), k.waiting.end());
     KeyEffects e;
     f(k, e);
-    from_key(k, s.proc[i]);
-    effects(s, i, e);
+    from_key(k, g);
+    return e;
+  }
+
+  // Process i's key through one core step `f(key, effects)`, and what it asks for.
+  template <class F>
+  void key_step(State& s, int i, F f) {
+    effects(s, i, core_step(s.proc[i], f));
     if ((s.proc[i].leasing != 0) != (s.proc[i].phase != kIdle))
       harness_error_ = "the key's leasing flag and the lease in flight differ";
   }
@@ -500,7 +514,7 @@ class Explorer : Packing {
 
   // The coordinator's reply p's lease got (or is getting back), as the coordinator gave it.
   // (The core reads the reply's window end and clock only as window_end - coordinator_now.)
-  LeaseReply reply_of(const Proc& g) const {
+  LeaseReply reply_of(const PackedReply& g) const {
     LeaseReply r;
     r.status = static_cast<LeaseStatus>(g.r_status);
     r.granted = g.r_granted;
@@ -511,7 +525,7 @@ class Explorer : Packing {
     r.window_end = Nanos{g.r_left};
     return r;
   }
-  void store_reply(const LeaseReply& r, Proc& g) {
+  void store_reply(const LeaseReply& r, PackedReply& g) {
     g.r_ok = 1;
     g.r_status = static_cast<std::uint8_t>(r.status);
     g.r_granted = small(r.granted, "granted");
@@ -823,82 +837,62 @@ class Explorer : Packing {
   bool step_b(State& s, Action a, Result& r) {
     if (!c_.region_b) return false;
     RegionB& b = s.b;
-    const auto b_escrow = [&] {
-      Escrow e;
-      e.window_start = start_of(b.e_window);
-      e.expires_at = Nanos{b.e_expires};
-      e.units = b.e_units;
-      e.relinquished = b.e_relinquished;
-      return e;
+    const Nanos now = b_now(s);
+    // Region b's key through one core step, and what it asks for: a reconcile of escrow given up
+    // (a newer one pushes the older out, a loss), its next lease.
+    const auto key_step_b = [&](auto f) {
+      const KeyEffects e = core_step(b, f);
+      if (admit(s, e) > 0) r.b_spent = true;
+      for (const GivenUp& u : e.given_up) {
+        b.rec_window = index_of(u.window_start.count());
+        b.rec_total = small(u.total, "total");
+      }
+      if (e.lease_want > 0) {
+        if (b.request || b.r_ok) harness_error_ = "a second lease in flight";
+        b.request = 1;
+        b.want = small(e.lease_want, "want");
+        b.need = small(std::min(e.lease_need, e.lease_want), "need");
+        b.sent_at = tiny(now.count(), "sent_at");
+      }
+      if ((b.leasing != 0) != (b.request || b.r_ok))
+        harness_error_ = "b: the key's leasing flag and the lease in flight differ";
     };
-    const auto b_store = [&](const Escrow& e) {
-      b.e_window = index_of(e.window_start);
-      b.e_expires = tiny(e.expires_at.count(), "b expiry");
-      b.e_units = small(e.units, "b units");
-      b.e_relinquished = small(e.relinquished, "b relinquished");
+    // The lease's outcome: the coordinator's reply, or the call's failure.
+    const auto outcome = [&](bool failed) {
+      FederatedLeaseOutcome o;
+      o.sent_at = Nanos{b.sent_at};
+      o.reply = failed ? StatusOr<LeaseReply>(lost()) : StatusOr<LeaseReply>(reply_of(b));
+      b.request = b.want = b.need = 0;
+      b.sent_at = 0;
+      static_cast<PackedReply&>(b) = PackedReply{0, 0, 0, 0, kNone, 0};
+      return o;
     };
     switch (a) {
-      case kBSend:
-        if (b.phase != kIdle || usable(b_escrow(), b_now(s)) > 0) return false;
-        b.phase = kLeaseSent;
-        b.sent = tiny(b_now(s).count(), "sent");
+      case kBCheck: {
+        last_hits_ = 1;
+        const bool park = b.parked[c_.parked - 1] == 0;
+        key_step_b([&](FederatedKey& k, KeyEffects& e) {
+          check_key(k, last_hits_, now, park, rules_, e);
+        });
         break;
+      }
       case kBProcess: {
-        if (b.phase != kLeaseSent || s.coord_down) return false;
-        const LeaseReply reply = coordinate_lease(s, "b", c_.batch, 1, r);
-        if (reply.granted == 0) {
-          b.phase = kIdle;
-          b.sent = 0;
-          break;
-        }
-        b.phase = kLeaseReply;
-        b.granted = small(reply.granted, "granted");
-        b.window = index_of(reply.window_start.count());
-        b.expires = tiny(escrow_expiry(reply, Nanos{b.sent}, 0).count(), "expiry");
-        b.sent = 0;
+        if (!b.request || s.coord_down) return false;
+        store_reply(coordinate_lease(s, "b", b.want, b.need, r), b);
+        b.request = b.want = b.need = 0;
         break;
       }
       case kBDrop:
-        if (b.phase == kIdle || !s.coord_down) return false;
-        b.phase = kIdle;
-        b.sent = b.granted = 0;
-        b.window = b.expires = 0;
-        break;
       case kBDeliver: {
-        if (b.phase != kLeaseReply) return false;
-        LeaseReply reply;
-        reply.granted = b.granted;
-        reply.window_start = Nanos{start_of(b.window)};
-        Escrow e = b_escrow();
-        const Escrow before = e;
-        const std::uint64_t lost = add_grant(e, reply, Nanos{b.expires});
-        b_store(e);
-        if (lost > 0 && reply.window_start.count() > before.window_start) {
-          b.rec_window = index_of(before.window_start);
-          b.rec_total = small(before.relinquished + lost, "total");
-        }
-        b.phase = kIdle;
-        b.granted = 0;
-        b.window = b.expires = 0;
+        if (a == kBDrop ? !(b.request || b.r_ok) || !s.coord_down : !b.r_ok) return false;
+        const FederatedLeaseOutcome o = outcome(a == kBDrop);
+        key_step_b([&](FederatedKey& k, KeyEffects& e) { on_lease(k, o, now, 0, rules_, e); });
         break;
       }
-      case kBSpend: {
-        Escrow e = b_escrow();
-        if (!spend(e, 1, b_now(s))) return false;
-        b_store(e);
-        s.admitted = small(s.admitted + 1u, "admitted");
-        r.b_spent = true;
+      case kBExpire:
+        if (b.e_units == 0 || now.count() < b.e_expires) return false;
+        key_step_b([&](FederatedKey& k, KeyEffects& e) { give_up(k, now, true, e); });
         break;
-      }
-      case kBExpire: {
-        Escrow e = b_escrow();
-        if (e.units == 0 || usable(e, b_now(s)) != 0) return false;
-        const std::uint64_t total = relinquish(e);
-        b_store(e);
-        b.rec_window = b.e_window;
-        b.rec_total = small(total, "total");
-        break;
-      }
       case kBReconcile: {
         if (b.rec_window == kNone || s.coord_down) return false;
         Ledger& l = to_ledger(s);
@@ -977,7 +971,13 @@ class Explorer : Packing {
       if (g.phase >= kRefillSent && g.r_ok && now - g.r_left >= c_.period) g.r_left = kExpired;
       if (g.pool_units > 0 && now - g.pool_expires >= c_.period) g.pool_expires = kExpired;
     }
-    if (s.b.e_window != kNone && s.b.e_expires <= b_now(s).count()) s.b.e_expires = kExpired;
+    // Region b: its key, and its reply once back, as region a's.
+    RegionB& b = s.b;
+    sluice::model::fold(b, b_now(s).count(), c_.period);
+    if (b.r_ok) {
+      b.r_left = tiny(b.sent_at + b.r_left, "expiry");
+      b.sent_at = 0;
+    }
   }
 
   std::string describe(const State& s) const {
@@ -996,20 +996,7 @@ class Explorer : Packing {
     for (int i = 0; i < kProcs; ++i) {
       const Proc& g = s.proc[i];
       out += " p" + std::to_string(i) + "[";
-      if (g.e_window != kNone)
-        out += "w" + std::to_string(g.e_window) + " u=" + std::to_string(g.e_units) +
-               " exp=" + std::to_string(g.e_expires) + " g/s/r=" + std::to_string(g.e_granted) +
-               "/" + std::to_string(g.e_spent) + "/" + std::to_string(g.e_relinquished);
-      if (g.global_left != sluice::model::kUnknown) out += " left=" + std::to_string(g.global_left);
-      if (g.window_end != sluice::model::kNoTime) out += " end=" + std::to_string(g.window_end);
-      if (g.closed_until != sluice::model::kNoTime)
-        out += " closed<" + std::to_string(g.closed_until) + " " +
-               std::string(to_string(static_cast<FederatedReason>(g.closed_reason)));
-      if (g.unreachable_until != sluice::model::kNoTime)
-        out += " unreachable<" + std::to_string(g.unreachable_until);
-      if (g.short_until != sluice::model::kNoTime) out += " short<" + std::to_string(g.short_until);
-      for (const std::uint8_t hits : g.parked)
-        if (hits != 0) out += " parked(" + std::to_string(hits) + ")";
+      out += sluice::model::describe(g);
       if (g.phase != kIdle) {
         out += std::string(" ") + kPhases[g.phase] + "(want=" + std::to_string(g.want) + " ";
         if (g.phase <= kTakeReply) out += "take_sent=" + std::to_string(g.take_sent);
@@ -1042,10 +1029,14 @@ class Explorer : Packing {
     }
     if (c_.region_b) {
       out += " b[";
-      if (s.b.e_window != kNone)
-        out += "w" + std::to_string(s.b.e_window) + " u=" + std::to_string(s.b.e_units) +
-               " exp=" + std::to_string(s.b.e_expires);
-      if (s.b.phase != kIdle) out += " " + std::string(kPhases[s.b.phase]);
+      out += sluice::model::describe(s.b);
+      if (s.b.request) out += " lease(want=" + std::to_string(s.b.want) + ")";
+      if (s.b.r_ok)
+        out += " reply(+" + std::to_string(s.b.r_granted) + " w" + std::to_string(s.b.r_window) +
+               " left=" + std::to_string(s.b.r_remaining) + ")";
+      if (s.b.rec_window != kNone)
+        out += " reconcile(w" + std::to_string(s.b.rec_window) + " " +
+               std::to_string(s.b.rec_total) + ")";
       out += "]";
     }
     out += " | coord";
