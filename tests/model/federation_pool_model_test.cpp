@@ -69,13 +69,13 @@
 //
 // Finite space: the clock is bounded, so every counter is (checked). The state leaves out what
 // cannot change what happens next, as an exact bisimulation of the real core: the ledger's and
-// the pool's clock high-water marks (no clock steps back here), an expiry already passed (on the
-// process's clock for escrow and for units waiting to join it: compared only with later times or
-// taken the max of with a later one; the pool's once past by a period, when no take reads its
-// time left any more), the pool's demand beyond a regional batch or once no take can read it, a
-// refill hold already over, a ledger whose window has ended (the next lease rolls it), the
-// admissions of a window that has ended, and the fields of a PoolLease and of a reply that no
-// later step reads, or only as a sum or a difference (normalise(), kPoolTake).
+// the pool's clock high-water marks (no clock steps back here), what a key's folds leave out
+// (federated_key_state.h: an escrow expiry a period or more past, a key's time passed, ...), the
+// same for the expiry of units on their way to a key, the pool's expiry once past by a period
+// (no take reads its time left any more), the pool's demand beyond a regional batch or once no
+// take can read it, a refill hold already over, a ledger whose window has ended (the next lease
+// rolls it), the admissions of a window that has ended, and the fields of a PoolLease and of a
+// reply that no later step reads, or only as a sum or a difference (normalise(), kPoolTake).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -149,15 +149,15 @@ struct Config {
 
 enum Phase : std::uint8_t {
   kIdle,
-  kTakeSent,     // take request in transit (sent)
-  kTakeReply,    // take reply in transit (granted, window, expires_in, pool_now, refill)
-  kLeaseSent,    // lease request in transit (sent = the lease's send time, want)
-  kLeaseReply,   // lease reply in transit (granted, window, expires = escrow_expiry)
-  kRefillSent,   // refill request in transit (extra, refill_expires; the grant kept aside)
-  kRefillReply,  // refill reply in transit (accepted)
+  kTakeSent,     // the take in transit
+  kTakeReply,    // its reply in transit (m_*)
+  kLeaseSent,    // the coordinator's lease in transit (ask, lease_need; sent_at)
+  kLeaseReply,   // its reply in transit (r_*)
+  kRefillSent,   // the refill in transit (refill_window, extra, refill_expires)
+  kRefillReply,  // its reply in transit (m_granted: what the pool accepted)
 };
 
-// A process of region "a": its escrow, and its lease through the pool as PoolLease holds it
+// A process of region "a": its key, and its lease through the pool as PoolLease holds it
 // (packed; the fields a later step reads, the rest folded away by normalise()), with the call in
 // transit and its reply.
 // The coordinator's reply to a lease (r_ok: a reply, not a failure; r_left: its window_end -
