@@ -9,7 +9,6 @@ setpriv's --pdeathsig would be cleared by its own --reuid) and is stopped by its
 
 from __future__ import annotations
 
-import ctypes
 import heapq
 import json
 import os
@@ -30,8 +29,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import sluice_client
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+# Runs a command with the parent-death signal set (util-linux), then execs it in place (same pid).
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 
 
 _HANDED_OUT: set = set()
@@ -70,30 +69,30 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
         time.sleep(interval)
 
 
-def _child_setup(user: Optional[str], new_session: bool) -> Callable[[], None]:
-    """Runs in the child between fork and exec: a new session (so a signal can reach a server
-    and all its workers), the user, then the parent-death signal (after the user change, which
-    would clear it)."""
+def child_options(user: Optional[str] = None, new_session: bool = True) -> Dict[str, object]:
+    """What a child of this suite starts with, set by subprocess itself between fork and exec: a
+    new session (so a signal can reach a server and all its workers) and the user (when root).
+    No Python runs in the child: this process has threads (gRPC's, the load's), and a child
+    forked from it that runs Python code may wait forever on a lock another thread held at the
+    fork (CPython also runs the fork handlers gRPC registers, only for a preexec_fn)."""
+    options: Dict[str, object] = {"start_new_session": new_session, "close_fds": True}
     pw = pwd.getpwnam(user) if user and os.geteuid() == 0 else None
+    if pw is not None:
+        options.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    return options
 
-    def setup() -> None:
-        if new_session:
-            os.setsid()
-        if pw is not None:
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
-    return setup
+def die_with_parent(args: Sequence[str]) -> List[str]:
+    """`args` run so that they are killed when this process dies: setpriv sets the parent-death
+    signal (after the user change, which would clear it) and execs them in place."""
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *args]
 
 
 def spawn(args: Sequence[str], log: Path, user: Optional[str] = None,
           env: Optional[Dict[str, str]] = None, new_session: bool = True) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                env=env, preexec_fn=_child_setup(user, new_session),
-                                close_fds=True)
+        return subprocess.Popen(die_with_parent(args), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out, env=env, **child_options(user, new_session))
 
 
 def tail(path: Path, n: int = 3000) -> str:

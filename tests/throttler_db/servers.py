@@ -172,11 +172,11 @@ class Heartbeat:
     def start(self) -> None:
         self._out = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            ["mariadb", "--no-defaults", "--protocol=TCP", "-h", LOOPBACK, "-P", str(self.port),
-             "-u", "root", "--batch", "--unbuffered", "--force", "--connect-timeout=3",
-             "meta"],
-            stdin=subprocess.PIPE, stdout=self._out, stderr=self._out, close_fds=True,
-            preexec_fn=harness._child_setup(None, True))
+            harness.die_with_parent(
+                ["mariadb", "--no-defaults", "--protocol=TCP", "-h", LOOPBACK, "-P",
+                 str(self.port), "-u", "root", "--batch", "--unbuffered", "--force",
+                 "--connect-timeout=3", "meta"]),
+            stdin=subprocess.PIPE, stdout=self._out, stderr=self._out, **harness.child_options())
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()
 

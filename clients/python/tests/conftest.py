@@ -102,6 +102,10 @@ def metric(samples, name: str, **labels) -> Optional[float]:
 # execs the server in place (same pid). Without setpriv the servers run unguarded.
 _SETPRIV = shutil.which("setpriv")
 _DIE_WITH_PARENT: List[str] = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
+# A file-descriptor limit is set the same way, by util-linux's prlimit: no Python runs between
+# fork and exec (this process has gRPC's threads, and a forked child running Python code may wait
+# forever on a lock one of them held at the fork).
+_PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
 
 
 class SluiceServer:
@@ -131,26 +135,22 @@ class SluiceServer:
         # A port picked free may be taken before the server binds it: try again then.
         for attempt in range(3):
             self.grpc_port, self.http_port = free_port(), free_port()
-            args = _DIE_WITH_PARENT + [self.binary, "serve", "--grpc",
+            limits = ([_PRLIMIT, f"--nofile={self.fd_limit}:{self.fd_limit}", "--"]
+                      if self.fd_limit is not None else [])
+            args = _DIE_WITH_PARENT + limits + [self.binary, "serve", "--grpc",
                                        f"127.0.0.1:{self.grpc_port}",
                                        "--http", f"127.0.0.1:{self.http_port}"]
             if self.config_path is not None:
                 args += ["--config", str(self.config_path)]
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL, stderr=log,
-                                             preexec_fn=self._limits)
+                                             stdout=subprocess.DEVNULL, stderr=log)
             if self._wait_ready(timeout):
                 return self
             if "cannot listen" not in self.log() or attempt == 2:
                 break
         self.stop()
         pytest.fail(f"sluice serve did not become ready; its log:\n{self.log()}")
-
-    def _limits(self) -> None:
-        if self.fd_limit is not None:
-            import resource
-            resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     def _wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
