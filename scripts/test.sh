@@ -108,8 +108,8 @@ suite_ctest_args() {
   esac
 }
 # Tests at once: two per core (most wait on servers and timers; what keeps a core busy takes two
-# slots: tests/CMakeLists.txt, "Scheduling"). Measured here on 2 cores: the default suite's
-# ctest took 10-11.5 minutes instead of 15, each sanitizer's under 2 instead of 2.5.
+# slots: tests/CMakeLists.txt, "Scheduling"). Measured on 2 cores when it was set: the default
+# suite's ctest took 10-11.5 minutes instead of 15, each sanitizer's under 2 instead of 2.5.
 ctest_jobs=$((2 * jobs))
 
 # The 15 slowest tests of a suite's ctest log, slowest first: where its time went.

@@ -2,9 +2,10 @@
 that knows exactly how many calls run in the backend, and a sampler that checks the fleet's
 bound at every sample.
 
-Every process started here dies with the test process (the kernel's parent-death signal, set in
-the child after any change of user, so it also holds for PostgreSQL, which runs as `postgres`;
-setpriv's --pdeathsig would be cleared by its own --reuid) and is stopped by its pid at the end.
+Every process started here dies with the test process (the kernel's parent-death signal, set by
+setpriv after subprocess has changed the user, so it also holds for PostgreSQL, which runs as
+`postgres`; a change of user clears it) and is stopped by its pid at the end. No Python code runs
+between fork and exec (child_options()).
 """
 
 from __future__ import annotations

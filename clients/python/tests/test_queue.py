@@ -308,10 +308,15 @@ def test_the_cli_shows_the_wait(gw):
     out = subprocess.run(cli + ["--max-wait", "200ms"], capture_output=True, text=True, timeout=10)
     assert out.returncode == 1, out
     assert "waited" in out.stdout and "the call's max_wait" in out.stdout, out.stdout
-    # Admitted after waiting: released by a thread while the CLI waits.
-    threading.Timer(0.3, lambda: c.release(first)).start()
-    out = subprocess.run(cli + ["--json"], capture_output=True, text=True, timeout=10)
-    assert out.returncode == 0, out
-    j = json.loads(out.stdout)
-    assert j["admitted"] and 0.2 < j["waited_seconds"] < TIMEOUT, j
+    # Admitted after waiting: the slot is released 0.2 s after the CLI's call is seen queued, so
+    # it waited at least that long (however long the CLI took to start).
+    proc = subprocess.Popen(cli + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_until(lambda: waiting(gw) == 1, 5, what="the CLI's call queued")
+    time.sleep(0.2)
+    c.release(first)
+    stdout, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0, (stdout, stderr)
+    j = json.loads(stdout)
+    assert j["admitted"] and 0.2 <= j["waited_seconds"] < TIMEOUT, j
     c.release(j["lease_id"])
