@@ -233,7 +233,8 @@ int run_serve(const ServeOptions& options) {
   // grpc.health.v1.Health: sluice's own (gRPC's default one cannot cap its Watch streams).
   transport::HealthService health(ss.max_watch_streams);
   transport::GrpcService service(engine);
-  transport::GrpcKindMethods kind_methods(engine);  // the methods policy kinds register
+  transport::GrpcKindMethods kind_methods(engine);         // the methods policy kinds register
+  transport::RateLimitService rate_limit_service(engine);  // Envoy's, for envoy_ratelimit
   // The port is sluice's own listener's (grpc_listener.h): the server is built with none.
   transport::GrpcListener grpc_listener(engine, listen);
   auto grpc_port = grpc_listener.bind(ss.grpc);
@@ -253,6 +254,7 @@ int run_serve(const ServeOptions& options) {
                              static_cast<int>(ss.max_streams_per_connection));
   builder.RegisterService(&service);
   builder.RegisterService(&health);
+  builder.RegisterService(&rate_limit_service);
   builder.RegisterCallbackGenericService(&kind_methods);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (!grpc_server) {
@@ -262,6 +264,7 @@ int run_serve(const ServeOptions& options) {
   grpc_listener.start(grpc_server.get());
   health.set_status("", true);
   health.set_status(sluice::v1::Sluice::service_full_name(), true);
+  health.set_status(envoy::service::ratelimit::v3::RateLimitService::service_full_name(), true);
 
   transport::HttpServer http(engine, reload);
   transport::HttpOptions http_options;
@@ -305,6 +308,7 @@ int run_serve(const ServeOptions& options) {
   engine.drain();
   health.set_status("", false);
   health.set_status(sluice::v1::Sluice::service_full_name(), false);
+  health.set_status(envoy::service::ratelimit::v3::RateLimitService::service_full_name(), false);
   const auto until = std::chrono::steady_clock::now() + grace;
   sigset_t stop_now;
   sigemptyset(&stop_now);

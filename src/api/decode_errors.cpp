@@ -2,6 +2,7 @@
 
 #include <google/protobuf/unknown_field_set.h>
 
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -58,6 +59,13 @@ std::string mistyped_field(const google::protobuf::Message& m) {
       return f->name() + ": wrong wire type";
   }
   return {};
+}
+
+std::string decode(std::string_view bytes, google::protobuf::Message& m) {
+  if (bytes.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+      !m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return why_undecodable(*m.GetDescriptor(), bytes);
+  return mistyped_field(m);
 }
 
 }  // namespace sluice::api

@@ -28,4 +28,8 @@ namespace sluice::api {
 // method that holds its callers to the declared types.
 [[nodiscard]] std::string mistyped_field(const google::protobuf::Message& m);
 
+// Parses `bytes` into `m`, held to its declared wire types: empty when it could, else why
+// (why_undecodable(), or mistyped_field()). For a kind's gRPC method.
+[[nodiscard]] std::string decode(std::string_view bytes, google::protobuf::Message& m);
+
 }  // namespace sluice::api

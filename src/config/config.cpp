@@ -133,7 +133,7 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
   if (parser->admit_family) {
     if (auto s = r.str(n, "rate", path)) spec.rate = *s;
   }
-  spec.fingerprint = YAML::Dump(n);
+  spec.fingerprint += YAML::Dump(n);
   cfg.policies[name] = std::move(spec);
 }
 
@@ -500,35 +500,76 @@ std::size_t second_document(std::string_view text) {
 
 }  // namespace
 
-ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
-  const std::string needs = " (" + std::string(kNeedsAPolicy) + ", under policies:)";
-  if (yaml.find_first_not_of(" \t\r\n") == std::string_view::npos)
-    return file_error("the file is empty" + needs);
+namespace {
+
+// The checks every YAML file passes before it is parsed (empty: it passes): UTF-8 text,
+// no control characters, one document. `empty` is the error of a file with nothing in it.
+std::vector<ConfigError> text_problems(std::string_view yaml, const std::string& empty) {
+  if (yaml.find_first_not_of(" \t\r\n") == std::string_view::npos) return file_error(empty).errors;
   // yaml-cpp passes bytes that are not UTF-8 through into names and strings, where every JSON
   // rendering (problem+json, /v1/policies) would fail on them: refuse them here, at their place.
   if (const std::size_t bad = first_non_utf8(yaml); bad != std::string_view::npos) {
     return text_error(yaml, bad, "the file is not UTF-8 text",
-                      " does not begin a UTF-8 character here");
+                      " does not begin a UTF-8 character here")
+        .errors;
   }
   if (const std::size_t bad = first_control(yaml); bad != std::string_view::npos)
     return text_error(yaml, bad, "the file has a control character YAML text may not contain",
-                      " here");
+                      " here")
+        .errors;
+  // One document: a file of several would be read up to the first, the rest silently left.
+  // Told from the text (a "---" line after content), so a later document is never parsed.
+  if (const std::size_t at = second_document(yaml); at != std::string_view::npos) {
+    const std::size_t line = static_cast<std::size_t>(
+        std::count(yaml.begin(), yaml.begin() + static_cast<long>(at), '\n'));
+    ConfigError e;
+    e.line = static_cast<int>(line) + 1;
+    e.column = 1;
+    e.message =
+        "the file holds more than one YAML document; a config is one (the second begins here)";
+    return {std::move(e)};
+  }
+  return {};
+}
+
+// Reads the file at `path` into `text`; empty when it could, else why not. Looked at before it
+// is opened: opening a FIFO would wait for a writer (a reload stuck there would hold SIGTERM
+// too), and a config has no business being gigabytes.
+std::string read_text(const std::string& path, std::string& text) {
+  constexpr std::uintmax_t kMaxBytes = 16U << 20;
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(st)) return "is a directory, not a config file";
+  if (!ec && !std::filesystem::is_regular_file(st))
+    return "is not a regular file (a FIFO, socket or device), not a config file";
+  if (const std::uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxBytes)
+    return "is " + std::to_string(size) + " bytes; a config file is at most 16 MiB";
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    return err == 0 ? std::string("cannot read the file")
+                    : "cannot read the file: " + std::generic_category().message(err);
+  }
+  std::array<char, 1 << 16> buf{};  // read up to the bound, should the file have grown since
+  while (in.read(buf.data(), buf.size()) || in.gcount() > 0) {
+    text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxBytes) return "is over 16 MiB; a config file is at most that";
+  }
+  if (in.bad()) return "cannot read the file";
+  return {};
+}
+
+}  // namespace
+
+ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
+  const std::string needs = " (" + std::string(kNeedsAPolicy) + ", under policies:)";
+  if (std::vector<ConfigError> e = text_problems(yaml, "the file is empty" + needs); !e.empty()) {
+    ConfigLoad out;
+    out.errors = std::move(e);
+    return out;
+  }
   try {
-    // One document: a file of several would be read up to the first, the rest silently left.
-    // Told from the text (a "---" line after content), so a later document is never parsed.
-    if (const std::size_t at = second_document(yaml); at != std::string_view::npos) {
-      ConfigLoad out;
-      const std::size_t line = static_cast<std::size_t>(
-          std::count(yaml.begin(), yaml.begin() + static_cast<long>(at), '\n'));
-      ConfigError e;
-      e.line = static_cast<int>(line) + 1;
-      e.column = 1;
-      e.message =
-          "the file holds more than one YAML document; a config is one (the second "
-          "begins here)";
-      out.errors.push_back(std::move(e));
-      return out;
-    }
     const YAML::Node root = YAML::Load(std::string(yaml));
     if (!root.IsDefined() || root.IsNull()) {
       return file_error(yaml.find('#') != std::string_view::npos
@@ -548,32 +589,49 @@ ConfigLoad load_config(std::string_view yaml, const PolicyKinds& kinds) {
 }
 
 ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds) {
-  // Looked at before it is opened: opening a FIFO would wait for a writer (a reload stuck
-  // there would hold SIGTERM too), and a config has no business being gigabytes.
-  constexpr std::uintmax_t kMaxBytes = 16U << 20;
-  std::error_code ec;
-  const std::filesystem::file_status st = std::filesystem::status(path, ec);
-  if (!ec && std::filesystem::is_directory(st))
-    return file_error("is a directory, not a config file");
-  if (!ec && !std::filesystem::is_regular_file(st))
-    return file_error("is not a regular file (a FIFO, socket or device), not a config file");
-  if (const std::uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxBytes)
-    return file_error("is " + std::to_string(size) + " bytes; a config file is at most 16 MiB");
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    return file_error(err == 0 ? std::string("cannot read the file")
-                               : "cannot read the file: " + std::generic_category().message(err));
-  }
-  std::string text;  // read up to the bound, should the file have grown since
-  std::array<char, 1 << 16> buf{};
-  while (in.read(buf.data(), buf.size()) || in.gcount() > 0) {
-    text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxBytes) return file_error("is over 16 MiB; a config file is at most that");
-  }
-  if (in.bad()) return file_error("cannot read the file");
+  std::string text;
+  if (std::string why = read_text(path, text); !why.empty()) return file_error(std::move(why));
   return load_config(text, kinds);
+}
+
+DocumentLoad load_yaml_text(std::string_view yaml, std::string_view empty,
+                            const std::function<void(ConfigSection&)>& read) {
+  DocumentLoad out;
+  out.text = std::string(yaml);
+  out.errors = text_problems(yaml, std::string(empty));
+  if (!out.errors.empty()) return out;
+  try {
+    const YAML::Node root = YAML::Load(out.text);
+    Reader r;
+    if (!root.IsDefined() || root.IsNull()) {
+      out.errors = file_error(std::string(empty)).errors;
+      return out;
+    }
+    if (!r.map(root, "", true)) {
+      out.errors = std::move(r.errors);
+      return out;
+    }
+    ConfigSection section = r.section(root, "");
+    read(section);
+    out.errors = std::move(r.errors);
+    out.warnings = std::move(r.warnings);
+  } catch (const YAML::Exception& e) {
+    out.errors.push_back(Reader::make(e.mark, "", "YAML syntax: " + e.msg));
+  } catch (const std::exception& e) {
+    out.errors.push_back(Reader::make(YAML::Mark::null_mark(), "", e.what()));
+  }
+  return out;
+}
+
+DocumentLoad load_yaml_file(const std::string& path, std::string_view empty,
+                            const std::function<void(ConfigSection&)>& read) {
+  std::string text;
+  if (std::string why = read_text(path, text); !why.empty()) {
+    DocumentLoad out;
+    out.errors = file_error(std::move(why)).errors;
+    return out;
+  }
+  return load_yaml_text(text, empty, read);
 }
 
 }  // namespace sluice

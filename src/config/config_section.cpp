@@ -216,12 +216,14 @@ void ConfigSection::error(const std::string& message) {
 }
 
 void ConfigSection::error_at(const std::string& relative, const std::string& message) {
-  reader_->error_at(reader_->mark_of(path_, relative), path_ + "." + relative, message);
+  reader_->error_at(reader_->mark_of(path_, relative), Reader::join(path_, relative), message);
 }
+
+std::size_t ConfigSection::error_count() const noexcept { return reader_->errors.size(); }
 
 void ConfigSection::warning_at(const std::string& relative, const std::string& message) {
   reader_->warnings.push_back(
-      Reader::make(reader_->mark_of(path_, relative), path_ + "." + relative, message));
+      Reader::make(reader_->mark_of(path_, relative), Reader::join(path_, relative), message));
 }
 
 void read_algorithm(ConfigSection& s, AlgorithmSpec& out) {

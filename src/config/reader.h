@@ -242,7 +242,7 @@ class Reader {
   // A gateway issue's path ("upstreams[2].concurrency_limit.per_tenant_max") under `base`, at
   // the position of the longest prefix of it that was read.
   YAML::Mark mark_of(const std::string& base, const std::string& path) const {
-    std::string p = base + "." + path;
+    std::string p = join(base, path);
     while (true) {
       if (auto it = marks.find(p); it != marks.end()) return it->second;
       const std::size_t cut = p.find_last_of(".[");

@@ -71,6 +71,51 @@ class KindCall final : public grpc::ServerGenericBidiReactor {
 
 }  // namespace
 
+// One unary call of a kind's method through a registered service: answered now, or when a
+// deferred handler completes. Deletes itself once gRPC is done with it.
+class UnaryKindCall final : public grpc::ServerUnaryReactor, public server::Deferral<std::string> {
+ public:
+  UnaryKindCall(server::Engine& engine, grpc::ByteBuffer* out) : engine_(engine), out_(out) {}
+
+  void start(const std::string& method, const grpc::ByteBuffer* in) {
+    const server::PolicyRegistry::Method* m = engine_.kinds().method(method);
+    if (m == nullptr)
+      return Finish(
+          grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "method: no method named " + method));
+    if (auto r = m->method.handle(bytes_of(*in), engine_.policies_of(m->kind), *this)) answer(*r);
+  }
+  server::Completion<std::string> defer() override {
+    return [this](StatusOr<std::string> r) { answer(r); };
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void answer(const StatusOr<std::string>& r) {
+    if (!r.ok()) return Finish(to_grpc(r.status()));
+    grpc::Slice slice(r.value());
+    *out_ = grpc::ByteBuffer(&slice, 1);
+    Finish(grpc::Status::OK);
+  }
+
+  server::Engine& engine_;
+  grpc::ByteBuffer* out_;
+};
+
+grpc::ServerUnaryReactor* run_kind_method(server::Engine& engine, std::string method,
+                                          grpc::CallbackServerContext* /*ctx*/,
+                                          const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  auto* call = new UnaryKindCall(engine, out);
+  call->start(method, in);
+  return call;
+}
+
+grpc::ServerUnaryReactor* RateLimitService::ShouldRateLimit(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* in,
+                                                            grpc::ByteBuffer* out) {
+  return run_kind_method(engine_, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                         ctx, in, out);
+}
+
 grpc::ServerGenericBidiReactor* GrpcKindMethods::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
   return new KindCall(engine_, ctx->method());

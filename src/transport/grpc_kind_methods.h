@@ -10,10 +10,16 @@
 //
 // Register it with ServerBuilder::RegisterCallbackGenericService. Thread-safety: as the
 // Engine's.
+//
+// A kind's method of a service with a protocol of its own (Envoy's RateLimitService, the
+// envoy_ratelimit kind's) is also registered under its service's name (RateLimitService
+// below), so that reflection lists the service and health answers for it: the call is run as
+// any kind method is.
 #pragma once
 
 #include <grpcpp/generic/async_generic_service.h>
 
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "server/engine.h"
 
 namespace sluice::transport {
@@ -22,6 +28,27 @@ class GrpcKindMethods final : public grpc::CallbackGenericService {
  public:
   explicit GrpcKindMethods(server::Engine& engine) noexcept : engine_(engine) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
+
+ private:
+  server::Engine& engine_;
+};
+
+// Runs the kind method `method` on the request `in`; the answer goes to `out` when the
+// returned reactor finishes.
+[[nodiscard]] grpc::ServerUnaryReactor* run_kind_method(server::Engine& engine, std::string method,
+                                                        grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out);
+
+// envoy.service.ratelimit.v3.RateLimitService, answered by the envoy_ratelimit kind.
+class RateLimitService final
+    : public envoy::service::ratelimit::v3::RateLimitService::WithRawCallbackMethod_ShouldRateLimit<
+          envoy::service::ratelimit::v3::RateLimitService::Service> {
+ public:
+  explicit RateLimitService(server::Engine& engine) noexcept : engine_(engine) {}
+  grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
+                                            const grpc::ByteBuffer* in,
+                                            grpc::ByteBuffer* out) override;
 
  private:
   server::Engine& engine_;

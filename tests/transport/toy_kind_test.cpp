@@ -1046,7 +1046,8 @@ TEST(ToyKindConfig, ItsParserReportsItsOwnErrorsWithTheirLines) {
   const ConfigLoad unknown = load_config("policies:\n  p:\n    kind: tyo\n", kinds);
   ASSERT_EQ(unknown.errors.size(), 1u);
   EXPECT_NE(unknown.errors[0].message.find(
-                "rate, adaptive, fleet, concurrency, federated, throttler, cascade, toy"),
+                "rate, adaptive, fleet, concurrency, federated, throttler, cascade, "
+                "envoy_ratelimit, toy"),
             std::string::npos)
       << unknown.errors[0].message;
   // Without its registration the loader does not know it.

@@ -133,7 +133,9 @@ struct CoordinatorSpec {
   // (one Redis database and key prefix, one PostgreSQL conninfo and table prefix). Empty: its
   // own (each memory coordinator).
   std::string store;
-  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+  // The spec as parsed (canonical YAML): equal means unchanged. A kind's parser that reads
+  // files the section names puts their content here; the loader appends the section's YAML.
+  std::string fingerprint;
 
   // The backend's settings as its type; null when they are of another type (another backend).
   template <class Options>
@@ -190,7 +192,9 @@ struct PolicySpec {
   // What the policy asks of each (use() records them): the loader checks that the coordinator's
   // kind serves it, and that no two policies join one coordinator as members under one key.
   std::vector<CoordinatorUse> uses;
-  std::string fingerprint;  // the spec as parsed (canonical YAML): equal means unchanged
+  // The spec as parsed (canonical YAML): equal means unchanged. A kind's parser that reads
+  // files the section names puts their content here; the loader appends the section's YAML.
+  std::string fingerprint;
 
   // Records `u`, and its coordinator in `coordinators` (once, with u.field).
   void use(CoordinatorUse u);
@@ -259,6 +263,22 @@ struct ConfigLoad {
 // Reads a file first; a missing or unreadable file, or a directory, is one error (line 0, no
 // path: ConfigError::to_string(path) names the file).
 [[nodiscard]] ConfigLoad load_config_file(const std::string& path, const PolicyKinds& kinds);
+
+// Another YAML file a kind reads (one its section names: envoyproxy/ratelimit's rules): checked
+// as a config file is (a regular file of at most 16 MiB, UTF-8, no control characters, one
+// document; one error at line 0 otherwise), then its root, which must be a mapping, read by
+// `read` through a ConfigSection whose errors and warnings carry their line and column in that
+// file (ConfigError::to_string(path) names it). `empty` is the error of a file with nothing
+// in it. Never throws.
+struct DocumentLoad {
+  std::vector<ConfigError> errors;
+  std::vector<ConfigError> warnings;
+  std::string text;  // the file as read
+};
+[[nodiscard]] DocumentLoad load_yaml_file(const std::string& path, std::string_view empty,
+                                          const std::function<void(ConfigSection&)>& read);
+[[nodiscard]] DocumentLoad load_yaml_text(std::string_view yaml, std::string_view empty,
+                                          const std::function<void(ConfigSection&)>& read);
 
 // Parses "250ms", "2s", ...: nullopt when malformed.
 [[nodiscard]] std::optional<Nanos> parse_duration(std::string_view text);

@@ -92,6 +92,9 @@ class ConfigSection {
   // An error or a warning at the path `relative` below this section (e.g. "upstreams[2].owner"),
   // placed at the deepest part of that path that was read.
   void error_at(const std::string& relative, const std::string& message);
+  // How many errors the load holds so far (every section's): a check over what was read
+  // runs only when the reads before it went well.
+  [[nodiscard]] std::size_t error_count() const noexcept;
   void warning_at(const std::string& relative, const std::string& message);
 
  private:

@@ -6,7 +6,14 @@
 namespace sluice::server {
 
 #define SLUICE_BUILTIN_POLICY_KINDS(X) \
-  X(rate) X(adaptive) X(fleet) X(concurrency) X(federated) X(throttler) X(cascade)
+  X(rate)                              \
+  X(adaptive)                          \
+  X(fleet)                             \
+  X(concurrency)                       \
+  X(federated)                         \
+  X(throttler)                         \
+  X(cascade)                           \
+  X(envoy_ratelimit)
 
 #define SLUICE_BUILTIN_COORDINATOR_BACKENDS(X) X(memory) X(redis) X(postgres)
 

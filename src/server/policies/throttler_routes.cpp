@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -277,11 +276,7 @@ HttpRoute freno_route(std::string pattern, bool if_exists) {
 Decided<std::string> grpc_check(std::string_view request, const KindPolicies& ps,
                                 Deferral<std::string>& /*later*/) {
   v1::ThrottlerCheckRequest in;
-  if (request.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
-      !in.ParseFromArray(request.data(), static_cast<int>(request.size())))
-    return Status(StatusCode::kInvalidArgument,
-                  api::why_undecodable(*v1::ThrottlerCheckRequest::descriptor(), request));
-  if (std::string why = api::mistyped_field(in); !why.empty())
+  if (std::string why = api::decode(request, in); !why.empty())
     return Status(StatusCode::kInvalidArgument, std::move(why));
   const std::string& app = in.app();
   if (std::string why = app.empty() ? "" : app_name_error(app); !why.empty())

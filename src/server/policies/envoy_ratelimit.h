@@ -1,0 +1,107 @@
+// envoy_ratelimit.h: the envoy_ratelimit kind: Envoy's rate limit service (RLS v3,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, and envoyproxy/ratelimit's
+// `POST /json`) over rules written in envoyproxy/ratelimit's config format, unchanged.
+//
+//   kind: envoy_ratelimit
+//   config: /etc/ratelimit/config   # required: envoyproxy/ratelimit's YAML, a file or a
+//                                   #   directory: its *.yaml and *.yml files, below it too,
+//                                   #   in name order, skipping names that start with '.' (a
+//                                   #   Kubernetes ConfigMap's ..data). Relative: to the
+//                                   #   server's working directory.
+//   merge_domains: false            # a domain in several files joins them (its
+//                                   #   MERGE_DOMAIN_CONFIG); default: an error
+//   shadow_mode: false              # every limit in shadow (its SHADOW_MODE): the overall
+//                                   #   answer is OK; the statuses still say OVER_LIMIT
+//   max_keys: 1000000               # counters held per limit (the rate kind's max_keys)
+//
+// The rules (sluice/core/rls_rules.h says how a descriptor finds its limit): `domain`, nested
+// `descriptors` with `key`, `value` (with '*' wildcards), `rate_limit` (`unit`: second, minute,
+// hour, day, week, month (30 days) or year (365 days); `requests_per_unit`, 0 refusing every
+// request; `unlimited`; `name`; `replaces`), `shadow_mode`, `quota_mode`, `detailed_metric`,
+// `value_to_metric`, `share_threshold`. Unknown keys are errors, as there, and so is
+// `metadata`, which sluice does not serve. `sluice validate` and every load report each error
+// with the rule file's line and column.
+//
+// A request: an empty domain, no descriptors or a descriptor without entries is
+// INVALID_ARGUMENT. An unknown domain applies no limit (every status OK). Each descriptor adds
+// its own `hits_addend` if it has one (0: checks without adding), else the request's (0 or
+// unset: 1). A descriptor's `limit` override counts it against that limit instead (its entries
+// as given are the key). Each limit is a fixed window of its unit on the server's clock (a
+// window starts at a multiple of the unit since the clock's start, not at the wall clock's
+// minute), counted on this server. Unlike envoyproxy/ratelimit, a request over any limit adds
+// nothing to any (its hits are given back where they were added), and a refused request does
+// not count: a client refused for a minute is served again in the next window, not only once
+// its refusals age out.
+//
+// Reload (SIGHUP, POST /admin/reload): the rule files are read again; each limit whose path
+// (`domain.key_value.key`) and unit stay keeps its counters, with its new requests_per_unit.
+//
+// Metrics: sluice_rls_requests_total{code}, sluice_rls_hits_total{rule, result}
+// (within_limit, over_limit, shadow_mode; `rule` the limit's metric name, at most 10,000 names
+// per policy, then "(other)"), sluice_shadow_denied_total, sluice_rls_unknown_domain_total,
+// sluice_rls_limits, sluice_rls_keys.
+//
+// Several envoy_ratelimit policies: a request goes to the first (by name) that has its domain.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/registry.h"
+#include "sluice/core/rls_rules.h"
+#include "sluice/local/rate_limiter.h"
+
+namespace sluice::server {
+
+struct EnvoyRateLimitSpec final : PolicyBody {
+  std::string config;              // the file or directory, as configured
+  std::vector<std::string> files;  // the rule files read, in order
+  std::shared_ptr<const rls::RuleTree> rules;
+  bool merge_domains = false;
+  bool shadow_mode = false;
+  std::size_t max_keys = kDefaultMaxKeys;
+};
+
+[[nodiscard]] PolicyKind envoy_ratelimit_kind();
+
+// envoy_ratelimit_config.cpp: reads the kind's section and its rule files.
+std::shared_ptr<const PolicyBody> parse_envoy_ratelimit(const std::string& name,
+                                                        ConfigSection& section, PolicySpec& spec);
+
+// A request, apart from its wire form.
+struct RlsDescriptor {
+  std::vector<rls::Entry> entries;  // views into the request
+  struct Override {
+    std::uint32_t requests_per_unit = 0;
+    std::uint32_t unit = 0;  // the protocol's number
+  };
+  std::optional<Override> limit;
+  std::optional<std::uint64_t> hits_addend;
+};
+struct RlsRequest {
+  std::string_view domain;
+  std::vector<RlsDescriptor> descriptors;
+  std::uint32_t hits_addend = 0;
+};
+
+struct RlsStatus {
+  bool over = false;  // the status's code: OVER_LIMIT (else OK)
+  struct Current {
+    std::uint32_t requests_per_unit = 0;
+    rls::Unit unit = rls::Unit::kUnknown;
+    std::string name;
+  };
+  std::optional<Current> limit;  // the limit that decided it
+  std::uint32_t remaining = 0;
+  std::optional<Nanos> until_reset;
+};
+struct RlsAnswer {
+  bool over = false;  // overall_code: OVER_LIMIT (else OK)
+  std::vector<RlsStatus> statuses;
+};
+
+}  // namespace sluice::server
