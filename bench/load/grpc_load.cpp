@@ -11,7 +11,9 @@
 // measures each call's latency from the time it was due (no coordinated omission): the p99 a
 // half-loaded server gives, next to the echo floor's p99 at the same rate in an interleaved run,
 // repeated --repeat times. A probe of the CPUs' own stalls (time the machine gives to no one
-// here) is printed with it: a p99 cannot be lower than the stalls allow.
+// here) is printed with it: a p99 cannot be lower than the stalls allow. Envoy's
+// ShouldRateLimit (an envoy_ratelimit policy: one descriptor per call, a limit per user) is
+// measured the same way against Check, closed loop and open loop at half the best Check rate.
 //
 // Usage: sluice_load [--seconds S] [--levels 1,4,16,64] [--repeat N] [--rate R]
 //                    [--connections N] [--no-pin] [--markdown]
@@ -44,10 +46,12 @@
 #include <thread>
 #include <vector>
 
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "server/engine.h"
 #include "sluice/config/config.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "sluice_bench/v1/echo.grpc.pb.h"
+#include "transport/grpc_kind_methods.h"
 #include "transport/grpc_service.h"
 
 namespace {
@@ -55,6 +59,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace pb = sluice::v1;
 namespace eb = sluice_bench::v1;
+namespace rls = envoy::service::ratelimit::v3;
 
 // Latency histogram: 1 us buckets up to 100 ms, lock-free.
 class Histogram {
@@ -101,14 +106,14 @@ class EchoService final : public eb::Echo::CallbackService {
   }
 };
 
-std::unique_ptr<grpc::Server> listen(grpc::Service* service, int& port) {
+std::unique_ptr<grpc::Server> listen(std::initializer_list<grpc::Service*> services, int& port) {
   grpc::ServerBuilder b;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(service);
+  for (grpc::Service* s : services) b.RegisterService(s);
   return b.BuildAndStart();
 }
 
-enum class Kind { kEcho, kCheck, kFederatedCheck, kAdmitRelease };
+enum class Kind { kEcho, kCheck, kFederatedCheck, kAdmitRelease, kShouldRateLimit };
 const char* name(Kind k) {
   switch (k) {
     case Kind::kEcho:
@@ -119,6 +124,8 @@ const char* name(Kind k) {
       return "Check (federated)";
     case Kind::kAdmitRelease:
       return "Admit+Release";
+    case Kind::kShouldRateLimit:
+      return "ShouldRateLimit";
   }
   return "?";
 }
@@ -126,6 +133,7 @@ const char* name(Kind k) {
 struct Stubs {
   std::unique_ptr<eb::Echo::Stub> echo;
   std::unique_ptr<pb::Sluice::Stub> sluice;
+  std::unique_ptr<rls::RateLimitService::Stub> rls;  // on sluice's port
 };
 
 // Latencies and failures of a run's calls (shared by the threads that issue them).
@@ -181,6 +189,19 @@ class Driver {
               finish(c, false, failure(c, s));
             });
         break;
+      case Kind::kShouldRateLimit: {
+        c->rls_req.set_domain("bench");
+        auto& e = *c->rls_req.add_descriptors()->add_entries();
+        e.set_key("user");
+        e.set_value(key);
+        stubs_.rls->async()->ShouldRateLimit(
+            &c->ctx, &c->rls_req, &c->rls_resp, [this, c](grpc::Status s) {
+              if (!s.ok()) return finish(c, false, failure(c, s));
+              finish(c, c->rls_resp.overall_code() == rls::RateLimitResponse::OK,
+                     "ShouldRateLimit: OVER_LIMIT");
+            });
+        break;
+      }
       case Kind::kAdmitRelease:
         c->admit_req.set_policy("bench-concurrency");
         c->admit_req.set_key(key);
@@ -206,6 +227,8 @@ class Driver {
     pb::AdmitResponse admit_resp;
     pb::ReleaseRequest release_req;
     pb::ReleaseResponse release_resp;
+    rls::RateLimitRequest rls_req;
+    rls::RateLimitResponse rls_resp;
     Clock::time_point due;
     std::function<void(bool)> done;
   };
@@ -347,13 +370,29 @@ Result open_loop(std::vector<Stubs>& connections, Kind kind, double rate, double
   return r;
 }
 
+// The envoy_ratelimit policy's rule file: a limit per user that never refuses (written to a
+// fresh directory under /tmp; the path, or "" when it cannot be written).
+std::string rules_file() {
+  char dir[] = "/tmp/sluice-load-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return "";
+  const std::string path = std::string(dir) + "/bench.yaml";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return "";
+  std::fputs(
+      "domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n"
+      "      requests_per_unit: 4000000000\n",
+      f);
+  std::fclose(f);
+  return path;
+}
+
 // The server process (--serve): sluice's service over its engine and the echo service, each on
 // a free loopback port. Prints "ports SLUICE ECHO" and serves until its stdin closes (the client
 // process ended, however it ended).
 int serve() {
   // sluice: a rate policy that never denies and a concurrency policy that never refuses, so
   // every call does the full work of a decision.
-  const sluice::ConfigLoad cfg = sluice::load_config(R"(
+  const sluice::ConfigLoad cfg = sluice::load_config(std::string(R"(
 policies:
   bench-rate:
     kind: rate
@@ -370,7 +409,9 @@ policies:
     kind: adaptive
     algorithm: fixed
     limit: 1000000
-)",
+  bench-rls:
+    kind: envoy_ratelimit
+    config: )") + rules_file() + "\n",
                                                      sluice::server::PolicyRegistry::builtin());
   if (!cfg.config) {
     for (const sluice::ConfigError& e : cfg.errors)
@@ -383,10 +424,11 @@ policies:
     return 1;
   }
   sluice::transport::GrpcService sluice_service(*engine.value());
+  sluice::transport::RateLimitService rls_service(*engine.value());
   EchoService echo_service;
   int sluice_port = 0, echo_port = 0;
-  auto sluice_server = listen(&sluice_service, sluice_port);
-  auto echo_server = listen(&echo_service, echo_port);
+  auto sluice_server = listen({&sluice_service, &rls_service}, sluice_port);
+  auto echo_server = listen({&echo_service}, echo_port);
   if (!sluice_server || !echo_server) {
     std::fprintf(stderr, "sluice_load: cannot listen on 127.0.0.1\n");
     return 1;
@@ -598,22 +640,25 @@ int main(int argc, char** argv) {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     c.echo = eb::Echo::NewStub(grpc::CreateCustomChannel(
         "127.0.0.1:" + std::to_string(server.echo_port), grpc::InsecureChannelCredentials(), args));
-    c.sluice = pb::Sluice::NewStub(
-        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server.sluice_port),
-                                  grpc::InsecureChannelCredentials(), args));
+    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server.sluice_port),
+                                             grpc::InsecureChannelCredentials(), args);
+    c.sluice = pb::Sluice::NewStub(channel);
+    c.rls = rls::RateLimitService::NewStub(channel);
   }
   Stubs& stubs = connections.front();
 
   std::vector<Result> results;
-  double best_echo = 0, best_check = 0, best_federated = 0;
+  double best_echo = 0, best_check = 0, best_federated = 0, best_rls = 0;
   for (int c : levels) {
-    for (Kind k : {Kind::kEcho, Kind::kCheck, Kind::kFederatedCheck, Kind::kAdmitRelease}) {
+    for (Kind k : {Kind::kEcho, Kind::kCheck, Kind::kFederatedCheck, Kind::kAdmitRelease,
+                   Kind::kShouldRateLimit}) {
       results.push_back(
           with_server_cpu(server.pid, [&] { return closed_loop(stubs, k, c, seconds); }));
       if (k == Kind::kEcho) best_echo = std::max(best_echo, results.back().ops_per_s);
       if (k == Kind::kCheck) best_check = std::max(best_check, results.back().ops_per_s);
       if (k == Kind::kFederatedCheck)
         best_federated = std::max(best_federated, results.back().ops_per_s);
+      if (k == Kind::kShouldRateLimit) best_rls = std::max(best_rls, results.back().ops_per_s);
     }
   }
   // Open loop, `repeat` times each, interleaved: Check and echo at half the best Check rate,
@@ -625,10 +670,12 @@ int main(int argc, char** argv) {
     double rate;
     std::vector<Result> runs = {};
   };
-  std::array<Open, 4> open = {{{"Check, open loop at half the best Check rate", Kind::kCheck, half},
-                               {"echo, open loop at the same rate", Kind::kEcho, half},
-                               {"Check, open loop at a quarter", Kind::kCheck, half / 2},
-                               {"echo, open loop at a quarter", Kind::kEcho, half / 2}}};
+  std::array<Open, 5> open = {
+      {{"Check, open loop at half the best Check rate", Kind::kCheck, half},
+       {"echo, open loop at the same rate", Kind::kEcho, half},
+       {"Check, open loop at a quarter", Kind::kCheck, half / 2},
+       {"echo, open loop at a quarter", Kind::kEcho, half / 2},
+       {"ShouldRateLimit, open loop at half the best Check rate", Kind::kShouldRateLimit, half}}};
   std::uint64_t skipped = 0;
   for (int r = 0; r < repeat; ++r)
     for (Open& o : open) {
@@ -720,6 +767,11 @@ int main(int argc, char** argv) {
       "p99 of Check / p99 of echo at the same rate: %.2fx at half, %.2fx at a quarter "
       "(median of the per-run ratios)\n",
       median(p99_ratios(open[0], open[1])), median(p99_ratios(open[2], open[3])));
+  std::printf(
+      "best ShouldRateLimit / best Check throughput: %.2fx (target >= 0.90); p99 of "
+      "ShouldRateLimit / p99 of Check at half the best Check rate: %.2fx (median of the per-run "
+      "ratios)\n",
+      best_rls / best_check, median(p99_ratios(open[4], open[0])));
   std::printf(
       "CPU stalls probed on %zu CPUs for 2 s before the run: %.2f%% of the time lost, longest "
       "%.1f ms, %.1f stalls over 1 ms per CPU-second\n",

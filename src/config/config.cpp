@@ -50,7 +50,7 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   r.keys(n, "server",
          {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace",
           "state_file", "max_connections", "idle_timeout", "request_timeout", "keepalive",
-          "max_streams_per_connection", "max_watch_streams"});
+          "max_streams_per_connection", "max_watch_streams", "rate_limit_headers"});
   for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
                             std::pair<std::string_view, std::string*>{"http", &out.http}}) {
     if (auto s = r.str(n, key, "server")) {
@@ -72,6 +72,12 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (auto v = r.uint(n, "max_streams_per_connection", "server", 1, 1U << 20))
     out.max_streams_per_connection = *v;
   if (auto v = r.uint(n, "max_watch_streams", "server", 1, 1U << 20)) out.max_watch_streams = *v;
+  if (auto v = r.choice(n, "rate_limit_headers", "server",
+                        Names<std::string>{{"ietf", "ietf"},
+                                           {"x-ratelimit", "x-ratelimit"},
+                                           {"both", "both"},
+                                           {"none", "none"}}))
+    out.rate_limit_headers = *v;
   for (auto [key, field] :
        {std::pair<std::string_view, Nanos*>{"idle_timeout", &out.idle_timeout},
         std::pair<std::string_view, Nanos*>{"request_timeout", &out.request_timeout},

@@ -525,6 +525,11 @@ StatusOr<Nanos> Engine::heartbeat(std::string_view lease_id, std::optional<Nanos
 std::size_t Engine::expire_leases() { return leases_.expire(clock_.now()); }
 
 ServerSettings Engine::settings() const { return current()->settings; }
+
+RateLimitHeaders Engine::rate_limit_headers() const {
+  return rate_limit_headers_named(current()->settings.rate_limit_headers)
+      .value_or(RateLimitHeaders::kIetf);
+}
 std::uint64_t Engine::generation() const { return current()->generation; }
 
 KindPolicies Engine::policies_of(std::string_view kind) const {

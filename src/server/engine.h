@@ -43,6 +43,7 @@
 #include "server/calls.h"
 #include "server/completion.h"
 #include "server/leases.h"
+#include "server/rate_headers.h"
 #include "server/registry.h"
 #include "sluice/config/config.h"
 #include "sluice/core/clock.h"
@@ -142,6 +143,8 @@ class Engine {
   void attach(std::string name, const ServerPart* part);
   void detach(const ServerPart* part);
   [[nodiscard]] ServerSettings settings() const;
+  // server.rate_limit_headers of the config now serving (no copy of the settings).
+  [[nodiscard]] RateLimitHeaders rate_limit_headers() const;
   [[nodiscard]] std::uint64_t generation() const;
   // What building the config now serving left to log (a coordinator not reached).
   [[nodiscard]] std::vector<std::string> warnings() const;

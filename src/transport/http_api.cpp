@@ -227,16 +227,17 @@ json decision_json(const RateDecision& d) {
   return j;
 }
 
-std::string ceil_seconds(Nanos d) {
-  return std::to_string(static_cast<std::int64_t>(std::ceil(static_cast<double>(d.count()) / 1e9)));
-}
-
-void rate_headers(HttpExchange& x, const RateDecision& d) {
-  x.headers.emplace_back("RateLimit-Limit", std::to_string(d.limit));
-  x.headers.emplace_back("RateLimit-Remaining", std::to_string(d.remaining));
-  x.headers.emplace_back("RateLimit-Reset", ceil_seconds(d.reset_after));
-  if (!d.allowed && d.retry_after != Nanos::max())
-    x.headers.emplace_back("Retry-After", ceil_seconds(d.retry_after));
+// The rate limit fields of a check's answer (server/rate_headers.h), for the policy `policy`.
+void rate_headers(HttpExchange& x, server::RateLimitHeaders which, std::string_view policy,
+                  const RateDecision& d) {
+  const server::QuotaState q{.name = policy,
+                             .quota = d.limit,
+                             .window = std::nullopt,
+                             .remaining = d.remaining,
+                             .reset = d.reset_after};
+  server::add_rate_limit_headers(which, std::span(&q, 1),
+                                 d.allowed ? std::nullopt : std::optional<Nanos>(d.retry_after),
+                                 x.headers);
 }
 
 std::optional<CheckCall> check_call(Fields& f) {
@@ -250,9 +251,10 @@ std::optional<CheckCall> check_call(Fields& f) {
 
 // `detail`: what the policy says of a refusal with a reason (Engine::refusal_detail).
 void render_check(HttpExchange& x, const StatusOr<RateDecision>& d, bool consume,
+                  server::RateLimitHeaders which, std::string_view policy,
                   const std::string& detail = {}) {
   if (!d.ok()) return error(x, d.status());
-  rate_headers(x, d.value());
+  rate_headers(x, which, policy, d.value());
   json j = decision_json(d.value());
   if (!detail.empty()) j["detail"] = detail;
   ok_json(x, j, d.value().allowed || !consume ? 200 : 429);
@@ -292,13 +294,14 @@ void do_check(Engine& engine, HttpExchange& x, bool consume, HttpLater& later) {
   Fields f(body.value());
   auto c = check_call(f);
   if (!c) return error(x, f.status());
-  if (!consume) return render_check(x, engine.peek(*c), false);
+  const server::RateLimitHeaders which = engine.rate_limit_headers();
+  if (!consume) return render_check(x, engine.peek(*c), false, which, c->policy);
   // A refusal with a reason gets the policy's words; a deferred one outlives the body the call
   // points into, so the render keeps its own copy of the names.
-  const auto render = [&engine, policy = std::string(c->policy), key = std::string(c->key),
+  const auto render = [&engine, which, policy = std::string(c->policy), key = std::string(c->key),
                        hits = c->hits](HttpExchange& out, const StatusOr<RateDecision>& d) {
     render_check(
-        out, d, true,
+        out, d, true, which, policy,
         d.ok() ? engine.refusal_detail(CheckCall{policy, key, hits}, d.value()) : std::string());
   };
   ParkOn<RateDecision, decltype(render)> park(later, render);

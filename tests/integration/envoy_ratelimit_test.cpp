@@ -570,6 +570,34 @@ descriptors:
   EXPECT_EQ(oks(4, "d", {{{{"tenant", "t"}}}}), 3);
 }
 
+TEST_F(EnvoyRateLimitTest, ResponseHeadersForEnvoyToAdd) {
+  const auto headers = [](const pb::RateLimitResponse& r) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& h : r.response_headers_to_add()) out.emplace_back(h.key(), h.value());
+    return out;
+  };
+  serve(kPerUser);  // none, as envoyproxy/ratelimit by default
+  EXPECT_TRUE(headers(ask("d", {{{{"user", "u"}}}})).empty());
+  serve(kPerUser, "    response_headers: ietf\n");
+  const std::vector<Descriptor> both{{{{"user", "u"}}}, {{{"tenant", "t"}}}, {{{"none", "x"}}}};
+  using H = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(headers(ask("d", both)),
+            (H{{"RateLimit-Policy", "\"d.user\";q=10;w=60, \"d.tenant\";q=3;w=60"},
+               {"RateLimit", "\"d.user\";r=9;t=60, \"d.tenant\";r=2;t=60"}}));
+  clock_.advance(seconds(15));
+  ask("d", both);
+  ask("d", both);  // the tenant's last
+  const pb::RateLimitResponse over = ask("d", both);
+  EXPECT_EQ(over.overall_code(), kOver);
+  EXPECT_EQ(headers(over), (H{{"RateLimit-Policy", "\"d.user\";q=10;w=60, \"d.tenant\";q=3;w=60"},
+                              {"RateLimit", "\"d.user\";r=7;t=45, \"d.tenant\";r=0;t=45"},
+                              {"Retry-After", "45"}}));
+  serve(kPerUser, "    response_headers: x-ratelimit\n");
+  EXPECT_EQ(
+      headers(ask("d", both)),
+      (H{{"X-RateLimit-Limit", "3"}, {"X-RateLimit-Remaining", "2"}, {"X-RateLimit-Reset", "45"}}));
+}
+
 // A rule file's errors: each at its line and column in that file, through the policy's
 // `config`; a directory's files are read in name order, hidden ones skipped.
 TEST_F(EnvoyRateLimitTest, RuleFileErrorsCarryTheirPlace) {

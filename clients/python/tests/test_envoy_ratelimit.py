@@ -61,15 +61,44 @@ def rls(start_server, tmp_path):
 
 
 def envoy_request(*descriptors, hits_addend=0, domain="messaging"):
-    """A RateLimitRequest as Envoy's HTTP filter builds it: one descriptor per rate limit action
-    list of the route (here: a request_headers action for the message type, another for the
-    number), entries in the actions' order, hits_addend unset unless filter state sets it."""
+    """A RateLimitRequest with these descriptors (each a list of (key, value) entries)."""
     req = rls_pb2.RateLimitRequest(domain=domain, hits_addend=hits_addend)
     for entries in descriptors:
         d = req.descriptors.add()
         for key, value in entries:
             d.entries.add(key=key, value=value)
     return req
+
+
+def envoy_filter_request(domain, rate_limits, headers, remote_address, cluster="backend"):
+    """What Envoy's HTTP rate limit filter sends for one downstream request: one descriptor per
+    entry of the route's `rate_limits`, its entries made by the entry's actions in order
+    (request_headers: (descriptor_key, the header's value); remote_address: ("remote_address",
+    the client's address); generic_key: (descriptor_key or "generic_key", descriptor_value);
+    destination_cluster: ("destination_cluster", the routed cluster)). An entry with a
+    request_headers action whose header is absent sends no descriptor. hits_addend is left
+    unset (Envoy sets it only from the filter state envoy.ratelimit.hits_addend)."""
+    descriptors = []
+    for actions in rate_limits:
+        entries = []
+        for action, spec in actions:
+            if action == "request_headers":
+                if spec["header_name"] not in headers:
+                    entries = None
+                    break
+                entries.append((spec["descriptor_key"], headers[spec["header_name"]]))
+            elif action == "remote_address":
+                entries.append(("remote_address", remote_address))
+            elif action == "generic_key":
+                entries.append((spec.get("descriptor_key", "generic_key"),
+                                spec["descriptor_value"]))
+            elif action == "destination_cluster":
+                entries.append(("destination_cluster", cluster))
+            else:
+                raise ValueError(action)
+        if entries:
+            descriptors.append(entries)
+    return envoy_request(*descriptors, domain=domain)
 
 
 # Envoy's `rate_limit_service` timeout (its filter's default is 20 ms; deployments commonly set
@@ -98,6 +127,59 @@ def test_should_rate_limit_as_envoy_calls_it(rls):
     assert metric(m, "sluice_rls_requests_total", policy="edge", code="ok") == 5
     assert metric(m, "sluice_rls_hits_total", policy="edge",
                   rule="messaging.message_type_marketing.to_number", result="over_limit") == 1
+
+
+# envoyproxy/ratelimit's README, example 3, as it is there.
+PER_IP = textwrap.dedent("""\
+    domain: edge_proxy_per_ip
+    descriptors:
+      - key: remote_address
+        rate_limit:
+          unit: second
+          requests_per_unit: 10
+
+      # Black list IP
+      - key: remote_address
+        value: 50.0.0.5
+        rate_limit:
+          unit: second
+          requests_per_unit: 0
+""")
+
+
+def test_an_envoy_route_with_several_rate_limits(start_server, tmp_path):
+    """A route limiting per client address and per marketing number, as Envoy's filter asks."""
+    rules = tmp_path / "config"
+    rules.mkdir()
+    (rules / "per_ip.yaml").write_text(PER_IP)
+    (rules / "messaging.yaml").write_text(MESSAGING)
+    server = start_server(config_for(rules))
+    route_limits = [
+        [("remote_address", {})],
+        [("request_headers", {"header_name": "x-message-type", "descriptor_key": "message_type"}),
+         ("request_headers", {"header_name": "x-to", "descriptor_key": "to_number"})],
+    ]
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+
+        def ask(domain, headers, address):
+            req = envoy_filter_request(domain, route_limits, headers, address)
+            return stub.ShouldRateLimit(req, timeout=ENVOY_TIMEOUT)
+
+        # The per-IP domain: the address's descriptor has a limit; the header pair has none
+        # there (another domain's rule), so it is OK with no limit.
+        marketing = {"x-message-type": "marketing", "x-to": "2061111111"}
+        first = ask("edge_proxy_per_ip", marketing, "50.0.0.1")
+        assert len(first.statuses) == 2
+        assert first.statuses[0].current_limit.requests_per_unit == 10
+        assert not first.statuses[1].HasField("current_limit")
+        # The blocked address is refused at once, whatever else the request carries.
+        assert ask("edge_proxy_per_ip", {}, "50.0.0.5").overall_code == OVER_LIMIT
+        # A request without the headers sends the address's descriptor only.
+        assert len(ask("edge_proxy_per_ip", {}, "50.0.0.2").statuses) == 1
+        # The messaging domain: 5 marketing messages a day to a number.
+        codes = [ask("messaging", marketing, "50.0.0.3").overall_code for _ in range(6)]
+        assert codes == [OK] * 5 + [OVER_LIMIT]
 
 
 def test_bad_requests_are_errors_envoy_sees_as_errors(rls):

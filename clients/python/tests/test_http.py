@@ -20,12 +20,16 @@ def test_check_200_then_429_with_retry_after(server, key):
     assert r.headers["content-type"] == "application/json"
     body = r.json()
     assert body["allowed"] is True and body["remaining"] == 0 and body["limit"] == 1000
-    assert r.headers["ratelimit-limit"] == "1000"
-    assert r.headers["ratelimit-remaining"] == "0"
-    # the window's reset in whole seconds, rounded up (never early)
-    assert int(r.headers["ratelimit-reset"]) > 0
-    assert int(r.headers["ratelimit-reset"]) * 1000 >= body["reset_after_ms"]
-    assert int(r.headers["ratelimit-reset"]) * 1000 - body["reset_after_ms"] < 1000
+    # The draft's fields (server.rate_limit_headers: ietf, the default): the quota, then what
+    # is left and the window's reset in whole seconds, rounded up (never early).
+    assert r.headers["ratelimit-policy"] == '"per-minute";q=1000'
+    m = re.fullmatch(r'"per-minute";r=0;t=(\d+)', r.headers["ratelimit"])
+    assert m, r.headers["ratelimit"]
+    reset = int(m.group(1))
+    assert reset > 0
+    assert reset * 1000 >= body["reset_after_ms"]
+    assert reset * 1000 - body["reset_after_ms"] < 1000
+    assert "x-ratelimit-limit" not in r.headers
     assert "retry-after" not in r.headers
 
     r = server.http("POST", "/v1/check", {"policy": "per-minute", "key": k})
@@ -35,7 +39,39 @@ def test_check_200_then_429_with_retry_after(server, key):
     assert body["retry_after_ms"] > 1000
     assert int(r.headers["retry-after"]) >= 1
     assert int(r.headers["retry-after"]) * 1000 >= body["retry_after_ms"]  # rounded up
-    assert r.headers["ratelimit-remaining"] == "0"
+    assert r.headers["ratelimit"].startswith('"per-minute";r=0;t=')
+
+
+@pytest.mark.parametrize("which", ["x-ratelimit", "both", "none"])
+def test_rate_limit_headers_setting(start_server, key, which):
+    server = start_server(textwrap.dedent(f"""\
+        server:
+          rate_limit_headers: {which}
+        policies:
+          "per \\"q\\"":
+            kind: rate
+            strategy: fixed-window
+            limit: 2
+            period: 1m
+        """))
+    k = key()
+    r = server.http("POST", "/v1/check", {"policy": 'per "q"', "key": k})
+    assert r.status == 200, r
+    if which == "none":
+        assert not {"ratelimit", "ratelimit-policy", "x-ratelimit-limit"} & set(r.headers)
+    if which in ("x-ratelimit", "both"):
+        assert r.headers["x-ratelimit-limit"] == "2"
+        assert r.headers["x-ratelimit-remaining"] == "1"
+        assert 0 < int(r.headers["x-ratelimit-reset"]) <= 60
+    if which == "both":
+        # A name is a structured-field string: its quotes are escaped.
+        assert r.headers["ratelimit-policy"] == '"per \\"q\\"";q=2'
+    if which == "x-ratelimit":
+        assert "ratelimit-policy" not in r.headers
+    server.http("POST", "/v1/check", {"policy": 'per "q"', "key": k})
+    refused = server.http("POST", "/v1/check", {"policy": 'per "q"', "key": k})
+    assert refused.status == 429
+    assert 0 < int(refused.headers["retry-after"]) <= 60  # whatever the setting
 
 
 def test_check_that_can_never_pass(server, key):

@@ -21,6 +21,8 @@
 //                                # keepalive: 30s (each at least 100ms): ServerSettings
 //     max_streams_per_connection: 1000   # gRPC calls open at once on one connection
 //     max_watch_streams: 1000            # gRPC health Watch streams open at once, server-wide
+//     rate_limit_headers: ietf           # an HTTP check's rate limit fields: ietf (RateLimit-
+//                                        #   Policy, RateLimit), x-ratelimit, both or none
 //     # A reload refuses a change to grpc, http, node_id, max_connections, idle_timeout,
 //     # request_timeout, keepalive, max_streams_per_connection or max_watch_streams
 //     # (restart_only_changes); it takes the rest.
@@ -96,6 +98,10 @@ struct ServerSettings {
   // gRPC health Watch streams (grpc.health.v1.Health/Watch) open at once on the whole server;
   // a Watch past it is finished at once with RESOURCE_EXHAUSTED naming this setting.
   std::size_t max_watch_streams = 1000;
+  // The rate limit fields of an HTTP check's answer (POST /v1/check, /v1/peek): "ietf" (the
+  // draft's RateLimit-Policy and RateLimit), "x-ratelimit" (X-RateLimit-Limit, -Remaining,
+  // -Reset), "both" or "none"; Retry-After on a refusal whatever it is.
+  std::string rate_limit_headers = "ietf";
 };
 
 // A server setting that a running server cannot take from a reload, with its value in force

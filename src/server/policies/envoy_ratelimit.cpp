@@ -116,6 +116,7 @@ class EnvoyRateLimitPolicy final : public Policy {
         clock_(c.clock),
         generation_(std::move(generation)),
         shadow_mode_(spec.shadow_mode),
+        headers_(spec.response_headers),
         max_keys_(spec.max_keys),
         files_(spec.files) {
     start_loop(c.clock, [this](Nanos now) { return sweep(now); });
@@ -131,7 +132,8 @@ class EnvoyRateLimitPolicy final : public Policy {
     auto p = prepare(spec.rules, now.get(), spec.max_keys, clock_);
     if (!p.ok()) return p.status();
     return Reconfiguration([this, p = std::move(p.value()), shadow = spec.shadow_mode,
-                            max_keys = spec.max_keys, files = spec.files]() mutable {
+                            headers = spec.response_headers, max_keys = spec.max_keys,
+                            files = spec.files]() mutable {
       for (auto& [counter, limit] : p.retune) {
         if (counter->limiter != nullptr) {
           RateRule to = counter->limiter->rule();
@@ -145,6 +147,7 @@ class EnvoyRateLimitPolicy final : public Policy {
         files_ = std::move(files);
       }
       shadow_mode_.store(shadow, std::memory_order_relaxed);
+      headers_.store(headers, std::memory_order_relaxed);
     });
   }
 
@@ -250,6 +253,7 @@ class EnvoyRateLimitPolicy final : public Policy {
       }
     }
     count(counters, metrics, outcomes, over, shadow_all);
+    add_headers(out, matched, applied);
     return out;
   }
 
@@ -334,6 +338,29 @@ class EnvoyRateLimitPolicy final : public Policy {
     return generation_.load(std::memory_order_acquire);
   }
 
+  // The headers for Envoy to add: every limit applied, in the request's order; Retry-After
+  // when over, until the last limit that refused it starts its next window.
+  void add_headers(RlsAnswer& out, const std::vector<const rls::Rule*>& matched,
+                   const std::vector<rls::Applied>& applied) const {
+    const RateLimitHeaders which = headers_.load(std::memory_order_relaxed);
+    if (which == RateLimitHeaders::kNone) return;
+    std::vector<QuotaState> limits;
+    std::optional<Nanos> retry;
+    for (std::size_t i = 0; i < out.statuses.size(); ++i) {
+      const RlsStatus& s = out.statuses[i];
+      if (applied[i] != rls::Applied::kLimit || !s.limit) continue;
+      const rls::Rule& r = *matched[i];
+      const Nanos reset = s.until_reset.value_or(Nanos{0});
+      limits.push_back(QuotaState{.name = r.limit.name.empty() ? r.path : r.limit.name,
+                                  .quota = s.limit->requests_per_unit,
+                                  .window = rls::period_of(s.limit->unit),
+                                  .remaining = s.remaining,
+                                  .reset = reset});
+      if (out.over && s.over) retry = std::max(retry.value_or(Nanos{0}), reset);
+    }
+    add_rate_limit_headers(which, limits, retry, out.headers);
+  }
+
   // What is left of the window of `unit` at `now` (a limit of 0 has no limiter to ask).
   static Nanos window_left(rls::Unit unit, Nanos now) {
     const Nanos period = rls::period_of(unit);
@@ -416,6 +443,7 @@ class EnvoyRateLimitPolicy final : public Policy {
   // Swapped whole by a reload; read per request without a lock.
   std::atomic<std::shared_ptr<Generation>> generation_;
   std::atomic<bool> shadow_mode_;
+  std::atomic<RateLimitHeaders> headers_;
   const std::size_t max_keys_;
   std::vector<std::string> files_;  // guarded by mu_
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::shared_ptr<Counter>>
@@ -477,9 +505,14 @@ void fill(pb::RateLimitResponse& out, const RlsAnswer& a) {
     }
     if (s.until_reset) {
       // Whole seconds, rounded up, as the window's end is never sooner than said.
-      const std::int64_t ns = s.until_reset->count();
-      w.mutable_duration_until_reset()->set_seconds((ns + 999'999'999) / 1'000'000'000);
+      w.mutable_duration_until_reset()->set_seconds(
+          static_cast<std::int64_t>(ceil_seconds(*s.until_reset)));
     }
+  }
+  for (const auto& [name, value] : a.headers) {
+    auto& h = *out.add_response_headers_to_add();
+    h.set_key(name);
+    h.set_value(value);
   }
 }
 

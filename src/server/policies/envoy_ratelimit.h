@@ -13,6 +13,13 @@
 //   shadow_mode: false              # every limit in shadow (its SHADOW_MODE): the overall
 //                                   #   answer is OK; the statuses still say OVER_LIMIT
 //   max_keys: 1000000               # counters held per limit (the rate kind's max_keys)
+//   response_headers: none          # headers for Envoy to add to the client's response
+//                                   #   (response_headers_to_add): ietf (RateLimit-Policy and
+//                                   #   RateLimit, one item per limit applied, named by its
+//                                   #   `name` or its path), x-ratelimit (X-RateLimit-Limit,
+//                                   #   -Remaining, -Reset of the limit with the least left),
+//                                   #   both, or none (as envoyproxy/ratelimit by default);
+//                                   #   with any but none, Retry-After when over the limit
 //
 // The rules (sluice/core/rls_rules.h says how a descriptor finds its limit): `domain`, nested
 // `descriptors` with `key`, `value` (with '*' wildcards), `rate_limit` (`unit`: second, minute,
@@ -51,6 +58,7 @@
 #include <string_view>
 #include <vector>
 
+#include "server/rate_headers.h"
 #include "server/registry.h"
 #include "sluice/core/rls_rules.h"
 #include "sluice/local/rate_limiter.h"
@@ -64,6 +72,7 @@ struct EnvoyRateLimitSpec final : PolicyBody {
   bool merge_domains = false;
   bool shadow_mode = false;
   std::size_t max_keys = kDefaultMaxKeys;
+  RateLimitHeaders response_headers = RateLimitHeaders::kNone;
 };
 
 [[nodiscard]] PolicyKind envoy_ratelimit_kind();
@@ -102,6 +111,7 @@ struct RlsStatus {
 struct RlsAnswer {
   bool over = false;  // overall_code: OVER_LIMIT (else OK)
   std::vector<RlsStatus> statuses;
+  NameValues headers;  // response_headers_to_add
 };
 
 }  // namespace sluice::server

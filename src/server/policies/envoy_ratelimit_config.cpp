@@ -105,11 +105,17 @@ std::string rule_files(const std::string& config, std::vector<std::string>& out)
 
 std::shared_ptr<const PolicyBody> parse_envoy_ratelimit(const std::string& /*name*/,
                                                         ConfigSection& s, PolicySpec& spec) {
-  s.keys({"kind", "config", "merge_domains", "shadow_mode", "max_keys"});
+  s.keys({"kind", "config", "merge_domains", "shadow_mode", "max_keys", "response_headers"});
   auto body = std::make_shared<EnvoyRateLimitSpec>();
   if (auto v = s.boolean("merge_domains")) body->merge_domains = *v;
   if (auto v = s.boolean("shadow_mode")) body->shadow_mode = *v;
   if (auto v = s.uint("max_keys", 1, kMaxRateKeys)) body->max_keys = *v;
+  if (auto v = s.choice<RateLimitHeaders>("response_headers",
+                                          {{"none", RateLimitHeaders::kNone},
+                                           {"ietf", RateLimitHeaders::kIetf},
+                                           {"x-ratelimit", RateLimitHeaders::kXRateLimit},
+                                           {"both", RateLimitHeaders::kBoth}}))
+    body->response_headers = *v;
   auto tree = std::make_shared<rls::RuleTree>();
   body->rules = tree;
   const std::optional<std::string> config = s.str("config", true);
