@@ -13,6 +13,7 @@
 #include <ctime>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "server/engine.h"
@@ -219,7 +220,8 @@ int run_serve(const ServeOptions& options) {
   // Connections: the cap on each port fits the process's file-descriptor limit.
   const ServerSettings& ss = config->server;
   transport::ListenerOptions listen;
-  listen.max_connections = transport::fd_budget(ss.max_connections, /*listeners=*/2);
+  listen.max_connections =
+      transport::fd_budget(ss.max_connections, /*listeners=*/ss.envoy_grpc.empty() ? 2 : 3);
   if (listen.max_connections < ss.max_connections)
     log(
         fmt::format("connections: at most {} per port (server.max_connections is {}), to fit "
@@ -242,6 +244,18 @@ int run_serve(const ServeOptions& options) {
     log("cannot start: " + grpc_port.status().message());
     return 1;
   }
+  // Envoy's rate limit service on a port of its own (server.envoy_grpc): the same server.
+  std::optional<transport::GrpcListener> envoy_listener;
+  int envoy_port = 0;
+  if (!ss.envoy_grpc.empty()) {
+    envoy_listener.emplace(engine, listen, "envoy_grpc");
+    auto bound = envoy_listener->bind(ss.envoy_grpc);
+    if (!bound.ok()) {
+      log("cannot start: " + bound.status().message());
+      return 1;
+    }
+    envoy_port = bound.value();
+  }
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(ss.idle_timeout));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(ss.keepalive));
@@ -262,6 +276,7 @@ int run_serve(const ServeOptions& options) {
     return 1;
   }
   grpc_listener.start(grpc_server.get());
+  if (envoy_listener) envoy_listener->start(grpc_server.get());
   health.set_status("", true);
   health.set_status(sluice::v1::Sluice::service_full_name(), true);
   health.set_status(envoy::service::ratelimit::v3::RateLimitService::service_full_name(), true);
@@ -276,17 +291,20 @@ int run_serve(const ServeOptions& options) {
   if (!http_port.ok()) {
     log("cannot start: " + http_port.status().message());
     grpc_listener.stop();
+    if (envoy_listener) envoy_listener->stop();
     health.shutdown();
     grpc_server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
   Sweeper sweeper(engine, health);
   const auto host = [](const std::string& a) { return a.substr(0, a.rfind(':')); };
-  log(fmt::format("serving {} policies ({}) as node {}: grpc {}:{}, http {}:{}",
-                  config->policies.size(),
-                  options.config.empty() ? "embedded default config" : options.config,
-                  engine.settings().node_id, host(config->server.grpc), grpc_port.value(),
-                  host(config->server.http), http_port.value()));
+  log(fmt::format(
+      "serving {} policies ({}) as node {}: grpc {}:{}, http {}:{}{}", config->policies.size(),
+      options.config.empty() ? "embedded default config" : options.config,
+      engine.settings().node_id, host(config->server.grpc), grpc_port.value(),
+      host(config->server.http), http_port.value(),
+      envoy_listener ? fmt::format(", envoy grpc {}:{}", host(ss.envoy_grpc), envoy_port)
+                     : std::string()));
 
   while (true) {
     int sig = 0;
@@ -324,6 +342,7 @@ int run_serve(const ServeOptions& options) {
   }
   const std::size_t left = engine.leases();
   grpc_listener.stop();
+  if (envoy_listener) envoy_listener->stop();
   health.shutdown();  // ends every Watch stream, so the server need not wait for them
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   http.stop();

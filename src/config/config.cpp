@@ -48,11 +48,13 @@ std::string_view role_name(CoordinatorRole role) {
 void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   if (!r.map(n, "server")) return;
   r.keys(n, "server",
-         {"grpc", "http", "admin_token", "node_id", "lease_ttl", "max_lease_ttl", "shutdown_grace",
-          "state_file", "max_connections", "idle_timeout", "request_timeout", "keepalive",
-          "max_streams_per_connection", "max_watch_streams", "rate_limit_headers"});
-  for (auto [key, field] : {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
-                            std::pair<std::string_view, std::string*>{"http", &out.http}}) {
+         {"grpc", "http", "envoy_grpc", "admin_token", "node_id", "lease_ttl", "max_lease_ttl",
+          "shutdown_grace", "state_file", "max_connections", "idle_timeout", "request_timeout",
+          "keepalive", "max_streams_per_connection", "max_watch_streams", "rate_limit_headers"});
+  for (auto [key, field] :
+       {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
+        std::pair<std::string_view, std::string*>{"http", &out.http},
+        std::pair<std::string_view, std::string*>{"envoy_grpc", &out.envoy_grpc}}) {
     if (auto s = r.str(n, key, "server")) {
       HostPort ignored;
       if (parse_host_port(*s, ignored).empty())
@@ -359,6 +361,7 @@ std::vector<RestartOnlyChange> restart_only_changes(const ServerSettings& runnin
   };
   text("grpc", running.grpc, next.grpc);
   text("http", running.http, next.http);
+  text("envoy_grpc", running.envoy_grpc, next.envoy_grpc);
   text("node_id", running.node_id, next.node_id);
   if (running.max_connections != next.max_connections)
     out.push_back({"server.max_connections", std::to_string(running.max_connections),

@@ -20,8 +20,8 @@ unsigned long socket_inode(int fd) {
 
 }  // namespace
 
-GrpcListener::GrpcListener(server::Engine& engine, ListenerOptions options)
-    : engine_(engine), listener_(ioc_, "grpc", options), sweep_(ioc_) {}
+GrpcListener::GrpcListener(server::Engine& engine, ListenerOptions options, std::string name)
+    : engine_(engine), name_(std::move(name)), listener_(ioc_, name_, options), sweep_(ioc_) {}
 
 GrpcListener::~GrpcListener() { stop(); }
 
@@ -42,7 +42,7 @@ void GrpcListener::start(grpc::Server* server) {
         grpc::AddInsecureChannelFromFd(server, fd);
       },
       /*shed=*/{}, [this] { reclaim(/*force=*/false); });
-  engine_.attach("grpc", &listener_);
+  engine_.attach(name_, &listener_);
   attached_ = true;
   // Once a second, forget the connections gRPC closed, so the count (and /metrics) stays true.
   struct Sweep {

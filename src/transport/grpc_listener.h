@@ -27,7 +27,8 @@ namespace sluice::transport {
 
 class GrpcListener {
  public:
-  GrpcListener(server::Engine& engine, ListenerOptions options);
+  // `name`: the listener's in metrics and messages (two listeners need two names).
+  GrpcListener(server::Engine& engine, ListenerOptions options, std::string name = "grpc");
   ~GrpcListener();
   GrpcListener(const GrpcListener&) = delete;
   GrpcListener& operator=(const GrpcListener&) = delete;
@@ -50,6 +51,7 @@ class GrpcListener {
   void reclaim(bool force);
 
   server::Engine& engine_;
+  const std::string name_;
   boost::asio::io_context ioc_;
   Listener listener_;
   boost::asio::steady_timer sweep_;

@@ -250,6 +250,24 @@ def test_sighup_reloads_the_rule_files_keeping_counters(rls):
     assert answers[0].statuses[0].current_limit.requests_per_unit == 4
 
 
+def test_a_port_of_its_own_as_envoyproxy_ratelimits_8081(start_server, tmp_path):
+    from conftest import free_port
+    rules = tmp_path / "messaging.yaml"
+    rules.write_text(MESSAGING)
+    port = free_port()
+    server = start_server(f"server:\n  envoy_grpc: 127.0.0.1:{port}\n" + config_for(rules))
+    assert f"envoy grpc 127.0.0.1:{port}" in server.log()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        answer = stub.ShouldRateLimit(envoy_request([("to_number", "1")]), timeout=ENVOY_TIMEOUT)
+    assert answer.statuses[0].current_limit.requests_per_unit == 100
+    # A reload cannot move it: the old config keeps serving, and says why.
+    server.write_config(config_for(rules))
+    server.signal(signal.SIGHUP)
+    wait_until(lambda: "reload rejected" in server.log(), 10, what="the refused reload")
+    assert "server.envoy_grpc" in server.log()
+
+
 def test_validate_names_the_rule_file_line_and_column(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text(MESSAGING.replace("unit: day\n      requests_per_unit: 100",

@@ -10,6 +10,8 @@
 //   server:                      # optional
 //     grpc: 127.0.0.1:7070       # host:port; default 127.0.0.1:7070
 //     http: 127.0.0.1:8080       # host:port; default 127.0.0.1:8080
+//     envoy_grpc: 127.0.0.1:8081 # a second gRPC port, for Envoy's rate limit service as
+//                                #   envoyproxy/ratelimit serves it; default: none
 //     admin_token: "..."         # bearer token for admin endpoints (reload, rules); default
 //                                #   none: they answer loopback clients only
 //     node_id: gw-1              # this server's id in fleets; default hostname-pid-random
@@ -73,6 +75,10 @@ namespace sluice {
 struct ServerSettings {
   std::string grpc = "127.0.0.1:7070";
   std::string http = "127.0.0.1:8080";
+  // A port of its own for Envoy's rate limit service (the envoy_ratelimit kind), as
+  // envoyproxy/ratelimit's 8081: the same gRPC server (every service) on a second listener,
+  // with the same connection settings. Empty: none (ShouldRateLimit is served on `grpc`).
+  std::string envoy_grpc;
   std::string admin_token;                     // empty: admin endpoints for loopback clients
   std::string node_id;                         // this server in fleets; empty: hostname-pid-random
   Nanos lease_ttl = std::chrono::seconds(30);  // an Admit's lease when the call names none
@@ -113,8 +119,8 @@ struct RestartOnlyChange {
 };
 // The settings that differ between the settings a server started with and a reloaded file's,
 // of those a reload cannot apply: the listeners (grpc, http) and their connection settings
-// (max_connections, idle_timeout, request_timeout, keepalive, max_streams_per_connection,
-// max_watch_streams) are set when the server starts,
+// (envoy_grpc, max_connections, idle_timeout, request_timeout, keepalive,
+// max_streams_per_connection, max_watch_streams) are set when the server starts,
 // and its fleets know it by node_id. A reload that changes any of them is refused, naming each
 // (the old config keeps serving); the other server settings are taken by a reload, except
 // state_file (kept, with a warning). Empty: none.

@@ -1,6 +1,7 @@
 // envoy_ratelimit.h: the envoy_ratelimit kind: Envoy's rate limit service (RLS v3,
-// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, and envoyproxy/ratelimit's
-// `POST /json`) over rules written in envoyproxy/ratelimit's config format, unchanged.
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit on the gRPC port, and on
+// server.envoy_grpc when set; envoyproxy/ratelimit's `POST /json` on the HTTP port) over rules
+// written in envoyproxy/ratelimit's config format, unchanged.
 //
 //   kind: envoy_ratelimit
 //   config: /etc/ratelimit/config   # required: envoyproxy/ratelimit's YAML, a file or a
