@@ -145,8 +145,8 @@ struct CoordinatorSpec {
   // (one Redis database and key prefix, one PostgreSQL conninfo and table prefix). Empty: its
   // own (each memory coordinator).
   std::string store;
-  // The spec as parsed (canonical YAML): equal means unchanged. A kind's parser that reads
-  // files the section names puts their content here; the loader appends the section's YAML.
+  // The spec as parsed (canonical YAML): equal means unchanged, and a reload keeps the
+  // coordinator (its connections and state) as it is.
   std::string fingerprint;
 
   // The backend's settings as its type; null when they are of another type (another backend).
