@@ -36,7 +36,9 @@ def test_check_200_then_429_with_retry_after(server, key):
     assert r.status == 429, r
     body = r.json()
     assert body["allowed"] is False
-    assert body["retry_after_ms"] > 1000
+    # Until the window has slid far enough: under a second when the first check fell in the
+    # window's last second, so only its sign is certain.
+    assert body["retry_after_ms"] > 0
     assert int(r.headers["retry-after"]) >= 1
     assert int(r.headers["retry-after"]) * 1000 >= body["retry_after_ms"]  # rounded up
     assert r.headers["ratelimit"].startswith('"per-minute";r=0;t=')
