@@ -45,9 +45,10 @@
 // (`domain.key_value.key`) and unit stay keeps its counters, with its new requests_per_unit.
 //
 // Metrics: sluice_rls_requests_total{code}, sluice_rls_hits_total{rule, result}
-// (within_limit, over_limit, shadow_mode; `rule` the limit's metric name, at most 10,000 names
-// per policy, then "(other)"), sluice_shadow_denied_total, sluice_rls_unknown_domain_total,
-// sluice_rls_limits, sluice_rls_keys.
+// (within_limit, over_limit, shadow_mode; `rule` the limit's path, or the name detailed_metric
+// or value_to_metric makes from a request's values: at most 10,000 of those per policy, then
+// "(other)"), sluice_shadow_denied_total, sluice_rls_unknown_domain_total, sluice_rls_limits,
+// sluice_rls_keys.
 //
 // Several envoy_ratelimit policies: a request goes to the first (by name) that has its domain.
 #pragma once
