@@ -598,6 +598,25 @@ TEST_F(EnvoyRateLimitTest, ResponseHeadersForEnvoyToAdd) {
       (H{{"X-RateLimit-Limit", "3"}, {"X-RateLimit-Remaining", "2"}, {"X-RateLimit-Reset", "45"}}));
 }
 
+// max_keys bounds the counters of every limit, those a request sets included, and a reload
+// that lowers it applies to them as well.
+TEST_F(EnvoyRateLimitTest, MaxKeysBoundsOverrideLimitsAcrossAReload) {
+  serve(kPerUser, "    max_keys: 3\n");
+  const auto with_override = [&](const std::string& user) {
+    pb::RateLimitRequest req = request("d", {{{{"user", user}}}});
+    auto* limit = req.mutable_descriptors(0)->mutable_limit();
+    limit->set_requests_per_unit(5);
+    limit->set_unit(envoy::type::v3::HOUR);
+    return call(req).value().overall_code();
+  };
+  EXPECT_EQ(with_override("a"), kOk);
+  EXPECT_EQ(with_override("b"), kOk);
+  auto r = engine_->reload(config_of(config(dir_ + "/rules.yaml", "    max_keys: 2\n")));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(with_override("c"), kOver);  // a third key past the new cap of 2
+  EXPECT_EQ(with_override("a"), kOk);    // keys held are never refused for the cap
+}
+
 // A rule file's errors: each at its line and column in that file, through the policy's
 // `config`; a directory's files are read in name order, hidden ones skipped.
 TEST_F(EnvoyRateLimitTest, RuleFileErrorsCarryTheirPlace) {

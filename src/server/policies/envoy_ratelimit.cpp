@@ -143,8 +143,11 @@ class EnvoyRateLimitPolicy final : public Policy {
       }
       generation_.store(std::move(p.next), std::memory_order_release);
       {
+        // The limits requests set take the new max_keys too, and so do those made from now.
         const std::lock_guard lock(mu_);
         files_ = std::move(files);
+        max_keys_ = max_keys;
+        for (const auto& [_, c] : overrides_) c->limiter->reconfigure(c->limiter->rule(), max_keys);
       }
       shadow_mode_.store(shadow, std::memory_order_relaxed);
       headers_.store(headers, std::memory_order_relaxed);
@@ -380,7 +383,7 @@ class EnvoyRateLimitPolicy final : public Policy {
     c->rule.limit.requests_per_unit = per;
     c->rule.limit.unit = unit;
     c->rule.path = "override." + std::to_string(per) + "_per_" + std::string(rls::name_of(unit));
-    auto limiter = make_limiter(c->rule.limit, max_keys_, clock_);
+    auto limiter = make_limiter(c->rule.limit, max_keys_, clock_);  // under mu_
     if (!limiter.ok()) return limiter.status();
     c->limiter = std::move(limiter.value());
     overrides_.emplace(key, c);
@@ -444,7 +447,7 @@ class EnvoyRateLimitPolicy final : public Policy {
   std::atomic<std::shared_ptr<Generation>> generation_;
   std::atomic<bool> shadow_mode_;
   std::atomic<RateLimitHeaders> headers_;
-  const std::size_t max_keys_;
+  std::size_t max_keys_;            // guarded by mu_
   std::vector<std::string> files_;  // guarded by mu_
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::shared_ptr<Counter>>
       overrides_;                                                              // guarded by mu_
