@@ -217,6 +217,7 @@ class FleetProcesses : public ::testing::Test {
     for (const auto& w : workers)
       if (!w->wait_until(deadline) || w->exit_code() != 0) failures += w->describe();
     if (!failures.empty()) return ::testing::AssertionFailure() << "worker failed:\n" << failures;
+    for (const auto& w : workers) std::printf("  %s", w->out().c_str());  // the node's stats
     return read_report(run, report);
   }
 
@@ -251,13 +252,14 @@ class FleetProcesses : public ::testing::Test {
     std::printf(
         "[fleet] %s: %lld jobs in %.2f s (ideal %.2f s): throughput %.3f of ideal; violations "
         "%lld (before stable %lld, after %lld); max in flight %lld; stable %.2f s after start; "
-        "rejected %lld\n",
+        "rejected %lld; late releases %lld (over the limit only with overdue permits: %lld)\n",
         run.c_str(), static_cast<long long>(r["jobs_done"]), secs(elapsed), secs(kIdeal),
         secs(kIdeal) / secs(elapsed), static_cast<long long>(r["violations"]),
         static_cast<long long>(r["violations_before_stable"]),
         static_cast<long long>(r["violations_after_stable"]),
         static_cast<long long>(r["max_in_flight"]), r["stable_after_start_us"] / 1e6,
-        static_cast<long long>(r["rejected"]));
+        static_cast<long long>(r["rejected"]), static_cast<long long>(r["late_releases"]),
+        static_cast<long long>(r["overdue_excess"]));
     EXPECT_EQ(r["jobs_done"], kJobs);
     EXPECT_EQ(r["in_flight"], 0) << "every admitted call was released";
     EXPECT_EQ(r["stable"], 1) << "every node was granted with the whole fleet";

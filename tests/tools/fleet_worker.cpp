@@ -12,7 +12,14 @@
 //
 //   in_flight   +1 right after acquire() admits, -1 right before the permit is released, so it
 //               never counts more permits than the fleet holds; a +1 that makes it exceed
-//               --limit is a violation, recorded with its time.
+//               --limit is checked against the callers' deadlines (below).
+//   deadline_ns one slot per caller thread: the deadline of the permit it holds, set after the
+//               +1 and cleared before the -1 (so a set slot is always counted in in_flight).
+//               The guard's contract is on calls within their deadline: a permit held past it
+//               (a caller descheduled on a loaded machine) is a call the backend has stopped,
+//               no longer reported to the coordinator. A +1 over --limit is a violation when
+//               in_flight minus the slots past their deadline still exceeds --limit (recorded
+//               with its time); otherwise it is counted as `overdue_excess` and reported.
 //   start       a barrier: each worker counts itself ready once its start condition holds, the
 //               last one sets start_ns, and every caller starts at start_ns.
 //   stable_ns   membership is stable: every node has been granted with nodes == --nodes, plus
@@ -71,26 +78,31 @@ using std::chrono::seconds;
 
 constexpr std::size_t kMaxRecords = 4096;  // violation times kept; more are counted only
 constexpr std::size_t kMaxCalls = 16384;   // freeze mode: call intervals kept
+constexpr std::size_t kMaxCallers = 512;   // caller threads across the run's workers
 
 // The shared-memory file's layout. Fields are only touched through at().
 struct Shared {
-  std::int64_t ready;          // workers whose start condition held
-  std::int64_t start_ns;       // common start; 0 until every worker is ready
-  std::int64_t full;           // workers granted with nodes == --nodes
-  std::int64_t stable_ns;      // membership stable; 0 until then
-  std::int64_t in_flight;      // permits held fleet-wide (under-counted, never over)
-  std::int64_t max_in_flight;  // largest in_flight seen
-  std::int64_t jobs_taken;     // jobs claimed (may pass --jobs: a claim past it is given back)
-  std::int64_t jobs_done;      // jobs completed
-  std::int64_t finish_ns;      // latest job completion
-  std::int64_t admitted;       // acquire() calls that admitted
-  std::int64_t rejected;       // acquire() calls that rejected
-  std::int64_t missed;         // rate mode: call slots that passed without an admission
-  std::int64_t violations;     // admissions above --limit; also the next slot of violation_ns
-  std::int64_t exited;         // workers that left the fleet
-  std::int64_t evicted;        // 1 once a node was granted with fewer than --nodes after start
-  std::int64_t calls;          // freeze mode: intervals recorded (the next slot)
+  std::int64_t ready;           // workers whose start condition held
+  std::int64_t start_ns;        // common start; 0 until every worker is ready
+  std::int64_t full;            // workers granted with nodes == --nodes
+  std::int64_t stable_ns;       // membership stable; 0 until then
+  std::int64_t in_flight;       // permits held fleet-wide (under-counted, never over)
+  std::int64_t max_in_flight;   // largest in_flight seen
+  std::int64_t jobs_taken;      // jobs claimed (may pass --jobs: a claim past it is given back)
+  std::int64_t jobs_done;       // jobs completed
+  std::int64_t finish_ns;       // latest job completion
+  std::int64_t admitted;        // acquire() calls that admitted
+  std::int64_t rejected;        // acquire() calls that rejected
+  std::int64_t missed;          // rate mode: call slots that passed without an admission
+  std::int64_t violations;      // admissions above --limit; also the next slot of violation_ns
+  std::int64_t exited;          // workers that left the fleet
+  std::int64_t evicted;         // 1 once a node was granted with fewer than --nodes after start
+  std::int64_t calls;           // freeze mode: intervals recorded (the next slot)
+  std::int64_t callers;         // caller slots taken (the next slot of deadline_ns)
+  std::int64_t overdue_excess;  // admissions above --limit only while permits were overdue
+  std::int64_t late_releases;   // permits released after their deadline
   std::int64_t violation_ns[kMaxRecords];
+  std::int64_t deadline_ns[kMaxCallers];
   std::int64_t call_start_ns[kMaxCalls];
   std::int64_t call_end_ns[kMaxCalls];
 };
@@ -206,24 +218,52 @@ void sleep_for(Nanos d) {
 
 // ---- one admitted call, accounted fleet-wide ----
 
+// A caller's slot in deadline_ns, taken once per caller thread.
+std::int64_t& caller_slot(Shared& sh) {
+  const std::int64_t n = at(sh.callers).fetch_add(1);
+  if (n >= static_cast<std::int64_t>(kMaxCallers)) throw std::runtime_error("too many callers");
+  return sh.deadline_ns[n];
+}
+
+// Permits held by callers past their deadline at `now`.
+std::int64_t overdue(Shared& sh, Nanos now) {
+  const std::int64_t n = std::min<std::int64_t>(at(sh.callers).load(), kMaxCallers);
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t d = at(sh.deadline_ns[i]).load();
+    if (d != 0 && d < now.count()) ++count;
+  }
+  return count;
+}
+
 // Right after acquire() admitted: count the permit and check the fleet-wide ceiling.
-void enter(Shared& sh, const Config& c, Nanos now) {
+void enter(Shared& sh, const Config& c, std::int64_t& slot, const FleetPermit& permit, Nanos now) {
   at(sh.admitted).fetch_add(1);
   const std::int64_t in_flight = at(sh.in_flight).fetch_add(1) + 1;
+  at(slot).store(permit.deadline().count());
   store_max(sh.max_in_flight, in_flight);
   if (in_flight <= c.limit) return;
+  if (in_flight - overdue(sh, now) <= c.limit) {
+    at(sh.overdue_excess).fetch_add(1);
+    return;
+  }
   const std::int64_t n = at(sh.violations).fetch_add(1);
   if (n < static_cast<std::int64_t>(kMaxRecords)) at(sh.violation_ns[n]).store(now.count());
 }
 
 // Right before the permit is released.
-void leave(Shared& sh) { at(sh.in_flight).fetch_sub(1); }
+void leave(Shared& sh, std::int64_t& slot, const FleetPermit& permit, Nanos now) {
+  if (now > permit.deadline()) at(sh.late_releases).fetch_add(1);
+  at(slot).store(0);
+  at(sh.in_flight).fetch_sub(1);
+}
 
 // ---- callers ----
 
 void job_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clock) {
   constexpr Nanos kMinBackoff = microseconds(100), kMaxBackoff = milliseconds(1);
   Nanos backoff = kMinBackoff;
+  std::int64_t& slot = caller_slot(sh);
   while (at(sh.jobs_taken).load() < c.jobs) {
     std::optional<FleetPermit> permit = guard.acquire();
     if (!permit) {
@@ -234,11 +274,11 @@ void job_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& clo
     }
     backoff = kMinBackoff;
     const Nanos t0 = clock.now();
-    enter(sh, c, t0);
+    enter(sh, c, slot, *permit, t0);
     const bool claimed = at(sh.jobs_taken).fetch_add(1) < c.jobs;
     if (claimed) sleep_for(microseconds(c.job_us));
-    leave(sh);
     const Nanos t1 = clock.now();
+    leave(sh, slot, *permit, t1);
     permit->release(claimed ? Outcome::kSuccess : Outcome::kIgnored, t1 - t0);
     if (!claimed) break;
     at(sh.jobs_done).fetch_add(1);
@@ -262,6 +302,7 @@ void rate_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& cl
                  Nanos start) {
   const Nanos period = Nanos{seconds(1)} * c.threads / c.rate;
   const Nanos end = start + seconds(c.seconds);
+  std::int64_t& caller = caller_slot(sh);
   for (Nanos slot = start + period * index / c.threads; slot < end; slot += period) {
     sleep_for(slot - clock.now());
     std::optional<FleetPermit> permit = acquire_by(guard, sh, clock, slot + period);
@@ -270,10 +311,11 @@ void rate_caller(const Config& c, Shared& sh, FleetGuard& guard, const Clock& cl
       continue;
     }
     const Nanos t0 = clock.now();
-    enter(sh, c, t0);
+    enter(sh, c, caller, *permit, t0);
     sleep_for(microseconds(c.call_us));
-    leave(sh);
-    permit->release(Outcome::kSuccess, clock.now() - t0);
+    const Nanos t1 = clock.now();
+    leave(sh, caller, *permit, t1);
+    permit->release(Outcome::kSuccess, t1 - t0);
     while (slot + 2 * period <= clock.now()) {  // fell more than a slot behind: skip
       slot += period;
       at(sh.missed).fetch_add(1);
@@ -491,6 +533,8 @@ void print_report(Shared& sh) {
       {"violations", violations},
       {"violations_before_stable", before},
       {"violations_after_stable", violations - before},
+      {"overdue_excess", at(sh.overdue_excess).load()},
+      {"late_releases", at(sh.late_releases).load()},
       {"started", start != 0 ? 1 : 0},
       {"evicted", at(sh.evicted).load()},
       {"calls", at(sh.calls).load()},
