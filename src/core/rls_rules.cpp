@@ -227,6 +227,8 @@ std::vector<RuleError> RuleTree::add(std::string_view domain,
           rule->shadow_mode = r.shadow_mode;
           rule->quota_mode = r.quota_mode;
           rule->detailed_metric = r.detailed_metric;
+          rule->shared = r.sluice_shared;
+          rule->strategy = r.sluice_strategy;
           c.rule = rule.get();
           tree.rules_.push_back(std::move(rule));
         }

@@ -42,12 +42,18 @@ struct Descriptor {
   std::optional<std::uint64_t> hits;
 };
 
-class NoDeferral final : public Deferral<std::string> {
+// A caller that waits when the policy defers (a shared limit waiting for a lease).
+class WaitingDeferral final : public Deferral<std::string> {
  public:
   Completion<std::string> defer() override {
-    ADD_FAILURE() << "the envoy_ratelimit kind decides every request now";
-    return [](StatusOr<std::string>) {};
+    deferred = true;
+    return shot_.setter();
   }
+  StatusOr<std::string> wait() { return shot_.get(); }
+  bool deferred = false;
+
+ private:
+  OneShot<StatusOr<std::string>> shot_;
 };
 
 class EnvoyRateLimitTest : public ::testing::Test {
@@ -83,9 +89,13 @@ class EnvoyRateLimitTest : public ::testing::Test {
   StatusOr<pb::RateLimitResponse> call(const pb::RateLimitRequest& req) {
     const PolicyRegistry::Method* m = engine_->kinds().method(kMethod);
     if (m == nullptr) return Status(StatusCode::kInternal, "no method");
-    NoDeferral later;
+    WaitingDeferral later;
     auto r = m->method.handle(req.SerializeAsString(), engine_->policies_of(m->kind), later);
-    if (!r) return Status(StatusCode::kInternal, "deferred");
+    if (!r) {
+      EXPECT_TRUE(later.deferred) << "no answer, and the call was not deferred";
+      ++deferred_;
+      r = later.wait();
+    }
     if (!r->ok()) return r->status();
     pb::RateLimitResponse out;
     if (!out.ParseFromString(r->value())) return Status(StatusCode::kInternal, "undecodable");
@@ -140,6 +150,7 @@ class EnvoyRateLimitTest : public ::testing::Test {
   std::string shadow_denied() const { return series("sluice_shadow_denied_total", {"edge"}); }
 
   std::string dir_;
+  int deferred_ = 0;  // calls answered after a lease
   // A whole number of every unit (a year, 30 days, a week): windows start here.
   ManualClock clock_{hours(24 * 365 * 6 * 7)};
   std::unique_ptr<Engine> engine_;
@@ -530,7 +541,7 @@ TEST_F(EnvoyRateLimitTest, MalformedRequestsNameTheField) {
   EXPECT_EQ(why(request("d", {{{{"user", std::string(20000, 'x')}}}})).substr(0, 23),
             "descriptors[0].entries:");
   // Bytes that are not the message.
-  NoDeferral later;
+  WaitingDeferral later;
   const PolicyRegistry::Method* m = engine_->kinds().method(kMethod);
   auto r = m->method.handle("\xff\xff\xff", engine_->policies_of(m->kind), later);
   ASSERT_TRUE(r.has_value());
@@ -683,6 +694,94 @@ descriptors:
   EXPECT_TRUE(load_yaml(config(dir_ + "/twice", "    merge_domains: true\n")).errors.empty());
   EXPECT_NE(errors_of(load_yaml(config(dir_ + "/none"))).find("no such file or directory"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace sluice::server
+
+namespace sluice::server {
+namespace {
+
+constexpr const char* kShared = R"(domain: d
+descriptors:
+  - key: user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: tenant
+    sluice_shared: false
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  - key: burst
+    sluice_shared: false
+    sluice_strategy: sliding-window
+    rate_limit:
+      unit: minute
+      requests_per_unit: 4
+)";
+
+// With a coordinator, a limit is a federated budget: decided from escrow leased in batches (a
+// request that needs a lease waits for it), never more than its limit in a window.
+TEST_F(EnvoyRateLimitTest, SharedLimitsLeaseEscrowFromTheCoordinator) {
+  serve(kShared, "    coordinator: memory\n    batch: 4\n    lease_timeout: 1s\n");
+  EXPECT_EQ(oks(15, "d", {{{{"user", "u"}}}}), 10);
+  EXPECT_GT(deferred_, 0) << "the first check of a key waits for its lease";
+  EXPECT_LE(deferred_, 4) << "escrow answers the rest (batches of 4 for 10 admissions)";
+  const pb::RateLimitResponse over = ask("d", {{{{"user", "u"}}}});
+  EXPECT_EQ(over.overall_code(), kOver);
+  EXPECT_EQ(over.statuses(0).current_limit().requests_per_unit(), 10u);
+  EXPECT_NE(series("sluice_rls_shared_limits", {"edge"}), "");
+  EXPECT_EQ(series("sluice_rls_shared_limits", {"edge"}), "1") << metrics();
+  EXPECT_NE(series("sluice_rls_leases_total", {"edge"}), "0");
+  // The next window: the budget is whole again.
+  clock_.advance(std::chrono::minutes(1));
+  EXPECT_EQ(oks(12, "d", {{{{"user", "u"}}}}), 10);
+  // A local sliding window beside it: 4 a minute, on this server.
+  EXPECT_EQ(oks(6, "d", {{{{"burst", "b"}}}}), 4);
+}
+
+// A request over any limit adds to none: a local limit's refusal gives back what a shared one
+// took.
+TEST_F(EnvoyRateLimitTest, ARefusalGivesBackWhatASharedLimitTook) {
+  serve(kShared, "    coordinator: memory\n    batch: 4\n    lease_timeout: 1s\n");
+  const std::vector<Descriptor> both{{{{"user", "u"}}}, {{{"tenant", "t"}}}};
+  EXPECT_EQ(oks(5, "d", both), 2);  // the tenant's 2; 3 refused, costing the user nothing
+  EXPECT_EQ(oks(10, "d", {{{{"user", "u"}}}}), 8);
+}
+
+// Sharing is configured with line and column: a shared limit is a fixed window, sharing needs
+// a coordinator, and the coordinator's settings need one.
+TEST_F(EnvoyRateLimitTest, SharingErrorsCarryTheirPlace) {
+  const std::string rules = write("s.yaml", R"(domain: d
+descriptors:
+  - key: a
+    sluice_shared: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: b
+    sluice_strategy: gcra
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: c
+    sluice_strategy: leaky
+    rate_limit: {unit: minute, requests_per_unit: 1}
+)");
+  const std::string alone = errors_of(load_yaml(config(rules, "    batch: 4\n")));
+  EXPECT_NE(alone.find(rules + ":4:20: descriptors[0].sluice_shared: shares this limit through "
+                               "the policy's coordinator, and the envoy_ratelimit policy names "
+                               "none"),
+            std::string::npos)
+      << alone;
+  EXPECT_NE(alone.find("policies.edge.batch: applies to limits shared through a coordinator"),
+            std::string::npos)
+      << alone;
+  EXPECT_NE(alone.find(rules + ":10:22: descriptors[2].sluice_strategy:"), std::string::npos)
+      << alone;
+  const std::string shared = errors_of(load_yaml(config(rules, "    coordinator: memory\n")));
+  EXPECT_NE(shared.find(rules + ":7:22: descriptors[1].sluice_strategy: 'gcra' cannot be shared "
+                                "without overshoot"),
+            std::string::npos)
+      << shared;
+  EXPECT_EQ(shared.find("descriptors[0].sluice_shared"), std::string::npos) << shared;
 }
 
 }  // namespace

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "sluice/core/clock.h"
+#include "sluice/core/rate_strategy.h"
 
 namespace sluice::rls {
 
@@ -83,6 +84,10 @@ struct DescriptorRule {
   bool detailed_metric = false;  // metrics per request entries
   bool value_to_metric = false;  // metrics with the request's value at this level
   bool share_threshold = false;  // a wildcard value: every value it matches shares one counter
+  // sluice's own fields (outside envoyproxy/ratelimit's schema): whether its limit is shared
+  // through the policy's coordinator (unset: the policy's default) and how it counts.
+  std::optional<bool> sluice_shared;
+  RateStrategy sluice_strategy = RateStrategy::kFixedWindow;
   std::vector<DescriptorRule> descriptors;
 };
 
@@ -95,6 +100,8 @@ struct Rule {
   bool shadow_mode = false;
   bool quota_mode = false;
   bool detailed_metric = false;
+  std::optional<bool> shared;  // sluice_shared
+  RateStrategy strategy = RateStrategy::kFixedWindow;
 };
 
 struct Entry {

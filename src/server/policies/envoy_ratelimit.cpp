@@ -1,11 +1,15 @@
 // The envoy_ratelimit kind (envoy_ratelimit.h): Envoy's rate limit service over
-// envoyproxy/ratelimit's rules, each limit a fixed-window RateLimiter on this server.
+// envoyproxy/ratelimit's rules, each limit a RateLimiter on this server or a FederatedLimiter
+// shared through a coordinator.
 #include "server/policies/envoy_ratelimit.h"
 
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -13,6 +17,8 @@
 
 #include "api/decode_errors.h"
 #include "envoy/service/ratelimit/v3/rls.pb.h"
+#include "federation/io_pool.h"
+#include "sluice/core/rate_coordinator.h"
 
 namespace sluice::server {
 namespace {
@@ -27,19 +33,24 @@ constexpr std::size_t kMaxOverrides = 1'024;
 constexpr std::size_t kMaxDescriptors = 256;
 constexpr std::size_t kMaxDescriptorBytes = 16 * 1024;
 constexpr std::size_t kShards = 16;
+constexpr std::size_t kFederatedReasons =
+    static_cast<std::size_t>(FederatedReason::kBudgetShort) + 1;
 constexpr std::string_view kMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 struct HitCounts {
   std::atomic<std::uint64_t> within{0}, over{0}, shadow{0};
 };
 
-// A limit at work: its limiter (null when requests_per_unit is 0: every request is over it)
-// and its hits, under its rule's metric name.
+// A limit at work: a limiter on this server or one shared through the coordinator (neither
+// when requests_per_unit is 0: every request is over it), and its hits, under its rule's
+// metric name.
 struct Counter {
   rls::Rule rule;  // a copy: the tree it came from may be gone (an override's is its own)
   std::shared_ptr<RateLimiter> limiter;
+  std::unique_ptr<FederatedLimiter> shared;
   HitCounts hits;
   Nanos next_sweep{0};  // the sweeping loop's alone
+  [[nodiscard]] bool zero() const { return limiter == nullptr && shared == nullptr; }
 };
 
 // One generation of the rule files: the tree and a counter per limit (null: unlimited).
@@ -48,23 +59,84 @@ struct Generation {
   std::vector<std::shared_ptr<Counter>> counters;  // by rule id
 };
 
+// The coordinator the shared limits lease from, with the threads that call it.
+struct Sharing {
+  Sharing(std::shared_ptr<RateCoordinator> c, FederationOptions o, std::string policy,
+          std::size_t threads)
+      : coordinator(std::move(c)),
+        options(std::move(o)),
+        prefix(std::move(policy)),
+        pool(threads) {}
+  std::shared_ptr<RateCoordinator> coordinator;
+  FederationOptions options;  // the region resolved; budget and budget_id are each limit's
+  std::string prefix;         // the policy's name, the start of every budget's name
+  IoPool pool;
+};
+
+// A budget's name at the coordinator: no ':' (the coordinator's separator), so ':' and '%'
+// are written %3A and %25.
+std::string budget_name(const std::string& prefix, const std::string& path, const rls::Limit& l) {
+  std::string raw = prefix + "/" + path + "/" + std::to_string(l.requests_per_unit) + "_per_" +
+                    std::string(rls::name_of(l.unit));
+  std::string out;
+  out.reserve(raw.size());
+  for (const char ch : raw) {
+    if (ch == ':')
+      out += "%3A";
+    else if (ch == '%')
+      out += "%25";
+    else
+      out += ch;
+  }
+  return out;
+}
+
+std::size_t keys_of(const Counter& c) {
+  if (c.limiter != nullptr) return c.limiter->keys();
+  if (c.shared != nullptr) return c.shared->stats().keys;
+  return 0;
+}
+
 Nanos sweep_interval(const Counter& c) {
   return std::clamp<Nanos>(rls::period_of(c.rule.limit.unit), std::chrono::seconds(1),
                            std::chrono::seconds(60));
 }
 
-StatusOr<std::shared_ptr<RateLimiter>> make_limiter(const rls::Limit& l, std::size_t max_keys,
-                                                    const Clock& clock) {
-  if (l.unlimited || l.requests_per_unit == 0) return std::shared_ptr<RateLimiter>();
+// Whether a rule's limit is shared: it says so, or the policy has a coordinator and it does
+// not say otherwise.
+bool is_shared(const rls::Rule& r, const Sharing* sharing) {
+  return sharing != nullptr && r.shared.value_or(true) && !r.limit.unlimited;
+}
+
+// The counter of a rule's limit (a fresh one).
+StatusOr<std::shared_ptr<Counter>> make_counter(const rls::Rule& r, std::size_t max_keys,
+                                                const Clock& clock, Sharing* sharing) {
+  auto c = std::make_shared<Counter>();
+  c->rule = r;
+  const rls::Limit& l = r.limit;
+  if (l.unlimited || l.requests_per_unit == 0) return c;
+  if (is_shared(r, sharing)) {
+    FederationOptions o = sharing->options;
+    o.budget.limit = l.requests_per_unit;
+    o.budget.period = rls::period_of(l.unit);
+    o.budget_id = budget_name(sharing->prefix, r.path, l);
+    o.max_keys = max_keys;
+    if (std::string why = o.validate(); !why.empty())
+      return Status(StatusCode::kInvalidArgument, r.path + ": " + why);
+    c->shared = std::make_unique<FederatedLimiter>(*sharing->coordinator, clock, std::move(o),
+                                                   sharing->pool.executor());
+    return c;
+  }
   RateLimiterOptions o;
-  o.rule.strategy = RateStrategy::kFixedWindow;
+  o.rule.strategy = r.strategy;
   o.rule.limit = l.requests_per_unit;
   o.rule.period = rls::period_of(l.unit);
   o.shards = kShards;
   o.max_keys = max_keys;
   auto made = make_rate_limiter(o, clock);
   if (!made.ok()) return made.status();
-  return std::shared_ptr<RateLimiter>(std::move(made.value()));
+  c->limiter = std::move(made.value());
+  return c;
 }
 
 // The generation of `tree`, taking over the counters of `old` (may be null) whose path and
@@ -78,7 +150,7 @@ struct Prepared {
 };
 
 StatusOr<Prepared> prepare(const std::shared_ptr<const rls::RuleTree>& tree, const Generation* old,
-                           std::size_t max_keys, const Clock& clock) {
+                           std::size_t max_keys, const Clock& clock, Sharing* sharing) {
   std::map<std::string, std::shared_ptr<Counter>, std::less<>> kept;
   if (old != nullptr)
     for (const auto& c : old->counters)
@@ -92,44 +164,91 @@ StatusOr<Prepared> prepare(const std::shared_ptr<const rls::RuleTree>& tree, con
       continue;
     }
     auto it = kept.find(r->path);
-    if (it != kept.end() && it->second->rule.limit.unit == r->limit.unit &&
-        (it->second->limiter != nullptr) == (r->limit.requests_per_unit != 0)) {
-      p.next->counters.push_back(it->second);
-      p.retune.emplace_back(it->second, r->limit);
-      continue;
+    if (it != kept.end()) {
+      const Counter& was = *it->second;
+      const bool shared = is_shared(*r, sharing);
+      // A shared budget's name has its limit: a new limit is a new budget.
+      const bool same = was.rule.limit.unit == r->limit.unit && was.rule.strategy == r->strategy &&
+                        (was.shared != nullptr) == shared &&
+                        was.zero() == (r->limit.requests_per_unit == 0) &&
+                        (!shared || was.rule.limit.requests_per_unit == r->limit.requests_per_unit);
+      if (same) {
+        p.next->counters.push_back(it->second);
+        p.retune.emplace_back(it->second, r->limit);
+        continue;
+      }
     }
-    auto c = std::make_shared<Counter>();
-    c->rule = *r;
-    auto limiter = make_limiter(r->limit, max_keys, clock);
-    if (!limiter.ok()) return limiter.status();
-    c->limiter = std::move(limiter.value());
-    p.next->counters.push_back(std::move(c));
+    auto c = make_counter(*r, max_keys, clock, sharing);
+    if (!c.ok()) return c.status();
+    p.next->counters.push_back(std::move(c.value()));
   }
   return p;
 }
 
+// One request being decided: what its answer needs once every limit has answered (some after
+// a lease). Holds no request bytes: the keys and names are its own.
+struct Pending {
+  std::shared_ptr<Generation> g;  // the matched rules point into its tree
+  std::vector<std::shared_ptr<Counter>> counters;
+  std::vector<const rls::Rule*> matched;
+  std::vector<rls::Applied> applied;
+  std::vector<std::string> keys;
+  std::vector<std::string> metrics;
+  std::vector<std::uint64_t> hits;
+  std::vector<std::optional<FederatedDecision>> decisions;  // by descriptor: what it got
+  Nanos now{0};
+  // The handoff between decide() and the leases' callbacks: whichever comes last answers.
+  std::mutex mu;
+  std::size_t started = 0, received = 0;  // leases waited for, and answered
+  bool returned = false;                  // decide() has returned (deferred)
+  Completion<RlsAnswer> done;
+};
+
 class EnvoyRateLimitPolicy final : public Policy {
  public:
   EnvoyRateLimitPolicy(const BuildContext& c, const EnvoyRateLimitSpec& spec,
-                       std::shared_ptr<Generation> generation)
+                       std::shared_ptr<Sharing> sharing, std::shared_ptr<Generation> generation)
       : Policy(c.name, "envoy_ratelimit", ""),
         clock_(c.clock),
+        sharing_(std::move(sharing)),
+        sharing_spec_(spec.sharing),
         generation_(std::move(generation)),
         shadow_mode_(spec.shadow_mode),
         headers_(spec.response_headers),
         max_keys_(spec.max_keys),
         files_(spec.files) {
+    remember_shared(*generation_.load());
     start_loop(c.clock, [this](Nanos now) { return sweep(now); });
   }
-  ~EnvoyRateLimitPolicy() override { retire(); }
+  // The loop first; then the requests still waiting for a lease (each is answered within
+  // lease_timeout); then the shared limits give their unspent escrow back, on this thread.
+  ~EnvoyRateLimitPolicy() override {
+    retire();
+    {
+      std::unique_lock lock(deferred_mu_);
+      deferred_cv_.wait(lock, [this] { return deferred_ == 0; });
+    }
+    generation_.store(nullptr);
+    std::vector<std::shared_ptr<Counter>> all;
+    {
+      const std::lock_guard lock(mu_);
+      all = std::move(owned_);
+      overrides_.clear();
+    }
+    const Nanos now = clock_.now();
+    for (const auto& c : all) c->shared->relinquish_all(now);
+    all.clear();  // waits for each limiter's calls, then the pool stops with sharing_
+  }
   EnvoyRateLimitPolicy(const EnvoyRateLimitPolicy&) = delete;
   EnvoyRateLimitPolicy& operator=(const EnvoyRateLimitPolicy&) = delete;
 
-  // Always in place: the new rules, each limit that stays keeping its counters.
+  // In place unless the sharing changes: the new rules, each limit that stays keeping its
+  // counters.
   StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
     const EnvoyRateLimitSpec& spec = *c.spec.as<EnvoyRateLimitSpec>();
+    if (!spec.sharing.same(sharing_spec_)) return Reconfiguration();
     const std::shared_ptr<Generation> now = generation();
-    auto p = prepare(spec.rules, now.get(), spec.max_keys, clock_);
+    auto p = prepare(spec.rules, now.get(), spec.max_keys, clock_, sharing_.get());
     if (!p.ok()) return p.status();
     return Reconfiguration([this, p = std::move(p.value()), shadow = spec.shadow_mode,
                             headers = spec.response_headers, max_keys = spec.max_keys,
@@ -141,13 +260,15 @@ class EnvoyRateLimitPolicy final : public Policy {
           counter->limiter->reconfigure(to, max_keys);
         }
       }
+      remember_shared(*p.next);
       generation_.store(std::move(p.next), std::memory_order_release);
       {
         // The limits requests set take the new max_keys too, and so do those made from now.
         const std::lock_guard lock(mu_);
         files_ = std::move(files);
         max_keys_ = max_keys;
-        for (const auto& [_, c] : overrides_) c->limiter->reconfigure(c->limiter->rule(), max_keys);
+        for (const auto& [_, c] : overrides_)
+          if (c->limiter != nullptr) c->limiter->reconfigure(c->limiter->rule(), max_keys);
       }
       shadow_mode_.store(shadow, std::memory_order_relaxed);
       headers_.store(headers, std::memory_order_relaxed);
@@ -158,29 +279,33 @@ class EnvoyRateLimitPolicy final : public Policy {
     return generation()->tree->has_domain(domain);
   }
 
-  StatusOr<RlsAnswer> decide(const RlsRequest& req) {
+  // The answer now, or nullopt when a shared limit waits for a lease: `later` then gets it,
+  // within lease_timeout.
+  Decided<RlsAnswer> decide(const RlsRequest& req, Deferral<RlsAnswer>& later) {
     if (req.domain.empty()) return invalid("domain: must not be empty");
     if (req.descriptors.empty())
       return invalid("descriptors: must not be empty (a request has at least one)");
     if (req.descriptors.size() > kMaxDescriptors)
       return invalid("descriptors: " + std::to_string(req.descriptors.size()) +
                      " descriptors; a request has at most " + std::to_string(kMaxDescriptors));
-    const std::shared_ptr<Generation> g = generation();
+    auto p = std::make_shared<Pending>();
+    p->g = generation();
     const std::size_t n = req.descriptors.size();
-    std::vector<std::shared_ptr<Counter>> counters(n);
-    std::vector<const rls::Rule*> matched(n, nullptr);
-    std::vector<std::string> keys(n);
-    std::vector<std::string> metrics(n);
-    const bool known = g->tree->has_domain(req.domain);
+    p->counters.resize(n);
+    p->matched.assign(n, nullptr);
+    p->keys.resize(n);
+    p->metrics.resize(n);
+    p->hits.assign(n, 0);
+    p->decisions.resize(n);
+    const bool known = p->g->tree->has_domain(req.domain);
     if (!known) unknown_domain_.fetch_add(1, std::memory_order_relaxed);
     for (std::size_t i = 0; i < n; ++i) {
       const RlsDescriptor& d = req.descriptors[i];
-      const std::string at = "descriptors[" + std::to_string(i) + "]";
-      if (d.entries.empty()) return invalid(at + ".entries: must not be empty");
+      if (d.entries.empty()) return invalid(at(i) + ".entries: must not be empty");
       std::size_t bytes = 0;
       for (const rls::Entry& e : d.entries) bytes += e.key.size() + e.value.size();
       if (bytes > kMaxDescriptorBytes)
-        return invalid(at + ".entries: " + std::to_string(bytes) +
+        return invalid(at(i) + ".entries: " + std::to_string(bytes) +
                        " bytes of keys and values; "
                        "a descriptor has at most " +
                        std::to_string(kMaxDescriptorBytes));
@@ -188,76 +313,61 @@ class EnvoyRateLimitPolicy final : public Policy {
       if (d.limit) {
         const std::optional<rls::Unit> unit = rls::unit_of(d.limit->unit);
         if (!unit)
-          return invalid(at + ".limit.unit: must be a unit (SECOND ... YEAR), not " +
+          return invalid(at(i) + ".limit.unit: must be a unit (SECOND ... YEAR), not " +
                          std::to_string(d.limit->unit));
         auto c = override_counter(d.limit->requests_per_unit, *unit);
-        if (!c.ok()) return Status(c.status().code(), at + ".limit: " + c.status().message());
-        counters[i] = std::move(c.value());
-        matched[i] = &counters[i]->rule;
-        keys[i] = rls::counter_of(d.entries);
-        metrics[i] = counters[i]->rule.path;
+        if (!c.ok()) return Status(c.status().code(), at(i) + ".limit: " + c.status().message());
+        p->counters[i] = std::move(c.value());
+        p->matched[i] = &p->counters[i]->rule;
+        p->keys[i] = rls::counter_of(d.entries);
+        p->metrics[i] = p->counters[i]->rule.path;
         continue;
       }
-      rls::Match m = g->tree->match(req.domain, d.entries);
+      rls::Match m = p->g->tree->match(req.domain, d.entries);
       if (m.rule == nullptr) continue;
-      matched[i] = m.rule;
-      counters[i] = g->counters[m.rule->id];
-      keys[i] = std::move(m.counter);
-      metrics[i] = std::move(m.metric);
+      p->matched[i] = m.rule;
+      p->counters[i] = p->g->counters[m.rule->id];
+      p->keys[i] = std::move(m.counter);
+      p->metrics[i] = std::move(m.metric);
     }
 
-    const std::vector<rls::Applied> applied = rls::applied(matched);
-    const Nanos now = clock_.now();
-    RlsAnswer out;
-    out.statuses.resize(n);
-    std::vector<rls::Outcome> outcomes(n);
-    std::vector<std::uint64_t> taken(n, 0);  // hits added, given back if the request is over
+    p->applied = rls::applied(p->matched);
+    p->now = clock_.now();
     for (std::size_t i = 0; i < n; ++i) {
-      RlsStatus& s = out.statuses[i];
-      if (applied[i] == rls::Applied::kUnlimited) {
-        s.remaining = std::numeric_limits<std::uint32_t>::max();
-        continue;
-      }
-      if (applied[i] != rls::Applied::kLimit) continue;
-      Counter& c = *counters[i];
-      const rls::Limit& l = matched[i]->limit;
+      if (p->applied[i] != rls::Applied::kLimit) continue;
+      Counter& c = *p->counters[i];
       const RlsDescriptor& d = req.descriptors[i];
-      const std::uint64_t hits =
-          d.hits_addend ? *d.hits_addend : std::max<std::uint64_t>(1, req.hits_addend);
-      s.limit = RlsStatus::Current{l.requests_per_unit, l.unit, l.name};
-      bool over = true;
+      p->hits[i] = d.hits_addend ? *d.hits_addend : std::max<std::uint64_t>(1, req.hits_addend);
       if (c.limiter != nullptr) {
-        const RateDecision dec = c.limiter->check(keys[i], hits, now);
-        over = !dec.allowed;
-        if (dec.allowed) taken[i] = hits;
-        s.remaining = static_cast<std::uint32_t>(
-            std::min<std::uint64_t>(dec.remaining, std::numeric_limits<std::uint32_t>::max()));
-        s.until_reset = dec.reset_after;
-      } else {
-        s.until_reset = window_left(l.unit, now);
-      }
-      outcomes[i] = rls::Outcome{.over = over,
-                                 .quota = matched[i]->quota_mode,
-                                 .shadow = matched[i]->shadow_mode,
-                                 .limited = true};
-      s.over = over && !matched[i]->shadow_mode;
-    }
-    const bool over = rls::over_limit(outcomes);
-    const bool shadow_all = shadow_mode_.load(std::memory_order_relaxed);
-    out.over = over && !shadow_all;
-    if (out.over) {
-      // Refused: what it added goes back, so a refused request costs no limit anything.
-      for (std::size_t i = 0; i < n; ++i) {
-        if (taken[i] == 0) continue;
-        counters[i]->limiter->refund(keys[i], taken[i], now);
-        out.statuses[i].remaining = static_cast<std::uint32_t>(
-            std::min<std::uint64_t>(std::uint64_t{out.statuses[i].remaining} + taken[i],
-                                    matched[i]->limit.requests_per_unit));
+        const RateDecision dec = c.limiter->check(p->keys[i], p->hits[i], p->now);
+        p->decisions[i] = FederatedDecision{
+            dec, dec.allowed ? FederatedReason::kAdmitted : FederatedReason::kBudgetSpent};
+      } else if (c.shared != nullptr) {
+        if (auto dec = c.shared->try_check(p->keys[i], p->hits[i], p->now)) {
+          p->decisions[i] = *dec;
+          continue;
+        }
+        {
+          const std::lock_guard lock(p->mu);
+          ++p->started;
+        }
+        c.shared->check(p->keys[i], p->hits[i], p->now,
+                        [this, p, i](FederatedDecision dec) { on_lease(p, i, dec); });
       }
     }
-    count(counters, metrics, outcomes, over, shadow_all);
-    add_headers(out, matched, applied);
-    return out;
+    {
+      std::unique_lock lock(p->mu);
+      if (p->received < p->started) {
+        {
+          const std::lock_guard count(deferred_mu_);
+          ++deferred_;
+        }
+        p->done = later.defer();
+        p->returned = true;
+        return std::nullopt;
+      }
+    }
+    return finish(*p);
   }
 
  protected:
@@ -265,12 +375,32 @@ class EnvoyRateLimitPolicy final : public Policy {
     const std::shared_ptr<Generation> g = generation();
     std::size_t keys = 0;
     std::size_t limits = 0;
+    std::size_t shared = 0;
+    FederationStats leases;
     for (const auto& c : g->counters) {
       if (c == nullptr) continue;
       ++limits;
-      if (c->limiter != nullptr) keys += c->limiter->keys();
+      keys += keys_of(*c);
+      if (c->shared == nullptr) continue;
+      ++shared;
+      const FederationStats st = c->shared->stats();
+      leases.leases += st.leases;
+      leases.lease_failures += st.lease_failures;
     }
     info.limit = 0;
+    if (sharing_ != nullptr) {
+      j["coordinator"] = std::string(sharing_->coordinator->backend());
+      j["region"] = sharing_->options.region;
+      j["shared_limits"] = shared;
+      j["leases"] = leases.leases;
+      j["lease_failures"] = leases.lease_failures;
+      j["outage"] = sharing_spec_.outage == RlsOutage::kError ? "error" : "over-limit";
+      nlohmann::json refusals = nlohmann::json::object();
+      for (std::size_t r = 1; r < kFederatedReasons; ++r)
+        if (const std::uint64_t v = shared_refusals_[r].load(std::memory_order_relaxed); v > 0)
+          refusals[std::string(to_string(static_cast<FederatedReason>(r)))] = v;
+      j["shared_refusals"] = std::move(refusals);
+    }
     j["domains"] = g->tree->domains();
     j["limits"] = limits;
     j["keys"] = keys;
@@ -281,15 +411,17 @@ class EnvoyRateLimitPolicy final : public Policy {
     }
     j["ok"] = requests_ok_.load(std::memory_order_relaxed);
     j["over_limit"] = requests_over_.load(std::memory_order_relaxed);
+    j["unavailable"] = requests_unavailable_.load(std::memory_order_relaxed);
     j["shadow_denied"] = shadow_denied_.load(std::memory_order_relaxed);
     j["unknown_domain"] = unknown_domain_.load(std::memory_order_relaxed);
   }
 
   void metrics(std::vector<MetricFamily>& out) const override {
-    out.push_back(by_label("sluice_rls_requests_total", "ShouldRateLimit answers by overall code",
-                           "code",
-                           {{"ok", requests_ok_.load(std::memory_order_relaxed)},
-                            {"over_limit", requests_over_.load(std::memory_order_relaxed)}}));
+    out.push_back(
+        by_label("sluice_rls_requests_total", "ShouldRateLimit answers by overall code", "code",
+                 {{"ok", requests_ok_.load(std::memory_order_relaxed)},
+                  {"over_limit", requests_over_.load(std::memory_order_relaxed)},
+                  {"unavailable", requests_unavailable_.load(std::memory_order_relaxed)}}));
     out.push_back(one("sluice_shadow_denied_total",
                       "Calls a limit in shadow mode would have refused (they were admitted)",
                       MetricType::Counter,
@@ -315,11 +447,18 @@ class EnvoyRateLimitPolicy final : public Policy {
         hits.metric.push_back(std::move(m));
       }
     };
+    std::size_t shared = 0;
+    FederationStats leases;
     for (const auto& c : g->counters) {
       if (c == nullptr) continue;
       ++limits;
-      if (c->limiter != nullptr) keys += c->limiter->keys();
+      keys += keys_of(*c);
       add(c->rule.path, c->hits);
+      if (c->shared == nullptr) continue;
+      ++shared;
+      const FederationStats st = c->shared->stats();
+      leases.leases += st.leases;
+      leases.lease_failures += st.lease_failures;
     }
     {
       const std::lock_guard lock(mu_);
@@ -330,11 +469,135 @@ class EnvoyRateLimitPolicy final : public Policy {
                       static_cast<double>(limits)));
     out.push_back(one("sluice_rls_keys", "Counters the limits hold", MetricType::Gauge,
                       static_cast<double>(keys)));
+    if (sharing_ == nullptr) return;
+    out.push_back(one("sluice_rls_shared_limits", "Limits shared through the coordinator",
+                      MetricType::Gauge, static_cast<double>(shared)));
+    MetricFamily refusals{"sluice_rls_shared_refusals_total",
+                          "Refusals of shared limits by reason (coordinator_restarted: the "
+                          "coordinator lost its state, so the window counts as spent)",
+                          MetricType::Counter,
+                          {}};
+    for (std::size_t r = 1; r < kFederatedReasons; ++r) {
+      ClientMetric m;
+      m.label = {{"reason", std::string(to_string(static_cast<FederatedReason>(r)))}};
+      m.counter.value = static_cast<double>(shared_refusals_[r].load(std::memory_order_relaxed));
+      refusals.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(refusals));
+    out.push_back(one("sluice_rls_leases_total",
+                      "Escrow lease calls the shared limits made to the coordinator",
+                      MetricType::Counter, static_cast<double>(leases.leases)));
+    out.push_back(one("sluice_rls_lease_failures_total",
+                      "Lease calls of the shared limits that failed or timed out",
+                      MetricType::Counter, static_cast<double>(leases.lease_failures)));
   }
 
  private:
   static Status invalid(std::string why) {
     return Status(StatusCode::kInvalidArgument, std::move(why));
+  }
+  static std::string at(std::size_t i) { return "descriptors[" + std::to_string(i) + "]"; }
+
+  // A lease's answer for descriptor `i` of `p`: the last one answers the request.
+  void on_lease(const std::shared_ptr<Pending>& p, std::size_t i, const FederatedDecision& d) {
+    {
+      const std::lock_guard lock(p->mu);
+      p->decisions[i] = d;
+      ++p->received;
+      if (!p->returned || p->received < p->started) return;
+    }
+    StatusOr<RlsAnswer> a = finish(*p);
+    Completion<RlsAnswer> done = std::move(p->done);
+    done(std::move(a));
+    // The last touch of this policy: its destructor waits for this count.
+    const std::lock_guard count(deferred_mu_);
+    --deferred_;
+    deferred_cv_.notify_all();
+  }
+
+  // The answer once every limit of `p` has decided. It lets go of the counters: a shared
+  // limiter is only ever destroyed on the policy's own threads, never in a lease's callback.
+  StatusOr<RlsAnswer> finish(Pending& p) {
+    const std::size_t n = p.matched.size();
+    RlsAnswer out;
+    out.statuses.resize(n);
+    std::vector<rls::Outcome> outcomes(n);
+    std::vector<std::uint64_t> taken(n, 0);  // hits added, given back if the request is over
+    std::optional<std::size_t> unreachable;  // a limit that counts and could not be decided
+    const bool shadow_all = shadow_mode_.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < n; ++i) {
+      RlsStatus& s = out.statuses[i];
+      if (p.applied[i] == rls::Applied::kUnlimited) {
+        s.remaining = std::numeric_limits<std::uint32_t>::max();
+        continue;
+      }
+      if (p.applied[i] != rls::Applied::kLimit) continue;
+      const rls::Rule& r = *p.matched[i];
+      s.limit = RlsStatus::Current{r.limit.requests_per_unit, r.limit.unit, r.limit.name};
+      bool over = true;
+      if (const std::optional<FederatedDecision>& d = p.decisions[i]) {
+        over = !d->rate.allowed;
+        if (!over) taken[i] = p.hits[i];
+        s.remaining = static_cast<std::uint32_t>(
+            std::min<std::uint64_t>(d->rate.remaining, std::numeric_limits<std::uint32_t>::max()));
+        s.until_reset = d->rate.reset_after;
+        if (over && p.counters[i]->shared != nullptr) {
+          shared_refusals_[static_cast<std::size_t>(d->reason)].fetch_add(
+              1, std::memory_order_relaxed);
+          if (d->reason == FederatedReason::kCoordinatorUnreachable && !r.shadow_mode &&
+              !shadow_all && !unreachable)
+            unreachable = i;
+        }
+      } else {
+        s.until_reset = window_left(r.limit.unit, p.now);
+      }
+      outcomes[i] = rls::Outcome{
+          .over = over, .quota = r.quota_mode, .shadow = r.shadow_mode, .limited = true};
+      s.over = over && !r.shadow_mode;
+    }
+    const bool over = rls::over_limit(outcomes);
+    const bool error = unreachable && sharing_spec_.outage == RlsOutage::kError;
+    out.over = over && !shadow_all;
+    if (out.over || error) {
+      // Refused: what it added goes back, so a refused request costs no limit anything.
+      for (std::size_t i = 0; i < n; ++i) {
+        if (taken[i] == 0) continue;
+        Counter& c = *p.counters[i];
+        if (c.limiter != nullptr)
+          c.limiter->refund(p.keys[i], taken[i], p.now);
+        else
+          c.shared->refund(p.keys[i], taken[i], p.now);
+        out.statuses[i].remaining = static_cast<std::uint32_t>(
+            std::min<std::uint64_t>(std::uint64_t{out.statuses[i].remaining} + taken[i],
+                                    p.matched[i]->limit.requests_per_unit));
+      }
+    }
+    if (error) {
+      requests_unavailable_.fetch_add(1, std::memory_order_relaxed);
+      const std::string path = p.matched[*unreachable]->path;
+      p.counters.clear();
+      p.g.reset();
+      return Status(StatusCode::kUnavailable,
+                    at(*unreachable) + ": the shared limit " + path +
+                        " cannot be decided: its coordinator cannot be reached and this server "
+                        "holds no escrow for it (outage: error; over-limit would refuse)");
+    }
+    count(p.counters, p.metrics, outcomes, over, shadow_all);
+    add_headers(out, p.matched, p.applied);
+    p.counters.clear();
+    p.g.reset();
+    return out;
+  }
+
+  // Every shared counter is kept here as well as where it serves, so that the last reference
+  // to it is never a request's (dropped on a lease's thread): sweep() lets go of those no
+  // generation or request holds any more, on the policy's loop.
+  void remember_shared(const Generation& g) {
+    const std::lock_guard lock(mu_);
+    for (const auto& c : g.counters)
+      if (c != nullptr && c->shared != nullptr &&
+          std::find(owned_.begin(), owned_.end(), c) == owned_.end())
+        owned_.push_back(c);
   }
 
   [[nodiscard]] std::shared_ptr<Generation> generation() const {
@@ -379,15 +642,15 @@ class EnvoyRateLimitPolicy final : public Policy {
       return Status(StatusCode::kResourceExhausted,
                     "this policy counts " + std::to_string(kMaxOverrides) +
                         " distinct override limits already; no more are taken");
-    auto c = std::make_shared<Counter>();
-    c->rule.limit.requests_per_unit = per;
-    c->rule.limit.unit = unit;
-    c->rule.path = "override." + std::to_string(per) + "_per_" + std::string(rls::name_of(unit));
-    auto limiter = make_limiter(c->rule.limit, max_keys_, clock_);  // under mu_
-    if (!limiter.ok()) return limiter.status();
-    c->limiter = std::move(limiter.value());
-    overrides_.emplace(key, c);
-    return c;
+    rls::Rule rule;
+    rule.limit.requests_per_unit = per;
+    rule.limit.unit = unit;
+    rule.path = "override." + std::to_string(per) + "_per_" + std::string(rls::name_of(unit));
+    auto c = make_counter(rule, max_keys_, clock_, sharing_.get());  // under mu_
+    if (!c.ok()) return c.status();
+    if (c.value()->shared != nullptr) owned_.push_back(c.value());
+    overrides_.emplace(key, c.value());
+    return c.value();
   }
 
   void count(const std::vector<std::shared_ptr<Counter>>& counters,
@@ -429,20 +692,40 @@ class EnvoyRateLimitPolicy final : public Policy {
   Nanos sweep(Nanos now) {
     const std::shared_ptr<Generation> g = generation();
     std::vector<std::shared_ptr<Counter>> all(g->counters.begin(), g->counters.end());
+    std::vector<std::shared_ptr<Counter>> gone;  // shared limits no rule or request holds
     {
       const std::lock_guard lock(mu_);
       for (const auto& [_, c] : overrides_) all.push_back(c);
+      for (auto it = owned_.begin(); it != owned_.end();) {
+        if (it->use_count() == 1) {
+          gone.push_back(std::move(*it));
+          it = owned_.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
+    for (const auto& c : gone) c->shared->relinquish_all(now);
+    gone.clear();
     for (const auto& c : all) {
-      if (c == nullptr || c->limiter == nullptr || now < c->next_sweep) continue;
-      c->limiter->sweep(now);
+      if (c == nullptr || c->zero() || now < c->next_sweep) continue;
+      if (c->limiter != nullptr)
+        c->limiter->sweep(now);
+      else
+        c->shared->sweep(now);
       c->next_sweep = now + sweep_interval(*c);
     }
     return now + std::chrono::seconds(1);
   }
 
   const Clock& clock_;
+  const std::shared_ptr<Sharing> sharing_;  // null: every limit is this server's own
+  const RlsSharing sharing_spec_;
   mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Counter>> owned_;  // every shared counter; guarded by mu_
+  std::mutex deferred_mu_;
+  std::condition_variable deferred_cv_;
+  std::size_t deferred_ = 0;  // requests waiting for a lease; guarded by deferred_mu_
   // Swapped whole by a reload; read per request without a lock.
   std::atomic<std::shared_ptr<Generation>> generation_;
   std::atomic<bool> shadow_mode_;
@@ -452,17 +735,46 @@ class EnvoyRateLimitPolicy final : public Policy {
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::shared_ptr<Counter>>
       overrides_;                                                              // guarded by mu_
   std::map<std::string, std::unique_ptr<HitCounts>, std::less<>> named_hits_;  // guarded by mu_
-  std::atomic<std::uint64_t> requests_ok_{0}, requests_over_{0}, shadow_denied_{0},
-      unknown_domain_{0};
+  // Refusals of shared limits, by FederatedReason.
+  std::array<std::atomic<std::uint64_t>, kFederatedReasons> shared_refusals_{};
+  std::atomic<std::uint64_t> requests_ok_{0}, requests_over_{0}, requests_unavailable_{0},
+      shadow_denied_{0}, unknown_domain_{0};
 };
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const EnvoyRateLimitSpec& spec = *c.spec.as<EnvoyRateLimitSpec>();
-  auto p = prepare(spec.rules, nullptr, spec.max_keys, c.clock);
+  std::shared_ptr<Sharing> sharing;
+  if (!spec.sharing.coordinator.empty()) {
+    auto coordinator = c.coordinator<RateCoordinator>(
+        spec.sharing.coordinator, "a rate-budget interface (for shared limits)");
+    if (!coordinator.ok()) return coordinator.status();
+    FederationOptions o = spec.sharing.options;
+    if (o.region.empty()) o.region = c.node_id;
+    sharing = std::make_shared<Sharing>(std::move(coordinator.value()), std::move(o), c.name,
+                                        spec.sharing.io_threads);
+  }
+  auto p = prepare(spec.rules, nullptr, spec.max_keys, c.clock, sharing.get());
   if (!p.ok()) return p.status();
-  return std::shared_ptr<Policy>(
-      std::make_shared<EnvoyRateLimitPolicy>(c, spec, std::move(p.value().next)));
+  return std::shared_ptr<Policy>(std::make_shared<EnvoyRateLimitPolicy>(c, spec, std::move(sharing),
+                                                                        std::move(p.value().next)));
 }
+
+// A Deferral of `To` offered as one of `From`: the answer goes through `map`.
+template <class From, class To>
+class MappedDeferral final : public Deferral<From> {
+ public:
+  using Map = std::function<StatusOr<To>(StatusOr<From>)>;
+  MappedDeferral(Deferral<To>& outer, Map map) : outer_(outer), map_(std::move(map)) {}
+  Completion<From> defer() override {
+    return
+        [done = outer_.defer(), map = map_](StatusOr<From> v) mutable { done(map(std::move(v))); };
+  }
+  void on_cancel(Once<void()> hook) override { outer_.on_cancel(std::move(hook)); }
+
+ private:
+  Deferral<To>& outer_;
+  Map map_;
+};
 
 // The policy that serves `domain`: the first that has it, else the first (which answers an
 // unknown domain); an error when none is configured.
@@ -519,30 +831,60 @@ void fill(pb::RateLimitResponse& out, const RlsAnswer& a) {
   }
 }
 
-StatusOr<pb::RateLimitResponse> answer(const pb::RateLimitRequest& in, const KindPolicies& ps) {
-  auto p = serving(ps, in.domain());
-  if (!p.ok()) return p.status();
-  auto a = p.value()->decide(request_of(in));
-  if (!a.ok()) return a.status();
+pb::RateLimitResponse response_of(const RlsAnswer& a) {
   pb::RateLimitResponse out;
-  fill(out, a.value());
+  fill(out, a);
   return out;
 }
 
+// `in` decided by the policy that serves its domain: now, or through `later` when a shared
+// limit waits for a lease.
+Decided<pb::RateLimitResponse> answer(const pb::RateLimitRequest& in, const KindPolicies& ps,
+                                      Deferral<pb::RateLimitResponse>& later) {
+  auto p = serving(ps, in.domain());
+  if (!p.ok()) return p.status();
+  MappedDeferral<RlsAnswer, pb::RateLimitResponse> mapped(
+      later, [](StatusOr<RlsAnswer> a) -> StatusOr<pb::RateLimitResponse> {
+        if (!a.ok()) return a.status();
+        return response_of(a.value());
+      });
+  Decided<RlsAnswer> a = p.value()->decide(request_of(in), mapped);
+  if (!a) return std::nullopt;
+  if (!a->ok()) return a->status();
+  return response_of(a->value());
+}
+
 Decided<std::string> grpc_should_rate_limit(std::string_view request, const KindPolicies& ps,
-                                            Deferral<std::string>& /*later*/) {
+                                            Deferral<std::string>& later) {
   pb::RateLimitRequest in;
   if (std::string why = api::decode(request, in); !why.empty())
     return Status(StatusCode::kInvalidArgument, std::move(why));
-  auto out = answer(in, ps);
-  if (!out.ok()) return out.status();
-  return out.value().SerializeAsString();
+  MappedDeferral<pb::RateLimitResponse, std::string> mapped(
+      later, [](StatusOr<pb::RateLimitResponse> r) -> StatusOr<std::string> {
+        if (!r.ok()) return r.status();
+        return r.value().SerializeAsString();
+      });
+  Decided<pb::RateLimitResponse> out = answer(in, ps, mapped);
+  if (!out) return std::nullopt;
+  if (!out->ok()) return out->status();
+  return out->value().SerializeAsString();
 }
 
 // envoyproxy/ratelimit's HTTP form: the request and the answer in protobuf's JSON mapping;
 // 200 when OK, 429 when over the limit.
+StatusOr<RouteReply> json_reply(StatusOr<pb::RateLimitResponse> r) {
+  if (!r.ok()) return r.status();
+  RouteReply reply;
+  reply.status = r.value().overall_code() == pb::RateLimitResponse::OVER_LIMIT ? 429 : 200;
+  if (auto s = google::protobuf::util::MessageToJsonString(r.value(), &reply.body); !s.ok())
+    return Status(StatusCode::kInternal,
+                  "answer: " + std::string(s.message().data(), s.message().size()));
+  reply.body += '\n';
+  return reply;
+}
+
 Decided<RouteReply> json_should_rate_limit(const RouteRequest& req, const KindPolicies& ps,
-                                           Deferral<RouteReply>& /*later*/) {
+                                           Deferral<RouteReply>& later) {
   pb::RateLimitRequest in;
   google::protobuf::util::JsonParseOptions parse;
   parse.ignore_unknown_fields = false;
@@ -552,15 +894,10 @@ Decided<RouteReply> json_should_rate_limit(const RouteRequest& req, const KindPo
     return Status(StatusCode::kInvalidArgument,
                   "body: not a RateLimitRequest in JSON: " +
                       std::string(s.message().data(), s.message().size()));
-  auto out = answer(in, ps);
-  if (!out.ok()) return out.status();
-  RouteReply reply;
-  reply.status = out.value().overall_code() == pb::RateLimitResponse::OVER_LIMIT ? 429 : 200;
-  if (auto s = google::protobuf::util::MessageToJsonString(out.value(), &reply.body); !s.ok())
-    return Status(StatusCode::kInternal,
-                  "answer: " + std::string(s.message().data(), s.message().size()));
-  reply.body += '\n';
-  return reply;
+  MappedDeferral<pb::RateLimitResponse, RouteReply> mapped(later, json_reply);
+  Decided<pb::RateLimitResponse> out = answer(in, ps, mapped);
+  if (!out) return std::nullopt;
+  return json_reply(std::move(*out));
 }
 
 }  // namespace

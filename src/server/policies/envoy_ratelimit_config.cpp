@@ -14,9 +14,11 @@ namespace {
 namespace fs = std::filesystem;
 
 // The keys a rule may have: envoyproxy/ratelimit's (metadata is refused with its own message).
+// sluice's own two follow them.
 const std::vector<std::string_view> kRuleKeys = {
-    "key",        "value",           "rate_limit",      "descriptors",     "shadow_mode",
-    "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"};
+    "key",           "value",           "rate_limit",      "descriptors",     "shadow_mode",
+    "quota_mode",    "detailed_metric", "value_to_metric", "share_threshold", "metadata",
+    "sluice_shared", "sluice_strategy"};
 
 std::optional<rls::Limit> read_limit(ConfigSection& s) {
   s.keys({"unit", "requests_per_unit", "unlimited", "name", "replaces"});
@@ -43,7 +45,8 @@ std::optional<rls::Limit> read_limit(ConfigSection& s) {
   return l;
 }
 
-rls::DescriptorRule read_rule(ConfigSection& s) {
+// `shares`: the policy names a coordinator (its limits are shared unless a rule says not).
+rls::DescriptorRule read_rule(ConfigSection& s, bool shares) {
   s.keys(kRuleKeys);
   rls::DescriptorRule r;
   if (s.has("metadata"))
@@ -59,7 +62,26 @@ rls::DescriptorRule read_rule(ConfigSection& s) {
         std::pair{"value_to_metric", &r.value_to_metric},
         std::pair{"share_threshold", &r.share_threshold}})
     if (auto v = s.boolean(field)) *flag = *v;
-  s.each("descriptors", [&](ConfigSection& d) { r.descriptors.push_back(read_rule(d)); });
+  if (auto v = s.boolean("sluice_shared")) {
+    if (*v && !shares)
+      s.error("sluice_shared",
+              "shares this limit through the policy's coordinator, and the envoy_ratelimit "
+              "policy names none (set its `coordinator`)");
+    r.sluice_shared = *v;
+  }
+  if (auto v = s.choice<RateStrategy>("sluice_strategy",
+                                      {{"fixed-window", RateStrategy::kFixedWindow},
+                                       {"sliding-window", RateStrategy::kSlidingWindow},
+                                       {"gcra", RateStrategy::kGcra}})) {
+    r.sluice_strategy = *v;
+    if (*v != RateStrategy::kFixedWindow && r.sluice_shared.value_or(shares))
+      s.error("sluice_strategy",
+              "'" + std::string(to_string(*v)) +
+                  "' cannot be shared without overshoot: a shared limit is a fixed window, "
+                  "whose budget starts whole at each window's start and can be split into "
+                  "escrow; add `sluice_shared: false` to count this limit on each server");
+  }
+  s.each("descriptors", [&](ConfigSection& d) { r.descriptors.push_back(read_rule(d, shares)); });
   return r;
 }
 
@@ -101,12 +123,54 @@ std::string rule_files(const std::string& config, std::vector<std::string>& out)
   return {};
 }
 
+// The sharing fields: a coordinator, and what only a coordinator makes meaningful.
+void read_sharing(ConfigSection& s, PolicySpec& spec, RlsSharing& out) {
+  FederationOptions& o = out.options;
+  o.lease_timeout = std::chrono::milliseconds(15);
+  if (auto v = s.str("coordinator")) {
+    if (v->empty())
+      s.error("coordinator", "must name a coordinator (leave it out to count on this server)");
+    else
+      spec.use("coordinator", *v, CoordinatorRole::kRateBudget);
+    out.coordinator = *v;
+  }
+  if (auto v = s.str("region")) {
+    if (v->empty()) s.error("region", "must not be empty (leave it out for the server's node id)");
+    o.region = *v;
+  }
+  if (auto v = s.uint("batch", 1, 1'000'000)) o.batch = *v;
+  if (auto d = s.duration("lease_timeout")) o.lease_timeout = *d;
+  if (auto d = s.duration("retry_backoff")) o.retry_backoff = *d;
+  if (auto v = s.choice<RlsOutage>(
+          "outage", {{"error", RlsOutage::kError}, {"over-limit", RlsOutage::kOverLimit}}))
+    out.outage = *v;
+  if (auto v = s.uint("io_threads", 1, 64)) out.io_threads = *v;
+  if (out.coordinator.empty())
+    for (const char* field :
+         {"region", "batch", "lease_timeout", "retry_backoff", "outage", "io_threads"})
+      if (s.has(field))
+        s.error(field,
+                "applies to limits shared through a coordinator, and this policy names "
+                "none (set `coordinator`)");
+}
+
 }  // namespace
+
+bool RlsSharing::same(const RlsSharing& o) const {
+  return coordinator == o.coordinator && options.region == o.options.region &&
+         options.batch == o.options.batch && options.lease_timeout == o.options.lease_timeout &&
+         options.retry_backoff == o.options.retry_backoff && io_threads == o.io_threads &&
+         outage == o.outage;
+}
 
 std::shared_ptr<const PolicyBody> parse_envoy_ratelimit(const std::string& /*name*/,
                                                         ConfigSection& s, PolicySpec& spec) {
-  s.keys({"kind", "config", "merge_domains", "shadow_mode", "max_keys", "response_headers"});
+  s.keys({"kind", "config", "merge_domains", "shadow_mode", "max_keys", "response_headers",
+          "coordinator", "region", "batch", "lease_timeout", "retry_backoff", "outage",
+          "io_threads"});
   auto body = std::make_shared<EnvoyRateLimitSpec>();
+  read_sharing(s, spec, body->sharing);
+  const bool shares = !body->sharing.coordinator.empty();
   if (auto v = s.boolean("merge_domains")) body->merge_domains = *v;
   if (auto v = s.boolean("shadow_mode")) body->shadow_mode = *v;
   if (auto v = s.uint("max_keys", 1, kMaxRateKeys)) body->max_keys = *v;
@@ -132,7 +196,8 @@ std::shared_ptr<const PolicyBody> parse_envoy_ratelimit(const std::string& /*nam
           root.keys({"domain", "descriptors"});
           const std::string domain = root.str("domain", true).value_or("");
           std::vector<rls::DescriptorRule> rules;
-          root.each("descriptors", [&](ConfigSection& d) { rules.push_back(read_rule(d)); });
+          root.each("descriptors",
+                    [&](ConfigSection& d) { rules.push_back(read_rule(d, shares)); });
           if (root.error_count() > 0) return;  // said already
           for (const rls::RuleError& e : tree->add(domain, rules, body->merge_domains))
             root.error_at(e.path, e.message);
