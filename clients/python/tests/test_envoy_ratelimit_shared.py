@@ -80,10 +80,10 @@ def redis(tmp_path):
     r.kill()
 
 
-def serve_region(start_server, tmp_path, redis, region, outage="error"):
+def serve_region(start_server, tmp_path, redis, region, outage="error", server_section=""):
     rules = tmp_path / f"rules-{region}.yaml"
     rules.write_text(RULES)
-    server = start_server(textwrap.dedent(f"""\
+    server = start_server(server_section + textwrap.dedent(f"""\
         coordinators:
           global:
             kind: redis
@@ -184,3 +184,27 @@ def test_redis_gone_answers_within_the_lease_timeout_as_outage_says(start_server
     finally:
         for _, channel, _ in (error_node, closed_node):
             channel.close()
+
+
+def test_a_request_that_waits_for_a_lease_over_json_and_the_envoy_port(start_server, tmp_path,
+                                                                         redis):
+    """A key's first request waits for its lease: answered later through HTTP (POST /json) and
+    through server.envoy_grpc as through the gRPC port."""
+    port = free_port()
+    server, channel, stub = serve_region(start_server, tmp_path, redis, "eu-west",
+                                         server_section=f"server:\n  envoy_grpc: 127.0.0.1:{port}\n")
+    try:
+        stub.ShouldRateLimit(request("user", "first"), timeout=5)  # the fresh Redis's second
+        next_second()
+        body = {"domain": "edge", "descriptors": [{"entries": [{"key": "user", "value": "j"}]}]}
+        r = server.http("POST", "/json", body)
+        assert r.status == 200, r
+        assert r.json()["statuses"][0]["currentLimit"] == {"requestsPerUnit": LIMIT,
+                                                          "unit": "SECOND"}
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as envoy_channel:
+            envoy = rls_pb2_grpc.RateLimitServiceStub(envoy_channel)
+            assert envoy.ShouldRateLimit(request("user", "e"), timeout=5).overall_code == OK
+        state = server.client().policies().by_name["edge"].state
+        assert state["leases"] >= 3, state  # the first key's, then each new key's own
+    finally:
+        channel.close()
