@@ -120,6 +120,7 @@ json decision_json(const pb::Decision& d) {
              is_never(d.retry_after()) ? json(nullptr) : json(seconds_of(d.retry_after()))}};
   if (!d.reason().empty()) j["reason"] = d.reason();
   if (!d.detail().empty()) j["detail"] = d.detail();
+  if (d.would_deny()) j["would_deny"] = true;
   return j;
 }
 
@@ -185,6 +186,10 @@ int run_check(const ClientOptions& o, const CheckArgs& a) {
   const pb::Decision& d = resp->decision();
   if (o.json) {
     fmt::print("{}\n", decision_json(d).dump());
+  } else if (d.would_deny()) {
+    fmt::print("allowed in shadow: the policy would deny it; retry after {}{}\n",
+               duration_text(d.retry_after()),
+               d.reason().empty() ? "" : fmt::format(" ({})", d.reason()));
   } else if (d.allowed()) {
     fmt::print("allowed: {} of {} remaining (full again in {})\n", d.remaining(), d.limit(),
                duration_text(d.reset_after()));
@@ -243,7 +248,9 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
           v = json::array({v, at.value()});
       }
       if (resp.has_call_deadline()) j["call_deadline_seconds"] = seconds_of(resp.call_deadline());
-    } else {
+    }
+    if (resp.would_deny()) j["would_deny"] = true;
+    if (!resp.admitted() || resp.would_deny()) {
       j["rejection"] = json::parse(resp.rejection().problem_json(), nullptr, false);
     }
     fmt::print("{}\n", j.dump());
@@ -259,6 +266,9 @@ int run_admit(const ClientOptions& o, const AdmitArgs& a) {
     if (resp.has_call_deadline())
       fmt::print(stderr, "the call must end within {} (the fleet's call deadline)\n",
                  duration_text(resp.call_deadline()));
+    if (resp.would_deny())
+      fmt::print(stderr, "in shadow: the policy would have refused it ({} {}): {}\n",
+                 resp.rejection().status(), resp.rejection().title(), resp.rejection().detail());
   } else {
     const pb::Rejection& r = resp.rejection();
     fmt::print("refused ({} {}): {}; retry after {}{}\n", r.status(), r.title(), r.detail(),

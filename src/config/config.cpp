@@ -50,7 +50,8 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
   r.keys(n, "server",
          {"grpc", "http", "envoy_grpc", "admin_token", "node_id", "lease_ttl", "max_lease_ttl",
           "shutdown_grace", "state_file", "max_connections", "idle_timeout", "request_timeout",
-          "keepalive", "max_streams_per_connection", "max_watch_streams", "rate_limit_headers"});
+          "keepalive", "max_streams_per_connection", "max_watch_streams", "rate_limit_headers",
+          "shadow_mode"});
   for (auto [key, field] :
        {std::pair<std::string_view, std::string*>{"grpc", &out.grpc},
         std::pair<std::string_view, std::string*>{"http", &out.http},
@@ -80,6 +81,7 @@ void read_server(Reader& r, const YAML::Node& n, ServerSettings& out) {
                                            {"both", "both"},
                                            {"none", "none"}}))
     out.rate_limit_headers = *v;
+  if (auto v = r.boolean(n, "shadow_mode", "server")) out.shadow_mode = *v;
   for (auto [key, field] :
        {std::pair<std::string_view, Nanos*>{"idle_timeout", &out.idle_timeout},
         std::pair<std::string_view, Nanos*>{"request_timeout", &out.request_timeout},
@@ -141,7 +143,12 @@ void read_policy(Reader& r, const YAML::Node& n, const std::string& path, const 
   if (parser->admit_family) {
     if (auto s = r.str(n, "rate", path)) spec.rate = *s;
   }
-  spec.fingerprint += YAML::Dump(n);
+  if (auto v = r.boolean(n, "shadow", path)) spec.shadow = *v;
+  // Shadow mode is how the policy is served, not what it is: turning it on or off keeps the
+  // policy (its state, escrow, fleet membership) as it is.
+  YAML::Node identity = YAML::Clone(n);
+  identity.remove("shadow");
+  spec.fingerprint += YAML::Dump(identity);
   cfg.policies[name] = std::move(spec);
 }
 

@@ -134,7 +134,10 @@ struct AdmitResult {
   // The same as time left from the admission (what the transports send: the caller's clock is
   // not the engine's). Never negative.
   std::optional<Nanos> call_timeout;
-  Rejection refusal;  // when !admitted
+  // Admitted only because its policy runs in shadow (server/shadow.h): the policy (or the rate
+  // policy it chains) would have refused it; `refusal` says how. The lease holds no permit.
+  bool would_deny = false;
+  Rejection refusal;  // when !admitted, or would_deny
   // Keeps alive what `refusal`'s views point into (the policy that refused).
   std::shared_ptr<const void> refusal_owner;
   // How long the call waited in a queue before this answer (admitted or refused); 0: none.

@@ -12,6 +12,7 @@
 #include "server/json_text.h"
 #include "server/policy.h"
 #include "server/policy_set.h"
+#include "server/shadow.h"
 
 namespace sluice::server {
 
@@ -130,10 +131,11 @@ std::string a_kind(const Policy& p) { return kinds_phrase({p.kind()}); }
 StatusOr<RateFamily*> rate_policy(const PolicySet& set, const PolicyRegistry& kinds,
                                   std::string_view name) {
   if (Status s = check_name("policy", name); !s.ok()) return s;
-  std::shared_ptr<Policy> p = set.find(name);
-  if (p == nullptr)
+  const PolicySet::Entry* e = set.entry(name);
+  if (e == nullptr)
     return Status(StatusCode::kNotFound, "policy: no policy named '" + std::string(name) + "'");
-  RateFamily* rate = p->rate_family();
+  const std::shared_ptr<Policy>& p = e->base;
+  RateFamily* rate = e->rate_family();  // in shadow, the shadow's (shadow.h)
   if (rate == nullptr)
     return Status(
         StatusCode::kFailedPrecondition,
@@ -165,6 +167,11 @@ class Waiting final : public Deferral<T> {
  private:
   OneShot<StatusOr<T>> answer_;
 };
+
+// Whether a check's answer took its hits (a would_deny one, allowed in shadow, took none).
+bool debited(const StatusOr<RateDecision>& d) {
+  return d.ok() && d.value().allowed && !d.value().would_deny;
+}
 
 // A CheckMany once one of its checks was deferred: the checks' answers as they come, and the
 // call's Completion, called when the last one is in.
@@ -233,7 +240,7 @@ class ManyChecks : public std::enable_shared_from_this<ManyChecks> {
     }
     if (first < issued_)  // all or nothing: give back every hit allowed, wherever it is
       for (std::size_t i = 0; i < issued_; ++i)
-        if (got_[i]->ok() && got_[i]->value().allowed) ps_[i]->refund(keys_[i], hits_[i], now_);
+        if (debited(*got_[i])) ps_[i]->refund(keys_[i], hits_[i], now_);
     if (error) return done_(*error);
     for (std::size_t i = 0; i < issued_ && i <= first; ++i)
       out.decisions.push_back(got_[i]->value());
@@ -344,7 +351,8 @@ Decided<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls,
     } else if (stop) {
       // Nothing deferred so far: answer now, as an all-inline CheckMany always has.
       for (std::size_t j = 0; j < i; ++j)
-        ps[j]->refund(calls[j].key, static_cast<std::uint64_t>(calls[j].hits), now);
+        if (debited(out.decisions[j]))
+          ps[j]->refund(calls[j].key, static_cast<std::uint64_t>(calls[j].hits), now);
       if (!d->ok())
         return Status(d->status().code(),
                       "checks[" + std::to_string(i) + "]." + d->status().message());
@@ -376,17 +384,35 @@ StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
 
 namespace {
 
+// How shadow mode bears on one admit (shadow.h): the policy whose refusal becomes a would_deny
+// admission (null: its policy is not in shadow), and what its chained rate policy would have
+// answered when it passed the call only in shadow.
+struct AdmitShadow {
+  Policy* policy = nullptr;
+  std::optional<AdmitDecision> rate_would_deny;
+};
+
 // What the transports answer for a kind's decision: the lease made for its permit (at `now`,
-// held for `ttl`), or its refusal.
-AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos ttl) {
+// held for `ttl`), or its refusal; in shadow, a refusal is a lease on a ShadowPermit.
+AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos ttl,
+                         AdmitShadow shadow = {}) {
   AdmitResult out;
   out.waited = d.waited;
-  if (!d.permit) {
+  if (!d.permit && shadow.policy != nullptr) {
+    shadow.policy->count_shadow_denied();
+    d.permit.emplace(ShadowPermit{});
+    out.would_deny = true;
+  } else if (d.permit && shadow.rate_would_deny) {
+    d.refusal = std::move(shadow.rate_would_deny->refusal);
+    d.refusal_owner = std::move(shadow.rate_would_deny->refusal_owner);
+    out.would_deny = true;
+  }
+  if (!d.permit || out.would_deny) {
     // A chained rate hit stays spent when the limit refuses: the call was attempted (as in the
     // gateway's order, where the rate limiter counts every request it lets through).
     out.refusal = std::move(d.refusal);
     out.refusal_owner = std::move(d.refusal_owner);
-    return out;
+    if (!d.permit) return out;
   }
   Lease lease{std::move(*d.permit), now, ttl, now + ttl};
   out.lease_id = leases.insert(std::move(lease));  // if this throws, the permit goes back
@@ -403,14 +429,15 @@ AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos t
 // made when the permit comes, its TTL counted from then.
 class AdmitLater final : public Deferral<AdmitDecision> {
  public:
-  AdmitLater(Deferral<AdmitResult>& outer, LeaseTable& leases, const Clock& clock, Nanos ttl)
-      : outer_(outer), leases_(leases), clock_(clock), ttl_(ttl) {}
+  AdmitLater(Deferral<AdmitResult>& outer, LeaseTable& leases, const Clock& clock, Nanos ttl,
+             AdmitShadow& shadow)
+      : outer_(outer), leases_(leases), clock_(clock), ttl_(ttl), shadow_(shadow) {}
   Completion<AdmitDecision> defer() override {
-    return [done = outer_.defer(), leases = &leases_, clock = &clock_,
-            ttl = ttl_](StatusOr<AdmitDecision> d) mutable {
+    return [done = outer_.defer(), leases = &leases_, clock = &clock_, ttl = ttl_,
+            shadow = std::move(shadow_)](StatusOr<AdmitDecision> d) mutable {
       if (!d.ok()) return done(d.status());
       try {
-        done(admit_result(std::move(d.value()), *leases, clock->now(), ttl));
+        done(admit_result(std::move(d.value()), *leases, clock->now(), ttl, std::move(shadow)));
       } catch (const std::exception& e) {
         done(Status(StatusCode::kInternal, std::string("admit: ") + e.what()));
       }
@@ -423,6 +450,7 @@ class AdmitLater final : public Deferral<AdmitDecision> {
   LeaseTable& leases_;
   const Clock& clock_;
   const Nanos ttl_;
+  AdmitShadow& shadow_;
 };
 
 }  // namespace
@@ -432,20 +460,32 @@ namespace {
 // The rate policy `e` chains, passed between the phases of an admit: keyed by the call's key,
 // or what the kind keys it by when it gives none. nullopt: go on; a refusal (its 429: no permit
 // is taken); an error when there is no key.
-StatusOr<std::optional<AdmitDecision>> pass_rate(const PolicySet::Entry& e, const AdmitCall& call,
+StatusOr<std::optional<AdmitDecision>> pass_rate(const PolicySet& set, const PolicySet::Entry& e,
+                                                 const AdmitCall& call,
                                                  const ResolvedAdmit& resolved, AdmitFamily& admit,
-                                                 Nanos now) {
+                                                 Nanos now, AdmitShadow& shadow) {
   const std::string_view key = call.key.empty() ? resolved.rate_key() : call.key;
   if (key.empty())
     return invalid("key", "must not be empty: policy '" + e.base->name() +
                               "' chains rate policy '" + e.rate->name() + "', keyed by it");
-  RateFamily& rate = *e.rate->rate_family();
-  const RateDecision d = rate.check(key, 1, now);
-  if (d.allowed) return std::optional<AdmitDecision>();
-  admit.refused_by_rate();
+  // The rate policy's own shadow answers through its ShadowRate; the admitting policy's shadow
+  // covers the rate policy it chains as well.
+  const PolicySet::Entry* re = set.entry(e.base->rate_name());
+  RateFamily& rate = re != nullptr ? *re->rate_family() : *e.rate->rate_family();
+  RateDecision d = rate.check(key, 1, now);
+  if (!d.allowed && e.shadow) {
+    allow_in_shadow(d);
+    e.base->count_shadow_denied();
+  }
+  if (d.allowed && !d.would_deny) return std::optional<AdmitDecision>();
   AdmitDecision refused;
   refused.refusal = rate.refusal(key, d);
   refused.refusal_owner = e.rate;  // what the refusal's views point into
+  if (d.would_deny) {
+    shadow.rate_would_deny = std::move(refused);
+    return std::optional<AdmitDecision>();
+  }
+  admit.refused_by_rate();
   return std::optional<AdmitDecision>(std::move(refused));
 }
 
@@ -478,21 +518,23 @@ Decided<AdmitResult> Engine::admit(const AdmitCall& call, Deferral<AdmitResult>&
   StatusOr<std::unique_ptr<ResolvedAdmit>> resolved = admit->resolve(call, now);
   if (!resolved.ok()) return resolved.status();
   // Between the phases, the chained rate policy (the gateway document's order).
+  AdmitShadow shadow;
+  if (entry->shadow) shadow.policy = &p;
   std::optional<AdmitDecision> refused;
   if (entry->rate != nullptr) {
     StatusOr<std::optional<AdmitDecision>> r =
-        pass_rate(*entry, call, *resolved.value(), *admit, now);
+        pass_rate(*set, *entry, call, *resolved.value(), *admit, now, shadow);
     if (!r.ok()) return r.status();
     refused = std::move(r.value());
   }
   if (refused) return admit_result(std::move(*refused), leases_, now, ttl);
   // Phase two: the permit. A deferred take keeps its policy alive through the Completion it
   // holds (the kind's contract: it answers, retired or not).
-  AdmitLater deferred(later, leases_, clock_, ttl);
+  AdmitLater deferred(later, leases_, clock_, ttl, shadow);
   Decided<AdmitDecision> d = resolved.value()->take(now, deferred);
   if (!d) return std::nullopt;
   if (!d->ok()) return d->status();
-  return admit_result(std::move(d->value()), leases_, now, ttl);
+  return admit_result(std::move(d->value()), leases_, now, ttl, std::move(shadow));
 }
 
 StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {

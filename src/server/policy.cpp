@@ -68,6 +68,11 @@ nlohmann::json Policy::state(PolicyInfo* info) const {
   nlohmann::json j = {{"name", name_}, {"kind", kind_}};
   if (!rate_.empty()) j["rate"] = rate_;
   describe(j, i);
+  const std::uint64_t denied = shadow_denied_.load(std::memory_order_relaxed);
+  if (shadow() || denied > 0) {
+    j["shadow"] = shadow();
+    j["shadow_denied"] = denied;
+  }
   j["retired"] = retired();
   return j;
 }
@@ -83,6 +88,11 @@ std::vector<MetricFamily> Policy::collect() const {
   out.push_back(one("sluice_policy_info", "Policies in force (value 1), by kind", MetricType::Gauge,
                     1, {{"kind", kind_}}));
   metrics(out);
+  const std::uint64_t denied = shadow_denied_.load(std::memory_order_relaxed);
+  if (shadow() || denied > 0)
+    out.push_back(one("sluice_shadow_denied_total",
+                      "Calls the policy would have refused, allowed because it runs in shadow",
+                      MetricType::Counter, static_cast<double>(denied)));
   return out;
 }
 

@@ -190,6 +190,15 @@ class Policy : public std::enable_shared_from_this<Policy> {
   // for a permit (a queue) answers them now, UNAVAILABLE, and holds no more. Default: nothing.
   virtual void on_drain() noexcept {}
 
+  // Shadow mode (PolicySpec::shadow, server.shadow_mode): set by the config generation that
+  // serves the policy; the engine turns its refusals into would_deny answers and counts them
+  // here (sluice_shadow_denied_total, and "shadow" and "shadow_denied" in its state).
+  void set_shadow(bool on) noexcept { shadow_.store(on, std::memory_order_relaxed); }
+  [[nodiscard]] bool shadow() const noexcept { return shadow_.load(std::memory_order_relaxed); }
+  void count_shadow_denied(std::uint64_t n = 1) noexcept {
+    shadow_denied_.fetch_add(n, std::memory_order_relaxed);
+  }
+
  protected:
   Policy(std::string name, std::string kind, std::string rate);
 
@@ -214,6 +223,8 @@ class Policy : public std::enable_shared_from_this<Policy> {
   const std::string kind_;
   const std::string rate_;
   std::atomic<bool> retired_{false};
+  std::atomic<bool> shadow_{false};
+  std::atomic<std::uint64_t> shadow_denied_{0};
   std::vector<std::unique_ptr<TickLoop>> loops_;  // started before serving, stopped by retire()
 };
 

@@ -1,6 +1,8 @@
 // policy_set.cpp: building a config generation (policy_set.h).
 #include "server/policy_set.h"
 
+#include "server/shadow.h"
+
 namespace sluice::server {
 namespace {
 
@@ -81,7 +83,8 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
       if (it != old->policies.end()) was = &it->second;
     }
     if (was != nullptr && was->identity == identity) {
-      set.policies.emplace(name, PolicySet::Entry{was->base, nullptr, std::move(identity)});
+      set.policies.emplace(
+          name, PolicySet::Entry{was->base, nullptr, std::move(identity), false, nullptr});
       continue;
     }
     const PolicyKind* kind = kinds.find(spec.kind);
@@ -97,7 +100,8 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
                       "policy " + name + ": " + in_place.status().message());
       if (in_place.value()) {
         set.reconfigurations.emplace_back(name, std::move(in_place.value()));
-        set.policies.emplace(name, PolicySet::Entry{was->base, nullptr, std::move(identity)});
+        set.policies.emplace(
+            name, PolicySet::Entry{was->base, nullptr, std::move(identity), false, nullptr});
         continue;
       }
     }
@@ -113,7 +117,8 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
     }
     auto p = kind->build(built);
     if (!p.ok()) return Status(p.status().code(), "policy " + name + ": " + p.status().message());
-    set.policies.emplace(name, PolicySet::Entry{p.value(), nullptr, std::move(identity)});
+    set.policies.emplace(name,
+                         PolicySet::Entry{p.value(), nullptr, std::move(identity), false, nullptr});
   }
   // Rate chaining: a policy naming a rate policy passes it between resolving and taking.
   for (auto& [name, entry] : set.policies) {
@@ -125,6 +130,12 @@ Status build_set(const SluiceConfig& config, const Clock& clock, const PolicyReg
       return Status(StatusCode::kInvalidArgument,
                     "policy " + name + ": rate: no rate policy named '" + rate + "'");
     entry.rate = it->second.base;
+  }
+  // Shadow mode: the policy's own `shadow`, or the server's switch.
+  for (auto& [name, entry] : set.policies) {
+    entry.shadow = config.server.shadow_mode || config.policies.at(name).shadow;
+    if (entry.shadow && entry.base->rate_family() != nullptr)
+      entry.shadow_rate = std::make_shared<ShadowRate>(*entry.base);
   }
   return {};
 }
@@ -149,7 +160,10 @@ StatusOr<std::shared_ptr<PolicySet>> build_policy_set(
 
 void publish(PolicyDirectory& directory, const PolicySet& set) {
   PolicyDirectory::Policies policies;
-  for (const auto& [name, entry] : set.policies) policies.emplace(name, entry.base);
+  for (const auto& [name, entry] : set.policies) {
+    entry.base->set_shadow(entry.shadow);
+    policies.emplace(name, entry.base);
+  }
   directory.publish(std::move(policies));
 }
 

@@ -30,6 +30,14 @@ class PolicySet {
     std::shared_ptr<Policy> rate;
     // The spec's fingerprint, plus every coordinator's it uses: equal means unchanged.
     std::string identity;
+    // Shadow mode (its `shadow`, or server.shadow_mode): its refusals become would_deny
+    // answers (shadow.h); `shadow_rate` is its rate family so answering (rate kinds only).
+    bool shadow = false;
+    std::shared_ptr<RateFamily> shadow_rate;
+    // The rate family the engine serves it through: shadow_rate in shadow, else its own.
+    [[nodiscard]] RateFamily* rate_family() const {
+      return shadow_rate != nullptr ? shadow_rate.get() : base->rate_family();
+    }
   };
 
   ServerSettings settings;
@@ -62,7 +70,7 @@ class PolicySet {
     const std::shared_ptr<const PolicyDirectory>& directory,
     const std::shared_ptr<Notices>& notices);
 
-// Publishes `set`'s policies to `directory`.
+// Publishes `set`'s policies to `directory`, and marks each in shadow or not as `set` serves it.
 void publish(PolicyDirectory& directory, const PolicySet& set);
 
 }  // namespace sluice::server

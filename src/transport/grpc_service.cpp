@@ -44,6 +44,7 @@ void fill(pb::Decision* out, const RateDecision& d) {
   to_proto(d.reset_after, out->mutable_reset_after());
   to_proto(d.retry_after, out->mutable_retry_after());
   if (!d.reason.empty()) out->set_reason(std::string(d.reason));
+  if (d.would_deny) out->set_would_deny(true);
 }
 
 CheckCall call_of(const pb::CheckRequest& r) {
@@ -266,7 +267,8 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
         at->set_value(value);
       }
       if (a.call_timeout) to_proto(*a.call_timeout, resp.mutable_call_deadline());
-    } else {
+    }
+    if (!a.admitted || a.would_deny) {
       const Rejection& rj = a.refusal;
       pb::Rejection* j = resp.mutable_rejection();
       j->set_status(rj.status);
@@ -280,6 +282,7 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
       j->set_limit(rj.max_concurrent);
       j->set_problem_json(problem_json(rj));
     }
+    if (a.would_deny) resp.set_would_deny(true);
     finish(Status());
   }
   void finish(const Status& s) {

@@ -217,7 +217,8 @@ json decision_json(const RateDecision& d) {
             {"limit", d.limit},
             {"remaining", d.remaining},
             {"reset_after_ms", ms_of(d.reset_after)}};
-  if (!d.allowed) {
+  if (d.would_deny) j["would_deny"] = true;  // allowed in shadow: what it would have said below
+  if (!d.allowed || d.would_deny) {
     if (d.retry_after == Nanos::max())
       j["retry_after_ms"] = nullptr;  // never: more hits than the limit
     else
@@ -362,6 +363,10 @@ void render_admit(HttpExchange& x, const StatusOr<server::AdmitResult>& r) {
     if (!a.attributes.empty()) j["attributes"] = attributes_json(a.attributes);
     if (a.call_timeout) j["call_deadline_ms"] = ms_of(*a.call_timeout);
     if (a.waited > Nanos{0}) j["waited_ms"] = ms_of(a.waited);
+    if (a.would_deny) {  // admitted in shadow: the refusal it would have been
+      j["would_deny"] = true;
+      j["rejection"] = json::parse(problem_json(a.refusal));
+    }
     return ok_json(x, j);
   }
   HttpResponse res = to_http_response(a.refusal);

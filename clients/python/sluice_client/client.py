@@ -67,15 +67,24 @@ def _duration(value: Seconds, name: str):
     return d
 
 
+def _refused(r, waited: float) -> Refused:
+    return Refused(
+        r.status, title=r.title, type=r.type, detail=r.detail,
+        retry_after=_seconds_or_never(r.retry_after), policy=r.policy, level=r.level,
+        current=r.current, limit=r.limit, problem_json=r.problem_json, waited=waited)
+
+
 def _decision(d) -> Decision:
     return Decision(
         allowed=d.allowed,
         limit=d.limit,
         remaining=d.remaining,
         reset_after=_seconds(d.reset_after),
-        retry_after=_seconds_or_never(d.retry_after) if not d.allowed else 0.0,
+        retry_after=(_seconds_or_never(d.retry_after) if not d.allowed or d.would_deny
+                     else 0.0),
         reason=d.reason,
         detail=d.detail,
+        would_deny=d.would_deny,
     )
 
 
@@ -238,12 +247,9 @@ class Client:
                     answer[a.name] = [answer[a.name], a.value]
             return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy,
                          admitted_at=answered, chosen=resp.chosen, deadline=deadline,
-                         waited=waited, attributes=answer)
-        r = resp.rejection
-        raise Refused(
-            r.status, title=r.title, type=r.type, detail=r.detail,
-            retry_after=_seconds_or_never(r.retry_after), policy=r.policy, level=r.level,
-            current=r.current, limit=r.limit, problem_json=r.problem_json, waited=waited)
+                         waited=waited, attributes=answer, would_deny=resp.would_deny,
+                         rejection=_refused(resp.rejection, waited) if resp.would_deny else None)
+        raise _refused(resp.rejection, waited)
 
     def release(self, lease: Union[Lease, str], outcome: str = "success",
                 rtt: Optional[Seconds] = None) -> float:

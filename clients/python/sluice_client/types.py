@@ -38,6 +38,8 @@ class Decision:
         detail: with a reason, from :meth:`Client.check`, what the policy says of it (a
             ``"spec_mismatch"`` names the spec the coordinator holds the window under); ``""``
             otherwise.
+        would_deny: allowed only because the policy runs in shadow: it would have refused, as
+            ``reason`` and ``retry_after`` say; nothing was debited.
     """
 
     allowed: bool
@@ -47,6 +49,7 @@ class Decision:
     retry_after: Optional[float]
     reason: str = ""
     detail: str = ""
+    would_deny: bool = False
 
 
 class CheckManyResult(NamedTuple):
@@ -82,6 +85,10 @@ class Lease:
         waited: seconds the call waited in a queue before it was admitted (0: none).
         attributes: what the policy's kind answered beyond the above, by name (a string, or
             a list of strings for a name answered more than once).
+        would_deny: admitted only because the policy runs in shadow: it would have refused the
+            call, as ``rejection`` says; the lease holds no permit (release it all the same).
+        rejection: with ``would_deny``, the :class:`~sluice_client.Refused` it would have
+            raised; ``None`` otherwise.
     """
 
     lease_id: str
@@ -94,6 +101,8 @@ class Lease:
     deadline: Optional[float] = None
     waited: float = 0.0
     attributes: dict = field(default_factory=dict)
+    would_deny: bool = False
+    rejection: Optional[Exception] = None
 
     def time_left(self) -> Optional[float]:
         """Seconds until :attr:`deadline` (never negative); ``None``: no deadline."""

@@ -25,6 +25,8 @@
 //     max_watch_streams: 1000            # gRPC health Watch streams open at once, server-wide
 //     rate_limit_headers: ietf           # an HTTP check's rate limit fields: ietf (RateLimit-
 //                                        #   Policy, RateLimit), x-ratelimit, both or none
+//     shadow_mode: false                 # every policy in shadow (each policy's `shadow`):
+//                                        #   decides and counts, never refuses
 //     # A reload refuses a change to grpc, http, node_id, max_connections, idle_timeout,
 //     # request_timeout, keepalive, max_streams_per_connection or max_watch_streams
 //     # (restart_only_changes); it takes the rest.
@@ -47,6 +49,8 @@
 //                                    # documented in config/example.yaml)
 //       rate: <rate policy>          # kinds of the admit family: a call passes that rate policy
 //                                    # first (429 when over, no permit taken), then the limit
+//       shadow: true                 # every kind but throttler: decide and count, never refuse
+//                                    #   (PolicySpec::shadow); default false
 //
 // Durations are an integer and a unit: ns, us, ms, s, m, h ("250ms", "2s").
 //
@@ -108,6 +112,8 @@ struct ServerSettings {
   // draft's RateLimit-Policy and RateLimit), "x-ratelimit" (X-RateLimit-Limit, -Remaining,
   // -Reset), "both" or "none"; Retry-After on a refusal whatever it is.
   std::string rate_limit_headers = "ietf";
+  // Every policy runs in shadow, as if each said `shadow: true` (PolicySpec::shadow).
+  bool shadow_mode = false;
 };
 
 // A server setting that a running server cannot take from a reload, with its value in force
@@ -197,6 +203,12 @@ struct PolicySpec {
   // Kinds of the admit family: the rate policy a call passes first (429, no permit taken);
   // empty: none.
   std::string rate;
+  // `shadow: true` (every kind but throttler): the policy decides and counts as configured but
+  // never refuses. A call it would have refused is allowed (admitted, with a lease that holds
+  // no permit) and answered with would_deny and what it would have said; nothing is debited
+  // for it; sluice_shadow_denied_total{policy} counts them. A queueing kind still queues. Not
+  // part of the fingerprint: a reload that only turns it on or off keeps the policy as it is.
+  bool shadow = false;
   // The coordinators (by name) the policy uses; each must be in SluiceConfig::coordinators.
   std::vector<std::string> coordinators;
   // The field that names each of `coordinators`, for errors ("coordinator" where missing).

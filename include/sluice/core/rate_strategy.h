@@ -78,6 +78,9 @@ struct RateDecision {
   // federated policy's reasons, e.g. "coordinator_unreachable"); empty otherwise. A static
   // string.
   std::string_view reason;
+  // Allowed only because its policy runs in shadow: the policy would have refused it (`reason`
+  // and retry_after say what it would have answered), and nothing was debited.
+  bool would_deny = false;
   friend bool operator==(const RateDecision&, const RateDecision&) = default;
 };
 

@@ -102,7 +102,8 @@ class AdaptiveLimitPolicy final : public AdmitPolicy {
 
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
-  s.keys({"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "rate"});
+  s.keys(
+      {"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "rate", "shadow"});
   auto body = std::make_shared<AdaptiveSpec>();
   read_algorithm(s, body->algorithm);
   return body;

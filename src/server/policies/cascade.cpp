@@ -360,7 +360,7 @@ void place(ConfigSection& s, const std::string& prefix, std::string_view why) {
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
   s.keys({"kind", "nodes", "buckets", "bucket_width", "decay", "exponent", "order", "breaker",
-          "revive_every", "revive_share", "rate"});
+          "revive_every", "revive_share", "rate", "shadow"});
   auto body = std::make_shared<CascadeSpec>();
   FallbackCascadeOptions& o = body->options;
   if (auto b = s.uint("buckets", 1, CascadeNodeStats::kMaxBuckets)) o.stats.buckets = *b;

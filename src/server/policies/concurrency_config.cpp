@@ -107,7 +107,7 @@ void read_gateway(ConfigSection& s, GatewayConfig& g) {
 
 std::shared_ptr<const PolicyBody> parse_concurrency(const std::string& /*name*/, ConfigSection& s,
                                                     PolicySpec& /*spec*/) {
-  s.keys({"kind", "tenants", "upstreams", "bindings", "problem", "metrics", "rate"});
+  s.keys({"kind", "tenants", "upstreams", "bindings", "problem", "metrics", "rate", "shadow"});
   auto body = std::make_shared<ConcurrencySpec>();
   read_gateway(s, body->gateway);
   return body;

@@ -412,7 +412,6 @@ class EnvoyRateLimitPolicy final : public Policy {
     j["ok"] = requests_ok_.load(std::memory_order_relaxed);
     j["over_limit"] = requests_over_.load(std::memory_order_relaxed);
     j["unavailable"] = requests_unavailable_.load(std::memory_order_relaxed);
-    j["shadow_denied"] = shadow_denied_.load(std::memory_order_relaxed);
     j["unknown_domain"] = unknown_domain_.load(std::memory_order_relaxed);
   }
 
@@ -422,10 +421,6 @@ class EnvoyRateLimitPolicy final : public Policy {
                  {{"ok", requests_ok_.load(std::memory_order_relaxed)},
                   {"over_limit", requests_over_.load(std::memory_order_relaxed)},
                   {"unavailable", requests_unavailable_.load(std::memory_order_relaxed)}}));
-    out.push_back(one("sluice_shadow_denied_total",
-                      "Calls a limit in shadow mode would have refused (they were admitted)",
-                      MetricType::Counter,
-                      static_cast<double>(shadow_denied_.load(std::memory_order_relaxed))));
     out.push_back(one("sluice_rls_unknown_domain_total",
                       "ShouldRateLimit requests for a domain no rule file has (answered OK)",
                       MetricType::Counter,
@@ -524,7 +519,7 @@ class EnvoyRateLimitPolicy final : public Policy {
     std::vector<rls::Outcome> outcomes(n);
     std::vector<std::uint64_t> taken(n, 0);  // hits added, given back if the request is over
     std::optional<std::size_t> unreachable;  // a limit that counts and could not be decided
-    const bool shadow_all = shadow_mode_.load(std::memory_order_relaxed);
+    const bool shadow_all = shadow_mode_.load(std::memory_order_relaxed) || shadow();
     for (std::size_t i = 0; i < n; ++i) {
       RlsStatus& s = out.statuses[i];
       if (p.applied[i] == rls::Applied::kUnlimited) {
@@ -672,7 +667,7 @@ class EnvoyRateLimitPolicy final : public Policy {
       }
     }
     if (over && shadow_all) ++shadowed;
-    if (shadowed > 0) shadow_denied_.fetch_add(shadowed, std::memory_order_relaxed);
+    if (shadowed > 0) count_shadow_denied(shadowed);
     (over && !shadow_all ? requests_over_ : requests_ok_).fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -738,7 +733,7 @@ class EnvoyRateLimitPolicy final : public Policy {
   // Refusals of shared limits, by FederatedReason.
   std::array<std::atomic<std::uint64_t>, kFederatedReasons> shared_refusals_{};
   std::atomic<std::uint64_t> requests_ok_{0}, requests_over_{0}, requests_unavailable_{0},
-      shadow_denied_{0}, unknown_domain_{0};
+      unknown_domain_{0};
 };
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {

@@ -12,7 +12,8 @@
 //   merge_domains: false            # a domain in several files joins them (its
 //                                   #   MERGE_DOMAIN_CONFIG); default: an error
 //   shadow_mode: false              # every limit in shadow (its SHADOW_MODE): the overall
-//                                   #   answer is OK; the statuses still say OVER_LIMIT
+//                                   #   answer is OK; the statuses still say OVER_LIMIT. The
+//                                   #   common `shadow: true` and server.shadow_mode do the same
 //   max_keys: 1000000               # counters held per limit (the rate kind's max_keys)
 //   coordinator: global             # a coordinator of the config (redis, postgres, memory):
 //                                   #   every limit is then one budget for every sluice server

@@ -167,7 +167,7 @@ std::shared_ptr<const PolicyBody> parse_envoy_ratelimit(const std::string& /*nam
                                                         ConfigSection& s, PolicySpec& spec) {
   s.keys({"kind", "config", "merge_domains", "shadow_mode", "max_keys", "response_headers",
           "coordinator", "region", "batch", "lease_timeout", "retry_backoff", "outage",
-          "io_threads"});
+          "io_threads", "shadow"});
   auto body = std::make_shared<EnvoyRateLimitSpec>();
   read_sharing(s, spec, body->sharing);
   const bool shares = !body->sharing.coordinator.empty();

@@ -258,7 +258,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   s.keys({"kind", "strategy", "limit", "window", "region", "budget", "batch", "coordinator",
           "outage", "regional_escrow", "regional_batch", "coordinator_health_check",
           "lease_timeout", "retry_backoff", "drift_ppm", "min_window_left", "io_threads",
-          "max_keys"});
+          "max_keys", "shadow"});
   auto body = std::make_shared<FederatedSpec>();
   FederationOptions& o = body->options;
   o.budget.period = std::chrono::seconds(1);

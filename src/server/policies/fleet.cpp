@@ -184,7 +184,7 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
                                         PolicySpec& spec) {
   s.keys({"kind", "algorithm", "limit", "initial_limit", "min_limit", "max_limit", "coordinator",
           "key", "heartbeat", "lease_ttl", "outage", "self_fence", "fence_safety_margin",
-          "eager_handoff", "min_heartbeat", "call_timeout", "call_deadline", "rate"});
+          "eager_handoff", "min_heartbeat", "call_timeout", "call_deadline", "rate", "shadow"});
   auto body = std::make_shared<FleetSpec>();
   read_algorithm(s, body->algorithm);
   if (auto v = s.str("coordinator")) body->coordinator = *v;

@@ -110,7 +110,7 @@ class RateLimitPolicy final : public Policy, public RateFamily {
 
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& /*spec*/) {
-  s.keys({"kind", "strategy", "limit", "period", "burst", "max_keys"});
+  s.keys({"kind", "strategy", "limit", "period", "burst", "max_keys", "shadow"});
   auto body = std::make_shared<RateSpec>();
   RateRule& rule = body->rule;
   if (auto v = s.choice<RateStrategy>("strategy", {{"fixed-window", RateStrategy::kFixedWindow},
