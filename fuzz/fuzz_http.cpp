@@ -12,7 +12,8 @@
 // error is {"error": {"code", "message"}} with a message, or, from the throttler's routes, a
 // freno/Vitess answer whose StatusCode is the status); a 405 says Allow; an admit is a lease
 // (200) or a refusal whose problem+json carries the response's status; a check's status agrees
-// with its `allowed`; the engine's lease count is always admits minus releases and expiries; and
+// with its `allowed` (in shadow, allowed with would_deny is 200), and an RLS answer (POST /json)
+// with its overallCode; the engine's lease count is always admits minus releases and expiries; and
 // after the input, the listings still answer (fuzz_support.h: check_listings).
 #include <nlohmann/json.hpp>
 
@@ -80,6 +81,7 @@ void check_answer(EngineUnderTest& t, const HttpExchange& x) {
   std::string_view path = x.target;
   path = path.substr(0, path.find('?'));
   const bool check = path == "/v1/check" || path == "/v1/check_many";
+  const bool rls = path == "/json";  // Envoy's rate limit service: 429 is OVER_LIMIT
   // Errors; a denied check's 429 is a decision, and a failed reload says so in its own shape.
   // The throttler's checks answer in the shape Vitess and freno clients parse: its StatusCode
   // is the response's, with a Message.
@@ -92,7 +94,8 @@ void check_answer(EngineUnderTest& t, const HttpExchange& x) {
             "a throttler answer's StatusCode must be its status, with a Message: " + describe(x));
     return;
   }
-  if (is_json && x.status >= 400 && !(check && x.status == 429) && path != "/admin/reload") {
+  if (is_json && x.status >= 400 && !((check || rls) && x.status == 429) &&
+      path != "/admin/reload") {
     require(j.is_object() && j.contains("error") && j["error"].is_object() &&
                 j["error"].value("code", "") != "" && j["error"].value("message", "") != "",
             "an error without {error: {code, message}}: " + describe(x));
@@ -117,6 +120,10 @@ void check_answer(EngineUnderTest& t, const HttpExchange& x) {
     require(is_json && j.contains("allowed") && j["allowed"].is_boolean() &&
                 j["allowed"].get<bool>() == (x.status == 200),
             "a check's status must agree with allowed: " + describe(x));
+  } else if (rls && (x.status == 200 || x.status == 429)) {
+    require(is_json && j.is_object() &&
+                j.value("overallCode", "") == (x.status == 429 ? "OVER_LIMIT" : "OK"),
+            "an RLS answer's status must agree with its overallCode: " + describe(x));
   } else if (path == "/v1/peek" && x.status != 200) {
     require(x.status >= 400, "a peek is 200 or an error: " + describe(x));
   }

@@ -5,6 +5,7 @@
 // input alone.
 #pragma once
 
+#include <unistd.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,8 +22,10 @@
 namespace sluice::fuzz {
 
 // A rate policy, an adaptive policy behind it, a gateway (concurrency) policy, a cascade of two
-// nodes with breakers and a throttler over the adaptive policy's utilisation (shard "main"),
-// small enough that inputs reach every refusal; admin endpoints need the token "secret".
+// nodes with breakers, a throttler over the adaptive policy's utilisation (shard "main"), a rate
+// policy and an adaptive one in shadow, and Envoy's rate limit service over kRlsRules (domain
+// "edge", POST /json), small enough that inputs reach every refusal; admin endpoints need the
+// token "secret". "RLS_RULES" stands for the rule file's path (engine_config() writes it).
 inline constexpr const char* kEngineConfig = R"(
 server:
   admin_token: secret
@@ -73,6 +76,21 @@ policies:
       db-1: {algorithm: fixed, limit: 1}
       db-2: {algorithm: fixed, limit: 2}
     breaker: {failures: 2, open_for: 1s}
+  shadowed:
+    kind: rate
+    shadow: true
+    limit: 1
+    period: 1s
+  shadowed-db:
+    kind: adaptive
+    shadow: true
+    algorithm: fixed
+    limit: 1
+    rate: api-rate
+  envoy:
+    kind: envoy_ratelimit
+    config: RLS_RULES
+    response_headers: both
   db:
     kind: throttler
     shard: main
@@ -81,6 +99,28 @@ policies:
         probe: policy
         policy: search
         threshold: 0.9
+)";
+
+// envoyproxy/ratelimit's rules for the envoy policy: nested keys, a wildcard, unlimited,
+// replaces, shadow and quota modes.
+inline constexpr const char* kRlsRules = R"(domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2, name: per-user}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: per-user}]}
+  - key: tenant
+    rate_limit: {unlimited: true}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
 )";
 
 // Aborts (a crash to libFuzzer) with `what` when `ok` is false.
@@ -92,7 +132,16 @@ inline void require(bool ok, const std::string& what) {
 
 inline const SluiceConfig& engine_config() {
   static const SluiceConfig config = [] {
-    ConfigLoad l = load_config(kEngineConfig, server::PolicyRegistry::builtin());
+    // The rule file, once per process, read when the config loads and removed then (the rules
+    // are in the parsed config from there on, reloads included).
+    const std::string rules = "/tmp/sluice-fuzz-rls-" + std::to_string(::getpid()) + ".yaml";
+    FILE* f = std::fopen(rules.c_str(), "w");
+    require(f != nullptr && std::fputs(kRlsRules, f) >= 0 && std::fclose(f) == 0,
+            "the fuzz engine's rule file must be written: " + rules);
+    std::string text = kEngineConfig;
+    text.replace(text.find("RLS_RULES"), 9, rules);
+    ConfigLoad l = load_config(text, server::PolicyRegistry::builtin());
+    std::remove(rules.c_str());
     require(l.config.has_value(), "the fuzz engine's config must load");
     return *l.config;
   }();

@@ -85,6 +85,15 @@ def http_request(endpoint, body=b"", line=b"", method=0, clock=0, auth=0):
     return bytes([sel | (method << 4), clock | (auth << 2)]) + line + b"\n" + body
 
 
+def rls_request(descriptors, hits_addend=0):
+    """A RateLimitRequest for domain "edge" in protobuf's JSON mapping."""
+    out = {"domain": "edge", "descriptors": [
+        {"entries": [{"key": k, "value": v} for k, v in d]} for d in descriptors]}
+    if hits_addend:
+        out["hitsAddend"] = hits_addend
+    return out
+
+
 def http_seeds():
     admit_search = {"policy": "search", "key": "alice"}
     admit_gw = {"policy": "gateway", "tenant": "acme-team", "upstream": "llm", "route": "chat"}
@@ -147,6 +156,23 @@ def http_seeds():
         http_request("/throttler/recent-apps", method=1),
         http_request("/throttler/status", method=1),
         http_request("/throttler/status?shard=%FF", method=3),
+        # Envoy's rate limit service in envoyproxy/ratelimit's JSON form.
+        http_request("/json", rls_request([[("user", "u")]])),
+        http_request("/json", rls_request([[("path", "/api/x"), ("user", "u")], [("user", "u")],
+                                           [("tenant", "t")], [("shadowed", "s")],
+                                           [("quota", "q")]], hits_addend=2)),
+        http_request("/json", {"domain": "edge", "descriptors": [
+            {"entries": [{"key": "user", "value": "u"}],
+             "limit": {"requestsPerUnit": 1, "unit": "SECOND"}, "hitsAddend": 0}]}),
+        http_request("/json", {"domain": "", "descriptors": []}),
+        http_request("/json", {"domain": "edge", "descriptors": [{"entries": []}]}),
+        http_request("/json", {"domain": "unknown", "descriptors": [{"entries": [
+            {"key": "k", "value": "v"}]}]}),
+        http_request("/json", '{"domain": 5}'), http_request("/json", "[]"),
+        http_request("/json", method=1),
+        # Policies in shadow: allowed with would_deny past their limit.
+        http_request(4, {"policy": "shadowed", "key": "k"}),
+        http_request(7, {"policy": "shadowed-db", "key": "k"}),
     ]
     sequences = [
         # Admit, refuse, release, admit again.
@@ -164,6 +190,16 @@ def http_seeds():
                   http_request(8, {"lease_id": "LEASE", "outcome": "failed"}),
                   http_request(7, {"policy": "replicas"}), http_request(7, {"policy": "replicas"}),
                   http_request(7, {"policy": "replicas"}), http_request(7, admit_replicas, clock=2),
+                  http_request(0)]),
+        # Shadow: a rate policy and an admit past their limits, released, time passing.
+        SEP.join([http_request(4, {"policy": "shadowed", "key": "k"})] * 3 +
+                 [http_request(7, {"policy": "shadowed-db", "key": "k"})] * 3 +
+                 [http_request(8, release), http_request(6, {"checks": [
+                     {"policy": "shadowed", "key": "k"}, {"policy": "api-rate", "key": "k"}]}),
+                  http_request(3, clock=2)]),
+        # Envoy's service: a limit reached, the window passing.
+        SEP.join([http_request("/json", rls_request([[("user", "u")], [("tenant", "t")]]))] * 4 +
+                 [http_request("/json", rls_request([[("user", "u")]]), clock=2),
                   http_request(0)]),
         # The throttler: apps checked, one throttled, unthrottled, the listings read.
         SEP.join([http_request("/throttler/check?app=a", method=1),
