@@ -74,12 +74,17 @@ rls::DescriptorRule read_rule(ConfigSection& s, bool shares) {
                                        {"sliding-window", RateStrategy::kSlidingWindow},
                                        {"gcra", RateStrategy::kGcra}})) {
     r.sluice_strategy = *v;
-    if (*v != RateStrategy::kFixedWindow && r.sluice_shared.value_or(shares))
-      s.error("sluice_strategy",
-              "'" + std::string(to_string(*v)) +
-                  "' cannot be shared without overshoot: a shared limit is a fixed window, "
-                  "whose budget starts whole at each window's start and can be split into "
-                  "escrow; add `sluice_shared: false` to count this limit on each server");
+    if (*v != RateStrategy::kFixedWindow && r.sluice_shared.value_or(shares)) {
+      // Appended piece by piece: `"'" + std::string(...)` trips g++ 12's bogus -Wrestrict at
+      // -O3 (GCC bug 105651).
+      std::string why = "'";
+      why += to_string(*v);
+      why +=
+          "' cannot be shared without overshoot: a shared limit is a fixed window, whose budget "
+          "starts whole at each window's start and can be split into escrow; add "
+          "`sluice_shared: false` to count this limit on each server";
+      s.error("sluice_strategy", why);
+    }
   }
   s.each("descriptors", [&](ConfigSection& d) { r.descriptors.push_back(read_rule(d, shares)); });
   return r;
