@@ -118,9 +118,10 @@ def next_second(margin: float = 0.02) -> int:
 def test_three_regions_share_each_limit_through_redis(start_server, tmp_path, redis):
     nodes = [serve_region(start_server, tmp_path, redis, r) for r in REGIONS]
     try:
-        # The first lease marks the fresh Redis: its second counts as spent.
-        first = [n[2].ShouldRateLimit(request("user", "first"), timeout=5) for n in nodes]
-        assert all(a.overall_code == OVER_LIMIT for a in first), first
+        # The first lease marks the fresh Redis: its second counts as spent (the others' first
+        # requests may fall in the next second already).
+        first = nodes[0][2].ShouldRateLimit(request("user", "first"), timeout=5)
+        assert first.overall_code == OVER_LIMIT, first
         refused = nodes[0][0].client().policies().by_name["edge"].state["shared_refusals"]
         assert refused == {"coordinator_restarted": 1}, refused
         for attempt in range(3):  # again if the run did not fit in one second
