@@ -390,6 +390,9 @@ namespace {
 struct AdmitShadow {
   Policy* policy = nullptr;
   std::optional<AdmitDecision> rate_would_deny;
+  // The admitting policy's shadow passed its rate policy's refusal: counted on it once the
+  // call is answered (a call its limit refuses as well is one call it would have refused).
+  bool rate_uncounted = false;
 };
 
 // What the transports answer for a kind's decision: the lease made for its permit (at `now`,
@@ -398,8 +401,9 @@ AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos t
                          AdmitShadow shadow = {}) {
   AdmitResult out;
   out.waited = d.waited;
-  if (!d.permit && shadow.policy != nullptr) {
+  if ((!d.permit || shadow.rate_uncounted) && shadow.policy != nullptr)
     shadow.policy->count_shadow_denied();
+  if (!d.permit && shadow.policy != nullptr) {
     d.permit.emplace(ShadowPermit{});
     out.would_deny = true;
   } else if (d.permit && shadow.rate_would_deny) {
@@ -475,7 +479,7 @@ StatusOr<std::optional<AdmitDecision>> pass_rate(const PolicySet& set, const Pol
   RateDecision d = rate.check(key, 1, now);
   if (!d.allowed && e.shadow) {
     allow_in_shadow(d);
-    e.base->count_shadow_denied();
+    shadow.rate_uncounted = true;
   }
   if (d.allowed && !d.would_deny) return std::optional<AdmitDecision>();
   AdmitDecision refused;

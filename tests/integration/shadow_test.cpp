@@ -228,6 +228,37 @@ policies:
   EXPECT_TRUE(engine.check(CheckCall{"r", "k", 1}).value().would_deny);
 }
 
+// An admitting policy in shadow covers the rate policy it chains: a call both would refuse is
+// one call it would have refused, counted once on the admitting policy.
+TEST(ShadowChained, ACallRefusedTwiceIsCountedOnce) {
+  ManualClock clock{seconds(600)};
+  auto e = Engine::create(config_of(R"(
+policies:
+  r:
+    kind: rate
+    limit: 1
+    period: 1m
+  a:
+    kind: adaptive
+    shadow: true
+    algorithm: fixed
+    limit: 1
+    rate: r
+)"),
+                          clock);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& engine = *e.value();
+  const AdmitResult first = engine.admit(AdmitCall{"a", "k"}).value();
+  ASSERT_TRUE(first.admitted);
+  EXPECT_FALSE(first.would_deny);
+  const AdmitResult second = engine.admit(AdmitCall{"a", "k"}).value();  // r and a both refuse
+  ASSERT_TRUE(second.admitted);
+  EXPECT_TRUE(second.would_deny);
+  EXPECT_NE(engine.metrics_text().find("sluice_shadow_denied_total{policy=\"a\"} 1"),
+            std::string::npos)
+      << engine.metrics_text();
+}
+
 // A reload turns shadow mode on and off; the count stays with the policy.
 TEST(ShadowReload, TurnsOnAndOff) {
   ManualClock clock{seconds(600)};
