@@ -57,6 +57,38 @@ std::uint64_t first_batch(const FederatedKey& k, Nanos now, const FederatedKeyRu
   return std::max<std::uint64_t>(1, k.escrow.spent);
 }
 
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+// The key's window is known to be spent here (until it ends).
+bool window_spent(const FederatedKey& k, Nanos now) {
+  return now < k.closed_until && (k.closed_reason == FederatedReason::kBudgetSpent ||
+                                  k.closed_reason == FederatedReason::kCoordinatorRestarted);
+}
+
+void forgive_owed(FederatedKey& k, KeyEffects& out) {
+  out.forgiven += k.owed;
+  k.owed = 0;
+  k.owed_until = Nanos{kFederatedNever};
+}
+
+// What is owed past its window, or in a window whose budget is known to be spent: forgiven.
+void settle_owed(FederatedKey& k, Nanos now, KeyEffects& out) {
+  if (k.owed > 0 && (now >= k.owed_until || window_spent(k, now))) forgive_owed(k, out);
+}
+
+// Pays what the key owes from its escrow, as far as it goes.
+void pay_owed(FederatedKey& k, Nanos now, KeyEffects& out) {
+  const std::uint64_t pay = std::min(k.owed, usable(k.escrow, now));
+  if (pay > 0 && spend(k.escrow, pay, now)) {
+    k.owed -= pay;
+    out.spent += pay;
+  }
+  if (k.owed == 0) k.owed_until = Nanos{kFederatedNever};
+}
+
 }  // namespace
 
 std::string_view to_string(FederatedReason r) noexcept {
@@ -94,7 +126,9 @@ FederatedDecision decide_from(const FederatedKey& k, std::uint64_t hits, bool al
   const std::uint64_t here = usable(k.escrow, now);
   // Not leased yet: as far as this region knows, the whole budget.
   const std::uint64_t there = k.global_left == UINT64_MAX ? limit : k.global_left;
-  d.rate.remaining = std::min(limit, here + std::min(there, limit));
+  // What the key owes comes first (charges, charge_key).
+  const std::uint64_t whole = std::min(limit, here + std::min(there, limit));
+  d.rate.remaining = whole - std::min(whole, k.owed);
   d.rate.reset_after = k.window_end.count() == kFederatedNever
                            ? rules.budget.period
                            : std::max(Nanos{0}, k.window_end - now);
@@ -122,7 +156,8 @@ FederatedDecision peek_key(const FederatedKey& k, std::uint64_t hits, Nanos now,
   if (now < k.closed_until) return decide_from(k, hits, false, k.closed_reason, now, rules);
   if (now < k.unreachable_until)
     return decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now, rules);
-  const bool may = k.global_left == UINT64_MAX || here + k.global_left >= hits;
+  const bool may =
+      k.global_left == UINT64_MAX || sat_add(here, k.global_left) >= sat_add(hits, k.owed);
   return decide_from(k, hits, may, may ? FederatedReason::kAdmitted : FederatedReason::kBudgetSpent,
                      now, rules);
 }
@@ -138,11 +173,12 @@ void give_up(FederatedKey& k, Nanos now, bool expired_only, KeyEffects& out) {
 void check_key(FederatedKey& k, std::uint64_t hits, Nanos now, bool park,
                const FederatedKeyRules& rules, KeyEffects& out) {
   give_up(k, now, true, out);
+  settle_owed(k, now, out);
   if (hits > rules.budget.limit) {
     out.decision = decide_from(k, hits, false, FederatedReason::kNeverFits, now, rules);
   } else if (hits == 0) {
     out.decision = decide_from(k, 0, true, FederatedReason::kAdmitted, now, rules);
-  } else if (k.waiting.empty() && spend(k.escrow, hits, now)) {
+  } else if (k.owed == 0 && k.waiting.empty() && spend(k.escrow, hits, now)) {
     out.spent += hits;
     out.decision = decide_from(k, hits, true, FederatedReason::kAdmitted, now, rules);
     // A busy key (a batch or more leased in this window) refills before it runs dry; a quiet
@@ -161,19 +197,20 @@ void check_key(FederatedKey& k, std::uint64_t hits, Nanos now, bool park,
     out.decision =
         decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now, rules);
   } else if (k.waiting.empty() && now < k.short_until && k.global_left != UINT64_MAX &&
-             hits > usable(k.escrow, now) + k.global_left) {
+             sat_add(hits, k.owed) > usable(k.escrow, now) + k.global_left) {
     out.decision = decide_from(k, hits, false, FederatedReason::kBudgetShort, now, rules);
   } else {
     // It needs a lease: parked behind the key's lease (asked for here if none is in flight),
-    // or left undecided. The lease asks for at least what the first waiter lacks, and for
-    // nothing less.
+    // or left undecided. The lease asks for at least what the first waiter lacks (after what
+    // the key owes), and for nothing less.
     if (park) k.waiting.push_back(hits);
     if (!k.leasing) {
       k.leasing = true;
-      const std::uint64_t first = k.waiting.empty() ? hits : k.waiting.front();
+      const std::uint64_t first = sat_add(k.waiting.empty() ? hits : k.waiting.front(), k.owed);
       const std::uint64_t here = usable(k.escrow, now);
       out.lease_need = first - std::min(first, here);
-      out.lease_want = std::max(first_batch(k, now, rules), hits - std::min(hits, here));
+      const std::uint64_t all = sat_add(hits, k.owed);
+      out.lease_want = std::max(first_batch(k, now, rules), all - std::min(all, here));
       out.lease_want = std::max(out.lease_want, out.lease_need);
     }
   }
@@ -264,9 +301,12 @@ void on_lease(FederatedKey& k, const FederatedLeaseOutcome& o, Nanos now, std::u
     // once, below), and the caller probes the coordinator until it answers.
     if (!rules.regional_only) k.unreachable_until = now + rules.retry_backoff;
   }
+  // Charges first: they were spent before any check now parked asked.
+  settle_owed(k, now, out);
+  pay_owed(k, now, out);
   while (!k.waiting.empty()) {
     const std::uint64_t hits = k.waiting.front();
-    if (spend(k.escrow, hits, now)) {
+    if (k.owed == 0 && spend(k.escrow, hits, now)) {
       out.spent += hits;
       out.decided.push_back(decide_from(k, hits, true, FederatedReason::kAdmitted, now, rules));
     } else if (now < k.closed_until) {
@@ -274,7 +314,7 @@ void on_lease(FederatedKey& k, const FederatedLeaseOutcome& o, Nanos now, std::u
     } else if (now < k.unreachable_until) {
       out.decided.push_back(
           decide_from(k, hits, false, FederatedReason::kCoordinatorUnreachable, now, rules));
-    } else if (told_left && hits > usable(k.escrow, now) + k.global_left) {
+    } else if (told_left && sat_add(hits, k.owed) > usable(k.escrow, now) + k.global_left) {
       // More than escrow and the budget left hold (the coordinator's word just now): refused
       // without another lease, for a while (decide_from's retry_after); with nothing left, for
       // the rest of the window, as a kSpent reply would have it.
@@ -291,23 +331,81 @@ void on_lease(FederatedKey& k, const FederatedLeaseOutcome& o, Nanos now, std::u
       // first waiter lacks. A busy key's next lease is rate-sized, as its background refill
       // would be.
       k.leasing = true;
-      std::uint64_t queued = 0;
-      for (const std::uint64_t q : k.waiting) queued += q;
+      std::uint64_t queued = k.owed;
+      for (const std::uint64_t q : k.waiting) queued = sat_add(queued, q);
       const std::uint64_t size =
           k.escrow.granted >= rules.batch ? refill_size(k, now, rules) : rules.batch;
       const std::uint64_t here = usable(k.escrow, now);
+      const std::uint64_t first = sat_add(hits, k.owed);
       out.lease_want = std::max(size, queued - std::min(queued, here));
-      out.lease_need = hits - std::min(hits, here);
+      out.lease_need = first - std::min(first, here);
       break;
     }
     k.waiting.pop_front();
   }
+  if (k.owed > 0 && !k.leasing) {
+    if (told_left && k.global_left == 0) {
+      // Nothing left in the window: what is still owed is past its limit, forgiven at its end.
+      close_window(k, now, FederatedReason::kBudgetSpent);
+      forgive_owed(k, out);
+    } else {
+      lease_owed(k, now, out);
+    }
+  }
+}
+
+RateCharge charge_key(FederatedKey& k, std::uint64_t hits, Nanos now,
+                      const FederatedKeyRules& rules, KeyEffects& out) {
+  give_up(k, now, true, out);
+  settle_owed(k, now, out);
+  const std::uint64_t forgiven_before = out.forgiven;
+  const std::uint64_t take = k.owed == 0 ? std::min(hits, usable(k.escrow, now)) : 0;
+  if (take > 0 && spend(k.escrow, take, now)) out.spent += take;
+  if (const std::uint64_t rest = hits - take; rest > 0) {
+    if (window_spent(k, now)) {
+      out.forgiven += rest;
+    } else {
+      if (k.owed == 0) k.owed_until = k.window_end > now ? k.window_end : now + rules.budget.period;
+      k.owed = sat_add(k.owed, rest);
+      lease_owed(k, now, out);
+    }
+  }
+  const FederatedDecision none = decide_from(k, 0, true, FederatedReason::kAdmitted, now, rules);
+  const FederatedDecision one = peek_key(k, 1, now, rules);
+  RateCharge c;
+  c.limit = none.rate.limit;
+  c.remaining = none.rate.remaining;
+  c.reset_after = none.rate.reset_after;
+  c.retry_after = one.rate.allowed ? Nanos{0} : one.rate.retry_after;
+  c.pending = k.owed;
+  c.overdraft = out.forgiven - forgiven_before;
+  return c;
+}
+
+std::uint64_t give_back_key(FederatedKey& k, std::uint64_t hits, Nanos now) noexcept {
+  const std::uint64_t from_owed = std::min(hits, k.owed);
+  k.owed -= from_owed;
+  if (k.owed == 0) k.owed_until = Nanos{kFederatedNever};
+  const std::uint64_t before = k.escrow.spent;
+  unspend(k.escrow, hits - from_owed, now);
+  return before - k.escrow.spent;
+}
+
+void lease_owed(FederatedKey& k, Nanos now, KeyEffects& out) {
+  settle_owed(k, now, out);
+  if (k.owed == 0 || k.leasing || now < k.closed_until || now < k.unreachable_until) return;
+  k.leasing = true;
+  // Of use only when it pays all that is owed, or all the budget the last reply said is left
+  // (smaller pieces would cost a round trip each).
+  const bool known = k.global_left != UINT64_MAX && k.global_left > 0;
+  out.lease_want = k.owed;
+  out.lease_need = known ? std::min(k.owed, k.global_left) : k.owed;
 }
 
 bool forgettable(const FederatedKey& k, Nanos now, const FederatedKeyRules& rules) noexcept {
   // Kept while its escrow's window lasts (a refund may still come for what it spent), and a
   // window longer, so that the next window's first lease is sized by its demand.
-  return !k.leasing && k.waiting.empty() && k.escrow.units == 0 &&
+  return !k.leasing && k.waiting.empty() && k.escrow.units == 0 && k.owed == 0 &&
          now >= k.escrow.expires_at + rules.budget.period && now >= k.closed_until &&
          now >= k.unreachable_until;
 }

@@ -226,6 +226,79 @@ void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos /*now*
   s.tat_scaled = sat_sub(s.tat_scaled, static_cast<i128>(hits) * rule.period.count());
 }
 
+namespace {
+
+// The allowance a state leaves at `now`, with its overdraft: what a check of no hit reports,
+// and when a check of one would pass.
+template <class State>
+RateCharge allowance(const State& s, const RateRule& rule, Nanos now, std::uint64_t overdraft) {
+  State copy = s;
+  const RateDecision none = decide(copy, rule, 0, now, /*commit=*/false);
+  const RateDecision one = decide(copy, rule, 1, now, /*commit=*/false);
+  RateCharge c;
+  c.limit = none.limit;
+  c.remaining = none.allowed ? none.remaining : 0;
+  c.overdraft = overdraft;
+  c.reset_after = none.reset_after;
+  c.retry_after = one.allowed ? Nanos{0} : one.retry_after;
+  return c;
+}
+
+std::uint64_t sat_add64(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+
+}  // namespace
+
+RateCharge charge(FixedWindowState& s, const RateRule& rule, std::uint64_t hits,
+                  Nanos now) noexcept {
+  const std::int64_t p = rule.period.count();
+  const std::int64_t start = floor_div(now.count(), p) * p;
+  const std::uint64_t count = sat_add64(s.window_start == start ? s.count : 0, hits);
+  if (hits > 0) {
+    s.window_start = start;
+    s.count = count;
+  }
+  return allowance(s, rule, now, count > rule.limit ? count - rule.limit : 0);
+}
+
+RateCharge charge(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits,
+                  Nanos now) noexcept {
+  const std::int64_t p = rule.period.count();
+  const std::int64_t start = floor_div(now.count(), p) * p;
+  std::uint64_t cur = 0, prev = 0;
+  if (s.window_start == start) {
+    cur = s.current;
+    prev = s.previous;
+  } else if (s.window_start == start - p) {
+    prev = s.current;
+  }
+  cur = sat_add64(cur, hits);
+  if (hits > 0) {
+    s.window_start = start;
+    s.current = cur;
+    s.previous = prev;
+  }
+  // The estimate over the limit, scaled by p as in decide() (each term below 2^127), in whole
+  // hits rounded up.
+  const auto up = static_cast<u128>(p);
+  const u128 used = static_cast<u128>(prev) * static_cast<u128>(p - (now.count() - start)) +
+                    static_cast<u128>(cur) * up;
+  const u128 cap = static_cast<u128>(rule.limit) * up;
+  const u128 over = used > cap ? (used - cap + up - 1) / up : 0;
+  return allowance(s, rule, now, static_cast<std::uint64_t>(std::min<u128>(over, UINT64_MAX)));
+}
+
+RateCharge charge(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept {
+  const Gcra g(s, rule, now);
+  const i128 after = sat_add(g.debt, static_cast<i128>(hits) * rule.period.count());
+  if (hits > 0) s.tat_scaled = sat_add(g.now_scaled, after);
+  // The debt past the tolerance, in whole hits rounded up.
+  const i128 over = after > g.tolerance ? ceil_div(after - g.tolerance, rule.period.count()) : 0;
+  return allowance(s, rule, now, clampu64(over));
+}
+
 bool can_carry(const RateRule& from, const RateRule& to) noexcept {
   return from.strategy == to.strategy && from.period == to.period;
 }

@@ -5,6 +5,7 @@
 #include <future>
 #include <iterator>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -249,6 +250,7 @@ void FederatedLimiter::apply(const std::string& key, const KeyEffects& e, Tasks&
   if (e.forfeited > 0) forfeited_.fetch_add(e.forfeited, std::memory_order_relaxed);
   if (e.spent > 0) spent_.fetch_add(e.spent, std::memory_order_relaxed);
   if (e.spec_mismatch) spec_mismatches_.fetch_add(1, std::memory_order_relaxed);
+  if (e.forgiven > 0) forgiven_.fetch_add(e.forgiven, std::memory_order_relaxed);
   for (const GivenUp& g : e.given_up) {
     if (pool_ != nullptr)
       io.push_back(
@@ -416,15 +418,47 @@ FederatedDecision FederatedLimiter::check_wait(std::string_view key, std::uint64
   return f.get();
 }
 
+RateCharge FederatedLimiter::charge(std::string_view key, std::uint64_t hits, Nanos now) {
+  maybe_probe(now);
+  Shard& s = shard_of(key);
+  KeyEffects e;
+  std::string lease_key;
+  Tasks reconciles;
+  RateCharge c;
+  {
+    const std::lock_guard lock(s.mu);
+    auto it = s.keys.find(key);
+    if (it == s.keys.end() &&
+        (hits == 0 || keys_.load(std::memory_order_relaxed) >= options_.max_keys)) {
+      FederatedKey none;
+      KeyEffects nothing;
+      c = charge_key(none, 0, now, rules_, nothing);
+      if (hits > 0) {
+        c.recorded = false;
+        c.reason = "key_capacity";
+      }
+      return c;
+    }
+    if (it == s.keys.end()) {
+      it = s.keys.emplace(std::string(key), Key{}).first;
+      keys_.fetch_add(1, std::memory_order_relaxed);
+    }
+    c = charge_key(it->second.state, hits, now, rules_, e);
+    charged_.fetch_add(hits, std::memory_order_relaxed);
+    apply(it->first, e, reconciles);
+    if (e.lease_want > 0) lease_key = it->first;
+  }
+  for (auto& r : reconciles) r();
+  if (e.lease_want > 0) lease_async(std::move(lease_key), e.lease_want, e.lease_need);
+  return c;
+}
+
 void FederatedLimiter::refund(std::string_view key, std::uint64_t hits, Nanos now) {
   Shard& s = shard_of(key);
   const std::lock_guard lock(s.mu);
   auto it = s.keys.find(key);
   if (it == s.keys.end()) return;
-  Escrow& escrow = it->second.state.escrow;
-  const std::uint64_t before = escrow.spent;
-  unspend(escrow, hits, now);
-  spent_.fetch_sub(before - escrow.spent, std::memory_order_relaxed);
+  spent_.fetch_sub(give_back_key(it->second.state, hits, now), std::memory_order_relaxed);
 }
 
 std::size_t FederatedLimiter::sweep(Nanos now) {
@@ -432,11 +466,15 @@ std::size_t FederatedLimiter::sweep(Nanos now) {
   for (std::size_t i = 0; i < kShards; ++i) {
     Shard& s = shards_[i];
     Tasks reconciles;
+    std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>> owed;  // leases to send
     {
       const std::lock_guard lock(s.mu);
       for (auto it = s.keys.begin(); it != s.keys.end();) {
         KeyEffects e;
         give_up(it->second.state, now, true, e);
+        // A charge still owed after a failed lease asks again (or is forgiven with its window).
+        lease_owed(it->second.state, now, e);
+        if (e.lease_want > 0) owed.emplace_back(it->first, e.lease_want, e.lease_need);
         apply(it->first, e, reconciles);
         const bool idle = forgettable(it->second.state, now, rules_);
         if (idle) {
@@ -449,6 +487,7 @@ std::size_t FederatedLimiter::sweep(Nanos now) {
       }
     }
     for (auto& r : reconciles) r();
+    for (auto& [key, want, need] : owed) lease_async(std::move(key), want, need);
   }
   return forgotten;
 }
@@ -476,6 +515,8 @@ FederationStats FederatedLimiter::stats() const {
   st.granted = granted_.load(std::memory_order_relaxed);
   st.spent = spent_.load(std::memory_order_relaxed);
   st.forfeited = forfeited_.load(std::memory_order_relaxed);
+  st.charged = charged_.load(std::memory_order_relaxed);
+  st.forgiven = forgiven_.load(std::memory_order_relaxed);
   st.reconcile_failures = reconcile_failures_.load(std::memory_order_relaxed);
   st.spec_mismatches = spec_mismatches_.load(std::memory_order_relaxed);
   st.clock_drift_ppm = drift_high_.load(std::memory_order_relaxed);

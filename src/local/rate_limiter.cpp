@@ -54,6 +54,27 @@ class ShardedLimiter final : public RateLimiter {
     return d;
   }
 
+  RateCharge charge(std::string_view key, std::uint64_t hits, Nanos now) override {
+    Shard& shard = shards_[shard_of(StringHash{}(key))];
+    const std::lock_guard lock(shard.mu);
+    now = shard.advance(now);
+    if (auto it = shard.map.find(key); it != shard.map.end())
+      return sluice::charge(it->second, shard.rule, hits, now);
+    State fresh;
+    RateCharge c = sluice::charge(fresh, shard.rule, hits, now);
+    if (is_idle(fresh, shard.rule, now)) return c;  // nothing to remember (no hit)
+    if (!reserve_key(shard, now)) {
+      State none;
+      c = sluice::charge(none, shard.rule, 0, now);
+      c.recorded = false;
+      c.reason = "key_capacity";
+      return c;
+    }
+    shard.map.emplace(std::string(key), fresh);
+    if (shard.map.size() >= shard.sweep_at) sweep_locked(shard, now);
+    return c;
+  }
+
   RateDecision peek(std::string_view key, std::uint64_t hits, Nanos now) const override {
     const std::size_t h = StringHash{}(key);
     const Shard& shard = shards_[shard_of(h)];

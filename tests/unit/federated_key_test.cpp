@@ -106,6 +106,99 @@ TEST(FederatedKey, ASpentWindowRefusesUntilItEndsWithoutAskingAgain) {
   EXPECT_EQ(later.decision->rate.retry_after, milliseconds(500)) << "until the window's end";
 }
 
+// A key holding 4 units of escrow (granted at 10 ms, 6 left in the window).
+FederatedKey holding_four() {
+  FederatedKey k = parked(0 + 1);
+  KeyEffects e;
+  on_lease(k, reply(LeaseStatus::kGranted, 5, 5, milliseconds(10), milliseconds(10)),
+           milliseconds(12), 0, rules(), e);
+  EXPECT_EQ(usable(k.escrow, milliseconds(12)), 4u);
+  return k;
+}
+
+TEST(FederatedKey, AChargeBeyondTheEscrowIsOwedAndLeasedBeforeAnyCheck) {
+  FederatedKey k = holding_four();
+  KeyEffects charged;
+  const RateCharge c = charge_key(k, 7, milliseconds(20), rules(), charged);
+  EXPECT_EQ(charged.spent, 4u) << "the escrow first";
+  EXPECT_EQ(k.owed, 3u);
+  EXPECT_EQ(c.pending, 3u);
+  EXPECT_EQ(c.overdraft, 0u);
+  EXPECT_EQ(c.remaining, 2u) << "5 left in the window, 3 of them owed";
+  EXPECT_EQ(charged.lease_want, 3u);
+  EXPECT_EQ(charged.lease_need, 3u) << "of use only if it pays what is owed";
+  EXPECT_TRUE(k.leasing);
+  KeyEffects check;
+  check_key(k, 1, milliseconds(21), true, rules(), check);
+  EXPECT_FALSE(check.decision) << "a check waits behind the charge's lease";
+  KeyEffects granted;
+  on_lease(k, reply(LeaseStatus::kGranted, 3, 2, milliseconds(20), milliseconds(20)),
+           milliseconds(22), 0, rules(), granted);
+  EXPECT_EQ(k.owed, 0u);
+  EXPECT_EQ(granted.spent, 3u) << "the grant paid the charge";
+  ASSERT_EQ(granted.decided.size(), 0u) << "and the check needs the next lease";
+  EXPECT_GT(granted.lease_want, 0u);
+  EXPECT_EQ(granted.lease_need, 1u);
+}
+
+TEST(FederatedKey, WhatNoBudgetCoversIsForgivenAndTheWindowRefusesUntilItEnds) {
+  FederatedKey k = holding_four();
+  KeyEffects charged;
+  (void)charge_key(k, 12, milliseconds(20), rules(), charged);
+  EXPECT_EQ(k.owed, 8u);
+  EXPECT_EQ(charged.lease_need, 5u) << "all the budget the last reply said is left";
+  KeyEffects granted;
+  on_lease(k, reply(LeaseStatus::kGranted, 5, 0, milliseconds(20), milliseconds(20)),
+           milliseconds(22), 0, rules(), granted);
+  EXPECT_EQ(granted.spent, 5u);
+  EXPECT_EQ(granted.forgiven, 3u) << "past the limit: an overdraft";
+  EXPECT_EQ(k.owed, 0u);
+  EXPECT_EQ(granted.lease_want, 0u);
+  KeyEffects check;
+  check_key(k, 1, milliseconds(500), true, rules(), check);
+  ASSERT_TRUE(check.decision);
+  EXPECT_EQ(check.decision->reason, FederatedReason::kBudgetSpent);
+  EXPECT_EQ(check.decision->rate.retry_after, milliseconds(500));
+  KeyEffects more;
+  const RateCharge c = charge_key(k, 2, milliseconds(600), rules(), more);
+  EXPECT_EQ(c.overdraft, 2u) << "charged in a spent window: forgiven at once";
+  EXPECT_EQ(more.lease_want, 0u);
+}
+
+TEST(FederatedKey, WhatIsOwedAfterAFailedLeaseIsAskedAgainThenForgivenWithItsWindow) {
+  FederatedKey k = holding_four();
+  KeyEffects charged;
+  (void)charge_key(k, 6, milliseconds(20), rules(), charged);
+  FederatedLeaseOutcome failed;
+  failed.sent_at = milliseconds(20);
+  failed.reply = StatusOr<LeaseReply>(Status(StatusCode::kUnavailable, "down"));
+  KeyEffects e;
+  on_lease(k, failed, milliseconds(30), 0, rules(), e);
+  EXPECT_EQ(k.owed, 2u);
+  EXPECT_EQ(e.lease_want, 0u) << "not during the backoff";
+  KeyEffects soon;
+  lease_owed(k, milliseconds(50), soon);
+  EXPECT_EQ(soon.lease_want, 0u);
+  KeyEffects after;
+  lease_owed(k, milliseconds(200), after);
+  EXPECT_EQ(after.lease_want, 2u) << "the backoff is over";
+  k.leasing = false;
+  KeyEffects ended;
+  lease_owed(k, seconds(1), ended);
+  EXPECT_EQ(ended.lease_want, 0u);
+  EXPECT_EQ(ended.forgiven, 2u) << "its window is over";
+  EXPECT_EQ(k.owed, 0u);
+}
+
+TEST(FederatedKey, AGiveBackTakesFromWhatIsOwedFirst) {
+  FederatedKey k = holding_four();
+  KeyEffects charged;
+  (void)charge_key(k, 6, milliseconds(20), rules(), charged);
+  EXPECT_EQ(give_back_key(k, 3, milliseconds(21)), 1u) << "2 owed, then 1 back to escrow";
+  EXPECT_EQ(k.owed, 0u);
+  EXPECT_EQ(usable(k.escrow, milliseconds(21)), 1u);
+}
+
 TEST(FederatedKey, AFailedLeaseRefusesForTheBackoffUnlessThePoolServesAnOutage) {
   FederatedLeaseOutcome failed;
   failed.sent_at = milliseconds(10);

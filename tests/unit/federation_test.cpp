@@ -10,7 +10,9 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -555,6 +557,95 @@ TEST(Federation, RefundGivesHitsBackWhileTheEscrowIsUsable) {
   f.refund("k", 4, clock.now());
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(check_now(f, "k", clock.now()).rate.allowed);
   EXPECT_FALSE(check_now(f, "k", clock.now()).rate.allowed);
+}
+
+// Three regions share 100 a window. A charge takes what its region's escrow lacks from the
+// coordinator, up to all that is left, and what nothing covers is forgiven; the other regions
+// spend only the escrow they hold, and the window refuses every check from then on; the next
+// window admits again.
+TEST(Federation, AChargeTakesTheBudgetOtherRegionsWouldHaveAdmitted) {
+  ManualClock clock(seconds(100));
+  MemoryRateCoordinator coord(clock);
+  FederatedLimiter a(coord, clock, opts("a", 100), inline_io());
+  FederatedLimiter b(coord, clock, opts("b", 100), inline_io());
+  FederatedLimiter c(coord, clock, opts("c", 100), inline_io());
+  for (FederatedLimiter* f : {&a, &b, &c})
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(check_now(*f, "k", clock.now()).rate.allowed);
+  // a and b leased 16 each, c 12 (the taper, with three regions): they hold 6, 6 and 2, and the
+  // coordinator has 56 left.
+  ASSERT_EQ(coord.ledger("k")->granted, 44u);
+  const RateCharge charged = a.charge("k", 60, clock.now());
+  EXPECT_EQ(charged.pending, 54u) << "owed beyond a's 6 when it answered";
+  EXPECT_EQ(coord.ledger("k")->granted, 98u) << "then leased in one call";
+  EXPECT_EQ(a.stats().forgiven, 0u);
+  EXPECT_EQ(a.stats().charged, 60u);
+  (void)b.charge("k", 10, clock.now());
+  EXPECT_EQ(coord.ledger("k")->granted, 100u);
+  EXPECT_EQ(b.stats().forgiven, 2u) << "6 from escrow, the 2 left, 2 past the limit";
+  std::uint64_t admitted = 0;
+  for (FederatedLimiter* f : {&a, &b, &c})
+    for (int i = 0; i < 10; ++i) admitted += check_now(*f, "k", clock.now()).rate.allowed;
+  EXPECT_EQ(admitted, 2u) << "c's escrow, nothing more";
+  const FederatedDecision refused = check_now(b, "k", clock.now());
+  EXPECT_FALSE(refused.rate.allowed);
+  EXPECT_EQ(refused.reason, FederatedReason::kBudgetSpent);
+  clock.advance(seconds(10));
+  EXPECT_TRUE(check_now(b, "k", clock.now()).rate.allowed) << "the next window admits again";
+}
+
+// Random checks and charges from three regions whose leases the network delivers late: the
+// checks admitted in any window never exceed the limit, and every hit charged is either paid from
+// the budget or counted as forgiven.
+TEST(Federation, ChargesNeverLetChecksPastTheLimit) {
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    std::mt19937_64 rng(seed);
+    ManualClock clock(seconds(100));
+    MemoryRateCoordinator coord(clock);
+    QueuedIo io;
+    std::vector<std::unique_ptr<FederatedLimiter>> regions;
+    for (const char* r : {"a", "b", "c"})
+      regions.push_back(
+          std::make_unique<FederatedLimiter>(coord, clock, opts(r, 50), io.executor()));
+    std::map<std::int64_t, std::uint64_t> admitted;  // per window
+    std::uint64_t charged = 0;
+    for (int step = 0; step < 600; ++step) {
+      clock.advance(milliseconds(rng() % 100));
+      FederatedLimiter& f = *regions[rng() % 3];
+      switch (rng() % 4) {
+        case 0: {
+          const std::uint64_t hits = 1 + rng() % 20;
+          charged += hits;
+          (void)f.charge("k", hits, clock.now());
+          break;
+        }
+        case 1:
+          if (!io.calls.empty()) io.calls.front()(), io.calls.pop_front();
+          break;
+        default: {
+          const std::uint64_t hits = 1 + rng() % 3;
+          // Stamped with the window it is decided in (a parked check's comes later).
+          f.check("k", hits, clock.now(), [&admitted, &clock, hits](FederatedDecision d) {
+            if (d.rate.allowed) admitted[clock.now().count() / seconds(10).count()] += hits;
+          });
+        }
+      }
+    }
+    io.run_all();
+    for (auto& f : regions) f->sweep(clock.now() + seconds(20));
+    io.run_all();
+    std::uint64_t checks = 0;
+    for (const auto& [window, n] : admitted) {
+      ASSERT_LE(n, 50u) << "seed " << seed;
+      checks += n;
+    }
+    std::uint64_t spent = 0, forgiven = 0;
+    for (auto& f : regions) {
+      spent += f->stats().spent;
+      forgiven += f->stats().forgiven;
+    }
+    EXPECT_EQ(spent + forgiven, checks + charged) << "seed " << seed;
+    EXPECT_GT(forgiven, 0u) << "seed " << seed << ": no window was overdrawn";
+  }
 }
 
 TEST(Federation, TryCheckDecidesFromEscrowOrStartsTheLeaseAndSaysSo) {

@@ -205,6 +205,141 @@ TEST(RateStrategy, RandomArrivalsNeverOverAdmitAndRetryAfterIsExact) {
   }
 }
 
+// A charge of hits that would have passed leaves the key exactly where a check of them would
+// have: a twin that checks what the other charges decides the same from then on.
+TEST(RateCharge, AChargeWithinTheAllowanceIsAnAdmittedCheck) {
+  for (const RateStrategy s : kStrategies) {
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+      std::mt19937_64 rng(seed);
+      const std::uint64_t limit = 2 + rng() % 10;
+      const Nanos period = milliseconds(1 + rng() % 100);
+      ManualClock clock(seconds(100));
+      auto charged = limiter(rule(s, limit, period), clock);
+      auto checked = limiter(rule(s, limit, period), clock);
+      int charges = 0;
+      for (int step = 0; step < 300; ++step) {
+        clock.advance(Nanos{static_cast<std::int64_t>(rng() % (period.count() / 2 + 1))});
+        const std::uint64_t hits = 1 + rng() % 3;
+        if (rng() % 2 == 0 && checked->peek("k", hits, clock.now()).allowed) {
+          const RateCharge c = charged->charge("k", hits, clock.now());
+          const RateDecision d = checked->check("k", hits, clock.now());
+          ASSERT_TRUE(c.recorded);
+          ASSERT_EQ(c.remaining, d.remaining) << to_string(s) << " seed " << seed;
+          ASSERT_EQ(c.reset_after, d.reset_after) << to_string(s) << " seed " << seed;
+          ASSERT_EQ(c.overdraft, 0u);
+          ++charges;
+          continue;
+        }
+        const RateDecision a = charged->check("k", hits, clock.now());
+        const RateDecision b = checked->check("k", hits, clock.now());
+        ASSERT_EQ(a, b) << to_string(s) << " seed " << seed << " step " << step;
+      }
+      EXPECT_GT(charges, 0);
+    }
+  }
+}
+
+// A charge beyond what is left is counted all the same (an overdraft), and the checks after it
+// wait it out: a fixed window until it ends, a sliding window until the charged window's weight
+// has fallen below the limit, GCRA until its debt has drained at the rule's rate.
+TEST(RateCharge, AnOverdraftIsWaitedOutByLaterChecks) {
+  const Nanos t0 = seconds(100);  // a window's start for every period below
+  {
+    ManualClock clock(t0);
+    auto l = limiter(rule(RateStrategy::kFixedWindow, 10, seconds(1)), clock);
+    ASSERT_TRUE(l->check("k", 4, t0).allowed);
+    const RateCharge c = l->charge("k", 21, t0 + milliseconds(200));
+    EXPECT_EQ(c.overdraft, 15u);
+    EXPECT_EQ(c.remaining, 0u);
+    EXPECT_EQ(c.retry_after, milliseconds(800));
+    EXPECT_FALSE(l->check("k", 1, t0 + milliseconds(999)).allowed);
+    EXPECT_TRUE(l->check("k", 10, t0 + seconds(1)).allowed) << "the next window starts whole";
+  }
+  {
+    ManualClock clock(t0);
+    auto l = limiter(rule(RateStrategy::kGcra, 10, seconds(1)), clock);
+    // 25 hits of 100 ms each from idle: 2.5 s of debt against a tolerance of 1 s; one more hit
+    // fits once it is down to 0.9 s, 1.6 s later.
+    const RateCharge c = l->charge("k", 25, t0);
+    EXPECT_EQ(c.overdraft, 15u);
+    EXPECT_EQ(c.retry_after, milliseconds(1600));
+    EXPECT_EQ(c.reset_after, milliseconds(2500));
+    EXPECT_FALSE(l->check("k", 1, t0 + milliseconds(1600) - Nanos{1}).allowed);
+    EXPECT_TRUE(l->check("k", 1, t0 + milliseconds(1600)).allowed);
+  }
+  {
+    ManualClock clock(t0);
+    auto l = limiter(rule(RateStrategy::kSlidingWindow, 10, seconds(1)), clock);
+    // 25 in the window at t0; in the next, they weigh 25 * (1 - e); one hit fits once that is
+    // at most 9: e >= 0.64.
+    const RateCharge c = l->charge("k", 25, t0);
+    EXPECT_EQ(c.overdraft, 15u);
+    EXPECT_EQ(c.retry_after, milliseconds(1640));
+    EXPECT_FALSE(l->check("k", 1, t0 + milliseconds(1640) - Nanos{1}).allowed);
+    EXPECT_TRUE(l->check("k", 1, t0 + milliseconds(1640)).allowed);
+  }
+}
+
+// After random checks and charges, every charge's answer is exact: `remaining` is the most a
+// check could take then, `retry_after` the earliest time a check of one hit passes.
+TEST(RateCharge, WhatAChargeAnswersIsExact) {
+  for (const RateStrategy s : kStrategies) {
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+      std::mt19937_64 rng(seed);
+      const std::uint64_t limit = 1 + rng() % 12;
+      const Nanos period = milliseconds(1 + rng() % 500);
+      ManualClock clock(seconds(1000));
+      auto l = limiter(rule(s, limit, period), clock);
+      for (int step = 0; step < 200; ++step) {
+        clock.advance(Nanos{static_cast<std::int64_t>(rng() % (period.count() / limit + 1))});
+        if (rng() % 3 != 0) {
+          (void)l->check("k", 1 + rng() % limit, clock.now());
+          continue;
+        }
+        const std::uint64_t hits = 1 + rng() % (2 * limit);
+        const RateCharge c = l->charge("k", hits, clock.now());
+        const Nanos now = clock.now();
+        const std::string at = std::string(to_string(s)) + " seed " + std::to_string(seed) +
+                               " step " + std::to_string(step);
+        ASSERT_TRUE(c.recorded);
+        ASSERT_EQ(c.limit, limit);
+        if (c.remaining > 0) {
+          ASSERT_TRUE(l->peek("k", c.remaining, now).allowed) << at;
+        }
+        if (c.remaining < limit) {
+          ASSERT_FALSE(l->peek("k", c.remaining + 1, now).allowed) << at;
+        }
+        if (c.retry_after == Nanos{0}) {
+          ASSERT_TRUE(l->peek("k", 1, now).allowed) << at;
+        } else {
+          ASSERT_FALSE(l->peek("k", 1, now + c.retry_after - Nanos{1}).allowed) << at;
+          ASSERT_TRUE(l->peek("k", 1, now + c.retry_after).allowed) << at;
+        }
+        if (c.overdraft > 0) {
+          ASSERT_EQ(c.remaining, 0u) << at;
+          ASSERT_GT(c.retry_after, Nanos{0}) << at;
+        }
+      }
+    }
+  }
+}
+
+// A charge never wraps a count, and a new key past the key cap is not recorded (it says so).
+TEST(RateCharge, SaturatesAndSaysWhenNothingWasRecorded) {
+  for (const RateStrategy s : kStrategies) {
+    ManualClock clock(seconds(100));
+    auto l = std::move(make_rate_limiter(RateLimiterOptions{rule(s, 5), 1, 1}, clock).value());
+    ASSERT_TRUE(l->charge("a", UINT64_MAX, clock.now()).recorded);
+    const RateCharge again = l->charge("a", UINT64_MAX, clock.now());
+    EXPECT_GT(again.overdraft, 0u) << to_string(s);
+    EXPECT_FALSE(l->check("a", 1, clock.now()).allowed) << to_string(s) << ": wrapped";
+    const RateCharge other = l->charge("b", 3, clock.now());
+    EXPECT_FALSE(other.recorded) << to_string(s);
+    EXPECT_EQ(other.reason, "key_capacity");
+    EXPECT_EQ(l->keys(), 1u);
+  }
+}
+
 TEST(RateLimiter, BadOptionsNameTheField) {
   ManualClock clock;
   RateLimiterOptions o;

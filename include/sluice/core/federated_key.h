@@ -75,6 +75,12 @@ struct FederatedKey {
   // The last lease refused for a spec mismatch: the spec in force, and the window told of it.
   std::optional<BudgetSpec> spec_in_force;
   Nanos mismatch_told{kFederatedNever};
+  // Hits charged here after the fact (charge_key) that the escrow did not cover: the next
+  // grants pay them before any check, until `owed_until` (the end of the window they were
+  // charged in, as far as this region knows); what is still owed then, or once the window's
+  // budget is known to be spent, is forgiven (a fixed window forgives what went over it).
+  std::uint64_t owed = 0;
+  Nanos owed_until{kFederatedNever};
   // The drift allowance the escrow's expiry was computed with: a larger one in force since (a
   // measured drift) makes that expiry unsafe, so the next grant's replaces it.
   std::uint32_t expiry_ppm = 0;
@@ -110,6 +116,7 @@ struct KeyEffects {
   std::vector<GivenUp> given_up;
   // Counts: units granted (of them, taken from the pool), forfeited and spent.
   std::uint64_t granted = 0, pool_taken = 0, forfeited = 0, spent = 0;
+  std::uint64_t forgiven = 0;               // charged hits no budget covered (an overdraft)
   bool lease_failed = false;                // the coordinator's lease failed
   bool spec_mismatch = false;               // it was refused for a spec mismatch
   std::optional<BudgetSpec> tell_mismatch;  // to tell (once per key and window): the spec
@@ -132,6 +139,19 @@ void check_key(FederatedKey& k, std::uint64_t hits, Nanos now, bool park,
 // order until one needs another lease (asked for in `out`); k.leasing is cleared first.
 void on_lease(FederatedKey& k, const FederatedLeaseOutcome& o, Nanos now, std::uint32_t ppm,
               const FederatedKeyRules& rules, KeyEffects& out);
+// A charge of `hits` at `now`, after the fact: spent from the escrow as far as it goes, the rest
+// owed (k.owed) and leased for at once unless a lease is in flight (its reply pays it first) or
+// the coordinator is known to be unreachable (the next check, charge or sweep asks again); when
+// the window's budget is known to be spent, forgiven. Returns the key's allowance after it
+// (RateCharge::pending: what it owes, RateCharge::overdraft: what this charge had forgiven).
+RateCharge charge_key(FederatedKey& k, std::uint64_t hits, Nanos now,
+                      const FederatedKeyRules& rules, KeyEffects& out);
+// Gives back `hits` a check or charge took at `now`: what is owed first, then the escrow's spent
+// units while it is usable (afterwards they stay spent). Returns the units given back to escrow.
+std::uint64_t give_back_key(FederatedKey& k, std::uint64_t hits, Nanos now) noexcept;
+// Asks for a lease of what `k` owes when none is in flight and one may go now (a sweep's retry
+// after a failed one); forgives it once its window is over.
+void lease_owed(FederatedKey& k, Nanos now, KeyEffects& out);
 // Gives up `k`'s unspent escrow, if any (when `expired_only`, only once it has expired).
 void give_up(FederatedKey& k, Nanos now, bool expired_only, KeyEffects& out);
 // Whether `k` holds nothing worth keeping at `now` (no lease, nothing parked or held, its last

@@ -120,6 +120,36 @@ void refund(FixedWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos
 void refund(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
 void refund(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
 
+// What a charge leaves: the key's allowance after it.
+struct RateCharge {
+  // False: nothing was recorded (`reason` says why: "key_capacity", a new key while the limiter
+  // holds as many keys as it may).
+  bool recorded = true;
+  std::uint64_t limit = 0;
+  std::uint64_t remaining = 0;  // hits a check could take now
+  // Hits charged past the limit that later checks are still waiting out (0: none). The windows
+  // count them until their window ends (fixed) or its weight has fallen away (sliding); GCRA
+  // until its debt has drained, at the rule's rate.
+  std::uint64_t overdraft = 0;
+  // Federated: hits charged in this region beyond its escrow, being taken from the global budget
+  // now (whatever that cannot cover is forgiven when its window ends).
+  std::uint64_t pending = 0;
+  Nanos reset_after{0};     // until the key's allowance is whole again
+  Nanos retry_after{0};     // until a check of one hit could pass (0: now)
+  std::string_view reason;  // a static string
+  friend bool operator==(const RateCharge&, const RateCharge&) = default;
+};
+
+// Charges `hits` after the fact (a cost known only once the call is over): they are counted
+// like admitted hits, whatever the key has left, so a charge may take it past its limit (an
+// overdraft) and later checks are refused until it has been waited out (RateCharge::overdraft).
+// Saturating: a charge never wraps a count. Returns the key's allowance after it.
+RateCharge charge(FixedWindowState& s, const RateRule& rule, std::uint64_t hits,
+                  Nanos now) noexcept;
+RateCharge charge(SlidingWindowState& s, const RateRule& rule, std::uint64_t hits,
+                  Nanos now) noexcept;
+RateCharge charge(GcraState& s, const RateRule& rule, std::uint64_t hits, Nanos now) noexcept;
+
 // Carrying a key's state to a new rule (an in-place reload). Possible when the strategy and the
 // period are the same (a window's count, or a GCRA key's debt, means the same thing under the
 // new rule); a new limit (or burst) then applies to what the key has already spent: a fixed

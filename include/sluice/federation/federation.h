@@ -121,6 +121,8 @@ struct FederationStats {
   std::uint64_t granted = 0;         // units granted to this region
   std::uint64_t spent = 0;           // units spent (admitted hits)
   std::uint64_t forfeited = 0;       // units that expired unspent (or were given back)
+  std::uint64_t charged = 0;         // hits charged after the fact (charge())
+  std::uint64_t forgiven = 0;        // of them, hits no budget covered (overdrafts)
   std::uint64_t reconcile_failures = 0;
   // Leases refused because another region fixed the window with another limit or window (a
   // config rolled out to some regions only).
@@ -174,8 +176,17 @@ class FederatedLimiter {
   [[nodiscard]] std::optional<BudgetSpec> spec_in_force(std::string_view key) const;
   // check() that waits for its answer (a library caller's convenience).
   [[nodiscard]] FederatedDecision check_wait(std::string_view key, std::uint64_t hits);
-  // Gives back `hits` a check of `key` admitted (an all-or-nothing batch rolled back), while its
-  // escrow is still usable; afterwards they stay spent (never more permissive).
+  // Charges `hits` to `key` after the fact (a cost known once the call is over), whatever is
+  // left: spent from this region's escrow as far as it goes; the rest is owed and leased from
+  // the coordinator in the background, paid before any check waiting here, and forgiven when the
+  // window's budget cannot cover it (the window ends overdrawn: no check passes in it, anywhere,
+  // and the next starts whole). Checks admitted never exceed the limit (Δ = 0 holds for what is
+  // admitted); charges can take a window past it. Returns the key's allowance after the charge
+  // (sluice/core/federated_key.h: charge_key); a new key past max_keys is not recorded.
+  [[nodiscard]] RateCharge charge(std::string_view key, std::uint64_t hits, Nanos now);
+  // Gives back `hits` a check or charge of `key` took: what the key still owes first, then its
+  // escrow's spent units while the escrow is usable; afterwards they stay spent (never more
+  // permissive).
   void refund(std::string_view key, std::uint64_t hits, Nanos now);
   // Forfeits expired escrow (reconciling it) and forgets keys with nothing left to remember.
   std::size_t sweep(Nanos now);
@@ -232,6 +243,7 @@ class FederatedLimiter {
   std::uint64_t io_pending_ = 0;  // guarded by io_mu_
   std::atomic<std::uint64_t> leases_{0}, lease_failures_{0}, granted_{0}, spent_{0};
   std::atomic<std::uint64_t> forfeited_{0}, reconcile_failures_{0}, spec_mismatches_{0};
+  std::atomic<std::uint64_t> charged_{0}, forgiven_{0};
   // The coordinator's clock rate against this one's, from every lease reply; the allowance in
   // force, read lock-free by each grant.
   std::mutex drift_mu_;

@@ -63,6 +63,11 @@ class RateLimiter {
   // caller rolling back an all-or-nothing batch uses it; between the check and the refund, other
   // callers see the hits as spent (they may be refused, never over-admitted).
   virtual void refund(std::string_view key, std::uint64_t hits, Nanos now) = 0;
+  // Charges `hits` to `key` after the fact, whatever it has left (sluice/core/rate_strategy.h:
+  // charge): a charge may take the key past its limit, and its later checks wait that out. A
+  // new key at the key cap is not recorded (RateCharge::recorded false, "key_capacity"; the
+  // shard sweeps first, as a check would).
+  [[nodiscard]] virtual RateCharge charge(std::string_view key, std::uint64_t hits, Nanos now) = 0;
   // The rule it decides by now (a copy: reconfigure may replace it).
   [[nodiscard]] virtual RateRule rule() const = 0;
   [[nodiscard]] virtual std::size_t max_keys() const noexcept = 0;
