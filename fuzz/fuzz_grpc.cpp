@@ -6,7 +6,8 @@
 //
 // An input is a sequence of records: a byte (low 3 bits: the call: Check, Peek, CheckMany,
 // Admit, Release, Heartbeat, ListPolicies, and 7 the throttler kind's own method
-// sluice.v1.Throttler/Check, called as GrpcKindMethods calls it; bits 4-5: how far the clock moves
+// sluice.v1.Throttler/Check, called as GrpcKindMethods calls it; bit 3 set: Charge, whatever the
+// low bits; bits 4-5: how far the clock moves
 // first: 0, 10ms, 1s, 2m), a two-byte little-endian length and that many bytes: the raw request, as
 // the service receives it (it decodes requests itself: bytes that do not decode must be
 // INVALID_ARGUMENT). A Release or Heartbeat whose lease_id is "LEASE" gets the last lease an admit
@@ -17,7 +18,8 @@
 // message when not OK; an admitted Admit has a lease id and a positive TTL, a refused one a
 // rejection of status 429 or 503 whose problem_json parses and carries that status; a
 // CheckMany's decisions never outnumber its checks, and it is allowed iff its denied_index is
-// -1; an OK Release reports how long it was held; ListPolicies counts the engine's leases; the
+// -1; an OK Release reports how long it was held; an OK Charge leaves no more remaining than
+// its limit, and nothing remaining while overdrawn; ListPolicies counts the engine's leases; the
 // engine's lease count is always admits minus releases and expiries; and after the input, the
 // listings still answer (fuzz_support.h: check_listings).
 #include <google/protobuf/stubs/logging.h>
@@ -127,11 +129,11 @@ void check_decision(const pb::Decision& d, const char* name) {
 }
 
 void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::string_view bytes) {
-  switch (what % 8) {
+  switch (what) {
     case 0:
     case 1: {
       pb::CheckResponse resp;
-      const bool peek = what % 8 == 1;
+      const bool peek = what == 1;
       const grpc::Status s =
           peek ? call<pb::CheckRequest>(service, &GrpcService::Peek, bytes, resp, "Peek")
                : call<pb::CheckRequest>(service, &GrpcService::Check, bytes, resp, "Check");
@@ -190,6 +192,15 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
       pb::HeartbeatResponse resp;
       if (call<pb::HeartbeatRequest>(service, &GrpcService::Heartbeat, req, resp, "Heartbeat").ok())
         require(resp.has_ttl(), "an OK Heartbeat gives the TTL");
+      break;
+    }
+    case 8: {
+      pb::ChargeResponse resp;
+      if (call<pb::ChargeRequest>(service, &GrpcService::Charge, bytes, resp, "Charge").ok()) {
+        require(resp.remaining() <= resp.limit(), "Charge: more remaining than the limit");
+        require(resp.overdraft() == 0 || resp.remaining() == 0,
+                "Charge: overdrawn with hits remaining");
+      }
       break;
     }
     case 7: {
@@ -263,7 +274,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string_view bytes = in.substr(0, len);
     in.remove_prefix(bytes.size());
     t.advance((head >> 4) & 3u);
-    run_record(t, service, head & 7u, bytes);
+    run_record(t, service, (head & 8u) != 0 ? 8u : head & 7u, bytes);
     t.check_leases("after a call");
   }
   t.check_listings();

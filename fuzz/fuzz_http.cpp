@@ -48,7 +48,7 @@ constexpr Endpoint kEndpoints[16] = {{"/metrics", "GET"},
                                      {"/v1/release", "POST"},
                                      {"/v1/heartbeat", "POST"},
                                      {"/admin/reload", "POST"},
-                                     {"/v1/admit", "POST"},
+                                     {"/v1/charge", "POST"},
                                      {"/v1/release", "POST"},
                                      {"/v1/check", "POST"},
                                      {"", "POST"},
@@ -124,6 +124,11 @@ void check_answer(EngineUnderTest& t, const HttpExchange& x) {
     require(is_json && j.is_object() &&
                 j.value("overallCode", "") == (x.status == 429 ? "OVER_LIMIT" : "OK"),
             "an RLS answer's status must agree with its overallCode: " + describe(x));
+  } else if (path == "/v1/charge" && x.status == 200) {
+    require(is_json && j["remaining"].is_number_unsigned() && j["limit"].is_number_unsigned() &&
+                j["remaining"].get<std::uint64_t>() <= j["limit"].get<std::uint64_t>() &&
+                (j["overdraft"].get<std::uint64_t>() == 0 || j["remaining"] == 0),
+            "a charge's 200 is the key's allowance, none left while overdrawn: " + describe(x));
   } else if (path == "/v1/peek" && x.status != 200) {
     require(x.status >= 400, "a peek is 200 or an error: " + describe(x));
   }

@@ -68,7 +68,8 @@ def config_seeds():
 # ---- http ----
 
 ENDPOINTS = ["/metrics", "/healthz", "/readyz", "/v1/policies", "/v1/check", "/v1/peek",
-             "/v1/check_many", "/v1/admit", "/v1/release", "/v1/heartbeat", "/admin/reload"]
+             "/v1/check_many", "/v1/admit", "/v1/release", "/v1/heartbeat", "/admin/reload",
+             "/v1/charge"]
 SEP = b"\n~~\n"
 
 
@@ -129,6 +130,11 @@ def http_seeds():
         http_request(8, release), http_request(8, {"lease_id": "nope"}),
         http_request(8, {"lease_id": "LEASE", "outcome": "bogus"}),
         http_request(9, {"lease_id": "LEASE", "ttl_ms": 30000}),
+        http_request(11, {"policy": "api-rate", "key": "k", "hits": 500}),
+        http_request(11, {"policy": "api-rate", "key": "k", "hits": -3}),
+        http_request(11, {"policy": "api-rate", "key": "k", "hits": 0}),
+        http_request(11, {"policy": "search", "key": "k", "hits": 1}),
+        http_request(8, {"lease_id": "LEASE", "cost": 40}),
         http_request(10), http_request(10, auth=1), http_request(10, auth=2),
         http_request("/nowhere?x=1"), http_request("/v1/check?a=%zz", method=2),
         http_request(7, admit_search, line=b"?trace=1"),
@@ -275,12 +281,14 @@ def admit_req(policy, key="", tenant="", upstream="", route="", ttl=None, attrib
     return out
 
 
-def release_req(lease="LEASE", outcome=None, rtt=None):
+def release_req(lease="LEASE", outcome=None, rtt=None, cost=None):
     out = f_len(1, lease)
     if outcome is not None:
         out += f_int(2, outcome)
     if rtt is not None:
         out += f_len(3, duration(*rtt))
+    if cost is not None:
+        out += f_int(4, cost)
     return out
 
 
@@ -291,7 +299,7 @@ def heartbeat_req(lease="LEASE", ttl=None):
     return out
 
 
-CHECK, PEEK, CHECK_MANY, ADMIT, RELEASE, HEARTBEAT, LIST, THROTTLER_CHECK = range(8)
+CHECK, PEEK, CHECK_MANY, ADMIT, RELEASE, HEARTBEAT, LIST, THROTTLER_CHECK, CHARGE = range(9)
 
 
 def throttler_req(app="", shard="", scope="", low=False, threshold=None):
@@ -334,6 +342,10 @@ def grpc_seeds():
                                 attributes=[("tenant", "x"), ("upstream", "llm")])),
         record(ADMIT, admit_req("replicas", attributes=[("exclude", "db-1"), ("exclude", "")])),
         record(ADMIT, admit_req("search", key="k", attributes=[("", "v"), ("n" * 70, "v")])),
+        record(CHARGE, check_req("api-rate", "alice", 500)),
+        record(CHARGE, check_req("api-rate", "alice", -2)),
+        record(CHARGE, check_req("api-rate", "alice", 0)),
+        record(CHARGE, check_req("search", "alice", 1)),
         record(RELEASE, release_req("nope")),
         record(RELEASE, release_req(outcome=99)),
         record(HEARTBEAT, heartbeat_req("nope", (1, 0))),
@@ -355,6 +367,8 @@ def grpc_seeds():
         record(CHECK, check_req("api-rate", "k")) * 4 + record(CHECK, check_req("api-rate", "k"), clock=2),
         record(ADMIT, admit_req("search", key="b")) + record(RELEASE, release_req(outcome=4))
         + record(RELEASE, release_req()),
+        record(ADMIT, admit_req("search", key="c")) + record(RELEASE, release_req(cost=70))
+        + record(CHECK, check_req("api-rate", "c")),
     ]
     return singles + sequences
 

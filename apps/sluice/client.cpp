@@ -124,6 +124,25 @@ json decision_json(const pb::Decision& d) {
   return j;
 }
 
+json charge_json(const pb::ChargeResponse& c) {
+  return {{"limit", c.limit()},
+          {"remaining", c.remaining()},
+          {"overdraft", c.overdraft()},
+          {"pending", c.pending()},
+          {"reset_after_seconds", seconds_of(c.reset_after())},
+          {"retry_after_seconds", seconds_of(c.retry_after())}};
+}
+
+// "12 of 100 remaining (full again in 40s)", or what is overdrawn and until when.
+std::string charge_text(const pb::ChargeResponse& c) {
+  std::string text = fmt::format("{} of {} remaining", c.remaining(), c.limit());
+  if (c.overdraft() > 0)
+    text += fmt::format(", {} over the limit: checks pass again in {}", c.overdraft(),
+                        duration_text(c.retry_after()));
+  if (c.pending() > 0) text += fmt::format(", {} being taken from the global budget", c.pending());
+  return text + fmt::format(" (full again in {})", duration_text(c.reset_after()));
+}
+
 // The table's columns that depend on the kind. A rate policy holds no leases, and its limit is
 // hits per period; a concurrency policy has no single limit (each tenant, upstream, binding and
 // route has its own), so its LIMIT is "-" and its NOTE says why.
@@ -292,12 +311,32 @@ int run_release(const ClientOptions& o, const ReleaseArgs& a) {
   std::optional<Nanos> rtt;
   if (!duration_arg(a.rtt, "rtt", rtt)) return 2;
   if (rtt) to_proto(*rtt, req.mutable_rtt());
+  if (a.cost) req.set_cost(*a.cost);
   const auto resp = call(o, &pb::Sluice::Stub::Release, req);
   if (!resp) return 2;
-  if (o.json)
-    fmt::print("{}\n", json{{"released", true}, {"held_seconds", seconds_of(resp->held())}}.dump());
-  else
+  if (o.json) {
+    json j = {{"released", true}, {"held_seconds", seconds_of(resp->held())}};
+    if (resp->has_charged()) j["charged"] = charge_json(resp->charged());
+    fmt::print("{}\n", j.dump());
+  } else {
     fmt::print("released after {}\n", duration_text(resp->held()));
+    if (resp->has_charged()) fmt::print("{}\n", charge_text(resp->charged()));
+  }
+  return 0;
+}
+
+int run_charge(const ClientOptions& o, const ChargeArgs& a) {
+  pb::ChargeRequest req;
+  req.set_policy(a.policy);
+  req.set_key(a.key);
+  req.set_hits(a.hits);
+  const auto resp = call(o, &pb::Sluice::Stub::Charge, req);
+  if (!resp) return 2;
+  if (o.json)
+    fmt::print("{}\n", charge_json(*resp).dump());
+  else
+    fmt::print("{} {} hits: {}\n", a.hits > 0 ? "charged" : "gave back",
+               a.hits > 0 ? a.hits : -a.hits, charge_text(*resp));
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,12 +28,18 @@ struct AdmitArgs {
 };
 struct ReleaseArgs {
   std::string lease_id, outcome = "success", rtt;
+  std::optional<std::int64_t> cost;  // the chained rate policy's hits the call cost
+};
+struct ChargeArgs {
+  std::string policy, key;
+  std::int64_t hits = 0;  // > 0 charges, < 0 gives back
 };
 
 // Exit codes: 0 allowed / admitted / done, 1 denied / refused, 2 error (printed).
 int run_check(const ClientOptions& o, const CheckArgs& a);
 int run_admit(const ClientOptions& o, const AdmitArgs& a);
 int run_release(const ClientOptions& o, const ReleaseArgs& a);
+int run_charge(const ClientOptions& o, const ChargeArgs& a);
 int run_heartbeat(const ClientOptions& o, const std::string& lease_id, const std::string& ttl);
 int run_policies(const ClientOptions& o);
 

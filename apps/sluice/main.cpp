@@ -167,6 +167,16 @@ int main(int argc, char** argv) {
       exit_code = sluice::cli::run_check(client, check);
     });
   }
+  sluice::cli::ChargeArgs charge;
+  CLI::App* charge_cmd = app.add_subcommand(
+      "charge",
+      "charge hits to a key after the fact, whatever it has left (negative: give them back)");
+  charge_cmd->add_option("policy", charge.policy, "a rate or federated policy")->required();
+  charge_cmd->add_option("key", charge.key, "the key (user, API key, ...)")->required();
+  charge_cmd->add_option("hits", charge.hits, "hits to charge (> 0) or give back (< 0)")
+      ->required();
+  client_flags(charge_cmd);
+  charge_cmd->callback([&] { exit_code = sluice::cli::run_charge(client, charge); });
   sluice::cli::AdmitArgs admit;
   CLI::App* admit_cmd = app.add_subcommand(
       "admit", "admit one call; prints its lease id (exit 0 admitted, 1 refused, 2 error)");
@@ -193,6 +203,9 @@ int main(int argc, char** argv) {
   release_cmd->add_option("--outcome", release.outcome,
                           "success, dropped, timeout, overload, ignored or failed");
   release_cmd->add_option("--rtt", release.rtt, "the call's RTT, e.g. 20ms (default: time held)");
+  release_cmd->add_option("--cost", release.cost,
+                          "what the call cost its policy's chained rate policy, in hits (the "
+                          "admit took 1; the rest is charged now)");
   client_flags(release_cmd);
   release_cmd->callback([&] { exit_code = sluice::cli::run_release(client, release); });
   std::string heartbeat_lease, heartbeat_ttl;

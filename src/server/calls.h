@@ -50,6 +50,13 @@ struct CheckCall {
   std::int64_t hits = 1;
 };
 
+// A Release's answer: how long the lease was held and, with a cost, its chained rate key's
+// allowance after the charge.
+struct Released {
+  Nanos held{0};
+  std::optional<RateCharge> charged;
+};
+
 struct CheckManyResult {
   bool allowed = false;
   std::vector<RateDecision> decisions;  // up to and including the first denial

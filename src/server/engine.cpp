@@ -127,9 +127,12 @@ namespace {
 // "an adaptive policy": a policy's kind as a message names it.
 std::string a_kind(const Policy& p) { return kinds_phrase({p.kind()}); }
 
-// The rate family of the policy a Check, Peek or CheckMany names.
+// The rate family of the policy a Check, Peek, CheckMany or Charge names (`takes` and
+// `instead` word the error for a policy of another family).
 StatusOr<RateFamily*> rate_policy(const PolicySet& set, const PolicyRegistry& kinds,
-                                  std::string_view name) {
+                                  std::string_view name,
+                                  std::string_view takes = "Check and Peek take ",
+                                  std::string_view instead = " (use Admit)") {
   if (Status s = check_name("policy", name); !s.ok()) return s;
   const PolicySet::Entry* e = set.entry(name);
   if (e == nullptr)
@@ -139,9 +142,18 @@ StatusOr<RateFamily*> rate_policy(const PolicySet& set, const PolicyRegistry& ki
   if (rate == nullptr)
     return Status(
         StatusCode::kFailedPrecondition,
-        "policy: '" + std::string(name) + "' is " + a_kind(*p) + "; Check and Peek take " +
-            kinds_phrase(kinds.kinds_of(&PolicyKindParser::rate_family)) + " (use Admit)");
+        "policy: '" + std::string(name) + "' is " + a_kind(*p) + "; " + std::string(takes) +
+            kinds_phrase(kinds.kinds_of(&PolicyKindParser::rate_family)) + std::string(instead));
   return rate;  // `set` keeps it alive
+}
+
+// `hits` (> 0) charged to `key`, or -hits (< 0) given back first, and the key's allowance
+// after either.
+StatusOr<RateCharge> charge_or_give_back(RateFamily& rate, std::string_view key, std::int64_t hits,
+                                         Nanos now) {
+  if (hits > 0) return rate.charge(key, static_cast<std::uint64_t>(hits), now);
+  if (hits < 0) rate.refund(key, static_cast<std::uint64_t>(-hits), now);
+  return rate.charge(key, 0, now);
 }
 
 Status check_call(const CheckCall& c) {
@@ -384,21 +396,26 @@ StatusOr<CheckManyResult> Engine::check_many(std::span<const CheckCall> calls) {
 
 namespace {
 
-// How shadow mode bears on one admit (shadow.h): the policy whose refusal becomes a would_deny
-// admission (null: its policy is not in shadow), and what its chained rate policy would have
-// answered when it passed the call only in shadow.
-struct AdmitShadow {
+// What one admit carries from its chained rate check to its answer. How shadow mode bears on
+// it (shadow.h): the policy whose refusal becomes a would_deny admission (null: its policy is
+// not in shadow), and what its chained rate policy would have answered when it passed the call
+// only in shadow. And what a Release's cost is charged to: the chained rate policy the call
+// passed, the key and the hits that check took.
+struct AdmitContext {
   Policy* policy = nullptr;
   std::optional<AdmitDecision> rate_would_deny;
   // The admitting policy's shadow passed its rate policy's refusal: counted on it once the
   // call is answered (a call its limit refuses as well is one call it would have refused).
   bool rate_uncounted = false;
+  std::shared_ptr<Policy> rate;  // null: no chained rate policy
+  std::string rate_key;
+  std::uint64_t rate_took = 0;
 };
 
 // What the transports answer for a kind's decision: the lease made for its permit (at `now`,
 // held for `ttl`), or its refusal; in shadow, a refusal is a lease on a ShadowPermit.
 AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos ttl,
-                         AdmitShadow shadow = {}) {
+                         AdmitContext shadow = {}) {
   AdmitResult out;
   out.waited = d.waited;
   if ((!d.permit || shadow.rate_uncounted) && shadow.policy != nullptr)
@@ -418,7 +435,9 @@ AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos t
     out.refusal_owner = std::move(d.refusal_owner);
     if (!d.permit) return out;
   }
-  Lease lease{std::move(*d.permit), now, ttl, now + ttl};
+  Lease lease{
+      std::move(*d.permit), now, ttl, now + ttl, std::move(shadow.rate), std::move(shadow.rate_key),
+      shadow.rate_took};
   out.lease_id = leases.insert(std::move(lease));  // if this throws, the permit goes back
   out.admitted = true;
   out.ttl = ttl;
@@ -434,7 +453,7 @@ AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos t
 class AdmitLater final : public Deferral<AdmitDecision> {
  public:
   AdmitLater(Deferral<AdmitResult>& outer, LeaseTable& leases, const Clock& clock, Nanos ttl,
-             AdmitShadow& shadow)
+             AdmitContext& shadow)
       : outer_(outer), leases_(leases), clock_(clock), ttl_(ttl), shadow_(shadow) {}
   Completion<AdmitDecision> defer() override {
     return [done = outer_.defer(), leases = &leases_, clock = &clock_, ttl = ttl_,
@@ -454,7 +473,7 @@ class AdmitLater final : public Deferral<AdmitDecision> {
   LeaseTable& leases_;
   const Clock& clock_;
   const Nanos ttl_;
-  AdmitShadow& shadow_;
+  AdmitContext& shadow_;
 };
 
 }  // namespace
@@ -467,7 +486,7 @@ namespace {
 StatusOr<std::optional<AdmitDecision>> pass_rate(const PolicySet& set, const PolicySet::Entry& e,
                                                  const AdmitCall& call,
                                                  const ResolvedAdmit& resolved, AdmitFamily& admit,
-                                                 Nanos now, AdmitShadow& shadow) {
+                                                 Nanos now, AdmitContext& shadow) {
   const std::string_view key = call.key.empty() ? resolved.rate_key() : call.key;
   if (key.empty())
     return invalid("key", "must not be empty: policy '" + e.base->name() +
@@ -480,6 +499,11 @@ StatusOr<std::optional<AdmitDecision>> pass_rate(const PolicySet& set, const Pol
   if (!d.allowed && e.shadow) {
     allow_in_shadow(d);
     shadow.rate_uncounted = true;
+  }
+  if (d.allowed) {  // a Release's cost goes to the same key
+    shadow.rate = e.rate;
+    shadow.rate_key = std::string(key);
+    shadow.rate_took = d.would_deny ? 0 : 1;
   }
   if (d.allowed && !d.would_deny) return std::optional<AdmitDecision>();
   AdmitDecision refused;
@@ -522,7 +546,7 @@ Decided<AdmitResult> Engine::admit(const AdmitCall& call, Deferral<AdmitResult>&
   StatusOr<std::unique_ptr<ResolvedAdmit>> resolved = admit->resolve(call, now);
   if (!resolved.ok()) return resolved.status();
   // Between the phases, the chained rate policy (the gateway document's order).
-  AdmitShadow shadow;
+  AdmitContext shadow;
   if (entry->shadow) shadow.policy = &p;
   std::optional<AdmitDecision> refused;
   if (entry->rate != nullptr) {
@@ -548,14 +572,57 @@ StatusOr<AdmitResult> Engine::admit(const AdmitCall& call) {
 
 StatusOr<Nanos> Engine::release(std::string_view lease_id, CallResult result,
                                 std::optional<Nanos> rtt) {
+  StatusOr<Released> r = release(lease_id, result, rtt, std::nullopt);
+  if (!r.ok()) return r.status();
+  return r.value().held;
+}
+
+StatusOr<Released> Engine::release(std::string_view lease_id, CallResult result,
+                                   std::optional<Nanos> rtt, std::optional<std::int64_t> cost) {
   if (Status s = check_lease_id(lease_id); !s.ok()) return s;
   if (rtt && *rtt < Nanos{0}) return invalid("rtt", "must not be negative");
+  if (cost && (*cost < 0 || *cost > kMaxHits))
+    return invalid("cost", "must be between 0 and " + std::to_string(kMaxHits) + ", not " +
+                               std::to_string(*cost));
   const Nanos now = clock_.now();
   std::optional<Lease> lease = leases_.take(lease_id, now);
   if (!lease) return no_such_lease();
-  const Nanos held = now - lease->admitted_at;
-  lease->permit.finish(CallEnd{result, rtt.value_or(held), CallEnd::By::kClient});
-  return held;
+  Released out;
+  out.held = now - lease->admitted_at;
+  lease->permit.finish(CallEnd{result, rtt.value_or(out.held), CallEnd::By::kClient});
+  if (!cost) return out;
+  if (lease->rate == nullptr)
+    return Status(StatusCode::kFailedPrecondition,
+                  "cost: the lease's policy chains no rate policy (rate:) to charge it to; the "
+                  "lease was released, nothing was charged");
+  // The chained policy as it serves now (in shadow, through its ShadowRate); the one the admit
+  // passed when a reload has replaced it since.
+  const auto set = current();
+  const PolicySet::Entry* e = set->entry(lease->rate->name());
+  RateFamily& rate =
+      e != nullptr && e->base == lease->rate ? *e->rate_family() : *lease->rate->rate_family();
+  StatusOr<RateCharge> c = charge_or_give_back(
+      rate, lease->rate_key, *cost - static_cast<std::int64_t>(lease->rate_took), now);
+  if (!c.ok()) return Status(c.status().code(), c.status().message() + " (the lease was released)");
+  out.charged = c.value();
+  return out;
+}
+
+StatusOr<RateCharge> Engine::charge(const CheckCall& call) {
+  const auto set = current();
+  auto p = rate_policy(*set, kinds_, call.policy, "Charge takes ", " (use Release with a cost)");
+  if (!p.ok()) return p.status();
+  if (Status s = check_field("key", call.key, kMaxKeyBytes, true); !s.ok()) return s;
+  if (call.hits == 0) return invalid("hits", "must not be 0 (> 0 charges, < 0 gives back)");
+  if (call.hits < -kMaxHits || call.hits > kMaxHits)
+    return invalid("hits", "must be between -" + std::to_string(kMaxHits) + " and " +
+                               std::to_string(kMaxHits) + ", not " + std::to_string(call.hits));
+  StatusOr<RateCharge> c = charge_or_give_back(*p.value(), call.key, call.hits, clock_.now());
+  if (!c.ok() && c.status().code() == StatusCode::kFailedPrecondition)
+    return Status(c.status().code(), "policy: '" + std::string(call.policy) + "' is " +
+                                         a_kind(*set->entry(call.policy)->base) + ": " +
+                                         c.status().message());
+  return c;
 }
 
 StatusOr<Nanos> Engine::heartbeat(std::string_view lease_id, std::optional<Nanos> ttl) {

@@ -121,6 +121,19 @@ class Engine {
   // Returns how long the lease was held. `rtt` unset: that time.
   [[nodiscard]] StatusOr<Nanos> release(std::string_view lease_id, CallResult result,
                                         std::optional<Nanos> rtt);
+  // The same, and with `cost` (0 to kMaxHits) what the call cost its policy's chained rate
+  // policy in hits: the admit's check took one hit for its key, the rest is charged now (a
+  // cost of 0 gives that one back), as charge() does. A policy that chains no rate policy:
+  // FAILED_PRECONDITION, the lease released all the same.
+  [[nodiscard]] StatusOr<Released> release(std::string_view lease_id, CallResult result,
+                                           std::optional<Nanos> rtt,
+                                           std::optional<std::int64_t> cost);
+  // Charges call.hits (> 0) to call.key after the fact, whatever it has left, or gives -hits
+  // back (< 0), on a policy of the rate family that takes charges (rate, federated:
+  // sluice/core/rate_strategy.h, charge); returns the key's allowance after it. Never refused,
+  // and served while draining (the call it charges for has happened, as a Release has); an
+  // error means nothing was recorded.
+  [[nodiscard]] StatusOr<RateCharge> charge(const CheckCall& call);
   // Returns the lease's TTL from now.
   [[nodiscard]] StatusOr<Nanos> heartbeat(std::string_view lease_id, std::optional<Nanos> ttl);
   // Expires leases past their deadline (the server's sweeper calls it); returns how many.

@@ -33,11 +33,18 @@
 
 namespace sluice::server {
 
+class Policy;
+
 struct Lease {
   LeasePermit permit;  // keeps alive whatever it needs (its policy)
   Nanos admitted_at{0};
   Nanos ttl{0};
   Nanos expires_at{0};
+  // What a Release's cost is charged to: the chained rate policy the admit passed (null:
+  // none), the key it checked and the hits that check took (0 when only shadow let it pass).
+  std::shared_ptr<Policy> rate;
+  std::string rate_key;
+  std::uint64_t rate_took = 0;
 };
 
 // 32 lowercase hex digits from getrandom(2).

@@ -33,6 +33,11 @@ MetricFamily by_label(const std::string& name, const std::string& help, const st
   return f;
 }
 
+StatusOr<RateCharge> RateFamily::charge(std::string_view /*key*/, std::uint64_t /*hits*/,
+                                        Nanos /*now*/) {
+  return Status(StatusCode::kFailedPrecondition, "its kind takes no charges");
+}
+
 Policy::Policy(std::string name, std::string kind, std::string rate)
     : name_(std::move(name)), kind_(std::move(kind)), rate_(std::move(rate)) {}
 

@@ -75,6 +75,11 @@ class RateFamily {
                                           Nanos now) const = 0;
   // Gives back the hits of a check made at `now` that was allowed (CheckMany's rollback).
   virtual void refund(std::string_view key, std::uint64_t hits, Nanos now) = 0;
+  // Charges `hits` (0: none, only the allowance) to `key` after the fact, whatever it has left
+  // (sluice/core/rate_strategy.h: charge); an error when nothing was recorded, naming why.
+  // Default: FAILED_PRECONDITION (the kind takes no charges).
+  [[nodiscard]] virtual StatusOr<RateCharge> charge(std::string_view key, std::uint64_t hits,
+                                                    Nanos now);
   // The 429 for `d`, a denied check of `key` (its views point into this policy).
   [[nodiscard]] virtual Rejection refusal(std::string_view key, const RateDecision& d) const = 0;
 };

@@ -10,8 +10,9 @@
 // state it would have with enforcement on, and its limits see only the calls it admitted.
 //
 //   ShadowRate    the rate family of a policy in shadow: check, check_or_defer (a deferred
-//                 answer converted when it comes), peek (converted, not counted); refund and
-//                 refusal as the policy's own. A CheckMany never refunds a would_deny check.
+//                 answer converted when it comes), peek (converted, not counted); refund,
+//                 charge and refusal as the policy's own. A CheckMany never refunds a would_deny
+//                 check.
 //   ShadowPermit  the permit of an admit its policy would have refused.
 //
 // Thread-safety: as the policy it wraps.
@@ -56,6 +57,10 @@ class ShadowRate final : public RateFamily {
   }
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
     inner_.refund(key, hits, now);
+  }
+  // A charge is recorded as without shadow: it is never refused.
+  StatusOr<RateCharge> charge(std::string_view key, std::uint64_t hits, Nanos now) override {
+    return inner_.charge(key, hits, now);
   }
   Rejection refusal(std::string_view key, const RateDecision& d) const override {
     return inner_.refusal(key, d);

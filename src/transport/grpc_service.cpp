@@ -47,6 +47,15 @@ void fill(pb::Decision* out, const RateDecision& d) {
   if (d.would_deny) out->set_would_deny(true);
 }
 
+void fill(pb::ChargeResponse* out, const RateCharge& c) {
+  out->set_limit(c.limit);
+  out->set_remaining(c.remaining);
+  out->set_overdraft(c.overdraft);
+  out->set_pending(c.pending);
+  to_proto(c.reset_after, out->mutable_reset_after());
+  to_proto(c.retry_after, out->mutable_retry_after());
+}
+
 CheckCall call_of(const pb::CheckRequest& r) {
   return CheckCall{r.policy(), r.key(), r.has_hits() ? r.hits() : 1};
 }
@@ -161,6 +170,18 @@ grpc::ServerUnaryReactor* GrpcService::Peek(grpc::CallbackServerContext* ctx, co
   auto d = engine_.peek(call_of(call->req));
   if (d.ok()) fill(call->resp.mutable_decision(), d.value());
   call->finish(to_grpc(d.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::Charge(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                              Bytes* out) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* call = Unary<pb::ChargeRequest, pb::ChargeResponse>::start(reactor, in, out);
+  if (call == nullptr) return reactor;
+  const pb::ChargeRequest& req = call->req;
+  auto c = engine_.charge(CheckCall{req.policy(), req.key(), req.hits()});
+  if (c.ok()) fill(&call->resp, c.value());
+  call->finish(to_grpc(c.status()));
   return reactor;
 }
 
@@ -333,9 +354,13 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
     if (!rtt.ok()) return rtt.status();
     const auto outcome = call_result_of(req.outcome());
     if (!outcome.ok()) return outcome.status();
-    auto held = engine_.release(req.lease_id(), outcome.value(), rtt.value());
-    if (held.ok()) to_proto(held.value(), call->resp.mutable_held());
-    return held.status();
+    auto released =
+        engine_.release(req.lease_id(), outcome.value(), rtt.value(),
+                        req.has_cost() ? std::optional<std::int64_t>(req.cost()) : std::nullopt);
+    if (!released.ok()) return released.status();
+    to_proto(released.value().held, call->resp.mutable_held());
+    if (released.value().charged) fill(call->resp.mutable_charged(), *released.value().charged);
+    return {};
   }();
   call->finish(to_grpc(status));
   return reactor;

@@ -27,11 +27,12 @@ namespace sluice::transport {
 using RawSluiceService = sluice::v1::Sluice::WithRawCallbackMethod_Check<
     sluice::v1::Sluice::WithRawCallbackMethod_CheckMany<
         sluice::v1::Sluice::WithRawCallbackMethod_Peek<
-            sluice::v1::Sluice::WithRawCallbackMethod_Admit<
-                sluice::v1::Sluice::WithRawCallbackMethod_Release<
-                    sluice::v1::Sluice::WithRawCallbackMethod_Heartbeat<
-                        sluice::v1::Sluice::WithRawCallbackMethod_ListPolicies<
-                            sluice::v1::Sluice::Service>>>>>>>;
+            sluice::v1::Sluice::WithRawCallbackMethod_Charge<
+                sluice::v1::Sluice::WithRawCallbackMethod_Admit<
+                    sluice::v1::Sluice::WithRawCallbackMethod_Release<
+                        sluice::v1::Sluice::WithRawCallbackMethod_Heartbeat<
+                            sluice::v1::Sluice::WithRawCallbackMethod_ListPolicies<
+                                sluice::v1::Sluice::Service>>>>>>>>;
 
 class GrpcService final : public RawSluiceService {
  public:
@@ -42,6 +43,7 @@ class GrpcService final : public RawSluiceService {
   Reactor* Check(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
   Reactor* CheckMany(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
   Reactor* Peek(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
+  Reactor* Charge(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
   Reactor* Admit(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
   Reactor* Release(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;
   Reactor* Heartbeat(grpc::CallbackServerContext* ctx, const Bytes* req, Bytes* resp) override;

@@ -402,6 +402,15 @@ void do_admit(Engine& engine, HttpExchange& x, HttpLater& later) {
   if (auto r = engine.admit(c, park)) render_admit(x, *r);
 }
 
+json charge_json(const RateCharge& c) {
+  return {{"limit", c.limit},
+          {"remaining", c.remaining},
+          {"overdraft", c.overdraft},
+          {"pending", c.pending},
+          {"reset_after_ms", ms_of(c.reset_after)},
+          {"retry_after_ms", ms_of(c.retry_after)}};
+}
+
 void do_release(Engine& engine, HttpExchange& x) {
   auto body = body_object(x);
   if (!body.ok()) return error(x, body.status());
@@ -409,13 +418,30 @@ void do_release(Engine& engine, HttpExchange& x) {
   const std::string_view lease = f.str("lease_id");
   const std::string_view outcome = f.str("outcome");
   const std::optional<Nanos> rtt = f.millis("rtt_ms");
+  const std::optional<std::int64_t> cost = f.integer("cost");
   if (!f.status().ok()) return error(x, f.status());
   const StatusOr<server::CallResult> o =
       outcome.empty() ? server::CallResult::kSuccess : call_result_of(outcome);
   if (!o.ok()) return error(x, o.status());
-  auto held = engine.release(lease, o.value(), rtt);
-  if (!held.ok()) return error(x, held.status());
-  ok_json(x, {{"released", true}, {"held_ms", ms_of(held.value())}});
+  auto released = engine.release(lease, o.value(), rtt, cost);
+  if (!released.ok()) return error(x, released.status());
+  json j = {{"released", true}, {"held_ms", ms_of(released.value().held)}};
+  if (released.value().charged) j["charged"] = charge_json(*released.value().charged);
+  ok_json(x, j);
+}
+
+void do_charge(Engine& engine, HttpExchange& x) {
+  auto body = body_object(x);
+  if (!body.ok()) return error(x, body.status());
+  Fields f(body.value());
+  CheckCall c;
+  c.policy = f.str("policy");
+  c.key = f.str("key");
+  c.hits = f.integer("hits").value_or(0);
+  if (!f.status().ok()) return error(x, f.status());
+  auto charged = engine.charge(c);
+  if (!charged.ok()) return error(x, charged.status());
+  ok_json(x, charge_json(charged.value()));
 }
 
 void do_heartbeat(Engine& engine, HttpExchange& x) {
@@ -577,6 +603,8 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     if (need(post, "POST")) do_check(engine, x, true, later);
   } else if (path == "/v1/peek") {
     if (need(post, "POST")) do_check(engine, x, false, later);
+  } else if (path == "/v1/charge") {
+    if (need(post, "POST")) do_charge(engine, x);
   } else if (path == "/v1/check_many") {
     if (need(post, "POST")) do_check_many(engine, x, later);
   } else if (path == "/v1/admit") {

@@ -492,6 +492,36 @@ TEST_F(EnvoyRateLimitTest, HitsAddendPerRequestAndPerDescriptor) {
   EXPECT_EQ(ask("d", {{{{"user", "u"}}, 2}}, 9).statuses(0).limit_remaining(), 0U);
 }
 
+// Envoy's stream-end request (apply_on_stream_done) marked with a sluice_charge entry: its hits
+// are counted whatever is left, never refused, and the limit's later checks wait out the
+// overdraft; the marker is not part of the key.
+TEST_F(EnvoyRateLimitTest, AStreamEndRequestMarkedSluiceChargeIsACharge) {
+  serve(kPerUser);
+  const pb::RateLimitResponse check = ask("d", {{{{"user", "u"}}, 0}});  // request time
+  EXPECT_EQ(check.overall_code(), kOk);
+  const pb::RateLimitResponse charged =
+      ask("d", {{{{"user", "u"}, {"sluice_charge", "true"}}, 13}});
+  EXPECT_EQ(charged.overall_code(), kOk) << "a charge is never refused";
+  EXPECT_EQ(charged.statuses(0).code(), kOk);
+  EXPECT_EQ(charged.statuses(0).limit_remaining(), 0U);
+  // Overdrawn by 3: even a check of no hits is over until the window ends.
+  EXPECT_EQ(ask("d", {{{{"user", "u"}}, 0}}).overall_code(), kOver);
+  EXPECT_EQ(ask("d", {{{{"user", "v"}}}}).overall_code(), kOk) << "another user";
+  clock_.advance(std::chrono::minutes(1));
+  EXPECT_EQ(ask("d", {{{{"user", "u"}}}}).overall_code(), kOk);
+  // A charge beside a check that is over: the check adds nothing, the charge stays.
+  EXPECT_EQ(oks(3, "d", {{{{"tenant", "t"}}}}), 3);
+  const pb::RateLimitResponse mixed =
+      ask("d", {{{{"tenant", "t"}}}, {{{"sluice_charge", "1"}, {"user", "u"}}, 5}});
+  EXPECT_EQ(mixed.overall_code(), kOver);
+  EXPECT_EQ(ask("d", {{{{"user", "u"}}, 0}}).statuses(0).limit_remaining(), 4U) << "1 + 5 of 10";
+  EXPECT_EQ(series("sluice_rls_charged_hits_total", {"edge"}), "18");
+  // A marker alone names nothing to charge.
+  const auto alone = call(request("d", {{{{"sluice_charge", "true"}}}}));
+  EXPECT_EQ(alone.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(alone.status().message().find("sluice_charge"), std::string::npos);
+}
+
 TEST_F(EnvoyRateLimitTest, ARefusedRequestAddsToNoLimit) {
   serve(kPerUser);
   const std::vector<Descriptor> both{{{{"user", "u"}}}, {{{"tenant", "t"}}}};
@@ -742,6 +772,15 @@ TEST_F(EnvoyRateLimitTest, SharedLimitsLeaseEscrowFromTheCoordinator) {
   EXPECT_EQ(oks(12, "d", {{{{"user", "u"}}}}), 10);
   // A local sliding window beside it: 4 a minute, on this server.
   EXPECT_EQ(oks(6, "d", {{{{"burst", "b"}}}}), 4);
+}
+
+// A shared limit's charge: the escrow, then the global budget, leased in the background.
+TEST_F(EnvoyRateLimitTest, ASharedLimitTakesAChargeFromItsBudget) {
+  serve(kShared, "    coordinator: memory\n    batch: 4\n    lease_timeout: 1s\n");
+  EXPECT_EQ(ask("d", {{{{"user", "u"}}}}).overall_code(), kOk);
+  EXPECT_EQ(ask("d", {{{{"user", "u"}, {"sluice_charge", "true"}}, 7}}).overall_code(), kOk);
+  // 8 of 10 spent once the charge's lease is in; a check waits behind it.
+  EXPECT_EQ(oks(5, "d", {{{{"user", "u"}}}}), 2);
 }
 
 // A request over any limit adds to none: a local limit's refusal gives back what a shared one

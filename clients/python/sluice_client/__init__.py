@@ -35,12 +35,13 @@ from .client import Client, Seconds
 from .errors import *  # noqa: F401,F403  (the error classes; errors.__all__ lists them)
 from .throttler import (Backoff, CheckResult, ChunkStats, ThrottledTimeout, ThrottlerClient,
                         run_in_chunks, wait_until_allowed)
-from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
+from .types import OUTCOMES, Charge, CheckManyResult, Decision, Lease, Policies, PolicyState
 
 __all__ = [
     "Client",
     "Seconds",
     "Decision",
+    "Charge",
     "CheckManyResult",
     "Lease",
     "PolicyState",

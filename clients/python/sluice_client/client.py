@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2
 
 from .cascade import RetryBudget
 from .errors import Refused, SluiceError, Unavailable, from_rpc_error
-from .types import OUTCOMES, CheckManyResult, Decision, Lease, Policies, PolicyState
+from .types import OUTCOMES, Charge, CheckManyResult, Decision, Lease, Policies, PolicyState
 
 try:
     from sluice.v1 import sluice_pb2, sluice_pb2_grpc
@@ -86,6 +86,11 @@ def _decision(d) -> Decision:
         detail=d.detail,
         would_deny=d.would_deny,
     )
+
+
+def _charge(c) -> Charge:
+    return Charge(limit=c.limit, remaining=c.remaining, overdraft=c.overdraft, pending=c.pending,
+                  reset_after=_seconds(c.reset_after), retry_after=_seconds(c.retry_after))
 
 
 def _check_request(policy: str, key: str, hits: int):
@@ -170,6 +175,18 @@ class Client:
         """The decision :meth:`check` would give now, spending nothing."""
         return _decision(self._call(self._stub.Peek, _check_request(policy, key, hits)).decision)
 
+    def charge(self, policy: str, key: str, hits: int) -> Charge:
+        """Charges `hits` to `key` after the fact (a cost known once the call is over), on a
+        rate or federated policy: counted whatever the key has left, so a charge may take it
+        past its limit, and its later checks are refused until that is waited out. Negative
+        `hits` give back what a check took beyond the call's cost. Returns the key's
+        allowance after it; never refused (an error means nothing was recorded).
+        """
+        if isinstance(hits, bool) or not isinstance(hits, int):
+            raise TypeError(f"hits: must be an int, not {hits!r}")
+        req = sluice_pb2.ChargeRequest(policy=policy, key=key, hits=hits)
+        return _charge(self._call(self._stub.Charge, req))
+
     def check_many(self, checks: Iterable[Sequence]) -> CheckManyResult:
         """Several checks, all or nothing: ``[(policy, key), (policy, key, hits), ...]``.
 
@@ -252,7 +269,7 @@ class Client:
         raise _refused(resp.rejection, waited)
 
     def release(self, lease: Union[Lease, str], outcome: str = "success",
-                rtt: Optional[Seconds] = None) -> float:
+                rtt: Optional[Seconds] = None, cost: Optional[int] = None) -> float:
         """Ends a lease and frees its slot; returns how long it was held (seconds).
 
         `outcome`: ``"success"`` (the call completed; `rtt` is latency evidence),
@@ -260,8 +277,11 @@ class Client:
         ``"overload"`` say which, and mean the same to a limit), ``"ignored"`` (says nothing
         about the backend) or ``"failed"`` (failed, not from overload: no latency evidence, but
         a health signal). `rtt`: the call's latency; ``None``: the time the
-        lease was held. Raises :class:`~sluice_client.NotFound` when the lease is unknown,
-        already released or expired.
+        lease was held. `cost`: what the call cost its policy's chained rate policy, in hits
+        (the admit took one for its key; the rest is charged now, as :meth:`charge` does);
+        with a :class:`Lease`, ``lease.charged`` is then the key's :class:`Charge`. Raises
+        :class:`~sluice_client.NotFound` when the lease is unknown, already released or
+        expired.
         """
         if outcome not in _OUTCOME_ENUM:
             raise ValueError(f"outcome: must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
@@ -269,9 +289,15 @@ class Client:
         req = sluice_pb2.ReleaseRequest(lease_id=lease_id, outcome=_OUTCOME_ENUM[outcome])
         if rtt is not None:
             req.rtt.CopyFrom(_duration(rtt, "rtt"))
+        if cost is not None:
+            if isinstance(cost, bool) or not isinstance(cost, int):
+                raise TypeError(f"cost: must be an int, not {cost!r}")
+            req.cost = cost
         resp = self._call(self._stub.Release, req)
         if isinstance(lease, Lease):
             lease.released = True
+            if resp.HasField("charged"):
+                lease.charged = _charge(resp.charged)
         return _seconds(resp.held)
 
     def heartbeat(self, lease: Union[Lease, str], ttl: Optional[Seconds] = None) -> float:
@@ -310,7 +336,8 @@ class Client:
           failure says nothing about the backend's latency.
 
         Set ``lease.outcome`` inside the block to override (e.g. ``"dropped"`` on an HTTP 503
-        from the backend). A lease released inside the block is not released again.
+        from the backend), and ``lease.cost`` to charge what the call cost its chained rate
+        policy. A lease released inside the block is not released again.
 
         If the block raised, an error while releasing is swallowed and the block's exception
         propagates (the lease then expires on the server after its TTL). If the block finished,
@@ -334,8 +361,9 @@ class Client:
         not one of OUTCOMES still frees the slot (as "ignored"); then ValueError names it."""
         chosen = lease.outcome or fallback
         valid = chosen in _OUTCOME_ENUM
+        extra = {} if lease.cost is None else {"cost": lease.cost}
         self.release(lease, chosen if valid else "ignored",
-                     rtt=time.monotonic() - lease.admitted_at)
+                     rtt=time.monotonic() - lease.admitted_at, **extra)
         if not valid:
             raise ValueError(f"lease.outcome: must be one of {', '.join(OUTCOMES)}, "
                              f"not {chosen!r} (the lease was released as 'ignored')")

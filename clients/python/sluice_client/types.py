@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional
 
-__all__ = ["Decision", "CheckManyResult", "Lease", "PolicyState", "Policies", "OUTCOMES"]
+__all__ = ["Decision", "Charge", "CheckManyResult", "Lease", "PolicyState", "Policies",
+           "OUTCOMES"]
 
 # How a leased call ended (the server's Outcome enum):
 #   "success"  it completed; its RTT is latency evidence for adaptive limits
@@ -52,6 +53,29 @@ class Decision:
     would_deny: bool = False
 
 
+@dataclass(frozen=True)
+class Charge:
+    """A key's allowance after :meth:`Client.charge` (or a release with a ``cost``).
+
+    Attributes:
+        limit: the policy's limit (for GCRA, the burst).
+        remaining: hits a check could take now.
+        overdraft: hits charged past the limit that the key's later checks are waiting out
+            (until the window ends; for GCRA, until the debt has drained); 0: none.
+        pending: a federated policy's hits charged beyond this region's escrow, being taken
+            from the global budget now; 0 otherwise.
+        reset_after: seconds until the key's allowance is whole again.
+        retry_after: seconds until a check of one hit could pass (0.0: now).
+    """
+
+    limit: int
+    remaining: int
+    overdraft: int
+    pending: int
+    reset_after: float
+    retry_after: float
+
+
 class CheckManyResult(NamedTuple):
     """The answer to :meth:`Client.check_many`; unpacks as ``allowed, decisions, denied_index``.
 
@@ -89,6 +113,10 @@ class Lease:
             call, as ``rejection`` says; the lease holds no permit (release it all the same).
         rejection: with ``would_deny``, the :class:`~sluice_client.Refused` it would have
             raised; ``None`` otherwise.
+        cost: inside a :meth:`Client.lease` block, set it to what the call cost its policy's
+            chained rate policy, in hits (the tokens a model call used), once known: the
+            release charges it (the admit took one); ``None``: nothing more.
+        charged: after a release with a cost, the chained rate key's :class:`Charge`.
     """
 
     lease_id: str
@@ -103,6 +131,8 @@ class Lease:
     attributes: dict = field(default_factory=dict)
     would_deny: bool = False
     rejection: Optional[Exception] = None
+    cost: Optional[int] = None
+    charged: Optional[Charge] = None
 
     def time_left(self) -> Optional[float]:
         """Seconds until :attr:`deadline` (never negative); ``None``: no deadline."""

@@ -260,3 +260,41 @@ def client(server) -> sluice_client.Client:
 def key() -> Callable[[], str]:
     """key() -> a fresh rate key (so no test sees another's rate state)."""
     return lambda: f"k-{uuid.uuid4().hex[:12]}"
+
+
+class Redis:
+    """A redis-server of its own on a free loopback port, without persistence; stopped by pid."""
+
+    def __init__(self, workdir):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.cli("PING") == "PONG", 10, what="redis-server to answer")
+
+    def cli(self, *args) -> str:
+        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+                           capture_output=True, text=True, timeout=5)
+        return r.stdout.strip()
+
+    def script_calls(self) -> int:
+        """The coordinator's calls: script runs (EVALSHA, EVAL), each one request to Redis (the
+        commands a script runs inside it are counted apart by INFO commandstats)."""
+        total = 0
+        for line in self.cli("INFO", "commandstats").splitlines():
+            if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+                total += int(line.split("calls=")[1].split(",")[0])
+        return total
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def redis(tmp_path):
+    r = Redis(tmp_path)
+    yield r
+    r.kill()

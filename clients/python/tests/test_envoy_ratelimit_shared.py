@@ -9,16 +9,13 @@ A fresh Redis counts the window of its first lease as spent (coordinator_restart
 tell new from restarted empty, sluice/backends/redis_rate_coordinator.h), so the shared limit
 here is per second and the measured requests run in a later second."""
 
-import os
-import signal
-import subprocess
 import textwrap
 import time
 
 import grpc
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port
 
 rls_pb2 = pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2")
 rls_pb2_grpc = pytest.importorskip("envoy.service.ratelimit.v3.rls_pb2_grpc")
@@ -40,44 +37,6 @@ RULES = textwrap.dedent(f"""\
           unit: hour
           requests_per_unit: 5
     """)
-
-
-class Redis:
-    """A redis-server of its own on a free loopback port, without persistence; stopped by pid."""
-
-    def __init__(self, workdir):
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING") == "PONG", 10, what="redis-server to answer")
-
-    def cli(self, *args) -> str:
-        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
-                           capture_output=True, text=True, timeout=5)
-        return r.stdout.strip()
-
-    def script_calls(self) -> int:
-        """The coordinator's calls: script runs (EVALSHA, EVAL), each one request to Redis (the
-        commands a script runs inside it are counted apart by INFO commandstats)."""
-        total = 0
-        for line in self.cli("INFO", "commandstats").splitlines():
-            if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
-                total += int(line.split("calls=")[1].split(",")[0])
-        return total
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
-
-
-@pytest.fixture
-def redis(tmp_path):
-    r = Redis(tmp_path)
-    yield r
-    r.kill()
 
 
 def serve_region(start_server, tmp_path, redis, region, outage="error", server_section=""):

@@ -184,6 +184,7 @@ def test_unreachable_server_is_unavailable():
     ("Check", b"\x0a\x08api-rate\x12\x02\xff\xfe", "key: not valid UTF-8"),
     ("Admit", b"\x0a\x05small\x12\x01\xc3", "key: not valid UTF-8"),
     ("Release", b"\x0a\x02\xff\xff", "lease_id: not valid UTF-8"),
+    ("Charge", b"\x0a\x08api-rate\x12\x02\xff\xfe\x18\x05", "key: not valid UTF-8"),
     ("CheckMany", b"\x0a\x04\x12\x02\xff\xfe", "checks[0].key: not valid UTF-8"),
     # the first entry fine ("abc"), the second not
     ("CheckMany", b"\x0a\x05\x12\x03abc\x0a\x04\x12\x02\xff\xfe",

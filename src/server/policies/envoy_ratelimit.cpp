@@ -31,6 +31,9 @@ namespace pb = envoy::service::ratelimit::v3;
 constexpr std::size_t kMaxMetricNames = 10'000;
 constexpr std::size_t kMaxOverrides = 1'024;
 constexpr std::size_t kMaxDescriptors = 256;
+// The entry that makes a descriptor a charge (Envoy: a generic_key action with this
+// descriptor_key, in a rate limit sent with apply_on_stream_done).
+constexpr std::string_view kChargeEntry = "sluice_charge";
 constexpr std::size_t kMaxDescriptorBytes = 16 * 1024;
 constexpr std::size_t kShards = 16;
 constexpr std::size_t kFederatedReasons =
@@ -195,6 +198,7 @@ struct Pending {
   std::vector<std::string> keys;
   std::vector<std::string> metrics;
   std::vector<std::uint64_t> hits;
+  std::vector<char> charge;  // by descriptor: a charge (its sluice_charge entry), not a check
   std::vector<std::optional<FederatedDecision>> decisions;  // by descriptor: what it got
   Nanos now{0};
   // The handoff between decide() and the leases' callbacks: whichever comes last answers.
@@ -296,7 +300,9 @@ class EnvoyRateLimitPolicy final : public Policy {
     p->keys.resize(n);
     p->metrics.resize(n);
     p->hits.assign(n, 0);
+    p->charge.assign(n, 0);
     p->decisions.resize(n);
+    std::vector<rls::Entry> unmarked;  // a charge's entries without its marker
     const bool known = p->g->tree->has_domain(req.domain);
     if (!known) unknown_domain_.fetch_add(1, std::memory_order_relaxed);
     for (std::size_t i = 0; i < n; ++i) {
@@ -310,6 +316,20 @@ class EnvoyRateLimitPolicy final : public Policy {
                        "a descriptor has at most " +
                        std::to_string(kMaxDescriptorBytes));
       if (!known) continue;
+      // A charge (the call is over: its cost is counted, never refused) says so with an entry
+      // keyed sluice_charge, which is not part of what it is counted under.
+      const std::vector<rls::Entry>* entries = &d.entries;
+      if (std::any_of(d.entries.begin(), d.entries.end(),
+                      [](const rls::Entry& e) { return e.key == kChargeEntry; })) {
+        unmarked.clear();
+        for (const rls::Entry& e : d.entries)
+          if (e.key != kChargeEntry) unmarked.push_back(e);
+        if (unmarked.empty())
+          return invalid(at(i) + ".entries: " + std::string(kChargeEntry) +
+                         " marks a charge of the entries beside it; there are none");
+        p->charge[i] = 1;
+        entries = &unmarked;
+      }
       if (d.limit) {
         const std::optional<rls::Unit> unit = rls::unit_of(d.limit->unit);
         if (!unit)
@@ -319,11 +339,11 @@ class EnvoyRateLimitPolicy final : public Policy {
         if (!c.ok()) return Status(c.status().code(), at(i) + ".limit: " + c.status().message());
         p->counters[i] = std::move(c.value());
         p->matched[i] = &p->counters[i]->rule;
-        p->keys[i] = rls::counter_of(d.entries);
+        p->keys[i] = rls::counter_of(*entries);
         p->metrics[i] = p->counters[i]->rule.path;
         continue;
       }
-      rls::Match m = p->g->tree->match(req.domain, d.entries);
+      rls::Match m = p->g->tree->match(req.domain, *entries);
       if (m.rule == nullptr) continue;
       p->matched[i] = m.rule;
       p->counters[i] = p->g->counters[m.rule->id];
@@ -338,6 +358,10 @@ class EnvoyRateLimitPolicy final : public Policy {
       Counter& c = *p->counters[i];
       const RlsDescriptor& d = req.descriptors[i];
       p->hits[i] = d.hits_addend ? *d.hits_addend : std::max<std::uint64_t>(1, req.hits_addend);
+      if (p->charge[i]) {
+        p->decisions[i] = charged(c, p->keys[i], p->hits[i], p->now);
+        continue;
+      }
       if (c.limiter != nullptr) {
         const RateDecision dec = c.limiter->check(p->keys[i], p->hits[i], p->now);
         p->decisions[i] = FederatedDecision{
@@ -413,6 +437,7 @@ class EnvoyRateLimitPolicy final : public Policy {
     j["over_limit"] = requests_over_.load(std::memory_order_relaxed);
     j["unavailable"] = requests_unavailable_.load(std::memory_order_relaxed);
     j["unknown_domain"] = unknown_domain_.load(std::memory_order_relaxed);
+    j["charged"] = charged_.load(std::memory_order_relaxed);
   }
 
   void metrics(std::vector<MetricFamily>& out) const override {
@@ -425,6 +450,10 @@ class EnvoyRateLimitPolicy final : public Policy {
                       "ShouldRateLimit requests for a domain no rule file has (answered OK)",
                       MetricType::Counter,
                       static_cast<double>(unknown_domain_.load(std::memory_order_relaxed))));
+    out.push_back(one("sluice_rls_charged_hits_total",
+                      "Hits charged by descriptors marked sluice_charge (counted, never refused)",
+                      MetricType::Counter,
+                      static_cast<double>(charged_.load(std::memory_order_relaxed))));
     const std::shared_ptr<Generation> g = generation();
     MetricFamily hits{"sluice_rls_hits_total",
                       "Hits of envoy_ratelimit limits by rule and result",
@@ -532,7 +561,7 @@ class EnvoyRateLimitPolicy final : public Policy {
       bool over = true;
       if (const std::optional<FederatedDecision>& d = p.decisions[i]) {
         over = !d->rate.allowed;
-        if (!over) taken[i] = p.hits[i];
+        if (!over && !p.charge[i]) taken[i] = p.hits[i];  // a charge stays whatever happens
         s.remaining = static_cast<std::uint32_t>(
             std::min<std::uint64_t>(d->rate.remaining, std::numeric_limits<std::uint32_t>::max()));
         s.until_reset = d->rate.reset_after;
@@ -582,6 +611,28 @@ class EnvoyRateLimitPolicy final : public Policy {
     p.counters.clear();
     p.g.reset();
     return out;
+  }
+
+  // A charge of `hits` to `key` under counter `c`: counted whatever is left (an overdraft
+  // makes the limit's later checks wait), so its status is OK; OVER_LIMIT only when it could
+  // not be recorded (a new key while the limit holds max_keys).
+  FederatedDecision charged(Counter& c, const std::string& key, std::uint64_t hits, Nanos now) {
+    RateDecision d;
+    if (c.limiter == nullptr && c.shared == nullptr) {  // requests_per_unit 0: nothing to count
+      d.allowed = true;
+      return FederatedDecision{d, FederatedReason::kAdmitted};
+    }
+    const RateCharge ch =
+        c.limiter != nullptr ? c.limiter->charge(key, hits, now) : c.shared->charge(key, hits, now);
+    if (ch.recorded) charged_.fetch_add(hits, std::memory_order_relaxed);
+    d.allowed = ch.recorded;
+    d.limit = ch.limit;
+    d.remaining = ch.remaining;
+    d.reset_after = ch.reset_after;
+    d.retry_after = ch.retry_after;
+    d.reason = ch.reason;
+    return FederatedDecision{
+        d, ch.recorded ? FederatedReason::kAdmitted : FederatedReason::kKeyCapacity};
   }
 
   // Every shared counter is kept here as well as where it serves, so that the last reference
@@ -733,7 +784,7 @@ class EnvoyRateLimitPolicy final : public Policy {
   // Refusals of shared limits, by FederatedReason.
   std::array<std::atomic<std::uint64_t>, kFederatedReasons> shared_refusals_{};
   std::atomic<std::uint64_t> requests_ok_{0}, requests_over_{0}, requests_unavailable_{0},
-      unknown_domain_{0};
+      unknown_domain_{0}, charged_{0};
 };
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {

@@ -78,6 +78,15 @@
 // a shared limit refuses the rest of that window (reason coordinator_restarted): a fresh
 // deployment's first window included.
 //
+// Charging after the response: a descriptor with an entry keyed `sluice_charge` (its value is
+// not read; the entry is not part of the key) is a charge, not a check: its hits are counted
+// whatever the limit has left (sluice/core/rate_strategy.h: charge; a shared limit's as the
+// federated kind charges), never refused and never given back when another descriptor is over.
+// An overdraft makes the limit's later checks wait until its window ends. This is what Envoy's
+// `apply_on_stream_done` rate limits are for (Envoy ignores their answer): the stream-end
+// request carries the cost as `hits_addend`, and a generic_key action with descriptor_key
+// sluice_charge marks it, since the request itself cannot say it comes at stream end.
+//
 // Reload (SIGHUP, POST /admin/reload): the rule files are read again; each limit whose path
 // (`domain.key_value.key`), unit, strategy and sharing stay keeps its counters, with its new
 // requests_per_unit; a shared limit whose requests_per_unit changes starts a new budget (its
@@ -87,9 +96,9 @@
 // back to the coordinator.
 //
 // Metrics: sluice_rls_requests_total{code} (ok, over_limit, unavailable),
-// sluice_rls_hits_total{rule, result} (within_limit, over_limit, shadow_mode; `rule` the limit's
-// path, or the name detailed_metric or value_to_metric makes from a request's values: at most
-// 10,000 of those per policy, then
+// sluice_rls_charged_hits_total, sluice_rls_hits_total{rule, result} (within_limit, over_limit,
+// shadow_mode; `rule` the limit's path, or the name detailed_metric or value_to_metric makes from a
+// request's values: at most 10,000 of those per policy, then
 // "(other)"), sluice_shadow_denied_total, sluice_rls_unknown_domain_total, sluice_rls_limits,
 // sluice_rls_keys; with a coordinator, sluice_rls_shared_limits, sluice_rls_leases_total,
 // sluice_rls_lease_failures_total, sluice_rls_shared_refusals_total{reason} (the federated

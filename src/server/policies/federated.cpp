@@ -135,6 +135,19 @@ class FederatedPolicy final : public Policy, public RateFamily {
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
     limiter_.refund(key, hits, now);
   }
+  // Spent from escrow, the rest leased in the background (federation.h: charge): never waits.
+  StatusOr<RateCharge> charge(std::string_view key, std::uint64_t hits, Nanos now) override {
+    RateCharge c = limiter_.charge(key, hits, now);
+    if (!c.recorded) {
+      std::string why = "key: federated policy " + name() + " holds state for its max_keys (";
+      why += std::to_string(limiter_.options().max_keys);
+      why += ") keys; the charge of new key '";
+      why += key;
+      why += "' was not recorded";
+      return Status(StatusCode::kResourceExhausted, std::move(why));
+    }
+    return c;
+  }
   Rejection refusal(std::string_view key, const RateDecision& d) const override {
     const FederationOptions& o = limiter_.options();
     std::ostringstream detail;
@@ -183,6 +196,8 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["granted"] = st.granted;
     j["spent"] = st.spent;
     j["forfeited"] = st.forfeited;
+    j["charged"] = st.charged;
+    j["forgiven"] = st.forgiven;
     j["spec_mismatches"] = st.spec_mismatches;
     j["clock_drift_ppm"] = st.clock_drift_ppm;
     j["drift_ppm_in_force"] = st.drift_ppm_in_force;
@@ -205,6 +220,12 @@ class FederatedPolicy final : public Policy, public RateFamily {
     out.push_back(one("sluice_federated_forfeited_units_total",
                       "Escrow units that expired unspent or were given back", MetricType::Counter,
                       static_cast<double>(st.forfeited)));
+    out.push_back(one("sluice_federated_charged_hits_total",
+                      "Hits charged after the fact (Charge, Release with a cost)",
+                      MetricType::Counter, static_cast<double>(st.charged)));
+    out.push_back(one("sluice_federated_forgiven_hits_total",
+                      "Charged hits the window's budget could not cover (overdrafts)",
+                      MetricType::Counter, static_cast<double>(st.forgiven)));
     out.push_back(
         one("sluice_federated_spec_mismatches_total",
             "Leases refused: another region fixed the window with another limit or window",

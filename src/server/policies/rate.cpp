@@ -61,6 +61,21 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
     limiter_->refund(key, hits, now);
   }
+  StatusOr<RateCharge> charge(std::string_view key, std::uint64_t hits, Nanos now) override {
+    RateCharge c = limiter_->charge(key, hits, now);
+    if (!c.recorded) {
+      key_capacity_denied_.fetch_add(1, std::memory_order_relaxed);
+      std::string why = "key: rate policy " + name() + " holds state for its max_keys (";
+      why += std::to_string(limiter_->max_keys());
+      why += ") keys; the charge of new key '";
+      why += key;
+      why += "' was not recorded";
+      return Status(StatusCode::kResourceExhausted, std::move(why));
+    }
+    charged_.fetch_add(hits, std::memory_order_relaxed);
+    if (c.overdraft > 0) overdrawn_.fetch_add(1, std::memory_order_relaxed);
+    return c;
+  }
   Rejection refusal(std::string_view key, const RateDecision& d) const override {
     const RateRule r = limiter_->rule();
     std::ostringstream detail;
@@ -87,6 +102,8 @@ class RateLimitPolicy final : public Policy, public RateFamily {
     j["key_capacity_denied"] = key_capacity_denied_.load(std::memory_order_relaxed);
     j["allowed"] = allowed_.load(std::memory_order_relaxed);
     j["denied"] = denied_.load(std::memory_order_relaxed);
+    j["charged"] = charged_.load(std::memory_order_relaxed);
+    j["overdrawn"] = overdrawn_.load(std::memory_order_relaxed);
   }
   void metrics(std::vector<MetricFamily>& out) const override {
     out.push_back(by_label("sluice_rate_decisions_total", "Rate checks by decision", "decision",
@@ -101,11 +118,18 @@ class RateLimitPolicy final : public Policy, public RateFamily {
                       static_cast<double>(key_capacity_denied_.load(std::memory_order_relaxed))));
     out.push_back(one("sluice_rate_limit", "Hits per period", MetricType::Gauge,
                       static_cast<double>(limiter_->rule().limit)));
+    out.push_back(one("sluice_rate_charged_hits_total", "Hits charged after the fact (Charge)",
+                      MetricType::Counter,
+                      static_cast<double>(charged_.load(std::memory_order_relaxed))));
+    out.push_back(one(
+        "sluice_rate_overdrawn_total", "Charges that left their key past its limit (an overdraft)",
+        MetricType::Counter, static_cast<double>(overdrawn_.load(std::memory_order_relaxed))));
   }
 
  private:
   std::unique_ptr<RateLimiter> limiter_;
   std::atomic<std::uint64_t> allowed_{0}, denied_{0}, key_capacity_denied_{0};
+  std::atomic<std::uint64_t> charged_{0}, overdrawn_{0};
 };
 
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
