@@ -73,6 +73,8 @@ struct PackedKey {
   std::uint8_t closed_reason;  // a FederatedReason while closed_until is set
   std::int8_t unreachable_until;
   std::int8_t short_until;
+  std::uint8_t owed;  // charged beyond the escrow, to be paid from the next grants
+  std::int8_t owed_until;
   std::array<std::uint8_t, kMaxParked> parked;
 };
 
@@ -103,6 +105,8 @@ inline FederatedKey& unpack(const Packing& p, const PackedKey& g, FederatedKey& 
   k.closed_reason = static_cast<FederatedReason>(g.closed_reason);
   k.unreachable_until = Packing::time_of(g.unreachable_until);
   k.short_until = Packing::time_of(g.short_until);
+  k.owed = g.owed;
+  k.owed_until = Packing::time_of(g.owed_until);
   k.waiting.clear();
   for (const std::uint8_t hits : g.parked)
     if (hits != 0) k.waiting.push_back(hits);
@@ -128,6 +132,8 @@ inline void pack(Packing& p, const FederatedKey& k, int parked, PackedKey& g, st
   g.closed_reason = static_cast<std::uint8_t>(k.closed_reason);
   g.unreachable_until = p.byte_of(k.unreachable_until, "unreachable_until");
   g.short_until = p.byte_of(k.short_until, "short_until");
+  g.owed = p.small(k.owed, "owed");
+  g.owed_until = p.byte_of(k.owed_until, "owed_until");
   if (k.waiting.size() > static_cast<std::size_t>(parked))
     error = "more checks parked than the model parks";
   g.parked.fill(0);
@@ -151,6 +157,8 @@ inline std::string describe(const PackedKey& g) {
            std::string(to_string(static_cast<FederatedReason>(g.closed_reason)));
   if (g.unreachable_until != kNoTime) out += " unreachable<" + std::to_string(g.unreachable_until);
   if (g.short_until != kNoTime) out += " short<" + std::to_string(g.short_until);
+  if (g.owed != 0)
+    out += " owed(" + std::to_string(g.owed) + "<" + std::to_string(g.owed_until) + ")";
   for (const std::uint8_t hits : g.parked)
     if (hits != 0) out += " parked(" + std::to_string(hits) + ")";
   return out;
@@ -161,7 +169,8 @@ inline std::string describe(const PackedKey& g) {
 // a budget left that nothing reads as a number.
 inline void fold(PackedKey& g, std::int64_t now, std::int64_t period) {
   if (g.e_expires != kExpired && now - g.e_expires >= period) g.e_expires = kExpired;
-  for (std::int8_t* t : {&g.window_end, &g.closed_until, &g.unreachable_until, &g.short_until})
+  for (std::int8_t* t :
+       {&g.window_end, &g.closed_until, &g.unreachable_until, &g.short_until, &g.owed_until})
     if (*t != kNoTime && *t <= now) *t = kNoTime;
   if (g.closed_until == kNoTime)
     g.closed_reason = static_cast<std::uint8_t>(FederatedKey{}.closed_reason);

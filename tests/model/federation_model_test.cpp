@@ -20,6 +20,10 @@
 //              fails: on_lease() with the error;
 //   expire     the sweep: give_up() of escrow past its expiry on the region's clock, and a
 //              reconcile (window, running total) is sent;
+//   charge     (with charges) a charge of one hit after the fact, at most two a window:
+//              charge_key() spends it from escrow or owes it, and leases what is owed;
+//   retry      (with charges) the sweep's lease_owed(): what a key still owes after a failed
+//              lease is leased again (or forgiven once its window is over);
 //   reconcile  a reconcile in transit reaches the coordinator (not during an outage), either
 //              for the last time or as a duplicate that stays in transit; either of the two the
 //              network holds may go first (reordering); a third one sent pushes the first in
@@ -30,14 +34,16 @@
 //              the clock is in.
 // Invariants, in every reachable state:
 //   Admitted  the admissions stamped with the real (global-clock) window they happen in never
-//             exceed `limit` in that window;
+//             exceed `limit` in that window; with charges, the units spent in it (admitted
+//             checks and charges paid: Δ = 0 for what is admitted, whatever is charged);
 //   Ledger    at the coordinator, granted - returned <= limit in its window;
 //   Parked    a region with a parked check has a lease in flight (else nothing would answer it).
-// Four deliberately broken variants, small wrappers around the real core here, must be caught
+// Five deliberately broken variants, small wrappers around the real core here, must be caught
 // by the same search: escrow that survives its window (a grant's expiry moved past it), a
 // reconcile that is not idempotent (it applies the total as a delta every time), a reconcile
-// that carries an ended window's units into the current window's budget, and a restarted
-// coordinator that does not count its current window as spent.
+// that carries an ended window's units into the current window's budget, a restarted
+// coordinator that does not count its current window as spent, and a charge whose debt is
+// counted as spent at once instead of being leased.
 //
 // Finite space: the clock is bounded, so every counter is (checked). The state leaves out what
 // cannot change what happens next, and folds values that behave alike into one (each an exact
@@ -97,10 +103,15 @@ enum class Variant {
   kReconcileAsDelta,      // every reconcile gives its total back again
   kCarryIntoNextWindow,   // an ended window's units go back into the current window
   kRestartForgetsWindow,  // after a loss the current window is not counted as spent
+  kChargeOwedAsPaid,      // what a charge owes is counted as spent at once, without a lease
 };
-constexpr std::array<const char*, 5> kVariantNames = {
-    "correct", "escrow-outlives-window", "reconcile-as-delta", "carry-into-next-window",
-    "restart-forgets-window"};
+constexpr std::array<const char*, 6> kVariantNames = {"correct",
+                                                      "escrow-outlives-window",
+                                                      "reconcile-as-delta",
+                                                      "carry-into-next-window",
+                                                      "restart-forgets-window",
+                                                      "charge-owed-as-paid"};
+constexpr std::uint8_t kMaxCharges = 2;  // charges per real window, at most
 
 struct Config {
   int regions = 2;
@@ -114,6 +125,7 @@ struct Config {
   bool losses = true;       // the coordinator may lose its state (loss)
   bool big_checks = false;  // checks of a batch's hits too (their leases carry a need)
   int parked = 1;           // checks parked behind a key's lease, at most (1 .. kMaxParked)
+  bool charges = false;     // charges after the fact too (charge, retry)
 };
 
 struct Msg {
@@ -150,7 +162,8 @@ struct State {
   std::uint8_t t;
   std::uint8_t outage;
   std::int8_t origin;     // the ledger's origin window; kNone: no loss
-  std::uint8_t admitted;  // admissions in the window t is in
+  std::uint8_t admitted;  // admissions (with charges: units spent) in the window t is in
+  std::uint8_t charges;   // charges made in the window t is in
   std::int8_t l_window;   // the ledger's window; kNone: none yet
   std::uint8_t l_granted;
   std::uint8_t l_returned;
@@ -169,6 +182,8 @@ enum Action : std::uint8_t {
   kFail,
   kDeliver,
   kExpire,
+  kCharge,
+  kRetry,
   kReconcile0,  // global actions (region index 0): the first reconcile in transit arrives
   kReconcile1,
   kDuplicate0,  // it arrives, and a copy stays in transit
@@ -179,8 +194,8 @@ enum Action : std::uint8_t {
   kActions,
 };
 constexpr std::array<const char*, kActions> kActionNames = {
-    "check",      "check-batch", "process",    "fail", "deliver", "expire", "reconcile",
-    "reconcile'", "duplicate",   "duplicate'", "tick", "outage",  "loss"};
+    "check",     "check-batch", "process",   "fail",       "deliver", "expire", "charge", "retry",
+    "reconcile", "reconcile'",  "duplicate", "duplicate'", "tick",    "outage", "loss"};
 constexpr Action kFirstGlobal = kReconcile0;
 
 struct Result {
@@ -196,6 +211,8 @@ struct Result {
   bool refilled = false;             // some admission sent a busy key's refill lease
   bool unreachable = false;          // some check was refused coordinator_unreachable
   bool two_decided = false;          // some lease's outcome decided two parked checks
+  bool owed_paid = false;            // some grant paid what a charge owed
+  bool forgiven = false;             // some charge was forgiven (its window's budget spent)
 };
 
 class Explorer : Packing {
@@ -381,8 +398,10 @@ class Explorer : Packing {
       count(e.decided[j], decided_hits_[j]);
       if (e.decided[j].rate.allowed) r.parked_admitted = true;
     }
-    if (admitted != e.spent) harness_error_ = "admissions and spent units differ";
-    s.admitted = small(s.admitted + admitted, "admitted");
+    if (c_.charges ? admitted > e.spent : admitted != e.spent)
+      harness_error_ = "admissions and spent units differ";
+    if (e.forgiven > 0) r.forgiven = true;
+    s.admitted = small(s.admitted + (c_.charges ? e.spent : admitted), "admitted");
     if (admitted > 0 && c_.offset[i] != 0) r.spent_across_skew = true;
     for (const GivenUp& u : e.given_up) post(s, i, index_of(u.window_start.count()), u.total);
     if (e.lease_want > 0) {
@@ -400,8 +419,10 @@ class Explorer : Packing {
   void key_step(State& s, int i, Result& r, F f) {
     FederatedKey& k = to_key(s.region[i]);
     decided_hits_.assign(k.waiting.begin(), k.waiting.end());
+    const std::uint64_t owed = k.owed;
     KeyEffects e;
     f(k, e);
+    if (k.owed < owed && e.forgiven == 0) r.owed_paid = true;
     if (c_.variant == Variant::kEscrowOutlivesWindow && e.granted > 0 && k.escrow.units > 0)
       k.escrow.expires_at = Nanos{100};
     from_key(k, s.region[i]);
@@ -480,6 +501,23 @@ class Explorer : Packing {
         if (g.e_units == 0 || now.count() < g.e_expires) return false;
         key_step(s, i, r, [&](FederatedKey& k, KeyEffects& e) { give_up(k, now, true, e); });
         break;
+      case kCharge:
+        if (!c_.charges || s.charges >= kMaxCharges) return false;
+        ++s.charges;
+        last_hits_ = 0;  // a charge answers no check
+        key_step(s, i, r, [&](FederatedKey& k, KeyEffects& e) {
+          (void)charge_key(k, 1, now, rules_, e);
+          if (c_.variant == Variant::kChargeOwedAsPaid && k.owed > 0) {
+            k.escrow.spent += k.owed;
+            e.spent += k.owed;
+            k.owed = 0;
+          }
+        });
+        break;
+      case kRetry:
+        if (!c_.charges || g.owed == 0 || g.leasing) return false;
+        key_step(s, i, r, [&](FederatedKey& k, KeyEffects& e) { lease_owed(k, now, e); });
+        break;
       case kReconcile0:
       case kReconcile1:
       case kDuplicate0:
@@ -495,7 +533,7 @@ class Explorer : Packing {
         if (s.t + 1 >= c_.ticks) return false;
         const auto before = s.t / c_.period;
         ++s.t;
-        if (s.t / c_.period != before) s.admitted = 0;  // a new real window
+        if (s.t / c_.period != before) s.admitted = s.charges = 0;  // a new real window
         break;
       }
       case kOutage:
@@ -699,6 +737,25 @@ TEST(FederationModel, AReconcileThatCarriesIntoTheNextWindowIsCaught) {
 
 TEST(FederationModel, ARestartThatForgetsItsWindowIsCaught) {
   expect_caught(make(2, 3, 2, 4, Variant::kRestartForgetsWindow), "Admitted");
+}
+
+// Charges after the fact beside the checks, through outages (state losses, which charges do
+// not touch, would make the space too big here): what a window spends (the checks it admits and
+// the charges it pays) never exceeds its limit; what a charge owes is paid by a later grant or
+// forgiven with its window.
+TEST(FederationModel, ChargesNeverLetAWindowSpendMoreThanItsLimit) {
+  Config c = make(2, 3, 2, 3);
+  c.charges = true;
+  c.losses = false;
+  const Result r = expect_holds(c);
+  EXPECT_TRUE(r.owed_paid);
+  EXPECT_TRUE(r.forgiven);
+}
+
+TEST(FederationModel, AChargeOwedCountedAsPaidWithoutALeaseIsCaught) {
+  Config c = make(2, 3, 2, 3, Variant::kChargeOwedAsPaid);
+  c.charges = true;
+  expect_caught(c, "Admitted");
 }
 
 }  // namespace
