@@ -10,8 +10,10 @@ endforeach()
 
 # The server's load generators (bench/load), when the transport is built.
 if(TARGET sluice_transport)
-  # Runs it briefly: every call must succeed; the figures are not asserted here.
-  add_test(NAME bench_smoke.grpc_load COMMAND sluice_load --seconds 0.2 --levels 1,8 --repeat 1)
+  # Runs it briefly: every call must succeed; the figures are not asserted here. With --redis:
+  # a redis-server of its own, sluice's shared limits and the per-request Redis limiter too.
+  add_test(NAME bench_smoke.grpc_load
+    COMMAND sluice_load --seconds 0.2 --levels 1,8 --repeat 1 --redis)
   set_tests_properties(bench_smoke.grpc_load PROPERTIES LABELS bench TIMEOUT 300)
   # A malformed option is refused by name (it used to read as 0, "use the default").
   add_test(NAME bench_smoke.grpc_load_bad_option COMMAND sluice_load --rate 5x)

@@ -15,8 +15,18 @@
 // ShouldRateLimit (an envoy_ratelimit policy: one descriptor per call, a limit per user) is
 // measured the same way against Check, closed loop and open loop at half the best Check rate.
 //
+// With --redis, the same tool starts a redis-server of its own and compares ShouldRateLimit
+// requests of three descriptors each (user: 1,024 values, tenant: 16, route: 8; limits per
+// second that never refuse) on two servers in the server process, closed loop at each level:
+//   - sluice: an envoy_ratelimit policy whose limits are shared through that Redis (a Redis
+//     coordinator: decided from escrow, leases in batches of 4,096);
+//   - a per-request Redis limiter doing what envoyproxy/ratelimit does: for each descriptor an
+//     INCRBY of the window's counter and an EXPIRE, all of a request's commands pipelined in one
+//     round trip, on a connection of the handling thread's own (a synchronous gRPC server).
+// Redis's own count of the commands it ran (INFO stats) gives the commands per request.
+//
 // Usage: sluice_load [--seconds S] [--levels 1,4,16,64] [--repeat N] [--rate R]
-//                    [--connections N] [--no-pin] [--markdown]
+//                    [--connections N] [--no-pin] [--markdown] [--redis]
 //   --rate R         the open loop's rate (default: half the best closed-loop Check rate)
 //   --connections N  the open loop's connections, each with its own issuing thread (default 1)
 //   --no-pin         let the scheduler place both processes
@@ -24,6 +34,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,6 +60,7 @@
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "server/engine.h"
 #include "sluice/config/config.h"
+#include "sluice/testing/servers.h"
 #include "sluice/v1/sluice.grpc.pb.h"
 #include "sluice_bench/v1/echo.grpc.pb.h"
 #include "transport/grpc_kind_methods.h"
@@ -113,7 +125,15 @@ std::unique_ptr<grpc::Server> listen(std::initializer_list<grpc::Service*> servi
   return b.BuildAndStart();
 }
 
-enum class Kind { kEcho, kCheck, kFederatedCheck, kAdmitRelease, kShouldRateLimit };
+enum class Kind {
+  kEcho,
+  kCheck,
+  kFederatedCheck,
+  kAdmitRelease,
+  kShouldRateLimit,
+  kSharedRls,  // three descriptors, limits shared through Redis (sluice)
+  kRedisRls,   // three descriptors, INCRBY + EXPIRE each on Redis (the per-request baseline)
+};
 const char* name(Kind k) {
   switch (k) {
     case Kind::kEcho:
@@ -126,6 +146,10 @@ const char* name(Kind k) {
       return "Admit+Release";
     case Kind::kShouldRateLimit:
       return "ShouldRateLimit";
+    case Kind::kSharedRls:
+      return "ShouldRateLimit x3, shared (sluice)";
+    case Kind::kRedisRls:
+      return "ShouldRateLimit x3, INCRBY+EXPIRE";
   }
   return "?";
 }
@@ -133,7 +157,8 @@ const char* name(Kind k) {
 struct Stubs {
   std::unique_ptr<eb::Echo::Stub> echo;
   std::unique_ptr<pb::Sluice::Stub> sluice;
-  std::unique_ptr<rls::RateLimitService::Stub> rls;  // on sluice's port
+  std::unique_ptr<rls::RateLimitService::Stub> rls;       // on sluice's port
+  std::unique_ptr<rls::RateLimitService::Stub> baseline;  // the per-request Redis limiter's
 };
 
 // Latencies and failures of a run's calls (shared by the threads that issue them).
@@ -199,6 +224,37 @@ class Driver {
               if (!s.ok()) return finish(c, false, failure(c, s));
               finish(c, c->rls_resp.overall_code() == rls::RateLimitResponse::OK,
                      "ShouldRateLimit: OVER_LIMIT");
+            });
+        break;
+      }
+      case Kind::kSharedRls:
+      case Kind::kRedisRls: {
+        c->rls_req.set_domain("shared");
+        const std::uint64_t n = next_key_.load();
+        for (const auto& [k, v] :
+             {std::pair{"user", key}, std::pair{"tenant", "t" + std::to_string(n % 16)},
+              std::pair{"route", "r" + std::to_string(n % 8)}}) {
+          auto& e = *c->rls_req.add_descriptors()->add_entries();
+          e.set_key(k);
+          e.set_value(v);
+        }
+        auto& stub = kind_ == Kind::kSharedRls ? stubs_.rls : stubs_.baseline;
+        stub->async()->ShouldRateLimit(
+            &c->ctx, &c->rls_req, &c->rls_resp, [this, c](grpc::Status s) {
+              if (!s.ok()) return finish(c, false, failure(c, s));
+              if (c->rls_resp.overall_code() == rls::RateLimitResponse::OK) return finish(c, true);
+              // A shared limit leases nothing in a window's last milliseconds (federation's
+              // min_window_left): a key that needs a lease then is refused until the next
+              // second. The policy's rule, counted apart; any other refusal is a failure.
+              const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count() %
+                              1000;
+              if (kind_ == Kind::kSharedRls && (ms >= 980 || ms < 20)) {
+                tally_.window_end_denials.fetch_add(1);
+                return finish(c, true);
+              }
+              finish(c, false, "ShouldRateLimit: OVER_LIMIT");
             });
         break;
       }
@@ -386,13 +442,126 @@ std::string rules_file() {
   return path;
 }
 
+// The three-descriptor rules of --redis: limits per second that never refuse (the path, or "").
+std::string shared_rules_file() {
+  char dir[] = "/tmp/sluice-load-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return "";
+  const std::string path = std::string(dir) + "/shared.yaml";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return "";
+  std::fputs("domain: shared\ndescriptors:\n", f);
+  for (const char* key : {"user", "tenant", "route"})
+    std::fprintf(f,
+                 "  - key: %s\n    rate_limit:\n      unit: second\n"
+                 "      requests_per_unit: 4000000000\n",
+                 key);
+  std::fclose(f);
+  return path;
+}
+
+// The coordinator and the policy of --redis: the three-descriptor rules, shared through Redis.
+std::string shared_config(int redis_port) {
+  return "  bench-rls-shared:\n    kind: envoy_ratelimit\n    config: " + shared_rules_file() +
+         "\n    coordinator: global\n    region: bench\n    batch: 4096\n"
+         "    lease_timeout: 1s\ncoordinators:\n  global:\n    kind: redis\n"
+         "    address: 127.0.0.1:" +
+         std::to_string(redis_port) + "\n";
+}
+
+// What envoyproxy/ratelimit does per request, as the floor --redis measures sluice against: a
+// fixed window per descriptor, its counter's INCRBY and EXPIRE, every command of the request
+// pipelined in one round trip to Redis, on a connection of the handling thread's own.
+class RedisFixedWindowService final : public rls::RateLimitService::CallbackService {
+ public:
+  explicit RedisFixedWindowService(int redis_port) : port_(redis_port) {}
+
+  grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
+                                            const rls::RateLimitRequest* req,
+                                            rls::RateLimitResponse* resp) override {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(decide(req, resp));
+    return r;
+  }
+
+ private:
+  grpc::Status decide(const rls::RateLimitRequest* req, rls::RateLimitResponse* resp) {
+    thread_local std::unique_ptr<redisContext, decltype(&redisFree)> conn(nullptr, &redisFree);
+    if (conn == nullptr || conn->err != 0) conn.reset(redisConnect("127.0.0.1", port_));
+    if (conn == nullptr || conn->err != 0)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "redis: cannot connect");
+    const std::int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
+    const std::uint32_t hits = std::max<std::uint32_t>(1, req->hits_addend());
+    for (const auto& d : req->descriptors()) {
+      std::string key = req->domain();
+      for (const auto& e : d.entries()) {
+        key += '_';
+        key += e.key();
+        key += '_';
+        key += e.value();
+      }
+      key += '_';
+      key += std::to_string(now_s);
+      redisAppendCommand(conn.get(), "INCRBY %b %u", key.data(), key.size(), hits);
+      redisAppendCommand(conn.get(), "EXPIRE %b %d", key.data(), key.size(), 1);
+    }
+    bool over = false;
+    for (int i = 0; i < req->descriptors_size(); ++i) {
+      for (int reply_of = 0; reply_of < 2; ++reply_of) {
+        void* raw = nullptr;
+        if (redisGetReply(conn.get(), &raw) != REDIS_OK || raw == nullptr) {
+          conn.reset();
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "redis: no reply");
+        }
+        auto* r = static_cast<redisReply*>(raw);
+        const bool counted = reply_of == 0 && r->type == REDIS_REPLY_INTEGER;
+        auto* status = counted ? resp->add_statuses() : nullptr;
+        if (counted) {
+          over = over || r->integer > kLimit;
+          status->set_code(r->integer > kLimit ? rls::RateLimitResponse::OVER_LIMIT
+                                               : rls::RateLimitResponse::OK);
+          status->set_limit_remaining(
+              static_cast<std::uint32_t>(std::max<long long>(0, kLimit - r->integer)));
+        }
+        freeReplyObject(r);
+      }
+    }
+    resp->set_overall_code(over ? rls::RateLimitResponse::OVER_LIMIT : rls::RateLimitResponse::OK);
+    return grpc::Status::OK;
+  }
+
+  static constexpr long long kLimit = 4'000'000'000;
+  const int port_;
+};
+
+// Redis's count of the commands it has run (INFO stats total_commands_processed); -1 if unread.
+long long redis_commands(int port) {
+  std::unique_ptr<redisContext, decltype(&redisFree)> c(redisConnect("127.0.0.1", port),
+                                                        &redisFree);
+  if (c == nullptr || c->err != 0) return -1;
+  auto* r = static_cast<redisReply*>(redisCommand(c.get(), "INFO stats"));
+  if (r == nullptr) return -1;
+  long long n = -1;
+  if (r->type == REDIS_REPLY_STRING) {
+    const std::string_view text(r->str, r->len);
+    const std::string_view field = "total_commands_processed:";
+    if (const auto at = text.find(field); at != std::string_view::npos)
+      n = std::atoll(std::string(text.substr(at + field.size(), 24)).c_str());
+  }
+  freeReplyObject(r);
+  return n - 1;  // not counting this INFO itself
+}
+
 // The server process (--serve): sluice's service over its engine and the echo service, each on
-// a free loopback port. Prints "ports SLUICE ECHO" and serves until its stdin closes (the client
-// process ended, however it ended).
-int serve() {
+// a free loopback port; with `redis_port`, the per-request Redis limiter too, and sluice's shared
+// limits on that Redis. Prints "ports SLUICE ECHO BASELINE" and serves until its stdin closes
+// (the client process ended, however it ended).
+int serve(int redis_port) {
   // sluice: a rate policy that never denies and a concurrency policy that never refuses, so
   // every call does the full work of a decision.
-  const sluice::ConfigLoad cfg = sluice::load_config(std::string(R"(
+  const sluice::ConfigLoad cfg =
+      sluice::load_config(std::string(R"(
 policies:
   bench-rate:
     kind: rate
@@ -411,8 +580,9 @@ policies:
     limit: 1000000
   bench-rls:
     kind: envoy_ratelimit
-    config: )") + rules_file() + "\n",
-                                                     sluice::server::PolicyRegistry::builtin());
+    config: )") + rules_file() +
+                              "\n" + (redis_port > 0 ? shared_config(redis_port) : std::string()),
+                          sluice::server::PolicyRegistry::builtin());
   if (!cfg.config) {
     for (const sluice::ConfigError& e : cfg.errors)
       std::fprintf(stderr, "sluice_load: %s\n", e.to_string("<embedded config>").c_str());
@@ -426,20 +596,25 @@ policies:
   sluice::transport::GrpcService sluice_service(*engine.value());
   sluice::transport::RateLimitService rls_service(*engine.value());
   EchoService echo_service;
-  int sluice_port = 0, echo_port = 0;
+  int sluice_port = 0, echo_port = 0, baseline_port = 0;
   auto sluice_server = listen({&sluice_service, &rls_service}, sluice_port);
   auto echo_server = listen({&echo_service}, echo_port);
-  if (!sluice_server || !echo_server) {
+  RedisFixedWindowService baseline(redis_port);
+  std::unique_ptr<grpc::Server> baseline_server;
+  if (redis_port > 0) baseline_server = listen({&baseline}, baseline_port);
+  if (!sluice_server || !echo_server || (redis_port > 0 && !baseline_server)) {
     std::fprintf(stderr, "sluice_load: cannot listen on 127.0.0.1\n");
     return 1;
   }
-  std::printf("ports %d %d\n", sluice_port, echo_port);
+  std::printf("ports %d %d %d\n", sluice_port, echo_port, baseline_port);
   std::fflush(stdout);
   char buf[256];
   while (::read(STDIN_FILENO, buf, sizeof buf) > 0) {
   }
   sluice_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   echo_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (baseline_server)
+    baseline_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   engine.value()->close();
   return 0;
 }
@@ -457,9 +632,9 @@ bool pin_to(int cpu) {
 struct ServerProcess {
   pid_t pid = -1;
   int to_child = -1;  // the child's stdin: closing it stops the server
-  int sluice_port = 0, echo_port = 0;
+  int sluice_port = 0, echo_port = 0, baseline_port = 0;
 
-  bool start(int cpu) {
+  bool start(int cpu, int redis_port) {
     char self[4096];
     const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return false;
@@ -472,8 +647,9 @@ struct ServerProcess {
       if (cpu >= 0) pin_to(cpu);
       ::dup2(in[0], STDIN_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
-      char arg0[] = "sluice_load", arg1[] = "--serve";
-      char* args[] = {arg0, arg1, nullptr};
+      char arg0[] = "sluice_load", arg1[] = "--serve", arg2[] = "--redis-port";
+      std::string port = std::to_string(redis_port);
+      char* args[] = {arg0, arg1, arg2, port.data(), nullptr};
       ::execv(self, args);
       ::_exit(127);
     }
@@ -484,7 +660,8 @@ struct ServerProcess {
     char c;
     while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
     ::close(out[0]);
-    return std::sscanf(line.c_str(), "ports %d %d", &sluice_port, &echo_port) == 2;
+    return std::sscanf(line.c_str(), "ports %d %d %d", &sluice_port, &echo_port, &baseline_port) ==
+           3;
   }
   // Stops the server and reaps it; its exit status (0: a clean shutdown).
   int stop() {
@@ -558,6 +735,8 @@ int main(int argc, char** argv) {
   bool markdown = false, pin = true;
   int connection_count = 1;  // --connections: the open loop's connections (one thread each)
   double fixed_rate = 0;     // --rate: the open loop's "half" rate instead of half the best
+  bool with_redis = false;   // --redis: sluice's shared limits against a per-request limiter
+  int redis_port = 0;        // --serve --redis-port: the Redis of --redis (0: none)
   // A whole-text number for option `a`, or a message naming it.
   bool bad_number = false;
   const auto number = [&]<typename T>(std::string_view text, const std::string& a, T& out) {
@@ -571,7 +750,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc && !bad_number; ++i) {
     const std::string a = argv[i];
     if (a == "--serve") {
-      return serve();
+      if (i + 2 < argc && std::string_view(argv[i + 1]) == "--redis-port")
+        number(argv[i + 2], "--redis-port", redis_port);
+      return bad_number ? 2 : serve(redis_port);
     } else if (a == "--seconds" && i + 1 < argc) {
       number(argv[++i], a, seconds);
     } else if (a == "--repeat" && i + 1 < argc) {
@@ -592,10 +773,12 @@ int main(int argc, char** argv) {
       pin = false;
     } else if (a == "--markdown") {
       markdown = true;
+    } else if (a == "--redis") {
+      with_redis = true;
     } else {
       std::fprintf(stderr,
                    "usage: sluice_load [--seconds S] [--levels 1,4,16] [--repeat N] [--rate R] "
-                   "[--connections N] [--no-pin] [--markdown]\n");
+                   "[--connections N] [--no-pin] [--markdown] [--redis]\n");
       return 2;
     }
   }
@@ -619,8 +802,16 @@ int main(int argc, char** argv) {
         if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
   pin = pin && cpus.size() >= 2;
+  sluice::testing::RedisServer redis;
+  if (with_redis) {
+    if (const sluice::Status st = redis.start(); !st.ok()) {
+      std::fprintf(stderr, "sluice_load: --redis: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    redis_port = redis.port();
+  }
   ServerProcess server;
-  if (!server.start(pin ? cpus[0] : -1)) {
+  if (!server.start(pin ? cpus[0] : -1, redis_port)) {
     std::fprintf(stderr, "sluice_load: the server process did not start\n");
     server.stop();
     return 1;
@@ -644,6 +835,10 @@ int main(int argc, char** argv) {
                                              grpc::InsecureChannelCredentials(), args);
     c.sluice = pb::Sluice::NewStub(channel);
     c.rls = rls::RateLimitService::NewStub(channel);
+    if (server.baseline_port > 0)
+      c.baseline = rls::RateLimitService::NewStub(
+          grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server.baseline_port),
+                                    grpc::InsecureChannelCredentials(), args));
   }
   Stubs& stubs = connections.front();
 
@@ -711,6 +906,51 @@ int main(int argc, char** argv) {
     return s;
   };
 
+  // --redis: three descriptors a request, on sluice's shared limits and on the per-request Redis
+  // limiter, one after the other at each level; Redis's commands and CPU time per request.
+  struct RedisRow {
+    int level;
+    Result shared, baseline;
+    double shared_commands, baseline_commands;    // Redis commands per request
+    double shared_redis_cpu, baseline_redis_cpu;  // Redis's CPU time per request, us
+  };
+  std::vector<RedisRow> redis_rows;
+  if (with_redis) {
+    // A fresh Redis counts the window of its first lease as spent (coordinator_restarted): one
+    // request marks it, and the runs start in a later second.
+    {
+      grpc::ClientContext ctx;
+      rls::RateLimitRequest req;
+      req.set_domain("shared");
+      auto& e = *req.add_descriptors()->add_entries();
+      e.set_key("user");
+      e.set_value("first");
+      rls::RateLimitResponse resp;
+      (void)stubs.rls->ShouldRateLimit(&ctx, req, &resp);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    }
+    const auto measured = [&](Kind k, int c, double& commands, double& redis_cpu) {
+      const long long before = redis_commands(redis_port);
+      const double cpu_before = cpu_seconds(redis.pid());
+      Result r = with_server_cpu(server.pid, [&] { return closed_loop(stubs, k, c, seconds); });
+      const long long after = redis_commands(redis_port);
+      const double calls = std::max<double>(1, static_cast<double>(r.calls));
+      commands = static_cast<double>(after - before) / calls;
+      redis_cpu = (cpu_seconds(redis.pid()) - cpu_before) * 1e6 / calls;
+      return r;
+    };
+    for (int c : levels) {
+      RedisRow row{c, {}, {}, 0, 0, 0, 0};
+      row.shared = measured(Kind::kSharedRls, c, row.shared_commands, row.shared_redis_cpu);
+      row.baseline = measured(Kind::kRedisRls, c, row.baseline_commands, row.baseline_redis_cpu);
+      redis_rows.push_back(row);
+      results.push_back(row.shared);  // their failures count with the others'
+      results.back().concurrency = -1;
+      results.push_back(row.baseline);
+      results.back().concurrency = -1;
+    }
+  }
+
   std::uint64_t errors = 0, window_end_denials = 0;
   std::string first_error;
   for (const Result& r : results) {
@@ -728,9 +968,10 @@ int main(int argc, char** argv) {
         "| call | in flight | calls/s | p50 | p99 | / echo | server CPU per call |\n"
         "|---|---|---|---|---|---|---|\n");
     for (const Result& r : results)
-      std::printf("| %s | %d | %.0f | %.0f us | %.0f us | %.2fx | %.1f us |\n", name(r.kind),
-                  r.concurrency, r.ops_per_s, r.p50_us, r.p99_us,
-                  r.ops_per_s / echo_at(r.concurrency), r.server_cpu_us);
+      if (r.concurrency > 0)
+        std::printf("| %s | %d | %.0f | %.0f us | %.0f us | %.2fx | %.1f us |\n", name(r.kind),
+                    r.concurrency, r.ops_per_s, r.p50_us, r.p99_us,
+                    r.ops_per_s / echo_at(r.concurrency), r.server_cpu_us);
     std::printf(
         "\n| open loop (median of %d) | calls/s | p50 | p99 | p99 of each run (us) | server CPU "
         "per call |\n|---|---|---|---|---|---|\n",
@@ -742,15 +983,39 @@ int main(int argc, char** argv) {
     std::printf("%-15s %9s %12s %10s %10s %8s %12s\n", "call", "in-flight", "calls/s", "p50(us)",
                 "p99(us)", "/echo", "server-cpu/call(us)");
     for (const Result& r : results)
-      std::printf("%-15s %9d %12.0f %10.0f %10.0f %7.2fx %12.1f\n", name(r.kind), r.concurrency,
-                  r.ops_per_s, r.p50_us, r.p99_us, r.ops_per_s / echo_at(r.concurrency),
-                  r.server_cpu_us);
+      if (r.concurrency > 0)
+        std::printf("%-15s %9d %12.0f %10.0f %10.0f %7.2fx %12.1f\n", name(r.kind), r.concurrency,
+                    r.ops_per_s, r.p50_us, r.p99_us, r.ops_per_s / echo_at(r.concurrency),
+                    r.server_cpu_us);
     for (const Open& o : open)
       std::printf(
           "%s, %.0f/s: p50 %.0f us, p99 %.0f us (median of %d; each: %s), server CPU %.1f us per "
           "call\n",
           o.label, o.rate, median(p50s(o)), median(p99s(o)), repeat, runs_text(o).c_str(),
           median(cpus_of(o)));
+  }
+  if (!redis_rows.empty()) {
+    std::printf(
+        "\n| in flight | sluice, shared on Redis: calls/s | p99 | server CPU / request | Redis "
+        "commands / request | Redis CPU / request | per-request Redis limiter: calls/s | p99 | "
+        "server CPU / request | Redis commands / request | Redis CPU / request | throughput ratio "
+        "|\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double best_shared = 0, best_baseline = 0;
+    for (const RedisRow& r : redis_rows) {
+      best_shared = std::max(best_shared, r.shared.ops_per_s);
+      best_baseline = std::max(best_baseline, r.baseline.ops_per_s);
+      std::printf(
+          "| %d | %.0f | %.0f us | %.1f us | %.3f | %.1f us | %.0f | %.0f us | %.1f us | %.2f | "
+          "%.1f us | %.2fx |\n",
+          r.level, r.shared.ops_per_s, r.shared.p99_us, r.shared.server_cpu_us, r.shared_commands,
+          r.shared_redis_cpu, r.baseline.ops_per_s, r.baseline.p99_us, r.baseline.server_cpu_us,
+          r.baseline_commands, r.baseline_redis_cpu,
+          r.shared.ops_per_s / std::max(1.0, r.baseline.ops_per_s));
+    }
+    std::printf(
+        "best ShouldRateLimit with 3 descriptors shared through Redis / best per-request Redis "
+        "limiter (INCRBY + EXPIRE per descriptor): %.2fx (target >= 5)\n\n",
+        best_shared / std::max(1.0, best_baseline));
   }
   std::printf("best Check / best echo throughput: %.2fx (target >= 0.70)\n",
               best_check / best_echo);
@@ -776,8 +1041,10 @@ int main(int argc, char** argv) {
       "CPU stalls probed on %zu CPUs for 2 s before the run: %.2f%% of the time lost, longest "
       "%.1f ms, %.1f stalls over 1 ms per CPU-second\n",
       cpus.size(), stalls.share * 100, stalls.longest_ms, stalls.over_1ms_per_s);
-  std::printf("federated checks denied in a window's last milliseconds (the policy's rule): %llu\n",
-              static_cast<unsigned long long>(window_end_denials));
+  std::printf(
+      "federated checks (and shared ShouldRateLimit calls) refused in a window's last "
+      "milliseconds (the policy's rule): %llu\n",
+      static_cast<unsigned long long>(window_end_denials));
   std::printf("failed calls: %llu\n", static_cast<unsigned long long>(errors));
   if (errors != 0)
     std::fprintf(stderr, "sluice_load: the first failed call: %s\n", first_error.c_str());
