@@ -73,7 +73,7 @@ class RateLimitPolicy final : public Policy, public RateFamily {
       return Status(StatusCode::kResourceExhausted, std::move(why));
     }
     charged_.fetch_add(hits, std::memory_order_relaxed);
-    if (c.overdraft > 0) overdrawn_.fetch_add(1, std::memory_order_relaxed);
+    if (hits > 0 && c.overdraft > 0) overdrawn_.fetch_add(1, std::memory_order_relaxed);
     return c;
   }
   Rejection refusal(std::string_view key, const RateDecision& d) const override {
