@@ -151,6 +151,8 @@ FederatedDecision peek_key(const FederatedKey& k, std::uint64_t hits, Nanos now,
                            const FederatedKeyRules& rules) {
   if (hits > rules.budget.limit)
     return decide_from(k, hits, false, FederatedReason::kNeverFits, now, rules);
+  if (hits == 0 && window_spent(k, now))  // as check_key answers it
+    return decide_from(k, 0, false, k.closed_reason, now, rules);
   const std::uint64_t here = usable(k.escrow, now);
   if (here >= hits) return decide_from(k, hits, true, FederatedReason::kAdmitted, now, rules);
   if (now < k.closed_until) return decide_from(k, hits, false, k.closed_reason, now, rules);
@@ -177,7 +179,11 @@ void check_key(FederatedKey& k, std::uint64_t hits, Nanos now, bool park,
   if (hits > rules.budget.limit) {
     out.decision = decide_from(k, hits, false, FederatedReason::kNeverFits, now, rules);
   } else if (hits == 0) {
-    out.decision = decide_from(k, 0, true, FederatedReason::kAdmitted, now, rules);
+    // Spends nothing: allowed unless the window is known to be spent here (a charge may have
+    // overdrawn it), so that a check of no hits asks whether anything is left at all.
+    const bool spent = window_spent(k, now);
+    out.decision =
+        decide_from(k, 0, !spent, spent ? k.closed_reason : FederatedReason::kAdmitted, now, rules);
   } else if (k.owed == 0 && k.waiting.empty() && spend(k.escrow, hits, now)) {
     out.spent += hits;
     out.decision = decide_from(k, hits, true, FederatedReason::kAdmitted, now, rules);

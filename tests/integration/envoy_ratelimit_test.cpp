@@ -781,6 +781,10 @@ TEST_F(EnvoyRateLimitTest, ASharedLimitTakesAChargeFromItsBudget) {
   EXPECT_EQ(ask("d", {{{{"user", "u"}, {"sluice_charge", "true"}}, 7}}).overall_code(), kOk);
   // 8 of 10 spent once the charge's lease is in; a check waits behind it.
   EXPECT_EQ(oks(5, "d", {{{{"user", "u"}}}}), 2);
+  // The request-time check of Envoy's charging pattern (hits_addend 0) is over once nothing is
+  // left, as a per-server limit's is.
+  EXPECT_EQ(ask("d", {{{{"user", "u"}}, 0}}).overall_code(), kOver);
+  EXPECT_EQ(ask("d", {{{{"user", "v"}}, 0}}).overall_code(), kOk) << "another user";
 }
 
 // A request over any limit adds to none: a local limit's refusal gives back what a shared one

@@ -159,6 +159,11 @@ TEST(FederatedKey, WhatNoBudgetCoversIsForgivenAndTheWindowRefusesUntilItEnds) {
   ASSERT_TRUE(check.decision);
   EXPECT_EQ(check.decision->reason, FederatedReason::kBudgetSpent);
   EXPECT_EQ(check.decision->rate.retry_after, milliseconds(500));
+  KeyEffects none;
+  check_key(k, 0, milliseconds(500), true, rules(), none);
+  ASSERT_TRUE(none.decision);
+  EXPECT_FALSE(none.decision->rate.allowed) << "nothing is left: a check of no hits says so";
+  EXPECT_FALSE(peek_key(k, 0, milliseconds(500), rules()).rate.allowed);
   KeyEffects more;
   const RateCharge c = charge_key(k, 2, milliseconds(600), rules(), more);
   EXPECT_EQ(c.overdraft, 2u) << "charged in a spent window: forgiven at once";

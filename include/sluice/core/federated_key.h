@@ -131,7 +131,8 @@ struct KeyEffects {
                                          const FederatedKeyRules& rules);
 // A check of `hits` at `now`: decided (effects.decision), or it needs a lease (none set): the
 // check is parked when `park` (its hits joining k.waiting), and a lease is asked for unless one
-// is in flight. Expired escrow is given up first. More hits than the limit: kNeverFits.
+// is in flight. Expired escrow is given up first. More hits than the limit: kNeverFits. No hits:
+// allowed, spending nothing, unless the window is known to be spent here (then refused).
 void check_key(FederatedKey& k, std::uint64_t hits, Nanos now, bool park,
                const FederatedKeyRules& rules, KeyEffects& out);
 // A lease's outcome at `now` (`ppm`: the drift allowance in force): the grant added, the window

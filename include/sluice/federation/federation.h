@@ -162,7 +162,8 @@ class FederatedLimiter {
   FederatedLimiter& operator=(const FederatedLimiter&) = delete;
 
   // Admits `hits` for `key` (all or nothing); `done` gets the decision (see above). hits == 0
-  // spends nothing and reports the key's allowance here.
+  // spends nothing and reports the key's allowance here (refused while its window is known to
+  // be spent here, as after a charge that overdrew it).
   void check(std::string_view key, std::uint64_t hits, Nanos now, Callback done);
   // check() when it can be decided now (from escrow, or a refusal already known); nullopt when
   // it needs a lease, which is then started (a check() after it joins that lease).
