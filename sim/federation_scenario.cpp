@@ -24,6 +24,18 @@ void claim(ScenarioOutput& out, bool holds, const std::string& what) {
   if (!holds) out.failed_claims.push_back(what);
 }
 
+// A run of the options' windows, seed, delay and batch at `load` and `skew`.
+FederationSimConfig run_config(const FederationScenarioOptions& o, double load, double skew) {
+  FederationSimConfig c;
+  c.load = load;
+  c.skew = skew;
+  c.windows = o.windows;
+  c.seed = o.seed;
+  c.one_way = o.one_way;
+  c.batch = o.batch;
+  return c;
+}
+
 struct SkewRow {
   double skew = 0;
   FederationSimResult independent, fixed, federated;
@@ -35,13 +47,7 @@ std::vector<SkewRow> run_skews(const FederationScenarioOptions& o, double load,
   for (const double s : skews) {
     SkewRow& row = rows.emplace_back();
     row.skew = s;
-    FederationSimConfig c;
-    c.load = load;
-    c.skew = s;
-    c.windows = o.windows;
-    c.seed = o.seed;
-    c.one_way = o.one_way;
-    c.batch = o.batch;
+    FederationSimConfig c = run_config(o, load, s);
     c.scheme = FederationScheme::kIndependent;
     row.independent = run_federation_sim(c);
     c.scheme = FederationScheme::kStatic;
@@ -76,13 +82,7 @@ std::vector<WeightedRow> run_weighted(const FederationScenarioOptions& o) {
       WeightedRow& row = rows.emplace_back();
       row.hits = hits;
       row.skew = s;
-      FederationSimConfig c;
-      c.load = o.load;
-      c.skew = s;
-      c.windows = o.windows;
-      c.seed = o.seed;
-      c.one_way = o.one_way;
-      c.batch = o.batch;
+      FederationSimConfig c = run_config(o, o.load, s);
       c.hits = hits;
       c.scheme = FederationScheme::kStatic;
       row.fixed = run_federation_sim(c);
@@ -241,11 +241,7 @@ std::vector<RoundTripRow> run_round_trips(const FederationScenarioOptions& o) {
   for (const int ms : {1, 5, 10, 20, 40}) {
     RoundTripRow& row = rows.emplace_back();
     row.one_way = std::chrono::milliseconds(ms);
-    FederationSimConfig c;
-    c.load = o.load;
-    c.windows = o.windows;
-    c.seed = o.seed;
-    c.batch = o.batch;
+    FederationSimConfig c = run_config(o, o.load, 0.0);
     c.one_way = row.one_way;
     row.uniform = run_federation_sim(c);
     c.skew = 1.0;
@@ -320,13 +316,7 @@ struct PoolRow {
 };
 
 FederationSimConfig pool_config(const FederationScenarioOptions& o, double skew, bool pool) {
-  FederationSimConfig c;
-  c.load = o.load;
-  c.skew = skew;
-  c.windows = o.windows;
-  c.seed = o.seed;
-  c.one_way = o.one_way;
-  c.batch = o.batch;
+  FederationSimConfig c = run_config(o, o.load, skew);
   c.processes = kProcesses;
   c.regional_pool = pool;
   return c;
@@ -635,6 +625,72 @@ std::string outage_csv(const std::vector<OutageRun>& runs) {
   return out;
 }
 
+// Charges after the response: every admitted check of 1 hit charges 0 .. kChargeMax more
+// hits 20 ms later, at each skew.
+constexpr std::uint64_t kChargeMax = 8;
+
+struct ChargeRow {
+  double skew = 0;
+  FederationSimResult federated;
+};
+
+std::vector<ChargeRow> run_charges(const FederationScenarioOptions& o) {
+  std::vector<ChargeRow> rows;
+  for (const double s : federation_skews()) {
+    FederationSimConfig c = run_config(o, o.load, s);
+    c.charge_max = kChargeMax;
+    rows.push_back({s, run_federation_sim(c)});
+  }
+  return rows;
+}
+
+struct ChargeTotals {
+  std::uint64_t admitted = 0, charged = 0, forgiven = 0, spent = 0;
+};
+
+ChargeTotals charge_totals(const FederationSimResult& r) {
+  ChargeTotals t;
+  for (const FederationWindow& w : r.windows) {
+    t.admitted += w.admitted;
+    t.charged += w.charged;
+    t.forgiven += w.forgiven;
+    t.spent += w.spent;
+  }
+  return t;
+}
+
+std::string charge_table(const std::vector<ChargeRow>& rows) {
+  std::string t =
+      "| skew | checks admitted / limit | hits charged / limit | charged hits forgiven | spent "
+      "/ limit (mean) | spent / limit (max) |\n|---|---|---|---|---|---|\n";
+  for (const ChargeRow& r : rows) {
+    const ChargeTotals c = charge_totals(r.federated);
+    const double per = static_cast<double>(FederationSimConfig{}.limit) *
+                       static_cast<double>(r.federated.windows.size());
+    t += "| " + fmt("%.2f", r.skew) + " | " + fmt("%.3f", static_cast<double>(c.admitted) / per) +
+         " | " + fmt("%.3f", static_cast<double>(c.charged) / per) + " | " +
+         fmt("%.1f%%", c.charged > 0 ? 100.0 * static_cast<double>(c.forgiven) /
+                                           static_cast<double>(c.charged)
+                                     : 0.0) +
+         " | " + fmt("%.3f", r.federated.mean_spent_over_limit) + " | " +
+         fmt("%.3f", r.federated.max_spent_over_limit) + " |\n";
+  }
+  return t;
+}
+
+std::string charge_csv(const std::vector<ChargeRow>& rows) {
+  std::string out = "skew,window,offered,admitted,charged,forgiven,spent,handed_out,leases\n";
+  for (const ChargeRow& r : rows)
+    for (std::size_t k = 0; k < r.federated.windows.size(); ++k) {
+      const FederationWindow& w = r.federated.windows[k];
+      out += fmt("%.2f", r.skew) + "," + std::to_string(k) + "," + std::to_string(w.offered) + "," +
+             std::to_string(w.admitted) + "," + std::to_string(w.charged) + "," +
+             std::to_string(w.forgiven) + "," + std::to_string(w.spent) + "," +
+             std::to_string(w.handed_out) + "," + std::to_string(w.leases) + "\n";
+    }
+  return out;
+}
+
 }  // namespace
 
 ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
@@ -790,6 +846,34 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
             "regional-only must exceed the limit in a window by at most the pools' balance at "
             "the onset (" +
                 what + "), measured " + std::to_string(excess_over_limit(r)));
+    }
+  }
+  // Charges after the response.
+  {
+    const std::vector<ChargeRow> charges = run_charges(o);
+    out.table += "### Charges after the response (offered " + fmt("%.1f", o.load) +
+                 " x L, one process per region)\n\nEvery admitted check of 1 hit is followed "
+                 "20 ms later by a charge of 0 to " +
+                 std::to_string(kChargeMax) +
+                 " more hits (uniform) on the region that admitted it: the rest of a cost known "
+                 "only after the response. The offered load counts those hits: checks arrive " +
+                 fmt("%.1f", o.load) + " x L / " + fmt("%.0f", 1.0 + kChargeMax / 2.0) +
+                 " per window. Spent: the units the limiters spent in the window (admitted checks "
+                 "and paid charges), from their counters at the window's start and end; a charge "
+                 "no budget covers is owed, paid first from the next grant, or forgiven when the "
+                 "window is spent or over.\n\n" +
+                 charge_table(charges) + "\n";
+    out.files.emplace_back("federation-charges.csv", charge_csv(charges));
+    for (const ChargeRow& r : charges) {
+      const std::string at = " with charges at s = " + fmt("%.2f", r.skew);
+      bounded(r.federated, at);
+      claim(out, r.federated.max_spent_over_limit <= 1.0,
+            "federated max spent per window / limit must be <= 1" + at + ", measured " +
+                fmt("%.4f", r.federated.max_spent_over_limit));
+      const ChargeTotals c = charge_totals(r.federated);
+      claim(out, c.spent > c.admitted + c.forgiven,
+            "charges must be paid from the budget" + at + ": spent " + std::to_string(c.spent) +
+                ", admitted " + std::to_string(c.admitted));
     }
   }
   for (const RoundTripRow& r : trips) {

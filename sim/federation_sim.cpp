@@ -248,13 +248,14 @@ class DelayedPool final : public RegionalEscrow {
   OnAccepted on_accepted_;
 };
 
-enum class Kind : std::uint8_t { kArrival, kResume, kSweep, kOnset };
+enum class Kind : std::uint8_t { kArrival, kResume, kSweep, kOnset, kCharge, kWindowEnd };
 
 struct Event {
   Nanos t;
   std::uint64_t seq;
   Kind kind;
-  int who;  // region, process (sweep) or worker
+  int who;                // region, process (sweep, charge), worker or window (its end)
+  std::uint64_t hits{0};  // a charge's
   friend bool operator>(const Event& a, const Event& b) {
     return a.t != b.t ? a.t > b.t : a.seq > b.seq;
   }
@@ -264,6 +265,7 @@ struct Region {
   double rate_per_ns = 0;
   std::mt19937_64 rng;
   std::mt19937_64 pick;    // which of the region's processes an arrival goes to
+  std::mt19937_64 cost;    // the hits charged after an admission
   FixedWindowState local;  // independent and static
   RateRule rule;
   std::uint64_t offered = 0, admitted = 0;  // within the measured windows
@@ -273,7 +275,8 @@ class Run {
  public:
   explicit Run(const FederationSimConfig& c) : c_(c), horizon_(c.window * c.windows) {
     windows_.resize(static_cast<std::size_t>(c.windows));
-    const double per_window = c.load * static_cast<double>(c.limit) / static_cast<double>(c.hits);
+    const double per_window = c.load * static_cast<double>(c.limit) /
+                              (static_cast<double>(c.hits) + static_cast<double>(c.charge_max) / 2);
     const double k = c.regions;
     for (int r = 0; r < c.regions; ++r) {
       Region& g = regions_.emplace_back();
@@ -281,6 +284,7 @@ class Run {
       g.rate_per_ns = per_window * share / static_cast<double>(c.window.count());
       g.rng.seed(c.seed * 7919 + static_cast<std::uint64_t>(r));
       g.pick.seed(c.seed * 104729 + static_cast<std::uint64_t>(r));
+      g.cost.seed(c.seed * 1299709 + static_cast<std::uint64_t>(r));
       g.rule.strategy = RateStrategy::kFixedWindow;
       g.rule.period = c.window;
       g.rule.limit = c.limit;
@@ -301,6 +305,10 @@ class Run {
     }
     if (!limiters_.empty() && c_.outage_end > c_.outage_start)
       push(c_.outage_start, Kind::kOnset, 0);
+    // Pushed before anything else at the same instant: what is spent at a window's first
+    // nanosecond counts in that window.
+    for (int k = 0; k < c_.windows && !limiters_.empty(); ++k)
+      push(c_.window * (k + 1), Kind::kWindowEnd, k);
     while (!events_.empty()) {
       const Event e = events_.top();
       events_.pop();
@@ -365,9 +373,13 @@ class Run {
     }
   }
 
-  void decided(Region& g, const FederatedDecision& d) {
+  void decided(Region& g, int process, const FederatedDecision& d) {
     if (d.rate.allowed) {
       admitted(g);
+      if (c_.charge_max == 0) return;
+      const Nanos at = clock_.now() + c_.charge_after;
+      const std::uint64_t hits = g.cost() % (c_.charge_max + 1);
+      if (hits > 0 && at < horizon_) push(at, Kind::kCharge, process, hits);
       return;
     }
     FederationWindow* w = window_at(clock_.now());
@@ -388,7 +400,24 @@ class Run {
     return Nanos{std::max<std::int64_t>(1, std::llround(-std::log1p(-u) / g.rate_per_ns))};
   }
 
-  void push(Nanos t, Kind kind, int who) { events_.push(Event{t, seq_++, kind, who}); }
+  void push(Nanos t, Kind kind, int who, std::uint64_t hits = 0) {
+    events_.push(Event{t, seq_++, kind, who, hits});
+  }
+
+  // The end of window `k`: what the limiters spent and forgave in it.
+  void window_end(int k) {
+    std::uint64_t spent = 0, forgiven = 0;
+    for (const auto& l : limiters_) {
+      const FederationStats st = l->stats();
+      spent += st.spent;
+      forgiven += st.forgiven;
+    }
+    FederationWindow& w = windows_[static_cast<std::size_t>(k)];
+    w.spent = spent - spent_before_;
+    w.forgiven = forgiven - forgiven_before_;
+    spent_before_ = spent;
+    forgiven_before_ = forgiven;
+  }
 
   void admitted(Region& g) {
     if (FederationWindow* w = window_at(clock_.now())) {
@@ -410,6 +439,13 @@ class Run {
       case Kind::kOnset:
         record_onset();
         return;
+      case Kind::kWindowEnd:
+        window_end(e.who);
+        return;
+      case Kind::kCharge:
+        (void)limiters_[static_cast<std::size_t>(e.who)]->charge(kKey, e.hits, now);
+        if (FederationWindow* w = window_at(now)) w->charged += e.hits;
+        return;
       case Kind::kArrival:
         break;
     }
@@ -422,7 +458,8 @@ class Run {
       int process = e.who * c_.processes;
       if (c_.processes > 1) process += static_cast<int>(g.pick() % c_.processes);
       limiters_[static_cast<std::size_t>(process)]->check(
-          kKey, c_.hits, now, [this, &g](const FederatedDecision& d) { decided(g, d); });
+          kKey, c_.hits, now,
+          [this, &g, process](const FederatedDecision& d) { decided(g, process, d); });
     } else if (decide(g.local, g.rule, c_.hits, now).allowed) {
       admitted(g);
     }
@@ -452,13 +489,16 @@ class Run {
     out.refilled_in_outage = refilled_in_outage_;
     out.released_in_outage = released_in_outage_;
     const auto limit = static_cast<double>(c_.limit);
-    double u = 0, over = 0, stranded = 0, unleased = 0;
+    double u = 0, over = 0, stranded = 0, unleased = 0, spent = 0;
     int counted = 0;
     std::uint64_t leases = 0, admitted = 0;
     for (const FederationWindow& w : windows_) {
       const double ratio = static_cast<double>(w.admitted) / limit;
       out.max_admitted_over_limit = std::max(out.max_admitted_over_limit, ratio);
       over += ratio;
+      const double spent_ratio = static_cast<double>(w.spent) / limit;
+      out.max_spent_over_limit = std::max(out.max_spent_over_limit, spent_ratio);
+      spent += spent_ratio;
       const std::uint64_t cap = std::min(w.offered, c_.limit);
       if (cap > 0) {
         u += static_cast<double>(w.admitted) / static_cast<double>(cap);
@@ -477,6 +517,7 @@ class Run {
     if (c_.scheme == FederationScheme::kFederated) {
       out.mean_stranded = stranded / n;
       out.mean_unleased = unleased / n;
+      out.mean_spent_over_limit = spent / n;
       out.leases_per_admission =
           admitted > 0 ? static_cast<double>(leases) / static_cast<double>(admitted) : 0;
     }
@@ -493,6 +534,7 @@ class Run {
   std::uint64_t reconciles_ = 0;
   std::uint64_t onset_pool_balance_ = 0, onset_escrow_held_ = 0;
   std::uint64_t refilled_in_outage_ = 0, released_in_outage_ = 0;
+  std::uint64_t spent_before_ = 0, forgiven_before_ = 0;  // at the last window's end
   // Destroyed in reverse: the limiters (which wait for their calls) before what they use.
   std::unique_ptr<Workers> workers_;
   std::unique_ptr<MemoryRateCoordinator> memory_;
@@ -548,6 +590,9 @@ std::string FederationSimConfig::validate() const {
   if (outage == FederationOutage::kRegionalOnly && !regional_pool)
     return "outage: regional-only needs regional_pool";
   if (coordinator_health_check <= Nanos{0}) return "coordinator_health_check: must be positive";
+  if (charge_max > 0 && !federated) return "charge_max: needs the federated scheme";
+  if (charge_max > 1'000'000) return "charge_max: must be at most 1000000";
+  if (charge_after < Nanos{0}) return "charge_after: must not be negative";
   return {};
 }
 

@@ -33,14 +33,25 @@
  * Checked, as assertions at the end of every step: Admitted (the admissions of the real window
  * t is in never exceed L) and Ledger (granted - returned <= L in the ledger's window).
  *
+ * -DCHARGE adds charges after the fact (src/core/federated_key.cpp: charge_key, pay_owed,
+ * settle_owed, lease_owed), at most C a real window: charge (one hit: spent from usable escrow
+ * when nothing is owed, else owed until the end of the window the region last heard of, or a
+ * period from now; what is owed makes the region lease, and its checks wait behind it), and
+ * on deliver what is owed is paid first from the grant. What is owed is forgiven once its time
+ * has passed on the region's clock, or when the coordinator grants nothing (the window is
+ * spent or lost). Admitted then counts what a window spends: its admissions and its paid
+ * charges.
+ *
  * -DREACH_LIMIT adds the assertion that fewer than L are admitted in a window, which must fail:
- * the whole budget can be admitted, so the model is not vacuous.
+ * the whole budget can be admitted, so the model is not vacuous. -DREACH_PAID (with -DCHARGE)
+ * asserts that no grant ever pays what a charge owed, which must fail too.
  *
  * Deliberately broken variants spin must catch: -DBROKEN_ESCROW (spend ignores the expiry: escrow
  * survives its window), -DBROKEN_RECONCILE (reconcile forgets the running total: a duplicate
  * gives its units back again), -DBROKEN_RESTART (a coordinator that lost its state does not count
  * its current window as spent), -DBROKEN_CARRY (an ended window's units go back into the current
- * window's budget). Run: spin -a federation_escrow.pml && gcc -DSAFETY -o pan pan.c && ./pan
+ * window's budget), -DBROKEN_CHARGE (with -DCHARGE: what a charge owes is counted as spent at
+ * once, without a lease). Run: spin -a federation_escrow.pml && gcc -DSAFETY -o pan pan.c && ./pan
  * (tests/spec/run_spin.sh does this in the test suite, the correct model and each variant).
  */
 #ifndef N
@@ -58,7 +69,15 @@
 #ifndef T
 #define T 4
 #endif
+#ifndef C
+#define C 2
+#endif
 #define NET 2
+#ifdef CHARGE
+#define NOTHING_OWED(i) (owed[i] == 0) /* a check waits behind what is owed */
+#else
+#define NOTHING_OWED(i) 1
+#endif
 #define EXPIRED 0 /* an expiry already passed (all of them behave alike from then on) */
 #define CLOCK(i) (t + i + 1) /* region i's clock, shifted by 1 so that 0 can mean EXPIRED */
 #define WIN (t / P + 1) /* the window t is in */
@@ -88,13 +107,19 @@ byte rgr[N];    /* the reply's grant, window and expiry */
 byte rwin[N];
 byte rexp[N];
 
+#ifdef CHARGE
+byte charged;   /* charges made in the window t is in */
+byte owed[N];   /* hits charged and not yet paid */
+byte oexp[N];   /* when what is owed is forgiven, on the region's clock */
+#endif
+
 /* The network: reconciles in transit. */
 bit mused[NET];
 byte mreg[NET];
 byte mwin[NET];
 byte mtot[NET];
 
-hidden byte s_k, s_left, s_regions, s_taper, s_g, s_before, s_delta, s_held, s_lost, s_w, s_tot;
+hidden byte s_pay, s_k, s_left, s_regions, s_taper, s_g, s_before, s_delta, s_held, s_lost, s_w, s_tot;
 
 inline post(me, w, total) {
   if
@@ -205,6 +230,11 @@ inline normalise() {
   lreturned = lreturned - s_k;
   for (s_k : 0 .. N - 1) {
     if :: eexp[s_k] != EXPIRED && eexp[s_k] <= CLOCK(s_k) -> eexp[s_k] = EXPIRED :: else -> skip fi;
+#ifdef CHARGE
+    /* settle_owed: past its time, what is owed is forgiven (the core does it lazily, before
+     * anything reads it: the same). */
+    if :: owed[s_k] > 0 && oexp[s_k] <= CLOCK(s_k) -> owed[s_k] = 0; oexp[s_k] = 0 :: else -> skip fi;
+#endif
     if
     :: ew[s_k] != 0 && ew[s_k] < WIN && eunits[s_k] == 0 && !(rep[s_k] && rwin[s_k] <= ew[s_k]) ->
       ew[s_k] = 0; eexp[s_k] = 0; erel[s_k] = 0
@@ -252,7 +282,11 @@ end:
         rgr[me] = s_g;
         rwin[me] = lw;
         rexp[me] = sent[me] + lw * P - t /* escrow_expiry, drift 0 */
+#ifdef CHARGE
+      :: else -> owed[me] = 0; oexp[me] = 0 /* spent or lost: what is owed is forgiven */
+#else
       :: else -> skip
+#endif
       fi;
       sent[me] = 0;
       check()
@@ -274,19 +308,58 @@ end:
         eunits[me] = eunits[me] + rgr[me]
       :: else -> skip /* a window already over here: lost */
       fi;
+#ifdef CHARGE
+      /* pay_owed: what is owed first, from escrow still usable on the region's clock */
+      s_pay = 0;
+      if
+      :: owed[me] > 0 && eunits[me] > 0 && eexp[me] > CLOCK(me) ->
+        s_pay = (owed[me] < eunits[me] -> owed[me] : eunits[me]);
+        eunits[me] = eunits[me] - s_pay;
+        owed[me] = owed[me] - s_pay;
+        admitted = admitted + s_pay;
+        if :: owed[me] == 0 -> oexp[me] = 0 :: else -> skip fi
+      :: else -> skip
+      fi;
+#ifdef REACH_PAID
+      assert(s_pay == 0); /* fails: a grant can pay what a charge owed */
+#endif
+#endif
       rep[me] = 0; rgr[me] = 0; rwin[me] = 0; rexp[me] = 0;
       check()
     }
   :: d_step { /* spend: one admission */
 #ifdef BROKEN_ESCROW
-      eunits[me] > 0 ->
+      eunits[me] > 0 && NOTHING_OWED(me) ->
 #else
-      eunits[me] > 0 && eexp[me] != EXPIRED ->
+      eunits[me] > 0 && eexp[me] != EXPIRED && NOTHING_OWED(me) ->
 #endif
       eunits[me]--;
       admitted++;
       check()
     }
+#ifdef CHARGE
+  :: d_step { /* charge: one hit after the fact (charge_key) */
+      charged < C ->
+      charged++;
+      if
+      :: owed[me] == 0 && eunits[me] > 0 && eexp[me] != EXPIRED ->
+        eunits[me]--; /* spent from escrow */
+        admitted++
+      :: else ->
+#ifdef BROKEN_CHARGE
+        admitted++ /* counted as spent, no lease */
+#else
+        if /* owed until the end of the window it last heard of, or a period from now */
+        :: owed[me] == 0 && eexp[me] != EXPIRED -> oexp[me] = eexp[me]
+        :: owed[me] == 0 && eexp[me] == EXPIRED -> oexp[me] = CLOCK(me) + P
+        :: else -> skip
+        fi;
+        owed[me]++
+#endif
+      fi;
+      check()
+    }
+#endif
   :: d_step { /* expire: relinquish and reconcile */
       eunits[me] > 0 && eexp[me] == EXPIRED ->
       erel[me] = erel[me] + eunits[me];
@@ -319,7 +392,11 @@ end:
   :: d_step { arrive(1, 1) }
   :: d_step { /* tick */
       t + 1 < T ->
+#ifdef CHARGE
+      if :: (t + 1) / P != t / P -> admitted = 0; charged = 0 :: else -> skip fi;
+#else
       if :: (t + 1) / P != t / P -> admitted = 0 :: else -> skip fi;
+#endif
       t++;
       check()
     }

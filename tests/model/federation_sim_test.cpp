@@ -37,6 +37,34 @@ TEST(FederationSim, SameSeedSameRunDifferentSeedDifferentRun) {
   EXPECT_NE(a, summary(run_federation_sim(c)));
 }
 
+// Charges after the response (each admitted check charges 0..8 more hits 20 ms later): what a
+// window spends (its admissions and the charges paid in it) never exceeds the limit, charges
+// are paid from the budget, and what no budget covers is forgiven.
+TEST(FederationSim, ChargesNeverLetAWindowSpendMoreThanTheLimit) {
+  for (const double skew : {0.0, 0.5, 1.0}) {
+    FederationSimConfig c = config(FederationScheme::kFederated, skew);
+    c.charge_max = 8;
+    const FederationSimResult r = run_federation_sim(c);
+    std::uint64_t admitted = 0, charged = 0, forgiven = 0, spent = 0;
+    for (const FederationWindow& w : r.windows) {
+      EXPECT_LE(w.spent, c.limit) << "skew " << skew << ": " << summary(r);
+      EXPECT_GE(w.spent, w.admitted) << "skew " << skew;
+      admitted += w.admitted;
+      charged += w.charged;
+      forgiven += w.forgiven;
+      spent += w.spent;
+    }
+    EXPECT_LE(r.max_spent_over_limit, 1.0);
+    EXPECT_GT(charged, 0U);
+    EXPECT_GT(spent, admitted) << "charges paid from the budget, skew " << skew;
+    EXPECT_GT(forgiven, 0U) << "at 1.2 x L some charges find the budget spent, skew " << skew;
+    EXPECT_LE(forgiven, charged);
+    // Every charged hit is paid (spent beyond the admissions) or forgiven, but for what is
+    // still owed at the run's end (a few hits per region).
+    EXPECT_LE(spent - admitted + forgiven, charged);
+  }
+}
+
 TEST(FederationSim, BadConfigNamesTheField) {
   EXPECT_EQ(FederationSimConfig{}.validate(), "");
   FederationSimConfig c;
@@ -56,6 +84,10 @@ TEST(FederationSim, BadConfigNamesTheField) {
   EXPECT_EQ(c.validate(), "hits: must be in 1..limit");
   c.hits = 0;
   EXPECT_EQ(c.validate(), "hits: must be in 1..limit");
+  c = {};
+  c.charge_max = 4;
+  c.scheme = FederationScheme::kStatic;
+  EXPECT_EQ(c.validate(), "charge_max: needs the federated scheme");
 }
 
 // (skew, offered load / limit). At 1.2 x L the budget runs out before each window ends; at

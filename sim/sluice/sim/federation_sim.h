@@ -101,6 +101,13 @@ struct FederationSimConfig {
   OutageFailure outage_failure = OutageFailure::kRefused;
   FederationOutage outage = FederationOutage::kFailClosed;
   Nanos coordinator_health_check = std::chrono::seconds(5);  // FederationOptions' default
+  // Federated only: charges after the response. Each admitted check is followed,
+  // `charge_after` later, by a charge of a uniform number of further hits in 0 .. charge_max
+  // (FederatedLimiter::charge on the process that admitted it: the rest of a cost known only
+  // once the call is done). The load counts those hits too: checks arrive load x L / (hits +
+  // charge_max / 2) per window.
+  std::uint64_t charge_max = 0;
+  Nanos charge_after = std::chrono::milliseconds(20);
 
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
@@ -115,6 +122,12 @@ struct FederationWindow {
   // pool's balance was spent in a regional-only outage.
   std::uint64_t refused_unreachable = 0;
   std::uint64_t refused_balance_spent = 0;
+  // Federated: units spent in it (its admissions and the charges paid in it, from the
+  // limiters' counters at its start and end), hits charged in it after the fact, and hits
+  // forgiven in it (charged where no budget was left to pay them).
+  std::uint64_t spent = 0;
+  std::uint64_t charged = 0;
+  std::uint64_t forgiven = 0;
 };
 
 struct FederationSimResult {
@@ -141,6 +154,9 @@ struct FederationSimResult {
   std::uint64_t outages = 0;
   std::uint64_t beyond_grants = 0;
   std::uint64_t pool_taken = 0;  // units the processes took from their pools, over the run
+  // Federated: max and mean over windows of spent_k / L.
+  double max_spent_over_limit = 0;
+  double mean_spent_over_limit = 0;
 };
 
 // Runs one scheme. Precondition: config.validate() is empty.
