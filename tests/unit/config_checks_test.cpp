@@ -91,6 +91,54 @@ policies:
       << errors_of(load);
 }
 
+// Through Redis Sentinel the data is the primary the sentinels name, wherever it is: two
+// coordinators on one master name are one, whichever sentinels each lists.
+TEST(ConfigChecks, TwoCoordinatorsOnOneSentinelMasterNameAreOneCoordinator) {
+  const ConfigLoad load = load_yaml(R"yaml(coordinators:
+  a: {kind: redis, sentinels: ["10.0.0.1:26379", "10.0.0.2:26379"], master_name: main}
+  b: {kind: redis, sentinels: ["10.0.0.2:26379"], master_name: main}
+  c: {kind: redis, sentinels: ["10.0.0.2:26379"], master_name: other}
+policies:
+  x: {kind: fleet, coordinator: a, key: k}
+  y: {kind: fleet, coordinator: b, key: k}
+  z: {kind: fleet, coordinator: c, key: k}
+)yaml");
+  ASSERT_FALSE(load.config.has_value());
+  ASSERT_EQ(load.errors.size(), 1u) << errors_of(load);
+  EXPECT_NE(error_at(load, "policies.y.key")
+                .find("both join coordinator 'b' (the same redis data as coordinator 'a') "
+                      "under key 'k'"),
+            std::string::npos)
+      << errors_of(load);
+}
+
+TEST(ConfigChecks, SentinelSettingsThatCannotWorkAreRefusedNamingTheField) {
+  const auto one = [](const std::string& coordinator, const std::string& path) {
+    const ConfigLoad load = load_yaml("coordinators:\n  r: {kind: redis, " + coordinator +
+                                      "}\npolicies:\n  x: "
+                                      "{kind: fleet, coordinator: r, key: k}\n");
+    EXPECT_FALSE(load.config.has_value()) << coordinator;
+    return error_at(load, path);
+  };
+  EXPECT_EQ(one(R"(sentinels: ["127.0.0.1:26379"], address: "127.0.0.1:6379", master_name: m)",
+                "coordinators.r.address"),
+            "names one server; with sentinels the primary is theirs to name");
+  EXPECT_EQ(one(R"(sentinels: ["127.0.0.1:26379"])", "coordinators.r.master_name"),
+            "is needed with sentinels: the name they monitor the primary under");
+  EXPECT_EQ(one("master_name: m", "coordinators.r.master_name"),
+            "needs sentinels (the servers to ask for the primary)");
+  EXPECT_EQ(one(R"(sentinels: ["127.0.0.1:0"], master_name: m)", "coordinators.r.sentinels"),
+            "each must be host:port with a port in 1..65535, not '127.0.0.1:0'");
+  EXPECT_EQ(one("sentinels: [], master_name: m", "coordinators.r.sentinels"),
+            "must name at least one sentinel (host:port)");
+  const ConfigLoad fine = load_yaml(R"yaml(coordinators:
+  r: {kind: redis, sentinels: ["127.0.0.1:26379", "[::1]:26380"], master_name: m, sentinel_password: s}
+policies:
+  x: {kind: fleet, coordinator: r, key: k}
+)yaml");
+  EXPECT_TRUE(fine.config.has_value()) << errors_of(fine);
+}
+
 TEST(ConfigChecks, FleetPoliciesOnOtherKeysOrOtherDataAreFine) {
   const ConfigLoad load = load_yaml(R"yaml(coordinators:
   a: {kind: redis, address: "10.0.0.1:6379"}

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,13 +43,89 @@ Status io_error(const redisContext* c) {
 
 std::string text_of(const redisReply* r) { return std::string(r->str, r->len); }
 
+std::string address_of(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
+// A server that turned into a replica under an open connection answers writes so.
+bool read_only(const redisReply& r) {
+  return r.type == REDIS_REPLY_ERROR && std::string_view(r.str, r.len).substr(0, 8) == "READONLY";
+}
+
+using SentinelContext = std::unique_ptr<redisContext, void (*)(redisContext*)>;
+
+// One command on a connection of its own (a sentinel's), within `deadline`.
+StatusOr<RedisConnection::Reply> ask(redisContext* c, const std::vector<std::string>& args,
+                                     Nanos deadline) {
+  const Nanos left = deadline - mono_now();
+  if (left <= Nanos{0}) return Status(StatusCode::kDeadlineExceeded, "no time left");
+  redisSetTimeout(c, to_timeval(left));
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  RedisConnection::Reply r(static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+  if (!r) return io_error(c);
+  return r;
+}
+
+// The primary's address as the sentinel at `at` has it, within `deadline`.
+StatusOr<RedisAddress> primary_named_by(const RedisAddress& at, const RedisOptions& o,
+                                        Nanos deadline) {
+  const Nanos left = deadline - mono_now();
+  if (left <= Nanos{0}) return Status(StatusCode::kDeadlineExceeded, "no time left to connect");
+  SentinelContext c(redisConnectWithTimeout(at.host.c_str(), at.port, to_timeval(left)), redisFree);
+  if (!c) return Status(StatusCode::kUnavailable, "cannot allocate a connection");
+  if (c->err != 0)
+    return Status(StatusCode::kUnavailable, std::string("cannot connect: ") + c->errstr);
+  if (!o.sentinel_password.empty()) {
+    auto r = ask(c.get(), {"AUTH", o.sentinel_password}, deadline);
+    if (!r.ok()) return r.status();
+    if (r.value()->type == REDIS_REPLY_ERROR)
+      return Status(StatusCode::kPermissionDenied, "AUTH failed: " + text_of(r.value().get()));
+  }
+  auto r = ask(c.get(), {"SENTINEL", "get-master-addr-by-name", o.master_name}, deadline);
+  if (!r.ok()) return r.status();
+  const redisReply& v = *r.value();
+  if (v.type == REDIS_REPLY_ERROR)
+    return Status(StatusCode::kUnavailable, "SENTINEL get-master-addr-by-name: " + text_of(&v));
+  if (v.type == REDIS_REPLY_NIL)
+    return Status(StatusCode::kNotFound, "monitors no primary named '" + o.master_name + "'");
+  if (v.type != REDIS_REPLY_ARRAY || v.elements != 2 || v.element[0]->type != REDIS_REPLY_STRING ||
+      v.element[1]->type != REDIS_REPLY_STRING)
+    return Status(StatusCode::kUnavailable, "SENTINEL get-master-addr-by-name: not an address");
+  RedisAddress out;
+  out.host = text_of(v.element[0]);
+  const std::string port = text_of(v.element[1]);
+  char* end = nullptr;
+  const long n = std::strtol(port.c_str(), &end, 10);
+  if (end == port.c_str() || *end != '\0' || n <= 0 || n > 65535)
+    return Status(StatusCode::kUnavailable,
+                  "SENTINEL get-master-addr-by-name: port '" + port + "'");
+  out.port = static_cast<int>(n);
+  return out;
+}
+
 }  // namespace
 
 std::string RedisConnection::options_error(const RedisOptions& o) {
-  if (o.host.empty()) return "redis: host must not be empty";
-  if (o.port <= 0 || o.port > 65535) return "redis: port must be in 1..65535";
   if (o.connect_timeout <= Nanos{0}) return "redis: connect_timeout must be > 0";
   if (o.database < 0) return "redis: database must be >= 0";
+  if (o.sentinels.empty()) {
+    if (!o.master_name.empty()) return "redis: master_name needs sentinels";
+    if (o.host.empty()) return "redis: host must not be empty";
+    if (o.port <= 0 || o.port > 65535) return "redis: port must be in 1..65535";
+    return {};
+  }
+  if (o.master_name.empty()) return "redis: sentinels need a master_name";
+  for (const RedisAddress& a : o.sentinels) {
+    if (a.host.empty()) return "redis: a sentinel's host must not be empty";
+    if (a.port <= 0 || a.port > 65535) return "redis: a sentinel's port must be in 1..65535";
+  }
   return {};
 }
 
@@ -162,7 +240,15 @@ StatusOr<RedisConnection::Reply> RedisConnection::send(const std::vector<std::st
     drop();
     return s;
   }
+  if (read_only(*r)) return moved(*r);
   return r;
+}
+
+Status RedisConnection::moved(const redisReply& reply) {
+  Status s(StatusCode::kUnavailable,
+           "redis: " + at_ + " is a replica now (" + text_of(&reply) + "): the primary moved");
+  drop();
+  return s;
 }
 
 StatusOr<RedisConnection::Reply> RedisConnection::checked(const std::vector<std::string>& args,
@@ -177,18 +263,46 @@ StatusOr<RedisConnection::Reply> RedisConnection::checked(const std::vector<std:
 }
 
 // All before the earlier of the call's deadline and connect_timeout from now: a reconnect to a
-// hung server must not outlast the call.
+// hung server must not outlast the call. With sentinels, each is asked in turn for the primary
+// until one names an address that is a primary.
 Status RedisConnection::connect_locked(Nanos deadline) {
   deadline = std::min(deadline, deadline_after(options_.connect_timeout));
+  if (options_.sentinels.empty()) return connect_to(options_.host, options_.port, deadline);
+  std::string why;
+  std::vector<std::string> tried;
+  Status last(StatusCode::kUnavailable, "");
+  for (const RedisAddress& sentinel : options_.sentinels) {
+    const std::string name = address_of(sentinel.host, sentinel.port);
+    auto primary = primary_named_by(sentinel, options_, deadline);
+    if (!primary.ok()) {
+      why += "; sentinel " + name + ": " + primary.status().message();
+      if (primary.status().code() == StatusCode::kDeadlineExceeded) break;
+      continue;
+    }
+    const std::string at = address_of(primary.value().host, primary.value().port);
+    if (std::find(tried.begin(), tried.end(), at) != tried.end()) continue;
+    tried.push_back(at);
+    last = connect_to(primary.value().host, primary.value().port, deadline);
+    if (last.ok()) return last;
+    why += "; " + at + " (named by sentinel " + name + "): " + last.message();
+    if (last.code() != StatusCode::kUnavailable) return last;  // AUTH refused, a script...
+  }
+  const bool late = deadline <= mono_now();
+  return Status(late ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
+                "redis: no primary for '" + options_.master_name + "' could be reached" + why);
+}
+
+Status RedisConnection::connect_to(const std::string& host, int port, Nanos deadline) {
   const Nanos left = deadline - mono_now();
   if (left <= Nanos{0})
     return Status(StatusCode::kDeadlineExceeded, "redis: no time left to connect");
-  Context c(redisConnectWithTimeout(options_.host.c_str(), options_.port, to_timeval(left)));
+  const std::string at = address_of(host, port);
+  Context c(redisConnectWithTimeout(host.c_str(), port, to_timeval(left)));
   if (!c) return Status(StatusCode::kUnavailable, "redis: cannot allocate a connection");
   if (c->err != 0)
-    return Status(StatusCode::kUnavailable, "redis: cannot connect to " + options_.host + ":" +
-                                                std::to_string(options_.port) + ": " + c->errstr);
+    return Status(StatusCode::kUnavailable, "redis: cannot connect to " + at + ": " + c->errstr);
   ctx_ = std::move(c);
+  at_ = at;
   ++connects_;
   if (!options_.password.empty()) {
     std::vector<std::string> auth = {"AUTH"};
@@ -201,6 +315,21 @@ Status RedisConnection::connect_locked(Nanos deadline) {
     auto r = checked({"SELECT", std::to_string(options_.database)}, deadline,
                      StatusCode::kInvalidArgument, "SELECT failed");
     if (!r.ok()) return r.status();
+  }
+  if (!options_.sentinels.empty()) {
+    // The sentinels' word may be stale (a failover under way): the server's own is final.
+    auto r = send({"ROLE"}, deadline);
+    if (!r.ok()) return r.status();
+    const redisReply& v = *r.value();
+    const std::string role =
+        v.type == REDIS_REPLY_ARRAY && v.elements > 0 && v.element[0]->type == REDIS_REPLY_STRING
+            ? text_of(v.element[0])
+            : (v.type == REDIS_REPLY_ERROR ? text_of(&v) : "no role");
+    if (role != "master") {
+      drop();
+      return Status(StatusCode::kUnavailable,
+                    "redis: " + at + " is not a primary (ROLE: " + role + ")");
+    }
   }
   if (track_run_id_) {
     auto r = send({"INFO", "server"}, deadline);
@@ -336,6 +465,7 @@ StatusOr<std::vector<StatusOr<RedisConnection::Reply>>> RedisConnection::eval_ma
         return st;
       }
       Reply r(static_cast<redisReply*>(raw));
+      if (read_only(*r)) return moved(*r);  // replies still owed: the connection is dropped
       if (r->type != REDIS_REPLY_ERROR) {
         out[i] = std::move(r);
         continue;

@@ -4,11 +4,16 @@
 // What it is: the connection a Redis backend needs and nothing of what it stores. On every
 // (re)connect, within the earlier of the call's deadline and RedisOptions::connect_timeout, it
 // sends AUTH (password, or ACL user and password) when a password is set, SELECT when the
-// database is not 0, INFO server when the user tracks the server's run_id, the user's
+// database is not 0, ROLE with sentinels (a server that is not a primary is refused, and the
+// next sentinel's primary tried), INFO server when the user tracks the server's run_id, the user's
 // ConnectCheck when it has one, and SCRIPT LOAD of each script.
 // eval(i, keys, args) runs script i by its SHA; a NOSCRIPT reply (a restarted or flushed server)
 // loads every script again and retries the call once. key_prefix is not read: keys are the
 // user's.
+//
+// With sentinels (RedisOptions::sentinels), each (re)connect first asks them in turn for the
+// primary's address. A READONLY reply (the server became a replica: a failover) drops the
+// connection and fails the call with kUnavailable, so that the next call asks again.
 //
 // Timeouts and reconnects: a call holds the connection for its whole length, waiting for it
 // counts against the call's timeout, and every read and write on the socket is bounded by what
@@ -159,6 +164,9 @@ class RedisConnection {
   StatusOr<Reply> checked(const std::vector<std::string>& args, Nanos deadline, StatusCode code,
                           const char* what);
   Status connect_locked(Nanos deadline);
+  Status connect_to(const std::string& host, int port, Nanos deadline);
+  // A READONLY reply (the server is a replica now): drops the connection; kUnavailable.
+  Status moved(const redisReply& reply);
   Status load_scripts_locked(Nanos deadline);
   // `pinned` non-zero: never reconnect (the caller's arguments name the connected server).
   StatusOr<Reply> eval_locked(std::size_t script, const std::vector<std::string>& keys,
@@ -180,6 +188,7 @@ class RedisConnection {
   const ConnectCheck check_;
   const bool track_run_id_;
   std::string run_id_;  // guarded by gate_: the connected server's (empty when not connected)
+  std::string at_;      // guarded by gate_: the connected server's host:port
   std::uint64_t connects_ = 0;     // guarded by gate_: connections made so far
   backend_detail::CallGate gate_;  // one call at a time; waiting counts against its deadline
   Context ctx_;                    // guarded by gate_; null when disconnected

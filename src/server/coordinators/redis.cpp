@@ -5,6 +5,9 @@
 //   database: 0..1048576          SELECT; default 0
 //   key_prefix: text              the fleet's keys; default "sluice:fleet:"
 //   connect_timeout: duration     default 1s
+//   sentinels: [host:port, ...]   Redis Sentinels to ask for the primary, instead of address
+//   master_name: name             the name they monitor it under (needed with sentinels)
+//   sentinel_password             AUTH to the sentinels
 // Federation's keys ("<prefix>fed:", or "sluice:fed:" beside the default prefix), the regional
 // pool's ("<prefix>pool:", "sluice:pool:") and the shared rules' ("<prefix>rules:",
 // "sluice:rules:") sit beside the fleet's. Two coordinators with one address, database and key
@@ -48,6 +51,29 @@ void parse(ConfigSection& s, CoordinatorSpec& spec) {
       s.error("address", "must be host:port with a port in 1..65535, not '" + *a + "'");
     }
   }
+  if (auto list = s.strings("sentinels")) {
+    if (list->empty()) s.error("sentinels", "must name at least one sentinel (host:port)");
+    for (const std::string& one : *list) {
+      HostPort hp;
+      if (parse_host_port(one, hp).empty())
+        o.sentinels.push_back(RedisAddress{hp.host, hp.port});
+      else
+        s.error("sentinels", "each must be host:port with a port in 1..65535, not '" + one + "'");
+    }
+  }
+  if (auto m = s.str("master_name")) {
+    if (m->empty())
+      s.error("master_name", "must not be empty");
+    else
+      o.master_name = *m;
+  }
+  if (auto p = s.str("sentinel_password")) o.sentinel_password = *p;
+  if (!o.sentinels.empty() && s.has("address"))
+    s.error("address", "names one server; with sentinels the primary is theirs to name");
+  if (!o.sentinels.empty() && o.master_name.empty())
+    s.error("master_name", "is needed with sentinels: the name they monitor the primary under");
+  if (o.sentinels.empty() && !o.master_name.empty())
+    s.error("master_name", "needs sentinels (the servers to ask for the primary)");
   if (auto d = s.duration("connect_timeout")) o.connect_timeout = *d;
   if (auto u = s.str("username")) o.username = *u;
   if (auto p = s.str("password")) o.password = *p;
@@ -58,8 +84,10 @@ void parse(ConfigSection& s, CoordinatorSpec& spec) {
     else
       o.key_prefix = *k;
   }
-  spec.store = o.host + ":" + std::to_string(o.port) + "\n" + std::to_string(o.database) + "\n" +
-               o.key_prefix;
+  // One store: the server, or the primary the sentinels name (whatever its address now).
+  const std::string where =
+      o.sentinels.empty() ? o.host + ":" + std::to_string(o.port) : "sentinel:" + o.master_name;
+  spec.store = where + "\n" + std::to_string(o.database) + "\n" + o.key_prefix;
   spec.options = std::move(o);
 }
 
@@ -84,7 +112,8 @@ CoordinatorBackend redis_backend() {
   b.name = "redis";
   b.roles = {CoordinatorRole::kConcurrency, CoordinatorRole::kRateBudget,
              CoordinatorRole::kRegionalEscrow, CoordinatorRole::kSharedRules};
-  b.keys = {"address", "username", "password", "database", "key_prefix", "connect_timeout"};
+  b.keys = {"address",         "username",  "password",    "database",         "key_prefix",
+            "connect_timeout", "sentinels", "master_name", "sentinel_password"};
   b.parse = parse;
   b.connect = [](const std::string& name, const CoordinatorSpec& spec, const Clock&,
                  std::string& warning) {

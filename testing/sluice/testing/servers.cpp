@@ -119,6 +119,35 @@ void start_guard(pid_t server, int sig, const std::string& dir) {
       "/dev/null");
 }
 
+// Runs the server `args` (output to `log`) and waits up to 5 s for it to accept on `port`: its
+// pid, guarded (stopped with SIGTERM and `dir` removed should this process die first); 0 when
+// it did not listen in time (it is killed); -1 when it could not be run.
+pid_t start_listening(const std::vector<std::string>& args, const std::string& log, int port,
+                      const std::string& dir) {
+  const pid_t pid = spawn(args, log);
+  if (pid < 0) return -1;
+  for (int i = 0; i < 500 && alive(pid); ++i) {
+    if (port_accepts(port)) {
+      start_guard(pid, SIGTERM, dir);
+      return pid;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop_pid(pid, SIGKILL);
+  return 0;
+}
+
+// SIGTERM to `pid` (when running), then its directory removed.
+void stop_and_remove(pid_t& pid, std::string& dir) {
+  if (pid > 0) stop_pid(pid, SIGTERM);
+  pid = -1;
+  if (!dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    dir.clear();
+  }
+}
+
 }  // namespace
 
 int free_port() {
@@ -182,30 +211,44 @@ Status RedisServer::launch(int port) {
       args.push_back(password_);
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
-    pid_ = spawn(args, log);
+    pid_ = start_listening(args, log, port_, dir_);
     if (pid_ < 0) return Status(StatusCode::kUnavailable, "cannot run redis-server (installed?)");
-    for (int i = 0; i < 500 && alive(pid_); ++i) {
-      if (port_accepts(port_)) {
-        start_guard(pid_, SIGTERM, dir_);
-        return {};
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    stop_pid(pid_, SIGKILL);
+    if (pid_ > 0) return {};
     pid_ = -1;
   }
   return Status(StatusCode::kUnavailable, "redis-server did not start: " + tail(log));
 }
 
-void RedisServer::stop() {
-  if (pid_ > 0) stop_pid(pid_, SIGTERM);
-  pid_ = -1;
-  if (!dir_.empty()) {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    dir_.clear();
+void RedisServer::stop() { stop_and_remove(pid_, dir_); }
+
+RedisSentinel::~RedisSentinel() { stop(); }
+
+Status RedisSentinel::start(int primary_port, const std::string& master_name, int quorum,
+                            int down_after_ms, int failover_timeout_ms) {
+  dir_ = make_temp_dir("sluice-sentinel");
+  if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for sentinel");
+  const std::string log = dir_ + "/sentinel.log";
+  const std::string conf = dir_ + "/sentinel.conf";  // a sentinel rewrites its own config
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    port_ = free_port();
+    {
+      std::ofstream out(conf, std::ios::trunc);
+      out << "port " << port_ << "\nbind 127.0.0.1\ndaemonize no\ndir " << dir_
+          << "\nsentinel resolve-hostnames no\nsentinel monitor " << master_name << " 127.0.0.1 "
+          << primary_port << " " << quorum << "\nsentinel down-after-milliseconds " << master_name
+          << " " << down_after_ms << "\nsentinel failover-timeout " << master_name << " "
+          << failover_timeout_ms << "\nsentinel parallel-syncs " << master_name << " 1\n";
+      if (!out) return Status(StatusCode::kInternal, "cannot write " + conf);
+    }
+    pid_ = start_listening({"redis-server", conf, "--sentinel"}, log, port_, dir_);
+    if (pid_ < 0) return Status(StatusCode::kUnavailable, "cannot run redis-server (installed?)");
+    if (pid_ > 0) return {};
+    pid_ = -1;
   }
+  return Status(StatusCode::kUnavailable, "redis sentinel did not start: " + tail(log));
 }
+
+void RedisSentinel::stop() { stop_and_remove(pid_, dir_); }
 
 // ---- PostgreSQL ----
 

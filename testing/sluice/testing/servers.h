@@ -59,6 +59,28 @@ class RedisServer {
   pid_t pid_ = -1;
 };
 
+// A Redis Sentinel (redis-server in sentinel mode, on 127.0.0.1, a free port) monitoring the
+// primary at 127.0.0.1:primary_port under `master_name`: the primary is down once it has not
+// answered for down_after_ms, and `quorum` sentinels agreeing on that start a failover.
+class RedisSentinel {
+ public:
+  RedisSentinel() = default;
+  ~RedisSentinel();
+  RedisSentinel(const RedisSentinel&) = delete;
+  RedisSentinel& operator=(const RedisSentinel&) = delete;
+
+  Status start(int primary_port, const std::string& master_name = "mymaster", int quorum = 2,
+               int down_after_ms = 1000, int failover_timeout_ms = 3000);
+  void stop();
+  [[nodiscard]] int port() const noexcept { return port_; }
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+
+ private:
+  std::string dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
 class PostgresServer {
  public:
   PostgresServer() = default;
