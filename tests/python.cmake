@@ -60,10 +60,11 @@ set_tests_properties(faults.fleet PROPERTIES
 # budget through a real Redis, then a real PostgreSQL, steady and through a coordinator
 # SIGSTOP and SIGKILL + restart, admissions counted per coordinator window; partial losses
 # (Redis restarted from an RDB snapshot or a truncated AOF, a ledger evicted, a failover to a
-# Redis replica or a PostgreSQL standby that missed the last writes); then a region of three
+# Redis replica or a PostgreSQL standby that missed the last writes, a failover that Redis
+# Sentinel makes after a SIGKILL of the primary); then a region of three
 # processes sharing a regional pool on a second Redis (steady, the pool's Redis killed, the
 # coordinator stopped in both outage modes); figures in federation-results.md (and .json).
-# It measures timing (label timing): about 185 s.
+# It measures timing (label timing): about 195 s.
 add_test(NAME faults.federation
          COMMAND ${SLUICE_PYTHON} -m pytest -q -rxs
                  ${PROJECT_SOURCE_DIR}/tests/faults/test_federation_faults.py

@@ -501,6 +501,50 @@ class Fronted:
         return self.redis.config(host, port=self.forwarder.port)
 
 
+class RedisSentinel(Coordinator):
+    """A Redis Sentinel (redis-server in sentinel mode) monitoring the primary at
+    127.0.0.1:`primary_port` as `master`: down after `down_after_ms` of silence; two
+    sentinels agreeing start a failover."""
+
+    kind = "sentinel"
+
+    def __init__(self, workdir: Path, primary_port: int, master: str = "sluice",
+                 down_after_ms: int = 500, failover_timeout_ms: int = 2000):
+        self.primary_port, self.master = primary_port, master
+        self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        super().__init__(workdir)
+
+    def _args(self) -> List[str]:
+        conf = self.dir / "sentinel.conf"  # a sentinel rewrites its own config
+        m = self.master
+        conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.dir}\n"
+                        f"sentinel resolve-hostnames no\n"
+                        f"sentinel monitor {m} 127.0.0.1 {self.primary_port} 2\n"
+                        f"sentinel down-after-milliseconds {m} {self.down_after_ms}\n"
+                        f"sentinel failover-timeout {m} {self.failover_timeout_ms}\n"
+                        f"sentinel parallel-syncs {m} 1\n")
+        return ["redis-server", str(conf), "--sentinel"]
+
+    def keeps_state(self) -> bool:
+        return False
+
+
+class SentinelFailover:
+    """A Redis primary and its replicas as the nodes see them: through the sentinels, by the
+    master name they monitor."""
+
+    kind = "redis"
+
+    def __init__(self, sentinels: Sequence[RedisSentinel], label: str):
+        self.sentinels, self.label = list(sentinels), label
+
+    def config(self, host: str) -> str:
+        addresses = ", ".join(f'"{host}:{s.port}"' for s in self.sentinels)
+        return (f"    kind: redis\n    sentinels: [{addresses}]\n"
+                f"    master_name: {self.sentinels[0].master}\n"
+                f"    connect_timeout: 200ms\n    acknowledged_handoff: true\n")
+
+
 class PostgresFailover:
     """A PostgreSQL primary and its standby as the nodes see them: one libpq multi-host
     conninfo naming both, target_session_attrs=read-write, so a connection goes to whichever of
