@@ -45,9 +45,9 @@ set_tests_properties(examples.throttled_purge PROPERTIES
   LABELS "integration;timing" TIMEOUT 300)
 
 # The fleet's fault suite (tests/faults): real Redis and PostgreSQL, three `sluice serve`
-# nodes, coordinator and node faults under load; the figures land in faults-results.md
+# nodes, coordinator and node faults under load (and a Redis Sentinel failover); the figures land in faults-results.md
 # (and .json) here. It measures timing (label timing, scheduled as the end of tests/CMakeLists.txt
-# says): about 2 minutes.
+# says): about 2 minutes and a quarter.
 add_test(NAME faults.fleet
          COMMAND ${SLUICE_PYTHON} -m pytest -q -rxs
                  ${PROJECT_SOURCE_DIR}/tests/faults/test_fleet_faults.py

@@ -538,6 +538,9 @@ class SentinelFailover:
     def __init__(self, sentinels: Sequence[RedisSentinel], label: str):
         self.sentinels, self.label = list(sentinels), label
 
+    def ready(self) -> bool:
+        return all(s.ready() for s in self.sentinels)
+
     def config(self, host: str) -> str:
         addresses = ", ".join(f'"{host}:{s.port}"' for s in self.sentinels)
         return (f"    kind: redis\n    sentinels: [{addresses}]\n"

@@ -9,6 +9,9 @@ end until every node is active again and the shares add up to L_global), every a
 released or accounted for (its node was killed or stopped: the lease expires), and every node's
 in-flight back to 0. The figures go to the results file (conftest.py).
 
+Scenario 8 runs on a Redis primary, a replica and three sentinels of its own, the nodes naming
+the sentinels.
+
 Bounds: fail-closed, Σ in-flight <= L_global. Local-only: a node in an outage admits up to its own
 L_local (fleet_guard.h: "local-only: none (L_local)"; "the fleet may overshoot"), so the bound is
 N x L_local = 36 here; the measured maximum is recorded.
@@ -274,6 +277,49 @@ def test_coordinator_killed_and_restarted(request, coordinators, results, workdi
                                           outage):
     run_scenario(request, coordinators, results, workdir, "1 coordinator SIGKILL + restart",
                  coordinator, coordinator_kill, outage=outage, all_leave_active=True)
+
+
+@pytest.mark.parametrize("outage", ["fail-closed", "local-only"])
+def test_a_sentinel_failover_after_the_primary_is_killed(request, results, workdir, outage):
+    """A Redis primary, a replica and three sentinels of the scenario's own (down after 500 ms,
+    quorum 2); the nodes name the sentinels. SIGKILL of the primary: the sentinels promote the
+    replica, and the nodes find it through them. The bound holds at every sample; recovery is
+    from the promotion until the fleet serves its whole L_global again."""
+    d = workdir / f"sentinel-{outage}-{uuid.uuid4().hex[:6]}"
+    made: List[harness.Coordinator] = []
+    try:
+        primary = harness.RedisCoordinator(d / "primary")
+        made.append(primary)
+        primary.start()
+        harness.redis_cli(primary, "CONFIG", "SET", "repl-diskless-sync-delay", "0")
+        replica = harness.RedisCoordinator(d / "replica", replica_of=primary.port)
+        made.append(replica)
+        replica.start()
+        wait_until(lambda: "master_link_status:up" in harness.redis_cli(
+            replica, "INFO", "replication"), 10, 0.05, "the replica in sync")
+        sentinels = [harness.RedisSentinel(d / f"sentinel-{i}", primary.port) for i in range(3)]
+        for s in sentinels:
+            made.append(s)
+            s.start()
+        wait_until(lambda: all(str(replica.port) in harness.redis_cli(
+            s, "SENTINEL", "replicas", "sluice") for s in sentinels), 15, 0.05,
+            "every sentinel to know the replica")
+        coord = harness.SentinelFailover(sentinels, "redis + replica, 3 sentinels")
+
+        def failover(nodes, c):
+            killed = time.monotonic()
+            primary.kill()
+            wait_until(lambda: "role:master" in harness.redis_cli(replica, "INFO", "replication"),
+                       30, 0.05, "the sentinels to promote the replica")
+            promoted = time.monotonic()
+            return promoted, nodes, (f"primary SIGKILL; the sentinels promoted the replica "
+                                     f"{promoted - killed:.2f} s later")
+
+        run_scenario(request, {"redis-sentinel": coord}, results, workdir,
+                     "8 Sentinel failover", "redis-sentinel", failover, outage=outage)
+    finally:
+        for x in reversed(made):
+            x.stop()
 
 
 @pytest.mark.parametrize("coordinator", COORDINATORS)
