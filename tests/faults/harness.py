@@ -1075,6 +1075,15 @@ class FederatedNode(Node):
         return next((p for p in body.get("policies", []) if p.get("name") == self.POLICY), None)
 
 
+def redis_info_says(c: Coordinator, section: str, text: str) -> bool:
+    """Whether `INFO section` on `c` holds `text`; False when it cannot be asked (a Redis the
+    sentinels are reconfiguring closes its clients' connections)."""
+    try:
+        return text in redis_cli(c, "INFO", section)
+    except AssertionError:
+        return False
+
+
 def redis_cli(c: Coordinator, *args: str) -> str:
     """One redis-cli command on `c`'s Redis; its output, stripped."""
     r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(c.port), *args],

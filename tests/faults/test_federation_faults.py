@@ -1170,9 +1170,9 @@ def test_redis_sentinel_failover_after_a_sigkill_of_the_primary(tmp_path, scratc
         before = redis_ledger(primary.port, run)
         killed = time.time()
         primary.kill()
-        harness.wait_until(lambda: "role:master" in harness.redis_cli(
-            replica, "INFO", "replication"), 30, interval=0.05,
-            what="the sentinels to promote the replica")
+        harness.wait_until(
+            lambda: harness.redis_info_says(replica, "replication", "role:master"), 30,
+            interval=0.05, what="the sentinels to promote the replica")
         return {"start": t0, "killed": killed, "end": time.time(), "before": before,
                 "after": redis_ledger(replica.port, run)}
 

@@ -309,7 +309,7 @@ def test_a_sentinel_failover_after_the_primary_is_killed(request, results, workd
         def failover(nodes, c):
             killed = time.monotonic()
             primary.kill()
-            wait_until(lambda: "role:master" in harness.redis_cli(replica, "INFO", "replication"),
+            wait_until(lambda: harness.redis_info_says(replica, "replication", "role:master"),
                        30, 0.05, "the sentinels to promote the replica")
             promoted = time.monotonic()
             return promoted, nodes, (f"primary SIGKILL; the sentinels promoted the replica "
