@@ -55,14 +55,15 @@ bool read_only(const redisReply& r) {
 
 using SentinelContext = std::unique_ptr<redisContext, void (*)(redisContext*)>;
 
-// One command on a connection of its own (a sentinel's), within `deadline`.
+// One command on `c` within `deadline` (at least 1 ms: the caller checks that time is left);
+// a failed I/O leaves `c` unusable.
 StatusOr<RedisConnection::Reply> ask(redisContext* c, const std::vector<std::string>& args,
                                      Nanos deadline) {
-  const Nanos left = deadline - mono_now();
-  if (left <= Nanos{0}) return Status(StatusCode::kDeadlineExceeded, "no time left");
-  redisSetTimeout(c, to_timeval(left));
+  redisSetTimeout(c, to_timeval(deadline - mono_now()));
   std::vector<const char*> argv;
   std::vector<size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
   for (const auto& a : args) {
     argv.push_back(a.data());
     lens.push_back(a.size());
@@ -224,23 +225,12 @@ StatusOr<RedisConnection::Reply> RedisConnection::send(const std::vector<std::st
   const Nanos left = deadline - mono_now();
   if (left <= Nanos{0})
     return Status(StatusCode::kDeadlineExceeded, "redis: no time left for the call");
-  redisSetTimeout(ctx_.get(), to_timeval(left));
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  argv.reserve(args.size());
-  lens.reserve(args.size());
-  for (const auto& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  Reply r(static_cast<redisReply*>(
-      redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
-  if (!r) {
-    Status s = io_error(ctx_.get());
+  auto r = ask(ctx_.get(), args, deadline);
+  if (!r.ok()) {
     drop();
-    return s;
+    return r.status();
   }
-  if (read_only(*r)) return moved(*r);
+  if (read_only(*r.value())) return moved(*r.value());
   return r;
 }
 
