@@ -645,12 +645,12 @@ RateLimitHeaders Engine::rate_limit_headers() const {
 }
 std::uint64_t Engine::generation() const { return current()->generation; }
 
-KindPolicies Engine::policies_of(std::string_view kind) const {
-  const auto set = current();
-  KindPolicies out;
-  for (const auto& [name, p] : set->policies)
-    if (p.base->kind() == kind) out.push_back(p.base);
-  return out;
+std::shared_ptr<const KindPolicies> Engine::policies_of(std::string_view kind) const {
+  static const KindPolicies kNone;
+  std::shared_ptr<const PolicySet> set = current();
+  const auto it = set->by_kind.find(kind);
+  const KindPolicies* ps = it == set->by_kind.end() ? &kNone : &it->second;
+  return {std::move(set), ps};  // shares the set's ownership
 }
 
 std::vector<PolicyInfo> Engine::policies() const {

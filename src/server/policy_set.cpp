@@ -155,6 +155,8 @@ StatusOr<std::shared_ptr<PolicySet>> build_policy_set(
     retire_built(*set, old);
     return s;
   }
+  for (const auto& [name, entry] : set->policies)
+    set->by_kind[std::string(entry.base->kind())].push_back(entry.base);
   return set;
 }
 

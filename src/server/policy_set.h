@@ -17,6 +17,7 @@
 #include "server/engine.h"
 #include "server/policy.h"
 #include "server/registry.h"
+#include "server/routes.h"
 #include "sluice/config/config.h"
 
 namespace sluice::server {
@@ -44,6 +45,8 @@ class PolicySet {
   std::uint64_t generation = 1;
   std::map<std::string, Entry, std::less<>> policies;
   std::map<std::string, std::shared_ptr<NamedCoordinator>, std::less<>> coordinators;
+  // The policies of each kind, in the order of their names (what a kind's route is given).
+  std::map<std::string, KindPolicies, std::less<>> by_kind;
   std::vector<std::string> warnings;  // from building this set (a coordinator not reached)
   // What a reload prepared (policies carried over whose new spec they take in place), by name;
   // applied when it commits.

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "transport/wire.h"
@@ -11,13 +12,17 @@
 namespace sluice::transport {
 namespace {
 
-std::string bytes_of(const grpc::ByteBuffer& b) {
+constexpr std::string_view kShouldRateLimit =
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+// The bytes of `b`: in place when they are one slice (`one` holds it), else copied into `copy`.
+std::string_view bytes_of(const grpc::ByteBuffer& b, grpc::Slice& one, std::string& copy) {
+  if (b.TrySingleSlice(&one).ok()) return {reinterpret_cast<const char*>(one.begin()), one.size()};
   std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!b.Dump(&slices).ok()) return out;
+  if (!b.Dump(&slices).ok()) return {};
   for (const grpc::Slice& s : slices)
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
+    copy.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return copy;
 }
 
 // One call of a kind's method: read the request, answer it, finish; deletes itself when gRPC
@@ -38,8 +43,11 @@ class KindCall final : public grpc::ServerGenericBidiReactor {
       return Finish(
           grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "method: no method named " + method_));
     Later later(this);
-    const std::string request = bytes_of(request_);
-    if (auto r = m->method.handle(request, engine_.policies_of(m->kind), later)) answer(*r);
+    grpc::Slice one;
+    std::string copy;
+    if (auto r =
+            m->method.handle(bytes_of(request_, one, copy), *engine_.policies_of(m->kind), later))
+      answer(*r);
   }
   void OnWriteDone(bool /*ok*/) override {}
   void OnDone() override { delete this; }
@@ -71,49 +79,61 @@ class KindCall final : public grpc::ServerGenericBidiReactor {
 
 }  // namespace
 
-// One unary call of a kind's method through a registered service: answered now, or when a
-// deferred handler completes. Deletes itself once gRPC is done with it.
-class UnaryKindCall final : public grpc::ServerUnaryReactor, public server::Deferral<std::string> {
- public:
-  UnaryKindCall(server::Engine& engine, grpc::ByteBuffer* out) : engine_(engine), out_(out) {}
+namespace {
 
-  void start(const std::string& method, const grpc::ByteBuffer* in) {
-    const server::PolicyRegistry::Method* m = engine_.kinds().method(method);
-    if (m == nullptr)
-      return Finish(
-          grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "method: no method named " + method));
-    if (auto r = m->method.handle(bytes_of(*in), engine_.policies_of(m->kind), *this)) answer(*r);
-  }
+// Finishes `reactor` with `r`, the reply's bytes going to `out`.
+void finish_unary(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out,
+                  const StatusOr<std::string>& r) {
+  if (!r.ok()) return reactor->Finish(to_grpc(r.status()));
+  grpc::Slice slice(r.value());
+  *out = grpc::ByteBuffer(&slice, 1);
+  reactor->Finish(grpc::Status::OK);
+}
+
+// A unary call's reply deferred by its handler: it finishes the call when it comes (gRPC lets
+// a unary reactor finish later, from any thread).
+class FinishUnaryLater final : public server::Deferral<std::string> {
+ public:
+  FinishUnaryLater(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out)
+      : reactor_(reactor), out_(out) {}
   server::Completion<std::string> defer() override {
-    return [this](StatusOr<std::string> r) { answer(r); };
+    return [reactor = reactor_, out = out_](StatusOr<std::string> r) {
+      finish_unary(reactor, out, r);
+    };
   }
-  void OnDone() override { delete this; }
 
  private:
-  void answer(const StatusOr<std::string>& r) {
-    if (!r.ok()) return Finish(to_grpc(r.status()));
-    grpc::Slice slice(r.value());
-    *out_ = grpc::ByteBuffer(&slice, 1);
-    Finish(grpc::Status::OK);
-  }
-
-  server::Engine& engine_;
+  grpc::ServerUnaryReactor* reactor_;
   grpc::ByteBuffer* out_;
 };
 
-grpc::ServerUnaryReactor* run_kind_method(server::Engine& engine, std::string method,
-                                          grpc::CallbackServerContext* /*ctx*/,
+}  // namespace
+
+// The call runs on the context's default reactor, as sluice.v1.Sluice's do: gRPC then runs its
+// end inline, where a reactor of its own would have it handed to gRPC's executor thread (a
+// thread hop per call).
+grpc::ServerUnaryReactor* run_kind_method(server::Engine& engine, std::string_view method,
+                                          grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  auto* call = new UnaryKindCall(engine, out);
-  call->start(method, in);
-  return call;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const server::PolicyRegistry::Method* m = engine.kinds().method(method);
+  if (m == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                 "method: no method named " + std::string(method)));
+    return reactor;
+  }
+  FinishUnaryLater later(reactor, out);
+  grpc::Slice one;
+  std::string copy;
+  if (auto r = m->method.handle(bytes_of(*in, one, copy), *engine.policies_of(m->kind), later))
+    finish_unary(reactor, out, *r);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RateLimitService::ShouldRateLimit(grpc::CallbackServerContext* ctx,
                                                             const grpc::ByteBuffer* in,
                                                             grpc::ByteBuffer* out) {
-  return run_kind_method(engine_, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-                         ctx, in, out);
+  return run_kind_method(engine_, kShouldRateLimit, ctx, in, out);
 }
 
 grpc::ServerGenericBidiReactor* GrpcKindMethods::CreateReactor(

@@ -19,6 +19,8 @@
 
 #include <grpcpp/generic/async_generic_service.h>
 
+#include <string_view>
+
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "server/engine.h"
 
@@ -35,7 +37,8 @@ class GrpcKindMethods final : public grpc::CallbackGenericService {
 
 // Runs the kind method `method` on the request `in`; the answer goes to `out` when the
 // returned reactor finishes.
-[[nodiscard]] grpc::ServerUnaryReactor* run_kind_method(server::Engine& engine, std::string method,
+[[nodiscard]] grpc::ServerUnaryReactor* run_kind_method(server::Engine& engine,
+                                                        std::string_view method,
                                                         grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* in,
                                                         grpc::ByteBuffer* out);

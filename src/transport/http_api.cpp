@@ -541,7 +541,7 @@ void do_route(Engine& engine, HttpExchange& x, server::Router::Match& m, std::st
     render_route(out, r);
   };
   ParkOn<server::RouteReply, decltype(render)> park(later, render);
-  if (auto r = route.handle(req, engine.policies_of(m.entry->kind), park)) render_route(x, *r);
+  if (auto r = route.handle(req, *engine.policies_of(m.entry->kind), park)) render_route(x, *r);
 }
 
 void do_reload(Engine& engine, const std::function<ReloadOutcome()>& reload, HttpExchange& x) {

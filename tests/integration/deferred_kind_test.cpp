@@ -144,7 +144,7 @@ class DeferredKind : public ::testing::Test {
     return *l.config;
   }
   std::shared_ptr<LaterPolicy> policy(const std::string& name) {
-    for (const auto& p : engine_->policies_of("later"))
+    for (const auto& p : *engine_->policies_of("later"))
       if (p->name() == name) return std::static_pointer_cast<LaterPolicy>(p);
     return nullptr;
   }

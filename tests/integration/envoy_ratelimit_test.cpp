@@ -90,7 +90,7 @@ class EnvoyRateLimitTest : public ::testing::Test {
     const PolicyRegistry::Method* m = engine_->kinds().method(kMethod);
     if (m == nullptr) return Status(StatusCode::kInternal, "no method");
     WaitingDeferral later;
-    auto r = m->method.handle(req.SerializeAsString(), engine_->policies_of(m->kind), later);
+    auto r = m->method.handle(req.SerializeAsString(), *engine_->policies_of(m->kind), later);
     if (!r) {
       EXPECT_TRUE(later.deferred) << "no answer, and the call was not deferred";
       ++deferred_;
@@ -573,7 +573,7 @@ TEST_F(EnvoyRateLimitTest, MalformedRequestsNameTheField) {
   // Bytes that are not the message.
   WaitingDeferral later;
   const PolicyRegistry::Method* m = engine_->kinds().method(kMethod);
-  auto r = m->method.handle("\xff\xff\xff", engine_->policies_of(m->kind), later);
+  auto r = m->method.handle("\xff\xff\xff", *engine_->policies_of(m->kind), later);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status().code(), StatusCode::kInvalidArgument);
 }

@@ -111,7 +111,7 @@ TEST(RateKeyCap, ANewKeyBeyondMaxKeysIsRefusedAndSaysWhy) {
   EXPECT_TRUE(no.value().key_capacity);
   EXPECT_TRUE(engine.check(CheckCall{"limited", "a", 1}).value().allowed) << "held keys serve";
   // The 429 the transports send says why.
-  const KindPolicies rate = engine.policies_of("rate");
+  const KindPolicies rate = *engine.policies_of("rate");
   ASSERT_EQ(rate.size(), 1u);
   const Rejection why = rate[0]->rate_family()->refusal("d", no.value());
   EXPECT_EQ(why.status, 429);

@@ -886,7 +886,7 @@ TEST_F(ToyKind, ItsOwnAttributeAndOutcomesAreServedOverEveryTransportAndTheCli) 
   run = cli("release " + blue["lease_id"].get<std::string>() + " --outcome failed" + server);
   EXPECT_EQ(run.code, 0) << run.out;
 
-  const std::shared_ptr<ToyPolicy> toy = toy_named(engine_->policies_of("toy"), "play");
+  const std::shared_ptr<ToyPolicy> toy = toy_named(*engine_->policies_of("toy"), "play");
   ASSERT_NE(toy, nullptr);
   EXPECT_EQ(toy->state()["ends"], json({{"late", 1}, {"swamped", 1}, {"broken", 1}}));
   EXPECT_EQ(engine_->leases(), 0u);
@@ -898,7 +898,7 @@ TEST_F(ToyKind, AReloadOfTheSameKindTakesTheNewSpecInPlace) {
   ASSERT_TRUE(admit("play", "x", a2).ok());
   ASSERT_TRUE(a2.admitted());
   ASSERT_TRUE(engine_->check(CheckCall{"play", "k", 2}).value().allowed);
-  const std::shared_ptr<ToyPolicy> before = toy_named(engine_->policies_of("toy"), "play");
+  const std::shared_ptr<ToyPolicy> before = toy_named(*engine_->policies_of("toy"), "play");
 
   std::string next = kConfig;
   next.replace(next.find("slots: 2"), 8, "slots: 1");
@@ -908,7 +908,7 @@ TEST_F(ToyKind, AReloadOfTheSameKindTakesTheNewSpecInPlace) {
   ASSERT_TRUE(summary.ok()) << summary.status().to_string();
   EXPECT_EQ(summary.value().reconfigured, std::vector<std::string>{"play"});
   EXPECT_TRUE(summary.value().changed.empty());
-  EXPECT_EQ(toy_named(engine_->policies_of("toy"), "play"), before);  // the same object
+  EXPECT_EQ(toy_named(*engine_->policies_of("toy"), "play"), before);  // the same object
   EXPECT_EQ(http(http_port_, "GET", "/toy/play?field=slots").body, "1");
   // Its two leases still count against the new limit of one; its rate state is kept.
   pb::AdmitResponse a3;
@@ -934,7 +934,7 @@ TEST_F(ToyKind, AReloadOfTheSameKindTakesTheNewSpecInPlace) {
 }
 
 TEST_F(ToyKind, RetiringStopsItsLoopAndAnswersWhatItHolds) {
-  const auto toy = toy_named(engine_->policies_of("toy"), "play");
+  const auto toy = toy_named(*engine_->policies_of("toy"), "play");
   ASSERT_NE(toy, nullptr);
   // Its loop runs: it ticks every 20 ms.
   for (int i = 0; i < 500 && toy->ticks() < 3; ++i)

@@ -3,16 +3,20 @@
 // shared through a coordinator.
 #include "server/policies/envoy_ratelimit.h"
 
+#include <google/protobuf/arena.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory_resource>
 #include <mutex>
+#include <span>
 #include <utility>
 
 #include "api/decode_errors.h"
@@ -191,15 +195,20 @@ StatusOr<Prepared> prepare(const std::shared_ptr<const rls::RuleTree>& tree, con
 // One request being decided: what its answer needs once every limit has answered (some after
 // a lease). Holds no request bytes: the keys and names are its own.
 struct Pending {
+  // The arrays below take their memory from here first: a request of up to two descriptors
+  // is decided with this one allocation (the Pending's own), which stays small enough for
+  // malloc's per-thread cache.
+  std::array<std::byte, 512> buffer;
+  std::pmr::monotonic_buffer_resource memory{buffer.data(), buffer.size()};
   std::shared_ptr<Generation> g;  // the matched rules point into its tree
-  std::vector<std::shared_ptr<Counter>> counters;
-  std::vector<const rls::Rule*> matched;
-  std::vector<rls::Applied> applied;
-  std::vector<std::string> keys;
-  std::vector<std::string> metrics;
-  std::vector<std::uint64_t> hits;
-  std::vector<char> charge;  // by descriptor: a charge (its sluice_charge entry), not a check
-  std::vector<std::optional<FederatedDecision>> decisions;  // by descriptor: what it got
+  std::pmr::vector<std::shared_ptr<Counter>> counters{&memory};
+  std::pmr::vector<const rls::Rule*> matched{&memory};
+  std::pmr::vector<rls::Applied> applied{&memory};
+  std::pmr::vector<std::string> keys{&memory};
+  std::pmr::vector<std::string> metrics{&memory};
+  std::pmr::vector<std::uint64_t> hits{&memory};
+  std::pmr::vector<char> charge{&memory};  // by descriptor: a charge (its sluice_charge entry)
+  std::pmr::vector<std::optional<FederatedDecision>> decisions{&memory};  // what each got
   Nanos now{0};
   // The handoff between decide() and the leases' callbacks: whichever comes last answers.
   std::mutex mu;
@@ -292,7 +301,7 @@ class EnvoyRateLimitPolicy final : public Policy {
     if (req.descriptors.size() > kMaxDescriptors)
       return invalid("descriptors: " + std::to_string(req.descriptors.size()) +
                      " descriptors; a request has at most " + std::to_string(kMaxDescriptors));
-    auto p = std::make_shared<Pending>();
+    auto p = std::make_shared_for_overwrite<Pending>();  // the buffer is not zeroed first
     p->g = generation();
     const std::size_t n = req.descriptors.size();
     p->counters.resize(n);
@@ -351,7 +360,8 @@ class EnvoyRateLimitPolicy final : public Policy {
       p->metrics[i] = std::move(m.metric);
     }
 
-    p->applied = rls::applied(p->matched);
+    const std::vector<rls::Applied> applied = rls::applied(p->matched);
+    p->applied.assign(applied.begin(), applied.end());
     p->now = clock_.now();
     for (std::size_t i = 0; i < n; ++i) {
       if (p->applied[i] != rls::Applied::kLimit) continue;
@@ -545,8 +555,10 @@ class EnvoyRateLimitPolicy final : public Policy {
     const std::size_t n = p.matched.size();
     RlsAnswer out;
     out.statuses.resize(n);
-    std::vector<rls::Outcome> outcomes(n);
-    std::vector<std::uint64_t> taken(n, 0);  // hits added, given back if the request is over
+    std::array<std::byte, 256> buffer;  // the two arrays below, for up to 16 descriptors
+    std::pmr::monotonic_buffer_resource memory(buffer.data(), buffer.size());
+    std::pmr::vector<rls::Outcome> outcomes(n, &memory);
+    std::pmr::vector<std::uint64_t> taken(n, 0, &memory);  // hits added, given back if over
     std::optional<std::size_t> unreachable;  // a limit that counts and could not be decided
     const bool shadow_all = shadow_mode_.load(std::memory_order_relaxed) || shadow();
     for (std::size_t i = 0; i < n; ++i) {
@@ -652,8 +664,8 @@ class EnvoyRateLimitPolicy final : public Policy {
 
   // The headers for Envoy to add: every limit applied, in the request's order; Retry-After
   // when over, until the last limit that refused it starts its next window.
-  void add_headers(RlsAnswer& out, const std::vector<const rls::Rule*>& matched,
-                   const std::vector<rls::Applied>& applied) const {
+  void add_headers(RlsAnswer& out, std::span<const rls::Rule* const> matched,
+                   std::span<const rls::Applied> applied) const {
     const RateLimitHeaders which = headers_.load(std::memory_order_relaxed);
     if (which == RateLimitHeaders::kNone) return;
     std::vector<QuotaState> limits;
@@ -699,8 +711,8 @@ class EnvoyRateLimitPolicy final : public Policy {
     return c.value();
   }
 
-  void count(const std::vector<std::shared_ptr<Counter>>& counters,
-             const std::vector<std::string>& metrics, const std::vector<rls::Outcome>& outcomes,
+  void count(std::span<const std::shared_ptr<Counter>> counters,
+             std::span<const std::string> metrics, std::span<const rls::Outcome> outcomes,
              bool over, bool shadow_all) {
     std::uint64_t shadowed = 0;
     for (std::size_t i = 0; i < counters.size(); ++i) {
@@ -885,44 +897,48 @@ pb::RateLimitResponse response_of(const RlsAnswer& a) {
 
 // `in` decided by the policy that serves its domain: now, or through `later` when a shared
 // limit waits for a lease.
-Decided<pb::RateLimitResponse> answer(const pb::RateLimitRequest& in, const KindPolicies& ps,
-                                      Deferral<pb::RateLimitResponse>& later) {
+Decided<RlsAnswer> answer(const pb::RateLimitRequest& in, const KindPolicies& ps,
+                          Deferral<RlsAnswer>& later) {
   auto p = serving(ps, in.domain());
   if (!p.ok()) return p.status();
-  MappedDeferral<RlsAnswer, pb::RateLimitResponse> mapped(
-      later, [](StatusOr<RlsAnswer> a) -> StatusOr<pb::RateLimitResponse> {
-        if (!a.ok()) return a.status();
-        return response_of(a.value());
-      });
-  Decided<RlsAnswer> a = p.value()->decide(request_of(in), mapped);
-  if (!a) return std::nullopt;
-  if (!a->ok()) return a->status();
-  return response_of(a->value());
+  return p.value()->decide(request_of(in), later);
 }
+
+// The request and the answer of one gRPC call are built in an arena that starts on the stack:
+// a request of a few descriptors and its answer take no heap allocation of their own.
+constexpr std::size_t kArenaBlock = 2048;
 
 Decided<std::string> grpc_should_rate_limit(std::string_view request, const KindPolicies& ps,
                                             Deferral<std::string>& later) {
-  pb::RateLimitRequest in;
-  if (std::string why = api::decode(request, in); !why.empty())
+  alignas(std::max_align_t) std::array<char, kArenaBlock> block;
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block.data();
+  options.initial_block_size = block.size();
+  google::protobuf::Arena arena(options);
+  auto* in = google::protobuf::Arena::CreateMessage<pb::RateLimitRequest>(&arena);
+  if (std::string why = api::decode(request, *in); !why.empty())
     return Status(StatusCode::kInvalidArgument, std::move(why));
-  MappedDeferral<pb::RateLimitResponse, std::string> mapped(
-      later, [](StatusOr<pb::RateLimitResponse> r) -> StatusOr<std::string> {
-        if (!r.ok()) return r.status();
-        return r.value().SerializeAsString();
-      });
-  Decided<pb::RateLimitResponse> out = answer(in, ps, mapped);
-  if (!out) return std::nullopt;
-  if (!out->ok()) return out->status();
-  return out->value().SerializeAsString();
+  MappedDeferral<RlsAnswer, std::string> mapped(later,
+                                                [](StatusOr<RlsAnswer> a) -> StatusOr<std::string> {
+                                                  if (!a.ok()) return a.status();
+                                                  return response_of(a.value()).SerializeAsString();
+                                                });
+  Decided<RlsAnswer> a = answer(*in, ps, mapped);
+  if (!a) return std::nullopt;
+  if (!a->ok()) return a->status();
+  auto* out = google::protobuf::Arena::CreateMessage<pb::RateLimitResponse>(&arena);
+  fill(*out, a->value());
+  return out->SerializeAsString();
 }
 
 // envoyproxy/ratelimit's HTTP form: the request and the answer in protobuf's JSON mapping;
 // 200 when OK, 429 when over the limit.
-StatusOr<RouteReply> json_reply(StatusOr<pb::RateLimitResponse> r) {
-  if (!r.ok()) return r.status();
+StatusOr<RouteReply> json_reply(StatusOr<RlsAnswer> a) {
+  if (!a.ok()) return a.status();
+  const pb::RateLimitResponse r = response_of(a.value());
   RouteReply reply;
-  reply.status = r.value().overall_code() == pb::RateLimitResponse::OVER_LIMIT ? 429 : 200;
-  if (auto s = google::protobuf::util::MessageToJsonString(r.value(), &reply.body); !s.ok())
+  reply.status = r.overall_code() == pb::RateLimitResponse::OVER_LIMIT ? 429 : 200;
+  if (auto s = google::protobuf::util::MessageToJsonString(r, &reply.body); !s.ok())
     return Status(StatusCode::kInternal,
                   "answer: " + std::string(s.message().data(), s.message().size()));
   reply.body += '\n';
@@ -940,8 +956,8 @@ Decided<RouteReply> json_should_rate_limit(const RouteRequest& req, const KindPo
     return Status(StatusCode::kInvalidArgument,
                   "body: not a RateLimitRequest in JSON: " +
                       std::string(s.message().data(), s.message().size()));
-  MappedDeferral<pb::RateLimitResponse, RouteReply> mapped(later, json_reply);
-  Decided<pb::RateLimitResponse> out = answer(in, ps, mapped);
+  MappedDeferral<RlsAnswer, RouteReply> mapped(later, json_reply);
+  Decided<RlsAnswer> out = answer(in, ps, mapped);
   if (!out) return std::nullopt;
   return json_reply(std::move(*out));
 }
