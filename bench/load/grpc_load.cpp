@@ -27,6 +27,8 @@
 //
 // Usage: sluice_load [--seconds S] [--levels 1,4,16,64] [--repeat N] [--rate R]
 //                    [--connections N] [--no-pin] [--markdown] [--redis]
+//        sluice_load --serve                  (the server process alone; prints its ports)
+//        sluice_load --send check|rls N PORT  (N calls, one at a time, to a --serve process)
 //   --rate R         the open loop's rate (default: half the best closed-loop Check rate)
 //   --connections N  the open loop's connections, each with its own issuing thread (default 1)
 //   --no-pin         let the scheduler place both processes
@@ -726,6 +728,47 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// --send: `n` calls of one kind (check: Check on the rate policy; rls: ShouldRateLimit, one
+// descriptor), one after the other, to the server on 127.0.0.1:`port`, with the closed loop's
+// requests; 0 when every call was answered OK. bench/load/instructions.sh runs the server under
+// callgrind and sends these, to count the server's instructions per call of each kind.
+int send(std::string_view kind, int n, int port) {
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto sluice = pb::Sluice::NewStub(channel);
+  auto limits = rls::RateLimitService::NewStub(channel);
+  for (int i = 0; i < n; ++i) {
+    std::string key = "k";
+    key += std::to_string(i % 1024);
+    grpc::ClientContext ctx;
+    grpc::Status s;
+    bool ok = false;
+    if (kind == "check") {
+      pb::CheckRequest req;
+      req.set_policy("bench-rate");
+      req.set_key(key);
+      pb::CheckResponse resp;
+      s = sluice->Check(&ctx, req, &resp);
+      ok = s.ok() && resp.decision().allowed();
+    } else {
+      rls::RateLimitRequest req;
+      req.set_domain("bench");
+      auto& e = *req.add_descriptors()->add_entries();
+      e.set_key("user");
+      e.set_value(key);
+      rls::RateLimitResponse resp;
+      s = limits->ShouldRateLimit(&ctx, req, &resp);
+      ok = s.ok() && resp.overall_code() == rls::RateLimitResponse::OK;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "sluice_load: --send %.*s: call %d: %s\n", static_cast<int>(kind.size()),
+                   kind.data(), i, s.ok() ? "refused" : s.error_message().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -753,6 +796,16 @@ int main(int argc, char** argv) {
       if (i + 2 < argc && std::string_view(argv[i + 1]) == "--redis-port")
         number(argv[i + 2], "--redis-port", redis_port);
       return bad_number ? 2 : serve(redis_port);
+    } else if (a == "--send" && i + 3 < argc) {
+      const std::string_view kind = argv[i + 1];
+      int n = 0, port = 0;
+      number(argv[i + 2], "--send", n);
+      number(argv[i + 3], "--send", port);
+      if (bad_number || (kind != "check" && kind != "rls") || n < 0) {
+        std::fprintf(stderr, "sluice_load: --send KIND N PORT: KIND is check or rls, N >= 0\n");
+        return 2;
+      }
+      return send(kind, n, port);
     } else if (a == "--seconds" && i + 1 < argc) {
       number(argv[++i], a, seconds);
     } else if (a == "--repeat" && i + 1 < argc) {
