@@ -26,18 +26,24 @@
 // Redis's own count of the commands it ran (INFO stats) gives the commands per request.
 //
 // Usage: sluice_load [--seconds S] [--levels 1,4,16,64] [--repeat N] [--rate R]
-//                    [--connections N] [--no-pin] [--markdown] [--redis]
+//                    [--connections N] [--no-pin] [--markdown]
+//                    [--redis [--redis-window second|minute] [--redis-cpu SHARE]]
 //        sluice_load --serve                  (the server process alone; prints its ports)
 //        sluice_load --send check|rls N PORT  (N calls, one at a time, to a --serve process)
 //   --rate R         the open loop's rate (default: half the best closed-loop Check rate)
 //   --connections N  the open loop's connections, each with its own issuing thread (default 1)
 //   --no-pin         let the scheduler place both processes
+//   --redis-window   the window of --redis's limits, on both servers (default second)
+//   --redis-cpu S    hold Redis to a share S (0 < S <= 1) of one CPU with a cgroup's CPU quota,
+//                    as much as it has for each server when 1/S servers like this one share it
+//                    (needs a writable cgroup cpu controller: root)
 // Prints a table; with --markdown, the table as Markdown (for bench/README.md).
 #include <grpcpp/grpcpp.h>
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
@@ -46,6 +52,7 @@
 #include <chrono>
 #include <condition_variable>
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -444,8 +451,8 @@ std::string rules_file() {
   return path;
 }
 
-// The three-descriptor rules of --redis: limits per second that never refuse (the path, or "").
-std::string shared_rules_file() {
+// The three-descriptor rules of --redis: limits per `unit` that never refuse (the path, or "").
+std::string shared_rules_file(const char* unit) {
   char dir[] = "/tmp/sluice-load-XXXXXX";
   if (::mkdtemp(dir) == nullptr) return "";
   const std::string path = std::string(dir) + "/shared.yaml";
@@ -454,16 +461,17 @@ std::string shared_rules_file() {
   std::fputs("domain: shared\ndescriptors:\n", f);
   for (const char* key : {"user", "tenant", "route"})
     std::fprintf(f,
-                 "  - key: %s\n    rate_limit:\n      unit: second\n"
+                 "  - key: %s\n    rate_limit:\n      unit: %s\n"
                  "      requests_per_unit: 4000000000\n",
-                 key);
+                 key, unit);
   std::fclose(f);
   return path;
 }
 
 // The coordinator and the policy of --redis: the three-descriptor rules, shared through Redis.
-std::string shared_config(int redis_port) {
-  return "  bench-rls-shared:\n    kind: envoy_ratelimit\n    config: " + shared_rules_file() +
+std::string shared_config(int redis_port, int window_s) {
+  return "  bench-rls-shared:\n    kind: envoy_ratelimit\n    config: " +
+         shared_rules_file(window_s == 60 ? "minute" : "second") +
          "\n    coordinator: global\n    region: bench\n    batch: 4096\n"
          "    lease_timeout: 1s\ncoordinators:\n  global:\n    kind: redis\n"
          "    address: 127.0.0.1:" +
@@ -475,7 +483,7 @@ std::string shared_config(int redis_port) {
 // pipelined in one round trip to Redis, on a connection of the handling thread's own.
 class RedisFixedWindowService final : public rls::RateLimitService::CallbackService {
  public:
-  explicit RedisFixedWindowService(int redis_port) : port_(redis_port) {}
+  RedisFixedWindowService(int redis_port, int window_s) : port_(redis_port), window_s_(window_s) {}
 
   grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
                                             const rls::RateLimitRequest* req,
@@ -504,9 +512,9 @@ class RedisFixedWindowService final : public rls::RateLimitService::CallbackServ
         key += e.value();
       }
       key += '_';
-      key += std::to_string(now_s);
+      key += std::to_string(now_s / window_s_);
       redisAppendCommand(conn.get(), "INCRBY %b %u", key.data(), key.size(), hits);
-      redisAppendCommand(conn.get(), "EXPIRE %b %d", key.data(), key.size(), 1);
+      redisAppendCommand(conn.get(), "EXPIRE %b %d", key.data(), key.size(), window_s_);
     }
     bool over = false;
     for (int i = 0; i < req->descriptors_size(); ++i) {
@@ -535,6 +543,7 @@ class RedisFixedWindowService final : public rls::RateLimitService::CallbackServ
 
   static constexpr long long kLimit = 4'000'000'000;
   const int port_;
+  const int window_s_;  // the windows' length, seconds
 };
 
 // Redis's count of the commands it has run (INFO stats total_commands_processed); -1 if unread.
@@ -559,11 +568,11 @@ long long redis_commands(int port) {
 // a free loopback port; with `redis_port`, the per-request Redis limiter too, and sluice's shared
 // limits on that Redis. Prints "ports SLUICE ECHO BASELINE" and serves until its stdin closes
 // (the client process ended, however it ended).
-int serve(int redis_port) {
+int serve(int redis_port, int window_s) {
   // sluice: a rate policy that never denies and a concurrency policy that never refuses, so
   // every call does the full work of a decision.
-  const sluice::ConfigLoad cfg =
-      sluice::load_config(std::string(R"(
+  const sluice::ConfigLoad cfg = sluice::load_config(
+      std::string(R"(
 policies:
   bench-rate:
     kind: rate
@@ -582,9 +591,10 @@ policies:
     limit: 1000000
   bench-rls:
     kind: envoy_ratelimit
-    config: )") + rules_file() +
-                              "\n" + (redis_port > 0 ? shared_config(redis_port) : std::string()),
-                          sluice::server::PolicyRegistry::builtin());
+    config: )") +
+          rules_file() + "\n" +
+          (redis_port > 0 ? shared_config(redis_port, window_s) : std::string()),
+      sluice::server::PolicyRegistry::builtin());
   if (!cfg.config) {
     for (const sluice::ConfigError& e : cfg.errors)
       std::fprintf(stderr, "sluice_load: %s\n", e.to_string("<embedded config>").c_str());
@@ -601,7 +611,7 @@ policies:
   int sluice_port = 0, echo_port = 0, baseline_port = 0;
   auto sluice_server = listen({&sluice_service, &rls_service}, sluice_port);
   auto echo_server = listen({&echo_service}, echo_port);
-  RedisFixedWindowService baseline(redis_port);
+  RedisFixedWindowService baseline(redis_port, window_s);
   std::unique_ptr<grpc::Server> baseline_server;
   if (redis_port > 0) baseline_server = listen({&baseline}, baseline_port);
   if (!sluice_server || !echo_server || (redis_port > 0 && !baseline_server)) {
@@ -621,6 +631,66 @@ policies:
   return 0;
 }
 
+// A process held to a share of one CPU: a cgroup of its own (v2's cpu.max, or v1's CFS quota)
+// with a quota of `share` of each 10 ms period (1 ms at least, the kernel's floor). Released on
+// destruction: the process goes back to the root group and the group is removed.
+class CpuQuota {
+ public:
+  CpuQuota() = default;
+  CpuQuota(const CpuQuota&) = delete;
+  CpuQuota& operator=(const CpuQuota&) = delete;
+  ~CpuQuota() {
+    if (dir_.empty()) return;
+    write(root_ + "/cgroup.procs", std::to_string(pid_));
+    ::rmdir(dir_.c_str());
+  }
+
+  // Why `pid` could not be held to `share`; empty when it is.
+  std::string hold(pid_t pid, double share) {
+    constexpr long kPeriodUs = 10'000;
+    const long quota = std::max(1'000L, std::lround(share * kPeriodUs));
+    const std::string name = "/sluice-load-" + std::to_string(::getpid());
+    std::string limit_file, limit;
+    if (std::FILE* f = std::fopen("/sys/fs/cgroup/cgroup.controllers", "r")) {
+      char buf[256] = {};
+      const bool cpu = std::fgets(buf, sizeof buf, f) != nullptr &&
+                       std::string_view(buf).find("cpu") != std::string_view::npos;
+      std::fclose(f);
+      if (!cpu) return "cgroup v2 without the cpu controller";
+      root_ = "/sys/fs/cgroup";
+      limit_file = "cpu.max";
+      limit = std::to_string(quota) + " " + std::to_string(kPeriodUs);
+    } else {
+      root_ = "/sys/fs/cgroup/cpu";
+    }
+    dir_ = root_ + name;
+    if (::mkdir(dir_.c_str(), 0755) != 0) {
+      const std::string why = dir_ + ": " + std::strerror(errno);
+      dir_.clear();
+      return why;
+    }
+    const bool set = limit_file.empty()
+                         ? write(dir_ + "/cpu.cfs_period_us", std::to_string(kPeriodUs)) &&
+                               write(dir_ + "/cpu.cfs_quota_us", std::to_string(quota))
+                         : write(dir_ + "/" + limit_file, limit);
+    if (!set) return dir_ + ": cannot set the quota";
+    pid_ = pid;
+    if (!write(dir_ + "/cgroup.procs", std::to_string(pid)))
+      return dir_ + ": cannot move the process";
+    return {};
+  }
+
+ private:
+  static bool write(const std::string& path, const std::string& text) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return false;
+    const bool ok = std::fputs(text.c_str(), f) >= 0;
+    return std::fclose(f) == 0 && ok;
+  }
+  std::string root_, dir_;
+  pid_t pid_ = -1;
+};
+
 // Pins the calling thread, and the threads it starts afterwards, to one CPU; false when it cannot.
 bool pin_to(int cpu) {
   cpu_set_t set;
@@ -636,7 +706,7 @@ struct ServerProcess {
   int to_child = -1;  // the child's stdin: closing it stops the server
   int sluice_port = 0, echo_port = 0, baseline_port = 0;
 
-  bool start(int cpu, int redis_port) {
+  bool start(int cpu, int redis_port, int window_s) {
     char self[4096];
     const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return false;
@@ -649,9 +719,9 @@ struct ServerProcess {
       if (cpu >= 0) pin_to(cpu);
       ::dup2(in[0], STDIN_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
-      char arg0[] = "sluice_load", arg1[] = "--serve", arg2[] = "--redis-port";
-      std::string port = std::to_string(redis_port);
-      char* args[] = {arg0, arg1, arg2, port.data(), nullptr};
+      char arg0[] = "sluice_load", arg1[] = "--serve", arg2[] = "--redis-port", arg4[] = "--window";
+      std::string port = std::to_string(redis_port), window = std::to_string(window_s);
+      char* args[] = {arg0, arg1, arg2, port.data(), arg4, window.data(), nullptr};
       ::execv(self, args);
       ::_exit(127);
     }
@@ -776,10 +846,12 @@ int main(int argc, char** argv) {
   std::vector<int> levels = {1, 4, 16, 64};
   int repeat = 3;
   bool markdown = false, pin = true;
-  int connection_count = 1;  // --connections: the open loop's connections (one thread each)
-  double fixed_rate = 0;     // --rate: the open loop's "half" rate instead of half the best
-  bool with_redis = false;   // --redis: sluice's shared limits against a per-request limiter
-  int redis_port = 0;        // --serve --redis-port: the Redis of --redis (0: none)
+  int connection_count = 1;    // --connections: the open loop's connections (one thread each)
+  double fixed_rate = 0;       // --rate: the open loop's "half" rate instead of half the best
+  bool with_redis = false;     // --redis: sluice's shared limits against a per-request limiter
+  int redis_port = 0;          // --serve --redis-port: the Redis of --redis (0: none)
+  int window_s = 1;            // --redis-window: the windows of --redis's limits, seconds
+  double redis_cpu_share = 0;  // --redis-cpu: Redis's share of one CPU (0: no quota)
   // A whole-text number for option `a`, or a message naming it.
   bool bad_number = false;
   const auto number = [&]<typename T>(std::string_view text, const std::string& a, T& out) {
@@ -795,7 +867,9 @@ int main(int argc, char** argv) {
     if (a == "--serve") {
       if (i + 2 < argc && std::string_view(argv[i + 1]) == "--redis-port")
         number(argv[i + 2], "--redis-port", redis_port);
-      return bad_number ? 2 : serve(redis_port);
+      if (i + 4 < argc && std::string_view(argv[i + 3]) == "--window")
+        number(argv[i + 4], "--window", window_s);
+      return bad_number ? 2 : serve(redis_port, window_s);
     } else if (a == "--send" && i + 3 < argc) {
       const std::string_view kind = argv[i + 1];
       int n = 0, port = 0;
@@ -828,10 +902,26 @@ int main(int argc, char** argv) {
       markdown = true;
     } else if (a == "--redis") {
       with_redis = true;
+    } else if (a == "--redis-window" && i + 1 < argc) {
+      const std::string_view w = argv[++i];
+      if (w != "second" && w != "minute") {
+        std::fprintf(stderr, "sluice_load: --redis-window: '%s' is not second or minute\n",
+                     argv[i]);
+        return 2;
+      }
+      window_s = w == "minute" ? 60 : 1;
+    } else if (a == "--redis-cpu" && i + 1 < argc) {
+      number(argv[++i], a, redis_cpu_share);
+      if (!bad_number && !(redis_cpu_share > 0 && redis_cpu_share <= 1)) {
+        std::fprintf(stderr, "sluice_load: --redis-cpu: a share of one CPU, in (0, 1]\n");
+        return 2;
+      }
     } else {
-      std::fprintf(stderr,
-                   "usage: sluice_load [--seconds S] [--levels 1,4,16] [--repeat N] [--rate R] "
-                   "[--connections N] [--no-pin] [--markdown] [--redis]\n");
+      std::fprintf(
+          stderr,
+          "usage: sluice_load [--seconds S] [--levels 1,4,16] [--repeat N] [--rate R] "
+          "[--connections N] [--no-pin] [--markdown] [--redis [--redis-window second|minute] "
+          "[--redis-cpu SHARE]]\n");
       return 2;
     }
   }
@@ -856,15 +946,22 @@ int main(int argc, char** argv) {
   }
   pin = pin && cpus.size() >= 2;
   sluice::testing::RedisServer redis;
+  CpuQuota redis_quota;  // after redis: released (Redis moved out of it) before Redis stops
   if (with_redis) {
     if (const sluice::Status st = redis.start(); !st.ok()) {
       std::fprintf(stderr, "sluice_load: --redis: %s\n", st.to_string().c_str());
       return 1;
     }
     redis_port = redis.port();
+    if (redis_cpu_share > 0) {
+      if (const std::string why = redis_quota.hold(redis.pid(), redis_cpu_share); !why.empty()) {
+        std::fprintf(stderr, "sluice_load: --redis-cpu: %s\n", why.c_str());
+        return 1;
+      }
+    }
   }
   ServerProcess server;
-  if (!server.start(pin ? cpus[0] : -1, redis_port)) {
+  if (!server.start(pin ? cpus[0] : -1, redis_port, window_s)) {
     std::fprintf(stderr, "sluice_load: the server process did not start\n");
     server.stop();
     return 1;
@@ -970,7 +1067,7 @@ int main(int argc, char** argv) {
   std::vector<RedisRow> redis_rows;
   if (with_redis) {
     // A fresh Redis counts the window of its first lease as spent (coordinator_restarted): one
-    // request marks it, and the runs start in a later second.
+    // request marks it, and the runs start in the next window (up to a minute's wait).
     {
       grpc::ClientContext ctx;
       rls::RateLimitRequest req;
@@ -980,7 +1077,11 @@ int main(int argc, char** argv) {
       e.set_value("first");
       rls::RateLimitResponse resp;
       (void)stubs.rls->ShouldRateLimit(&ctx, req, &resp);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+      const std::int64_t window_ms = std::int64_t{window_s} * 1000;
+      const std::int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count();
+      std::this_thread::sleep_for(std::chrono::milliseconds(window_ms - now_ms % window_ms + 100));
     }
     const auto measured = [&](Kind k, int c, double& commands, double& redis_cpu) {
       const long long before = redis_commands(redis_port);
