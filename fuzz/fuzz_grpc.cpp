@@ -209,7 +209,7 @@ void run_record(EngineUnderTest& t, GrpcService& service, unsigned what, std::st
       const auto* m = t.engine().kinds().method("/sluice.v1.Throttler/Check");
       require(m != nullptr, "the throttler kind registers /sluice.v1.Throttler/Check");
       NoDeferral later;
-      const auto r = m->method.handle(std::string(bytes), t.engine().policies_of(m->kind), later);
+      const auto r = m->method.handle(std::string(bytes), *t.engine().policies_of(m->kind), later);
       require(r.has_value(), "Throttler/Check answers inline");
       if (r->ok()) {
         pb::ThrottlerCheckResponse resp;
