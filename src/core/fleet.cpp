@@ -103,8 +103,12 @@ std::string clash(const FleetState& state, const NodeReport& report, Nanos now) 
   return clash_text(report.node_id, it->instance, it->expires_at - now);
 }
 
+bool recovering(Nanos lost_at, Nanos now, Nanos lease_ttl) noexcept {
+  return lost_at != kNeverLost && now >= lost_at && now - lost_at < lease_ttl;
+}
+
 Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
-                const CoordinatorConfig& config) {
+                const CoordinatorConfig& config, Nanos lost_at) {
   // 1. Upsert the reporter.
   auto it = find_node(state.nodes, report.node_id);
   if (it == state.nodes.end() || it->id != report.node_id) {
@@ -142,14 +146,21 @@ Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
   for (std::size_t i = 0; i < state.nodes.size(); ++i)
     if (i != self) others += reserve(state.nodes[i], config.acknowledged_handoff);
   const std::uint64_t room = limit > others ? limit - others : 0;
-  const auto share = static_cast<std::uint32_t>(std::min<std::uint64_t>(target, room));
+  // Within lease_ttl of a loss, nothing: what the nodes hold is still being rebuilt.
+  const bool quarantined = recovering(lost_at, now, report.lease_ttl);
+  const auto share =
+      quarantined ? 0U : static_cast<std::uint32_t>(std::min<std::uint64_t>(target, room));
 
   // 6. Issue.
   state.generation = std::max(state.generation, acked) + 1;
   it->share = share;
   if (config.acknowledged_handoff) it->unacked.push_back({state.generation, share});
-  return Grant{share, limit, aggregate, static_cast<std::uint32_t>(state.nodes.size()),
-               state.generation};
+  return Grant{share,
+               limit,
+               aggregate,
+               static_cast<std::uint32_t>(state.nodes.size()),
+               state.generation,
+               quarantined};
 }
 
 bool leave(FleetState& state, std::string_view node_id, std::uint64_t instance) {

@@ -17,6 +17,15 @@
 //              a lower value: the aggregate, hence the target, falls and rises under held
 //              calls, and L_global in force (FleetState::ceiling) must follow without ever
 //              falling below what the fleet holds.
+//   lose       (loss configurations only; a coordinator action) the coordinator loses its whole
+//              FleetState (a Redis restarted from a snapshot without its last writes): every
+//              record, the generation and the ceiling; the nodes keep their calls and grants.
+//              It runs the core with lost_at = now until
+//   recover    the lease_ttl since the loss has passed: every grant from before the loss has run
+//              out (a node still enforcing one, or receiving one late, admits nothing on it), and
+//              every call admitted on such a grant has ended by its deadline (the guard's
+//              call_deadline + heartbeat + fence_safety_margin < lease_ttl); since the loss the
+//              core granted share 0, so those are all the calls in flight.
 // With a twin, node "a'" reports under node a's id as another member (another server given the
 // same server.node_id): every report carries its member's instance, the coordinator refuses one
 // whose id a live record of another member holds (sluice::clash: the node enforces share 0),
@@ -45,7 +54,8 @@
 //                bounded residual: the search measures the largest sum of in-flight calls instead.
 // Deliberately broken cores must be caught: a stateless floor(L/N) split without the cap,
 // (moving limit) a ceiling that drops with the aggregate at once, and (twin) a coordinator that
-// lets another member's report take over a live record.
+// lets another member's report take over a live record, and (loss) a core that grants as usual
+// right after a loss.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -74,7 +84,7 @@ constexpr std::array<std::string_view, kMaxNodes> kIds = {"a", "b", "c"};
 constexpr Nanos kNow{0};
 constexpr Nanos kLeaseTtl = std::chrono::hours(24 * 365);  // the core never evicts by itself
 
-enum class Core { kReal, kStatelessSplit, kCeilingIsTheAggregate, kNoClashCheck };
+enum class Core { kReal, kStatelessSplit, kCeilingIsTheAggregate, kNoClashCheck, kNoLossRule };
 
 struct Config {
   int nodes = 2;
@@ -85,6 +95,7 @@ struct Config {
   bool inflight_cap = true;  // check InflightCap in every state
   std::uint32_t low = 0;     // > 0: a node's L_local moves between limit and low
   bool twin = false;         // node 1 is "a'": it reports under node a's id
+  bool loss = false;         // the coordinator may lose its state (lose, recover)
 };
 
 enum Phase : std::uint8_t { kFresh, kRunning, kStopped };
@@ -115,6 +126,8 @@ struct Node {
   std::uint8_t grant;  // 1: a grant reply is in transit (asynchronous model)
   std::uint8_t grant_share;
   std::uint8_t grant_gen;
+  std::uint8_t stale;        // it enforces a grant issued before the coordinator's last loss
+  std::uint8_t grant_stale;  // the grant in transit was issued before that loss
 };
 
 struct State {
@@ -122,6 +135,7 @@ struct State {
   std::array<Node, kMaxNodes> node;
   std::uint8_t generation;  // the key's last issued generation
   std::uint8_t ceiling;     // L_global in force (moving limit; 0 with a constant one)
+  std::uint8_t lost;        // 1: within lease_ttl of a loss of the coordinator's state
 };
 static_assert(std::is_trivially_copyable_v<State>);
 static_assert(std::has_unique_object_representations_v<State>);  // compared and hashed as bytes
@@ -137,11 +151,13 @@ enum Action : std::uint8_t {
   kCrash,
   kExpire,
   kEstimate,
+  kLose,
+  kRecover,
   kActions,
 };
 constexpr std::array<const char*, kActions> kActionNames = {
-    "heartbeat", "send",  "process", "deliver", "acquire",
-    "release",   "leave", "crash",   "expire",  "estimate"};
+    "heartbeat", "send",  "process", "deliver",  "acquire", "release",
+    "leave",     "crash", "expire",  "estimate", "lose",    "recover"};
 
 // The broken core: upsert the reporter, then a stateless floor(L/N) split (+1 for the first
 // L mod N ids), no cap, no reserve.
@@ -308,8 +324,13 @@ class Explorer {
     report.acked_generation = acked;
     report.lease_ttl = kLeaseTtl;
     if (c_.core != Core::kNoClashCheck && !clash(f, report, kNow).empty()) return std::nullopt;
-    const Grant g = c_.core == Core::kStatelessSplit ? stateless_split(f, report)
-                                                     : heartbeat(f, report, kNow, c_.coordinator);
+    // Within lease_ttl of a loss the core is told when it found it (now, in this timeless model).
+    const Nanos lost_at = s.lost && c_.core != Core::kNoLossRule ? kNow : kNeverLost;
+    const Grant g = c_.core == Core::kStatelessSplit
+                        ? stateless_split(f, report)
+                        : heartbeat(f, report, kNow, c_.coordinator, lost_at);
+    if (g.recovering != (s.lost && c_.core != Core::kNoLossRule) || (g.recovering && g.share != 0))
+      harness_error_ = "a grant within lease_ttl of a loss is not share 0, recovering";
     from_fleet(f, s);
     if (g.share > c_.limit || g.generation > 250) harness_error_ = "grant out of range";
     return g;
@@ -331,6 +352,7 @@ class Explorer {
     n.phase = kStopped;
     n.in_flight = n.share = n.gen = n.low = 0;
     n.grant = n.grant_share = n.grant_gen = 0;
+    n.stale = n.grant_stale = 0;
   }
 
   // Order-preserving renumbering of every generation in the state to 1..k (see the top).
@@ -378,6 +400,7 @@ class Explorer {
         n.phase = kRunning;
         n.share = g ? static_cast<std::uint8_t>(g->share) : 0;  // refused: admits nothing
         if (g) n.gen = static_cast<std::uint8_t>(g->generation);
+        n.stale = 0;
         break;
       }
       case kSend:
@@ -397,6 +420,7 @@ class Explorer {
           n.grant = 1;
           n.grant_share = g ? static_cast<std::uint8_t>(g->share) : 0;
           n.grant_gen = g ? static_cast<std::uint8_t>(g->generation) : n.gen;
+          n.grant_stale = 0;
         }
         break;
       }
@@ -404,7 +428,8 @@ class Explorer {
         if (!n.grant) return false;
         n.share = n.grant_share;
         n.gen = n.grant_gen;
-        n.grant = n.grant_share = n.grant_gen = 0;
+        n.stale = n.grant_stale;
+        n.grant = n.grant_share = n.grant_gen = n.grant_stale = 0;
         break;
       case kAcquire:  // the gate min(share, L_local)
         if (n.phase != kRunning || n.in_flight >= n.share) return false;
@@ -435,6 +460,29 @@ class Explorer {
           return false;
         remove_record(s, i);
         break;
+      case kLose:  // the coordinator's, taken by node 0's slot only (one action, not one per node)
+        if (!c_.loss || i != 0) return false;
+        for (Record& r : s.rec) std::memset(static_cast<void*>(&r), 0, sizeof(r));
+        s.generation = s.ceiling = 0;
+        s.lost = 1;
+        for (Node& m : s.node) {
+          if (m.phase == kRunning) m.stale = 1;
+          if (m.grant) m.grant_stale = 1;
+        }
+        break;
+      case kRecover:  // lease_ttl has passed since the loss
+        if (!s.lost || i != 0) return false;
+        s.lost = 0;
+        for (Node& m : s.node) {
+          // Every grant from before the loss has run out, and every call admitted on one has
+          // ended by its deadline: call_deadline + heartbeat + fence_safety_margin < lease_ttl.
+          // Since the loss every grant was share 0, so no call in flight is younger.
+          m.in_flight = 0;
+          if (m.stale) m.share = 0;
+          if (m.grant_stale) m.grant_share = 0;
+          m.stale = m.grant_stale = 0;
+        }
+        break;
       default:
         return false;
     }
@@ -455,6 +503,7 @@ class Explorer {
              " if=" + std::to_string(n.in_flight) + " sh=" + std::to_string(n.share) +
              " g=" + std::to_string(n.gen);
       if (n.low) out += " L_local=" + std::to_string(c_.low);
+      if (n.stale) out += " pre-loss";
       if (n.report)
         out += " report(if=" + std::to_string(n.report_in_flight) +
                ",ack=" + std::to_string(n.report_gen) + ")";
@@ -480,6 +529,7 @@ class Explorer {
       out += "}";
     }
     if (c_.low > 0) out += " L_global=" + std::to_string(s.ceiling);
+    if (s.lost) out += " (recovering)";
     return out + " | sum sh=" + std::to_string(shares) + " if=" + std::to_string(in_flight);
   }
 
@@ -502,15 +552,17 @@ Result explore(const Config& c) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "[model] %s nodes=%d%s L=%u%s %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
+      "[model] %s nodes=%d%s%s L=%u%s %s handoff=%d core=%s: %zu states, max sum(in_flight)=%u, "
       "max sum(shares)=%u, %.0f ms%s\n",
-      c.async ? "async" : "sync", c.nodes, c.twin ? " (b is a twin of a)" : "", c.limit,
+      c.async ? "async" : "sync", c.nodes, c.twin ? " (b is a twin of a)" : "",
+      c.loss ? " (the coordinator may lose its state)" : "", c.limit,
       c.low > 0 ? (" (L_local moving to " + std::to_string(c.low) + ")").c_str() : "",
       std::string(to_string(c.coordinator.allocation)).c_str(),
       c.coordinator.acknowledged_handoff ? 1 : 0,
       c.core == Core::kReal             ? "real"
       : c.core == Core::kStatelessSplit ? "stateless-split"
       : c.core == Core::kNoClashCheck   ? "no-clash-check"
+      : c.core == Core::kNoLossRule     ? "no-loss-rule"
                                         : "ceiling-is-the-aggregate",
       r.states, r.max_in_flight, r.max_shares, ms,
       r.violation.empty() ? "" : (" -> " + r.violation).c_str());
@@ -674,6 +726,47 @@ TEST(FleetModel, ACoordinatorThatLetsATwinTakeALiveRecordIsCaught) {
     Config c = make(Size{2, 2}, async, Allocation::kEqualSplit, async);
     c.twin = true;
     c.core = Core::kNoClashCheck;
+    const Result r = explore(c);
+    EXPECT_EQ(r.violation.rfind("InflightCap", 0), 0u) << r.violation;
+    std::printf("[model]   counterexample:\n%s", r.trace.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// The coordinator loses its whole state, any number of times, between any two steps: with the
+// loss rule (share 0 for lease_ttl after the loss), the shares and the calls in flight stay
+// under L_global in every interleaving, synchronous and asynchronous with handoff.
+TEST(FleetModel, ACoordinatorThatLosesItsStateGrantsNothingUntilTheFleetIsKnownAgain) {
+  for (const Size size : {Size{2, 2}, Size{3, 2}, Size{3, 3}})
+    for (const Allocation allocation : kAllocations) {
+      Config c = make(size, false, allocation, false);
+      c.loss = true;
+      const Result r = explore(c);
+      EXPECT_EQ(r.violation, "") << r.trace;
+      EXPECT_EQ(r.max_in_flight, size.limit);
+    }
+  for (const Size size : {Size{2, 2}, Size{2, 3}}) {
+    Config c = make(size, true, Allocation::kEqualSplit, true);
+    c.loss = true;
+    const Result r = explore(c);
+    EXPECT_EQ(r.violation, "") << r.trace;
+    EXPECT_GT(r.states, 10'000u);
+    EXPECT_EQ(r.max_in_flight, size.limit);
+  }
+}
+
+// The same with a core that grants as usual right after a loss: the first node to beat takes
+// the whole budget while the others still hold their calls.
+TEST(FleetModel, ACoordinatorThatGrantsRightAfterALossIsCaught) {
+  for (const bool async : {false, true}) {
+    Config c = make(Size{2, 2}, async, Allocation::kEqualSplit, async);
+    c.loss = true;
+    c.core = Core::kNoLossRule;
     const Result r = explore(c);
     EXPECT_EQ(r.violation.rfind("InflightCap", 0), 0u) << r.violation;
     std::printf("[model]   counterexample:\n%s", r.trace.c_str());

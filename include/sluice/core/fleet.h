@@ -29,6 +29,14 @@
 //      max(in_flight, largest share granted to the peer that it has not confirmed superseding);
 //   6. the grant gets the key's next generation.
 //
+// A coordinator that lost state (a Redis restarted without its last writes, a failover to a
+// replica behind it) forgets the nodes, what they hold and what it granted them; the nodes keep
+// their calls and, for up to lease_ttl, their grants. Until one lease_ttl has passed since the
+// coordinator found the loss (`lost_at`), every grant is share 0 and says `recovering`: the
+// reports it records meanwhile rebuild what the live nodes hold, and every grant from before
+// the loss has expired by the end (a node of the fleet beats more often than its lease_ttl). A
+// fleet's nodes share one lease_ttl (the policy's), so the reporter's is the fleet's.
+//
 // One node id, one member: a report also carries its member's instance (a random number each
 // member, a fleet guard, draws once). A live record (expires_at > now) another instance wrote
 // holds the id: clash() says so, and the coordinator refuses the heartbeat and changes nothing
@@ -87,6 +95,7 @@ struct Grant {
   std::uint32_t l_aggregate = 0;  // the aggregate of L_local; < l_global while the fleet drains
   std::uint32_t nodes = 0;        // live nodes, the reporter included
   std::uint64_t generation = 0;
+  bool recovering = false;  // share 0: the coordinator found a loss of state within a lease_ttl
   friend bool operator==(const Grant&, const Grant&) = default;
 };
 
@@ -129,11 +138,19 @@ struct FleetState {
 [[nodiscard]] std::string clash_text(std::string_view node_id, std::uint64_t instance,
                                      Nanos expires_in);
 
-// The heartbeat: updates `state` and returns the reporter's grant. Preconditions:
+// `lost_at` of a coordinator that has never lost state (or cannot: the memory one, whose nodes
+// live and die with it).
+inline constexpr Nanos kNeverLost = Nanos::min();
+
+// The heartbeat: updates `state` and returns the reporter's grant. `lost_at`: the coordinator
+// time at which it last found it may have lost state (kNeverLost: never). Preconditions:
 // validate(report) and clash(state, report, now) are empty. Depends on nothing but its
 // arguments.
 Grant heartbeat(FleetState& state, const NodeReport& report, Nanos now,
-                const CoordinatorConfig& config);
+                const CoordinatorConfig& config, Nanos lost_at = kNeverLost);
+
+// Whether a heartbeat at `now` falls within `lease_ttl` of a loss found at `lost_at`.
+[[nodiscard]] bool recovering(Nanos lost_at, Nanos now, Nanos lease_ttl) noexcept;
 
 // A node leaves: its record (and with it its reserve) goes at once. False if it was not there,
 // or another instance wrote it (instance 0 on either side matches).
