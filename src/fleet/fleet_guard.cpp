@@ -224,6 +224,8 @@ void FleetGuard::apply_grant(const Grant& grant, Nanos sent_at) noexcept {
   l_global_.store(grant.l_global, std::memory_order_relaxed);
   l_aggregate_.store(grant.l_aggregate, std::memory_order_relaxed);
   nodes_.store(grant.nodes, std::memory_order_relaxed);
+  recovering_.store(grant.recovering, std::memory_order_relaxed);
+  if (grant.recovering) recovering_grants_.fetch_add(1, std::memory_order_relaxed);
   // Published after the cap it stands for: the next report reads it, then in_flight.
   generation_.store(grant.generation, std::memory_order_release);
   phase_.store(FleetPhase::kActive, std::memory_order_relaxed);
@@ -457,6 +459,8 @@ FleetGuardStats FleetGuard::stats() const noexcept {
   s.overdue = overdue();
   s.late_releases = late_releases_.load(std::memory_order_relaxed);
   s.stale_refusals = stale_refusals_.load(std::memory_order_relaxed);
+  s.recovering = recovering_.load(std::memory_order_relaxed);
+  s.recovering_grants = recovering_grants_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -1002,13 +1002,14 @@ class Sampler:
 
 
 def fleet_whole(nodes: List[Node], limit: int) -> bool:
-    """Every node answers, is active, sees all of them and L_global = limit, and their shares
-    add up to L_global: the fleet serves at its full ceiling."""
+    """Every node answers, is active, sees all of them and L_global = limit, no coordinator is
+    recovering from a loss of its state, and their shares add up to L_global: the fleet serves
+    at its full ceiling."""
     states = [n.state() for n in nodes]
     if any(s is None for s in states):
         return False
     return (all(s.get("phase") == "active" and s.get("l_global") == limit
-                and s.get("nodes") == len(nodes) for s in states)
+                and s.get("nodes") == len(nodes) and not s.get("recovering") for s in states)
             and sum(s.get("share", 0) for s in states) == limit)
 
 

@@ -109,6 +109,8 @@ def run_scenario(request, coordinators, results, workdir, scenario: str, coordin
         # server's lease TTL; every other one was released.
         wait_until(lambda: all((s := n.state()) is not None and s["in_flight"] == 0
                                for n in survivors), 10, 0.1, "in-flight to return to 0")
+        # Grants of share 0 after the coordinator found a loss of its state (sluice/core/fleet.h).
+        recovering_grants = sum((n.state() or {}).get("recovering_grants", 0) for n in survivors)
         sampler.stop()
     except BaseException:
         for n in nodes:
@@ -134,7 +136,7 @@ def run_scenario(request, coordinators, results, workdir, scenario: str, coordin
                recovery_s=recovery, calls=len(load.calls), released=released, expired=expired,
                unaccounted=len(unaccounted), refused=load.refused,
                admit_errors=load.admit_errors, l_global_seen=sorted(sampler.l_global_seen),
-               phases_during_fault=during, note=note)
+               phases_during_fault=during, recovering_grants=recovering_grants, note=note)
     resumed = [n for n in nodes if getattr(n, "resumed_at", None)]
     if resumed:
         n = resumed[0]
@@ -178,6 +180,18 @@ def coordinator_kill(nodes, coord):
     time.sleep(OUTAGE)
     coord.start()
     return time.monotonic(), nodes, f"down {OUTAGE:.1f}s; restarted on the same port and data"
+
+
+def coordinator_restart_at_once(nodes, coord):
+    coord.kill()
+    coord.start()
+    back = time.monotonic()
+    # Recovery counts from the first grant that says the coordinator found the loss.
+    wait_until(lambda: any((s := n.state()) is not None and s.get("recovering")
+                           for n in nodes), 5, 0.01, "a node to be told of the loss")
+    found = time.monotonic()
+    return found, nodes, (f"SIGKILL and restarted at once, empty (no persistence); the first "
+                          f"grant after it {found - back:.2f} s later said so")
 
 
 def coordinator_stop(nodes, coord):
@@ -277,6 +291,17 @@ def test_coordinator_killed_and_restarted(request, coordinators, results, workdi
                                           outage):
     run_scenario(request, coordinators, results, workdir, "1 coordinator SIGKILL + restart",
                  coordinator, coordinator_kill, outage=outage, all_leave_active=True)
+
+
+def test_coordinator_back_empty_within_the_lease(request, coordinators, results, workdir):
+    """Redis SIGKILLed and restarted at once, without persistence: back empty while every node
+    still holds its share and its calls (before the loss rule, the first node to beat took the
+    whole L_global: 18-20 calls in flight of 12). It finds another run_id, so for one lease it
+    grants nothing while the nodes report what they hold."""
+    row = run_scenario(request, coordinators, results, workdir,
+                       "9 coordinator SIGKILL + restart at once", "redis",
+                       coordinator_restart_at_once)
+    assert row["recovering_grants"] > 0, row  # the coordinator found the loss
 
 
 @pytest.mark.parametrize("outage", ["fail-closed", "local-only"])

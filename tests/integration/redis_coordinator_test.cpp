@@ -42,15 +42,19 @@ class RedisCoordinatorTest : public ::testing::Test {
   static void TearDownTestSuite() { server_.stop(); }
   void SetUp() override { ASSERT_TRUE(server_.ok()) << server_.status().to_string(); }
 
-  static RedisOptions options() {
+  // Keys under `prefix`: its own origin and server markers too (each test's loss of state is
+  // its own).
+  static RedisOptions options(std::string prefix = "sluice:fleet:") {
     RedisOptions o;
     o.port = server_->port();
+    o.key_prefix = std::move(prefix);
     return o;
   }
 
   static std::unique_ptr<RedisCoordinator> connect(CoordinatorConfig config = {},
-                                                   const Clock* clock = nullptr) {
-    auto c = RedisCoordinator::connect(options(), config, clock);
+                                                   const Clock* clock = nullptr,
+                                                   std::string prefix = "sluice:fleet:") {
+    auto c = RedisCoordinator::connect(options(std::move(prefix)), config, clock);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     if (!c.ok()) return nullptr;
     return std::move(c.value());
@@ -68,19 +72,27 @@ TEST_F(RedisCoordinatorTest, ScriptedFleetMatchesTheMemoryCoordinatorInEveryConf
         const CoordinatorConfig config{aggregate, allocation, handoff};
         ManualClock clock(seconds(1000));
         MemoryCoordinator memory(clock, config);
-        auto redis = connect(config, &clock);
+        auto redis = connect(config, &clock, "scripted" + std::to_string(config_no) + ":");
         ASSERT_NE(redis, nullptr);
         const std::string key = "scripted-" + std::to_string(config_no++);
         std::map<std::string, std::uint64_t> gen;  // what each node enforces
+        std::string on = key + "-origin";
         auto both = [&](const std::string& id, std::uint32_t l_local, std::uint32_t in_flight) {
           const NodeReport r = report(id, l_local, in_flight, gen[id]);
-          const auto m = memory.heartbeat(key, r, kTimeout);
-          const auto d = redis->heartbeat(key, r, kTimeout);
+          const auto m = memory.heartbeat(on, r, kTimeout);
+          const auto d = redis->heartbeat(on, r, kTimeout);
           ASSERT_TRUE(m.ok() && d.ok()) << d.status().to_string();
           EXPECT_EQ(d.value(), m.value()) << "node " << id << " in " << to_string(aggregate) << "/"
                                           << to_string(allocation) << "/" << handoff;
           gen[id] = m.value().generation;
         };
+        // The keys' first heartbeat finds no origin: a loss, so nothing for one lease_ttl (2 s);
+        // the memory coordinator is told the same at that instant.
+        memory.lose_state();
+        both("z", 12, 0);
+        both("y", 9, 0);
+        clock.advance(seconds(2));
+        on = key;
         both("b", 12, 0);
         both("a", 9, 0);
         both("c", 20, 0);
@@ -132,16 +144,21 @@ TEST_F(RedisCoordinatorTest, FlushedScriptIsReloadedAndTheCallRetried) {
 }
 
 TEST_F(RedisCoordinatorTest, ServerTimeEvictsExpiredLeases) {
-  auto redis = connect();  // no caller clock: Redis TIME
+  auto redis = connect({}, nullptr, "server-time:");  // no caller clock: Redis TIME
   ASSERT_NE(redis, nullptr);
-  ASSERT_TRUE(redis->heartbeat("time", report("old", 10, 0, 0, milliseconds(1)), kTimeout).ok());
-  const auto two = redis->heartbeat("time", report("new", 10), kTimeout);
+  const auto first = redis->heartbeat("time", report("old", 10, 0, 0, milliseconds(1)), kTimeout);
+  ASSERT_TRUE(first.ok());
+  // A Redis these keys have never seen: nothing for a lease_ttl, on Redis's clock too.
+  EXPECT_TRUE(first.value().recovering);
+  EXPECT_EQ(first.value().share, 0u);
+  const auto two = redis->heartbeat("time", report("new", 10, 0, 0, milliseconds(50)), kTimeout);
   ASSERT_TRUE(two.ok());
   EXPECT_LE(two.value().nodes, 2u);
-  std::this_thread::sleep_for(milliseconds(20));
-  const auto alone = redis->heartbeat("time", report("new", 10), kTimeout);
+  std::this_thread::sleep_for(milliseconds(60));
+  const auto alone = redis->heartbeat("time", report("new", 10, 0, 0, milliseconds(50)), kTimeout);
   ASSERT_TRUE(alone.ok());
   EXPECT_EQ(alone.value().nodes, 1u);
+  EXPECT_FALSE(alone.value().recovering);
   EXPECT_EQ(alone.value().share, 10u);
 }
 
@@ -253,18 +270,21 @@ TEST(RedisCoordinator, HangingServerYieldsDeadlineExceededWithinTheTimeout) {
   auto c = RedisCoordinator::connect(o, {});
   ASSERT_TRUE(c.ok());
   RedisCoordinator& redis = *c.value();
-  ASSERT_TRUE(redis.heartbeat("hang", report("n1", 4), kTimeout).ok());
+  // Leases of 100 ms: the first lease_ttl, in which this fresh Redis grants nothing, is over by
+  // the last heartbeat.
+  const NodeReport n1 = report("n1", 4, 0, 0, milliseconds(100));
+  ASSERT_TRUE(redis.heartbeat("hang", n1, kTimeout).ok());
   ASSERT_EQ(::kill(server.pid(), SIGSTOP), 0);
   const auto start = std::chrono::steady_clock::now();
-  const auto g = redis.heartbeat("hang", report("n1", 4), milliseconds(200));
+  const auto g = redis.heartbeat("hang", n1, milliseconds(200));
   const auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(g.status().code(), StatusCode::kDeadlineExceeded) << g.status().to_string();
   EXPECT_LT(waited, milliseconds(1500));
   // Reconnecting to a hung server is bounded too (the connect timeout).
-  const auto again = redis.heartbeat("hang", report("n1", 4), milliseconds(200));
+  const auto again = redis.heartbeat("hang", n1, milliseconds(200));
   EXPECT_FALSE(again.ok());
   ASSERT_EQ(::kill(server.pid(), SIGCONT), 0);
-  const auto back = redis.heartbeat("hang", report("n1", 4), kTimeout);
+  const auto back = redis.heartbeat("hang", n1, kTimeout);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back.value().share, 4u);
 }

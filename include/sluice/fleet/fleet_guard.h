@@ -138,6 +138,10 @@ struct FleetGuardStats {
   std::uint32_t overdue = 0;           // permits held past their call deadline (not reported)
   std::uint64_t late_releases = 0;     // permits released past their deadline (as dropped)
   std::uint64_t stale_refusals = 0;    // acquire() refused: the last grant's lease ran out
+  // The last grant said the coordinator found a loss of its state within a lease_ttl (share 0
+  // while the fleet reports what it holds: sluice/core/fleet.h); how many grants said so.
+  bool recovering = false;
+  std::uint64_t recovering_grants = 0;
 };
 
 class FleetGuard;
@@ -295,6 +299,8 @@ class FleetGuard {
   std::atomic<std::uint64_t> fences_{0};
   std::atomic<std::uint64_t> late_releases_{0};
   std::atomic<std::uint64_t> stale_refusals_{0};
+  std::atomic<bool> recovering_{false};
+  std::atomic<std::uint64_t> recovering_grants_{0};
   // acquire() admits only before this (ns on clock_; max: no limit). Relaxed: a stale read
   // admits or refuses one call around the moment it changes, as a read a moment earlier would.
   std::atomic<std::int64_t> admit_until_{std::numeric_limits<std::int64_t>::max()};

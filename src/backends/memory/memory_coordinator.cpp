@@ -19,7 +19,7 @@ StatusOr<Grant> MemoryCoordinator::heartbeat(std::string_view key, const NodeRep
     const Nanos now = clock_.now();
     if (std::string why = clash(it->second, report, now); !why.empty())
       return Status(StatusCode::kAlreadyExists, std::move(why));
-    return sluice::heartbeat(it->second, report, now, config_);
+    return sluice::heartbeat(it->second, report, now, config_, lost_at_);
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::kInternal, "out of memory");
   }
@@ -31,6 +31,12 @@ Status MemoryCoordinator::leave(std::string_view key, std::string_view node_id,
   const auto it = keys_.find(key);
   if (it != keys_.end()) sluice::leave(it->second, node_id, instance);
   return {};
+}
+
+void MemoryCoordinator::lose_state() {
+  const std::lock_guard lock(mu_);
+  keys_.clear();
+  lost_at_ = clock_.now();
 }
 
 std::optional<FleetState> MemoryCoordinator::state(std::string_view key) const {

@@ -55,6 +55,11 @@
 
 namespace sluice::postgres_detail {
 
+// The server's current WAL timeline as SQL (the first 8 hex digits of its WAL file's name):
+// every promotion and every archive recovery starts a new one, so a coordinator that finds
+// another timeline than the one it wrote its origin on has gone back in its history.
+inline constexpr const char* kTimelineSql = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)";
+
 class PgConnection {
  public:
   struct ResultDeleter {

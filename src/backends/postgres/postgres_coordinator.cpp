@@ -1,13 +1,19 @@
 // The PostgreSQL coordinator: two round trips per heartbeat on one libpq connection.
 //
-//   1. BEGIN; SET LOCAL timeouts; pg_advisory_xact_lock(hashtextextended(key, 0)); read the
-//      key's generation and ceiling, the server's clock and the key's node rows (ordered by id,
-//      "C");
+//   1. BEGIN; SET LOCAL timeouts; pg_advisory_xact_lock(hashtextextended(key, 0)); create
+//      the origin row if there is none, or move it to now when the server's WAL timeline is
+//      not the one it was written on; read the key's generation and ceiling, the server's
+//      clock, the origin and the key's node rows (ordered by id, "C");
 //   2. (after sluice::heartbeat ran here on the FleetState built from the rows) upsert the
 //      reporter, delete the evicted nodes, upsert the generation and ceiling; COMMIT.
 //
-// Tables: <prefix>_keys(key, generation, ceiling) and <prefix>_nodes(key, node_id, l_local,
-// in_flight, share, expires_ns, acked, unacked_gen[], unacked_share[], estimated, instance),
+// Tables: <prefix>_keys(key, generation, ceiling), <prefix>_nodes(key, node_id, l_local,
+// in_flight, share, expires_ns, acked, unacked_gen[], unacked_share[], estimated, instance) and
+// <prefix>_origin(id = 1, origin_ns, timeline): the coordinator time at which it last found it
+// may have lost state (sluice/core/fleet.h: lost_at), and the timeline it was then on. No row
+// (empty or new tables) or another timeline (a replica promoted by a failover, a point-in-time
+// recovery: either may lack the last heartbeats) is a loss: the origin moves to now, and for
+// one lease_ttl every grant is share 0.
 // created on every (re)connect by a transaction serialised on an advisory lock of its own (so
 // concurrent first uses never race on the catalog); tables from before ceiling, estimated and
 // instance get them. A heartbeat under a node id another live instance holds (sluice::clash)
@@ -35,6 +41,7 @@
 namespace sluice {
 namespace {
 
+using postgres_detail::kTimelineSql;
 using postgres_detail::PgConnection;
 using Session = PgConnection::Session;
 using Results = PgConnection::Results;
@@ -119,10 +126,12 @@ constexpr const char* kNodeUpdate =
 struct Loaded {
   FleetState state;
   Nanos server_now{0};
+  Nanos origin{0};  // coordinator time of the last loss found
 };
 
 // The tables, created on every (re)connect; tables from before ceiling and estimated get them.
-std::string setup_sql(const std::string& keys_table, const std::string& nodes_table) {
+std::string setup_sql(const std::string& keys_table, const std::string& nodes_table,
+                      const std::string& origin_table) {
   std::string sql = "CREATE TABLE IF NOT EXISTS " + keys_table +
                     " (key text PRIMARY KEY, generation bigint NOT NULL);";
   sql += "CREATE TABLE IF NOT EXISTS " + nodes_table +
@@ -137,6 +146,8 @@ std::string setup_sql(const std::string& keys_table, const std::string& nodes_ta
          " ADD COLUMN IF NOT EXISTS estimated boolean NOT NULL DEFAULT true;";
   sql += "ALTER TABLE " + nodes_table +
          " ADD COLUMN IF NOT EXISTS instance bigint NOT NULL DEFAULT 0;";
+  sql += "CREATE TABLE IF NOT EXISTS " + origin_table +
+         " (id int PRIMARY KEY CHECK (id = 1), origin_ns bigint NOT NULL, timeline text);";
   return sql;
 }
 
@@ -146,24 +157,38 @@ struct PostgresCoordinator::Impl {
   Impl(PostgresOptions o, CoordinatorConfig c, const Clock* clock, Nanos budget)
       : keys_table(o.table_prefix + "_keys"),
         nodes_table(o.table_prefix + "_nodes"),
+        origin_table(o.table_prefix + "_origin"),
         config(c),
         caller_clock(clock),
         connect_budget(budget),
-        conn(std::move(o), setup_sql(keys_table, nodes_table)) {}
+        conn(std::move(o), setup_sql(keys_table, nodes_table, origin_table)) {}
 
-  const std::string keys_table, nodes_table;
+  const std::string keys_table, nodes_table, origin_table;
   const CoordinatorConfig config;
   const Clock* const caller_clock;
   const Nanos connect_budget;  // how long a connect may take (conninfo's connect_timeout)
   PgConnection conn;
 
-  // Round trip 1: lock the key, read its generation, the server's time and its nodes.
+  // The coordinator's clock as SQL, in ns: the caller's in test mode, else the server's (whole
+  // microseconds).
+  std::string now_sql() const {
+    if (caller_clock != nullptr) return std::to_string(caller_clock->now().count());
+    return "((extract(epoch FROM clock_timestamp()) * 1e6)::bigint * 1000)";
+  }
+
+  // Round trip 1: lock the key; create or move the origin; read the key's generation, the
+  // server's time, the origin and the key's nodes.
   StatusOr<Loaded> lock_and_read(Session& db, const std::string& k) const {
     std::string sql = db.begin();
     sql += "SELECT pg_advisory_xact_lock(hashtextextended(" + k + ", 0));";
+    sql += "INSERT INTO " + origin_table + " AS o (id, origin_ns, timeline) VALUES (1, " +
+           now_sql() + ", " + kTimelineSql +
+           ") ON CONFLICT (id) DO UPDATE SET origin_ns = EXCLUDED.origin_ns,"
+           " timeline = EXCLUDED.timeline WHERE o.timeline IS DISTINCT FROM EXCLUDED.timeline;";
     sql += "SELECT (SELECT generation FROM " + keys_table + " WHERE key = " + k +
            "), (extract(epoch FROM clock_timestamp()) * 1e6)::bigint, (SELECT ceiling FROM " +
-           keys_table + " WHERE key = " + k + ");";
+           keys_table + " WHERE key = " + k + "), (SELECT origin_ns FROM " + origin_table +
+           " WHERE id = 1);";
     sql += std::string("SELECT ") + kNodeFields + " FROM " + nodes_table + " WHERE key = " + k +
            " ORDER BY node_id COLLATE \"C\";";
     auto rs = db.query(sql);
@@ -178,7 +203,7 @@ struct PostgresCoordinator::Impl {
     if (rs.size() < 2) return bad;
     const PGresult* head = rs[rs.size() - 2].get();
     const PGresult* rows = rs.back().get();
-    if (PQntuples(head) != 1 || PQnfields(head) != 3 || PQnfields(rows) != 10) return bad;
+    if (PQntuples(head) != 1 || PQnfields(head) != 4 || PQnfields(rows) != 10) return bad;
     Loaded out;
     std::int64_t server_us = 0;
     if (!PQgetisnull(head, 0, 0) && !parse_int(PQgetvalue(head, 0, 0), out.state.generation))
@@ -187,6 +212,9 @@ struct PostgresCoordinator::Impl {
     if (!PQgetisnull(head, 0, 2) && !parse_int(PQgetvalue(head, 0, 2), out.state.ceiling))
       return bad;
     out.server_now = std::chrono::microseconds(server_us);
+    std::int64_t origin_ns = 0;
+    if (PQgetisnull(head, 0, 3) || !parse_int(PQgetvalue(head, 0, 3), origin_ns)) return bad;
+    out.origin = Nanos{origin_ns};
     out.state.nodes.resize(static_cast<std::size_t>(PQntuples(rows)));
     for (int i = 0; i < PQntuples(rows); ++i)
       if (!parse_node(rows, i, out.state.nodes[static_cast<std::size_t>(i)])) return bad;
@@ -251,7 +279,7 @@ struct PostgresCoordinator::Impl {
       db.rollback();
       return Status(StatusCode::kAlreadyExists, std::move(why));
     }
-    const Grant g = sluice::heartbeat(state, report, now, config);
+    const Grant g = sluice::heartbeat(state, report, now, config, loaded.value().origin);
     auto evicted = evicted_ids(db, before, state.nodes);
     if (!evicted.ok()) {
       db.rollback();

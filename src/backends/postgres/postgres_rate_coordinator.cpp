@@ -32,6 +32,7 @@
 namespace sluice {
 namespace {
 
+using postgres_detail::kTimelineSql;
 using postgres_detail::PgConnection;
 using Session = PgConnection::Session;
 using Results = PgConnection::Results;
@@ -61,10 +62,6 @@ std::int64_t idle_after(const Ledger& l) {
   const std::int64_t keep = p > INT64_MAX / 3 ? INT64_MAX : std::max(3 * p, kMinIdle.count());
   return add_sat(l.clock_high, keep);
 }
-
-// The server's current WAL timeline (the first 8 hex digits of its WAL file's name): every
-// promotion and every archive recovery starts a new one.
-constexpr const char* kTimelineSql = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)";
 
 // The ledger columns after key, in the read query's order (parse_ledger follows it).
 constexpr const char* kLedgerFields =

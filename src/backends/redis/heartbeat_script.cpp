@@ -6,11 +6,23 @@
 //          "gen/share,..."; instance = the writer's, in hex, "" when not said; records from
 //          before the instance field have none, and from before the estimated field are
 //          estimates).
+// KEYS[2]  the origin marker: the coordinator time at which this Redis was last found to have
+//          lost writes it acknowledged (sluice/core/fleet.h: lost_at). A heartbeat writes the
+//          current time there when it finds no marker (an empty or flushed Redis), or when
+//          KEYS[3] does not name the server as it is now.
+// KEYS[3]  the server marker, "<run_id>:<evicted_keys>" as the last heartbeat saw them: another
+//          run_id is another server process (a restart, whatever it reloaded: an RDB snapshot
+//          or an AOF may lack the last heartbeats; a replica promoted by a failover may too),
+//          and another evicted_keys count means keys were evicted (a key's hash among them,
+//          perhaps). Either is a loss this Redis cannot rule out, so it counts as one: for one
+//          lease_us from the origin every grant is share 0 (recovering).
 // ARGV     node_id, l_local, in_flight, acked_generation, lease_us, aggregate (0 median,
 //          1 min), allocation (0 equal split, 1 demand-proportional), handoff (0/1),
 //          now_us (-1: Redis TIME), key_ttl_ms (the hash expires when every lease is long gone),
-//          estimated (0/1; absent: 1), instance (hex; absent or "": not said).
-// Returns  {share, l_global, nodes, generation, l_aggregate}, or {-1, instance, expires_in_us}
+//          estimated (0/1; absent: 1), instance (hex; absent or "": not said), run_id (the
+//          server's, read by the caller's connection when it connected).
+// Returns  {share, l_global, nodes, generation, l_aggregate, recovering (0/1)}, or
+//          {-1, instance, expires_in_us}
 //          and no write when a live record of the node id is another instance's
 //          (sluice::clash).
 //
@@ -36,12 +48,31 @@ local now = tonumber(ARGV[9])
 local key_ttl = tonumber(ARGV[10])
 local estimated_in = ARGV[11] ~= '0'
 local instance_in = ARGV[12] or ''
+local run_id = ARGV[13]
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
 local function num(x) return string.format('%.0f', x) end
+
+-- The origin: the coordinator time of the last loss this Redis cannot rule out. No marker, or
+-- another server process or eviction count than the last heartbeat saw: one now. (A plain
+-- find, then a match anchored where it found the field.)
+local origin
+do
+  local info = redis.call('INFO', 'stats')
+  local at = string.find(info, 'evicted_keys:', 1, true)
+  local evicted = at and string.match(info, '^%d+', at + 13) or '?'
+  local server = run_id .. ':' .. evicted
+  origin = tonumber(redis.call('GET', KEYS[2]))
+  if origin == nil or redis.call('GET', KEYS[3]) ~= server then
+    origin = now
+    redis.call('SET', KEYS[2], num(now))
+    redis.call('SET', KEYS[3], server)
+  end
+end
+local recovering = now >= origin and now - origin < lease
 
 -- Whether node id a sorts before b by bytes (Lua's < on strings follows the locale).
 local function bytes_less(a, b)
@@ -202,6 +233,8 @@ end
 local room = 0
 if limit > others then room = limit - others end
 local share = math.min(target, room)
+-- Within lease_us of a loss, nothing: what the nodes hold is still being rebuilt.
+if recovering then share = 0 end
 
 -- 6. Issue.
 gen = math.max(gen, me.acked) + 1
@@ -219,7 +252,9 @@ redis.call('HSET', key, 'g', num(gen), 'c', num(limit), 'n:' .. self_id,
   table.concat(list, ','))
 if #evicted > 0 then redis.call('HDEL', key, unpack(evicted)) end
 redis.call('PEXPIRE', key, key_ttl)
-return { share, limit, #live, gen, aggregate }
+local recovering_out = 0
+if recovering then recovering_out = 1 end
+return { share, limit, #live, gen, aggregate, recovering_out }
 )lua";
   return script;
 }

@@ -32,8 +32,10 @@ std::string instance_text(std::uint64_t instance) {
 
 struct RedisCoordinator::Impl {
   Impl(RedisOptions o, CoordinatorConfig c, const Clock* clock)
-      : conn(o, {{"heartbeat", redis_detail::heartbeat_script()},
-                 {"leave", redis_detail::leave_script()}}),
+      : conn(o,
+             {{"heartbeat", redis_detail::heartbeat_script()},
+              {"leave", redis_detail::leave_script()}},
+             {}, /*track_run_id=*/true),
         key_prefix(std::move(o.key_prefix)),
         config(c),
         caller_clock(clock) {}
@@ -45,6 +47,10 @@ struct RedisCoordinator::Impl {
 
   std::string hash_key(std::string_view key) const {
     return key_prefix + "{" + std::string(key) + "}";
+  }
+  // The heartbeat script's keys for `key`: its hash, the origin marker and the server marker.
+  std::vector<std::string> keys_of(std::string_view key) const {
+    return {hash_key(key), key_prefix + "origin", key_prefix + "server"};
   }
 };
 
@@ -90,14 +96,16 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
     const std::int64_t lease_us = std::max<std::int64_t>(to_us(report.lease_ttl), 1);
     // The hash outlives every lease in it by far; an abandoned key then disappears.
     const std::int64_t key_ttl_ms = std::max<std::int64_t>(lease_us / 100, 60'000);
-    auto r = s.eval(
-        0, {m.hash_key(key)},
-        {report.node_id, std::to_string(report.l_local), std::to_string(report.in_flight),
-         std::to_string(report.acked_generation), std::to_string(lease_us),
-         m.config.aggregate == Aggregate::kMin ? "1" : "0",
-         m.config.allocation == Allocation::kDemandProportional ? "1" : "0",
-         m.config.acknowledged_handoff ? "1" : "0", std::to_string(now_us),
-         std::to_string(key_ttl_ms), report.estimated ? "1" : "0", instance_text(report.instance)});
+    auto run_id = s.server_run_id();
+    if (!run_id.ok()) return run_id.status();
+    auto r = s.eval(0, m.keys_of(key),
+                    {report.node_id, std::to_string(report.l_local),
+                     std::to_string(report.in_flight), std::to_string(report.acked_generation),
+                     std::to_string(lease_us), m.config.aggregate == Aggregate::kMin ? "1" : "0",
+                     m.config.allocation == Allocation::kDemandProportional ? "1" : "0",
+                     m.config.acknowledged_handoff ? "1" : "0", std::to_string(now_us),
+                     std::to_string(key_ttl_ms), report.estimated ? "1" : "0",
+                     instance_text(report.instance), run_id.value()});
     if (!r.ok()) return r.status();
     const redisReply* reply = r.value().get();
     if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3 &&
@@ -109,7 +117,7 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
                     clash_text(report.node_id, std::strtoull(reply->element[1]->str, nullptr, 16),
                                std::chrono::microseconds(reply->element[2]->integer)));
     }
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 5)
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 6)
       return Status(StatusCode::kInternal, "redis: unexpected heartbeat reply");
     Grant g;
     g.share = static_cast<std::uint32_t>(reply->element[0]->integer);
@@ -117,6 +125,7 @@ StatusOr<Grant> RedisCoordinator::heartbeat(std::string_view key, const NodeRepo
     g.nodes = static_cast<std::uint32_t>(reply->element[2]->integer);
     g.generation = static_cast<std::uint64_t>(reply->element[3]->integer);
     g.l_aggregate = static_cast<std::uint32_t>(reply->element[4]->integer);
+    g.recovering = reply->element[5]->integer != 0;
     return g;
   });
 }

@@ -81,10 +81,14 @@ class FleetLimitPolicy final : public AdmitPolicy {
     count_limit_refusal();
     // One snapshot: the guard's local stats and its share must come from the same moment.
     const FleetGuardStats fs = guard_->stats();
-    out.refusal = guard_refusal(name(), fs.local,
-                                "; fleet share " + std::to_string(fs.share) + " of L_global " +
-                                    std::to_string(fs.l_global) + " (" +
-                                    std::string(to_string(fs.phase)) + ")");
+    out.refusal = guard_refusal(
+        name(), fs.local,
+        "; fleet share " + std::to_string(fs.share) + " of L_global " +
+            std::to_string(fs.l_global) + " (" + std::string(to_string(fs.phase)) +
+            (fs.recovering ? "; the coordinator lost its state and grants nothing for a "
+                             "lease_ttl while the fleet reports what it holds"
+                           : "") +
+            ")");
     out.refusal_owner = shared_from_this();
     return out;
   }
@@ -128,6 +132,8 @@ class FleetLimitPolicy final : public AdmitPolicy {
     j["overdue"] = s.overdue;
     j["late_releases"] = s.late_releases;
     j["stale_refusals"] = s.stale_refusals;
+    j["recovering"] = s.recovering;
+    j["recovering_grants"] = s.recovering_grants;
     j["coordinator"] = std::string(coordinator_->backend());
     j["key"] = key_;
     describe_admissions(j);
@@ -147,6 +153,13 @@ class FleetLimitPolicy final : public AdmitPolicy {
     out.push_back(one("sluice_fleet_nodes", "Live nodes in the fleet", MetricType::Gauge, f.nodes));
     out.push_back(one("sluice_fleet_fenced", "1 while this node is fenced", MetricType::Gauge,
                       f.fenced ? 1 : 0));
+    out.push_back(one("sluice_fleet_recovering",
+                      "1 while the coordinator grants nothing after finding a loss of its state",
+                      MetricType::Gauge, f.recovering ? 1 : 0));
+    out.push_back(one("sluice_fleet_recovering_grants_total",
+                      "Grants of share 0 given while the coordinator recovered from a loss of "
+                      "its state",
+                      MetricType::Counter, static_cast<double>(f.recovering_grants)));
     out.push_back(by_label("sluice_fleet_heartbeats_total", "Heartbeats by result", "result",
                            {{"ok", f.heartbeats}, {"error", f.heartbeat_errors}}));
     out.push_back(one("sluice_fleet_overdue_calls",
