@@ -25,6 +25,7 @@ using std::chrono::milliseconds;
 constexpr std::string_view kKey = "backend";
 
 enum class EventType : std::uint8_t {
+  kLoss,  // the coordinator loses its state
   kArrival,
   kFinish,
   kPoll,
@@ -141,6 +142,7 @@ class Simulation {
       if (n.rate_per_ns > 0) push(n.join_at + next_gap(n), EventType::kArrival, i, 0);
     }
     push(Nanos{0}, EventType::kSample, -1, 0);
+    for (const Nanos t : c_.coordinator_losses) push(t, EventType::kLoss, -1, 0);
     while (!events_.empty()) {
       const Event e = events_.top();
       events_.pop();
@@ -203,6 +205,12 @@ class Simulation {
       }
     }
     switch (e.type) {
+      case EventType::kLoss:
+        if (c_.loss_rule)
+          coordinator().lose_state();
+        else
+          forgetful_.emplace(clock_, c_.coordinator);
+        break;
       case EventType::kArrival:
         arrive(*n, e.node);
         push(e.t + next_gap(*n), EventType::kArrival, e.node, 0);
@@ -218,7 +226,7 @@ class Simulation {
         break;
       case EventType::kProcess:
         if (n->beat && n->beat_token == e.id) {
-          n->reply = memory_.heartbeat(kKey, n->beat->report, n->beat->timeout);
+          n->reply = coordinator().heartbeat(kKey, n->beat->report, n->beat->timeout);
           push(e.t + c_.one_way, EventType::kReply, e.node, e.id);
         }
         break;
@@ -333,7 +341,7 @@ class Simulation {
     s.t = clock_.now();
     s.in_flight = in_flight_;
     if (c_.guard == GuardKind::kFleet) {
-      if (const std::optional<FleetState> st = memory_.state(kKey)) {
+      if (const std::optional<FleetState> st = coordinator().state(kKey)) {
         s.l_global = st->ceiling;  // in force since the last heartbeat
         s.l_aggregate = aggregate_limit(*st, c_.coordinator.aggregate);
         for (const FleetNode& fn : st->nodes) s.shares += fn.share;
@@ -419,9 +427,14 @@ class Simulation {
     return r;
   }
 
+  // The coordinator the heartbeats reach: the first, or the one that replaced it after a loss
+  // without the rule.
+  MemoryCoordinator& coordinator() { return forgetful_ ? *forgetful_ : memory_; }
+
   const FleetSimConfig& c_;
   ManualClock clock_;
-  MemoryCoordinator memory_;
+  MemoryCoordinator memory_;  // the guards leave through it when they close
+  std::optional<MemoryCoordinator> forgetful_;
   std::vector<Node> nodes_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   std::uint64_t seq_ = 0;

@@ -56,6 +56,17 @@
  * gcc -DSAFETY -o pan pan.c && ./pan (tests/spec/run_spin.sh does this in the test suite, with
  * -DSYNC, -DHANDOFF, -DHANDOFF -DDEMAND, -DTWIN -DHANDOFF, no flag (must fail),
  * -DBROKEN_STATELESS -DSYNC and -DTWIN -DBROKEN_TWIN -DSYNC (both must fail)).
+ *
+ * -DLOSS: the coordinator may lose its whole state between any two steps (a Redis back empty:
+ * every record and the key's generation), while the nodes keep their calls, their grants and
+ * the grants in transit to them. Within lease_ttl of the loss (`lost`) every grant is share 0
+ * (fleet.h's loss rule); recover is the lease_ttl having passed: every grant from before the loss
+ * has run out (a node still enforcing one, or receiving one late, admits nothing on it) and
+ * every call admitted on one has ended by its deadline, and since the loss every grant was share
+ * 0, so no call is younger. InflightCap holds with -DLOSS -DSYNC (1.3M states, 8 s) and
+ * -DLOSS -DHANDOFF -DN=3 -DL=2 -DHB=2 (3.9M states, 19 s; at N = L = 3 it does not end in 15
+ * minutes); -DLOSS -DBROKEN_LOSS (grants as usual right after a loss) must fail, and does in a
+ * few hundred states.
  */
 #ifndef N
 #define N 3
@@ -123,10 +134,18 @@ typedef Node {
   bit grant;         /* a grant reply in transit (asynchronous model) */
   byte grant_share;
   byte grant_gen
+#ifdef LOSS
+  ;
+  bit stale;         /* it enforces a grant issued before the coordinator's last loss */
+  bit grant_stale    /* the grant in transit was issued before that loss */
+#endif
 };
 
 Record rec[N];
 byte generation;     /* the key's last issued generation */
+#ifdef LOSS
+bit lost;            /* within lease_ttl of a loss of the coordinator's state */
+#endif
 Node node[N];
 
 /* Scratch for the d_steps: assigned before use in every step, so not part of the state. */
@@ -248,6 +267,9 @@ inline coordinate(me, rin, rack) {
   }
   s_room = (L > s_others -> L - s_others : 0);
   s_gs = (s_target < s_room -> s_target : s_room);
+#if defined(LOSS) && !defined(BROKEN_LOSS)
+  if :: lost -> s_gs = 0 :: else -> skip fi;   /* within lease_ttl of a loss: nothing */
+#endif
   /* 6. Issue. */
   generation = (generation > rec[s_id].acked -> generation : rec[s_id].acked) + 1;
   rec[s_id].share = s_gs;
@@ -274,7 +296,12 @@ inline stop(me) {
   node[me].hb = 0;
   node[me].grant = 0;
   node[me].grant_share = 0;
-  node[me].grant_gen = 0
+  node[me].grant_gen = 0;
+#ifdef LOSS
+  node[me].stale = 0;
+  node[me].grant_stale = 0;
+#endif
+  skip
 }
 
 /* Order-preserving renumbering of every generation the state mentions to 1..k (0, "none",
@@ -347,6 +374,9 @@ end:
       node[me].phase = RUNNING;
       node[me].share = s_gs;
       node[me].gen = s_gg;
+#ifdef LOSS
+      node[me].stale = 0;
+#endif
       check()
     }
 #else
@@ -369,7 +399,11 @@ end:
       :: node[me].phase != STOPPED ->
         node[me].grant = 1;
         node[me].grant_share = s_gs;
-        node[me].grant_gen = s_gg
+        node[me].grant_gen = s_gg;
+#ifdef LOSS
+        node[me].grant_stale = 0;
+#endif
+        skip
       :: else -> skip
       fi;
       check()
@@ -381,6 +415,10 @@ end:
       node[me].grant = 0;
       node[me].grant_share = 0;
       node[me].grant_gen = 0;
+#ifdef LOSS
+      node[me].stale = node[me].grant_stale;
+      node[me].grant_stale = 0;
+#endif
       check()
     }
 #endif
@@ -413,11 +451,47 @@ end:
   od
 }
 
+#ifdef LOSS
+/* The coordinator's own steps: it loses its state; lease_ttl later it recovers. */
+proctype Coordinator() {
+  byte c;
+end:
+  do
+  :: d_step {   /* lose: every record and the generation; the nodes keep what they hold */
+      true ->
+      for (c : 0 .. N - 1) {
+        remove_record(c);
+        if :: node[c].phase == RUNNING -> node[c].stale = 1 :: else -> skip fi;
+        if :: node[c].grant -> node[c].grant_stale = 1 :: else -> skip fi
+      }
+      generation = 0;
+      lost = 1;
+      check()
+    }
+  :: d_step {   /* recover: lease_ttl since the loss */
+      lost ->
+      lost = 0;
+      for (c : 0 .. N - 1) {
+        node[c].in_flight = 0;
+        if :: node[c].stale -> node[c].share = 0 :: else -> skip fi;
+        if :: node[c].grant_stale -> node[c].grant_share = 0 :: else -> skip fi;
+        node[c].stale = 0;
+        node[c].grant_stale = 0
+      }
+      check()
+    }
+  od
+}
+#endif
+
 init {
   byte n;
   atomic {
     for (n : 0 .. N - 1) {
       run Guard(n)
     }
+#ifdef LOSS
+    run Coordinator()
+#endif
   }
 }

@@ -48,7 +48,9 @@
 // leaves, expiries and changes of L_local); the occupancy cap keeps sum of in-flight <=
 // L_global in the synchronous model, and acknowledged handoff keeps it when grant replies and
 // reports are delayed (tests/model/fleet_model_test.cpp searches every interleaving, with
-// L_local constant and with L_local moving between two values).
+// L_local constant and with L_local moving between two values); the loss rule keeps both through
+// a coordinator that loses its whole state between any two steps (the same search,
+// spec/fleet_heartbeat.pml -DLOSS, and docs/simulations/fleet.md's coordinator loss).
 //
 // Thread-safety: pure functions on values; a coordinator serialises the calls per key.
 #pragma once

@@ -85,6 +85,11 @@ struct FleetSimConfig {
   Nanos call_timeout_coordinator = std::chrono::milliseconds(100);  // the guard's call_timeout
   Nanos one_way = std::chrono::milliseconds(2);  // node <-> coordinator, each way
   std::vector<Partition> partitions;
+  // When the coordinator loses every key's state (a Redis back empty). With loss_rule it knows
+  // (MemoryCoordinator::lose_state: share 0 for one lease_ttl); without, a coordinator that
+  // knows nothing of the fleet takes its place (the behaviour before the rule).
+  std::vector<Nanos> coordinator_losses;
+  bool loss_rule = true;
   bool abort_on_fence = true;  // on_fenced aborts the node's in-flight calls
   Nanos duration = std::chrono::seconds(20);
   Nanos warmup = std::chrono::seconds(2);  // excluded from the summary figures
