@@ -23,7 +23,7 @@
 //          server's, read by the caller's connection when it connected).
 // Returns  {share, l_global, nodes, generation, l_aggregate, recovering (0/1)}, or
 //          {-1, instance, expires_in_us}
-//          and no write when a live record of the node id is another instance's
+//          and no write to the key's hash when a live record of the node id is another instance's
 //          (sluice::clash).
 //
 // Numbers are Lua doubles: microsecond times and generations stay below 2^53, and every value
