@@ -742,6 +742,8 @@ class FleetConfig:
 
 
 class Node:
+    # The deadline of the load's checks: what a check may take, and a quarter-second more.
+    check_timeout = 0.5
     """One `sluice serve` in the fleet. `prefix` runs it inside a network namespace, `env`
     under libfaketime."""
 
@@ -797,7 +799,7 @@ class Node:
             return "serving" in tail(self.log, 100000) and self.http_ok("/healthz")
         wait_until(up, timeout, what=f"{self.name} to serve")
         target = f"{self.host}:{self.grpc_port}"
-        self.client = sluice_client.Client(target, timeout=0.5)
+        self.client = sluice_client.Client(target, timeout=self.check_timeout)
         # Release gets longer: on a busy machine a healthy node may take over 0.5 s to answer,
         # and a release that timed out would look like a lost lease.
         self.release_client = sluice_client.Client(target, timeout=3.0)
@@ -1046,6 +1048,11 @@ class FederatedNode(Node):
                  fed: FederationConfig, name: Optional[str] = None,
                  pool: Optional[PoolConfig] = None):
         self.region, self.fed, self.pool = region, fed, pool
+        # A check that leases waits for at most one coordinator call (lease_timeout); with a
+        # pool, for up to three (take, lease, refill: sluice/core/pool_lease.h), each bounded
+        # by lease_timeout.
+        calls = 3 if pool is not None else 1
+        self.check_timeout = calls * fed.lease_timeout_ms / 1000 + 0.25
         super().__init__(workdir, name or region, binary, coordinator, fed.budget,
                          FleetConfig())
 

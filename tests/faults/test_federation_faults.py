@@ -1137,8 +1137,8 @@ def test_pool_coordinator_sigstop_across_a_boundary(tmp_path, pool_redis, fed_re
         assert set(refused) <= {"coordinator_unreachable"}, refused
 
 
-# Last in the file, so that the pool's scenarios (their checks have a 0.5 s deadline) keep the
-# place in the run they had before this one was added.
+# Last in the file, so that the pool's scenarios keep the place in the run they had before this
+# one was added.
 def test_redis_sentinel_failover_after_a_sigkill_of_the_primary(tmp_path, scratch,
                                                                fed_results):
     """A Redis primary, a replica of it and three sentinels (down after 500 ms, quorum 2); the

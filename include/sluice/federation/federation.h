@@ -32,7 +32,10 @@
 // With a regional pool (sluice/core/regional_escrow.h, shared by the region's processes), a lease
 // takes from the pool first; a process the pool leaves short leases from the coordinator, one
 // refiller per key at a time, keeps what it needs and puts the rest in the pool (the others
-// lease for themselves meanwhile). The refiller asks for `regional_batch` units, or, for a
+// lease for themselves meanwhile). Such a lease is up to three calls in turn (take, lease,
+// refill: sluice/core/pool_lease.h), each bounded by `lease_timeout`, so a check waiting for it
+// is answered at most 3 x `lease_timeout` after it started. The refiller asks for
+// `regional_batch` units, or, for a
 // window's first refill, for what the region asked of the pool in the window before when that
 // was less (the pool's demand): a quiet region's pool then holds about what it will spend, not
 // a regional batch that would expire there unspent, out of every other region's reach. Escrow a
