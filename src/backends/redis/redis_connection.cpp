@@ -113,6 +113,31 @@ StatusOr<RedisAddress> primary_named_by(const RedisAddress& at, const RedisOptio
 
 }  // namespace
 
+RedisConnection::ConnectCheck RedisConnection::noeviction_check(const std::string& who,
+                                                                const std::string& lost) {
+  const auto text = [](const redisReply* r) { return std::string(r->str, r->len); };
+  return {{"CONFIG", "GET", "maxmemory-policy"}, [who, lost, text](const redisReply& reply) {
+            if (reply.type == REDIS_REPLY_ERROR)
+              return Status(StatusCode::kFailedPrecondition,
+                            "redis: cannot check maxmemory-policy (CONFIG GET maxmemory-policy: " +
+                                text(&reply) + "): " + who +
+                                " needs maxmemory-policy noeviction and must be able to verify "
+                                "it; allow CONFIG GET for this user (ACL: +config|get) and do not "
+                                "rename CONFIG");
+            if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
+                reply.element[1]->type != REDIS_REPLY_STRING)
+              return Status(StatusCode::kInternal,
+                            "redis: unexpected CONFIG GET maxmemory-policy reply");
+            const std::string policy = text(reply.element[1]);
+            if (policy == "noeviction") return Status();
+            return Status(StatusCode::kFailedPrecondition,
+                          "redis: maxmemory-policy is " + policy + ": " + who +
+                              " needs maxmemory-policy noeviction (" + lost +
+                              "); set it with CONFIG SET maxmemory-policy noeviction or in "
+                              "redis.conf");
+          }};
+}
+
 std::string RedisConnection::options_error(const RedisOptions& o) {
   if (o.connect_timeout <= Nanos{0}) return "redis: connect_timeout must be > 0";
   if (o.database < 0) return "redis: database must be >= 0";

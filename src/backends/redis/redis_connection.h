@@ -117,6 +117,12 @@ class RedisConnection {
     std::uint64_t pinned_ = 0;  // 0: no run_id handed out
   };
 
+  // The check that the server's maxmemory-policy is noeviction (CONFIG GET, on every
+  // (re)connect), for a user whose keys must never be evicted: `who` needs it because `lost`
+  // (both in its refusal, e.g. "the federation coordinator", "an evicted ledger forgets what it
+  // granted"). A user who may not run CONFIG GET is refused too, with the ACL rule to allow it.
+  [[nodiscard]] static ConnectCheck noeviction_check(const std::string& who,
+                                                     const std::string& lost);
   // Why `options` cannot reach a server (host, port, connect_timeout, database), naming the
   // field; empty when they can. key_prefix is the user's to check.
   [[nodiscard]] static std::string options_error(const RedisOptions& options);

@@ -25,8 +25,6 @@ constexpr std::size_t kPerCall = 64;                         // leases per "many
 // Nanoseconds to whole microseconds, rounded down (also before the epoch).
 std::int64_t floor_us(Nanos d) { return std::chrono::floor<std::chrono::microseconds>(d).count(); }
 
-std::string text_of(const redisReply* r) { return std::string(r->str, r->len); }
-
 // Why the options cannot be used (empty when they can).
 std::string options_error(const RedisOptions& o) {
   if (std::string why = RedisConnection::options_error(o); !why.empty()) return why;
@@ -85,7 +83,8 @@ struct RedisRateCoordinator::Impl {
     for (auto& c : lanes)
       c = std::make_unique<RedisConnection>(
           o, std::vector<RedisConnection::Script>{{"escrow", redis_detail::escrow_script()}},
-          RedisConnection::ConnectCheck{{"CONFIG", "GET", "maxmemory-policy"}, &eviction_policy_ok},
+          RedisConnection::noeviction_check("the federation coordinator",
+                                            "an evicted ledger forgets what it granted"),
           /*track_run_id=*/true);
   }
 
@@ -104,28 +103,6 @@ struct RedisRateCoordinator::Impl {
   }
   const std::string ledger_prefix;
   const Clock* const caller_clock;
-
-  // An evicted ledger would forget what it granted: only noeviction will do (the reply to
-  // CONFIG GET maxmemory-policy, checked on every (re)connect).
-  static Status eviction_policy_ok(const redisReply& reply) {
-    if (reply.type == REDIS_REPLY_ERROR)
-      return Status(
-          StatusCode::kFailedPrecondition,
-          "redis: cannot check maxmemory-policy (CONFIG GET maxmemory-policy: " + text_of(&reply) +
-              "): the federation coordinator needs maxmemory-policy noeviction and "
-              "must be able to verify it; allow CONFIG GET for this user (ACL: "
-              "+config|get) and do not rename CONFIG");
-    if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
-        reply.element[1]->type != REDIS_REPLY_STRING)
-      return Status(StatusCode::kInternal, "redis: unexpected CONFIG GET maxmemory-policy reply");
-    const std::string policy = text_of(reply.element[1]);
-    if (policy == "noeviction") return {};
-    return Status(StatusCode::kFailedPrecondition,
-                  "redis: maxmemory-policy is " + policy +
-                      ": the federation coordinator needs maxmemory-policy noeviction (an "
-                      "evicted ledger forgets what it granted); set it with CONFIG SET "
-                      "maxmemory-policy noeviction or in redis.conf");
-  }
 
   // The script's keys for `key`: its ledger, the origin marker and the server marker.
   std::vector<std::string> keys_of(std::string_view key) const {

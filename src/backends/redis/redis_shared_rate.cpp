@@ -1,0 +1,333 @@
+#include "sluice/backends/redis_shared_rate.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/redis/redis_connection.h"
+#include "backends/redis/shared_rate_script.h"
+
+namespace sluice {
+namespace {
+
+using redis_detail::RedisConnection;
+
+constexpr const char* kDefaultPrefix = "sluice:rate:";
+constexpr std::uint64_t kTwo32 = std::uint64_t{1} << 32;
+constexpr std::uint64_t kTwo50 = std::uint64_t{1} << 50;
+constexpr std::uint64_t kTwo51 = std::uint64_t{1} << 51;
+constexpr std::uint64_t kTwo52 = std::uint64_t{1} << 52;
+constexpr std::size_t kPerCall = 64;  // calls per script call
+constexpr std::size_t kReplyInts = 15;
+
+// Marks the Redis as new to shared rate limits: the markers as the connected server's, the origin
+// long past. KEYS: origin, server. ARGV: run_id.
+constexpr const char* kAdoptScript = R"lua(
+local info = redis.call('INFO', 'stats')
+local at = string.find(info, 'evicted_keys:', 1, true)
+local evicted = at and string.match(info, '^%d+', at + 13) or '?'
+redis.call('SET', KEYS[1], '0')
+redis.call('SET', KEYS[2], ARGV[1] .. ':' .. evicted)
+return 1
+)lua";
+
+std::int64_t floor_us(Nanos d) { return std::chrono::floor<std::chrono::microseconds>(d).count(); }
+
+std::string options_error(const RedisOptions& o) {
+  if (std::string why = RedisConnection::options_error(o); !why.empty()) return why;
+  if (o.key_prefix.empty()) return "redis: key_prefix must not be empty";
+  if (o.key_prefix == RedisOptions{}.key_prefix || o.key_prefix == "sluice:fed:")
+    return "redis: key_prefix must be neither the fleet's nor the federation's (\"" + o.key_prefix +
+           "\"); shared rate limits' default is \"" + kDefaultPrefix + "\"";
+  return {};
+}
+
+std::uint64_t burst_of(const RateRule& r) { return r.burst != 0 ? r.burst : r.limit; }
+
+// The hits the script is sent: as many as decide the same (header of shared_rate_script.cpp).
+std::uint64_t hits_sent(const SharedRateRequest& r) {
+  const auto p = static_cast<std::uint64_t>(floor_us(r.rule.period));
+  const bool gcra = r.rule.strategy == RateStrategy::kGcra;
+  switch (r.op) {
+    case SharedRateOp::kCheck:
+    case SharedRateOp::kPeek:
+      return std::min(r.hits, (gcra ? burst_of(r.rule) : r.rule.limit) + 1);
+    case SharedRateOp::kRefund:
+    case SharedRateOp::kCharge:
+      return std::min(r.hits, gcra ? kTwo51 / p + 1 : kTwo52);
+  }
+  return r.hits;
+}
+
+char op_code(SharedRateOp op) {
+  switch (op) {
+    case SharedRateOp::kCheck:
+      return 'c';
+    case SharedRateOp::kPeek:
+      return 'p';
+    case SharedRateOp::kRefund:
+      return 'r';
+    case SharedRateOp::kCharge:
+      return 'h';
+  }
+  return 'p';
+}
+
+char strategy_code(RateStrategy s) {
+  switch (s) {
+    case RateStrategy::kFixedWindow:
+      return 'f';
+    case RateStrategy::kSlidingWindow:
+      return 's';
+    case RateStrategy::kGcra:
+      return 'g';
+  }
+  return 'f';
+}
+
+// A duration from the script's (us, ns) pair; (-1, -1) is never.
+Nanos duration_of(std::int64_t us, std::int64_t ns) {
+  if (us < 0) return Nanos::max();
+  return std::chrono::microseconds(us) + Nanos(ns);
+}
+
+// One call's 15 integers from `r`'s elements at `at`.
+StatusOr<SharedRateReply> reply_at(const redisReply* r, std::size_t at, SharedRateOp op) {
+  const Status bad(StatusCode::kInternal, "redis: unexpected shared rate reply");
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < at + kReplyInts) return bad;
+  std::array<std::int64_t, kReplyInts> v{};
+  for (std::size_t i = 0; i < kReplyInts; ++i) {
+    const redisReply* e = r->element[at + i];
+    if (e->type != REDIS_REPLY_INTEGER) return bad;
+    v[i] = e->integer;
+  }
+  const auto u = [](std::int64_t x) {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(0, x));
+  };
+  SharedRateReply out;
+  out.decision.allowed = v[0] == 1;
+  out.decision.limit = u(v[1]);
+  out.decision.remaining = u(v[2]);
+  out.decision.reset_after = duration_of(v[3], v[4]);
+  out.decision.retry_after = duration_of(v[5], v[6]);
+  out.coordinator_now = std::chrono::microseconds(v[7]);
+  if (op == SharedRateOp::kCharge) {
+    out.charge.limit = u(v[8]);
+    out.charge.remaining = u(v[9]);
+    out.charge.overdraft = u(v[10]);
+    out.charge.reset_after = duration_of(v[11], v[12]);
+    out.charge.retry_after = duration_of(v[13], v[14]);
+  }
+  return out;
+}
+
+// The longest a key's state is kept after its last write: until it decides like a fresh one, and
+// a second more (at least ten minutes with a caller's clock, which need not keep Redis's pace).
+std::int64_t ttl_ms(const RateRule& rule, bool caller_clock) {
+  const auto idle = std::chrono::ceil<std::chrono::milliseconds>(idle_within(rule)).count();
+  const std::int64_t ttl = idle + 1000;
+  return caller_clock ? std::max<std::int64_t>(ttl, 600'000) : ttl;
+}
+
+}  // namespace
+
+struct RedisSharedRate::Impl {
+  Impl(const RedisOptions& o, const Clock* clock) : prefix(o.key_prefix), caller_clock(clock) {
+    for (auto& c : lanes)
+      c = std::make_unique<RedisConnection>(
+          o,
+          std::vector<RedisConnection::Script>{{"shared rate", redis_detail::shared_rate_script()},
+                                               {"shared rate adopt", kAdoptScript}},
+          RedisConnection::noeviction_check("a shared rate limit",
+                                            "an evicted key forgets what it admitted"),
+          /*track_run_id=*/true);
+  }
+
+  std::array<std::unique_ptr<RedisConnection>, 2> lanes;
+  std::atomic<unsigned> next_lane{0};
+  RedisConnection& lane() {
+    const unsigned first = next_lane.fetch_add(1, std::memory_order_relaxed);
+    for (unsigned i = 0; i < lanes.size(); ++i) {
+      RedisConnection& c = *lanes[(first + i) % lanes.size()];
+      if (!c.busy()) return c;
+    }
+    return *lanes[first % lanes.size()];
+  }
+  const std::string prefix;
+  const Clock* const caller_clock;
+
+  std::string state_key(std::string_view key, const RateRule& rule) const {
+    std::string out = prefix;
+    out += '{';
+    out += key;
+    out += '}';
+    out += to_string(rule.strategy);
+    out += '/';
+    out += std::to_string(floor_us(rule.period));
+    return out;
+  }
+  // Calls `calls[slot[i]]` for i in [from, to) as one script call.
+  RedisConnection::EvalCall script_call(std::span<const SharedRateCall> calls,
+                                        const std::vector<std::size_t>& slot, std::size_t from,
+                                        std::size_t to, const std::string& run_id) const {
+    RedisConnection::EvalCall c;
+    c.keys.reserve(to - from + 2);
+    c.args.reserve(3 + 7 * (to - from));
+    c.args.push_back(caller_clock != nullptr ? std::to_string(floor_us(caller_clock->now()))
+                                             : std::string());
+    c.args.push_back(run_id);
+    c.args.push_back(std::to_string(to - from));
+    for (std::size_t j = from; j < to; ++j) {
+      const SharedRateCall& call = calls[slot[j]];
+      const SharedRateRequest& r = *call.request;
+      c.keys.push_back(state_key(call.key, r.rule));
+      c.args.emplace_back(1, op_code(r.op));
+      c.args.emplace_back(1, strategy_code(r.rule.strategy));
+      c.args.push_back(std::to_string(r.rule.limit));
+      c.args.push_back(std::to_string(floor_us(r.rule.period)));
+      c.args.push_back(std::to_string(r.rule.burst));
+      c.args.push_back(std::to_string(hits_sent(r)));
+      c.args.push_back(std::to_string(ttl_ms(r.rule, caller_clock != nullptr)));
+    }
+    c.keys.push_back(prefix + "origin");
+    c.keys.push_back(prefix + "server");
+    return c;
+  }
+};
+
+RedisSharedRate::RedisSharedRate(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+RedisSharedRate::~RedisSharedRate() = default;
+
+RedisOptions RedisSharedRate::default_options() {
+  RedisOptions o;
+  o.key_prefix = kDefaultPrefix;
+  return o;
+}
+
+const std::string& RedisSharedRate::script() { return redis_detail::shared_rate_script(); }
+
+StatusOr<std::unique_ptr<RedisSharedRate>> RedisSharedRate::open(RedisOptions options,
+                                                                 const Clock* caller_clock) {
+  if (std::string why = options_error(options); !why.empty())
+    return Status(StatusCode::kInvalidArgument, std::move(why));
+  return std::unique_ptr<RedisSharedRate>(
+      new RedisSharedRate(std::make_unique<Impl>(options, caller_clock)));
+}
+
+StatusOr<std::unique_ptr<RedisSharedRate>> RedisSharedRate::connect(RedisOptions options,
+                                                                    const Clock* caller_clock) {
+  auto s = open(std::move(options), caller_clock);
+  if (!s.ok()) return s;
+  for (auto& conn : s.value()->impl_->lanes)
+    if (Status st = conn->connect(conn->options().connect_timeout); !st.ok()) return st;
+  return s;
+}
+
+std::string RedisSharedRate::rule_error(const RateRule& rule) const {
+  if (std::string why = rule.validate(); !why.empty()) return why;
+  if (rule.period % std::chrono::microseconds(1) != Nanos{0})
+    return "period must be a whole number of microseconds on the redis coordinator";
+  if (rule.limit > kTwo32 || rule.burst > kTwo32)
+    return std::string(rule.limit > kTwo32 ? "limit" : "burst") +
+           " must be at most 2^32 on the redis coordinator";
+  const auto p = static_cast<std::uint64_t>(floor_us(rule.period));
+  const auto within = [&](std::uint64_t n, const char* field, const char* what) -> std::string {
+    if (n <= kTwo50 / p) return {};
+    return std::string(field) + " " + what +
+           " x period (in microseconds) must be at most 2^50 on " +
+           "the redis coordinator, so that its script's arithmetic stays exact (here " +
+           std::to_string(n) + " x " + std::to_string(p) +
+           "); use a shorter period with a proportionally lower " + field + ", or a fixed window";
+  };
+  if (rule.strategy == RateStrategy::kSlidingWindow) return within(rule.limit, "limit", "limit");
+  if (rule.strategy == RateStrategy::kGcra)
+    return within(burst_of(rule), rule.burst != 0 ? "burst" : "limit",
+                  rule.burst != 0 ? "burst" : "limit (the burst)");
+  return {};
+}
+
+namespace {
+
+Status call_error(std::string_view key, const SharedRateRequest& r, const SharedRateStore& s,
+                  Nanos timeout) {
+  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
+  if (key.empty()) return Status(StatusCode::kInvalidArgument, "key: must not be empty");
+  if (std::string why = s.rule_error(r.rule); !why.empty())
+    return Status(StatusCode::kInvalidArgument, std::move(why));
+  return {};
+}
+
+}  // namespace
+
+StatusOr<SharedRateReply> RedisSharedRate::apply(std::string_view key,
+                                                 const SharedRateRequest& request,
+                                                 Nanos timeout) noexcept {
+  const SharedRateCall call{key, &request};
+  std::vector<StatusOr<SharedRateReply>> out = apply_many({&call, 1}, timeout);
+  if (out.empty()) return Status(StatusCode::kResourceExhausted, "redis: out of memory");
+  return std::move(out.front());
+}
+
+std::vector<StatusOr<SharedRateReply>> RedisSharedRate::apply_many(
+    std::span<const SharedRateCall> calls, Nanos timeout) noexcept {
+  std::vector<StatusOr<SharedRateReply>> out;
+  try {
+    out.reserve(calls.size());
+    std::vector<std::size_t> slot;  // the call each sent one answers
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      Status bad = call_error(calls[i].key, *calls[i].request, *this, timeout);
+      out.emplace_back(bad.ok() ? Status(StatusCode::kInternal, "redis: no reply") : bad);
+      if (bad.ok()) slot.push_back(i);
+    }
+    if (slot.empty()) return out;
+    const std::size_t chunks = (slot.size() + kPerCall - 1) / kPerCall;
+    using Replies = std::vector<StatusOr<RedisConnection::Reply>>;
+    StatusOr<Replies> replies =
+        impl_->lane().call(timeout, [&](RedisConnection::Session& s) -> StatusOr<Replies> {
+          auto run_id = s.server_run_id();  // connected first: the server these calls run on
+          if (!run_id.ok()) return run_id.status();
+          std::vector<RedisConnection::EvalCall> sent;
+          sent.reserve(chunks);
+          for (std::size_t c = 0; c < chunks; ++c)
+            sent.push_back(impl_->script_call(calls, slot, c * kPerCall,
+                                              std::min(slot.size(), (c + 1) * kPerCall),
+                                              run_id.value()));
+          return s.eval_many(0, sent);
+        });
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t from = c * kPerCall, to = std::min(slot.size(), (c + 1) * kPerCall);
+      if (!replies.ok() || !replies.value()[c].ok()) {
+        const Status why = replies.ok() ? replies.value()[c].status() : replies.status();
+        for (std::size_t j = from; j < to; ++j) out[slot[j]] = why;
+        continue;
+      }
+      const redisReply* r = replies.value()[c].value().get();
+      const bool whole = r->type == REDIS_REPLY_ARRAY && r->elements == (to - from) * kReplyInts;
+      for (std::size_t j = from; j < to; ++j)
+        out[slot[j]] = whole ? reply_at(r, (j - from) * kReplyInts, calls[slot[j]].request->op)
+                             : Status(StatusCode::kInternal, "redis: unexpected shared rate reply");
+    }
+  } catch (...) {
+    out.clear();
+  }
+  return out;
+}
+
+Status RedisSharedRate::adopt(Nanos timeout) noexcept {
+  if (timeout <= Nanos{0}) return Status(StatusCode::kInvalidArgument, "timeout: must be > 0");
+  const Impl& m = *impl_;
+  return impl_->lane().call(timeout, [&](RedisConnection::Session& s) -> Status {
+    auto run_id = s.server_run_id();
+    if (!run_id.ok()) return run_id.status();
+    auto r = s.eval(1, {m.prefix + "origin", m.prefix + "server"}, {run_id.value()});
+    return r.ok() ? Status() : r.status();
+  });
+}
+
+Status RedisSharedRate::health(Nanos timeout) noexcept { return impl_->lane().ping(timeout); }
+
+}  // namespace sluice
