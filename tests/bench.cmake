@@ -8,6 +8,15 @@ foreach(src ${bench_sources})
   set_tests_properties(bench_smoke.${name} PROPERTIES LABELS bench TIMEOUT 300)
 endforeach()
 
+# Shared rate limits on a redis-server of its own, briefly, under and over the limit: every
+# check must be decided (no coordinator error); the figures are not asserted here.
+add_test(NAME bench_smoke.shared_rate_load
+  COMMAND sluice_shared_rate_load --seconds 0.2 --in-flight 4 --keys 16)
+add_test(NAME bench_smoke.shared_rate_load_over
+  COMMAND sluice_shared_rate_load --seconds 0.2 --in-flight 4 --keys 16 --mode over)
+set_tests_properties(bench_smoke.shared_rate_load bench_smoke.shared_rate_load_over
+  PROPERTIES LABELS bench TIMEOUT 120)
+
 # The server's load generators (bench/load), when the transport is built.
 if(TARGET sluice_transport)
   # Runs it briefly: every call must succeed; the figures are not asserted here. With --redis:

@@ -96,6 +96,26 @@ std::vector<StatusOr<LeaseReply>> TimedRateCoordinator::lease_many(std::span<con
       });
 }
 
+StatusOr<SharedRateReply> TimedSharedRate::apply(std::string_view key,
+                                                 const SharedRateRequest& request,
+                                                 Nanos timeout) noexcept {
+  return timed(clock_, *stats_, [&] { return inner_->apply(key, request, timeout); });
+}
+
+std::vector<StatusOr<SharedRateReply>> TimedSharedRate::apply_many(
+    std::span<const SharedRateCall> calls, Nanos timeout) noexcept {
+  return timed(
+      clock_, *stats_, [&] { return inner_->apply_many(calls, timeout); },
+      [&](const std::vector<StatusOr<SharedRateReply>>& r) {
+        return r.size() == calls.size() &&
+               std::all_of(r.begin(), r.end(), [](const auto& x) { return x.ok(); });
+      });
+}
+
+Status TimedSharedRate::health(Nanos timeout) noexcept {
+  return timed(clock_, *stats_, [&] { return inner_->health(timeout); });
+}
+
 StatusOr<std::uint64_t> TimedRateCoordinator::reconcile(std::string_view key,
                                                         std::string_view region, Nanos window_start,
                                                         std::uint64_t relinquished,

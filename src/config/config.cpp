@@ -41,6 +41,8 @@ std::string_view role_name(CoordinatorRole role) {
       return "a regional escrow (the regional pool)";
     case CoordinatorRole::kSharedRules:
       return "a throttler's shared rules";
+    case CoordinatorRole::kSharedRate:
+      return "a shared rate limit (the shared rate interface)";
   }
   return "this";
 }

@@ -3,10 +3,10 @@
 //
 // What it is: CoordinatorCallStats is one named coordinator's latency histogram and error count
 // (every interface a coordinator serves records into the same one, so an operator sees one
-// figure per coordinator). TimedConcurrencyCoordinator, TimedRateCoordinator and
-// TimedRegionalEscrow forward every call to the coordinator they wrap and record how long it took
-// on the given clock, and whether it failed. They change no result: the conformance of the wrapped
-// coordinator is theirs.
+// figure per coordinator). TimedConcurrencyCoordinator, TimedRateCoordinator, TimedRegionalEscrow
+// and TimedSharedRate forward every call to the coordinator they wrap and record how long it took
+// on the given clock, and whether it failed. They change no result: the conformance of the
+// wrapped coordinator is theirs.
 //
 // Thread-safety: every member is safe to call concurrently; the stats are relaxed atomics (a
 // scrape may see one call's bucket before its sum; each counter is exact on its own).
@@ -25,6 +25,7 @@
 #include "sluice/core/coordinator.h"
 #include "sluice/core/rate_coordinator.h"
 #include "sluice/core/regional_escrow.h"
+#include "sluice/core/shared_rate.h"
 
 namespace sluice {
 
@@ -112,6 +113,32 @@ class TimedRegionalEscrow final : public RegionalEscrow {
 
  private:
   std::shared_ptr<RegionalEscrow> inner_;
+  const Clock& clock_;
+  std::shared_ptr<CoordinatorCallStats> stats_;
+};
+
+class TimedSharedRate final : public SharedRateStore {
+ public:
+  // `clock` must outlive this; `stats` may be shared with the coordinator's other interfaces.
+  TimedSharedRate(std::unique_ptr<SharedRateStore> inner, const Clock& clock,
+                  std::shared_ptr<CoordinatorCallStats> stats)
+      : inner_(std::move(inner)), clock_(clock), stats_(std::move(stats)) {}
+
+  [[nodiscard]] StatusOr<SharedRateReply> apply(std::string_view key,
+                                                const SharedRateRequest& request,
+                                                Nanos timeout) noexcept override;
+  // One observation for the whole call (a pipelined batch is one round trip); an error counted
+  // when any call of it failed.
+  [[nodiscard]] std::vector<StatusOr<SharedRateReply>> apply_many(
+      std::span<const SharedRateCall> calls, Nanos timeout) noexcept override;
+  [[nodiscard]] std::string rule_error(const RateRule& rule) const override {
+    return inner_->rule_error(rule);
+  }
+  [[nodiscard]] Status health(Nanos timeout) noexcept override;
+  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
+
+ private:
+  std::unique_ptr<SharedRateStore> inner_;
   const Clock& clock_;
   std::shared_ptr<CoordinatorCallStats> stats_;
 };

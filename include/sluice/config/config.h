@@ -139,6 +139,7 @@ enum class CoordinatorRole : std::uint8_t {
   kRateBudget,      // federation's rate-budget interface (sluice/core/rate_coordinator.h)
   kRegionalEscrow,  // federation's regional pool (sluice/core/regional_escrow.h)
   kSharedRules,     // a throttler's rules set at run time (sluice/backends/shared_rules.h)
+  kSharedRate,      // a rate policy's keys kept at the coordinator (sluice/core/shared_rate.h)
 };
 
 // A coordinator of the config: its backend (`kind:`), the fleet's rules, and the backend's own

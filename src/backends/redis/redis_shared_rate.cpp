@@ -22,7 +22,6 @@ constexpr std::uint64_t kTwo50 = std::uint64_t{1} << 50;
 constexpr std::uint64_t kTwo51 = std::uint64_t{1} << 51;
 constexpr std::uint64_t kTwo52 = std::uint64_t{1} << 52;
 constexpr std::size_t kPerCall = 64;  // calls per script call
-constexpr std::size_t kReplyInts = 15;
 
 // Marks the Redis as new to shared rate limits: the markers as the connected server's, the origin
 // long past. KEYS: origin, server. ARGV: run_id.
@@ -47,6 +46,11 @@ std::string options_error(const RedisOptions& o) {
 }
 
 std::uint64_t burst_of(const RateRule& r) { return r.burst != 0 ? r.burst : r.limit; }
+
+bool same_rule(const RateRule& a, const RateRule& b) {
+  return a.strategy == b.strategy && a.limit == b.limit && a.period == b.period &&
+         a.burst == b.burst;
+}
 
 // The hits the script is sent: as many as decide the same (header of shared_rate_script.cpp).
 std::uint64_t hits_sent(const SharedRateRequest& r) {
@@ -95,32 +99,37 @@ Nanos duration_of(std::int64_t us, std::int64_t ns) {
   return std::chrono::microseconds(us) + Nanos(ns);
 }
 
-// One call's 15 integers from `r`'s elements at `at`.
+// The integers a call's reply takes: 7, a charge's 14.
+std::size_t reply_ints(SharedRateOp op) { return op == SharedRateOp::kCharge ? 14 : 7; }
+
+// One call's reply from `r`'s elements at `at` (the script's now_us is element 0).
 StatusOr<SharedRateReply> reply_at(const redisReply* r, std::size_t at, SharedRateOp op) {
   const Status bad(StatusCode::kInternal, "redis: unexpected shared rate reply");
-  if (r->type != REDIS_REPLY_ARRAY || r->elements < at + kReplyInts) return bad;
-  std::array<std::int64_t, kReplyInts> v{};
-  for (std::size_t i = 0; i < kReplyInts; ++i) {
+  const std::size_t n = reply_ints(op);
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < at + n || r->elements == 0) return bad;
+  std::array<std::int64_t, 14> v{};
+  for (std::size_t i = 0; i < n; ++i) {
     const redisReply* e = r->element[at + i];
     if (e->type != REDIS_REPLY_INTEGER) return bad;
     v[i] = e->integer;
   }
+  if (r->element[0]->type != REDIS_REPLY_INTEGER) return bad;
   const auto u = [](std::int64_t x) {
     return static_cast<std::uint64_t>(std::max<std::int64_t>(0, x));
   };
   SharedRateReply out;
+  out.coordinator_now = std::chrono::microseconds(r->element[0]->integer);
   out.decision.allowed = v[0] == 1;
   out.decision.limit = u(v[1]);
   out.decision.remaining = u(v[2]);
   out.decision.reset_after = duration_of(v[3], v[4]);
   out.decision.retry_after = duration_of(v[5], v[6]);
-  out.coordinator_now = std::chrono::microseconds(v[7]);
   if (op == SharedRateOp::kCharge) {
-    out.charge.limit = u(v[8]);
-    out.charge.remaining = u(v[9]);
-    out.charge.overdraft = u(v[10]);
-    out.charge.reset_after = duration_of(v[11], v[12]);
-    out.charge.retry_after = duration_of(v[13], v[14]);
+    out.charge.limit = u(v[7]);
+    out.charge.remaining = u(v[8]);
+    out.charge.overdraft = u(v[9]);
+    out.charge.reset_after = duration_of(v[10], v[11]);
+    out.charge.retry_after = duration_of(v[12], v[13]);
   }
   return out;
 }
@@ -176,22 +185,36 @@ struct RedisSharedRate::Impl {
                                         std::size_t to, const std::string& run_id) const {
     RedisConnection::EvalCall c;
     c.keys.reserve(to - from + 2);
-    c.args.reserve(3 + 7 * (to - from));
+    c.args.reserve(4 + 5 + 3 * (to - from));
     c.args.push_back(caller_clock != nullptr ? std::to_string(floor_us(caller_clock->now()))
                                              : std::string());
     c.args.push_back(run_id);
     c.args.push_back(std::to_string(to - from));
+    c.args.emplace_back();  // the number of rules, below
+    // The rules, each sent once (a batch's calls are mostly of one policy's rule).
+    std::vector<const RateRule*> rules;
+    std::vector<std::size_t> rule_of(to - from);
+    for (std::size_t j = from; j < to; ++j) {
+      const RateRule& r = calls[slot[j]].request->rule;
+      std::size_t i = 0;
+      while (i < rules.size() && !same_rule(*rules[i], r)) ++i;
+      if (i == rules.size()) {
+        rules.push_back(&r);
+        c.args.emplace_back(1, strategy_code(r.strategy));
+        c.args.push_back(std::to_string(r.limit));
+        c.args.push_back(std::to_string(floor_us(r.period)));
+        c.args.push_back(std::to_string(r.burst));
+        c.args.push_back(std::to_string(ttl_ms(r, caller_clock != nullptr)));
+      }
+      rule_of[j - from] = i + 1;
+    }
+    c.args[3] = std::to_string(rules.size());
     for (std::size_t j = from; j < to; ++j) {
       const SharedRateCall& call = calls[slot[j]];
-      const SharedRateRequest& r = *call.request;
-      c.keys.push_back(state_key(call.key, r.rule));
-      c.args.emplace_back(1, op_code(r.op));
-      c.args.emplace_back(1, strategy_code(r.rule.strategy));
-      c.args.push_back(std::to_string(r.rule.limit));
-      c.args.push_back(std::to_string(floor_us(r.rule.period)));
-      c.args.push_back(std::to_string(r.rule.burst));
-      c.args.push_back(std::to_string(hits_sent(r)));
-      c.args.push_back(std::to_string(ttl_ms(r.rule, caller_clock != nullptr)));
+      c.keys.push_back(state_key(call.key, call.request->rule));
+      c.args.emplace_back(1, op_code(call.request->op));
+      c.args.push_back(std::to_string(rule_of[j - from]));
+      c.args.push_back(std::to_string(hits_sent(*call.request)));
     }
     c.keys.push_back(prefix + "origin");
     c.keys.push_back(prefix + "server");
@@ -306,10 +329,16 @@ std::vector<StatusOr<SharedRateReply>> RedisSharedRate::apply_many(
         continue;
       }
       const redisReply* r = replies.value()[c].value().get();
-      const bool whole = r->type == REDIS_REPLY_ARRAY && r->elements == (to - from) * kReplyInts;
-      for (std::size_t j = from; j < to; ++j)
-        out[slot[j]] = whole ? reply_at(r, (j - from) * kReplyInts, calls[slot[j]].request->op)
+      std::size_t want = 1;
+      for (std::size_t j = from; j < to; ++j) want += reply_ints(calls[slot[j]].request->op);
+      const bool whole = r->type == REDIS_REPLY_ARRAY && r->elements == want;
+      std::size_t at = 1;
+      for (std::size_t j = from; j < to; ++j) {
+        const SharedRateOp op = calls[slot[j]].request->op;
+        out[slot[j]] = whole ? reply_at(r, at, op)
                              : Status(StatusCode::kInternal, "redis: unexpected shared rate reply");
+        at += reply_ints(op);
+      }
     }
   } catch (...) {
     out.clear();

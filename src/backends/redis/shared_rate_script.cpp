@@ -2,23 +2,25 @@
 // strategies of src/core/rate_strategy.cpp), transcribed rule for rule, for n calls in one script
 // call.
 //
-// KEYS[1..n]  each call's state: one string, "<strategy> <limit> <written_us> <a> <b> [<c>]"
-//             (strategy f, s or g; `limit` the rule's when written; `written_us` the coordinator
-//             time of that write), with fixed window: a window start, b count; sliding window:
-//             a window start, b current, c previous; GCRA: the theoretical arrival time times
-//             the limit, tat * limit = a * limit + b in microseconds (0 <= b < limit). No key:
-//             never written (or idle long enough to have expired).
+// KEYS[1..n]  each call's state: one string of 41 bytes, struct.pack('<c1ddddd', strategy,
+//             limit, written_us, a, b, c): strategy f, s or g; `limit` the rule's when written;
+//             `written_us` the coordinator time of that write; fixed window: a window start,
+//             b count (c 0); sliding window: a window start, b current, c previous; GCRA: the
+//             theoretical arrival time times the limit, tat * limit = a * limit + b in
+//             microseconds (0 <= b < limit; c 0). Read it with
+//               EVAL "return {struct.unpack('<c1ddddd', redis.call('GET', KEYS[1]))}" 1 <key>
+//             No key: never written (or idle long enough to have expired).
 // KEYS[n+1]   the origin marker, KEYS[n+2] the server marker: as in escrow_script.cpp (a time
 //             at which this Redis was found to have lost writes it may have acknowledged, and
 //             "<run_id>:<evicted_keys>" as the last call saw them). No origin marker, another
 //             run_id or another eviction count: the origin is now.
-// ARGV        now_us (empty: Redis TIME), run_id (the caller's connection's), n, then per call
-//             op (c check, p peek, r refund, h charge), strategy (f, s, g), limit, period_us,
-//             burst (GCRA; the limit when 0), hits (clamped by the caller: see below), ttl_ms.
-// Returns     per call 15 integers: allowed, limit, remaining, reset_after (whole us, then ns
-//             0..999), retry_after (the same; -1 -1: never), now_us, then the charge's limit,
-//             remaining, overdraft, reset_after (us, ns), retry_after (us, ns) (zeros for other
-//             ops).
+// ARGV        now_us (empty: Redis TIME), run_id (the caller's connection's), n, then r and r
+//             rules, each strategy (f, s, g), limit, period_us, burst (GCRA; the limit when 0),
+//             ttl_ms, then per call op (c check, p peek, r refund, h charge), its rule (1..r) and
+//             hits (clamped by the caller: see below).
+// Returns     now_us, then per call 7 integers: allowed, limit, remaining, reset_after (whole
+//             us, then ns 0..999), retry_after (the same; -1 -1: never); a charge 7 more: its
+//             limit, remaining, overdraft, reset_after (us, ns), retry_after (us, ns).
 //
 // Exactness. Lua numbers are doubles, exact below 2^53. Times are whole microseconds (so the
 // local strategies' ns results are a microsecond part and a remainder of 0..999 ns, computed
@@ -43,6 +45,7 @@ local run_id = ARGV[2]
 local n = tonumber(ARGV[3])
 local floor, max, min = math.floor, math.max, math.min
 local format, match = string.format, string.match
+local pack, unpack = struct.pack, struct.unpack
 local rcall = redis.call
 
 local P52 = 4503599627370496  -- 2^52: a fixed window's count
@@ -57,27 +60,22 @@ local function floor_div(a, b)
 end
 local function window_of(t, p) return floor_div(t, p) * p end
 
--- Durations: {us, ns} = us * 1000 + ns ns, 0 <= ns < 1000.
-local ZERO, NEVER = { 0, 0 }, { -1, -1 }
-local function us(x) return { x, 0 } end
+-- Durations are pairs of numbers (us, ns), us * 1000 + ns ns with 0 <= ns < 1000, passed and
+-- returned as two values (no table per duration); (-1, -1) is never.
 local function norm(a, b)
+  if b >= 0 and b < 1000 then return a, b end
   local c = floor_div(b, 1000)
-  return { a + c, b - c * 1000 }
+  return a + c, b - c * 1000
 end
-local function lt(x, y) return x[1] < y[1] or (x[1] == y[1] and x[2] < y[2]) end
-local function sub(x, y) return norm(x[1] - y[1], x[2] - y[2]) end
-local function add(x, y) return norm(x[1] + y[1], x[2] + y[2]) end
--- floor(1000 * x / d) ns for x, d > 0 integers (1000 * (x mod d) below 2^53).
+-- floor(1000 * x / d) ns for integers x >= 0, d > 0 (1000 * (x mod d) below 2^53).
 local function floor1000(x, d)
   local q = floor_div(x, d)
-  local r = x - q * d
-  return norm(q, floor_div(1000 * r, d))
+  return norm(q, floor_div(1000 * (x - q * d), d))
 end
 -- ceil(1000 * x / d) ns.
 local function ceil1000(x, d)
   local q = floor_div(x, d)
-  local r = x - q * d
-  return norm(q, floor_div(1000 * r + d - 1, d))
+  return norm(q, floor_div(1000 * (x - q * d) + d - 1, d))
 end
 
 -- The origin: as in escrow_script.cpp.
@@ -95,32 +93,37 @@ local function origin_of(origin_key, server_key)
   return origin
 end
 
--- The rule of the call in hand, and its state.
-local L, p, B, st
+-- The call in hand: its rule (L limit, p period in us, B burst) and the key's state (sa, sb, sc:
+-- see KEYS; sa nil when never written), and whether the state must be written back.
+local L, p, B, sa, sb, sc, dirty
 
 local function fits(count, h) return count <= L and h <= L - count end
 
--- Each decide returns allowed, limit, remaining, reset, retry (and commits when asked).
+-- Each decide returns allowed, limit, remaining, reset (us, ns), retry (us, ns), and commits
+-- when asked.
 local function fixed(h, commit)
   local start = window_of(now, p)
   local count = 0
-  if st.a == start then count = st.b end
-  local wend = us(p - (now - start))
+  if sa == start then count = sb end
+  local wend = p - (now - start)
   if not fits(count, h) then
-    local retry = wend
-    if h > L then retry = NEVER end
-    return 0, L, (count < L) and (L - count) or 0, (count > 0) and wend or ZERO, retry
+    local reset, rem = 0, 0
+    if count > 0 then reset = wend end
+    if count < L then rem = L - count end
+    if h > L then return 0, L, rem, reset, 0, -1, -1 end
+    return 0, L, rem, reset, 0, wend, 0
   end
   count = count + h
-  if commit and h > 0 then st.a, st.b, st.dirty = start, count, true end
-  return 1, L, L - count, (count > 0) and wend or ZERO, ZERO
+  if commit and h > 0 then sa, sb, dirty = start, count, true end
+  if count > 0 then return 1, L, L - count, wend, 0, 0, 0 end
+  return 1, L, L - count, 0, 0, 0, 0
 end
 
 local function slide(h, commit)
   local start = window_of(now, p)
   local cur, prev = 0, 0
-  if st.a == start then cur, prev = st.b, st.c
-  elseif st.a == start - p then prev = st.b end
+  if sa == start then cur, prev = sb, sc
+  elseif sa == start - p then prev = sb end
   local e = now - start
   local wprev = prev * (p - e)
   local cap = L * p
@@ -130,137 +133,140 @@ local function slide(h, commit)
   local used = wprev + after * p
   local remaining = 0
   if used < cap then remaining = floor_div(cap - used, p) end
-  local reset = ZERO
-  if after > 0 then reset = us(2 * p - e) elseif prev > 0 then reset = us(p - e) end
+  local reset = 0
+  if after > 0 then reset = 2 * p - e elseif prev > 0 then reset = p - e end
   if allowed then
-    if commit and h > 0 then st.a, st.b, st.c, st.dirty = start, after, prev, true end
-    return 1, L, remaining, reset, ZERO
+    if commit and h > 0 then sa, sb, sc, dirty = start, after, prev, true end
+    return 1, L, remaining, reset, 0, 0, 0
   end
-  if h > L then return 0, L, remaining, reset, NEVER end
-  local retry
+  if h > L then return 0, L, remaining, reset, 0, -1, -1 end
+  local ra, rb
   if fits(cur, h) then
-    local w = floor1000((L - cur - h) * p, prev)
-    if lt(us(p), w) then w = us(p) end
-    retry = sub(sub(us(p), w), us(e))
+    -- until the previous window's weight has fallen far enough: p - min(w, p) - e
+    local wa, wb = floor1000((L - cur - h) * p, prev)
+    if wa > p or (wa == p and wb > 0) then wa, wb = p, 0 end
+    ra, rb = norm(p - wa - e, -wb)
   else
-    local x = floor1000((L - h) * p, cur)
-    if lt(us(p), x) then x = us(p) end
-    retry = sub(add(us(p), sub(us(p), x)), us(e))
+    -- into the next window, where this one's count is the previous: p + (p - min(x, p)) - e
+    local xa, xb = floor1000((L - h) * p, cur)
+    if xa > p or (xa == p and xb > 0) then xa, xb = p, 0 end
+    ra, rb = norm(2 * p - xa - e, -xb)
   end
-  if lt(retry, { 0, 1 }) then retry = { 0, 1 } end
-  return 0, L, remaining, reset, retry
+  if ra < 0 or (ra == 0 and rb < 1) then ra, rb = 0, 1 end
+  return 0, L, remaining, reset, 0, ra, rb
 end
 
 -- GCRA: the debt now, in us * limit (tat * limit - now * limit, at least 0).
 local function debt()
-  if st.a == nil or st.a < now then return 0 end
-  return (st.a - now) * L + st.b
+  if sa == nil or sa < now then return 0 end
+  return (sa - now) * L + sb
 end
 local function set_tat(after)
   local q = floor_div(after, L)
-  st.a, st.b, st.dirty = now + q, after - q * L, true
+  sa, sb, dirty = now + q, after - q * L, true
+end
+-- Whole hits that fit on top of debt x (tolerance tol).
+local function left(x, tol)
+  if x >= tol then return 0 end
+  return floor_div(tol - x, p)
+end
+-- Until debt x has drained to `to`.
+local function till(x, to)
+  if x <= to then return 0, 0 end
+  return ceil1000(x - to, L)
 end
 local function gcra(h, commit)
   local d = debt()
   local tol = B * p
-  local function left(x)
-    if x >= tol then return 0 end
-    return floor_div(tol - x, p)
-  end
-  local function till(x, to)
-    if x <= to then return ZERO end
-    return ceil1000(x - to, L)
-  end
-  if h > B then return 0, B, left(d), till(d, 0), NEVER end
+  local ra, rb = till(d, 0)
+  if h > B then return 0, B, left(d, tol), ra, rb, -1, -1 end
   local after = d + h * p
-  if after > tol then return 0, B, left(d), till(d, 0), till(after, tol) end
+  if after > tol then
+    local ta, tb = till(after, tol)
+    return 0, B, left(d, tol), ra, rb, ta, tb
+  end
   if commit and h > 0 then set_tat(after) end
-  return 1, B, left(after), till(after, 0), ZERO
+  ra, rb = till(after, 0)
+  return 1, B, left(after, tol), ra, rb, 0, 0
 end
 
 local decide
-local function allowance()
-  local a, lim, rem, reset = decide(0, false)
-  local b, _, _, _, retry = decide(1, false)
-  if a == 0 then rem = 0 end
-  if b == 1 then retry = ZERO end
-  return lim, rem, reset, retry
-end
 
 -- Raises a state written before the origin (sluice/core/shared_rate.h).
 local function raise(origin, kind)
   local ws = window_of(origin, p)
   if kind == 'f' then
-    if st.a == ws then st.b = max(st.b, L)
-    elseif st.a == nil or st.a < ws then st.a, st.b = ws, L end
+    if sa == ws then sb = max(sb, L)
+    elseif sa == nil or sa < ws then sa, sb = ws, L end
   elseif kind == 's' then
-    if st.a == ws then st.b, st.c = max(st.b, L), max(st.c, L)
-    elseif st.a == ws - p then st.a, st.b, st.c = ws, L, max(st.b, L)
-    elseif st.a == nil or st.a < ws then st.a, st.b, st.c = ws, L, L end
+    if sa == ws then sb, sc = max(sb, L), max(sc, L)
+    elseif sa == ws - p then sa, sb, sc = ws, L, max(sb, L)
+    elseif sa == nil or sa < ws then sa, sb, sc = ws, L, L end
   else
     local tol = B * p
     local q = floor_div(tol, L)
     local a, b = origin + q, tol - q * L
-    if st.a == nil or st.a < a or (st.a == a and st.b < b) then st.a, st.b = a, b end
+    if sa == nil or sa < a or (sa == a and sb < b) then sa, sb = a, b end
   end
 end
 
-local function call(key, origin, op, kind, lim, period, burst, hits, ttl, out, at)
-  L, p = tonumber(lim), tonumber(period)
-  B = tonumber(burst)
-  if B == 0 then B = L end
+-- One call with rule `rule` (a table: kind, limit, period, burst, ttl): its reply goes to
+-- out[at + 1 ...]; returns where the next one goes.
+local function call(key, origin, op, rule, hits, out, at)
+  local kind = rule[1]
+  L, p, B = rule[2], rule[3], rule[4]
   local h = tonumber(hits)
-  st = { dirty = false }
+  sa, sb, sc, dirty = nil, nil, 0, false
   local raw = rcall('GET', key)
   local written = nil
   if raw then
-    local k, sl, sw, sa, sb, sc = match(raw, '^(%a) (%d+) (%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
+    if #raw ~= 41 then return error('sluice: unreadable shared rate state at ' .. key) end
+    local k, sl, sw, ta, tb, tc = unpack('<c1ddddd', raw)
     if k ~= kind then return error('sluice: unreadable shared rate state at ' .. key) end
-    written = tonumber(sw)
-    st.a, st.b, st.c = tonumber(sa), tonumber(sb), tonumber(sc) or 0
-    local old = tonumber(sl)
-    if old ~= L then
+    written, sa, sb, sc = sw, ta, tb, tc
+    if sl ~= L then
       -- Carried: a window's counts mean the same; a GCRA debt (in hits * period) is kept.
       if kind == 'g' then
         local d = 0
-        if st.a >= now then d = (st.a - now) * old + st.b end
+        if sa >= now then d = (sa - now) * sl + sb end
         set_tat(d)
       end
-      st.dirty = true
+      dirty = true
     end
   end
   if written == nil or written <= origin then raise(origin, kind) end
   if kind == 'f' then decide = fixed elseif kind == 's' then decide = slide else decide = gcra end
-  local allowed, dl, drem, dreset, dretry = 0, 0, 0, ZERO, ZERO
-  local cl, crem, cover, creset, cretry = 0, 0, 0, ZERO, ZERO
   if op == 'c' or op == 'p' then
-    allowed, dl, drem, dreset, dretry = decide(h, op == 'c')
+    out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6], out[at + 7] =
+      decide(h, op == 'c')
   elseif op == 'r' then
     if h == 0 then
       -- nothing to give back
     elseif kind == 'f' or kind == 's' then
-      if st.a == window_of(now, p) then st.b, st.dirty = st.b - min(h, st.b), true end
-    elseif st.a ~= nil then
-      local v = st.b - h * p
+      if sa == window_of(now, p) then sb, dirty = sb - min(h, sb), true end
+    elseif sa ~= nil then
+      local v = sb - h * p
       local q = floor_div(v, L)
-      st.a, st.b, st.dirty = st.a + q, v - q * L, true
+      sa, sb, dirty = sa + q, v - q * L, true
     end
-    allowed, dl, drem, dreset, dretry = decide(0, false)
+    out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6], out[at + 7] =
+      decide(0, false)
   else
+    local cover = 0
     if kind == 'f' then
       local start = window_of(now, p)
       local count = 0
-      if st.a == start then count = st.b end
+      if sa == start then count = sb end
       count = min(count + h, P52)
-      if h > 0 then st.a, st.b, st.dirty = start, count, true end
+      if h > 0 then sa, sb, dirty = start, count, true end
       if count > L then cover = count - L end
     elseif kind == 's' then
       local start = window_of(now, p)
       local cur, prev = 0, 0
-      if st.a == start then cur, prev = st.b, st.c
-      elseif st.a == start - p then prev = st.b end
+      if sa == start then cur, prev = sb, sc
+      elseif sa == start - p then prev = sb end
       cur = min(cur + h, min(P43, floor_div(P51, p)))
-      if h > 0 then st.a, st.b, st.c, st.dirty = start, cur, prev, true end
+      if h > 0 then sa, sb, sc, dirty = start, cur, prev, true end
       local used = prev * (p - (now - start)) + cur * p
       local cap = L * p
       if used > cap then cover = floor_div(used - cap + p - 1, p) end
@@ -270,33 +276,36 @@ local function call(key, origin, op, kind, lim, period, burst, hits, ttl, out, a
       local tol = B * p
       if after > tol then cover = floor_div(after - tol + p - 1, p) end
     end
-    cl, crem, creset, cretry = allowance()
-    allowed, dl, drem, dreset, dretry = decide(0, false)
+    -- The allowance after it (a check of 0 hits and one of 1), then the decision of 0 hits.
+    local a0, l0, r0, s0, s1 = decide(0, false)
+    local a1, _, _, _, _, t0, t1 = decide(1, false)
+    if a0 == 0 then r0 = 0 end
+    if a1 == 1 then t0, t1 = 0, 0 end
+    out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6], out[at + 7] =
+      decide(0, false)
+    out[at + 8], out[at + 9], out[at + 10], out[at + 11], out[at + 12], out[at + 13],
+      out[at + 14] = l0, r0, cover, s0, s1, t0, t1
   end
-  if st.dirty then
-    local text
-    if kind == 'g' then
-      text = format('g %d %d %d %d', L, now, st.a, st.b)
-    elseif kind == 's' then
-      text = format('s %d %d %d %d %d', L, now, st.a, st.b, st.c)
-    else
-      text = format('f %d %d %d %d', L, now, st.a, st.b)
-    end
-    rcall('SET', key, text, 'PX', ttl)
-  end
-  local r = { allowed, dl, drem, dreset[1], dreset[2], dretry[1], dretry[2], now,
-              cl, crem, cover, creset[1], creset[2], cretry[1], cretry[2] }
-  for i = 1, 15 do out[at + i] = r[i] end
-  return at + 15
+  if dirty then rcall('SET', key, pack('<c1ddddd', kind, L, now, sa, sb, sc), 'PX', rule[5]) end
+  if op == 'h' then return at + 14 end
+  return at + 7
 end
 
 local origin = origin_of(KEYS[n + 1], KEYS[n + 2])
-local out = {}
-local at = 0
+local rules = {}
+for r = 1, tonumber(ARGV[4]) do
+  local j = 4 + (r - 1) * 5
+  local burst = tonumber(ARGV[j + 4])
+  local lim = tonumber(ARGV[j + 2])
+  if burst == 0 then burst = lim end
+  rules[r] = { ARGV[j + 1], lim, tonumber(ARGV[j + 3]), burst, ARGV[j + 5] }
+end
+local first = 5 + #rules * 5
+local out = { now }
+local at = 1
 for i = 1, n do
-  local j = 3 + (i - 1) * 7
-  at = call(KEYS[i], origin, ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5],
-            ARGV[j + 6], ARGV[j + 7], out, at)
+  local j = first + (i - 1) * 3
+  at = call(KEYS[i], origin, ARGV[j], rules[tonumber(ARGV[j + 1])], ARGV[j + 2], out, at)
 end
 return out
 )lua";

@@ -9,14 +9,16 @@
 //   master_name: name             the name they monitor it under (needed with sentinels)
 //   sentinel_password             AUTH to the sentinels
 // Federation's keys ("<prefix>fed:", or "sluice:fed:" beside the default prefix), the regional
-// pool's ("<prefix>pool:", "sluice:pool:") and the shared rules' ("<prefix>rules:",
-// "sluice:rules:") sit beside the fleet's. Two coordinators with one address, database and key
+// pool's ("<prefix>pool:", "sluice:pool:"), the shared rules' ("<prefix>rules:",
+// "sluice:rules:") and shared rate limits' ("<prefix>rate:", "sluice:rate:") sit beside the
+// fleet's. Two coordinators with one address, database and key
 // prefix keep one set of records. It serves every role.
 #include "server/coordinators.h"
 #include "server/coordinators/connect.h"
 #include "sluice/backends/redis_coordinator.h"
 #include "sluice/backends/redis_rate_coordinator.h"
 #include "sluice/backends/redis_regional_escrow.h"
+#include "sluice/backends/redis_shared_rate.h"
 #include "sluice/core/text.h"
 
 namespace sluice::server {
@@ -35,6 +37,9 @@ RedisOptions rate_options(const RedisOptions& o) {
 }
 RedisOptions pool_options(const RedisOptions& o) {
   return prefixed(o, RedisRegionalEscrow::default_options().key_prefix, "pool:");
+}
+RedisOptions shared_rate_options(const RedisOptions& o) {
+  return prefixed(o, RedisSharedRate::default_options().key_prefix, "rate:");
 }
 RedisOptions rules_options(const RedisOptions& o) {
   return prefixed(o, redis_shared_rules_options().key_prefix, "rules:");
@@ -105,13 +110,26 @@ void offer_pool(NamedCoordinator& named, RedisOptions options, const Clock& cloc
       });
 }
 
+// Shared rate limits' store, connected when a rate policy first names the coordinator.
+void offer_shared_rate(NamedCoordinator& named, RedisOptions options, const Clock& clock) {
+  auto stats = named.stats;
+  named.offer_lazy<SharedRateStore>(
+      [options = std::move(options), &clock, stats]() -> StatusOr<std::shared_ptr<void>> {
+        auto s = coordinator_detail::connect_or_open<RedisSharedRate>(options);
+        if (!s.ok()) return s.status();
+        return std::shared_ptr<void>(std::shared_ptr<SharedRateStore>(
+            std::make_shared<TimedSharedRate>(std::move(s.value()), clock, stats)));
+      });
+}
+
 }  // namespace
 
 CoordinatorBackend redis_backend() {
   CoordinatorBackend b;
   b.name = "redis";
   b.roles = {CoordinatorRole::kConcurrency, CoordinatorRole::kRateBudget,
-             CoordinatorRole::kRegionalEscrow, CoordinatorRole::kSharedRules};
+             CoordinatorRole::kRegionalEscrow, CoordinatorRole::kSharedRules,
+             CoordinatorRole::kSharedRate};
   b.keys = {"address",         "username",  "password",    "database",         "key_prefix",
             "connect_timeout", "sentinels", "master_name", "sentinel_password"};
   b.parse = parse;
@@ -124,6 +142,7 @@ CoordinatorBackend redis_backend() {
     const RedisOptions& o = *spec.options_as<RedisOptions>();
     coordinator_detail::offer_rate<RedisRateCoordinator>(named, rate_options(o), clock);
     offer_pool(named, pool_options(o), clock);
+    offer_shared_rate(named, shared_rate_options(o), clock);
     coordinator_detail::offer_rules<RedisOptions>(named, rules_options(o), &redis_shared_rules);
   };
   // open() checks the options and connects to nothing; the interface it returns is dropped.
@@ -140,6 +159,8 @@ CoordinatorBackend redis_backend() {
       check(RedisRegionalEscrow::open(pool_options(o)).status(), "the regional pool's keys: ");
     if (has(roles, CoordinatorRole::kSharedRules))
       check(redis_shared_rules(rules_options(o)).status(), "the shared rules' keys: ");
+    if (has(roles, CoordinatorRole::kSharedRate))
+      check(RedisSharedRate::open(shared_rate_options(o)).status(), "shared rate limits' keys: ");
     return out;
   };
   return b;

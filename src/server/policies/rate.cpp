@@ -41,7 +41,7 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   // strategy or period starts every key afresh.
   StatusOr<Reconfiguration> reconfigure(const BuildContext& c) override {
     const RateSpec& spec = *c.spec.as<RateSpec>();
-    if (!can_carry(limiter_->rule(), spec.rule)) return Reconfiguration{};
+    if (spec.shared || !can_carry(limiter_->rule(), spec.rule)) return Reconfiguration{};
     const RateRule to = spec.rule;
     const std::size_t max_keys = spec.max_keys;
     return Reconfiguration([this, to, max_keys] { limiter_->reconfigure(to, max_keys); });
@@ -132,9 +132,39 @@ class RateLimitPolicy final : public Policy, public RateFamily {
   std::atomic<std::uint64_t> charged_{0}, overdrawn_{0};
 };
 
+// The fields of a rate policy with a coordinator (shared_rate.h).
+void parse_shared(ConfigSection& s, PolicySpec& spec, RateSpec& body) {
+  static const char* const kFields[] = {"budget", "coordinator_timeout", "retry_backoff",
+                                        "outage", "refusal_cache",       "io_threads"};
+  const std::optional<std::string> coordinator = s.str("coordinator");
+  if (!coordinator) {
+    for (const char* f : kFields)
+      if (s.has(f))
+        s.error(f, "applies to a rate policy whose keys a coordinator keeps: set coordinator");
+    return;
+  }
+  SharedRateSettings& o = body.shared.emplace();
+  o.coordinator = *coordinator;
+  spec.use("coordinator", o.coordinator, CoordinatorRole::kSharedRate);
+  if (auto v = s.str("budget")) {
+    if (v->empty() || v->find(':') != std::string::npos)
+      s.error("budget",
+              "must be a name without ':' (the keys' name at the coordinator), not '" + *v + "'");
+    o.budget = *v;
+  }
+  if (auto d = s.duration("coordinator_timeout")) o.coordinator_timeout = *d;
+  if (auto d = s.duration("retry_backoff")) o.retry_backoff = *d;
+  if (auto v = s.choice<bool>("outage", {{"fail-closed", false}, {"fail-open", true}}))
+    o.fail_open = *v;
+  if (auto v = s.boolean("refusal_cache")) o.refusal_cache = *v;
+  if (auto v = s.uint("io_threads", 1, 64)) o.io_threads = *v;
+}
+
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
-                                        PolicySpec& /*spec*/) {
-  s.keys({"kind", "strategy", "limit", "period", "burst", "max_keys", "shadow"});
+                                        PolicySpec& spec) {
+  s.keys({"kind", "strategy", "limit", "period", "burst", "max_keys", "shadow", "coordinator",
+          "budget", "coordinator_timeout", "retry_backoff", "outage", "refusal_cache",
+          "io_threads"});
   auto body = std::make_shared<RateSpec>();
   RateRule& rule = body->rule;
   if (auto v = s.choice<RateStrategy>("strategy", {{"fixed-window", RateStrategy::kFixedWindow},
@@ -150,11 +180,22 @@ std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSecti
     const std::string field = why.substr(0, why.find(' '));
     s.error(field, why.substr(field.size() + 1));
   }
+  parse_shared(s, spec, *body);
   return body;
 }
 
 StatusOr<std::shared_ptr<Policy>> build(const BuildContext& c) {
   const RateSpec& spec = *c.spec.as<RateSpec>();
+  if (spec.shared) {
+    auto store =
+        c.coordinator<SharedRateStore>(spec.shared->coordinator, "shared rate limits' interface");
+    if (!store.ok()) return store.status();
+    if (std::string why = store.value()->rule_error(spec.rule); !why.empty())
+      return Status(StatusCode::kInvalidArgument,
+                    "coordinator " + spec.shared->coordinator + ": " + why);
+    return make_shared_rate_policy(c, spec.rule, spec.max_keys, *spec.shared,
+                                   std::move(store.value()));
+  }
   RateLimiterOptions o;
   o.rule = spec.rule;
   o.shards = 64;

@@ -6,6 +6,9 @@
 //   period: 1s                                       # default 1s
 //   burst: 20                                        # gcra only
 //   max_keys: 1000000                                # keys held at once, default 1,000,000
+//   coordinator: shared                              # keep the keys at a coordinator, shared
+//                                                    #   by every server (shared_rate.h has
+//                                                    #   the fields that come with it)
 //
 // Reload: a changed rate policy whose strategy and period stay the same (a new limit, burst or
 // max_keys) is reconfigured in place and every key keeps what it has spent (a key that spent
@@ -15,7 +18,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
+#include "server/policies/shared_rate.h"
 #include "server/registry.h"
 #include "sluice/core/rate_strategy.h"
 #include "sluice/local/rate_limiter.h"
@@ -28,6 +33,7 @@ inline constexpr std::uint64_t kMaxRateKeys = 100'000'000;
 struct RateSpec final : PolicyBody {
   RateRule rule;
   std::size_t max_keys = kDefaultMaxKeys;
+  std::optional<SharedRateSettings> shared;  // with a coordinator
 };
 
 [[nodiscard]] PolicyKind rate_kind();
