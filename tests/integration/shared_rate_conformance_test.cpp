@@ -1,16 +1,17 @@
-// Conformance of shared rate limits: the Redis store gives the memory store's replies, field by
-// field, for one long randomized sequence of checks, peeks, refunds and charges (hits of 0, 1,
-// several, the limit and past it) over keys of every strategy, with limits that change part-way
-// (the carry) and losses of state (the raise); and until its first loss each key's replies are
-// the local strategies' own (sluice/core/rate_strategy.h, carried as a reload carries a local
-// limiter).
+// Conformance of shared rate limits: the Redis and PostgreSQL stores give the memory store's
+// replies, field by field, for one long randomized sequence of checks, peeks, refunds and charges
+// (hits of 0, 1, several, the limit and past it) over keys of every strategy, with limits that
+// change part-way (the carry) and losses of state (the raise); and until its first loss each key's
+// replies are the local strategies' own (sluice/core/rate_strategy.h, carried as a reload carries a
+// local limiter).
 //
-// Time is controlled: both stores take the coordinator's clock from one ManualClock in whole
+// Time is controlled: every store takes the coordinator's clock from one ManualClock in whole
 // microseconds (Redis's resolution), so each call sees the same `now`. Rules have periods and
 // limits that do not divide each other, so the durations carry nanosecond remainders.
 //
-// Losses: FLUSHALL on the Redis (no markers: its next call, made at once, makes now the origin)
-// and lose_state() on the memory store at that same instant.
+// Losses: FLUSHALL on the Redis (no markers: its next call, made at once, makes now the origin),
+// the PostgreSQL tables emptied (no origin row: the same), and lose_state() on the memory store at
+// that same instant.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -22,6 +23,7 @@
 
 #include "server_clients.h"
 #include "sluice/backends/memory_shared_rate.h"
+#include "sluice/backends/postgres_shared_rate.h"
 #include "sluice/backends/redis_shared_rate.h"
 #include "sluice/testing/servers.h"
 
@@ -125,12 +127,23 @@ struct Local {
 
 class SharedRateConformance : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { redis_.start(); }
-  static void TearDownTestSuite() { redis_.stop(); }
-  void SetUp() override { ASSERT_TRUE(redis_.ok()) << redis_.status().to_string(); }
+  static void SetUpTestSuite() {
+    redis_.start();
+    postgres_.start();
+  }
+  static void TearDownTestSuite() {
+    redis_.stop();
+    postgres_.stop();
+  }
+  void SetUp() override {
+    ASSERT_TRUE(redis_.ok()) << redis_.status().to_string();
+    ASSERT_TRUE(postgres_.ok()) << postgres_.status().to_string();
+  }
   static testing::SuiteServer<testing::RedisServer> redis_;
+  static testing::SuiteServer<testing::PostgresServer> postgres_;
 };
 testing::SuiteServer<testing::RedisServer> SharedRateConformance::redis_;
+testing::SuiteServer<testing::PostgresServer> SharedRateConformance::postgres_;
 
 TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrategiesReplies) {
   ManualClock clock(seconds(1'700'000'000));
@@ -141,6 +154,14 @@ TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrat
   auto redis = RedisSharedRate::connect(ro, &clock);
   ASSERT_TRUE(redis.ok()) << redis.status().to_string();
   ASSERT_TRUE(redis.value()->adopt(kTimeout).ok());  // a new Redis: no loss known
+  PostgresOptions po = PostgresSharedRate::default_options();
+  po.conninfo = postgres_->conninfo();
+  po.table_prefix = "conformance_rate";
+  auto postgres = PostgresSharedRate::connect(po, &clock);
+  ASSERT_TRUE(postgres.ok()) << postgres.status().to_string();
+  ASSERT_TRUE(postgres.value()->adopt(kTimeout).ok());
+  test_clients::RawConn sql(postgres_->conninfo());
+  ASSERT_TRUE(sql.ok()) << sql.error();
 
   std::vector<Key> ks = keys();
   std::map<std::string, Local> local;
@@ -166,6 +187,8 @@ TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrat
       SharedRateRequest peek;
       peek.op = SharedRateOp::kPeek;
       ASSERT_TRUE(redis.value()->apply("after-loss", peek, kTimeout).ok());
+      sql.rows("DELETE FROM conformance_rate_state; DELETE FROM conformance_rate_origin;");
+      ASSERT_TRUE(postgres.value()->apply("after-loss", peek, kTimeout).ok());
       for (auto& [name, l] : local) l.valid = false;
       ++losses;
       continue;
@@ -196,6 +219,12 @@ TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrat
         << "step " << step << " key " << k.name << " " << to_string(req.op) << " " << req.hits
         << " limit " << req.rule.limit << "\n  redis:  " << describe(got.value())
         << "\n  memory: " << describe(want.value());
+    const auto pg = postgres.value()->apply(k.name, req, kTimeout);
+    ASSERT_TRUE(pg.ok()) << pg.status().to_string();
+    ASSERT_EQ(pg.value(), want.value())
+        << "step " << step << " key " << k.name << " " << to_string(req.op) << " " << req.hits
+        << " limit " << req.rule.limit << "\n  postgres: " << describe(pg.value())
+        << "\n  memory:   " << describe(want.value());
     Local& l = local[k.name];
     if (l.valid) {
       const SharedRateReply lw = l.apply(req, clock.now());
@@ -215,6 +244,68 @@ TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrat
   for (SharedRateOp op :
        {SharedRateOp::kCheck, SharedRateOp::kPeek, SharedRateOp::kRefund, SharedRateOp::kCharge})
     EXPECT_GT(ops[op], 300) << to_string(op);
+}
+
+// A batch (apply_many: one script call on Redis, one transaction on PostgreSQL) answers each of
+// its calls as if made alone, in order, the same key several times included.
+TEST_F(SharedRateConformance, ABatchAnswersEachCallAsIfMadeAloneInOrder) {
+  ManualClock clock(seconds(1'800'000'000));
+  MemorySharedRate memory(clock);
+  RedisOptions ro = RedisSharedRate::default_options();
+  ro.port = redis_->port();
+  ro.key_prefix = "batches:rate:";
+  auto redis = RedisSharedRate::connect(ro, &clock);
+  ASSERT_TRUE(redis.ok()) << redis.status().to_string();
+  ASSERT_TRUE(redis.value()->adopt(kTimeout).ok());
+  PostgresOptions po = PostgresSharedRate::default_options();
+  po.conninfo = postgres_->conninfo();
+  po.table_prefix = "batches_rate";
+  auto postgres = PostgresSharedRate::connect(po, &clock);
+  ASSERT_TRUE(postgres.ok()) << postgres.status().to_string();
+  ASSERT_TRUE(postgres.value()->adopt(kTimeout).ok());
+  const std::vector<Key> ks = keys();
+  std::mt19937_64 rng(20261203);
+  int calls = 0, repeated = 0;
+  for (int batch = 0; batch < 150; ++batch) {
+    clock.advance(microseconds(1 + rng() % 200'000));
+    const std::size_t n = 1 + rng() % 80;  // past one Redis script call's 64 at times
+    std::vector<SharedRateRequest> requests(n);
+    std::vector<std::string> names(n);
+    std::vector<SharedRateCall> batch_calls(n);
+    std::map<std::string, int> seen;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Key& k = ks[rng() % 3];  // three keys: many repeats in a batch
+      names[i] = k.name;
+      requests[i].rule = k.rule;
+      const std::uint64_t o = rng() % 10;
+      requests[i].op = o < 7   ? SharedRateOp::kCheck
+                       : o < 8 ? SharedRateOp::kPeek
+                       : o < 9 ? SharedRateOp::kRefund
+                               : SharedRateOp::kCharge;
+      requests[i].hits = 1 + rng() % 3;
+      batch_calls[i] = {names[i], &requests[i]};
+      repeated += seen[names[i]]++ > 0;
+    }
+    const auto from_redis = redis.value()->apply_many(batch_calls, kTimeout);
+    const auto from_postgres = postgres.value()->apply_many(batch_calls, kTimeout);
+    ASSERT_EQ(from_redis.size(), n);
+    ASSERT_EQ(from_postgres.size(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto want = memory.apply(names[i], requests[i], kTimeout);
+      ASSERT_TRUE(want.ok() && from_redis[i].ok() && from_postgres[i].ok())
+          << from_redis[i].status().to_string() << " " << from_postgres[i].status().to_string();
+      ASSERT_EQ(from_redis[i].value(), want.value())
+          << "batch " << batch << " call " << i << "\n  redis:  " << describe(from_redis[i].value())
+          << "\n  memory: " << describe(want.value());
+      ASSERT_EQ(from_postgres[i].value(), want.value())
+          << "batch " << batch << " call " << i
+          << "\n  postgres: " << describe(from_postgres[i].value())
+          << "\n  memory:   " << describe(want.value());
+      ++calls;
+    }
+  }
+  EXPECT_GT(calls, 3000);
+  EXPECT_GT(repeated, 2000);
 }
 
 }  // namespace

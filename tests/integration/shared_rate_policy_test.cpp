@@ -16,6 +16,7 @@
 #include "server/engine.h"
 #include "server/registry.h"
 #include "server_clients.h"
+#include "sluice/backends/postgres_shared_rate.h"
 #include "sluice/backends/redis_shared_rate.h"
 #include "sluice/config/config.h"
 #include "sluice/testing/servers.h"
@@ -254,6 +255,32 @@ TEST_F(SharedRatePolicyTest, ARedisDownIsAnOutageFailClosedOrFailOpen) {
   }
   EXPECT_TRUE(served);
   EXPECT_TRUE(e->readiness().ready);
+}
+
+TEST(SharedRatePostgres, TwoServersShareOneKeyOnPostgres) {
+  testing::PostgresServer pg;
+  ASSERT_TRUE(pg.start().ok());
+  {
+    PostgresOptions o = PostgresSharedRate::default_options();
+    o.conninfo = pg.conninfo();
+    auto s = PostgresSharedRate::connect(o);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_TRUE(s.value()->adopt(seconds(5)).ok());
+  }
+  const std::string yaml = "coordinators:\n  shared:\n    kind: postgres\n    conninfo: '" +
+                           pg.conninfo() +
+                           "'\npolicies:\n  api:\n    kind: rate\n    strategy: sliding-window\n"
+                           "    limit: 9\n    period: 1000s\n    coordinator: shared\n";
+  auto a = engine(yaml);
+  auto b = engine(yaml);
+  ASSERT_TRUE(a && b);
+  std::uint64_t allowed = 0;
+  for (int i = 0; i < 30; ++i) allowed += check(i % 2 == 0 ? *a : *b, "api", "k").allowed;
+  EXPECT_EQ(allowed, 9u);
+  EXPECT_EQ(state(*a, "api")["coordinator"], "postgres");
+  test_clients::RawConn sql(pg.conninfo());
+  ASSERT_TRUE(sql.ok()) << sql.error();
+  EXPECT_EQ(sql.value("SELECT count(*) FROM sluice_rate_state"), "1");
 }
 
 TEST(SharedRateConfig, ErrorsNameTheirField) {

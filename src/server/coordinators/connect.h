@@ -13,6 +13,7 @@
 #include "sluice/backends/timed_coordinator.h"
 #include "sluice/core/coordinator.h"
 #include "sluice/core/rate_coordinator.h"
+#include "sluice/core/shared_rate.h"
 #include "sluice/core/status.h"
 
 namespace sluice::server::coordinator_detail {
@@ -65,6 +66,21 @@ void offer_rate(NamedCoordinator& named, Options options, const Clock& clock) {
         if (!c.ok()) return c.status();
         return std::shared_ptr<void>(std::make_shared<TimedRateCoordinator>(
             std::unique_ptr<RateCoordinator>(std::move(c.value())), clock, stats));
+      });
+}
+
+// Shared rate limits' store (C: RedisSharedRate, PostgresSharedRate) with `options`, connected
+// when a rate policy first names the coordinator, opened to connect on its first call when the
+// server cannot be reached now.
+template <typename C, typename Options>
+void offer_shared_rate(NamedCoordinator& named, Options options, const Clock& clock) {
+  auto stats = named.stats;
+  named.offer_lazy<SharedRateStore>(
+      [options = std::move(options), &clock, stats]() -> StatusOr<std::shared_ptr<void>> {
+        auto s = connect_or_open<C>(options);
+        if (!s.ok()) return s.status();
+        return std::shared_ptr<void>(std::shared_ptr<SharedRateStore>(
+            std::make_shared<TimedSharedRate>(std::move(s.value()), clock, stats)));
       });
 }
 

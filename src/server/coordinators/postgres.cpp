@@ -4,13 +4,15 @@
 //   table_prefix: name            the fleet's tables; default sluice_fleet; [a-z_][a-z0-9_]*, at
 //                                 most 57 characters
 // Federation's tables ("<prefix>_fed", or "sluice_fed" beside the default prefix; a federated
-// policy on it needs that to fit federation's 55) and the shared rules' table ("<prefix>_rules",
-// or "sluice_rules") sit beside the fleet's. Two coordinators with one conninfo and table prefix
-// keep one set of records. It serves every role but federation's regional pool.
+// policy on it needs that to fit federation's 55), the shared rules' table ("<prefix>_rules",
+// or "sluice_rules") and shared rate limits' tables ("<prefix>_rate", or "sluice_rate"; at most
+// 56) sit beside the fleet's. Two coordinators with one conninfo and table prefix keep one set
+// of records. It serves every role but federation's regional pool.
 #include "server/coordinators.h"
 #include "server/coordinators/connect.h"
 #include "sluice/backends/postgres_coordinator.h"
 #include "sluice/backends/postgres_rate_coordinator.h"
+#include "sluice/backends/postgres_shared_rate.h"
 #include "sluice/core/postgres_options.h"
 
 namespace sluice::server {
@@ -28,6 +30,9 @@ PostgresOptions prefixed(PostgresOptions o, const std::string& standalone,
 }
 PostgresOptions rate_options(const PostgresOptions& o) {
   return prefixed(o, PostgresRateCoordinator::default_options().table_prefix, "_fed");
+}
+PostgresOptions shared_rate_options(const PostgresOptions& o) {
+  return prefixed(o, PostgresSharedRate::default_options().table_prefix, "_rate");
 }
 PostgresOptions rules_options(const PostgresOptions& o) {
   return prefixed(o, postgres_shared_rules_options().table_prefix, "_rules");
@@ -54,7 +59,7 @@ CoordinatorBackend postgres_backend() {
   CoordinatorBackend b;
   b.name = "postgres";
   b.roles = {CoordinatorRole::kConcurrency, CoordinatorRole::kRateBudget,
-             CoordinatorRole::kSharedRules};
+             CoordinatorRole::kSharedRules, CoordinatorRole::kSharedRate};
   b.keys = {"conninfo", "table_prefix"};
   b.parse = parse;
   b.connect = [](const std::string& name, const CoordinatorSpec& spec, const Clock&,
@@ -67,6 +72,7 @@ CoordinatorBackend postgres_backend() {
     coordinator_detail::offer_rate<PostgresRateCoordinator>(named, rate_options(o), clock);
     coordinator_detail::offer_rules<PostgresOptions>(named, rules_options(o),
                                                      &postgres_shared_rules);
+    coordinator_detail::offer_shared_rate<PostgresSharedRate>(named, shared_rate_options(o), clock);
   };
   // open() checks the options and connects to nothing; the interface it returns is dropped.
   b.problems = [](const CoordinatorSpec& spec, const std::vector<CoordinatorRole>& roles) {
@@ -83,6 +89,10 @@ CoordinatorBackend postgres_backend() {
     if (has(roles, CoordinatorRole::kSharedRules))
       check(postgres_shared_rules(rules_options(o)).status(),
             "the shared rules' table (" + rules_options(o).table_prefix + ", from table_prefix): ");
+    if (has(roles, CoordinatorRole::kSharedRate))
+      check(PostgresSharedRate::open(shared_rate_options(o)).status(),
+            "shared rate limits' tables (prefix " + shared_rate_options(o).table_prefix +
+                ", from table_prefix): ");
     return out;
   };
   return b;

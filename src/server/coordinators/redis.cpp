@@ -110,18 +110,6 @@ void offer_pool(NamedCoordinator& named, RedisOptions options, const Clock& cloc
       });
 }
 
-// Shared rate limits' store, connected when a rate policy first names the coordinator.
-void offer_shared_rate(NamedCoordinator& named, RedisOptions options, const Clock& clock) {
-  auto stats = named.stats;
-  named.offer_lazy<SharedRateStore>(
-      [options = std::move(options), &clock, stats]() -> StatusOr<std::shared_ptr<void>> {
-        auto s = coordinator_detail::connect_or_open<RedisSharedRate>(options);
-        if (!s.ok()) return s.status();
-        return std::shared_ptr<void>(std::shared_ptr<SharedRateStore>(
-            std::make_shared<TimedSharedRate>(std::move(s.value()), clock, stats)));
-      });
-}
-
 }  // namespace
 
 CoordinatorBackend redis_backend() {
@@ -142,7 +130,7 @@ CoordinatorBackend redis_backend() {
     const RedisOptions& o = *spec.options_as<RedisOptions>();
     coordinator_detail::offer_rate<RedisRateCoordinator>(named, rate_options(o), clock);
     offer_pool(named, pool_options(o), clock);
-    offer_shared_rate(named, shared_rate_options(o), clock);
+    coordinator_detail::offer_shared_rate<RedisSharedRate>(named, shared_rate_options(o), clock);
     coordinator_detail::offer_rules<RedisOptions>(named, rules_options(o), &redis_shared_rules);
   };
   // open() checks the options and connects to nothing; the interface it returns is dropped.
