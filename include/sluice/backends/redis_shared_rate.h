@@ -9,14 +9,16 @@
 // (truncated to the microsecond). apply_many() sends up to 64 calls per script call, the calls
 // pipelined (one round trip for all).
 //
-// Cost per decision: one EVALSHA, which runs INFO stats, GET on the two markers and GET on the
-// key, and SET ... PX on the key when the call changes its state (an admitted check, a refund, a
-// charge). A refused check, or a peek, writes nothing.
+// Cost: one EVALSHA per batch of up to 64 calls, which runs INFO stats and GET on the two markers
+// once, then per call a GET of the key and, when the call changes its state (an admitted check, a
+// refund, a charge), a SET ... PX: 2.1 Redis commands per admitted check at ~25 calls a batch
+// (bench/README.md). A refused check, or a peek, writes nothing.
 //
-// Keys: a key's state is one string, "<key_prefix>{<key>}<strategy>/<period_us>" (its layout is in
-// the script's source), that expires once it would decide like a fresh key (idle_within(rule), plus
-// a second; at least ten minutes in test mode). key_prefix must be neither the fleet's nor the
-// federation's (default_options(): "sluice:rate:").
+// Keys: a key's state is one string, "<key_prefix>{<key>}<strategy>/<period_us>" (41 bytes packed
+// with struct.pack: the layout, and how to read it, are in the script's source), that expires once
+// it would decide like a fresh key (idle_within(rule), plus a second; at least ten minutes in test
+// mode). key_prefix must be neither the fleet's nor the federation's (default_options():
+// "sluice:rate:").
 //
 // State loss: the origin and server markers ("<key_prefix>origin", "<key_prefix>server") as the
 // federation coordinator keeps them (redis_rate_coordinator.h): a Redis found empty of them, or
