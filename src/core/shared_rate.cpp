@@ -72,6 +72,17 @@ SharedRateReply run(State& st, const SharedRateRequest& r, Nanos now, bool& chan
       changed = changed || r.hits > 0;
       out.decision = decide(st, r.rule, 0, now, /*commit=*/false);
       break;
+    case SharedRateOp::kTake: {
+      const RateDecision none = decide(st, r.rule, 0, now, /*commit=*/false);
+      out.granted = none.allowed ? std::min(r.hits, none.remaining) : 0;
+      if (out.granted > 0) {
+        out.decision = decide(st, r.rule, out.granted, now);
+        changed = true;
+      } else {
+        out.decision = decide(st, r.rule, r.hits == 0 ? 0 : 1, now, /*commit=*/false);
+      }
+      break;
+    }
   }
   return out;
 }
@@ -88,8 +99,38 @@ std::string_view to_string(SharedRateOp op) noexcept {
       return "refund";
     case SharedRateOp::kCharge:
       return "charge";
+    case SharedRateOp::kTake:
+      return "take";
   }
   return "unknown";
+}
+
+Nanos idle_at(const SharedRateState& s, const RateRule& rule) noexcept {
+  const std::int64_t p = rule.period.count();
+  const auto after = [](std::int64_t start, std::int64_t span) {
+    return Nanos{start > INT64_MAX - span ? INT64_MAX : start + span};
+  };
+  switch (rule.strategy) {
+    case RateStrategy::kFixedWindow:
+      if (s.fixed.count == 0 || s.fixed.window_start == INT64_MIN) return Nanos::min();
+      return after(s.fixed.window_start, p);
+    case RateStrategy::kSlidingWindow:
+      if ((s.sliding.current == 0 && s.sliding.previous == 0) ||
+          s.sliding.window_start == INT64_MIN)
+        return Nanos::min();
+      return after(s.sliding.window_start, p > INT64_MAX / 2 ? INT64_MAX : 2 * p);
+    case RateStrategy::kGcra: {
+      if (s.gcra.tat_scaled == GcraState::kUnused) return Nanos::min();
+      // Idle once now * limit >= tat * limit: from ceil(tat * limit / limit).
+      const i128 l = static_cast<i128>(s.limit != 0 ? s.limit : rule.limit);
+      const i128 t = s.gcra.tat_scaled;
+      const i128 q = t / l + (t % l > 0 ? 1 : 0);
+      if (q > INT64_MAX) return Nanos::max();
+      if (q < INT64_MIN) return Nanos::min();
+      return Nanos{static_cast<std::int64_t>(q)};
+    }
+  }
+  return Nanos::max();
 }
 
 SharedRateState spent_at(const RateRule& rule, Nanos origin) noexcept {

@@ -1,9 +1,10 @@
 // Conformance of shared rate limits: the Redis and PostgreSQL stores give the memory store's
-// replies, field by field, for one long randomized sequence of checks, peeks, refunds and charges
-// (hits of 0, 1, several, the limit and past it) over keys of every strategy, with limits that
-// change part-way (the carry) and losses of state (the raise); and until its first loss each key's
-// replies are the local strategies' own (sluice/core/rate_strategy.h, carried as a reload carries a
-// local limiter).
+// replies, field by field, for one long randomized sequence of checks, peeks, refunds, charges
+// and takes (hits of 0, 1, several, the limit and past it) over keys of every strategy, with
+// limits that change part-way (the carry), losses of state (the raise) and keys charged far past
+// their limit (kept until they are idle, not only idle_within(rule)); and until its first loss
+// each key's replies are the local strategies' own (sluice/core/rate_strategy.h, carried as a
+// reload carries a local limiter).
 //
 // Time is controlled: every store takes the coordinator's clock from one ManualClock in whole
 // microseconds (Redis's resolution), so each call sees the same `now`. Rules have periods and
@@ -73,7 +74,8 @@ std::string describe(const SharedRateReply& r) {
          " now " + std::to_string(r.coordinator_now.count()) + " | charge limit " +
          std::to_string(c.limit) + " remaining " + std::to_string(c.remaining) + " overdraft " +
          std::to_string(c.overdraft) + " reset " + std::to_string(c.reset_after.count()) +
-         " retry " + std::to_string(c.retry_after.count());
+         " retry " + std::to_string(c.retry_after.count()) + " | granted " +
+         std::to_string(r.granted);
 }
 
 // A key's state in the local strategies, for the replies up to its first loss.
@@ -103,6 +105,13 @@ struct Local {
         out.charge = charge(s, rule, hits, now);
         out.decision = decide(s, rule, 0, now, false);
         break;
+      case SharedRateOp::kTake: {  // what fits of `hits`, checked as one
+        const RateDecision none = decide(s, rule, 0, now, false);
+        out.granted = none.allowed ? std::min(hits, none.remaining) : 0;
+        out.decision = out.granted > 0 ? decide(s, rule, out.granted, now)
+                                       : decide(s, rule, hits == 0 ? 0 : 1, now, false);
+        break;
+      }
     }
     return out;
   }
@@ -201,10 +210,11 @@ TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrat
     SharedRateRequest req;
     req.rule = k.rule;
     const std::uint64_t o = pick(100);
-    req.op = o < 55   ? SharedRateOp::kCheck
-             : o < 70 ? SharedRateOp::kPeek
-             : o < 85 ? SharedRateOp::kRefund
-                      : SharedRateOp::kCharge;
+    req.op = o < 50   ? SharedRateOp::kCheck
+             : o < 62 ? SharedRateOp::kPeek
+             : o < 74 ? SharedRateOp::kRefund
+             : o < 86 ? SharedRateOp::kCharge
+                      : SharedRateOp::kTake;
     const std::uint64_t limit =
         k.rule.strategy == RateStrategy::kGcra && k.rule.burst != 0 ? k.rule.burst : k.rule.limit;
     const std::uint64_t h = pick(20);
@@ -241,8 +251,8 @@ TEST_F(SharedRateConformance, RandomSequenceGivesTheMemoryStoresAndTheLocalStrat
   EXPECT_GE(losses, 3);
   EXPECT_GE(carried, 10);
   EXPECT_GT(compared_local, 1000);
-  for (SharedRateOp op :
-       {SharedRateOp::kCheck, SharedRateOp::kPeek, SharedRateOp::kRefund, SharedRateOp::kCharge})
+  for (SharedRateOp op : {SharedRateOp::kCheck, SharedRateOp::kPeek, SharedRateOp::kRefund,
+                          SharedRateOp::kCharge, SharedRateOp::kTake})
     EXPECT_GT(ops[op], 300) << to_string(op);
 }
 
@@ -278,10 +288,11 @@ TEST_F(SharedRateConformance, ABatchAnswersEachCallAsIfMadeAloneInOrder) {
       names[i] = k.name;
       requests[i].rule = k.rule;
       const std::uint64_t o = rng() % 10;
-      requests[i].op = o < 7   ? SharedRateOp::kCheck
-                       : o < 8 ? SharedRateOp::kPeek
-                       : o < 9 ? SharedRateOp::kRefund
-                               : SharedRateOp::kCharge;
+      requests[i].op = o < 6   ? SharedRateOp::kCheck
+                       : o < 7 ? SharedRateOp::kPeek
+                       : o < 8 ? SharedRateOp::kRefund
+                       : o < 9 ? SharedRateOp::kCharge
+                               : SharedRateOp::kTake;
       requests[i].hits = 1 + rng() % 3;
       batch_calls[i] = {names[i], &requests[i]};
       repeated += seen[names[i]]++ > 0;

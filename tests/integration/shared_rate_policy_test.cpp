@@ -213,6 +213,32 @@ TEST(SharedRateRedisLoss, ARestartFromAnRdbSnapshotAdmitsNothingTheKeyHadSpent) 
   EXPECT_FALSE(check(*other, "api", "never-seen").allowed);
 }
 
+// A key charged far past its limit is kept until its debt has drained (it would decide like a
+// fresh key, and over-admit, if it expired at the rule's usual idle time).
+TEST_F(SharedRatePolicyTest, AKeyChargedPastItsLimitIsKeptUntilItsDebtHasDrained) {
+  RedisOptions o = RedisSharedRate::default_options();
+  o.port = redis_.port();
+  auto store = RedisSharedRate::connect(o);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  SharedRateRequest charge;
+  charge.op = SharedRateOp::kCharge;
+  charge.rule.limit = 10;  // GCRA, 10 per second: 100 hits owe 10 s
+  charge.hits = 100;
+  auto r = store.value()->apply("heavy", charge, seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().charge.overdraft, 90u);
+  const long long ttl =
+      std::stoll(test_clients::cli(redis_.port(), "PTTL 'sluice:rate:{heavy}gcra/1000000'"));
+  EXPECT_GT(ttl, 9'500);  // its debt, 10 s, and a second
+  EXPECT_LE(ttl, 11'000);
+  SharedRateRequest check;
+  check.rule = charge.rule;
+  auto d = store.value()->apply("heavy", check, seconds(5));
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d.value().decision.allowed);
+  EXPECT_GT(d.value().decision.retry_after, seconds(8));
+}
+
 TEST_F(SharedRatePolicyTest, ARedisDownIsAnOutageFailClosedOrFailOpen) {
   auto e = engine(config(redis_.port(), R"(  closed:
     kind: rate

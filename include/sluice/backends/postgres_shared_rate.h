@@ -22,8 +22,8 @@
 // rate limit has used before.
 //
 // Clean-up: piggybacked on calls, at most once per 10 s of coordinator time, in their
-// transaction: up to 1000 rows idle past idle_within(rule) (rate_strategy.h) are deleted, which
-// changes no reply.
+// transaction: up to 1000 rows that decide like fresh keys (core/shared_rate.h: idle_at) are
+// deleted, which changes no reply.
 //
 // Connection: one libpq connection, one batch at a time; every call bounded by its timeout.
 //

@@ -15,8 +15,8 @@
 // (bench/README.md). A refused check, or a peek, writes nothing.
 //
 // Keys: a key's state is one string, "<key_prefix>{<key>}<strategy>/<period_us>" (41 bytes packed
-// with struct.pack: the layout, and how to read it, are in the script's source), that expires once
-// it would decide like a fresh key (idle_within(rule), plus a second; at least ten minutes in test
+// with struct.pack: the layout, and how to read it, are in the script's source), that expires a
+// second after it decides like a fresh key (core/shared_rate.h: idle_at; ten minutes in test
 // mode). key_prefix must be neither the fleet's nor the federation's (default_options():
 // "sluice:rate:").
 //

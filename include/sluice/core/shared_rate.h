@@ -46,7 +46,9 @@
 
 namespace sluice {
 
-enum class SharedRateOp : std::uint8_t { kCheck, kPeek, kRefund, kCharge };
+// kTake: as many of `hits` as fit now, at most (a lease of hits to spend elsewhere, the leased
+// mode's): min(hits, what a check of 0 hits reports remaining) hits are admitted, all at once.
+enum class SharedRateOp : std::uint8_t { kCheck, kPeek, kRefund, kCharge, kTake };
 
 [[nodiscard]] std::string_view to_string(SharedRateOp op) noexcept;
 
@@ -58,9 +60,11 @@ struct SharedRateRequest {
 
 struct SharedRateReply {
   // check and peek: the decision; refund: what a peek of 0 hits answers after it; charge: what
-  // a peek of 0 hits answers after it (the key's allowance), with `charge` set.
+  // a peek of 0 hits answers after it (the key's allowance), with `charge` set; take: the check
+  // of the hits it took (of 1 hit, not committed, when it took none; of 0 when asked for 0).
   RateDecision decision;
-  RateCharge charge;  // charge only
+  RateCharge charge;          // charge only
+  std::uint64_t granted = 0;  // take only: the hits it took
   Nanos coordinator_now{0};
   friend bool operator==(const SharedRateReply&, const SharedRateReply&) = default;
 };
@@ -84,6 +88,11 @@ inline constexpr Nanos kNoLoss = Nanos::min();
 // Requires request.rule.validate() to be empty.
 [[nodiscard]] SharedRateReply apply(SharedRateState& s, const SharedRateRequest& request, Nanos now,
                                     Nanos origin, bool* changed = nullptr) noexcept;
+
+// The coordinator time from which `s`, last written under `rule`'s strategy and period (and its
+// own limit), decides like a fresh key unless written again: when a store may forget it. Later
+// than idle_within(rule) after its last write for a key charged past its limit.
+[[nodiscard]] Nanos idle_at(const SharedRateState& s, const RateRule& rule) noexcept;
 
 // The state a key spent to its limit at `origin` holds (what apply() raises an older state to).
 [[nodiscard]] SharedRateState spent_at(const RateRule& rule, Nanos origin) noexcept;

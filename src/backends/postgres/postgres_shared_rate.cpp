@@ -272,9 +272,9 @@ struct PostgresSharedRate::Impl {
       }
       i128 v[3] = {0, 0, 0};
       to_columns(h.state, h.rule.strategy, v);
-      const Nanos idle = idle_within(h.rule);
-      const std::int64_t idle_after =
-          h.state.written > INT64_MAX - idle.count() ? INT64_MAX : h.state.written + idle.count();
+      // Kept until it decides like a fresh key (past idle_within(rule) when charged past its
+      // limit), and never swept before its last write.
+      const std::int64_t idle_after = std::max(idle_at(h.state, h.rule).count(), h.state.written);
       values += (values.empty() ? "(" : ", (") + lit.value() + ", " +
                 std::to_string(h.state.limit) + ", " + std::to_string(h.state.written) + ", " +
                 text_of(v[0]) + ", " + text_of(v[1]) + ", " + text_of(v[2]) + ", " +

@@ -60,6 +60,8 @@ std::uint64_t hits_sent(const SharedRateRequest& r) {
     case SharedRateOp::kCheck:
     case SharedRateOp::kPeek:
       return std::min(r.hits, (gcra ? burst_of(r.rule) : r.rule.limit) + 1);
+    case SharedRateOp::kTake:  // never more than the remaining, itself at most this
+      return std::min(r.hits, gcra ? burst_of(r.rule) : r.rule.limit);
     case SharedRateOp::kRefund:
     case SharedRateOp::kCharge:
       return std::min(r.hits, gcra ? kTwo51 / p + 1 : kTwo52);
@@ -77,6 +79,8 @@ char op_code(SharedRateOp op) {
       return 'r';
     case SharedRateOp::kCharge:
       return 'h';
+    case SharedRateOp::kTake:
+      return 't';
   }
   return 'p';
 }
@@ -99,8 +103,10 @@ Nanos duration_of(std::int64_t us, std::int64_t ns) {
   return std::chrono::microseconds(us) + Nanos(ns);
 }
 
-// The integers a call's reply takes: 7, a charge's 14.
-std::size_t reply_ints(SharedRateOp op) { return op == SharedRateOp::kCharge ? 14 : 7; }
+// The integers a call's reply takes: 7, a take's 8, a charge's 14.
+std::size_t reply_ints(SharedRateOp op) {
+  return op == SharedRateOp::kCharge ? 14 : op == SharedRateOp::kTake ? 8 : 7;
+}
 
 // One call's reply from `r`'s elements at `at` (the script's now_us is element 0).
 StatusOr<SharedRateReply> reply_at(const redisReply* r, std::size_t at, SharedRateOp op) {
@@ -124,6 +130,7 @@ StatusOr<SharedRateReply> reply_at(const redisReply* r, std::size_t at, SharedRa
   out.decision.remaining = u(v[2]);
   out.decision.reset_after = duration_of(v[3], v[4]);
   out.decision.retry_after = duration_of(v[5], v[6]);
+  if (op == SharedRateOp::kTake) out.granted = u(v[7]);
   if (op == SharedRateOp::kCharge) {
     out.charge.limit = u(v[7]);
     out.charge.remaining = u(v[8]);
@@ -134,13 +141,9 @@ StatusOr<SharedRateReply> reply_at(const redisReply* r, std::size_t at, SharedRa
   return out;
 }
 
-// The longest a key's state is kept after its last write: until it decides like a fresh one, and
-// a second more (at least ten minutes with a caller's clock, which need not keep Redis's pace).
-std::int64_t ttl_ms(const RateRule& rule, bool caller_clock) {
-  const auto idle = std::chrono::ceil<std::chrono::milliseconds>(idle_within(rule)).count();
-  const std::int64_t ttl = idle + 1000;
-  return caller_clock ? std::max<std::int64_t>(ttl, 600'000) : ttl;
-}
+// How long past the time it decides like a fresh key a state is kept: a second (ten minutes with
+// a caller's clock, which need not keep Redis's pace).
+std::int64_t margin_ms(bool caller_clock) { return caller_clock ? 600'000 : 1000; }
 
 }  // namespace
 
@@ -204,7 +207,7 @@ struct RedisSharedRate::Impl {
         c.args.push_back(std::to_string(r.limit));
         c.args.push_back(std::to_string(floor_us(r.period)));
         c.args.push_back(std::to_string(r.burst));
-        c.args.push_back(std::to_string(ttl_ms(r, caller_clock != nullptr)));
+        c.args.push_back(std::to_string(margin_ms(caller_clock != nullptr)));
       }
       rule_of[j - from] = i + 1;
     }

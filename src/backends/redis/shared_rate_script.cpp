@@ -16,11 +16,13 @@
 //             run_id or another eviction count: the origin is now.
 // ARGV        now_us (empty: Redis TIME), run_id (the caller's connection's), n, then r and r
 //             rules, each strategy (f, s, g), limit, period_us, burst (GCRA; the limit when 0),
-//             ttl_ms, then per call op (c check, p peek, r refund, h charge), its rule (1..r) and
-//             hits (clamped by the caller: see below).
+//             margin_ms (a state expires this long after it decides like a fresh key), then per
+//             call op (c check, p peek, r refund, h charge, t take), its rule (1..r) and hits
+//             (clamped by the caller: see below).
 // Returns     now_us, then per call 7 integers: allowed, limit, remaining, reset_after (whole
-//             us, then ns 0..999), retry_after (the same; -1 -1: never); a charge 7 more: its
-//             limit, remaining, overdraft, reset_after (us, ns), retry_after (us, ns).
+//             us, then ns 0..999), retry_after (the same; -1 -1: never); a take one more, the
+//             hits it took; a charge 7 more: its limit, remaining, overdraft, reset_after (us,
+//             ns), retry_after (us, ns).
 //
 // Exactness. Lua numbers are doubles, exact below 2^53. Times are whole microseconds (so the
 // local strategies' ns results are a microsecond part and a remainder of 0..999 ns, computed
@@ -210,6 +212,22 @@ local function raise(origin, kind)
   end
 end
 
+-- Writes the state back if it changed, to expire `margin` ms (rule[5]) after it decides like a
+-- fresh key (core/shared_rate.cpp: idle_at); returns `next`.
+local function finish(key, kind, rule, next)
+  if not dirty then return next end
+  local idle  -- us from now
+  if kind == 'f' then idle = sa + p - now
+  elseif kind == 's' then idle = sa + 2 * p - now
+  else
+    idle = sa - now
+    if sb > 0 then idle = idle + 1 end
+  end
+  local ttl = floor_div(max(idle, 0) + 999, 1000) + rule[5]
+  rcall('SET', key, pack('<c1ddddd', kind, L, now, sa, sb, sc), 'PX', format('%d', ttl))
+  return next
+end
+
 -- One call with rule `rule` (a table: kind, limit, period, burst, ttl): its reply goes to
 -- out[at + 1 ...]; returns where the next one goes.
 local function call(key, origin, op, rule, hits, out, at)
@@ -239,6 +257,19 @@ local function call(key, origin, op, rule, hits, out, at)
   if op == 'c' or op == 'p' then
     out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6], out[at + 7] =
       decide(h, op == 'c')
+  elseif op == 't' then
+    local a0, _, r0 = decide(0, false)
+    local g = 0
+    if a0 == 1 then g = min(h, r0) end
+    if g > 0 then
+      out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6], out[at + 7] =
+        decide(g, true)
+    else
+      out[at + 1], out[at + 2], out[at + 3], out[at + 4], out[at + 5], out[at + 6], out[at + 7] =
+        decide(min(h, 1), false)
+    end
+    out[at + 8] = g
+    return finish(key, kind, rule, at + 8)
   elseif op == 'r' then
     if h == 0 then
       -- nothing to give back
@@ -286,9 +317,8 @@ local function call(key, origin, op, rule, hits, out, at)
     out[at + 8], out[at + 9], out[at + 10], out[at + 11], out[at + 12], out[at + 13],
       out[at + 14] = l0, r0, cover, s0, s1, t0, t1
   end
-  if dirty then rcall('SET', key, pack('<c1ddddd', kind, L, now, sa, sb, sc), 'PX', rule[5]) end
-  if op == 'h' then return at + 14 end
-  return at + 7
+  if op == 'h' then return finish(key, kind, rule, at + 14) end
+  return finish(key, kind, rule, at + 7)
 end
 
 local origin = origin_of(KEYS[n + 1], KEYS[n + 2])
@@ -298,7 +328,7 @@ for r = 1, tonumber(ARGV[4]) do
   local burst = tonumber(ARGV[j + 4])
   local lim = tonumber(ARGV[j + 2])
   if burst == 0 then burst = lim end
-  rules[r] = { ARGV[j + 1], lim, tonumber(ARGV[j + 3]), burst, ARGV[j + 5] }
+  rules[r] = { ARGV[j + 1], lim, tonumber(ARGV[j + 3]), burst, tonumber(ARGV[j + 5]) }
 end
 local first = 5 + #rules * 5
 local out = { now }
