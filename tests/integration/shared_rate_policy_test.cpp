@@ -9,9 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "server/engine.h"
 #include "server/registry.h"
@@ -239,6 +243,113 @@ TEST_F(SharedRatePolicyTest, AKeyChargedPastItsLimitIsKeptUntilItsDebtHasDrained
   EXPECT_GT(d.value().decision.retry_after, seconds(8));
 }
 
+// The leased mode's bound, measured: three servers take leases of 5 hits of one GCRA key (50 per
+// second, burst 10) in bursts of checks and spend them for up to 200 ms; in every interval of every
+// length the admissions stay within burst + (w + lease_hold + the longest check) x limit / period
+// (exact GCRA: burst + w x limit / period). Times are taken as each check starts: a leased hit is
+// spent no earlier than the coordinator counted it and at most lease_hold later; a hit its own
+// check took was counted at most one check's length after it started.
+TEST_F(SharedRatePolicyTest, LeasedGcraStaysWithinItsStatedBound) {
+  const std::string yaml = config(redis_.port(), R"(  api:
+    kind: rate
+    strategy: gcra
+    limit: 50
+    period: 1s
+    burst: 10
+    coordinator: shared
+    lease: 5
+    lease_hold: 200ms
+)");
+  std::vector<std::unique_ptr<Engine>> servers;
+  for (int i = 0; i < 3; ++i) {
+    servers.push_back(engine(yaml));
+    ASSERT_TRUE(servers.back());
+  }
+  std::mutex mu;
+  std::vector<std::int64_t> admitted;  // ns, as each admitted check started
+  std::int64_t longest = 0;            // ns, the longest check
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + seconds(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&, t] {
+      Engine& e = *servers[t % 3];
+      std::vector<std::int64_t> mine;
+      std::int64_t slowest = 0;
+      while (std::chrono::steady_clock::now() < end) {
+        // Bursts of 200 ms every 500 ms: between them the bucket fills, so takes get whole
+        // leases, and hits leased late in a burst would be spent in the next one if they were
+        // kept past lease_hold.
+        const auto in_cycle = (std::chrono::steady_clock::now() - start) % milliseconds(500);
+        if (in_cycle >= milliseconds(200)) {
+          std::this_thread::sleep_for(milliseconds(500) - in_cycle);
+          continue;
+        }
+        const auto before = std::chrono::steady_clock::now();
+        auto d = e.check(CheckCall{"api", "k", 1});
+        const auto after = std::chrono::steady_clock::now();
+        slowest = std::max<std::int64_t>(slowest, (after - before).count());
+        if (d.ok() && d.value().allowed) mine.push_back((before - start).count());
+        if (d.ok() && !d.value().allowed) std::this_thread::sleep_for(milliseconds(1));
+      }
+      const std::lock_guard lock(mu);
+      admitted.insert(admitted.end(), mine.begin(), mine.end());
+      longest = std::max(longest, slowest);
+    });
+  for (std::thread& t : threads) t.join();
+  std::sort(admitted.begin(), admitted.end());
+  const std::int64_t emission = 20'000'000;  // ns per hit: 1 s / 50
+  const std::int64_t hold = 200'000'000;
+  std::uint64_t from_lease = 0;
+  for (auto& e : servers) from_lease += state(*e, "api")["allowed_from_lease"].get<std::uint64_t>();
+  EXPECT_GT(from_lease, 10u);  // leased hits were spent here
+  // Most of what the rate allows in four bursts: 10 + 2 s x 50, less what was held unspent.
+  EXPECT_GT(admitted.size(), 50u);
+  for (const std::int64_t w : {10'000'000LL, 50'000'000LL, 100'000'000LL, 250'000'000LL,
+                               500'000'000LL, 1'000'000'000LL, 2'000'000'000LL}) {
+    std::size_t most = 0;
+    for (std::size_t i = 0, j = 0; i < admitted.size(); ++i) {
+      while (j < admitted.size() && admitted[j] - admitted[i] <= w) ++j;
+      most = std::max(most, j - i);
+    }
+    const std::uint64_t exact = 10 + static_cast<std::uint64_t>(w / emission);
+    const std::uint64_t bound = 10 + static_cast<std::uint64_t>((w + hold + longest) / emission);
+    std::printf("interval %lld ms: at most %zu admitted; exact GCRA %llu, stated bound %llu\n",
+                static_cast<long long>(w / 1'000'000), most, static_cast<unsigned long long>(exact),
+                static_cast<unsigned long long>(bound));
+    EXPECT_LE(most, bound) << "interval " << w << " ns";
+  }
+}
+
+// Leased hits not spent within lease_hold are given back, never spent later: a server that leased
+// 10 and spent 2 holds 8; once its hold has passed they are the key's again (another server gets
+// them), and the first server's checks are decided at the coordinator (refused: all spent).
+TEST_F(SharedRatePolicyTest, LeasedHitsUnspentPastTheHoldAreGivenBackNotSpent) {
+  const std::string yaml = config(redis_.port(), R"(  api:
+    kind: rate
+    strategy: gcra
+    limit: 10
+    period: 1000s
+    coordinator: shared
+    lease: 10
+    lease_hold: 100ms
+)");
+  auto a = engine(yaml);
+  auto b = engine(yaml);
+  ASSERT_TRUE(a && b);
+  const RateDecision first = check(*a, "api", "k");
+  ASSERT_TRUE(first.allowed);
+  EXPECT_EQ(first.remaining, 9u);              // all of it leased here
+  EXPECT_TRUE(check(*a, "api", "k").allowed);  // from the lease, no call
+  EXPECT_EQ(state(*a, "api")["allowed_from_lease"].get<std::uint64_t>(), 1u);
+  std::this_thread::sleep_for(milliseconds(400));  // past the hold: a gives back its 8
+  EXPECT_EQ(state(*a, "api")["given_back_hits"].get<std::uint64_t>(), 8u);
+  std::uint64_t to_b = 0;
+  for (int i = 0; i < 12; ++i) to_b += check(*b, "api", "k").allowed;
+  EXPECT_EQ(to_b, 8u);  // what a gave back
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(check(*a, "api", "k").allowed) << i;
+}
+
 TEST_F(SharedRatePolicyTest, ARedisDownIsAnOutageFailClosedOrFailOpen) {
   auto e = engine(config(redis_.port(), R"(  closed:
     kind: rate
@@ -329,6 +440,16 @@ TEST(SharedRateConfig, ErrorsNameTheirField) {
                 .find("fail-open"),
             std::string::npos);
   EXPECT_NE(error_at(head + "    coordinator: nowhere\n", "policies.p.coordinator"), "");
+  EXPECT_NE(error_at(head + "    strategy: fixed-window\n    coordinator: r\n    lease: 5\n",
+                     "policies.p.lease")
+                .find("strategy gcra"),
+            std::string::npos);
+  EXPECT_NE(error_at(head + "    coordinator: r\n    lease: 11\n", "policies.p.lease")
+                .find("at most the burst (10)"),
+            std::string::npos);
+  EXPECT_NE(error_at(head + "    coordinator: r\n    lease_hold: 1s\n", "policies.p.lease_hold")
+                .find("needs lease"),
+            std::string::npos);
   const ConfigLoad ok = load_yaml(head + "    coordinator: r\n    outage: fail-open\n");
   EXPECT_TRUE(ok.config.has_value()) << errors_of(ok);
 }

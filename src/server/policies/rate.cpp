@@ -135,7 +135,8 @@ class RateLimitPolicy final : public Policy, public RateFamily {
 // The fields of a rate policy with a coordinator (shared_rate.h).
 void parse_shared(ConfigSection& s, PolicySpec& spec, RateSpec& body) {
   static const char* const kFields[] = {"budget", "coordinator_timeout", "retry_backoff",
-                                        "outage", "refusal_cache",       "io_threads"};
+                                        "outage", "refusal_cache",       "io_threads",
+                                        "lease",  "lease_hold"};
   const std::optional<std::string> coordinator = s.str("coordinator");
   if (!coordinator) {
     for (const char* f : kFields)
@@ -158,13 +159,26 @@ void parse_shared(ConfigSection& s, PolicySpec& spec, RateSpec& body) {
     o.fail_open = *v;
   if (auto v = s.boolean("refusal_cache")) o.refusal_cache = *v;
   if (auto v = s.uint("io_threads", 1, 64)) o.io_threads = *v;
+  if (auto v = s.uint("lease", 1, std::numeric_limits<std::uint32_t>::max())) {
+    const RateRule& r = body.rule;
+    if (r.strategy != RateStrategy::kGcra)
+      s.error("lease", "leases hits of a GCRA key to decide here: it needs strategy gcra");
+    else if (*v > (r.burst != 0 ? r.burst : r.limit))
+      s.error("lease", "must be at most the burst (" +
+                           std::to_string(r.burst != 0 ? r.burst : r.limit) + ")");
+    o.lease = *v;
+  }
+  if (auto d = s.duration("lease_hold")) {
+    if (o.lease == 0) s.error("lease_hold", "is how long leased hits are kept: it needs lease");
+    o.lease_hold = *d;
+  }
 }
 
 std::shared_ptr<const PolicyBody> parse(const std::string& /*name*/, ConfigSection& s,
                                         PolicySpec& spec) {
   s.keys({"kind", "strategy", "limit", "period", "burst", "max_keys", "shadow", "coordinator",
-          "budget", "coordinator_timeout", "retry_backoff", "outage", "refusal_cache",
-          "io_threads"});
+          "budget", "coordinator_timeout", "retry_backoff", "outage", "refusal_cache", "io_threads",
+          "lease", "lease_hold"});
   auto body = std::make_shared<RateSpec>();
   RateRule& rule = body->rule;
   if (auto v = s.choice<RateStrategy>("strategy", {{"fixed-window", RateStrategy::kFixedWindow},

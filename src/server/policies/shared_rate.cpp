@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -197,6 +198,95 @@ class RefusalCache {
   std::array<Shard, kShards> shards_;
 };
 
+// Leased hits by key (the leased mode), each lot until its expiry: spent here without a call.
+class LeaseBook {
+ public:
+  explicit LeaseBook(std::size_t max_keys)
+      : per_shard_(std::max<std::size_t>(1, max_keys / kShards)) {}
+
+  // `hits` spent from the key's lease: the decision, or nullopt when it has too few. An expired
+  // lease is dropped and what it held added to `give_back`.
+  std::optional<RateDecision> spend(std::string_view key, std::uint64_t hits, Nanos now,
+                                    std::uint64_t& give_back) {
+    Shard& s = shard(key);
+    const std::lock_guard lock(s.mu);
+    auto it = s.map.find(key);
+    if (it == s.map.end()) return std::nullopt;
+    Held& h = it->second;
+    if (now >= h.expires) {
+      give_back += h.left;
+      s.map.erase(it);
+      return std::nullopt;
+    }
+    if (h.left < hits) return std::nullopt;
+    h.left -= hits;
+    RateDecision d = h.last;
+    d.allowed = true;
+    d.remaining = h.left;
+    d.retry_after = Nanos{0};
+    d.reset_after = std::max(Nanos{0}, d.reset_after - (now - h.at));
+    return d;
+  }
+  // Adds `n` leased hits that expire at `expires`; false (nothing added) when the book is full.
+  bool add(std::string_view key, std::uint64_t n, Nanos expires, Nanos at, const RateDecision& d) {
+    Shard& s = shard(key);
+    const std::lock_guard lock(s.mu);
+    auto it = s.map.find(key);
+    if (it != s.map.end()) {
+      // One lot: the earlier expiry, so that no hit is spent later than its own allows.
+      it->second.left += n;
+      it->second.expires = std::min(it->second.expires, expires);
+      it->second.last = d;
+      it->second.at = at;
+      return true;
+    }
+    if (s.map.size() >= per_shard_) return false;
+    s.map.emplace(std::string(key), Held{n, expires, at, d});
+    return true;
+  }
+  // Removes the leases expired at `now` (all when `now` is Nanos::max()): (key, hits unspent).
+  std::vector<std::pair<std::string, std::uint64_t>> expired(Nanos now) {
+    std::vector<std::pair<std::string, std::uint64_t>> out;
+    for (Shard& s : shards_) {
+      const std::lock_guard lock(s.mu);
+      for (auto it = s.map.begin(); it != s.map.end();) {
+        if (now >= it->second.expires) {
+          if (it->second.left > 0) out.emplace_back(it->first, it->second.left);
+          it = s.map.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    return out;
+  }
+  [[nodiscard]] std::uint64_t held() {
+    std::uint64_t n = 0;
+    for (Shard& s : shards_) {
+      const std::lock_guard lock(s.mu);
+      for (const auto& kv : s.map) n += kv.second.left;
+    }
+    return n;
+  }
+
+ private:
+  static constexpr std::size_t kShards = 16;
+  struct Held {
+    std::uint64_t left;
+    Nanos expires;
+    Nanos at;  // when `last` was decided (sent)
+    RateDecision last;
+  };
+  struct Shard {
+    std::mutex mu;
+    StringMap<Held> map;
+  };
+  Shard& shard(std::string_view key) { return shards_[StringHash{}(key) % kShards]; }
+
+  const std::size_t per_shard_;
+  std::array<Shard, kShards> shards_;
+};
+
 // As federated.cpp's: whichever of the returning call and the reply comes second answers.
 struct Handoff {
   std::mutex mu;
@@ -217,14 +307,23 @@ class SharedRatePolicy final : public Policy, public RateFamily {
         store_(std::move(store)),
         clock_(c.clock),
         cache_(max_keys),
+        leases_(max_keys),
         batcher_(*store_, c.clock, s.coordinator_timeout, s.io_threads) {
-    start_loop(c.clock, [this](Nanos now) {
+    const Nanos every = settings_.lease > 0
+                            ? std::min<Nanos>(settings_.lease_hold, std::chrono::seconds(1))
+                            : std::chrono::seconds(1);
+    start_loop(c.clock, [this, every](Nanos now) {
       cache_.sweep(now);
-      return now + std::chrono::seconds(1);
+      give_back(leases_.expired(now), now);
+      return now + every;
     });
   }
-  // The loop first; then the batcher (the last member) answers what it holds.
-  ~SharedRatePolicy() override { retire(); }
+  // The loop first; then what is leased is given back, and the batcher (the last member) sends
+  // what it holds.
+  ~SharedRatePolicy() override {
+    retire();
+    give_back(leases_.expired(Nanos::max()), clock_.now());
+  }
   SharedRatePolicy(const SharedRatePolicy&) = delete;
   SharedRatePolicy& operator=(const SharedRatePolicy&) = delete;
 
@@ -352,6 +451,14 @@ class SharedRatePolicy final : public Policy, public RateFamily {
     j["outage_answers"] = outage_answers_.load(std::memory_order_relaxed);
     j["charged"] = charged_.load(std::memory_order_relaxed);
     j["overdrawn"] = overdrawn_.load(std::memory_order_relaxed);
+    if (settings_.lease > 0) {
+      j["lease"] = settings_.lease;
+      j["lease_hold_seconds"] = seconds_of(settings_.lease_hold);
+      j["leased_hits"] = leased_.load(std::memory_order_relaxed);
+      j["allowed_from_lease"] = from_lease_.load(std::memory_order_relaxed);
+      j["given_back_hits"] = given_back_.load(std::memory_order_relaxed);
+      j["held_hits"] = leases_.held();
+    }
   }
   void metrics(std::vector<MetricFamily>& out) const override {
     out.push_back(by_label("sluice_rate_decisions_total", "Rate checks by decision", "decision",
@@ -398,6 +505,15 @@ class SharedRatePolicy final : public Policy, public RateFamily {
         cached_.fetch_add(1, std::memory_order_relaxed);
         return d;
       }
+    if (settings_.lease > 0) {
+      std::uint64_t expired = 0;
+      std::optional<RateDecision> d = leases_.spend(key, hits, now, expired);
+      if (expired > 0) give_back({{std::string(key), expired}}, now);
+      if (d) {
+        from_lease_.fetch_add(1, std::memory_order_relaxed);
+        return d;
+      }
+    }
     if (in_backoff(now)) return outage(now, kUnreachable);
     return std::nullopt;
   }
@@ -422,11 +538,15 @@ class SharedRatePolicy final : public Policy, public RateFamily {
   template <class F>
   bool send(std::string_view key, std::uint64_t hits, Nanos now, F answer) {
     calls_.fetch_add(1, std::memory_order_relaxed);
+    const bool take = settings_.lease > 0 && hits <= burst();
     Pending p{store_key(key),
-              {SharedRateOp::kCheck, rule_, hits},
+              {take ? SharedRateOp::kTake : SharedRateOp::kCheck, rule_,
+               take ? std::max(settings_.lease, hits) : hits},
               now,
-              [this, key = std::string(key), hits, now, answer = std::move(answer)](
-                  StatusOr<SharedRateReply> r) mutable { answer(decided(key, hits, now, r)); }};
+              [this, key = std::string(key), hits, now, take,
+               answer = std::move(answer)](StatusOr<SharedRateReply> r) mutable {
+                answer(take ? leased(key, hits, now, r) : decided(key, hits, now, r));
+              }};
     return batcher_.post(p);
   }
   RateDecision decided(std::string_view key, std::uint64_t hits, Nanos sent,
@@ -439,6 +559,47 @@ class SharedRatePolicy final : public Policy, public RateFamily {
     if (!d.allowed && settings_.refusal_cache) cache_.put(key, hits, sent, d);
     return d;
   }
+  // A take's reply for a check of `hits` sent at `sent`: the check admitted from what it took, the
+  // rest leased until sent + lease_hold.
+  RateDecision leased(std::string_view key, std::uint64_t hits, Nanos sent,
+                      const StatusOr<SharedRateReply>& r) {
+    if (!r.ok()) {
+      failed(r.status());
+      return outage(sent, kUnreachable);
+    }
+    const std::uint64_t g = r.value().granted;
+    RateDecision d = r.value().decision;
+    if (g == 0) {  // the coordinator's refusal of one hit: exact for one, safe for more
+      if (settings_.refusal_cache) cache_.put(key, hits, sent, d);
+      return d;
+    }
+    const std::uint64_t left = g >= hits ? g - hits : g;
+    if (left > 0 && !leases_.add(key, left, sent + settings_.lease_hold, sent, d))
+      give_back({{std::string(key), left}}, sent);  // the book is full: not kept
+    leased_.fetch_add(g, std::memory_order_relaxed);
+    if (g >= hits) {
+      d.remaining += left;  // the coordinator's, and this server's lease
+      return d;
+    }
+    // Fewer than asked: refused, the hits taken kept for smaller checks; retry_after estimated
+    // from the rate (the time the missing hits take to come back).
+    d.allowed = false;
+    d.remaining = g;
+    const auto missing = static_cast<double>(hits - g);
+    d.retry_after = Nanos{static_cast<std::int64_t>(std::ceil(
+        missing * static_cast<double>(rule_.period.count()) / static_cast<double>(rule_.limit)))};
+    return d;
+  }
+  // Refunds unspent leased hits (in the background: never laxer while they are on their way).
+  void give_back(const std::vector<std::pair<std::string, std::uint64_t>>& lots, Nanos now) {
+    for (const auto& [key, n] : lots) {
+      given_back_.fetch_add(n, std::memory_order_relaxed);
+      Pending p{
+          store_key(key), {SharedRateOp::kRefund, rule_, n}, now, [](StatusOr<SharedRateReply>) {}};
+      (void)batcher_.post(p);
+    }
+  }
+  std::uint64_t burst() const { return rule_.burst != 0 ? rule_.burst : rule_.limit; }
   const RateDecision& count(const RateDecision& d) {
     (d.allowed ? allowed_ : denied_).fetch_add(1, std::memory_order_relaxed);
     return d;
@@ -450,7 +611,10 @@ class SharedRatePolicy final : public Policy, public RateFamily {
   const std::size_t max_keys_;
   std::shared_ptr<SharedRateStore> store_;
   const Clock& clock_;
-  mutable RefusalCache cache_;                       // mutable: state() and metrics() read its size
+  // mutable: state() and metrics() read their sizes
+  mutable RefusalCache cache_;
+  mutable LeaseBook leases_;
+  std::atomic<std::uint64_t> leased_{0}, from_lease_{0}, given_back_{0};
   std::atomic<std::int64_t> down_until_{INT64_MIN};  // no call before this (ns); a backoff
   std::atomic<std::uint64_t> allowed_{0}, denied_{0}, cached_{0}, calls_{0}, failures_{0};
   mutable std::atomic<std::uint64_t> outage_answers_{0};

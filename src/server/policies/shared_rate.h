@@ -15,7 +15,11 @@
 //                                 #   HTTP 503) or fail-open (admit) while the coordinator fails
 //   refusal_cache: true           # refuse a refused key here until its retry_after (default on)
 //   io_threads: 2                 # coordinator calls in flight at once (each a batch)
-//   max_keys: 1000000             # keys the refusal cache holds at once
+//   max_keys: 1000000             # keys the refusal cache (and the leases) hold at once
+//   lease: 10                     # GCRA only: take up to this many hits of a key at once and
+//                                 #   spend them here without a call (default 0: every check is
+//                                 #   decided at the coordinator, exactly)
+//   lease_hold: 250ms             # leased hits not spent within this are given back
 //
 // Decisions: each check is one call to the coordinator (sluice/core/shared_rate.h), the calls of
 // concurrent checks batched (up to 64 per script call on Redis, the batches pipelined). A
@@ -28,6 +32,17 @@
 // of the key meanwhile (refusals are always safe). A cached refusal repeats the one it was made
 // from (its limit, remaining and reset_after as of then, reset_after and retry_after counted
 // down).
+//
+// The leased mode (lease: N): a check that finds no leased hit of its key takes up to
+// max(N, hits) at the coordinator (one call: as many as fit now, debited at once) and spends them
+// here until lease_hold has passed since the take was sent; what is left then is refunded. A
+// leased hit is spent at most lease_hold after the coordinator counted it, so the admissions of
+// any interval of length w are at most what exact GCRA allows in w + lease_hold: burst + (w +
+// lease_hold) x limit / period, an overshoot of at most lease_hold x limit / period hits over any
+// interval (tests/integration/shared_rate_policy_test.cpp measures it with three servers).
+// Leased hits held by one server are not available to another until given back, so a key may
+// also be refused somewhat earlier than exact GCRA would. A check of more hits than it takes is
+// refused (the hits taken stay leased), with a retry_after estimated from the rate.
 //
 // Reload: a changed rate policy is rebuilt (its state is at the coordinator, which carries each
 // key to the new limit, or, for a new strategy or period, starts it afresh).
@@ -49,6 +64,8 @@ struct SharedRateSettings {
   bool fail_open = false;
   bool refusal_cache = true;
   std::size_t io_threads = 2;
+  std::uint64_t lease = 0;  // GCRA: hits leased at once and spent here; 0: every check exact
+  Nanos lease_hold = std::chrono::milliseconds(250);
 };
 
 // The policy for `rule` on `store`, its refusal cache holding at most `max_keys` keys.
