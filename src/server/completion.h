@@ -146,4 +146,15 @@ class OneShot {
   std::shared_ptr<State> state_;
 };
 
+// A decision that arrives on another thread after a kind's check_or_defer() may or may not have
+// returned: whichever comes second answers (the returning call with the decision, or the callback
+// through the Completion the call deferred to). Shared between the two; `mu` guards the rest.
+template <class T>
+struct Handoff {
+  std::mutex mu;
+  bool returned = false;
+  std::optional<T> early;
+  Completion<T> later;
+};
+
 }  // namespace sluice::server

@@ -42,10 +42,12 @@
 // two (that SET, which writes nothing and returns the ledger, then SET ... PX); see lease_key.
 #include "backends/redis/escrow_script.h"
 
+#include "backends/redis/loss_markers.h"
+
 namespace sluice::redis_detail {
 
 const std::string& escrow_script() {
-  static const std::string script = R"lua(
+  static const std::string script = loss_markers_lua() + R"lua(
 local mode = ARGV[1]
 local now = tonumber(ARGV[2])
 local min_ttl = tonumber(ARGV[3])
@@ -171,19 +173,7 @@ end
 -- The origin: the coordinator time of the last loss this Redis cannot rule out (rule 3). No
 -- marker, or another server process or eviction count than the last lease saw: one now.
 local function origin_of(origin_key, server_key, run_id)
-  -- (a plain find, then a match anchored where it found the field: a pattern scanned over the
-  -- whole of INFO cost as much as INFO itself)
-  local info = rcall('INFO', 'stats')
-  local at = string.find(info, 'evicted_keys:', 1, true)
-  local evicted = at and match(info, '^%d+', at + 13) or '?'
-  local server = run_id .. ':' .. evicted
-  local origin = tonumber(rcall('GET', origin_key))
-  if origin == nil or rcall('GET', server_key) ~= server then
-    origin = now
-    rcall('SET', origin_key, format('%d', now))
-    rcall('SET', server_key, server)
-  end
-  return origin
+  return sluice_origin(origin_key, server_key, run_id, now)
 end
 
 -- One lease on the ledger in hand (not written). Returns its reply: status, granted, window

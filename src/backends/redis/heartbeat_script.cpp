@@ -31,10 +31,12 @@
 // bytes (Lua's < on strings follows the server's locale).
 #include "backends/redis/heartbeat_script.h"
 
+#include "backends/redis/loss_markers.h"
+
 namespace sluice::redis_detail {
 
 const std::string& heartbeat_script() {
-  static const std::string script = R"lua(
+  static const std::string script = loss_markers_lua() + R"lua(
 local key = KEYS[1]
 local self_id = ARGV[1]
 local l_local = tonumber(ARGV[2])
@@ -57,21 +59,8 @@ end
 local function num(x) return string.format('%.0f', x) end
 
 -- The origin: the coordinator time of the last loss this Redis cannot rule out. No marker, or
--- another server process or eviction count than the last heartbeat saw: one now. (A plain
--- find, then a match anchored where it found the field.)
-local origin
-do
-  local info = redis.call('INFO', 'stats')
-  local at = string.find(info, 'evicted_keys:', 1, true)
-  local evicted = at and string.match(info, '^%d+', at + 13) or '?'
-  local server = run_id .. ':' .. evicted
-  origin = tonumber(redis.call('GET', KEYS[2]))
-  if origin == nil or redis.call('GET', KEYS[3]) ~= server then
-    origin = now
-    redis.call('SET', KEYS[2], num(now))
-    redis.call('SET', KEYS[3], server)
-  end
-end
+-- another server process or eviction count than the last heartbeat saw: one now.
+local origin = sluice_origin(KEYS[2], KEYS[3], run_id, now)
 local recovering = now >= origin and now - origin < lease
 
 -- Whether node id a sorts before b by bytes (Lua's < on strings follows the locale).

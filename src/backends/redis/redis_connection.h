@@ -39,6 +39,8 @@
 
 #include <hiredis/hiredis.h>
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -215,5 +217,36 @@ std::invoke_result_t<F&, RedisConnection::Session&> RedisConnection::call(Nanos 
       },
       [this]() noexcept { drop(); });  // it may be mid-protocol
 }
+
+// Two connections to one server with one set of scripts: a call takes a free one while the
+// other's call is on its way (a batch being built or its replies read), so Redis has the next
+// call to run at once.
+class RedisLanes {
+ public:
+  RedisLanes(const RedisOptions& options, const std::vector<RedisConnection::Script>& scripts,
+             const RedisConnection::ConnectCheck& check, bool track_run_id) {
+    for (auto& c : lanes_)
+      c = std::make_unique<RedisConnection>(options, scripts, check, track_run_id);
+  }
+  // A free connection if there is one, else the next in turn (its call waits for it).
+  RedisConnection& lane() {
+    const unsigned first = next_.fetch_add(1, std::memory_order_relaxed);
+    for (unsigned i = 0; i < lanes_.size(); ++i) {
+      RedisConnection& c = *lanes_[(first + i) % lanes_.size()];
+      if (!c.busy()) return c;
+    }
+    return *lanes_[first % lanes_.size()];
+  }
+  // Connects both, each within its connect_timeout; the first failure.
+  [[nodiscard]] Status connect() {
+    for (auto& c : lanes_)
+      if (Status s = c->connect(c->options().connect_timeout); !s.ok()) return s;
+    return {};
+  }
+
+ private:
+  std::array<std::unique_ptr<RedisConnection>, 2> lanes_;
+  std::atomic<unsigned> next_{0};
+};
 
 }  // namespace sluice::redis_detail

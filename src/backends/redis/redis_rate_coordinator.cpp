@@ -79,28 +79,15 @@ StatusOr<LeaseReply> lease_reply_at(const redisReply* r, std::size_t& at, const 
 
 struct RedisRateCoordinator::Impl {
   Impl(const RedisOptions& o, const Clock* clock)
-      : ledger_prefix(o.key_prefix), caller_clock(clock) {
-    for (auto& c : lanes)
-      c = std::make_unique<RedisConnection>(
-          o, std::vector<RedisConnection::Script>{{"escrow", redis_detail::escrow_script()}},
-          RedisConnection::noeviction_check("the federation coordinator",
-                                            "an evicted ledger forgets what it granted"),
-          /*track_run_id=*/true);
-  }
+      : lanes(o, {{"escrow", redis_detail::escrow_script()}},
+              RedisConnection::noeviction_check("the federation coordinator",
+                                                "an evicted ledger forgets what it granted"),
+              /*track_run_id=*/true),
+        ledger_prefix(o.key_prefix),
+        caller_clock(clock) {}
 
-  // Two connections: a call finds one free while the other's call is on its way (a batch of
-  // leases being built or its replies read), so Redis has the next call to run at once.
-  std::array<std::unique_ptr<RedisConnection>, 2> lanes;
-  std::atomic<unsigned> next_lane{0};
-  // A free connection if there is one, else the next in turn (its call waits for it).
-  RedisConnection& lane() {
-    const unsigned first = next_lane.fetch_add(1, std::memory_order_relaxed);
-    for (unsigned i = 0; i < lanes.size(); ++i) {
-      RedisConnection& c = *lanes[(first + i) % lanes.size()];
-      if (!c.busy()) return c;
-    }
-    return *lanes[first % lanes.size()];
-  }
+  redis_detail::RedisLanes lanes;
+  RedisConnection& lane() { return lanes.lane(); }
   const std::string ledger_prefix;
   const Clock* const caller_clock;
 
@@ -152,8 +139,7 @@ StatusOr<std::unique_ptr<RedisRateCoordinator>> RedisRateCoordinator::connect(
     RedisOptions options, const Clock* caller_clock) {
   auto c = open(std::move(options), caller_clock);
   if (!c.ok()) return c;
-  for (auto& conn : c.value()->impl_->lanes)
-    if (Status s = conn->connect(conn->options().connect_timeout); !s.ok()) return s;
+  if (Status s = c.value()->impl_->lanes.connect(); !s.ok()) return s;
   return c;
 }
 

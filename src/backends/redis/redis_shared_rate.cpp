@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/redis/loss_markers.h"
 #include "backends/redis/redis_connection.h"
 #include "backends/redis/shared_rate_script.h"
 
@@ -25,14 +26,14 @@ constexpr std::size_t kPerCall = 64;  // calls per script call
 
 // Marks the Redis as new to shared rate limits: the markers as the connected server's, the origin
 // long past. KEYS: origin, server. ARGV: run_id.
-constexpr const char* kAdoptScript = R"lua(
-local info = redis.call('INFO', 'stats')
-local at = string.find(info, 'evicted_keys:', 1, true)
-local evicted = at and string.match(info, '^%d+', at + 13) or '?'
+const std::string& adopt_script() {
+  static const std::string script = redis_detail::loss_markers_lua() + R"lua(
 redis.call('SET', KEYS[1], '0')
-redis.call('SET', KEYS[2], ARGV[1] .. ':' .. evicted)
+redis.call('SET', KEYS[2], sluice_server_marker(ARGV[1]))
 return 1
 )lua";
+  return script;
+}
 
 std::int64_t floor_us(Nanos d) { return std::chrono::floor<std::chrono::microseconds>(d).count(); }
 
@@ -148,27 +149,18 @@ std::int64_t margin_ms(bool caller_clock) { return caller_clock ? 600'000 : 1000
 }  // namespace
 
 struct RedisSharedRate::Impl {
-  Impl(const RedisOptions& o, const Clock* clock) : prefix(o.key_prefix), caller_clock(clock) {
-    for (auto& c : lanes)
-      c = std::make_unique<RedisConnection>(
-          o,
-          std::vector<RedisConnection::Script>{{"shared rate", redis_detail::shared_rate_script()},
-                                               {"shared rate adopt", kAdoptScript}},
-          RedisConnection::noeviction_check("a shared rate limit",
-                                            "an evicted key forgets what it admitted"),
-          /*track_run_id=*/true);
-  }
+  Impl(const RedisOptions& o, const Clock* clock)
+      : lanes(o,
+              {{"shared rate", redis_detail::shared_rate_script()},
+               {"shared rate adopt", adopt_script()}},
+              RedisConnection::noeviction_check("a shared rate limit",
+                                                "an evicted key forgets what it admitted"),
+              /*track_run_id=*/true),
+        prefix(o.key_prefix),
+        caller_clock(clock) {}
 
-  std::array<std::unique_ptr<RedisConnection>, 2> lanes;
-  std::atomic<unsigned> next_lane{0};
-  RedisConnection& lane() {
-    const unsigned first = next_lane.fetch_add(1, std::memory_order_relaxed);
-    for (unsigned i = 0; i < lanes.size(); ++i) {
-      RedisConnection& c = *lanes[(first + i) % lanes.size()];
-      if (!c.busy()) return c;
-    }
-    return *lanes[first % lanes.size()];
-  }
+  redis_detail::RedisLanes lanes;
+  RedisConnection& lane() { return lanes.lane(); }
   const std::string prefix;
   const Clock* const caller_clock;
 
@@ -248,8 +240,7 @@ StatusOr<std::unique_ptr<RedisSharedRate>> RedisSharedRate::connect(RedisOptions
                                                                     const Clock* caller_clock) {
   auto s = open(std::move(options), caller_clock);
   if (!s.ok()) return s;
-  for (auto& conn : s.value()->impl_->lanes)
-    if (Status st = conn->connect(conn->options().connect_timeout); !st.ok()) return st;
+  if (Status st = s.value()->impl_->lanes.connect(); !st.ok()) return st;
   return s;
 }
 

@@ -34,10 +34,12 @@
 // for a check or peek).
 #include "backends/redis/shared_rate_script.h"
 
+#include "backends/redis/loss_markers.h"
+
 namespace sluice::redis_detail {
 
 const std::string& shared_rate_script() {
-  static const std::string script = R"lua(
+  static const std::string script = loss_markers_lua() + R"lua(
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -78,21 +80,6 @@ end
 local function ceil1000(x, d)
   local q = floor_div(x, d)
   return norm(q, floor_div(1000 * (x - q * d) + d - 1, d))
-end
-
--- The origin: as in escrow_script.cpp.
-local function origin_of(origin_key, server_key)
-  local info = rcall('INFO', 'stats')
-  local at = string.find(info, 'evicted_keys:', 1, true)
-  local evicted = at and match(info, '^%d+', at + 13) or '?'
-  local server = run_id .. ':' .. evicted
-  local origin = tonumber(rcall('GET', origin_key))
-  if origin == nil or rcall('GET', server_key) ~= server then
-    origin = now
-    rcall('SET', origin_key, format('%d', now))
-    rcall('SET', server_key, server)
-  end
-  return origin
 end
 
 -- The call in hand: its rule (L limit, p period in us, B burst) and the key's state (sa, sb, sc:
@@ -321,7 +308,7 @@ local function call(key, origin, op, rule, hits, out, at)
   return finish(key, kind, rule, at + 7)
 end
 
-local origin = origin_of(KEYS[n + 1], KEYS[n + 2])
+local origin = sluice_origin(KEYS[n + 1], KEYS[n + 2], run_id, now)
 local rules = {}
 for r = 1, tonumber(ARGV[4]) do
   local j = 4 + (r - 1) * 5

@@ -61,16 +61,6 @@ FederationOptions told(FederationOptions o, const BuildContext& c) {
   return o;
 }
 
-// A decision that arrives on another thread after check_or_defer() may or may not have
-// returned: whichever comes second answers (the returning call with the decision, or the
-// callback through the Completion the call deferred to).
-struct Handoff {
-  std::mutex mu;
-  bool returned = false;
-  std::optional<RateDecision> early;
-  Completion<RateDecision> later;
-};
-
 class FederatedPolicy final : public Policy, public RateFamily {
  public:
   FederatedPolicy(const BuildContext& c, const FederationOptions& options, std::size_t io_threads,
@@ -103,7 +93,7 @@ class FederatedPolicy final : public Policy, public RateFamily {
                                        Deferral<RateDecision>& later) override {
     if (auto d = limiter_.try_check(key, hits, now)) return count(d->rate);
     if (retired()) return Status(StatusCode::kUnavailable, "policy " + name() + " was retired");
-    auto h = std::make_shared<Handoff>();
+    auto h = std::make_shared<Handoff<RateDecision>>();
     limiter_.check(key, hits, now, [this, h](FederatedDecision d) {
       std::unique_lock lock(h->mu);
       if (!h->returned) {

@@ -287,14 +287,6 @@ class LeaseBook {
   std::array<Shard, kShards> shards_;
 };
 
-// As federated.cpp's: whichever of the returning call and the reply comes second answers.
-struct Handoff {
-  std::mutex mu;
-  bool returned = false;
-  std::optional<RateDecision> early;
-  Completion<RateDecision> later;
-};
-
 class SharedRatePolicy final : public Policy, public RateFamily {
  public:
   SharedRatePolicy(const BuildContext& c, const RateRule& rule, std::size_t max_keys,
@@ -338,7 +330,7 @@ class SharedRatePolicy final : public Policy, public RateFamily {
                                        Deferral<RateDecision>& later) override {
     if (auto d = without_call(key, hits, now)) return count(*d);
     if (retired()) return Status(StatusCode::kUnavailable, "policy " + name() + " was retired");
-    auto h = std::make_shared<Handoff>();
+    auto h = std::make_shared<Handoff<RateDecision>>();
     if (!send(key, hits, now, [this, h](RateDecision d) {
           std::unique_lock lock(h->mu);
           if (!h->returned) {
