@@ -33,6 +33,8 @@ class MemorySharedRate final : public SharedRateStore {
                                                 const SharedRateRequest& request,
                                                 Nanos timeout) noexcept override;
   [[nodiscard]] Status health(Nanos /*timeout*/) noexcept override { return {}; }
+  // Forgets the origin of lose_state(): no loss known.
+  [[nodiscard]] Status adopt(Nanos timeout) noexcept override;
   [[nodiscard]] std::string_view backend() const noexcept override { return "memory"; }
 
   // Forgets every key's state, as a crash would; now becomes the origin.

@@ -62,7 +62,7 @@ class PostgresSharedRate final : public SharedRateStore {
   [[nodiscard]] std::string_view backend() const noexcept override { return "postgres"; }
 
   // Writes the origin row with an origin at time 0 on the current timeline: no loss known.
-  [[nodiscard]] Status adopt(Nanos timeout) noexcept;
+  [[nodiscard]] Status adopt(Nanos timeout) noexcept override;
 
   struct Impl;
 

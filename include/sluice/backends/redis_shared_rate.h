@@ -81,7 +81,7 @@ class RedisSharedRate final : public SharedRateStore {
   // Writes the markers as the connected server's, with the origin at time 0: no loss known. For a
   // Redis no shared rate limit has used before (with this key_prefix); on one that did, it forgets
   // that a restart may have lost their states.
-  [[nodiscard]] Status adopt(Nanos timeout) noexcept;
+  [[nodiscard]] Status adopt(Nanos timeout) noexcept override;
 
   // The script (Lua).
   [[nodiscard]] static const std::string& script();

@@ -134,6 +134,7 @@ class TimedSharedRate final : public SharedRateStore {
   [[nodiscard]] std::string rule_error(const RateRule& rule) const override {
     return inner_->rule_error(rule);
   }
+  [[nodiscard]] Status adopt(Nanos timeout) noexcept override { return inner_->adopt(timeout); }
   [[nodiscard]] Status health(Nanos timeout) noexcept override;
   [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
 

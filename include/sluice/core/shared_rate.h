@@ -129,6 +129,12 @@ class SharedRateStore {
   }
   // Why this backend cannot serve `rule` (empty: it can), naming the field. No I/O.
   [[nodiscard]] virtual std::string rule_error(const RateRule& /*rule*/) const { return {}; }
+  // Tells the store that no state it holds was lost: the origin is set long past, so keys are
+  // not counted as spent for a loss (a new Redis or database, which the store cannot tell from
+  // one that lost everything). For an operator who knows. Default: kFailedPrecondition.
+  [[nodiscard]] virtual Status adopt(Nanos /*timeout*/) noexcept {
+    return Status(StatusCode::kFailedPrecondition, "this coordinator cannot be adopted");
+  }
   // Ok when the coordinator answers.
   [[nodiscard]] virtual Status health(Nanos timeout) noexcept = 0;
   // "memory", "redis": for stats and logs.

@@ -63,6 +63,12 @@ void MemorySharedRate::sweep(Nanos now) {
   sweep_at_ = std::max<std::size_t>(1024, 2 * keys_.size());
 }
 
+Status MemorySharedRate::adopt(Nanos /*timeout*/) noexcept {
+  const std::lock_guard lock(mu_);
+  origin_ = kNoLoss;
+  return {};
+}
+
 void MemorySharedRate::lose_state() {
   const std::lock_guard lock(mu_);
   keys_.clear();

@@ -326,6 +326,12 @@ class SharedRatePolicy final : public Policy, public RateFamily {
 
   [[nodiscard]] RateFamily* rate_family() noexcept override { return this; }
 
+  Status adopt(Nanos timeout) {
+    Status s = store_->adopt(timeout);
+    if (s.ok()) cache_.sweep(Nanos::max());  // refusals made before may be a loss's
+    return s;
+  }
+
   Decided<RateDecision> check_or_defer(std::string_view key, std::uint64_t hits, Nanos now,
                                        Deferral<RateDecision>& later) override {
     if (auto d = without_call(key, hits, now)) return count(*d);
@@ -616,6 +622,14 @@ class SharedRatePolicy final : public Policy, public RateFamily {
 };
 
 }  // namespace
+
+Status adopt_coordinator(Policy& policy, Nanos timeout) {
+  auto* shared = dynamic_cast<SharedRatePolicy*>(&policy);
+  if (shared == nullptr)
+    return Status(StatusCode::kInvalidArgument,
+                  "policy: " + policy.name() + " keeps no keys at a coordinator");
+  return shared->adopt(timeout);
+}
 
 std::shared_ptr<Policy> make_shared_rate_policy(const BuildContext& c, const RateRule& rule,
                                                 std::size_t max_keys,

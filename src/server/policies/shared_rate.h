@@ -68,6 +68,12 @@ struct SharedRateSettings {
   Nanos lease_hold = std::chrono::milliseconds(250);
 };
 
+// For an operator who knows its coordinator lost nothing (a new Redis or database, which counts
+// every key as spent for up to a period otherwise): `POST /admin/rate/{policy}/adopt` (admin).
+// Tells the store of `policy`, a shared rate policy, that no state was lost (SharedRateStore::
+// adopt). kInvalidArgument when it is not one.
+[[nodiscard]] Status adopt_coordinator(Policy& policy, Nanos timeout);
+
 // The policy for `rule` on `store`, its refusal cache holding at most `max_keys` keys.
 [[nodiscard]] std::shared_ptr<Policy> make_shared_rate_policy(
     const BuildContext& c, const RateRule& rule, std::size_t max_keys,
