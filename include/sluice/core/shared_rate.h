@@ -26,7 +26,8 @@
 // The true state at the origin held at most that much (a check never takes a key past its
 // limit), so every decision after a loss is at least as strict as the exact one: the admitted
 // hits stay within the rule (tests/model/shared_rate_model_test.cpp replays every admitted
-// sequence through an exact local limiter after losses at every step). The cost is the wait a
+// sequence through an exact local limiter after losses at every step; spec/shared_rate_loss.pml
+// is the same for spin). The cost is the wait a
 // key's full allowance takes to come back: up to a period (fixed window), two periods (sliding),
 // burst * period / limit (GCRA) after the loss. Hits charged past the limit (an overdraft) before
 // a loss are forgotten beyond that.
