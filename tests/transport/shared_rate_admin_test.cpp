@@ -63,6 +63,9 @@ TEST(SharedRateAdmin, AdoptingANewRedisEndsTheFirstUseLoss) {
   EXPECT_EQ(unknown.first, 404u);
   EXPECT_NE(unknown.second.find("'nope'"), std::string::npos) << unknown.second;
   EXPECT_EQ(call(*e.value(), "GET", "/admin/rate/api/adopt").first, 405u);
+  // A name that is not UTF-8 is answered (404), not an exception.
+  const auto bytes = call(*e.value(), "POST", "/admin/rate/%FF%FE/adopt");
+  EXPECT_EQ(bytes.first, 404u) << bytes.second;
 }
 
 }  // namespace

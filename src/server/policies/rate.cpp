@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "server/json_text.h"
 #include "sluice/local/rate_limiter.h"
 
 namespace sluice::server {
@@ -242,33 +243,33 @@ Rejection rate_refusal(std::string_view policy, std::string detail, const RateDe
 
 // POST /admin/rate/{policy}/adopt: shared_rate.h, adopt_coordinator.
 HttpRoute adopt_route() {
-  return HttpRoute{{"POST"},
-                   "/admin/rate/{policy}/adopt",
-                   true,
-                   [](const RouteRequest& req, const KindPolicies& ps,
-                      Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
-                     const std::string_view name = req.param("policy");
-                     RouteReply out;
-                     for (const std::shared_ptr<Policy>& p : ps) {
-                       if (p->name() != name) continue;
-                       const Status s = adopt_coordinator(*p, std::chrono::seconds(5));
-                       out.status = s.ok() ? 200
-                                    : s.code() == StatusCode::kInvalidArgument ||
-                                            s.code() == StatusCode::kFailedPrecondition
-                                        ? 400
-                                        : 503;
-                       out.body = s.ok()
-                                      ? nlohmann::json{{"policy", name}, {"adopted", true}}.dump()
-                                      : nlohmann::json{{"error", s.message()}}.dump();
-                       return out;
-                     }
-                     out.status = 404;
-                     out.body = nlohmann::json{
-                         {"error",
-                          "policy: no rate policy named '" + std::string(name) +
-                              "'"}}.dump();
-                     return out;
-                   }};
+  return HttpRoute{
+      {"POST"},
+      "/admin/rate/{policy}/adopt",
+      true,
+      [](const RouteRequest& req, const KindPolicies& ps,
+         Deferral<RouteReply>& /*later*/) -> Decided<RouteReply> {
+        const std::string_view name = req.param("policy");
+        RouteReply out;
+        for (const std::shared_ptr<Policy>& p : ps) {
+          if (p->name() != name) continue;
+          const Status s = adopt_coordinator(*p, std::chrono::seconds(5));
+          out.status = s.ok() ? 200
+                       : s.code() == StatusCode::kInvalidArgument ||
+                               s.code() == StatusCode::kFailedPrecondition
+                           ? 400
+                           : 503;
+          out.body = json_text(s.ok() ? nlohmann::json{{"policy", name}, {"adopted", true}}
+                                      : nlohmann::json{{"error", s.message()}});
+          return out;
+        }
+        out.status = 404;
+        // The name is the caller's bytes: json_text, not dump(), which throws on
+        // what is not UTF-8.
+        out.body = json_text(
+            nlohmann::json{{"error", "policy: no rate policy named '" + std::string(name) + "'"}});
+        return out;
+      }};
 }
 
 PolicyKind rate_kind() {
