@@ -4,10 +4,10 @@
 // What it is: the three rate strategies of sluice/core/rate_strategy.h (fixed window, sliding
 // window, GCRA), run on a key's state that lives at a coordinator instead of in one server. A
 // server sends each check (or peek, refund, charge) to the coordinator, which decides it there,
-// on its own clock, with apply() below: every backend (memory, Redis) runs apply() atomically per
-// key, and gives identical replies to an identical sequence of calls at identical times (the
-// conformance test). A decision is exactly the local strategy's on the same sequence of calls at
-// the same times (same fields, same rounding), as long as the coordinator keeps its state.
+// on its own clock, with apply() below: every backend (memory, Redis, PostgreSQL) runs apply()
+// atomically per key, and gives identical replies to an identical sequence of calls at identical
+// times (the conformance test). A decision is exactly the local strategy's on the same sequence of
+// calls at the same times (same fields, same rounding), as long as the coordinator keeps its state.
 //
 // State per key: the strategy's state, the limit it was last written under and the coordinator
 // time of that write. A key's state is kept per (key, strategy, period): rules that differ in
@@ -17,7 +17,7 @@
 //
 // Loss of state. A coordinator that may have lost writes it acknowledged (a Redis restarted from
 // its snapshot, a failover, an eviction; the backends say how they find out) names the time it
-// found out: its `origin`. A key's state written before the origin may be missing writes, so
+// found out: its `origin`. A key's state written at or before the origin may be missing writes, so
 // apply() first raises it to what a key spent to its limit at the origin would hold:
 //   fixed window    count >= limit in the origin's window;
 //   sliding window  current >= limit in the origin's window, and previous >= limit in the one
@@ -27,10 +27,9 @@
 // limit), so every decision after a loss is at least as strict as the exact one: the admitted
 // hits stay within the rule (tests/model/shared_rate_model_test.cpp replays every admitted
 // sequence through an exact local limiter after losses at every step; spec/shared_rate_loss.pml
-// is the same for spin). The cost is the wait a
-// key's full allowance takes to come back: up to a period (fixed window), two periods (sliding),
-// burst * period / limit (GCRA) after the loss. Hits charged past the limit (an overdraft) before
-// a loss are forgotten beyond that.
+// is the same for spin). The cost is the wait a key's full allowance takes to come back: up to a
+// period (fixed window), two periods (sliding), burst * period / limit (GCRA) after the loss. Hits
+// charged past the limit (an overdraft) before a loss are forgotten beyond that.
 //
 // Thread-safety: apply() is a pure function on caller-owned values; SharedRateStore
 // implementations are safe to call from any number of threads.
