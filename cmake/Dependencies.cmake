@@ -9,6 +9,8 @@ pkg_check_modules(MARIADB REQUIRED IMPORTED_TARGET libmariadb)   # PkgConfig::MA
 find_package(yaml-cpp CONFIG REQUIRED)                           # yaml-cpp (the config file)
 # The generated API's messages (the engine's kinds read theirs with them).
 find_package(Protobuf REQUIRED)                                  # protobuf::libprotobuf, protobuf::protoc
+# gRPC: the server's API, and the etcd coordinators' client (so every build has it).
+find_package(gRPC CONFIG REQUIRED)                               # gRPC::grpc++ (+ _reflection, plugins)
 
 if(SLUICE_BUILD_APPS)
   find_package(CLI11 CONFIG REQUIRED)                            # CLI11::CLI11
@@ -23,9 +25,8 @@ if(SLUICE_BUILD_BENCH)
   find_package(benchmark CONFIG REQUIRED)                        # benchmark::benchmark
 endif()
 
-# The server (sluice serve) and its clients: gRPC, protobuf, Boost.Beast.
+# The server (sluice serve) and its clients: Boost.Beast (and gRPC, above).
 if(SLUICE_BUILD_APPS)
-  find_package(gRPC CONFIG REQUIRED)                             # gRPC::grpc++ (+ _reflection, plugins)
   find_package(Boost 1.74 REQUIRED)                              # Boost::headers (Beast, Asio)
   add_library(deps_boost INTERFACE)
   target_link_libraries(deps_boost INTERFACE Boost::headers Threads::Threads)

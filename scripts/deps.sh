@@ -17,9 +17,10 @@ SLUICE_BUILD_PACKAGES=(
 )
 
 # What only the tests need (scripts/test.sh installs them; the README's first command does not):
-# a MariaDB server, started by the throttler's suite as a primary and a replica on loopback.
+# a MariaDB server, started by the throttler's suite as a primary and a replica on loopback, and
+# etcd (server and etcdctl), started by the etcd coordinators' tests as clusters on loopback.
 # shellcheck disable=SC2034  # read by scripts/test.sh, which sources this file
-SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client)
+SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client)
 
 sluice_missing_packages() {
   local p

@@ -1,12 +1,12 @@
-// Conformance: the memory, Redis and PostgreSQL coordinators give identical grants, step by
+// Conformance: the memory, Redis, PostgreSQL and etcd coordinators give identical grants, step by
 // step, for one long randomized sequence of joins, heartbeats, leaves and lease expiries, in
 // each of the eight fleet configurations (median/min x equal/demand-proportional x acknowledged
-// handoff off/on). Redis and PostgreSQL are real servers the test starts on loopback; every
+// handoff off/on). Redis, PostgreSQL and etcd are real servers the test starts on loopback; every
 // backend takes its time from one ManualClock (test mode), moved in whole milliseconds so that
 // Redis's microsecond arithmetic is exact.
 //
-// State loss: Redis and PostgreSQL start from empty storage, so their first heartbeat finds no
-// origin and grants nothing for one lease_ttl from then (fleet.h); the memory coordinator is
+// State loss: Redis, PostgreSQL and etcd start from empty storage, so their first heartbeat finds
+// no origin and grants nothing for one lease_ttl from then (fleet.h); the memory coordinator is
 // told the same with lose_state() at that instant.
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "sluice/backends/etcd_coordinator.h"
 #include "sluice/backends/memory_coordinator.h"
 #include "sluice/backends/postgres_coordinator.h"
 #include "sluice/backends/redis_coordinator.h"
@@ -59,14 +60,18 @@ class CoordinatorConformance : public ::testing::Test {
   static void SetUpTestSuite() {
     redis_.start();
     postgres_.start();
+    etcd_ = std::make_unique<testing::EtcdCluster>();
+    etcd_status_ = etcd_->start(1);
   }
   static void TearDownTestSuite() {
     redis_.stop();
     postgres_.stop();
+    etcd_.reset();
   }
   void SetUp() override {
     ASSERT_TRUE(redis_.ok()) << redis_.status().to_string();
     ASSERT_TRUE(postgres_.ok()) << postgres_.status().to_string();
+    ASSERT_TRUE(etcd_status_.ok()) << etcd_status_.to_string();
   }
 
   // The three backends for one configuration; Redis keys and Postgres tables of their own.
@@ -84,13 +89,23 @@ class CoordinatorConformance : public ::testing::Test {
     auto postgres = PostgresCoordinator::connect(po, config, &b.clock);
     ASSERT_TRUE(postgres.ok()) << postgres.status().to_string();
     b.all.push_back(std::move(postgres.value()));
+    EtcdOptions eo;
+    eo.endpoints = etcd_->endpoints();
+    eo.key_prefix = "conformance" + std::to_string(config_no) + "/";
+    auto etcd = EtcdCoordinator::connect(eo, config, &b.clock);
+    ASSERT_TRUE(etcd.ok()) << etcd.status().to_string();
+    b.all.push_back(std::move(etcd.value()));
   }
 
   static testing::SuiteServer<testing::RedisServer> redis_;
   static testing::SuiteServer<testing::PostgresServer> postgres_;
+  static std::unique_ptr<testing::EtcdCluster> etcd_;
+  static Status etcd_status_;
 };
 testing::SuiteServer<testing::RedisServer> CoordinatorConformance::redis_;
 testing::SuiteServer<testing::PostgresServer> CoordinatorConformance::postgres_;
+std::unique_ptr<testing::EtcdCluster> CoordinatorConformance::etcd_;
+Status CoordinatorConformance::etcd_status_;
 
 struct Tally {
   int heartbeats = 0, leaves = 0, expiries = 0, capped = 0, zero_shares = 0, max_nodes = 0;
@@ -109,7 +124,7 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
                                  (handoff ? "/handoff" : "/no-handoff");
         Backends b;
         make(b, config, config_no);
-        ASSERT_EQ(b.all.size(), 3u);
+        ASSERT_EQ(b.all.size(), 4u);
         std::mt19937_64 rng(20261123 + static_cast<unsigned>(config_no));
         ++config_no;
         auto pick = [&](std::uint64_t n) { return rng() % n; };

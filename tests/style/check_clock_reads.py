@@ -15,6 +15,7 @@ import sys
 READERS = {
     "src/core/clock.cpp": "SteadyClock and unix_ms_now(): the seam itself",
     "src/backends/http/http_client.cpp": "a socket's connect/send/read deadline",
+    "src/backends/etcd/etcd_client.cpp": "gRPC takes a call's deadline on the system clock",
     "src/backends/probes/host_probes.cpp": "the command probe's child-process deadline",
     "src/server/shared_rule_mirror.cpp": "the background reader's sleep between reads",
     "src/server/policies/throttler_listings.cpp": "seconds since a metric's last read, shown",

@@ -327,4 +327,192 @@ void PostgresServer::stop() {
   }
 }
 
+// ---- etcd ----
+
+EtcdCluster::~EtcdCluster() { stop(); }
+
+std::string EtcdCluster::endpoint(int member) const {
+  return "127.0.0.1:" + std::to_string(members_.at(static_cast<std::size_t>(member)).client_port);
+}
+
+std::vector<std::string> EtcdCluster::endpoints() const {
+  std::vector<std::string> out;
+  for (int i = 0; i < size(); ++i) out.push_back(endpoint(i));
+  return out;
+}
+
+pid_t EtcdCluster::pid(int member) const {
+  return members_.at(static_cast<std::size_t>(member)).pid;
+}
+
+Status EtcdCluster::start(int members, int election_ms) {
+  dir_ = make_temp_dir("sluice-etcd");
+  if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for etcd");
+  election_ms_ = election_ms;
+  token_ = "sluice-test-" + std::to_string(::getpid()) + "-" + std::to_string(free_port());
+  members_.clear();
+  for (int i = 0; i < members; ++i) {
+    Member m;
+    m.name = "m" + std::to_string(i);
+    m.client_port = free_port();
+    m.peer_port = free_port();
+    if (m.client_port == 0 || m.peer_port == 0 || m.client_port == m.peer_port)
+      return Status(StatusCode::kInternal, "no free ports for etcd");
+    initial_cluster_ +=
+        (i == 0 ? "" : ",") + m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+    members_.push_back(m);
+  }
+  // Every member first: a member of a larger cluster serves clients once a quorum is up.
+  for (int i = 0; i < members; ++i)
+    if (Status s = launch(i, true); !s.ok()) return s;
+  for (int i = 0; i < members; ++i)
+    if (Status s = wait_healthy(i, 20); !s.ok()) return s;
+  return {};
+}
+
+Status EtcdCluster::launch(int member, bool fresh) {
+  Member& m = members_.at(static_cast<std::size_t>(member));
+  const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+  const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
+  const std::vector<std::string> args = {"etcd",
+                                         "--name",
+                                         m.name,
+                                         "--data-dir",
+                                         dir_ + "/" + m.name,
+                                         "--listen-client-urls",
+                                         client,
+                                         "--advertise-client-urls",
+                                         client,
+                                         "--listen-peer-urls",
+                                         peer,
+                                         "--initial-advertise-peer-urls",
+                                         peer,
+                                         "--initial-cluster",
+                                         initial_cluster_,
+                                         "--initial-cluster-state",
+                                         fresh ? "new" : "existing",
+                                         "--initial-cluster-token",
+                                         token_,
+                                         "--heartbeat-interval",
+                                         std::to_string(std::max(10, election_ms_ / 10)),
+                                         "--election-timeout",
+                                         std::to_string(election_ms_),
+                                         "--logger",
+                                         "zap",
+                                         "--log-outputs",
+                                         "stderr"};
+  m.pid = spawn(args, dir_ + "/" + m.name + ".log");
+  if (m.pid < 0)
+    return Status(StatusCode::kUnavailable, "cannot run etcd (etcd-server installed?)");
+  start_guard(m.pid, SIGTERM, dir_);
+  return {};
+}
+
+Status EtcdCluster::wait_healthy(int member, int seconds) {
+  const Member& m = members_.at(static_cast<std::size_t>(member));
+  const std::string log = dir_ + "/" + m.name + ".log";
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (!alive(m.pid))
+      return Status(StatusCode::kUnavailable, "etcd " + m.name + " exited: " + tail(log));
+    if (port_accepts(m.client_port) && run({"etcdctl", "--endpoints=" + endpoint(member),
+                                            "--command-timeout=1s", "endpoint", "health"},
+                                           dir_ + "/etcdctl.log") == 0)
+      return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Status(StatusCode::kUnavailable,
+                "etcd " + m.name + " did not become healthy: " + tail(log));
+}
+
+void EtcdCluster::kill(int member) {
+  Member& m = members_.at(static_cast<std::size_t>(member));
+  if (m.pid > 0) stop_pid(m.pid, SIGKILL);
+  m.pid = -1;
+}
+
+Status EtcdCluster::restart(int member) {
+  kill(member);
+  if (Status s = launch(member, false); !s.ok()) return s;
+  return wait_healthy(member, 20);
+}
+
+Status EtcdCluster::snapshot(const std::string& path) {
+  for (int i = 0; i < size(); ++i) {
+    if (run({"etcdctl", "--endpoints=" + endpoint(i), "snapshot", "save", path},
+            dir_ + "/snapshot.log") == 0)
+      return {};
+  }
+  return Status(StatusCode::kUnavailable,
+                "etcdctl snapshot save failed: " + tail(dir_ + "/snapshot.log"));
+}
+
+Status EtcdCluster::restore(const std::string& path) {
+  for (int i = 0; i < size(); ++i) kill(i);
+  for (int i = 0; i < size(); ++i) {
+    const Member& m = members_[static_cast<std::size_t>(i)];
+    const std::string data = dir_ + "/" + m.name;
+    std::error_code ec;
+    fs::remove_all(data, ec);
+    if (run({"etcdctl", "snapshot", "restore", path, "--name", m.name, "--data-dir", data,
+             "--initial-cluster", initial_cluster_, "--initial-cluster-token", token_,
+             "--initial-advertise-peer-urls", "http://127.0.0.1:" + std::to_string(m.peer_port)},
+            dir_ + "/restore.log") != 0)
+      return Status(StatusCode::kInternal,
+                    "etcdctl snapshot restore failed: " + tail(dir_ + "/restore.log"));
+  }
+  for (int i = 0; i < size(); ++i)
+    if (Status s = launch(i, true); !s.ok()) return s;
+  for (int i = 0; i < size(); ++i)
+    if (Status s = wait_healthy(i, 20); !s.ok()) return s;
+  return {};
+}
+
+int EtcdCluster::etcdctl(const std::vector<std::string>& args, std::string* out) const {
+  std::string eps;
+  for (int i = 0; i < size(); ++i) eps += (i == 0 ? "" : ",") + endpoint(i);
+  std::vector<std::string> full = {"etcdctl", "--endpoints=" + eps, "--command-timeout=2s"};
+  full.insert(full.end(), args.begin(), args.end());
+  const std::string log = dir_ + "/etcdctl.out";
+  std::error_code ec;
+  fs::remove(log, ec);
+  const int rc = run(full, log);
+  if (out != nullptr) *out = tail(log, 1 << 20);
+  return rc;
+}
+
+int EtcdCluster::leader() const {
+  // "endpoint, id, version, db size, is leader, ..." per member that answers.
+  std::string text;
+  etcdctl({"endpoint", "status"}, &text);
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> fields;
+    std::istringstream cells(line);
+    std::string cell;
+    while (std::getline(cells, cell, ',')) {
+      const auto b = cell.find_first_not_of(' ');
+      fields.push_back(b == std::string::npos ? "" : cell.substr(b));
+    }
+    if (fields.size() < 5 || fields[4] != "true") continue;
+    for (int i = 0; i < size(); ++i)
+      if (fields[0] == endpoint(i)) return i;
+  }
+  return -1;
+}
+
+void EtcdCluster::stop() {
+  for (Member& m : members_) {
+    if (m.pid > 0) stop_pid(m.pid, SIGTERM);
+    m.pid = -1;
+  }
+  members_.clear();
+  initial_cluster_.clear();
+  if (!dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    dir_.clear();
+  }
+}
+
 }  // namespace sluice::testing

@@ -104,6 +104,54 @@ class PostgresServer {
   pid_t pid_ = -1;
 };
 
+// A throwaway etcd cluster (Debian's etcd-server) of one or more members on 127.0.0.1, each on
+// free client and peer ports with a data directory of its own; stopped by pid. A member can be
+// killed (SIGKILL) and started again on its data (it rejoins the cluster), and the cluster
+// asked which member leads (etcdctl endpoint status).
+class EtcdCluster {
+ public:
+  EtcdCluster() = default;
+  ~EtcdCluster();
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+
+  // Starts `members` members and waits until every one answers as healthy (up to 20 s).
+  // election_ms: etcd's --election-timeout (heartbeat a tenth of it); default etcd's own.
+  Status start(int members = 1, int election_ms = 1000);
+  void stop();
+  void kill(int member);
+  Status restart(int member);  // after kill(): the same ports and data directory
+  // etcdctl snapshot save into `path` (from the first member that answers).
+  Status snapshot(const std::string& path);
+  // Disaster recovery as etcd's guide has it: every member stopped, its data replaced by the
+  // snapshot at `path` (etcdctl snapshot restore, same names, peers and token), started again.
+  Status restore(const std::string& path);
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
+  [[nodiscard]] std::string endpoint(int member) const;  // "127.0.0.1:<client port>"
+  [[nodiscard]] std::vector<std::string> endpoints() const;
+  [[nodiscard]] pid_t pid(int member) const;
+  // The member that leads now, as the running members report it; -1 when none says it does.
+  [[nodiscard]] int leader() const;
+  // Runs etcdctl (API v3) against every member with `args`; its exit code, output into `out`.
+  int etcdctl(const std::vector<std::string>& args, std::string* out = nullptr) const;
+
+ private:
+  struct Member {
+    std::string name;
+    int client_port = 0;
+    int peer_port = 0;
+    pid_t pid = -1;
+  };
+  Status launch(int member, bool fresh);
+  Status wait_healthy(int member, int seconds);
+
+  std::string dir_;
+  std::string initial_cluster_;
+  std::string token_;
+  int election_ms_ = 1000;
+  std::vector<Member> members_;
+};
+
 // One server shared by a gtest suite: start() in SetUpTestSuite, stop() in TearDownTestSuite,
 // and `ASSERT_TRUE(server.ok()) << server.status().to_string();` in SetUp, so that a server
 // that failed to start fails every test with its log instead of crashing them.

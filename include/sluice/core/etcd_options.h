@@ -1,0 +1,33 @@
+// etcd_options.h: how to reach an etcd v3 cluster (sluice/backends/etcd_coordinator.h).
+//
+// What it is: a plain value, apart from the coordinators themselves, so that a config can name an
+// etcd cluster without pulling in the etcd backend (library sluice::etcd, gRPC).
+//
+// Endpoints: the members' client addresses ("host:port", gRPC on etcd's client port), tried in
+// order; a call that a member cannot answer (down, isolated from the quorum, no leader) moves on
+// to the next one within the call's timeout, and later calls start there. Any member serves
+// every call: etcd forwards writes to its leader and answers reads linearizably (never
+// serializable reads), so each call sees every write acknowledged before it, wherever it lands.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "sluice/core/clock.h"
+
+namespace sluice {
+
+struct EtcdOptions {
+  std::vector<std::string> endpoints = {"127.0.0.1:2379"};  // default 127.0.0.1:2379
+  // With etcd's authentication on: the user and password (Auth.Authenticate); the token it hands
+  // back goes with every call and is asked for again when etcd no longer takes it. Empty: none.
+  std::string username;
+  std::string password;
+  // How long the first connection to a member may take before the next one is tried (a call's
+  // own timeout bounds it too). Default 1 s.
+  Nanos connect_timeout = std::chrono::seconds(1);
+  std::string key_prefix = "sluice/fleet/";  // default "sluice/fleet/"
+};
+
+}  // namespace sluice
