@@ -15,7 +15,7 @@ namespace sluice::server {
   X(cascade)                           \
   X(envoy_ratelimit)
 
-#define SLUICE_BUILTIN_COORDINATOR_BACKENDS(X) X(memory) X(redis) X(postgres)
+#define SLUICE_BUILTIN_COORDINATOR_BACKENDS(X) X(memory) X(redis) X(postgres) X(etcd)
 
 #define SLUICE_DECLARE_KIND(name) PolicyKind name##_kind();
 SLUICE_BUILTIN_POLICY_KINDS(SLUICE_DECLARE_KIND)

@@ -1,0 +1,78 @@
+// The `etcd` coordinator backend (src/backends/etcd): an etcd v3 cluster (3.4 or later) that every
+// server of a fleet reaches over gRPC. Its settings:
+//   endpoints: [host:port, ...]   the members' client addresses; default [127.0.0.1:2379]
+//   username, password            etcd's authentication (both or neither)
+//   key_prefix: text              the fleet's keys; default "sluice/fleet/"
+//   connect_timeout: duration     how long a member may take to connect; default 1s
+// Two coordinators with the same endpoints and key prefix keep one set of records. It serves
+// the fleet.
+#include <algorithm>
+
+#include "server/coordinators.h"
+#include "server/coordinators/connect.h"
+#include "sluice/backends/etcd_coordinator.h"
+#include "sluice/core/etcd_options.h"
+#include "sluice/core/text.h"
+
+namespace sluice::server {
+namespace {
+
+void parse(ConfigSection& s, CoordinatorSpec& spec) {
+  EtcdOptions o;
+  if (auto list = s.strings("endpoints")) {
+    if (list->empty()) s.error("endpoints", "must name at least one member (host:port)");
+    o.endpoints.clear();
+    for (const std::string& one : *list) {
+      HostPort hp;
+      if (parse_host_port(one, hp).empty())
+        o.endpoints.push_back(one);
+      else
+        s.error("endpoints", "each must be host:port with a port in 1..65535, not '" + one + "'");
+    }
+  }
+  if (auto u = s.str("username")) o.username = *u;
+  if (auto p = s.str("password")) o.password = *p;
+  if (o.username.empty() != o.password.empty())
+    s.error(o.username.empty() ? "username" : "password",
+            "etcd's authentication needs both username and password");
+  if (auto d = s.duration("connect_timeout")) o.connect_timeout = *d;
+  if (auto k = s.str("key_prefix")) {
+    if (k->empty())
+      s.error("key_prefix", "must not be empty");
+    else
+      o.key_prefix = *k;
+  }
+  // One store: the cluster (its members, in any order) and the prefix.
+  std::vector<std::string> members = o.endpoints;
+  std::sort(members.begin(), members.end());
+  std::string where;
+  for (const std::string& e : members) where += e + ",";
+  spec.store = where + "\n" + o.key_prefix;
+  spec.options = std::move(o);
+}
+
+}  // namespace
+
+CoordinatorBackend etcd_backend() {
+  CoordinatorBackend b;
+  b.name = "etcd";
+  b.roles = {CoordinatorRole::kConcurrency};
+  b.keys = {"endpoints", "username", "password", "key_prefix", "connect_timeout"};
+  b.parse = parse;
+  b.connect = [](const std::string& name, const CoordinatorSpec& spec, const Clock&,
+                 std::string& warning) {
+    return coordinator_detail::connect_or_open<EtcdCoordinator>(
+        name, *spec.options_as<EtcdOptions>(), spec.rules, warning);
+  };
+  // open() checks the options and connects to nothing; the interface it returns is dropped.
+  b.problems = [](const CoordinatorSpec& spec, const std::vector<CoordinatorRole>&) {
+    std::vector<std::string> out;
+    if (Status s = EtcdCoordinator::open(*spec.options_as<EtcdOptions>(), spec.rules).status();
+        !s.ok())
+      out.push_back(s.message());
+    return out;
+  };
+  return b;
+}
+
+}  // namespace sluice::server
