@@ -17,6 +17,11 @@ add_test(NAME bench_smoke.shared_rate_load_over
 set_tests_properties(bench_smoke.shared_rate_load bench_smoke.shared_rate_load_over
   PROPERTIES LABELS bench TIMEOUT 120)
 
+# Fleet heartbeats on an etcd of its own, both sides briefly: every heartbeat must succeed.
+add_test(NAME bench_smoke.etcd_fleet_load
+  COMMAND sluice_etcd_fleet_load --seconds 0.3 --nodes 3 --keys 1)
+set_tests_properties(bench_smoke.etcd_fleet_load PROPERTIES LABELS bench TIMEOUT 120)
+
 # The server's load generators (bench/load), when the transport is built.
 if(TARGET sluice_transport)
   # Runs it briefly: every call must succeed; the figures are not asserted here. With --redis:

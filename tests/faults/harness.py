@@ -566,6 +566,115 @@ class PostgresFailover:
                 f"    acknowledged_handoff: true\n")
 
 
+class EtcdMember(Coordinator):
+    """One member of an EtcdCluster: its client port is `port` on `client_host`, its peer port
+    on `peer_host`; `prefix` runs it inside a network namespace."""
+
+    kind = "etcd"
+
+    def __init__(self, workdir: Path, name: str, client_host: str, peer_host: str,
+                 prefix: Sequence[str] = ()):
+        super().__init__(workdir / name)
+        self.name, self.client_host, self.peer_host = name, client_host, peer_host
+        self.prefix = list(prefix)
+        self.peer_port = free_port()
+        self.initial_cluster, self.token = "", ""
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.client_host}:{self.port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.peer_host}:{self.peer_port}"
+
+    def _args(self) -> List[str]:
+        client = f"http://{self.client_host}:{self.port}"
+        return self.prefix + [
+            "etcd", "--name", self.name, "--data-dir", str(self.dir / "data"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
+            "--initial-cluster-token", self.token, "--logger", "zap", "--log-outputs", "stderr"]
+
+    def launch(self) -> None:
+        self.proc = spawn(self._args(), self.log)
+
+    def ready(self) -> bool:
+        if not port_accepts(self.client_host, self.port):
+            return False
+        r = subprocess.run(["etcdctl", f"--endpoints={self.endpoint}", "--command-timeout=1s",
+                            "endpoint", "health"], capture_output=True, text=True, timeout=5)
+        return r.returncode == 0
+
+    def keeps_state(self) -> bool:
+        return True
+
+
+class EtcdCluster:
+    """A 3-member etcd cluster of a scenario's own (etcd's default election timeout, 1 s). With a
+    network namespace, the last member runs inside it (its peer and client ports on the
+    namespace's address), so that it can be cut off from the other two."""
+
+    kind = "etcd"
+
+    def __init__(self, workdir: Path, ns: Optional["NetNamespace"] = None, members: int = 3):
+        self.ns = ns
+        host = ns.host_ip if ns is not None else "127.0.0.1"
+        self.members: List[EtcdMember] = []
+        for i in range(members):
+            inside = ns is not None and i == members - 1
+            self.members.append(EtcdMember(
+                workdir, f"m{i}", ns.ns_ip if inside else host, ns.ns_ip if inside else host,
+                ns.prefix() if inside else ()))
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        token = f"sluice-faults-{os.getpid()}-{free_port()}"
+        for m in self.members:
+            m.initial_cluster, m.token = initial, token
+        self.label = f"etcd, {members} members"
+
+    def start(self, timeout: float = 30.0) -> None:
+        for m in self.members:  # every member first: each serves clients once a quorum is up
+            m.launch()
+        wait_until(lambda: all(m.ready() for m in self.members), timeout, 0.1,
+                   "every etcd member healthy")
+
+    def ready(self) -> bool:
+        return all(m.ready() for m in self.members if m.proc is not None
+                   and m.proc.poll() is None)
+
+    def restart(self, m: EtcdMember) -> None:
+        m.proc = spawn(m._args(), m.log)
+        wait_until(m.ready, 30, 0.1, f"etcd {m.name} back")
+
+    def leader(self, among: Optional[Sequence[EtcdMember]] = None) -> Optional[EtcdMember]:
+        """The member that says it leads (etcdctl endpoint status), or None."""
+        live = [m for m in (among or self.members) if m.proc is not None
+                and m.proc.poll() is None]
+        if not live:
+            return None
+        r = subprocess.run(["etcdctl", "--endpoints=" + ",".join(m.endpoint for m in live),
+                            "--command-timeout=1s", "endpoint", "status"],
+                           capture_output=True, text=True, timeout=10)
+        for line in r.stdout.splitlines():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) >= 5 and cells[4] == "true":
+                for m in live:
+                    if cells[0] == m.endpoint:
+                        return m
+        return None
+
+    def config(self, host: str) -> str:
+        del host  # each member is reached at its own address
+        endpoints = ", ".join(f'"{m.endpoint}"' for m in self.members)
+        return (f"    kind: etcd\n    endpoints: [{endpoints}]\n"
+                f"    connect_timeout: 200ms\n    acknowledged_handoff: true\n")
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+
+
 class RedisError(Exception):
     pass
 
@@ -705,6 +814,14 @@ class NetNamespace:
                   f"tcp sport {{ {ps} }} numgen random mod 100 '<' {percent} counter drop")
         self._run(f"nft add rule inet {self.table} in iifname {self.host_if} "
                   f"tcp dport {{ {ps} }} numgen random mod 100 '<' {percent} counter drop")
+
+    def cut(self, ports: Sequence[int]) -> None:
+        """Drops every packet on the veth to or from any of `ports`, both ways."""
+        ps = ", ".join(str(p) for p in ports)
+        for chain, iface in (("out", "oifname"), ("in", "iifname")):
+            for field in ("sport", "dport"):
+                self._run(f"nft add rule inet {self.table} {chain} {iface} {self.host_if} "
+                          f"tcp {field} {{ {ps} }} counter drop")
 
     def dropped(self) -> int:
         r = subprocess.run(f"nft -j list table inet {self.table}", shell=True,

@@ -24,6 +24,7 @@ import copy
 import glob
 import re
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -479,3 +480,112 @@ def test_packet_loss_to_the_coordinator(request, coordinators, results, workdir,
     assert dropped["n"] > 0, "nftables dropped no packet: the fault did not happen"
     row["note"] += f"; {dropped['n']} packets dropped"
     results.write()
+
+
+# ---- etcd: a 3-member cluster of each scenario's own ----
+
+ISOLATE_SECONDS = 3.0
+
+
+def etcd_scenario(request, results, workdir, netns, scenario: str, inject, outage="fail-closed",
+                  isolated_member: bool = False) -> dict:
+    """Runs `inject(nodes, cluster)` on a fleet whose coordinator is a fresh 3-member etcd
+    cluster (with `isolated_member`, its last member inside the network namespace)."""
+    ns, why = netns
+    if isolated_member and ns is None:
+        pytest.skip(why)
+    d = workdir / f"etcd-{uuid.uuid4().hex[:6]}"
+    cluster = harness.EtcdCluster(d, ns if isolated_member else None)
+    try:
+        cluster.start()
+        return run_scenario(request, {"etcd": cluster}, results, workdir, scenario, "etcd",
+                            lambda nodes, _: inject(nodes, cluster), outage=outage)
+    finally:
+        if ns is not None:
+            ns.clear()
+        cluster.stop()
+
+
+def etcd_leader_kill(nodes, cluster):
+    leader = cluster.leader()
+    assert leader is not None, "no etcd member says it leads"
+    killed = time.monotonic()
+    leader.kill()
+    others = [m for m in cluster.members if m is not leader]
+    wait_until(lambda: cluster.leader(others) is not None, 20, 0.05, "a new etcd leader")
+    return killed, nodes, (f"leader {leader.name} SIGKILLed; a new one elected "
+                           f"{time.monotonic() - killed:.2f} s later; recovery from the kill")
+
+
+def etcd_follower_kill(nodes, cluster):
+    leader = cluster.leader()
+    follower = next(m for m in cluster.members if m is not leader)
+    killed = time.monotonic()
+    follower.kill()
+    return killed, nodes, f"follower {follower.name} SIGKILLed; recovery from the kill"
+
+
+def etcd_leader_isolated(nodes, cluster):
+    """The member in the namespace made leader (etcdctl move-leader), then its peer traffic cut
+    both ways for ISOLATE_SECONDS: the other two elect a leader while the nodes still reach it
+    as a client (it answers nothing it would need a quorum for); then the cut is healed."""
+    inside = cluster.members[-1]
+    leader = cluster.leader()
+    if leader is not inside:
+        status = subprocess.run(["etcdctl", f"--endpoints={inside.endpoint}", "endpoint",
+                                 "status"], capture_output=True, text=True, timeout=10).stdout
+        member_id = status.split(",")[1].strip()
+        subprocess.run(["etcdctl", f"--endpoints={leader.endpoint}", "move-leader", member_id],
+                       capture_output=True, text=True, timeout=10, check=True)
+        wait_until(lambda: cluster.leader() is inside, 10, 0.05, "the moved leadership")
+    cut = time.monotonic()
+    cluster.ns.cut([m.peer_port for m in cluster.members])
+    others = [m for m in cluster.members if m is not inside]
+    wait_until(lambda: cluster.leader(others) is not None, 20, 0.05,
+               "a leader among the two others")
+    elected = time.monotonic() - cut
+    # Service resumes on the majority's side while the member is still cut off.
+    wait_until(lambda: fleet_whole(nodes, LIMIT), ISOLATE_SECONDS + 10, 0.02,
+               "the fleet whole again while the leader is cut off")
+    whole = time.monotonic() - cut
+    time.sleep(max(0.0, ISOLATE_SECONDS - whole))
+    cluster.ns.clear()
+    return time.monotonic(), nodes, (
+        f"leader {inside.name} cut off from its peers {max(whole, ISOLATE_SECONDS):.1f} s "
+        f"(clients still reach it); the two others elected one {elected:.2f} s and the fleet "
+        f"was whole again {whole:.2f} s after the cut; recovery from the heal")
+
+
+def etcd_quorum_lost(nodes, cluster):
+    """Two of three SIGKILLed for OUTAGE seconds (past the lease), then one restarted."""
+    gone = cluster.members[:2]
+    for m in gone:
+        m.kill()
+    time.sleep(OUTAGE)
+    back = time.monotonic()
+    cluster.restart(gone[0])
+    return back, nodes, (f"{gone[0].name} and {gone[1].name} SIGKILLed {OUTAGE:.1f} s (no "
+                         f"quorum); recovery from {gone[0].name}'s restart (its start "
+                         f"{time.monotonic() - back:.2f} s included)")
+
+
+def test_etcd_leader_killed(request, results, workdir, netns):
+    etcd_scenario(request, results, workdir, netns, "10 etcd leader SIGKILL", etcd_leader_kill)
+
+
+def test_etcd_follower_killed(request, results, workdir, netns):
+    etcd_scenario(request, results, workdir, netns, "11 etcd follower SIGKILL",
+                  etcd_follower_kill)
+
+
+def test_etcd_leader_isolated(request, results, workdir, netns):
+    etcd_scenario(request, results, workdir, netns, "12 etcd leader isolated",
+                  etcd_leader_isolated, isolated_member=True)
+
+
+@pytest.mark.parametrize("outage", ["fail-closed", "local-only"])
+def test_etcd_quorum_lost(request, results, workdir, netns, outage):
+    row = etcd_scenario(request, results, workdir, netns, "13 etcd quorum lost",
+                        etcd_quorum_lost, outage=outage)
+    # Without a quorum no heartbeat was granted: every node left `active` (its outage mode).
+    assert all(set(p) - {"active"} for p in row["phases_during_fault"].values()), row

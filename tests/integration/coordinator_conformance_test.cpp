@@ -89,12 +89,14 @@ class CoordinatorConformance : public ::testing::Test {
     auto postgres = PostgresCoordinator::connect(po, config, &b.clock);
     ASSERT_TRUE(postgres.ok()) << postgres.status().to_string();
     b.all.push_back(std::move(postgres.value()));
+#if !defined(__SANITIZE_THREAD__)  // gRPC is not built with ThreadSanitizer (scripts/test.sh)
     EtcdOptions eo;
     eo.endpoints = etcd_->endpoints();
     eo.key_prefix = "conformance" + std::to_string(config_no) + "/";
     auto etcd = EtcdCoordinator::connect(eo, config, &b.clock);
     ASSERT_TRUE(etcd.ok()) << etcd.status().to_string();
     b.all.push_back(std::move(etcd.value()));
+#endif
   }
 
   static testing::SuiteServer<testing::RedisServer> redis_;
@@ -124,7 +126,11 @@ TEST_F(CoordinatorConformance, RandomSequenceGivesIdenticalGrantsOnEveryBackend)
                                  (handoff ? "/handoff" : "/no-handoff");
         Backends b;
         make(b, config, config_no);
+#if defined(__SANITIZE_THREAD__)
+        ASSERT_EQ(b.all.size(), 3u);
+#else
         ASSERT_EQ(b.all.size(), 4u);
+#endif
         std::mt19937_64 rng(20261123 + static_cast<unsigned>(config_no));
         ++config_no;
         auto pick = [&](std::uint64_t n) { return rng() % n; };
