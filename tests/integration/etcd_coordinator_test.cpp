@@ -39,6 +39,21 @@ NodeReport report(const std::string& id, std::uint32_t l_local, std::uint64_t in
   return r;
 }
 
+// Heartbeats until a loss's recovering window is over (a lease of 2 s or so), then leaves.
+void past_first_use(EtcdCoordinator& c, const std::string& key) {
+  const auto until = Clock_::now() + seconds(10);
+  while (Clock_::now() < until) {
+    auto g = c.heartbeat(key, report("warmup", 1, 1), kTimeout);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    if (!g.value().recovering) {
+      ASSERT_TRUE(c.leave(key, "warmup", 1, kTimeout).ok());
+      return;
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  FAIL() << "still recovering 10 s after the loss";
+}
+
 class EtcdCoordinatorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -61,21 +76,6 @@ class EtcdCoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     return c.ok() ? std::move(c.value()) : nullptr;
   }
-  // Heartbeats until the first use's recovering window is over (a lease of 2 s or so).
-  static void past_first_use(EtcdCoordinator& c, const std::string& key) {
-    const auto until = Clock_::now() + seconds(10);
-    while (Clock_::now() < until) {
-      auto g = c.heartbeat(key, report("warmup", 1, 1), kTimeout);
-      ASSERT_TRUE(g.ok()) << g.status().to_string();
-      if (!g.value().recovering) {
-        ASSERT_TRUE(c.leave(key, "warmup", 1, kTimeout).ok());
-        return;
-      }
-      std::this_thread::sleep_for(milliseconds(200));
-    }
-    FAIL() << "still recovering 10 s after the first use";
-  }
-
   static std::unique_ptr<testing::EtcdCluster> cluster_;
   static Status status_;
 };
@@ -291,15 +291,7 @@ TEST(EtcdRestore, ARestoreFromASnapshotIsALoss) {
   o.key_prefix = "restore/";
   auto c = EtcdCoordinator::connect(o, {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  const auto until = Clock_::now() + seconds(10);
-  Grant g;
-  do {  // past the first use
-    auto r = c.value()->heartbeat("db", report("a", 10, 1), kTimeout);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    g = r.value();
-    std::this_thread::sleep_for(milliseconds(200));
-  } while (g.recovering && Clock_::now() < until);
-  ASSERT_FALSE(g.recovering);
+  ASSERT_NO_FATAL_FAILURE(past_first_use(*c.value(), "db"));
   const std::string snap = ::testing::TempDir() + "sluice-etcd-restore.db";
   ASSERT_TRUE(cluster.snapshot(snap).ok());
   // After the snapshot, b joins and is granted half; a heartbeats on.
@@ -328,14 +320,7 @@ TEST(EtcdRestore, ARestoreFromASnapshotIsALoss) {
   // On a second restore, the server that saw the later revisions finds it by itself, for a node
   // that acknowledges nothing (taken once the first loss's window has passed, so that the
   // snapshot holds no mark of it).
-  const auto window = Clock_::now() + seconds(10);
-  do {
-    auto r = c.value()->heartbeat("db", report("a", 10, 1), kTimeout);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    g = r.value();
-    std::this_thread::sleep_for(milliseconds(200));
-  } while (g.recovering && Clock_::now() < window);
-  ASSERT_FALSE(g.recovering);
+  ASSERT_NO_FATAL_FAILURE(past_first_use(*c.value(), "db"));
   ASSERT_TRUE(cluster.snapshot(snap).ok());
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE(c.value()->heartbeat("db", report("a", 10, 1), kTimeout).ok());

@@ -353,13 +353,13 @@ Status EtcdCluster::start(int members, int election_ms) {
   members_.clear();
   for (int i = 0; i < members; ++i) {
     Member m;
-    m.name = "m" + std::to_string(i);
+    m.name = std::string("m").append(std::to_string(i));
     m.client_port = free_port();
     m.peer_port = free_port();
     if (m.client_port == 0 || m.peer_port == 0 || m.client_port == m.peer_port)
       return Status(StatusCode::kInternal, "no free ports for etcd");
-    initial_cluster_ +=
-        (i == 0 ? "" : ",") + m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+    if (i > 0) initial_cluster_ += ',';
+    initial_cluster_ += m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
     members_.push_back(m);
   }
   // Every member first: a member of a larger cluster serves clients once a quorum is up.
@@ -469,7 +469,10 @@ Status EtcdCluster::restore(const std::string& path) {
 
 int EtcdCluster::etcdctl(const std::vector<std::string>& args, std::string* out) const {
   std::string eps;
-  for (int i = 0; i < size(); ++i) eps += (i == 0 ? "" : ",") + endpoint(i);
+  for (int i = 0; i < size(); ++i) {
+    if (i > 0) eps += ',';
+    eps += endpoint(i);
+  }
   std::vector<std::string> full = {"etcdctl", "--endpoints=" + eps, "--command-timeout=2s"};
   full.insert(full.end(), args.begin(), args.end());
   const std::string log = dir_ + "/etcdctl.out";
