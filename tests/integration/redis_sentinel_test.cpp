@@ -4,7 +4,11 @@
 // reached), follows a failover after the primary is SIGKILLed, and leaves a primary that a
 // failover turned into a replica under an open connection; options and names it cannot use are
 // refused with what was wrong.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -92,6 +96,35 @@ TEST(RedisSentinel, ConnectsToThePrimaryTheSentinelsNamePassingOverOneThatIsDown
   EXPECT_EQ(served_by(conn), set.primary.port());
   auto r = conn.command({"SET", "sentinel:k", "v"}, kTimeout);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(cli(set.primary.port(), "GET sentinel:k"), "v");
+}
+
+// A sentinel that takes connections and never answers (a listening socket nobody accepts on:
+// the kernel completes the handshake): the first one asked. It gets its share of connect_timeout
+// (a quarter, with three sentinels after it), and the next one names the primary in time.
+TEST(RedisSentinel, AHungSentinelTakesOnlyItsShareOfConnectTimeout) {
+  SentinelSet set;
+  ASSERT_TRUE(set.start().ok());
+  const int hung = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(hung, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(hung, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(hung, 16), 0);
+  ASSERT_EQ(::getsockname(hung, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  RedisOptions o = set.options();
+  o.sentinels.insert(o.sentinels.begin(), RedisAddress{"127.0.0.1", ntohs(addr.sin_port)});
+  o.connect_timeout = seconds(1);
+  RedisConnection conn(o, {});
+  const auto start = std::chrono::steady_clock::now();
+  auto r = conn.command({"SET", "sentinel:k", "v"}, seconds(3));
+  const Nanos took = std::chrono::steady_clock::now() - start;
+  ::close(hung);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GE(took, milliseconds(200));  // it did wait for the hung one, a quarter of a second
+  EXPECT_LT(took, seconds(1));
   EXPECT_EQ(cli(set.primary.port(), "GET sentinel:k"), "v");
 }
 

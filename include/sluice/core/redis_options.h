@@ -5,7 +5,8 @@
 //
 // One server by its address (host, port), or the primary a set of Redis Sentinels names for
 // `master_name`: every (re)connect asks the sentinels in turn which address is the primary
-// (SENTINEL get-master-addr-by-name), connects there and checks that the server says it is a
+// (SENTINEL get-master-addr-by-name; each gets an equal part, with those not asked yet, of what
+// is left of connect_timeout), connects there and checks that the server says it is a
 // primary (ROLE); a server that turned into a replica under an open connection (its reply
 // READONLY) drops it, and the next call asks again. host and port are then not read.
 #pragma once

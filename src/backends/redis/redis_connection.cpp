@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -279,19 +280,24 @@ StatusOr<RedisConnection::Reply> RedisConnection::checked(const std::vector<std:
 
 // All before the earlier of the call's deadline and connect_timeout from now: a reconnect to a
 // hung server must not outlast the call. With sentinels, each is asked in turn for the primary
-// until one names an address that is a primary.
+// until one names an address that is a primary; a sentinel gets its share of the time left (an
+// equal part with the ones not asked yet), so that one that hangs leaves the others theirs.
 Status RedisConnection::connect_locked(Nanos deadline) {
   deadline = std::min(deadline, deadline_after(options_.connect_timeout));
   if (options_.sentinels.empty()) return connect_to(options_.host, options_.port, deadline);
   std::string why;
   std::vector<std::string> tried;
   Status last(StatusCode::kUnavailable, "");
-  for (const RedisAddress& sentinel : options_.sentinels) {
+  const std::size_t n = options_.sentinels.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const RedisAddress& sentinel = options_.sentinels[i];
     const std::string name = address_of(sentinel.host, sentinel.port);
-    auto primary = primary_named_by(sentinel, options_, deadline);
+    const Nanos left = deadline - mono_now();
+    if (left <= Nanos{0}) break;
+    const Nanos share = mono_now() + left / static_cast<std::int64_t>(n - i);
+    auto primary = primary_named_by(sentinel, options_, share);
     if (!primary.ok()) {
       why += "; sentinel " + name + ": " + primary.status().message();
-      if (primary.status().code() == StatusCode::kDeadlineExceeded) break;
       continue;
     }
     const std::string at = address_of(primary.value().host, primary.value().port);
