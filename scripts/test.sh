@@ -101,7 +101,7 @@ fuzz_wait() {
 # seeded fleet, federation and cascade simulations) are single-threaded, so ThreadSanitizer has
 # nothing to check in them, and run many times slower under a sanitizer: only the default build
 # runs them.
-sanitizer_skips="GatewayModel|FleetModel|FederationModel|CascadeBreakerModel|CascadeSim|FederationSim|FederationPoolSim|FleetSim"
+sanitizer_skips="GatewayModel|FleetModel|FederationModel|CascadeBreakerModel|CascadeSim|FederationSim|FederationPoolSim|FleetSim|SharedRateSim"
 # The etcd coordinators run on Debian's gRPC and absl, which are not built with ThreadSanitizer:
 # their internal synchronisation is invisible to it, and it reports races inside them (and on
 # buffers they hand over). The address suite runs those tests; the thread suite leaves them out

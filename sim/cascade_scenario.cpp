@@ -16,12 +16,6 @@ namespace {
 
 using std::chrono::seconds;
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 double secs(Nanos d) { return std::chrono::duration<double>(d).count(); }
 
 void claim(ScenarioOutput& out, bool holds, const std::string& what) {
@@ -51,13 +45,13 @@ bool heals(const CascadeSimResult& r) { return r.watched && r.observed_after_hea
 
 std::string detect_cell(const CascadeSimResult& r) {
   if (!r.watched) return "-";
-  return r.detect ? fmt("%.0f s", secs(*r.detect)) : "never";
+  return r.detect ? number("%.0f s", secs(*r.detect)) : "never";
 }
 
 std::string recover_cell(const CascadeSimResult& r) {
   if (!r.detect || !heals(r)) return "-";
-  return r.recover ? fmt("%.0f s", secs(*r.recover))
-                   : "never (> " + fmt("%.0f", secs(r.observed_after_heal)) + " s)";
+  return r.recover ? number("%.0f s", secs(*r.recover))
+                   : "never (> " + number("%.0f", secs(r.observed_after_heal)) + " s)";
 }
 
 std::string table(const std::vector<ScenarioRuns>& runs,
@@ -70,8 +64,8 @@ std::string table(const std::vector<ScenarioRuns>& runs,
       const CascadeSimResult& r = s.results[i];
       const bool one_bad = r.watched.has_value();
       t += "| " + s.scenario.name + " | " + strategies[i].name + " | " +
-           fmt("%.2f%%", 100 * r.success_rate) + " | " +
-           fmt("%.0f ms", std::chrono::duration<double, std::milli>(r.p99).count()) + " | " +
+           number("%.2f%%", 100 * r.success_rate) + " | " +
+           number("%.0f ms", std::chrono::duration<double, std::milli>(r.p99).count()) + " | " +
            (one_bad ? std::to_string(r.calls_to_bad) : "-") + " | " + detect_cell(r) + " | " +
            recover_cell(r) + " |\n";
     }
@@ -140,7 +134,7 @@ Spread spread(const CascadeSimResult& r, const std::vector<double>& fails, doubl
 
 std::string spread_header(const std::vector<CascadeStrategy>& strategies, double exponent,
                           std::size_t tail) {
-  std::string t = "| node | success rate | rate^" + fmt("%g", exponent) + " / sum (all nodes) |";
+  std::string t = "| node | success rate | rate^" + number("%g", exponent) + " / sum (all nodes) |";
   std::string rule = "|---|---|---|";
   for (const CascadeStrategy& st : strategies) {
     t += " share, " + st.name + " |";
@@ -148,8 +142,8 @@ std::string spread_header(const std::vector<CascadeStrategy>& strategies, double
     if (st.kind != StrategyKind::kCascade) continue;
     const std::string last = "last " + std::to_string(tail) + " s, " + st.name;
     t += " seconds without a call, " + st.name + " | share of the calls to nodes in play, " + last +
-         " | rate^" + fmt("%g", st.cascade.health.exponent) + " / sum over nodes in play, " + last +
-         " |";
+         " | rate^" + number("%g", st.cascade.health.exponent) + " / sum over nodes in play, " +
+         last + " |";
     rule += "---|---|---|";
   }
   return t + "\n" + rule + "\n";
@@ -164,12 +158,12 @@ std::string spread_table(const ScenarioRuns& s, const std::vector<CascadeStrateg
   const std::vector<double> expected = expected_shares(fails, exponent);
   std::string t = spread_header(strategies, exponent, tail);
   for (std::size_t n = 0; n < fails.size(); ++n) {
-    t += "| node-" + std::to_string(n) + " | " + fmt("%.0f%%", 100 * (1 - fails[n])) + " | " +
-         fmt("%.1f%%", 100 * expected[n]) + " |";
+    t += "| node-" + std::to_string(n) + " | " + number("%.0f%%", 100 * (1 - fails[n])) + " | " +
+         number("%.1f%%", 100 * expected[n]) + " |";
     for (std::size_t i = 0; i < strategies.size(); ++i) {
       const CascadeSimResult& r = s.results[i];
       t += ' ';
-      t += fmt("%.1f%%", 100 * share_of(r, n));
+      t += number("%.1f%%", 100 * share_of(r, n));
       t += " |";
       if (strategies[i].kind != StrategyKind::kCascade) continue;
       const Spread sp = spread(r, fails, strategies[i].cascade.health.exponent, tail);
@@ -178,9 +172,9 @@ std::string spread_table(const ScenarioRuns& s, const std::vector<CascadeStrateg
       t += std::to_string(windows_without_calls(r, n));
       t += " | ";
       if (sp.in_play[n]) {
-        t += fmt("%.1f%%", 100 * sp.share[n]);
+        t += number("%.1f%%", 100 * sp.share[n]);
         t += " | ";
-        t += fmt("%.1f%%", 100 * sp.expected[n]);
+        t += number("%.1f%%", 100 * sp.expected[n]);
       } else {
         t += "out | out";
       }
@@ -208,8 +202,8 @@ std::string summary_csv(const std::vector<ScenarioRuns>& runs,
           r.success_rate, std::chrono::duration<double, std::milli>(r.p99).count(),
           static_cast<unsigned long long>(r.calls_to_bad));
       out += s.scenario.name + "," + strategies[i].name + buf +
-             (r.detect ? fmt("%.0f", secs(*r.detect)) : "") + "," +
-             (r.recover ? fmt("%.0f", secs(*r.recover)) : "") + "\n";
+             (r.detect ? number("%.0f", secs(*r.detect)) : "") + "," +
+             (r.recover ? number("%.0f", secs(*r.recover)) : "") + "\n";
     }
   }
   return out;
@@ -227,7 +221,7 @@ std::string windows_csv(const std::vector<ScenarioRuns>& runs,
       for (std::size_t k = 0; k < r.windows.size(); ++k) {
         const CascadeWindow& w = r.windows[k];
         out += s.scenario.name + "," + strategies[i].name + "," +
-               fmt("%.0f", secs(window * static_cast<std::int64_t>(k))) + "," +
+               number("%.0f", secs(window * static_cast<std::int64_t>(k))) + "," +
                std::to_string(w.arrivals) + "," + std::to_string(w.succeeded);
         for (const std::uint32_t taken : w.taken) {
           out += ',';
@@ -296,8 +290,8 @@ void success_claims(ScenarioOutput& out, const ScenarioRuns& s,
     const double mine = s.results[i].success_rate, theirs = base.success_rate;
     const bool holds = base.succeeded == base.arrivals ? mine >= theirs : mine > theirs;
     claim(out, holds,
-          s.scenario.name + ": " + strategies[i].name + "'s success rate " + fmt("%.4f", mine) +
-              " must beat round-robin's " + fmt("%.4f", theirs));
+          s.scenario.name + ": " + strategies[i].name + "'s success rate " + number("%.4f", mine) +
+              " must beat round-robin's " + number("%.4f", theirs));
   }
 }
 
@@ -309,7 +303,7 @@ void recovery_claims(ScenarioOutput& out, const ScenarioRuns& s,
     const Nanos bound = recovery_bound(strategies[i]);
     claim(out, r.recover && *r.recover <= bound,
           s.scenario.name + ": " + strategies[i].name + " must bring the healed node back within " +
-              fmt("%.0f s", secs(bound)) + ", measured " + recover_cell(r));
+              number("%.0f s", secs(bound)) + ", measured " + recover_cell(r));
   }
 }
 
@@ -338,8 +332,8 @@ void spread_claims(ScenarioOutput& out, const ScenarioRuns& s,
             !sp.in_play[n] ||
                 std::abs(sp.share[n] - sp.expected[n]) <= std::max(0.2 * sp.expected[n], 0.015),
             s.scenario.name + ": " + strategies[i].name + " gave node-" + std::to_string(n) + " " +
-                fmt("%.3f", sp.share[n]) + " of the calls to the nodes in play, its weight " +
-                fmt("%.3f", sp.expected[n]));
+                number("%.3f", sp.share[n]) + " of the calls to the nodes in play, its weight " +
+                number("%.3f", sp.expected[n]));
   }
 }
 
@@ -382,8 +376,8 @@ std::string breaker_note(const std::vector<CascadeStrategy>& strategies) {
     if (s.kind != StrategyKind::kCascade || !s.cascade.breaker) continue;
     const CircuitBreakerOptions& b = *s.cascade.breaker;
     t += " Breakers (" + s.name + "): open after " + std::to_string(b.failures) +
-         " failures in a row, for " + fmt("%.0f", secs(b.open_for)) + " s doubling up to " +
-         fmt("%.0f", secs(b.max_open_for)) + " s; " + std::to_string(b.probes) +
+         " failures in a row, for " + number("%.0f", secs(b.open_for)) + " s doubling up to " +
+         number("%.0f", secs(b.max_open_for)) + " s; " + std::to_string(b.probes) +
          (b.probes == 1 ? " probe" : " probes") + " at a time while half-open.";
   }
   return t;
@@ -397,20 +391,21 @@ std::string setup(const CascadeSimConfig& c, const std::vector<CascadeStrategy>&
   std::string t =
       std::to_string(c.nodes) + " nodes, each with a fixed concurrency limit of " +
       std::to_string(c.limit) + " (under every strategy); Poisson arrivals at " +
-      fmt("%.0f", c.rate) + " calls/s for " + fmt("%.0f", secs(c.duration)) + " s, seed " +
+      number("%.0f", c.rate) + " calls/s for " + number("%.0f", secs(c.duration)) + " s, seed " +
       std::to_string(c.seed) + "; a healthy call takes " +
-      fmt("%.0f", std::chrono::duration<double, std::milli>(c.base_latency).count()) +
+      number("%.0f", std::chrono::duration<double, std::milli>(c.base_latency).count()) +
       " ms + Exp(mean " +
-      fmt("%.0f", std::chrono::duration<double, std::milli>(c.base_latency).count()) +
-      " ms), a slow one " + fmt("%.0f", c.slow_factor) + " x that, a fast error or 429 " +
-      fmt("%.0f", std::chrono::duration<double, std::milli>(c.error_latency).count()) +
-      " ms; the caller's timeout " + fmt("%.0f", secs(c.timeout)) +
+      number("%.0f", std::chrono::duration<double, std::milli>(c.base_latency).count()) +
+      " ms), a slow one " + number("%.0f", c.slow_factor) + " x that, a fast error or 429 " +
+      number("%.0f", std::chrono::duration<double, std::milli>(c.error_latency).count()) +
+      " ms; the caller's timeout " + number("%.0f", secs(c.timeout)) +
       " s. Cascade: " + std::to_string(stats.buckets) + " buckets of " +
-      fmt("%.0f", secs(stats.width)) + " s, decay " + fmt("%g", health.decay) + ", weight = rate^" +
-      fmt("%g", health.exponent) + ", sticky floor " + fmt("%g", health.floor_numerator) +
+      number("%.0f", secs(stats.width)) + " s, decay " + number("%g", health.decay) +
+      ", weight = rate^" + number("%g", health.exponent) + ", sticky floor " +
+      number("%g", health.floor_numerator) +
       " / nodes, a revival call to a node at the floor at most every " +
-      fmt("%.0f", secs(cascade.revive_every)) + " s." + breaker_note(strategies) +
-      " Shares in windows of " + fmt("%.0f", secs(c.window)) +
+      number("%.0f", secs(cascade.revive_every)) + " s." + breaker_note(strategies) +
+      " Shares in windows of " + number("%.0f", secs(c.window)) +
       " s; detect: the bad node's share below 10% of the fair share; recover: back to 50% of it. " +
       recovery_note(strategies) + "\n\n";
   for (const ScenarioRuns& s : runs)

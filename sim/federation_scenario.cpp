@@ -14,12 +14,6 @@
 namespace sluice::sim {
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 void claim(ScenarioOutput& out, bool holds, const std::string& what) {
   if (!holds) out.failed_claims.push_back(what);
 }
@@ -113,10 +107,11 @@ std::string weighted_table(const std::vector<WeightedRow>& rows) {
       "stated bound |\n|---|---|---|---|---|---|---|\n";
   for (const WeightedRow& r : rows) {
     const auto [mean, most] = unserved(r.federated, kWeightedLimit);
-    t += "| " + std::to_string(r.hits) + " | " + fmt("%.2f", r.skew) + " | " +
-         fmt("%.3f", r.fixed.u_capacity) + " | " + fmt("%.3f", r.federated.u_capacity) + " | " +
-         fmt("%.3f", r.federated.max_admitted_over_limit) + " | " + fmt("%.1f", mean) + " / " +
-         fmt("%.0f", most) + " | " + fmt("%.0f", r.bound) + " |\n";
+    t += "| " + std::to_string(r.hits) + " | " + number("%.2f", r.skew) + " | " +
+         number("%.3f", r.fixed.u_capacity) + " | " + number("%.3f", r.federated.u_capacity) +
+         " | " + number("%.3f", r.federated.max_admitted_over_limit) + " | " +
+         number("%.1f", mean) + " / " + number("%.0f", most) + " | " + number("%.0f", r.bound) +
+         " |\n";
   }
   return t;
 }
@@ -127,10 +122,10 @@ std::string weighted_csv(const std::vector<WeightedRow>& rows) {
       "max_unserved,bound\n";
   for (const WeightedRow& r : rows) {
     const auto [mean, most] = unserved(r.federated, kWeightedLimit);
-    t += std::to_string(r.hits) + "," + fmt("%.2f", r.skew) + "," +
-         fmt("%.4f", r.fixed.u_capacity) + "," + fmt("%.4f", r.federated.u_capacity) + "," +
-         fmt("%.4f", r.federated.max_admitted_over_limit) + "," + fmt("%.2f", mean) + "," +
-         fmt("%.0f", most) + "," + fmt("%.0f", r.bound) + "\n";
+    t += std::to_string(r.hits) + "," + number("%.2f", r.skew) + "," +
+         number("%.4f", r.fixed.u_capacity) + "," + number("%.4f", r.federated.u_capacity) + "," +
+         number("%.4f", r.federated.max_admitted_over_limit) + "," + number("%.2f", mean) + "," +
+         number("%.0f", most) + "," + number("%.0f", r.bound) + "\n";
   }
   return t;
 }
@@ -140,10 +135,10 @@ std::string table(const std::vector<SkewRow>& rows) {
       "| skew | static U_capacity | federated U_capacity | max admitted per window / limit | "
       "independent admitted / limit |\n|---|---|---|---|---|\n";
   for (const SkewRow& r : rows)
-    t += "| " + fmt("%.2f", r.skew) + " | " + fmt("%.3f", r.fixed.u_capacity) + " | " +
-         fmt("%.3f", r.federated.u_capacity) + " | " +
-         fmt("%.3f", r.federated.max_admitted_over_limit) + " | " +
-         fmt("%.3f", r.independent.max_admitted_over_limit) + " |\n";
+    t += "| " + number("%.2f", r.skew) + " | " + number("%.3f", r.fixed.u_capacity) + " | " +
+         number("%.3f", r.federated.u_capacity) + " | " +
+         number("%.3f", r.federated.max_admitted_over_limit) + " | " +
+         number("%.3f", r.independent.max_admitted_over_limit) + " |\n";
   return t;
 }
 
@@ -152,7 +147,7 @@ std::string by_region(const FederationSimResult& r, const std::vector<std::uint6
   std::string out;
   for (const std::uint64_t v : values) {
     if (!out.empty()) out += " / ";
-    out += fmt("%.1f", static_cast<double>(v) / static_cast<double>(r.windows.size()));
+    out += number("%.1f", static_cast<double>(v) / static_cast<double>(r.windows.size()));
   }
   return out;
 }
@@ -165,12 +160,13 @@ std::string diagnostics(const std::vector<SkewRow>& rows) {
       "admission | reconciles |\n"
       "|---|---|---|---|---|---|---|---|\n";
   for (const SkewRow& r : rows)
-    t += "| " + fmt("%.2f", r.skew) + " | " + fmt("%.3f", r.federated.mean_admitted_over_limit) +
-         " | " + fmt("%.1f", r.federated.mean_stranded) + " | " +
-         fmt("%.1f", r.federated.mean_unleased) + " | " +
+    t += "| " + number("%.2f", r.skew) + " | " +
+         number("%.3f", r.federated.mean_admitted_over_limit) + " | " +
+         number("%.1f", r.federated.mean_stranded) + " | " +
+         number("%.1f", r.federated.mean_unleased) + " | " +
          by_region(r.federated, r.federated.region_admitted) + " | " +
          by_region(r.federated, r.federated.region_forfeited) + " | " +
-         fmt("%.4f", r.federated.leases_per_admission) + " | " +
+         number("%.4f", r.federated.leases_per_admission) + " | " +
          std::to_string(r.federated.reconciles) + " |\n";
   return t;
 }
@@ -204,7 +200,7 @@ std::string windows_csv(const std::vector<SkewRow>& rows) {
     for (const auto& [scheme, result] : runs) {
       for (std::size_t k = 0; k < result->windows.size(); ++k) {
         const FederationWindow& w = result->windows[k];
-        out += fmt("%.2f", r.skew) + "," + std::string(to_string(scheme)) + "," +
+        out += number("%.2f", r.skew) + "," + std::string(to_string(scheme)) + "," +
                std::to_string(k) + "," + std::to_string(w.offered) + "," +
                std::to_string(w.admitted) + "," + std::to_string(w.handed_out) + "," +
                std::to_string(w.leases) + "\n";
@@ -225,9 +221,9 @@ std::string plot(std::vector<SkewRow> rows, double load, std::uint64_t batch) {
     federated.points.emplace_back(r.skew, r.federated.u_capacity);
   }
   PlotSeries target{"0.98 (the target)", "#000000", {{0.0, 0.98}, {1.0, 0.98}}, true};
-  return svg_plot(
-      "U_capacity by skew: K = 3 regions, L = 1000 per 1 s, offered " + fmt("%.1f", load) + " x L",
-      "U_capacity", {fixed, federated, target}, "skew s");
+  return svg_plot("U_capacity by skew: K = 3 regions, L = 1000 per 1 s, offered " +
+                      number("%.1f", load) + " x L",
+                  "U_capacity", {fixed, federated, target}, "skew s");
 }
 
 // The federated scheme at s = 0 and s = 1 as the region-coordinator delay grows.
@@ -257,11 +253,12 @@ std::string round_trip_table(const std::vector<RoundTripRow>& rows, std::uint64_
       "|---|---|---|---|---|---|\n";
   for (const RoundTripRow& r : rows) {
     const double ms = std::chrono::duration<double, std::milli>(r.one_way).count();
-    t += "| " + fmt("%.0f", ms) + " | " + fmt("%.0f", 2 * ms) + " | " +
-         fmt("%.0f", static_cast<double>(batch) / (2 * ms / 1000)) + " | " +
-         fmt("%.3f", r.uniform.u_capacity) + " | " + fmt("%.3f", r.hot.u_capacity) + " | " +
-         fmt("%.3f", std::max(r.uniform.max_admitted_over_limit, r.hot.max_admitted_over_limit)) +
-         " |\n";
+    t +=
+        "| " + number("%.0f", ms) + " | " + number("%.0f", 2 * ms) + " | " +
+        number("%.0f", static_cast<double>(batch) / (2 * ms / 1000)) + " | " +
+        number("%.3f", r.uniform.u_capacity) + " | " + number("%.3f", r.hot.u_capacity) + " | " +
+        number("%.3f", std::max(r.uniform.max_admitted_over_limit, r.hot.max_admitted_over_limit)) +
+        " |\n";
   }
   return t;
 }
@@ -285,16 +282,16 @@ std::string setup(const FederationScenarioOptions& o, double load) {
   return "K = 3 regions, one key, limit L = 1000 per window of 1 s (windows aligned on the one "
          "clock), " +
          std::to_string(o.windows) + " windows, seed " + std::to_string(o.seed) +
-         "; Poisson arrivals of 1 hit, offered " + fmt("%.1f", load) +
+         "; Poisson arrivals of 1 hit, offered " + number("%.1f", load) +
          " x L per window in all; region 0 gets the share s + (1 - s) / 3, the others (1 - s) "
          "/ 3 each; a refused request is lost. Federated: batch " +
          std::to_string(o.batch) + " (a refill starts below " +
          std::to_string(std::max<std::uint64_t>(1, o.batch / 4)) +
          "), "
          "region-coordinator one-way delay " +
-         fmt("%.1f", std::chrono::duration<double, std::milli>(o.one_way).count()) +
+         number("%.1f", std::chrono::duration<double, std::milli>(o.one_way).count()) +
          " ms (round trip " +
-         fmt("%.1f", 2 * std::chrono::duration<double, std::milli>(o.one_way).count()) +
+         number("%.1f", 2 * std::chrono::duration<double, std::milli>(o.one_way).count()) +
          " ms), drift allowance 1000 ppm, min_window_left 5 ms (the FederationOptions "
          "defaults). U_capacity: mean over windows of admitted / min(offered, L). Independent: "
          "max over windows of admitted / L.\n\n";
@@ -353,9 +350,10 @@ std::string pool_table(const std::vector<PoolRow>& rows, const std::vector<SkewR
       "| coordinator leases per admission |\n|---|---|---|---|---|---|\n";
   for (std::size_t i = 0; i < rows.size(); ++i)
     for (const auto& [setup, r] : pool_setups(rows[i], single[i], batch))
-      t += "| " + fmt("%.2f", rows[i].skew) + " | " + setup + " | " + fmt("%.3f", r->u_capacity) +
-           " | " + fmt("%.3f", r->max_admitted_over_limit) + " | " + fmt("%.1f", r->mean_stranded) +
-           " | " + fmt("%.4f", r->leases_per_admission) + " |\n";
+      t += "| " + number("%.2f", rows[i].skew) + " | " + setup + " | " +
+           number("%.3f", r->u_capacity) + " | " + number("%.3f", r->max_admitted_over_limit) +
+           " | " + number("%.1f", r->mean_stranded) + " | " +
+           number("%.4f", r->leases_per_admission) + " |\n";
   return t;
 }
 
@@ -375,7 +373,7 @@ std::string pool_csv(const std::vector<PoolRow>& rows, const std::vector<SkewRow
       std::snprintf(buf, sizeof buf, ",%.4f,%.4f,%.2f,%.5f,%.1f\n", r->u_capacity,
                     r->max_admitted_over_limit, r->mean_stranded, r->leases_per_admission,
                     static_cast<double>(r->pool_taken) / static_cast<double>(r->windows.size()));
-      out += fmt("%.2f", rows[i].skew) + "," + keys[j] + buf;
+      out += number("%.2f", rows[i].skew) + "," + keys[j] + buf;
     }
   }
   return out;
@@ -407,10 +405,10 @@ std::string process_table(const std::vector<ProcessRow>& rows) {
       "per admission, own leases | coordinator leases per admission, pool | max admitted per "
       "window / limit (both) |\n|---|---|---|---|---|---|\n";
   for (const ProcessRow& r : rows)
-    t += "| " + std::to_string(r.processes) + " | " + fmt("%.3f", r.own.u_capacity) + " | " +
-         fmt("%.3f", r.pooled.u_capacity) + " | " + fmt("%.4f", r.own.leases_per_admission) +
-         " | " + fmt("%.4f", r.pooled.leases_per_admission) + " | " +
-         fmt("%.3f", std::max(r.own.max_admitted_over_limit, r.pooled.max_admitted_over_limit)) +
+    t += "| " + std::to_string(r.processes) + " | " + number("%.3f", r.own.u_capacity) + " | " +
+         number("%.3f", r.pooled.u_capacity) + " | " + number("%.4f", r.own.leases_per_admission) +
+         " | " + number("%.4f", r.pooled.leases_per_admission) + " | " +
+         number("%.3f", std::max(r.own.max_admitted_over_limit, r.pooled.max_admitted_over_limit)) +
          " |\n";
   return t;
 }
@@ -441,13 +439,13 @@ std::string outage_label(const FederationSimConfig& c) {
       std::string(to_string(c.outage)) + ", " + std::string(to_string(c.outage_failure));
   if (c.outage == FederationOutage::kRegionalOnly)
     out += ", probe every " +
-           fmt("%g s", std::chrono::duration<double>(c.coordinator_health_check).count());
+           number("%g s", std::chrono::duration<double>(c.coordinator_health_check).count());
   return out;
 }
 
 std::string outage_span(const FederationSimConfig& c) {
-  return fmt("%.2f", std::chrono::duration<double>(c.outage_start).count()) + "-" +
-         fmt("%.2f s", std::chrono::duration<double>(c.outage_end).count());
+  return number("%.2f", std::chrono::duration<double>(c.outage_start).count()) + "-" +
+         number("%.2f s", std::chrono::duration<double>(c.outage_end).count());
 }
 
 // Three processes per region sharing a pool, the coordinator unreachable during [start, end).
@@ -534,10 +532,10 @@ std::string outage_windows_table(const std::vector<OutageRun>& runs) {
   const auto limit = static_cast<double>(first.config.limit);
   for (std::size_t k = 2; k < first.result.windows.size(); ++k) {
     t += "| " + std::to_string(k) + (in_outage(first.config, k) ? " (outage)" : "") + " | " +
-         fmt("%.3f", static_cast<double>(first.result.windows[k].offered) / limit) + " |";
+         number("%.3f", static_cast<double>(first.result.windows[k].offered) / limit) + " |";
     for (const OutageRun& r : runs) {
       const FederationWindow& w = r.result.windows[k];
-      t += " " + fmt("%.3f", static_cast<double>(w.admitted) / limit);
+      t += " " + number("%.3f", static_cast<double>(w.admitted) / limit);
       if (w.admitted > w.handed_out) t += " (+" + std::to_string(w.admitted - w.handed_out) + ")";
       t += " |";
     }
@@ -559,8 +557,8 @@ std::string outage_summary(const std::vector<OutageRun>& runs) {
       unreachable += w.refused_unreachable;
       spent += w.refused_balance_spent;
     }
-    t += "| " + outage_span(r.config) + " | " + fmt("%.1f", r.config.load) + ", " +
-         fmt("%.2f", r.config.skew) + " | " + outage_label(r.config) + " | " +
+    t += "| " + outage_span(r.config) + " | " + number("%.1f", r.config.load) + ", " +
+         number("%.2f", r.config.skew) + " | " + outage_label(r.config) + " | " +
          std::to_string(r.result.onset_pool_balance) + " + " +
          std::to_string(r.result.refilled_in_outage) + " | " +
          std::to_string(r.result.onset_escrow_held) + " | " +
@@ -592,7 +590,7 @@ std::string outage_plot(const std::vector<OutageRun>& runs) {
                     {{start, 0.0}, {start, 1.0}, {end, 1.0}, {end, 0.0}},
                     true});
   return svg_plot("Admitted / limit per window through a coordinator outage (load " +
-                      fmt("%.1f", c.load) + ", s = 0.5)",
+                      number("%.1f", c.load) + ", s = 0.5)",
                   "admitted / limit", series, "time (s)");
 }
 
@@ -667,13 +665,14 @@ std::string charge_table(const std::vector<ChargeRow>& rows) {
     const ChargeTotals c = charge_totals(r.federated);
     const double per = static_cast<double>(FederationSimConfig{}.limit) *
                        static_cast<double>(r.federated.windows.size());
-    t += "| " + fmt("%.2f", r.skew) + " | " + fmt("%.3f", static_cast<double>(c.admitted) / per) +
-         " | " + fmt("%.3f", static_cast<double>(c.charged) / per) + " | " +
-         fmt("%.1f%%", c.charged > 0 ? 100.0 * static_cast<double>(c.forgiven) /
-                                           static_cast<double>(c.charged)
-                                     : 0.0) +
-         " | " + fmt("%.3f", r.federated.mean_spent_over_limit) + " | " +
-         fmt("%.3f", r.federated.max_spent_over_limit) + " |\n";
+    t += "| " + number("%.2f", r.skew) + " | " +
+         number("%.3f", static_cast<double>(c.admitted) / per) + " | " +
+         number("%.3f", static_cast<double>(c.charged) / per) + " | " +
+         number("%.1f%%", c.charged > 0 ? 100.0 * static_cast<double>(c.forgiven) /
+                                              static_cast<double>(c.charged)
+                                        : 0.0) +
+         " | " + number("%.3f", r.federated.mean_spent_over_limit) + " | " +
+         number("%.3f", r.federated.max_spent_over_limit) + " |\n";
   }
   return t;
 }
@@ -683,8 +682,8 @@ std::string charge_csv(const std::vector<ChargeRow>& rows) {
   for (const ChargeRow& r : rows)
     for (std::size_t k = 0; k < r.federated.windows.size(); ++k) {
       const FederationWindow& w = r.federated.windows[k];
-      out += fmt("%.2f", r.skew) + "," + std::to_string(k) + "," + std::to_string(w.offered) + "," +
-             std::to_string(w.admitted) + "," + std::to_string(w.charged) + "," +
+      out += number("%.2f", r.skew) + "," + std::to_string(k) + "," + std::to_string(w.offered) +
+             "," + std::to_string(w.admitted) + "," + std::to_string(w.charged) + "," +
              std::to_string(w.forgiven) + "," + std::to_string(w.spent) + "," +
              std::to_string(w.handed_out) + "," + std::to_string(w.leases) + "\n";
     }
@@ -698,19 +697,19 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   const auto bounded = [&](const FederationSimResult& r, const std::string& at) {
     claim(out, r.max_admitted_over_limit <= 1.0,
           "federated max admitted per window / limit must be <= 1" + at + ", measured " +
-              fmt("%.4f", r.max_admitted_over_limit));
+              number("%.4f", r.max_admitted_over_limit));
   };
   std::vector<SkewRow> main_rows;  // one process per region at `load`, for the pool table
   std::vector<double> loads = {o.load};
   if (o.load != 1.0) loads.push_back(1.0);
   for (const double load : loads) {
     const bool main_load = load == o.load;
-    const std::string tag = "load-" + fmt("%.1f", load);
+    const std::string tag = "load-" + number("%.1f", load);
     const std::vector<SkewRow> rows = run_skews(o, load, federation_skews());
     const std::vector<SkewRow> near_one = run_skews(o, load, {0.9, 0.95, 0.99});
     std::vector<SkewRow> all = rows;
     all.insert(all.end(), near_one.begin(), near_one.end());
-    out.table += "### Offered " + fmt("%.1f", load) + " x L\n\n" + setup(o, load) + table(rows) +
+    out.table += "### Offered " + number("%.1f", load) + " x L\n\n" + setup(o, load) + table(rows) +
                  "\nBetween s = 0.75 and s = 1 (the cold regions' load falls towards 0):\n\n" +
                  table(near_one) + "\nWhere the federated budget went:\n\n" + diagnostics(all) +
                  "\n";
@@ -718,22 +717,22 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     out.files.emplace_back("federation-" + tag + "-windows.csv", windows_csv(all));
     out.files.emplace_back("federation-" + tag + ".svg", plot(all, load, o.batch));
     for (const SkewRow& r : all)
-      bounded(r.federated, " at s = " + fmt("%.2f", r.skew) + ", load " + fmt("%.1f", load));
+      bounded(r.federated, " at s = " + number("%.2f", r.skew) + ", load " + number("%.1f", load));
     if (!main_load) continue;
     main_rows = rows;
     for (const SkewRow& r : all)
       claim(out, r.federated.u_capacity >= 0.98,
-            "federated U_capacity must be >= 0.98 at s = " + fmt("%.2f", r.skew) + ", measured " +
-                fmt("%.4f", r.federated.u_capacity));
+            "federated U_capacity must be >= 0.98 at s = " + number("%.2f", r.skew) +
+                ", measured " + number("%.4f", r.federated.u_capacity));
     claim(out, std::abs(rows.back().fixed.u_capacity - 1.0 / 3.0) <= 0.01,
           "static U_capacity at s = 1 must be about 1/K, measured " +
-              fmt("%.4f", rows.back().fixed.u_capacity));
+              number("%.4f", rows.back().fixed.u_capacity));
     claim(out, rows.front().independent.max_admitted_over_limit > 1.0,
           "independent limiters must overshoot at s = 0, measured " +
-              fmt("%.4f", rows.front().independent.max_admitted_over_limit));
+              number("%.4f", rows.front().independent.max_admitted_over_limit));
   }
   const std::vector<RoundTripRow> trips = run_round_trips(o);
-  out.table += "### Round trip (offered " + fmt("%.1f", o.load) +
+  out.table += "### Round trip (offered " + number("%.1f", o.load) +
                " x L, federated only)\n\nAs above, with a longer region-coordinator delay. A "
                "region has one lease of a key in flight at a time; the checks that queue behind "
                "it are what the next lease asks for (at least a batch). Were each lease a batch, "
@@ -747,7 +746,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   {
     const std::vector<PoolRow> pools = run_pools(o);
     out.table += "### Three processes per region, with and without a regional pool (offered " +
-                 fmt("%.1f", o.load) +
+                 number("%.1f", o.load) +
                  " x L)\n\nAs above, with each region's arrivals spread at random over 3 "
                  "processes, each its own FederatedLimiter: leasing for itself, or sharing the "
                  "region's pool (a MemoryRegionalEscrow behind the same one-way delay). Leases "
@@ -758,18 +757,18 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     out.table += "By processes per region, s = 0.50:\n\n" + process_table(procs) + "\n";
     out.files.emplace_back("federation-pool-processes.svg", process_plot(procs));
     for (const PoolRow& r : pools) {
-      const std::string at = " at s = " + fmt("%.2f", r.skew);
+      const std::string at = " at s = " + number("%.2f", r.skew);
       bounded(r.own, " with 3 processes" + at);
       bounded(r.pooled, " with 3 processes and a pool" + at);
       bounded(r.small, " with 3 processes and a pool of regional batch 256" + at);
       claim(out, r.pooled.u_capacity >= r.own.u_capacity - kPoolMargin,
-            "U_capacity with a pool must be within " + fmt("%.2f", kPoolMargin) +
+            "U_capacity with a pool must be within " + number("%.2f", kPoolMargin) +
                 " of 3 processes leasing for themselves" + at + ", measured " +
-                fmt("%.4f", r.pooled.u_capacity) + " vs " + fmt("%.4f", r.own.u_capacity));
+                number("%.4f", r.pooled.u_capacity) + " vs " + number("%.4f", r.own.u_capacity));
       claim(out, r.pooled.leases_per_admission < r.own.leases_per_admission,
             "a pool must cost fewer coordinator leases per admission" + at + ", measured " +
-                fmt("%.4f", r.pooled.leases_per_admission) + " vs " +
-                fmt("%.4f", r.own.leases_per_admission));
+                number("%.4f", r.pooled.leases_per_admission) + " vs " +
+                number("%.4f", r.own.leases_per_admission));
     }
     for (const ProcessRow& r : procs) {
       bounded(r.own, " with " + std::to_string(r.processes) + " processes");
@@ -779,7 +778,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   // Checks of many units.
   {
     const std::vector<WeightedRow> weighted = run_weighted(o);
-    out.table += "### Checks of many units (offered " + fmt("%.1f", o.load) +
+    out.table += "### Checks of many units (offered " + number("%.1f", o.load) +
                  " x L, one process per region)\n\nEvery check asks for `hits` units all or "
                  "nothing; offered and admitted count units. A check larger than a region's "
                  "escrow leases what it lacks as the lease's need: the coordinator grants at "
@@ -793,15 +792,16 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     out.files.emplace_back("federation-weighted.csv", weighted_csv(weighted));
     for (const WeightedRow& r : weighted) {
       const std::string at =
-          " with checks of " + std::to_string(r.hits) + " units at s = " + fmt("%.2f", r.skew);
+          " with checks of " + std::to_string(r.hits) + " units at s = " + number("%.2f", r.skew);
       bounded(r.federated, at);
       claim(out, r.federated.u_capacity >= r.fixed.u_capacity,
             "federated U_capacity must be at least the static partition's" + at + ", measured " +
-                fmt("%.4f", r.federated.u_capacity) + " vs " + fmt("%.4f", r.fixed.u_capacity));
+                number("%.4f", r.federated.u_capacity) + " vs " +
+                number("%.4f", r.fixed.u_capacity));
       claim(out, unserved(r.federated, kWeightedLimit).second <= r.bound,
             "federated units demanded and not admitted in a window must be at most K x "
             "max(hits - 1, batch) + hits - 1" +
-                at + ", measured " + fmt("%.0f", unserved(r.federated, kWeightedLimit).second));
+                at + ", measured " + number("%.0f", unserved(r.federated, kWeightedLimit).second));
     }
   }
   // A coordinator outage.
@@ -814,13 +814,13 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
         "round trip after it is made; timeout: at lease_timeout, 250 ms); the pools stay "
         "reachable. Admitted / limit per window; (+n): admitted beyond the window's own "
         "grants.\n\nOffered " +
-        fmt("%.1f", o.load) + " x L, outage 4.50-7.50 s:\n\n" + outage_windows_table(runs) +
+        number("%.1f", o.load) + " x L, outage 4.50-7.50 s:\n\n" + outage_windows_table(runs) +
         "\nOffered 0.6 x L, outage 4.90-7.90 s (the pools still hold units when it begins):\n\n";
     const std::vector<OutageRun> low = run_outages(o, 0.6, std::chrono::milliseconds(4900));
     out.table += outage_windows_table(low) + "\n";
     const std::vector<OutageRun> brief = run_short_outages(o);
     out.table += "An 80 ms outage across a window's end (5.97-6.05 s), s = 0.75, offered " +
-                 fmt("%.1f", o.load) + " x L:\n\n" + outage_windows_table(brief) + "\n";
+                 number("%.1f", o.load) + " x L:\n\n" + outage_windows_table(brief) + "\n";
     out.files.emplace_back("federation-outage.svg", outage_plot(runs));
     runs.insert(runs.end(), low.begin(), low.end());
     runs.insert(runs.end(), brief.begin(), brief.end());
@@ -828,7 +828,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
     out.files.emplace_back("federation-outage.csv", outage_csv(runs));
     for (const OutageRun& r : runs) {
       const std::string what = outage_label(r.config) + ", outage " + outage_span(r.config) +
-                               ", load " + fmt("%.1f", r.config.load);
+                               ", load " + number("%.1f", r.config.load);
       if (r.config.outage == FederationOutage::kFailClosed) {
         bounded(r.result, " in a fail-closed outage (" + what + ")");
         claim(out, r.result.beyond_grants == 0,
@@ -851,13 +851,13 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   // Charges after the response.
   {
     const std::vector<ChargeRow> charges = run_charges(o);
-    out.table += "### Charges after the response (offered " + fmt("%.1f", o.load) +
+    out.table += "### Charges after the response (offered " + number("%.1f", o.load) +
                  " x L, one process per region)\n\nEvery admitted check of 1 hit is followed "
                  "20 ms later by a charge of 0 to " +
                  std::to_string(kChargeMax) +
                  " more hits (uniform) on the region that admitted it: the rest of a cost known "
                  "only after the response. The offered load counts those hits: checks arrive " +
-                 fmt("%.1f", o.load) + " x L / " + fmt("%.0f", 1.0 + kChargeMax / 2.0) +
+                 number("%.1f", o.load) + " x L / " + number("%.0f", 1.0 + kChargeMax / 2.0) +
                  " per window. Spent: the units the limiters spent in the window (admitted checks "
                  "and paid charges), from their counters at the window's start and end; a charge "
                  "no budget covers is owed, paid first from the next grant, or forgiven when the "
@@ -865,11 +865,11 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
                  charge_table(charges) + "\n";
     out.files.emplace_back("federation-charges.csv", charge_csv(charges));
     for (const ChargeRow& r : charges) {
-      const std::string at = " with charges at s = " + fmt("%.2f", r.skew);
+      const std::string at = " with charges at s = " + number("%.2f", r.skew);
       bounded(r.federated, at);
       claim(out, r.federated.max_spent_over_limit <= 1.0,
             "federated max spent per window / limit must be <= 1" + at + ", measured " +
-                fmt("%.4f", r.federated.max_spent_over_limit));
+                number("%.4f", r.federated.max_spent_over_limit));
       const ChargeTotals c = charge_totals(r.federated);
       claim(out, c.spent > c.admitted + c.forgiven,
             "charges must be paid from the budget" + at + ": spent " + std::to_string(c.spent) +
@@ -879,7 +879,7 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
   for (const RoundTripRow& r : trips) {
     const std::string at =
         " at one-way " +
-        fmt("%.0f ms", std::chrono::duration<double, std::milli>(r.one_way).count());
+        number("%.0f ms", std::chrono::duration<double, std::milli>(r.one_way).count());
     bounded(r.uniform, at + ", s = 0");
     bounded(r.hot, at + ", s = 1");
   }

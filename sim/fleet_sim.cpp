@@ -524,6 +524,12 @@ std::string to_csv(const FleetSimResult& r) {
   return out;
 }
 
+std::string number(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
 std::string svg_plot(const std::string& title, const std::string& y_label,
                      const std::vector<PlotSeries>& series, const std::string& x_label) {
   constexpr double kW = 1180, kH = 400, kL = 70, kR = 480, kT = 40, kB = 50;

@@ -12,12 +12,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 Nanos scaled(Nanos d, double scale) {
   return Nanos{static_cast<std::int64_t>(static_cast<double>(d.count()) * scale)};
 }
@@ -129,12 +123,12 @@ ScenarioOutput fan_out(double scale) {
     c.warmup = scaled(seconds(5), scale);
     const FleetSimResult r = run_fleet_sim(c);
     const bool fleet = row.guard == GuardKind::kFleet;
-    out.table += "| " + row.label + " | " + fmt("%.2f", r.max_over_capacity) + " | " +
-                 fmt("%.2f", r.mean_over_capacity) + " | " +
-                 (fleet ? fmt("%.3f", r.max_over_l_global) : "-") + " | " +
+    out.table += "| " + row.label + " | " + number("%.2f", r.max_over_capacity) + " | " +
+                 number("%.2f", r.mean_over_capacity) + " | " +
+                 (fleet ? number("%.3f", r.max_over_l_global) : "-") + " | " +
                  (fleet ? std::to_string(r.samples_over_l_global) : "-") + " | " +
                  (fleet ? std::to_string(r.samples_draining) : "-") + " | " +
-                 fmt("%.1f%%", 100 * r.goodput) + " | " + std::to_string(r.timeouts) + " |\n";
+                 number("%.1f%%", 100 * r.goodput) + " | " + std::to_string(r.timeouts) + " |\n";
     const std::string file = "fan-out-" + std::to_string(k) + ".csv";
     out.files.emplace_back(file, to_csv(r));
     const bool plotted =
@@ -147,22 +141,22 @@ ScenarioOutput fan_out(double scale) {
     if (row.guard == GuardKind::kIndependent && row.algorithm == AlgorithmKind::kFixed)
       claim(out, r.max_over_capacity >= 6.0,
             "independent guards with L = C should overshoot to ~N x C, measured " +
-                fmt("%.2f", r.max_over_capacity));
+                number("%.2f", r.max_over_capacity));
     const bool staggered = row.one_way > milliseconds(2);
     // Every fleet row with handoff, the Vegas joins included: a joiner's initial guess does not
     // count toward the aggregate, and L_global falls no faster than in-flight drains.
     if (fleet && row.handoff)
       claim(out, r.max_over_l_global <= 1.0,
             row.label + ": sum(in_flight) / L_global must stay <= 1.0, measured " +
-                fmt("%.3f", r.max_over_l_global));
+                number("%.3f", r.max_over_l_global));
     if (fleet && row.algorithm != AlgorithmKind::kFixed && !staggered)
-      claim(
-          out, r.goodput >= 0.95,
-          row.label + ": goodput must be >= 95% of C, measured " + fmt("%.1f%%", 100 * r.goodput));
+      claim(out, r.goodput >= 0.95,
+            row.label + ": goodput must be >= 95% of C, measured " +
+                number("%.1f%%", 100 * r.goodput));
     if (fleet && !row.handoff)
       claim(out, r.max_over_l_global <= 2.0,
             row.label + ": the default mode's residual must stay bounded (<= 2x), measured " +
-                fmt("%.3f", r.max_over_l_global));
+                number("%.3f", r.max_over_l_global));
     ++k;
   }
   plot.push_back(reference("C (the backend's capacity)", 1.0, plot.front()));
@@ -186,7 +180,7 @@ ScenarioOutput join_ramp(double scale) {
   const Nanos join = scaled(seconds(5), scale) + milliseconds(37);
   out.table =
       "4 busy nodes (fixed L_local = C = 40, offered load 2.0x), a fifth joins at t = " +
-      fmt("%.3f", std::chrono::duration<double>(join).count()) +
+      number("%.3f", std::chrono::duration<double>(join).count()) +
       " s; heartbeat 100 ms (debounce 10 ms), one-way delay 2 ms, calls of 10 ms. Ramp: from "
       "the join until the joiner's share reaches floor(L_global / 5) = 8. Eager handoff is "
       "guard-side only, so the incumbents learn of the joiner at their next periodic beat (up to "
@@ -215,11 +209,11 @@ ScenarioOutput join_ramp(double scale) {
     const double noticed_ms =
         noticed ? std::chrono::duration<double, std::milli>(*noticed).count() : -1;
     after_notice.push_back(at && noticed ? ramp_ms - noticed_ms : -1);
-    out.table += "| " + row.label + " | " + (at ? fmt("%.0f", ramp_ms) : "never") + " | " +
-                 (at ? fmt("%.2f", ramp_ms / 100.0) : "-") + " | " +
-                 (noticed ? fmt("%.0f", noticed_ms) : "never") + " | " +
-                 (at && noticed ? fmt("%.0f", ramp_ms - noticed_ms) : "-") + " | " +
-                 fmt("%.3f", r.max_over_l_global) + " | " + std::to_string(r.off_cycle_beats) +
+    out.table += "| " + row.label + " | " + (at ? number("%.0f", ramp_ms) : "never") + " | " +
+                 (at ? number("%.2f", ramp_ms / 100.0) : "-") + " | " +
+                 (noticed ? number("%.0f", noticed_ms) : "never") + " | " +
+                 (at && noticed ? number("%.0f", ramp_ms - noticed_ms) : "-") + " | " +
+                 number("%.3f", r.max_over_l_global) + " | " + std::to_string(r.off_cycle_beats) +
                  " |\n";
     out.files.emplace_back("join-ramp-" + std::to_string(k) + ".csv", to_csv(r));
     plot.push_back({row.label + ": joiner's share", colors[k],
@@ -231,7 +225,7 @@ ScenarioOutput join_ramp(double scale) {
     if (row.handoff)
       claim(out, r.max_over_l_global <= 1.0,
             row.label + ": sum(in_flight) / L_global must stay <= 1.0, measured " +
-                fmt("%.3f", r.max_over_l_global));
+                number("%.3f", r.max_over_l_global));
     ++k;
   }
   // Eager handoff: near the floor (at most one heartbeat to notice, then drain + round trip,
@@ -239,13 +233,13 @@ ScenarioOutput join_ramp(double scale) {
   claim(out, ramps[2] >= 0 && ramps[2] <= 100 + 10 + 2 * 4 + 10,
         "eager handoff's ramp must be within one heartbeat + drain + round trip + debounce, "
         "measured " +
-            fmt("%.0f ms", ramps[2]));
+            number("%.0f ms", ramps[2]));
   // Once the incumbents know, eager handoff's remaining ramp is the physical floor: their
   // calls drain (10 ms calls) and a round trip (4 ms) plus the joiner's 10 ms debounce.
   claim(out, after_notice[2] >= 0 && after_notice[2] <= 10 + 4 + 10 + 10,
         "after the incumbents noticed, eager handoff's ramp must be near drain + round trip, "
         "measured " +
-            fmt("%.0f ms", after_notice[2]));
+            number("%.0f ms", after_notice[2]));
   claim(out, ramps[2] >= 0 && ramps[1] >= 0 && ramps[2] < ramps[1],
         "eager handoff must ramp faster than acknowledged handoff alone");
   plot.push_back(reference("fair share", 8.0, plot.front()));
@@ -262,8 +256,8 @@ ScenarioOutput partition(double scale) {
   out.table =
       "4 busy nodes (fixed L_local = C = 40, offered load 2.0x), heartbeat 100 ms, lease 200 ms, "
       "fail-closed; node 0's heartbeats hang (no error, no reply) from t = " +
-      fmt("%.1f", std::chrono::duration<double>(start).count()) + " s to " +
-      fmt("%.1f", std::chrono::duration<double>(end).count()) +
+      number("%.1f", std::chrono::duration<double>(start).count()) + " s to " +
+      number("%.1f", std::chrono::duration<double>(end).count()) +
       " s; the coordinator call timeout is 10 s (longer than the partition), so only the fence "
       "bounds the stale share. With self-fencing the node stops admitting once a call could "
       "outlive its lease (lease - 25 ms margin - 40 ms call deadline) and fences at the lease's "
@@ -282,7 +276,7 @@ ScenarioOutput partition(double scale) {
     c.sample_every = milliseconds(2);
     const FleetSimResult r = run_fleet_sim(c);
     const std::string label = fence ? "self-fencing" : "no self-fencing";
-    out.table += "| " + label + " | " + fmt("%.3f", r.max_over_l_global) + " | " +
+    out.table += "| " + label + " | " + number("%.3f", r.max_over_l_global) + " | " +
                  std::to_string(r.samples_over_l_global) + " | " + (r.fences > 0 ? "yes" : "no") +
                  " | " + std::to_string(r.aborted) + " |\n";
     out.files.emplace_back(std::string("partition-") + (fence ? "fenced" : "unfenced") + ".csv",
@@ -296,11 +290,11 @@ ScenarioOutput partition(double scale) {
     if (fence)
       claim(out, r.max_over_l_global <= 1.0,
             "with self-fencing sum(in_flight) / L_global must stay <= 1.0, measured " +
-                fmt("%.3f", r.max_over_l_global));
+                number("%.3f", r.max_over_l_global));
     else
       claim(out, r.max_over_l_global > 1.0,
             "without self-fencing the partition should show the overshoot, measured " +
-                fmt("%.3f", r.max_over_l_global));
+                number("%.3f", r.max_over_l_global));
   }
   plot.push_back(reference("L_global", 1.0, plot.front()));
   out.files.emplace_back("partition.svg", svg_plot("Partition of node 0: sum(in_flight) / L_global",
@@ -318,7 +312,7 @@ ScenarioOutput loss(double scale) {
       "(the nodes' beats 23 ms apart), lease 200 ms, acknowledged handoff, fail-closed; the "
       "coordinator loses every record at "
       "t = " +
-      fmt("%.1f", std::chrono::duration<double>(at).count()) +
+      number("%.1f", std::chrono::duration<double>(at).count()) +
       " s, while the nodes hold their shares and calls (a Redis back empty at once). With the "
       "loss rule it grants share 0 for one lease from then; without it, the first node to beat "
       "is granted L_global as if alone.\n\n"
@@ -338,9 +332,9 @@ ScenarioOutput loss(double scale) {
     const FleetSimResult r = run_fleet_sim(c);
     const std::string label = rule ? "loss rule" : "no loss rule";
     // L_global is C throughout (every L_local is C): the bound is Σ in-flight <= C.
-    out.table += "| " + label + " | " + fmt("%.3f", r.max_over_capacity) + " | " +
-                 std::to_string(r.samples_over_l_global) + " | " + fmt("%.1f%%", 100 * r.goodput) +
-                 " |\n";
+    out.table += "| " + label + " | " + number("%.3f", r.max_over_capacity) + " | " +
+                 std::to_string(r.samples_over_l_global) + " | " +
+                 number("%.1f%%", 100 * r.goodput) + " |\n";
     out.files.emplace_back(std::string("loss-") + (rule ? "rule" : "no-rule") + ".csv", to_csv(r));
     plot.push_back(
         {label, rule ? "#2ca02c" : "#d62728",
@@ -349,11 +343,11 @@ ScenarioOutput loss(double scale) {
     if (rule)
       claim(out, r.max_over_capacity <= 1.0,
             "with the loss rule sum(in_flight) / L_global must stay <= 1.0, measured " +
-                fmt("%.3f", r.max_over_capacity));
+                number("%.3f", r.max_over_capacity));
     else
       claim(out, r.max_over_capacity > 1.0,
             "without the loss rule the loss should show the overshoot, measured " +
-                fmt("%.3f", r.max_over_capacity));
+                number("%.3f", r.max_over_capacity));
   }
   plot.push_back(reference("L_global", 1.0, plot.front()));
   out.files.emplace_back("loss.svg", svg_plot("The coordinator loses its state: sum(in_flight) / "
@@ -373,7 +367,7 @@ ScenarioOutput freeze() {
       "3 nodes (fixed L_local = C = L_global = 12, offered load 1.5x), calls of 2-3 s (base "
       "latency 2 s), heartbeat 1 s; node 0 freezes (a stop-the-world pause: it handles nothing, "
       "its calls go on in the backend) from t = " +
-      fmt("%.1f", std::chrono::duration<double>(start).count()) +
+      number("%.1f", std::chrono::duration<double>(start).count()) +
       " s for 8 s, past its lease. "
       "Before: lease 2 s and no call deadline, so its calls outlive its lease and the others "
       "take its share while they run. After: call_deadline 3 s (so lease_ttl defaults to 4.5 s: "
@@ -409,9 +403,9 @@ ScenarioOutput freeze() {
           std::string(mode == OutageMode::kFailClosed ? "fail-closed" : "local-only");
       const std::string calls = honour ? "call_deadline 3 s, honoured by the backend"
                                        : "lease 2 s, calls outlive it (before)";
-      out.table += "| " + label + " | " + calls + " | " + fmt("%.3f", r.max_over_l_global) + " | " +
-                   std::to_string(r.samples_over_l_global) + " | " + std::to_string(r.timeouts) +
-                   " |\n";
+      out.table += "| " + label + " | " + calls + " | " + number("%.3f", r.max_over_l_global) +
+                   " | " + std::to_string(r.samples_over_l_global) + " | " +
+                   std::to_string(r.timeouts) + " |\n";
       out.files.emplace_back("freeze-" + std::to_string(k) + ".csv", to_csv(r));
       plot.push_back({label + ", " + (honour ? "call deadline" : "before"), colors[k],
                       series(r,
@@ -424,11 +418,11 @@ ScenarioOutput freeze() {
               label +
                   " with the call deadline: sum(in_flight) / L_global must stay <= 1.0, "
                   "measured " +
-                  fmt("%.3f", r.max_over_l_global));
+                  number("%.3f", r.max_over_l_global));
       else
         claim(out, r.max_over_l_global > 1.0,
               label + " before: the frozen node's calls should outlive its lease, measured " +
-                  fmt("%.3f", r.max_over_l_global));
+                  number("%.3f", r.max_over_l_global));
       ++k;
     }
   }
@@ -464,7 +458,7 @@ ScenarioOutput skew(double scale) {
       const FleetSimResult r = run_fleet_sim(c);
       util[k] = r.utilization;
       worst = std::max(worst, r.max_over_l_global);
-      const std::string name = std::string(to_string(a)) + "-w" + fmt("%.2f", w);
+      const std::string name = std::string(to_string(a)) + "-w" + number("%.2f", w);
       out.files.emplace_back("skew-" + name + ".csv", to_csv(r));
       if (w == 0.0)
         plot.push_back({std::string(to_string(a)), colors[static_cast<std::size_t>(k)],
@@ -476,13 +470,14 @@ ScenarioOutput skew(double scale) {
       claim(out, r.max_over_l_global <= 1.0, name + ": sum(in_flight) / L_global must stay <= 1.0");
       ++k;
     }
-    out.table += "| " + fmt("%.2f", w) + " | " + fmt("%.1f%%", 100 * util[0]) + " | " +
-                 fmt("%.1f%%", 100 * util[1]) + " | " + fmt("%+.1f", 100 * (util[1] - util[0])) +
-                 " | " + fmt("%.3f", worst) + " |\n";
+    out.table += "| " + number("%.2f", w) + " | " + number("%.1f%%", 100 * util[0]) + " | " +
+                 number("%.1f%%", 100 * util[1]) + " | " +
+                 number("%+.1f", 100 * (util[1] - util[0])) + " | " + number("%.3f", worst) +
+                 " |\n";
     if (w == 0.0)
       claim(out, util[1] - util[0] >= 0.25,
             "with idle quiet nodes demand-proportional must gain >= 25 points, measured " +
-                fmt("%.1f", 100 * (util[1] - util[0])));
+                number("%.1f", 100 * (util[1] - util[0])));
   }
   out.table +=
       "\nThe document claims +25 to +50 points. The gain needs quiet nodes that are quiet at "

@@ -81,6 +81,16 @@ int main(int argc, char** argv) {
   sim_cascade->add_option("--seconds", sim_casc.seconds, "the run's length (default 120)")
       ->check(CLI::Range(80.0, 3600.0));
   sim_cascade->callback([&] { exit_code = sluice::cli::run_sim_cascade(sim_casc); });
+  sluice::cli::SharedRateSimOptions sim_rate;
+  CLI::App* sim_shared_rate = sim_cmd->add_subcommand(
+      "shared-rate",
+      "a shared rate limit's coordinator restarted from its snapshot, with and without the loss "
+      "rule, for each strategy: a table, CSV and SVG with --out");
+  sim_shared_rate->add_option("--out", sim_rate.out_dir, "directory for the CSV and SVG files");
+  sim_shared_rate->add_option("--seed", sim_rate.seed, "seed of the arrivals");
+  sim_shared_rate->add_option("--scale", sim_rate.scale, "shorten the run (0.05..1)")
+      ->check(CLI::Range(0.05, 1.0));
+  sim_shared_rate->callback([&] { exit_code = sluice::cli::run_sim_shared_rate(sim_rate); });
 
   std::string config_path;
   CLI::App* validate_cmd = app.add_subcommand(

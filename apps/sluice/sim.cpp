@@ -10,6 +10,7 @@
 #include "sluice/sim/cascade_sim.h"
 #include "sluice/sim/federation_sim.h"
 #include "sluice/sim/scenarios.h"
+#include "sluice/sim/shared_rate_sim.h"
 
 namespace sluice::cli {
 
@@ -68,6 +69,18 @@ int run_sim_cascade(const CascadeSimOptions& options) {
   }
   fmt::print("## cascade\n\n{}\n", out.table);
   if (!write_files("cascade", options.out_dir, out)) return 2;
+  if (out.failed_claims.empty()) {
+    fmt::print("claims: all held\n");
+    return 0;
+  }
+  for (const std::string& f : out.failed_claims) fmt::print("claim FAILED: {}\n", f);
+  return 1;
+}
+
+int run_sim_shared_rate(const SharedRateSimOptions& options) {
+  const sim::ScenarioOutput out = sim::shared_rate_loss_scenario(options.scale, options.seed);
+  fmt::print("## shared-rate-loss\n\n{}\n", out.table);
+  if (!write_files("shared-rate", options.out_dir, out)) return 2;
   if (out.failed_claims.empty()) {
     fmt::print("claims: all held\n");
     return 0;

@@ -1,6 +1,8 @@
 // sim.h: `sluice sim fleet`: the fleet guard's simulation scenarios, `sluice sim federation`:
-// one global rate budget across regions against per-region limits, and `sluice sim cascade`: the
-// fallback cascade against round-robin, random and power-of-two-choices (sim/).
+// one global rate budget across regions against per-region limits, `sluice sim cascade`: the
+// fallback cascade against round-robin, random and power-of-two-choices, and `sluice sim
+// shared-rate`: a shared rate limit's coordinator restarted from its snapshot, with and without
+// the loss rule (sim/).
 #pragma once
 
 #include <cstdint>
@@ -39,5 +41,14 @@ struct CascadeSimOptions {
 // Prints the table; exit code 1 if a claim did not hold, 2 on a bad option or a file that cannot
 // be written.
 int run_sim_cascade(const CascadeSimOptions& options);
+
+struct SharedRateSimOptions {
+  std::string out_dir;  // where CSV and SVG files go; empty: none written
+  std::uint64_t seed = 7;
+  double scale = 1.0;  // < 1 shortens the run
+};
+
+// Prints the table; exit code 1 if a claim did not hold, 2 if a file cannot be written.
+int run_sim_shared_rate(const SharedRateSimOptions& options);
 
 }  // namespace sluice::cli

@@ -27,9 +27,10 @@
 // limit), so every decision after a loss is at least as strict as the exact one: the admitted
 // hits stay within the rule (tests/model/shared_rate_model_test.cpp replays every admitted
 // sequence through an exact local limiter after losses at every step; spec/shared_rate_loss.pml
-// is the same for spin). The cost is the wait a key's full allowance takes to come back: up to a
-// period (fixed window), two periods (sliding), burst * period / limit (GCRA) after the loss. Hits
-// charged past the limit (an overdraft) before a loss are forgotten beyond that.
+// is the same for spin; docs/simulations/shared-rate.md measures it). The cost is the wait a key's
+// full allowance takes to come back: up to a period (fixed window), two periods (sliding), burst *
+// period / limit (GCRA) after the loss. Hits charged past the limit (an overdraft) before a loss
+// are forgotten beyond that.
 //
 // Thread-safety: apply() is a pure function on caller-owned values; SharedRateStore
 // implementations are safe to call from any number of threads.

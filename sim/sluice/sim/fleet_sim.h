@@ -145,6 +145,9 @@ struct PlotSeries {
   std::vector<std::pair<double, double>> points;  // (seconds, value)
   bool dashed = false;
 };
+// `v` printed with the printf format `format` (one double: "%.2f"), for the scenarios' tables.
+[[nodiscard]] std::string number(const char* format, double v);
+
 [[nodiscard]] std::string svg_plot(const std::string& title, const std::string& y_label,
                                    const std::vector<PlotSeries>& series,
                                    const std::string& x_label = "time (s)");
