@@ -26,7 +26,8 @@ endforeach()
 # The throttler against real replicas (tests/throttler_db): a MariaDB primary and replica, a
 # PostgreSQL primary and streaming replica and a Redis pair, started and stopped by the suite;
 # lag made to appear and go, replicas killed, a MariaDB SIGSTOPped; then three servers sharing
-# their throttler's rules through a Redis and a PostgreSQL (test_shared_rules.py). About 45 s.
+# their throttler's rules through a Redis, a PostgreSQL and an etcd (test_shared_rules.py). About
+# 55 s.
 add_test(NAME throttler.databases
          COMMAND ${SLUICE_PYTHON} -m pytest -q -rxs ${PROJECT_SOURCE_DIR}/tests/throttler_db
          WORKING_DIRECTORY ${python_bin})

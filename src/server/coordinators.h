@@ -82,7 +82,7 @@ struct NamedCoordinator {
   std::map<std::type_index, std::shared_ptr<Lazy>> interfaces_;
 };
 
-// A coordinator backend (`kind:` memory, redis, postgres): how the loader reads its section
+// A coordinator backend (`kind:` memory, redis, postgres, etcd): how the loader reads its section
 // (CoordinatorBackendParser) and how the server connects a coordinator of it. A backend is its
 // client code under src/backends/<name>/, one file under src/server/coordinators/ that defines
 // `CoordinatorBackend <name>_backend()`, and one entry in policies/builtin.cpp.

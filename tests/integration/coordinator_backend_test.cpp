@@ -176,7 +176,7 @@ policies:
   f: {kind: fleet, coordinator: books}
 )");
   EXPECT_EQ(error_at(no_such, "coordinators.books.kind"),
-            "must be one of memory, redis, postgres, ledger, not 'abacus'");
+            "must be one of memory, redis, postgres, etcd, ledger, not 'abacus'");
 
   const ConfigLoad closed = load(R"(coordinators:
   books: {kind: ledger, shelf: closed}
@@ -209,7 +209,7 @@ policies:
 )",
                                          PolicyRegistry::builtin());
   EXPECT_EQ(error_at(builtin, "coordinators.books.kind"),
-            "must be one of memory, redis, postgres, not 'ledger'");
+            "must be one of memory, redis, postgres, etcd, not 'ledger'");
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-// Shared rules (sluice/backends/shared_rules.h) on memory, a real Redis and a real PostgreSQL under
-// one typed suite: what every backend must do alike (values round-trip byte for byte, deadlines on
-// the backend's clock, entries dropped at their deadline, the key bound counted atomically, bad
-// input named); then the server's mirror of one scope (server/shared_rule_mirror.h) over two
-// servers' worth of mirrors: a write through one reaches the other within its interval, a
+// Shared rules (sluice/backends/shared_rules.h) on memory, a real Redis, a real PostgreSQL and a
+// real etcd under one typed suite: what every backend must do alike (values round-trip byte for
+// byte, deadlines on the backend's clock, entries dropped at their deadline, the key bound counted
+// atomically, bad input named); then the server's mirror of one scope (server/shared_rule_mirror.h)
+// over two servers' worth of mirrors: a write through one reaches the other within its interval, a
 // coordinator away keeps the last copy, and the mirror may be ended from inside its own answer.
 #include "server/shared_rule_mirror.h"
 
@@ -79,6 +79,18 @@ struct PostgresBackend {
   }
 };
 
+struct EtcdBackend {
+  using Server = testing::EtcdCluster;
+  static std::shared_ptr<SharedRules> make(const Server& server, const std::string& name) {
+    EtcdOptions o = etcd_shared_rules_options();
+    o.endpoints = server.endpoints();
+    o.key_prefix = name + "/rules/";
+    auto r = etcd_shared_rules(o);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? std::move(r.value()) : nullptr;
+  }
+};
+
 template <typename Backend>
 class SharedRulesBackends : public ::testing::Test {
  protected:
@@ -114,10 +126,15 @@ struct BackendName {
   template <typename Backend>
   static std::string GetName(int) {
     if (std::is_same_v<Backend, MemoryBackend>) return "Memory";
+    if (std::is_same_v<Backend, EtcdBackend>) return "Etcd";
     return std::is_same_v<Backend, RedisBackend> ? "Redis" : "Postgres";
   }
 };
+#if defined(__SANITIZE_THREAD__)  // gRPC is not built with ThreadSanitizer (scripts/test.sh)
 using Backends = ::testing::Types<MemoryBackend, RedisBackend, PostgresBackend>;
+#else
+using Backends = ::testing::Types<MemoryBackend, RedisBackend, PostgresBackend, EtcdBackend>;
+#endif
 TYPED_TEST_SUITE(SharedRulesBackends, Backends, BackendName);
 
 std::vector<SharedRule> listed(SharedRules& r, std::string_view scope) {

@@ -1,5 +1,5 @@
-"""Rules shared by several sluice servers in front of one database, through a real Redis and a
-real PostgreSQL coordinator the test starts itself: a throttle set on one server is enforced by
+"""Rules shared by several sluice servers in front of one database, through a real Redis, a real
+PostgreSQL and a real etcd coordinator the test starts itself: a throttle set on one server is enforced by
 the two others, with its expiry; an unthrottle, an exemption and freno's skipped hosts travel the
 same way; a restarted server has the rules before its first check; with the coordinator gone, a
 change is refused (503, naming it) and the rules already read stay in force."""
@@ -18,15 +18,18 @@ from conftest import SluiceServer, wait_until  # noqa: E402
 from test_throttler import config as throttler_config  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "faults"))  # after: its conftest is not the one above
-from harness import PostgresCoordinator, RedisCoordinator  # noqa: E402
+from harness import EtcdCluster, PostgresCoordinator, RedisCoordinator  # noqa: E402
 
 INTERVAL = 0.1  # shared_rules_interval below
 SEEN = 3.0  # how long a change may take to reach another server here (30 intervals)
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=["redis", "postgres", "etcd"])
 def coordinator(request, tmp_path):
-    c = (RedisCoordinator if request.param == "redis" else PostgresCoordinator)(tmp_path)
+    if request.param == "etcd":
+        c = EtcdCluster(tmp_path, members=1)
+    else:
+        c = (RedisCoordinator if request.param == "redis" else PostgresCoordinator)(tmp_path)
     c.start()
     try:
         yield c

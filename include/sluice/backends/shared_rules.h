@@ -1,12 +1,14 @@
 // shared_rules.h: rules set at run time, shared by every server that names one coordinator
-// (memory, Redis, PostgreSQL): the throttler's per-app rules and skipped hosts.
+// (memory, Redis, PostgreSQL, etcd): the throttler's per-app rules and skipped hosts.
 //
 // What it is: per scope (a throttler's shard), a table of key -> (value, deadline). The value is
 // opaque text (the caller's JSON); the deadline is a time held on the backend's clock, so that
 // servers whose clocks disagree agree on when a rule ends to within one call's latency: put()
 // takes the time left until it and list() hands back the time left then. An entry put with
 // `drop_at_deadline` is gone once its deadline passes (a throttle and nothing else); without it,
-// the deadline is only data (an app's throttle ends, its exemption stays).
+// the deadline is only data (an app's throttle ends, its exemption stays). etcd has no clock to
+// lend: there the deadline is held on the writer's wall clock and read against the reader's, so
+// servers agree on it to within their clocks' offset (NTP keeps it to milliseconds).
 //
 // Bounds (checked by every backend, an error names the field): a scope is 1 to 256 bytes, a key
 // 1 to 512, a value at most 64 KiB; a put of a new key into a scope that holds `max_keys` keys (the
@@ -16,7 +18,11 @@
 // and the embedded default); Redis one hash per scope, "<key_prefix>{<scope>}" (default prefix
 // "sluice:rules:"), each field's value "<deadline ms on Redis's clock, 0: none> <0|1> <value>";
 // PostgreSQL one table named by its table_prefix (default "sluice_rules"; columns scope, key,
-// value, deadline_ms, drop_at_deadline), created on first use. Neither needs persistence settings
+// value, deadline_ms, drop_at_deadline), created on first use; etcd one key per entry,
+// "<key_prefix><length of scope>:<scope>/k/<key>" (default prefix "sluice/rules/"), beside a
+// marker "<...scope>/n" that every put of a new key moves in the same compare-and-swap Txn (so
+// the count and the put are one), an entry that drops on a lease that ends just after its
+// deadline (it is cleared from etcd too). Neither needs persistence settings
 // beyond the backend's defaults: a lost entry is a rule lost (an app runs unthrottled), never a
 // check wrongly allowed past the metrics.
 //
@@ -36,6 +42,7 @@
 #include <vector>
 
 #include "sluice/core/clock.h"
+#include "sluice/core/etcd_options.h"
 #include "sluice/core/postgres_options.h"
 #include "sluice/core/redis_options.h"
 #include "sluice/core/status.h"
@@ -91,5 +98,9 @@ class SharedRules {
 [[nodiscard]] StatusOr<std::unique_ptr<SharedRules>> redis_shared_rules(RedisOptions options);
 // On one PostgreSQL server, libpq; connects (and creates its table) on the first call.
 [[nodiscard]] StatusOr<std::unique_ptr<SharedRules>> postgres_shared_rules(PostgresOptions options);
+// EtcdOptions with the rules' default key prefix ("sluice/rules/").
+[[nodiscard]] EtcdOptions etcd_shared_rules_options();
+// On an etcd cluster, gRPC (library sluice::etcd); connects on the first call.
+[[nodiscard]] StatusOr<std::unique_ptr<SharedRules>> etcd_shared_rules(EtcdOptions options);
 
 }  // namespace sluice

@@ -7,21 +7,26 @@
 #include <chrono>
 #include <map>
 #include <mutex>
-#include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "backends/etcd/etcd_client.h"
+#include "backends/etcd/etcd_ops.h"
 #include "etcd/sluice_records.pb.h"
 
 namespace sluice {
 namespace {
 
+using etcd_detail::back_off;
+using etcd_detail::delete_op;
 using etcd_detail::EtcdClient;
+using etcd_detail::kMaxDeletes;
+using etcd_detail::put_op;
+using etcd_detail::range_op;
 using etcd_detail::steady_now;
 using etcd_detail::SteadyTime;
+using etcd_detail::unchanged;
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -31,53 +36,6 @@ constexpr seconds kTestModeLeaseExtra{60};
 // A shared lease is granted this much longer than lease_ttl, so that it serves heartbeats for
 // about this long.
 constexpr seconds kLeaseReuse{1};
-// etcd refuses a Txn of more than 128 operations (--max-txn-ops): deletes of evicted nodes' keys
-// past this many are left to their leases.
-constexpr std::size_t kMaxDeletes = 100;
-
-// "<length>:<key>/": no encoded key is a prefix of another's names.
-std::string key_base(const std::string& prefix, std::string_view key) {
-  std::string out = prefix;
-  out += std::to_string(key.size());
-  out += ':';
-  out += key;
-  out += '/';
-  return out;
-}
-
-etcdserverpb::RequestOp range_op(const std::string& key, const std::string& range_end = {}) {
-  etcdserverpb::RequestOp op;
-  auto* r = op.mutable_request_range();
-  r->set_key(key);
-  if (!range_end.empty()) r->set_range_end(range_end);
-  return op;
-}
-
-etcdserverpb::RequestOp put_op(const std::string& key, std::string value, std::int64_t lease = 0) {
-  etcdserverpb::RequestOp op;
-  auto* p = op.mutable_request_put();
-  p->set_key(key);
-  p->set_value(std::move(value));
-  p->set_lease(lease);
-  return op;
-}
-
-etcdserverpb::RequestOp delete_op(const std::string& key) {
-  etcdserverpb::RequestOp op;
-  op.mutable_request_delete_range()->set_key(key);
-  return op;
-}
-
-// Holds when `key`'s mod_revision is still `mod` (0: the key is still absent).
-etcdserverpb::Compare unchanged(const std::string& key, std::int64_t mod) {
-  etcdserverpb::Compare c;
-  c.set_key(key);
-  c.set_target(etcdserverpb::Compare::MOD);
-  c.set_result(etcdserverpb::Compare::EQUAL);
-  c.set_mod_revision(mod);
-  return c;
-}
-
 void to_record(const FleetState& s, etcd::FleetRecord& r) {
   r.set_generation(s.generation);
   r.set_ceiling(s.ceiling);
@@ -224,7 +182,7 @@ struct EtcdCoordinator::Impl {
     *req.add_success() = range_op(base + "state");
     const std::string live = base + "live/";
     if (only_id.empty())
-      *req.add_success() = range_op(live, etcd_detail::prefix_end(live));
+      *req.add_success() = etcd_detail::prefix_op(live);
     else
       *req.add_success() = range_op(live + std::string(only_id));
     *req.add_success() = range_op(origin_key);
@@ -297,17 +255,9 @@ struct EtcdCoordinator::Impl {
     return found_now || r.recovering ? t : kNeverLost;
   }
 
-  // A pause after the attempt-th conflict: up to 1, 2, 4 .. 64 ms at random, within the deadline.
-  static void back_off(int attempt, SteadyTime deadline) {
-    thread_local std::minstd_rand rng(std::random_device{}());
-    const Nanos cap = milliseconds(1 << std::min(attempt, 6));
-    const Nanos pause = cap * static_cast<std::int64_t>(rng() % 1000 + 1) / 1000;
-    std::this_thread::sleep_for(std::min(deadline - steady_now(), pause));
-  }
-
   StatusOr<Grant> heartbeat(std::string_view key, const NodeReport& report, SteadyTime start,
                             SteadyTime deadline) {
-    const std::string base = key_base(prefix, key);
+    const std::string base = etcd_detail::named(prefix, key);
     auto lease = lease_for(report.lease_ttl, start, deadline);
     if (!lease.ok()) return lease.status();
     for (int attempt = 0;; ++attempt) {
@@ -385,7 +335,7 @@ struct EtcdCoordinator::Impl {
 
   Status leave(std::string_view key, std::string_view node_id, std::uint64_t instance,
                SteadyTime deadline) {
-    const std::string base = key_base(prefix, key);
+    const std::string base = etcd_detail::named(prefix, key);
     for (int attempt = 0;; ++attempt) {
       auto r = read(base, node_id, deadline);
       if (!r.ok()) return r.status();

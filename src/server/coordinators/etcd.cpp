@@ -4,18 +4,28 @@
 //   username, password            etcd's authentication (both or neither)
 //   key_prefix: text              the fleet's keys; default "sluice/fleet/"
 //   connect_timeout: duration     how long a member may take to connect; default 1s
-// Two coordinators with the same endpoints and key prefix keep one set of records. It serves
-// the fleet.
+// The shared rules' keys ("<prefix>rules/", or "sluice/rules/" beside the default prefix) sit
+// beside the fleet's. Two coordinators with the same endpoints and key prefix keep one set of
+// records. It serves the fleet and a throttler's shared rules.
 #include <algorithm>
 
 #include "server/coordinators.h"
 #include "server/coordinators/connect.h"
 #include "sluice/backends/etcd_coordinator.h"
+#include "sluice/backends/shared_rules.h"
 #include "sluice/core/etcd_options.h"
 #include "sluice/core/text.h"
 
 namespace sluice::server {
 namespace {
+
+// The shared rules' options: "rules/" appended to a prefix of the user's, or the rules' default
+// in place of the fleet's.
+EtcdOptions rules_options(EtcdOptions o) {
+  o.key_prefix = o.key_prefix == EtcdOptions{}.key_prefix ? etcd_shared_rules_options().key_prefix
+                                                          : o.key_prefix + "rules/";
+  return o;
+}
 
 void parse(ConfigSection& s, CoordinatorSpec& spec) {
   EtcdOptions o;
@@ -56,13 +66,17 @@ void parse(ConfigSection& s, CoordinatorSpec& spec) {
 CoordinatorBackend etcd_backend() {
   CoordinatorBackend b;
   b.name = "etcd";
-  b.roles = {CoordinatorRole::kConcurrency};
+  b.roles = {CoordinatorRole::kConcurrency, CoordinatorRole::kSharedRules};
   b.keys = {"endpoints", "username", "password", "key_prefix", "connect_timeout"};
   b.parse = parse;
   b.connect = [](const std::string& name, const CoordinatorSpec& spec, const Clock&,
                  std::string& warning) {
     return coordinator_detail::connect_or_open<EtcdCoordinator>(
         name, *spec.options_as<EtcdOptions>(), spec.rules, warning);
+  };
+  b.offer = [](const CoordinatorSpec& spec, const Clock&, NamedCoordinator& named) {
+    coordinator_detail::offer_rules<EtcdOptions>(
+        named, rules_options(*spec.options_as<EtcdOptions>()), &etcd_shared_rules);
   };
   // open() checks the options and connects to nothing; the interface it returns is dropped.
   b.problems = [](const CoordinatorSpec& spec, const std::vector<CoordinatorRole>&) {

@@ -19,7 +19,7 @@
 //                            #   refused: load no checking app explains (the audit's signal,
 //                            #   sluice_throttler_unexplained_load{metric}); longer than a
 //                            #   client's longest backoff
-//   shared_rules: rules      # a coordinator (redis or postgres) whose table holds the rules set
+//   shared_rules: rules      # a coordinator (redis, postgres or etcd) that holds the rules set
 //                            #   at run time, shared by every server naming it (default: none,
 //                            #   this server's own, in server.state_file)
 //   shared_rules_interval: 1s   # how often the table is read (10ms to 1m)
