@@ -334,3 +334,56 @@ TEST(EtcdRestore, ARestoreFromASnapshotIsALoss) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// etcd's authentication on (simple tokens that live 1 s): a user with its password and a role
+// on the coordinator's prefix is served, again after its token expired (the client asks for a
+// new one); a wrong password is refused naming the user; a prefix outside the role's is refused.
+TEST(EtcdAuth, AUserIsServedAcrossTokenExpiryAndAWrongPasswordOrPrefixIsRefused) {
+  testing::EtcdCluster cluster;
+  const Status started = cluster.start(1, 1000, {"--auth-token-ttl", "1"});
+  ASSERT_TRUE(started.ok()) << started.to_string();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"user", "add", "root:rootpw", "--interactive=false"},
+        {"user", "add", "sluice:s3cret", "--interactive=false"},
+        {"role", "add", "fleet"},
+        {"role", "grant-permission", "fleet", "--prefix=true", "readwrite", "auth/"},
+        {"user", "grant-role", "sluice", "fleet"},
+        {"auth", "enable"}}) {
+    std::string out;
+    ASSERT_EQ(cluster.etcdctl(args, &out), 0) << args[0] << " " << args[1] << ": " << out;
+  }
+  EtcdOptions o;
+  o.endpoints = cluster.endpoints();
+  o.key_prefix = "auth/";
+  o.username = "sluice";
+  o.password = "s3cret";
+  auto c = EtcdCoordinator::connect(o, {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto g = c.value()->heartbeat("db", report("a", 5, 1), kTimeout);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  std::this_thread::sleep_for(milliseconds(2500));  // the token has expired
+  g = c.value()->heartbeat("db", report("a", 5, 1), kTimeout);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+
+  EtcdOptions wrong = o;
+  wrong.password = "nope";
+  auto refused = EtcdCoordinator::connect(wrong, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("'sluice'"), std::string::npos)
+      << refused.status().message();
+
+  EtcdOptions elsewhere = o;
+  elsewhere.key_prefix = "other/";
+  auto outside = EtcdCoordinator::connect(elsewhere, {});
+  ASSERT_TRUE(outside.ok()) << outside.status().to_string();
+  const auto denied = outside.value()->heartbeat("db", report("a", 5, 1), kTimeout);
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.status().code(), StatusCode::kPermissionDenied) << denied.status().to_string();
+}
+
+}  // namespace
+}  // namespace sluice

@@ -345,10 +345,11 @@ pid_t EtcdCluster::pid(int member) const {
   return members_.at(static_cast<std::size_t>(member)).pid;
 }
 
-Status EtcdCluster::start(int members, int election_ms) {
+Status EtcdCluster::start(int members, int election_ms, std::vector<std::string> extra) {
   dir_ = make_temp_dir("sluice-etcd");
   if (dir_.empty()) return Status(StatusCode::kInternal, "cannot create a temp dir for etcd");
   election_ms_ = election_ms;
+  extra_ = std::move(extra);
   token_ = "sluice-test-" + std::to_string(::getpid()) + "-" + std::to_string(free_port());
   members_.clear();
   for (int i = 0; i < members; ++i) {
@@ -401,7 +402,9 @@ Status EtcdCluster::launch(int member, bool fresh) {
                                          "zap",
                                          "--log-outputs",
                                          "stderr"};
-  m.pid = spawn(args, dir_ + "/" + m.name + ".log");
+  std::vector<std::string> all = args;
+  all.insert(all.end(), extra_.begin(), extra_.end());
+  m.pid = spawn(all, dir_ + "/" + m.name + ".log");
   if (m.pid < 0)
     return Status(StatusCode::kUnavailable, "cannot run etcd (etcd-server installed?)");
   start_guard(m.pid, SIGTERM, dir_);

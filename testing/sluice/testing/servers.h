@@ -117,7 +117,8 @@ class EtcdCluster {
 
   // Starts `members` members and waits until every one answers as healthy (up to 20 s).
   // election_ms: etcd's --election-timeout (heartbeat a tenth of it); default etcd's own.
-  Status start(int members = 1, int election_ms = 1000);
+  // `extra` is appended to every member's command line (e.g. {"--auth-token-ttl", "1"}).
+  Status start(int members = 1, int election_ms = 1000, std::vector<std::string> extra = {});
   void stop();
   void kill(int member);
   Status restart(int member);  // after kill(): the same ports and data directory
@@ -149,6 +150,7 @@ class EtcdCluster {
   std::string initial_cluster_;
   std::string token_;
   int election_ms_ = 1000;
+  std::vector<std::string> extra_;
   std::vector<Member> members_;
 };
 
