@@ -106,7 +106,7 @@ sanitizer_skips="GatewayModel|FleetModel|FederationModel|CascadeBreakerModel|Cas
 # their internal synchronisation is invisible to it, and it reports races inside them (and on
 # buffers they hand over). The address suite runs those tests; the thread suite leaves them out
 # (and the fleet conformance test its etcd backend).
-tsan_skips="EtcdCoordinatorTest|EtcdRestore|EtcdPolicy"
+tsan_skips="EtcdCoordinatorTest|EtcdRestore|EtcdPolicy|EtcdAuth|EtcdTls"
 suite_ctest_args() {
   case $1 in
     asan) echo "-E ^($sanitizer_skips)[./]" ;;

@@ -6,11 +6,14 @@
 // global cap, and members that cannot be reached passed over. The cluster's faults (a leader
 // killed under load) are EtcdClusterFaults, which holds the timing lock.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -383,6 +386,89 @@ TEST(EtcdAuth, AUserIsServedAcrossTokenExpiryAndAWrongPasswordOrPrefixIsRefused)
   const auto denied = outside.value()->heartbeat("db", report("a", 5, 1), kTimeout);
   ASSERT_FALSE(denied.ok());
   EXPECT_EQ(denied.status().code(), StatusCode::kPermissionDenied) << denied.status().to_string();
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// A CA, a member certificate for 127.0.0.1 and a client certificate, made with openssl into
+// `dir`; false if openssl failed.
+bool make_certificates(const std::string& dir) {
+  const std::string script =
+      "set -e; cd '" + dir +
+      "'; "
+      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=sluice-test-ca 2>/dev/null; "
+      "for who in server client; do "
+      "openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr -subj /CN=$who "
+      "2>/dev/null; done; "
+      "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' > server.ext; "
+      "printf 'extendedKeyUsage=clientAuth\\n' > client.ext; "
+      "for who in server client; do "
+      "openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem "
+      "-days 2 -extfile $who.ext 2>/dev/null; done";
+  return std::system(script.c_str()) == 0;
+}
+
+// Members that serve clients over TLS and ask for a client certificate: a coordinator with the
+// CA and a client certificate is served; one without the client certificate, one without TLS
+// and one with a CA that did not sign the members' are not; files it cannot read are named.
+TEST(EtcdTls, ACoordinatorWithTheCaAndAClientCertificateIsServedAndNoOtherIs) {
+  const std::string dir = ::testing::TempDir() + "sluice-etcd-tls-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(make_certificates(dir)) << "openssl failed in " << dir;
+  testing::EtcdCluster cluster;
+  cluster.use_tls(dir + "/server.pem", dir + "/server.key", dir + "/ca.pem", dir + "/ca.pem",
+                  dir + "/client.pem", dir + "/client.key");
+  const Status started = cluster.start(1);
+  ASSERT_TRUE(started.ok()) << started.to_string();
+  EtcdOptions o;
+  o.endpoints = cluster.endpoints();
+  o.key_prefix = "tls/";
+  o.ca_file = dir + "/ca.pem";
+  o.cert_file = dir + "/client.pem";
+  o.key_file = dir + "/client.key";
+  o.connect_timeout = milliseconds(1500);
+  auto c = EtcdCoordinator::connect(o, {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c.value()->heartbeat("db", report("a", 5, 1), kTimeout).ok());
+
+  const auto refused = [](EtcdOptions x, const std::string& what) {
+    x.connect_timeout = milliseconds(700);
+    auto r = EtcdCoordinator::connect(std::move(x), {});
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_TRUE(r.status().code() == StatusCode::kUnavailable ||
+                r.status().code() == StatusCode::kPermissionDenied)
+        << what << ": " << r.status().to_string();
+  };
+  EtcdOptions no_client_cert = o;
+  no_client_cert.cert_file.clear();
+  no_client_cert.key_file.clear();
+  refused(no_client_cert, "without the client certificate");
+  EtcdOptions plain = o;
+  plain.ca_file.clear();
+  plain.cert_file.clear();
+  plain.key_file.clear();
+  refused(plain, "without TLS");
+  EtcdOptions other_ca = o;
+  other_ca.ca_file = dir + "/client.pem";  // a certificate that signed nothing of the members'
+  refused(other_ca, "with another CA");
+
+  EtcdOptions missing = o;
+  missing.ca_file = dir + "/nothing.pem";
+  auto m = EtcdCoordinator::open(missing, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message().rfind("ca_file:", 0), 0u) << m.status().message();
+  EtcdOptions half = o;
+  half.key_file.clear();
+  auto h = EtcdCoordinator::open(half, {});
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("key_file"), std::string::npos) << h.status().message();
+  cluster.stop();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "server/coordinators.h"
 #include "server/engine.h"
+#include "server/registry.h"
 #include "sluice/config/config.h"
 #include "sluice/testing/servers.h"
 #include "support/config_of.h"
@@ -91,6 +93,18 @@ TEST(EtcdPolicy, TheConfigNamesBadSettingsAndRolesItDoesNotServe) {
       "    coordinator: c\n    region: eu\n    limit: 100\n    window: 1s\n");
   ASSERT_FALSE(role.config.has_value());
   EXPECT_NE(errors_of(role).find("etcd"), std::string::npos) << errors_of(role);
+  // The TLS files are read before connecting: one that is not there is what `sluice validate`
+  // reports, naming the setting.
+  const ConfigLoad tls = load_yaml(
+      "coordinators:\n  c:\n    kind: etcd\n    ca_file: /nonexistent/ca.pem\npolicies:\n"
+      "  f:\n    kind: fleet\n    coordinator: c\n    algorithm: fixed\n    limit: 4\n");
+  ASSERT_TRUE(tls.config.has_value()) << errors_of(tls);
+  const std::vector<ConfigError> before =
+      check_before_connecting(*tls.config, PolicyRegistry::builtin());
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].path, "coordinators.c");
+  EXPECT_NE(before[0].message.find("ca_file: cannot read '/nonexistent/ca.pem'"), std::string::npos)
+      << before[0].message;
 }
 
 }  // namespace

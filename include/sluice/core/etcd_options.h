@@ -28,6 +28,12 @@ struct EtcdOptions {
   // own timeout bounds it too). Default 1 s.
   Nanos connect_timeout = std::chrono::seconds(1);
   std::string key_prefix = "sluice/fleet/";  // default "sluice/fleet/"
+  // TLS (etcd's --cert-file on its client URLs): with ca_file, every member is reached over TLS
+  // and its certificate verified against that CA (PEM); with cert_file and key_file too, this
+  // client shows that certificate (etcd's --client-cert-auth). Empty: plain TCP.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 }  // namespace sluice

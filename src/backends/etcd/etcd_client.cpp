@@ -4,6 +4,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "sluice/core/text.h"
@@ -70,7 +72,8 @@ struct EtcdClient::Member {
   std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
   std::unique_ptr<etcdserverpb::Auth::Stub> auth;
 
-  explicit Member(std::string e) : endpoint(std::move(e)) {
+  Member(std::string e, const std::shared_ptr<grpc::ChannelCredentials>& credentials)
+      : endpoint(std::move(e)) {
     grpc::ChannelArguments args;
     // A member that comes back is reached again within a second (gRPC's default backoff grows to
     // two minutes).
@@ -82,7 +85,7 @@ struct EtcdClient::Member {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
-    channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+    channel = grpc::CreateCustomChannel(endpoint, credentials, args);
     kv = etcdserverpb::KV::NewStub(channel);
     lease = etcdserverpb::Lease::NewStub(channel);
     maintenance = etcdserverpb::Maintenance::NewStub(channel);
@@ -103,8 +106,20 @@ std::string prefix_end(std::string_view prefix) {
   return std::string(1, '\0');  // etcd: every key
 }
 
-EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
-  for (const std::string& e : options_.endpoints) members_.push_back(std::make_unique<Member>(e));
+// A whole file's bytes; false when it cannot be read.
+static bool read_file(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream text;
+  text << in.rdbuf();
+  out = text.str();
+  return static_cast<bool>(in) || in.eof();
+}
+
+EtcdClient::EtcdClient(EtcdOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : options_(std::move(options)) {
+  for (const std::string& e : options_.endpoints)
+    members_.push_back(std::make_unique<Member>(e, credentials));
 }
 
 EtcdClient::~EtcdClient() = default;
@@ -123,8 +138,29 @@ StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::open(EtcdOptions options) {
   if (options.username.empty() != options.password.empty())
     return Status(StatusCode::kInvalidArgument,
                   "username and password: give both or neither (etcd authentication)");
+  if (options.cert_file.empty() != options.key_file.empty())
+    return Status(StatusCode::kInvalidArgument,
+                  "cert_file and key_file: give both or neither (a client certificate)");
+  if (!options.cert_file.empty() && options.ca_file.empty())
+    return Status(StatusCode::kInvalidArgument,
+                  "ca_file: needed with cert_file (the CA that signed the members' certificates)");
   try {
-    return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options)));
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    if (!options.ca_file.empty()) {
+      grpc::SslCredentialsOptions tls;
+      const auto read = [](const std::string& field, const std::string& path, std::string& out) {
+        return read_file(path, out)
+                   ? Status()
+                   : Status(StatusCode::kInvalidArgument, field + ": cannot read '" + path + "'");
+      };
+      if (Status s = read("ca_file", options.ca_file, tls.pem_root_certs); !s.ok()) return s;
+      if (!options.cert_file.empty()) {
+        if (Status s = read("cert_file", options.cert_file, tls.pem_cert_chain); !s.ok()) return s;
+        if (Status s = read("key_file", options.key_file, tls.pem_private_key); !s.ok()) return s;
+      }
+      credentials = grpc::SslCredentials(tls);
+    }
+    return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options), std::move(credentials)));
   } catch (const std::exception& e) {
     return Status(StatusCode::kInternal,
                   std::string("etcd: cannot make its channels: ") + e.what());

@@ -26,6 +26,8 @@
 #include <string_view>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "etcd/etcd_rpc.grpc.pb.h"
 #include "sluice/core/clock.h"
 #include "sluice/core/etcd_options.h"
@@ -41,7 +43,8 @@ using SteadyTime = Nanos;
 
 class EtcdClient {
  public:
-  // Checks the options (endpoints host:port, non-empty; connect_timeout > 0); connects to nothing.
+  // Checks the options (endpoints host:port, non-empty; connect_timeout > 0; the TLS files
+  // readable) and reads the TLS files; connects to nothing.
   [[nodiscard]] static StatusOr<std::unique_ptr<EtcdClient>> open(EtcdOptions options);
   ~EtcdClient();
 
@@ -67,7 +70,7 @@ class EtcdClient {
 
  private:
   struct Member;
-  explicit EtcdClient(EtcdOptions options);
+  EtcdClient(EtcdOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
 
   // Runs `rpc(member, context)` on the members in turn as described above.
   template <typename Rpc>

@@ -4,6 +4,8 @@
 //   username, password            etcd's authentication (both or neither)
 //   key_prefix: text              the fleet's keys; default "sluice/fleet/"
 //   connect_timeout: duration     how long a member may take to connect; default 1s
+//   ca_file: path                 TLS to every member, verified against this CA (PEM)
+//   cert_file, key_file: path     with ca_file: this client's certificate (--client-cert-auth)
 // The shared rules' keys ("<prefix>rules/", or "sluice/rules/" beside the default prefix) sit
 // beside the fleet's. Two coordinators with the same endpoints and key prefix keep one set of
 // records. It serves the fleet and a throttler's shared rules.
@@ -46,6 +48,9 @@ void parse(ConfigSection& s, CoordinatorSpec& spec) {
     s.error(o.username.empty() ? "username" : "password",
             "etcd's authentication needs both username and password");
   if (auto d = s.duration("connect_timeout")) o.connect_timeout = *d;
+  if (auto f = s.str("ca_file")) o.ca_file = *f;
+  if (auto f = s.str("cert_file")) o.cert_file = *f;
+  if (auto f = s.str("key_file")) o.key_file = *f;
   if (auto k = s.str("key_prefix")) {
     if (k->empty())
       s.error("key_prefix", "must not be empty");
@@ -67,7 +72,8 @@ CoordinatorBackend etcd_backend() {
   CoordinatorBackend b;
   b.name = "etcd";
   b.roles = {CoordinatorRole::kConcurrency, CoordinatorRole::kSharedRules};
-  b.keys = {"endpoints", "username", "password", "key_prefix", "connect_timeout"};
+  b.keys = {"endpoints",       "username", "password",  "key_prefix",
+            "connect_timeout", "ca_file",  "cert_file", "key_file"};
   b.parse = parse;
   b.connect = [](const std::string& name, const CoordinatorSpec& spec, const Clock&,
                  std::string& warning) {

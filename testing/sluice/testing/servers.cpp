@@ -331,6 +331,22 @@ void PostgresServer::stop() {
 
 EtcdCluster::~EtcdCluster() { stop(); }
 
+void EtcdCluster::use_tls(std::string cert, std::string key, std::string ca, std::string client_ca,
+                          std::string client_cert, std::string client_key) {
+  tls_ = Tls{std::move(cert),      std::move(key),         std::move(ca),
+             std::move(client_ca), std::move(client_cert), std::move(client_key)};
+}
+
+std::vector<std::string> EtcdCluster::etcdctl_tls() const {
+  if (tls_.cert.empty()) return {};
+  std::vector<std::string> out = {"--cacert=" + tls_.ca};
+  if (!tls_.client_cert.empty()) {
+    out.push_back("--cert=" + tls_.client_cert);
+    out.push_back("--key=" + tls_.client_key);
+  }
+  return out;
+}
+
 std::string EtcdCluster::endpoint(int member) const {
   return "127.0.0.1:" + std::to_string(members_.at(static_cast<std::size_t>(member)).client_port);
 }
@@ -373,7 +389,8 @@ Status EtcdCluster::start(int members, int election_ms, std::vector<std::string>
 
 Status EtcdCluster::launch(int member, bool fresh) {
   Member& m = members_.at(static_cast<std::size_t>(member));
-  const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+  const std::string client = (tls_.cert.empty() ? "http://127.0.0.1:" : "https://127.0.0.1:") +
+                             std::to_string(m.client_port);
   const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
   const std::vector<std::string> args = {"etcd",
                                          "--name",
@@ -403,6 +420,11 @@ Status EtcdCluster::launch(int member, bool fresh) {
                                          "--log-outputs",
                                          "stderr"};
   std::vector<std::string> all = args;
+  if (!tls_.cert.empty()) {
+    all.insert(all.end(), {"--cert-file", tls_.cert, "--key-file", tls_.key});
+    if (!tls_.client_ca.empty())
+      all.insert(all.end(), {"--client-cert-auth", "--trusted-ca-file", tls_.client_ca});
+  }
   all.insert(all.end(), extra_.begin(), extra_.end());
   m.pid = spawn(all, dir_ + "/" + m.name + ".log");
   if (m.pid < 0)
@@ -417,10 +439,11 @@ Status EtcdCluster::wait_healthy(int member, int seconds) {
   for (int i = 0; i < seconds * 10; ++i) {
     if (!alive(m.pid))
       return Status(StatusCode::kUnavailable, "etcd " + m.name + " exited: " + tail(log));
-    if (port_accepts(m.client_port) && run({"etcdctl", "--endpoints=" + endpoint(member),
-                                            "--command-timeout=1s", "endpoint", "health"},
-                                           dir_ + "/etcdctl.log") == 0)
-      return {};
+    std::vector<std::string> health = {"etcdctl", "--endpoints=" + endpoint(member),
+                                       "--command-timeout=1s"};
+    for (const std::string& a : etcdctl_tls()) health.push_back(a);
+    health.insert(health.end(), {"endpoint", "health"});
+    if (port_accepts(m.client_port) && run(health, dir_ + "/etcdctl.log") == 0) return {};
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return Status(StatusCode::kUnavailable,
@@ -477,6 +500,7 @@ int EtcdCluster::etcdctl(const std::vector<std::string>& args, std::string* out)
     eps += endpoint(i);
   }
   std::vector<std::string> full = {"etcdctl", "--endpoints=" + eps, "--command-timeout=2s"};
+  for (const std::string& a : etcdctl_tls()) full.push_back(a);
   full.insert(full.end(), args.begin(), args.end());
   const std::string log = dir_ + "/etcdctl.out";
   std::error_code ec;

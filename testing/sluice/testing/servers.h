@@ -119,6 +119,11 @@ class EtcdCluster {
   // election_ms: etcd's --election-timeout (heartbeat a tenth of it); default etcd's own.
   // `extra` is appended to every member's command line (e.g. {"--auth-token-ttl", "1"}).
   Status start(int members = 1, int election_ms = 1000, std::vector<std::string> extra = {});
+  // Before start(): the members serve clients over TLS with `cert` and `key` (PEM files), and with
+  // `client_ca` non-empty ask clients for a certificate that CA signed (--client-cert-auth);
+  // `ca` is what etcdctl verifies them with (and `client_cert`/`client_key` what it shows).
+  void use_tls(std::string cert, std::string key, std::string ca, std::string client_ca = {},
+               std::string client_cert = {}, std::string client_key = {});
   void stop();
   void kill(int member);
   Status restart(int member);  // after kill(): the same ports and data directory
@@ -151,6 +156,11 @@ class EtcdCluster {
   std::string token_;
   int election_ms_ = 1000;
   std::vector<std::string> extra_;
+  struct Tls {
+    std::string cert, key, ca, client_ca, client_cert, client_key;
+  } tls_;
+  // etcdctl's arguments for the client side of tls_ (none without TLS).
+  [[nodiscard]] std::vector<std::string> etcdctl_tls() const;
   std::vector<Member> members_;
 };
 
