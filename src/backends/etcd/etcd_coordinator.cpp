@@ -223,9 +223,16 @@ struct EtcdCoordinator::Impl {
     }
     out.recovering = resp.responses(3).response_range().kvs_size() > 0;
     // A read sent after a reply at `seen_before` answers at that revision or later, unless the
-    // records went back in time.
+    // records went back in time. Found once: the revisions from here on are the new line's.
     out.rolled_back = out.revision < seen_before;
-    note_revision(out.revision);
+    if (out.rolled_back) {
+      std::int64_t seen = seen_before;
+      while (seen > out.revision &&
+             !high_water.compare_exchange_weak(seen, out.revision, std::memory_order_relaxed)) {
+      }
+    } else {
+      note_revision(out.revision);
+    }
     return out;
   }
 
