@@ -223,16 +223,9 @@ struct EtcdCoordinator::Impl {
     }
     out.recovering = resp.responses(3).response_range().kvs_size() > 0;
     // A read sent after a reply at `seen_before` answers at that revision or later, unless the
-    // records went back in time. Found once: the revisions from here on are the new line's.
+    // records went back in time.
     out.rolled_back = out.revision < seen_before;
-    if (out.rolled_back) {
-      std::int64_t seen = seen_before;
-      while (seen > out.revision &&
-             !high_water.compare_exchange_weak(seen, out.revision, std::memory_order_relaxed)) {
-      }
-    } else {
-      note_revision(out.revision);
-    }
+    note_revision(out.revision);
     return out;
   }
 
