@@ -69,7 +69,6 @@ struct EtcdClient::Member {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<etcdserverpb::KV::Stub> kv;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease;
-  std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
   std::unique_ptr<etcdserverpb::Auth::Stub> auth;
 
   Member(std::string e, const std::shared_ptr<grpc::ChannelCredentials>& credentials)
@@ -88,7 +87,6 @@ struct EtcdClient::Member {
     channel = grpc::CreateCustomChannel(endpoint, credentials, args);
     kv = etcdserverpb::KV::NewStub(channel);
     lease = etcdserverpb::Lease::NewStub(channel);
-    maintenance = etcdserverpb::Maintenance::NewStub(channel);
     auth = etcdserverpb::Auth::NewStub(channel);
   }
 };
@@ -277,14 +275,6 @@ Status EtcdClient::lease_time_to_live(std::int64_t id,
   return call("LeaseTimeToLive", deadline, [&](Member& m, grpc::ClientContext& ctx) {
     response.Clear();
     return m.lease->LeaseTimeToLive(&ctx, req, &response);
-  });
-}
-
-Status EtcdClient::status(etcdserverpb::StatusResponse& response, SteadyTime deadline) {
-  etcdserverpb::StatusRequest req;
-  return call("Status", deadline, [&](Member& m, grpc::ClientContext& ctx) {
-    response.Clear();
-    return m.maintenance->Status(&ctx, req, &response);
   });
 }
 

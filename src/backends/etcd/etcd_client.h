@@ -2,8 +2,8 @@
 // built on it.
 //
 // What it is: a channel per member (EtcdOptions::endpoints) and the few calls the coordinators
-// make: Txn (reads are Txns with no compare, so that what they read is one revision), LeaseGrant,
-// LeaseTimeToLive and Status. A call goes to the member the last call succeeded on; when that
+// make: Txn (reads are Txns with no compare, so that what they read is one revision), LeaseGrant
+// and LeaseTimeToLive. A call goes to the member the last call succeeded on; when that
 // member cannot answer (unreachable, no leader, isolated from the quorum: gRPC UNAVAILABLE, or
 // its share of the time ran out), the call moves on to the next member while time is left, each
 // attempt given half of what is left but the last (which gets all of it), and a member whose
@@ -59,14 +59,8 @@ class EtcdClient {
   [[nodiscard]] Status lease_time_to_live(std::int64_t id,
                                           etcdserverpb::LeaseTimeToLiveResponse& response,
                                           SteadyTime deadline);
-  [[nodiscard]] Status status(etcdserverpb::StatusResponse& response, SteadyTime deadline);
 
   [[nodiscard]] const EtcdOptions& options() const noexcept { return options_; }
-
-  // The member calls go to first now (an index into options().endpoints), for tests and logs.
-  [[nodiscard]] std::size_t current_member() const noexcept {
-    return current_.load(std::memory_order_relaxed);
-  }
 
  private:
   struct Member;
