@@ -30,10 +30,9 @@
 // every grant is share 0, and says recovering. What neither finds: a heartbeat from a server
 // started after the restore, of a node granted nothing since the snapshot, before any other; its
 // grant can overlap, for up to one heartbeat interval, a grant of a node that was granted since
-// the snapshot (whose next heartbeat finds the loss). And a limit on the safe side: a
-// coordinator that found a restore by the revision keeps finding it, at every heartbeat, until
-// the cluster's revision passes the highest it had seen (as many writes as the snapshot missed),
-// so its grants stay share 0 for that long rather than one lease_ttl.
+// the snapshot (whose next heartbeat finds the loss). A coordinator that found a restore by the
+// revision forgets the revisions it had seen once the loss is written to the records, so the
+// share-0 window is one lease_ttl, however many writes the snapshot missed.
 //
 // Test mode (`caller_clock` non-null): time comes from the caller's clock, as on the other
 // backends: a record lives until its expires_at (its lease must also still be there; test-mode

@@ -104,7 +104,8 @@ struct Read {
   std::int64_t origin_mod = 0;
   etcd::OriginRecord origin;
   bool recovering = false;
-  bool rolled_back = false;  // the revision is below one this coordinator saw before the read
+  bool rolled_back = false;      // the revision is below one this coordinator saw before the read
+  std::int64_t seen_before = 0;  // the highest revision this coordinator had seen
 };
 
 }  // namespace
@@ -173,6 +174,15 @@ struct EtcdCoordinator::Impl {
     }
   }
 
+  // Once a rollback is recorded in the records (the origin rewritten, the recovering mark on),
+  // the revisions seen before it belong to a line that is gone: the mark comes down to the
+  // record's revision, so the next reads do not find the same loss again. Not before: until then
+  // every heartbeat of this server must keep finding it. A mark moved by another thread since the
+  // read is left as it is.
+  void forget_old_revisions(std::int64_t old_mark, std::int64_t recorded_at) {
+    high_water.compare_exchange_strong(old_mark, recorded_at, std::memory_order_relaxed);
+  }
+
   Nanos now() const { return caller_clock != nullptr ? caller_clock->now() : Nanos{0}; }
 
   // The key's state, its live keys (or only `only_id`'s), the origin and the recovering mark,
@@ -224,6 +234,7 @@ struct EtcdCoordinator::Impl {
     out.recovering = resp.responses(3).response_range().kvs_size() > 0;
     // A read sent after a reply at `seen_before` answers at that revision or later, unless the
     // records went back in time.
+    out.seen_before = seen_before;
     out.rolled_back = out.revision < seen_before;
     note_revision(out.revision);
     return out;
@@ -260,6 +271,7 @@ struct EtcdCoordinator::Impl {
     const std::string base = etcd_detail::named(prefix, key);
     auto lease = lease_for(report.lease_ttl, start, deadline);
     if (!lease.ok()) return lease.status();
+    bool found_before = false;  // by an earlier attempt of this heartbeat
     for (int attempt = 0;; ++attempt) {
       auto r = read(base, {}, deadline);
       if (!r.ok()) return r.status();
@@ -267,7 +279,9 @@ struct EtcdCoordinator::Impl {
       const Nanos t = now();
       // A report that acknowledges a generation the records never issued comes from a node
       // granted on records that are gone.
-      const bool found = loss(got) || report.acked_generation > got.state.generation;
+      const bool found =
+          found_before || loss(got) || report.acked_generation > got.state.generation;
+      found_before = found;
       apply_liveness(got);
       if (std::string why = clash(got.state, report, t); !why.empty()) {
         if (caller_clock == nullptr) why = clash_in_production(got, report, deadline);
@@ -308,7 +322,10 @@ struct EtcdCoordinator::Impl {
         continue;
       }
       note_revision(resp.header().revision());
-      if (resp.succeeded()) return g;
+      if (resp.succeeded()) {
+        if (got.rolled_back) forget_old_revisions(got.seen_before, resp.header().revision());
+        return g;
+      }
       conflicts.fetch_add(1, std::memory_order_relaxed);
       back_off(attempt, deadline);
       if (steady_now() >= deadline)
