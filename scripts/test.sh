@@ -105,8 +105,8 @@ sanitizer_skips="GatewayModel|FleetModel|FederationModel|CascadeBreakerModel|Cas
 # The etcd coordinators run on Debian's gRPC and absl, which are not built with ThreadSanitizer:
 # their internal synchronisation is invisible to it, and it reports races inside them (and on
 # buffers they hand over). The address suite runs those tests; the thread suite leaves them out
-# (and the fleet conformance test its etcd backend).
-tsan_skips="EtcdCoordinatorTest|EtcdRestore|EtcdPolicy|EtcdAuth|EtcdTls"
+# (and the fleet and rate conformance tests their etcd backends).
+tsan_skips="EtcdCoordinatorTest|EtcdRestore|EtcdPolicy|EtcdAuth|EtcdTls|EtcdRate|EtcdRateRestore|EtcdRateOptions"
 suite_ctest_args() {
   case $1 in
     asan) echo "-E ^($sanitizer_skips)[./]" ;;

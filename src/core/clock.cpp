@@ -12,6 +12,10 @@ std::int64_t unix_ms_now() noexcept {
       .count();
 }
 
+Nanos unix_ns_now() noexcept {
+  return std::chrono::duration_cast<Nanos>(std::chrono::system_clock::now().time_since_epoch());
+}
+
 const SteadyClock& SteadyClock::instance() noexcept {
   static const SteadyClock clock;
   return clock;

@@ -180,8 +180,10 @@ std::int64_t less_drift(std::int64_t left, std::uint32_t drift_ppm) noexcept {
 }  // namespace
 
 Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at, std::uint32_t drift_ppm) noexcept {
+  const std::int64_t left =
+      less_drift(reply.window_end.count() - reply.coordinator_now.count(), drift_ppm);
   return sent_at +
-         Nanos{less_drift(reply.window_end.count() - reply.coordinator_now.count(), drift_ppm)};
+         Nanos{left - std::min(left, std::max<std::int64_t>(0, reply.clock_uncertainty.count()))};
 }
 
 void DriftGauge::sample(Nanos sent, Nanos received, Nanos coordinator_now) noexcept {

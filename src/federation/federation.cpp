@@ -351,7 +351,10 @@ void FederatedLimiter::on_lease(const std::string& key, Outcome o) {
     Key& k = it->second;
     const Nanos now = clock_.now();
     // The reply's clock reading first: a grant's expiry takes the allowance it leaves in force.
-    if (o.reply.has_value() && o.reply->ok())
+    // A coordinator whose time is its callers' clocks (a clock uncertainty) has no rate of its
+    // own to measure: its readings jump between the callers' offsets, and its replies' expiries
+    // allow for them instead.
+    if (o.reply.has_value() && o.reply->ok() && o.reply->value().clock_uncertainty == Nanos{0})
       drift = measure_drift(o.sent_at, now, o.reply->value().coordinator_now);
     sluice::on_lease(k.state, o, now, drift_in_force_.load(std::memory_order_relaxed), rules_, e);
     if (e.lease_failed) {

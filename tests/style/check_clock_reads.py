@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 READERS = {
-    "src/core/clock.cpp": "SteadyClock and unix_ms_now(): the seam itself",
+    "src/core/clock.cpp": "SteadyClock, unix_ms_now() and unix_ns_now(): the seam itself",
     "src/backends/http/http_client.cpp": "a socket's connect/send/read deadline",
     "src/backends/etcd/etcd_client.cpp": "gRPC takes a call's deadline on the system clock",
     "src/backends/probes/host_probes.cpp": "the command probe's child-process deadline",

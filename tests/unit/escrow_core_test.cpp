@@ -351,6 +351,21 @@ TEST(EscrowRegion, ExpiryIsTheSendTimePlusWhatWasLeftLessTheDriftAllowance) {
   EXPECT_EQ(escrow_expiry(r, Nanos{50}, 1000), Nanos{50});
 }
 
+// A coordinator whose clock is its callers' (etcd) says how far it may be off: the escrow ends
+// that much earlier, after the drift allowance, never before the send time.
+TEST(EscrowRegion, ExpiryEndsTheCoordinatorsClockUncertaintyEarlier) {
+  LeaseReply r = grant(0, 1, 0);
+  r.window_end = Nanos{1000};
+  r.coordinator_now = Nanos{400};  // 600 left
+  r.clock_uncertainty = Nanos{200};
+  EXPECT_EQ(escrow_expiry(r, Nanos{50}, 0), Nanos{450});
+  EXPECT_EQ(escrow_expiry(r, Nanos{50}, 500'000), Nanos{150});  // 600 - 300 - 200
+  r.clock_uncertainty = Nanos{600};
+  EXPECT_EQ(escrow_expiry(r, Nanos{50}, 0), Nanos{50});  // nothing left to spend
+  r.clock_uncertainty = Nanos{5000};
+  EXPECT_EQ(escrow_expiry(r, Nanos{50}, 0), Nanos{50});  // never before the send time
+}
+
 TEST(EscrowRegion, AGrantOfANewerWindowReplacesTheEscrowAndReportsTheLostUnits) {
   Escrow e;
   EXPECT_EQ(add_grant(e, grant(200, 5, 210), Nanos{280}), 0u);

@@ -24,6 +24,9 @@ using Nanos = std::chrono::nanoseconds;
 // The wall clock, in milliseconds since the Unix epoch: for stamps that leave the process (a
 // deadline written to a table other servers read, a field of a JSON answer), never for timing.
 [[nodiscard]] std::int64_t unix_ms_now() noexcept;
+// The same in nanoseconds: the time a coordinator without a clock of its own (etcd) decides at,
+// agreed between servers only as well as their clocks are synchronised.
+[[nodiscard]] Nanos unix_ns_now() noexcept;
 
 class Clock {
  public:

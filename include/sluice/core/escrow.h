@@ -112,6 +112,11 @@ struct LeaseReply {
   Nanos window_start{0};  // on the coordinator's clock
   Nanos window_end{0};
   Nanos coordinator_now{0};  // the coordinator's clock when it decided
+  // How far coordinator_now may be from the clock the window's end is reached on, both ways
+  // together: 0 for a coordinator with a clock of its own (memory, Redis, PostgreSQL); for one
+  // whose time is its callers' wall clocks (etcd), twice the offset they are stated to keep from
+  // true time. escrow_expiry() ends escrow this much earlier.
+  Nanos clock_uncertainty{0};
   // The window's budget left after this grant (what other regions can still lease).
   std::uint64_t remaining = 0;
   BudgetSpec spec;  // the window's spec in force (for kSpecMismatch: the one that won)
@@ -176,7 +181,7 @@ struct Escrow {
 
 // When a grant's window ends on the region's clock, at the latest: `sent_at` is the region's
 // clock when it sent the request; `drift_ppm` bounds how much faster the coordinator's clock may
-// run than the region's (parts per million).
+// run than the region's (parts per million); the reply's clock_uncertainty comes off the end.
 [[nodiscard]] Nanos escrow_expiry(const LeaseReply& reply, Nanos sent_at,
                                   std::uint32_t drift_ppm) noexcept;
 

@@ -28,6 +28,11 @@ struct EtcdOptions {
   // own timeout bounds it too). Default 1 s.
   Nanos connect_timeout = std::chrono::seconds(1);
   std::string key_prefix = "sluice/fleet/";  // default "sluice/fleet/"
+  // Federation only (sluice/backends/etcd_rate_coordinator.h): how far, at most, any server's
+  // wall clock is from true time. etcd lends no clock, so a window's time is its callers' clocks;
+  // escrow ends twice this early, and a server whose clock is more than twice this behind
+  // another's is refused. Default 100 ms.
+  Nanos max_clock_offset = std::chrono::milliseconds(100);
   // TLS (etcd's --cert-file on its client URLs): with ca_file, every member is reached over TLS
   // and its certificate verified against that CA (PEM); with cert_file and key_file too, this
   // client shows that certificate (etcd's --client-cert-auth). Empty: plain TCP.

@@ -126,62 +126,23 @@ struct EtcdCoordinator::Impl {
 
   // The highest revision a reply has carried: a later read below it found the records rolled
   // back (a restore from a snapshot).
-  std::atomic<std::int64_t> high_water{0};
-  std::atomic<std::uint64_t> conflicts{0}, grants{0};
+  etcd_detail::RevisionMark high_water;
+  std::atomic<std::uint64_t> conflicts{0};
 
-  // The shared lease: its id, when it was asked for (before the request went) and its TTL.
-  std::mutex lease_mu;
-  std::int64_t lease_id = 0;
-  SteadyTime lease_asked{};
-  Nanos lease_ttl{0};
+  etcd_detail::SharedLease shared_lease;
 
-  // A lease that lasts at least `ttl` from `start`: the shared one while it does, else a new one.
   StatusOr<std::int64_t> lease_for(Nanos ttl, SteadyTime start, SteadyTime deadline) {
-    const Nanos need = ttl;
-    {
-      std::lock_guard lock(lease_mu);
-      if (lease_id != 0 && lease_asked + lease_ttl >= start + need) return lease_id;
-    }
-    seconds whole = duration_cast<seconds>(ttl);
-    if (whole < ttl) whole += seconds(1);
-    whole += caller_clock != nullptr ? kTestModeLeaseExtra : kLeaseReuse;
-    const SteadyTime asked = steady_now();
-    etcdserverpb::LeaseGrantResponse resp;
-    if (Status s = client->lease_grant(whole.count(), resp, deadline); !s.ok()) return s;
-    if (!resp.error().empty())
-      return Status(StatusCode::kUnavailable, "etcd LeaseGrant: " + resp.error());
-    grants.fetch_add(1, std::memory_order_relaxed);
-    note_revision(resp.header().revision());
-    std::lock_guard lock(lease_mu);
-    lease_id = resp.id();
-    lease_asked = asked;
-    lease_ttl = seconds(resp.ttl());  // etcd may grant more than asked, never less
-    if (lease_asked + lease_ttl < start + need)
-      return Status(StatusCode::kInternal, "etcd LeaseGrant: granted a TTL of " +
-                                               std::to_string(resp.ttl()) + " s, asked for " +
-                                               std::to_string(whole.count()) + " s");
-    return lease_id;
+    std::int64_t revision = 0;
+    auto id = shared_lease.covering(*client, ttl,
+                                    caller_clock != nullptr ? kTestModeLeaseExtra : kLeaseReuse,
+                                    start, deadline, revision);
+    note_revision(revision);
+    return id;
   }
 
-  void forget_lease(std::int64_t id) {
-    std::lock_guard lock(lease_mu);
-    if (lease_id == id) lease_id = 0;
-  }
+  void forget_lease(std::int64_t id) { shared_lease.forget(id); }
 
-  void note_revision(std::int64_t r) {
-    std::int64_t seen = high_water.load(std::memory_order_relaxed);
-    while (r > seen && !high_water.compare_exchange_weak(seen, r, std::memory_order_relaxed)) {
-    }
-  }
-
-  // Once a rollback is recorded in the records (the origin rewritten, the recovering mark on),
-  // the revisions seen before it belong to a line that is gone: the mark comes down to the
-  // record's revision, so the next reads do not find the same loss again. Not before: until then
-  // every heartbeat of this server must keep finding it. A mark moved by another thread since the
-  // read is left as it is.
-  void forget_old_revisions(std::int64_t old_mark, std::int64_t recorded_at) {
-    high_water.compare_exchange_strong(old_mark, recorded_at, std::memory_order_relaxed);
-  }
+  void note_revision(std::int64_t r) { high_water.note(r); }
 
   Nanos now() const { return caller_clock != nullptr ? caller_clock->now() : Nanos{0}; }
 
@@ -197,7 +158,7 @@ struct EtcdCoordinator::Impl {
       *req.add_success() = range_op(live + std::string(only_id));
     *req.add_success() = range_op(origin_key);
     *req.add_success() = range_op(recovering_key);
-    const std::int64_t seen_before = high_water.load(std::memory_order_relaxed);
+    const std::int64_t seen_before = high_water.seen();
     etcdserverpb::TxnResponse resp;
     if (Status s = client->txn(req, resp, deadline); !s.ok()) return s;
     if (resp.responses_size() != 4)
@@ -323,7 +284,7 @@ struct EtcdCoordinator::Impl {
       }
       note_revision(resp.header().revision());
       if (resp.succeeded()) {
-        if (got.rolled_back) forget_old_revisions(got.seen_before, resp.header().revision());
+        if (got.rolled_back) high_water.forget_old(got.seen_before, resp.header().revision());
         return g;
       }
       conflicts.fetch_add(1, std::memory_order_relaxed);
@@ -386,7 +347,7 @@ std::uint64_t EtcdCoordinator::conflicts() const noexcept {
   return impl_->conflicts.load(std::memory_order_relaxed);
 }
 std::uint64_t EtcdCoordinator::leases_granted() const noexcept {
-  return impl_->grants.load(std::memory_order_relaxed);
+  return impl_->shared_lease.grants();
 }
 
 StatusOr<std::unique_ptr<EtcdCoordinator>> EtcdCoordinator::open(EtcdOptions options,
@@ -409,12 +370,7 @@ StatusOr<std::unique_ptr<EtcdCoordinator>> EtcdCoordinator::connect(EtcdOptions 
                                                                     const Clock* caller_clock) {
   auto c = open(std::move(options), config, caller_clock);
   if (!c.ok()) return c;
-  Impl& m = *c.value()->impl_;
-  if (Status s = m.client->connect(steady_now() + m.client->options().connect_timeout); !s.ok()) {
-    if (s.code() == StatusCode::kDeadlineExceeded)
-      return Status(StatusCode::kUnavailable, s.message() + " (connect_timeout)");
-    return s;
-  }
+  if (Status s = etcd_detail::connect_within_timeout(*c.value()->impl_->client); !s.ok()) return s;
   return c;
 }
 
