@@ -690,6 +690,66 @@ std::string charge_csv(const std::vector<ChargeRow>& rows) {
   return out;
 }
 
+// On callers' clocks (a coordinator with no clock of its own, etcd's): three regions whose clocks
+// are kClockOffset ahead, right and behind (max_clock_offset ε = kClockOffset), the coordinator
+// stating an uncertainty of 2ε, or 0 (what happens without it), against one clock for all.
+constexpr Nanos kClockOffset = std::chrono::milliseconds(20);
+
+struct ClockRow {
+  double skew = 0;
+  FederationSimResult one_clock, with_uncertainty, without;
+};
+
+std::vector<ClockRow> run_clocks(const FederationScenarioOptions& o) {
+  std::vector<ClockRow> rows;
+  for (const double s : {0.0, 0.5, 1.0}) {
+    ClockRow& row = rows.emplace_back();
+    row.skew = s;
+    FederationSimConfig c = run_config(o, o.load, s);
+    row.one_clock = run_federation_sim(c);
+    c.clock_offsets = {-kClockOffset, Nanos{0}, kClockOffset};  // the hot region the slowest
+    c.clock_uncertainty = 2 * kClockOffset;
+    row.with_uncertainty = run_federation_sim(c);
+    c.clock_uncertainty = Nanos{0};
+    row.without = run_federation_sim(c);
+  }
+  return rows;
+}
+
+std::string clock_table(const std::vector<ClockRow>& rows) {
+  std::string t =
+      "| skew | one clock: U_capacity | callers' clocks, uncertainty 2ε: U_capacity | max "
+      "admitted / L | without the uncertainty: max admitted / L | windows over L |\n"
+      "|---|---|---|---|---|---|\n";
+  for (const ClockRow& r : rows) {
+    int over = 0;
+    for (const FederationWindow& w : r.without.windows)
+      over += w.admitted > FederationSimConfig{}.limit ? 1 : 0;
+    t += "| " + number("%.2f", r.skew) + " | " + number("%.4f", r.one_clock.u_capacity) + " | " +
+         number("%.4f", r.with_uncertainty.u_capacity) + " | " +
+         number("%.4f", r.with_uncertainty.max_admitted_over_limit) + " | " +
+         number("%.4f", r.without.max_admitted_over_limit) + " | " + std::to_string(over) + " of " +
+         std::to_string(r.without.windows.size()) + " |\n";
+  }
+  return t;
+}
+
+std::string clock_csv(const std::vector<ClockRow>& rows) {
+  std::string out = "skew,run,window,offered,admitted,handed_out,leases\n";
+  for (const ClockRow& r : rows)
+    for (const auto& [name, res] :
+         {std::pair<const char*, const FederationSimResult*>{"one-clock", &r.one_clock},
+          {"uncertainty", &r.with_uncertainty},
+          {"without", &r.without}})
+      for (std::size_t k = 0; k < res->windows.size(); ++k) {
+        const FederationWindow& w = res->windows[k];
+        out += number("%.2f", r.skew) + "," + name + "," + std::to_string(k) + "," +
+               std::to_string(w.offered) + "," + std::to_string(w.admitted) + "," +
+               std::to_string(w.handed_out) + "," + std::to_string(w.leases) + "\n";
+      }
+  return out;
+}
+
 }  // namespace
 
 ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
@@ -875,6 +935,41 @@ ScenarioOutput run_federation_scenario(const FederationScenarioOptions& o) {
             "charges must be paid from the budget" + at + ": spent " + std::to_string(c.spent) +
                 ", admitted " + std::to_string(c.admitted));
     }
+  }
+  // On callers' clocks.
+  {
+    const std::vector<ClockRow> rows = run_clocks(o);
+    const double eps_ms = std::chrono::duration<double, std::milli>(kClockOffset).count();
+    out.table +=
+        "### On its callers' clocks (etcd)\n\nA coordinator with no clock of its own decides each "
+        "call at its caller's clock, or at the latest time it decided the key at when that is "
+        "later (sluice/backends/etcd_rate_coordinator.h). Three regions, offered " +
+        number("%.1f", o.load) + " x L, whose clocks read " + number("%.0f", eps_ms) +
+        " ms ahead, right and " + number("%.0f", eps_ms) +
+        " ms behind (max_clock_offset ε = " + number("%.0f ms", eps_ms) +
+        "); the coordinator says an uncertainty of 2ε, which ends each region's escrow 2ε early "
+        "and asks 2ε more of a window to be left, or says 0. Windows are counted on the fastest "
+        "region's clock (the true clock + ε), the latest any caller reads: a window's grants "
+        "are made at or after its start on it, and with the uncertainty spent before its end. "
+        "The first window is ε shorter than the others. The hot region is the slowest: "
+        "without the uncertainty its escrow outlives the window on the fastest clock by up to "
+        "2ε, while the next window's grants are spent (at s = 1 by itself: it spends on its own "
+        "clock's windows, 2ε behind the frame).\n\n" +
+        clock_table(rows) + "\n";
+    out.files.emplace_back("federation-callers-clocks.csv", clock_csv(rows));
+    bool overshoots = false;
+    for (const ClockRow& r : rows) {
+      const std::string at = " on callers' clocks at s = " + number("%.2f", r.skew);
+      bounded(r.with_uncertainty, at);
+      claim(out, r.with_uncertainty.u_capacity >= r.one_clock.u_capacity - 0.05,
+            "the uncertainty must cost at most 0.05 of U_capacity" + at + ", measured " +
+                number("%.4f", r.with_uncertainty.u_capacity) + " against " +
+                number("%.4f", r.one_clock.u_capacity));
+      overshoots |= r.without.max_admitted_over_limit > 1.0;
+    }
+    claim(out, overshoots,
+          "without the uncertainty, some window on callers' clocks must go over L (the rule is "
+          "what keeps it)");
   }
   for (const RoundTripRow& r : trips) {
     const std::string at =

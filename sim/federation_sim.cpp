@@ -4,6 +4,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <queue>
@@ -190,6 +191,54 @@ class DelayedCoordinator final : public RateCoordinator {
   OnReturn on_return_;
 };
 
+// A region's clock: the simulated one plus the region's offset.
+class OffsetClock final : public Clock {
+ public:
+  OffsetClock(const Clock& base, Nanos offset) : base_(base), offset_(offset) {}
+  [[nodiscard]] Nanos now() const noexcept override { return base_.now() + offset_; }
+
+ private:
+  const Clock& base_;
+  const Nanos offset_;
+};
+
+// One region's view of a coordinator with no clock of its own (etcd's): the ledgers all regions
+// share, each call decided at this region's clock (the escrow core keeps the latest time it
+// decided a key at), `uncertainty` more of the window asked to be left and said in the reply.
+class CallerClockCoordinator final : public RateCoordinator {
+ public:
+  using Ledgers = std::map<std::string, Ledger, std::less<>>;
+  CallerClockCoordinator(Ledgers& ledgers, const Clock& caller, Nanos uncertainty)
+      : ledgers_(ledgers), caller_(caller), uncertainty_(uncertainty) {}
+
+  StatusOr<LeaseReply> lease(std::string_view key, const LeaseRequest& request,
+                             Nanos /*timeout*/) noexcept override {
+    LeaseRequest r = request;
+    r.min_window_left += uncertainty_;
+    LeaseReply reply = sluice::lease(ledger(key), r, caller_.now());
+    reply.clock_uncertainty = uncertainty_;
+    return reply;
+  }
+  StatusOr<std::uint64_t> reconcile(std::string_view key, std::string_view region,
+                                    Nanos window_start, std::uint64_t relinquished,
+                                    Nanos /*timeout*/) noexcept override {
+    return sluice::reconcile(ledger(key), region, window_start, relinquished, caller_.now());
+  }
+  Status health(Nanos /*timeout*/) noexcept override { return {}; }
+  std::string_view backend() const noexcept override { return "callers' clocks"; }
+
+ private:
+  Ledger& ledger(std::string_view key) {
+    auto it = ledgers_.find(key);
+    if (it == ledgers_.end()) it = ledgers_.emplace(std::string(key), Ledger{}).first;
+    return it->second;
+  }
+
+  Ledgers& ledgers_;
+  const Clock& caller_;
+  const Nanos uncertainty_;
+};
+
 // The network in front of a region's pool: as for the coordinator, `one_way` each way; the pool
 // decides on arrival, on the one clock. `on_accepted` hears of every unit a refill or a release
 // put in the pool, when the pool decided.
@@ -275,6 +324,8 @@ class Run {
  public:
   explicit Run(const FederationSimConfig& c) : c_(c), horizon_(c.window * c.windows) {
     windows_.resize(static_cast<std::size_t>(c.windows));
+    if (!c.clock_offsets.empty())
+      shift_ = *std::max_element(c.clock_offsets.begin(), c.clock_offsets.end());
     const double per_window = c.load * static_cast<double>(c.limit) /
                               (static_cast<double>(c.hits) + static_cast<double>(c.charge_max) / 2);
     const double k = c.regions;
@@ -323,21 +374,35 @@ class Run {
     workers_ = std::make_unique<Workers>(
         [this](Nanos at, int worker) { push(at, Kind::kResume, worker); });
     memory_ = std::make_unique<MemoryRateCoordinator>(clock_);
-    network_ = std::make_unique<DelayedCoordinator>(
-        *memory_, clock_, *workers_, c_.one_way,
-        DelayedCoordinator::Outage{c_.outage_start, c_.outage_end, c_.outage_failure},
-        [this](const LeaseReply& r) {
-          FederationWindow* w = window_at(r.window_start);
-          if (w == nullptr) return;
-          ++w->leases;
-          w->handed_out += r.granted;
-        },
-        [this](Nanos window_start, std::uint64_t back) {
-          ++reconciles_;
-          if (back == 0) return;
-          if (FederationWindow* w = window_at(window_start)) w->handed_out -= back;
-        });
+    const auto network = [this](RateCoordinator& inner) {
+      return std::make_unique<DelayedCoordinator>(
+          inner, clock_, *workers_, c_.one_way,
+          DelayedCoordinator::Outage{c_.outage_start, c_.outage_end, c_.outage_failure},
+          [this](const LeaseReply& r) {
+            FederationWindow* w = window_at(r.window_start);
+            if (w == nullptr) return;
+            ++w->leases;
+            w->handed_out += r.granted;
+          },
+          [this](Nanos window_start, std::uint64_t back) {
+            ++reconciles_;
+            if (back == 0) return;
+            if (FederationWindow* w = window_at(window_start)) w->handed_out -= back;
+          });
+    };
+    network_ = network(*memory_);
     for (int r = 0; r < c_.regions; ++r) {
+      const Clock* region_clock = &clock_;
+      RateCoordinator* coordinator = network_.get();
+      if (!c_.clock_offsets.empty()) {
+        region_clocks_.push_back(
+            std::make_unique<OffsetClock>(clock_, c_.clock_offsets[static_cast<std::size_t>(r)]));
+        region_clock = region_clocks_.back().get();
+        callers_.push_back(std::make_unique<CallerClockCoordinator>(ledgers_, *region_clock,
+                                                                    c_.clock_uncertainty));
+        region_networks_.push_back(network(*callers_.back()));
+        coordinator = region_networks_.back().get();
+      }
       FederationOptions o;
       o.region = "region-" + std::to_string(r);
       o.budget = {c_.limit, c_.window};
@@ -358,7 +423,7 @@ class Run {
       }
       for (int p = 0; p < c_.processes; ++p)
         limiters_.push_back(std::make_unique<FederatedLimiter>(
-            *network_, pool, clock_, o,
+            *coordinator, pool, *region_clock, o,
             [this](std::function<void()> call) { workers_->start(std::move(call)); }));
     }
   }
@@ -382,7 +447,7 @@ class Run {
       if (hits > 0 && at < horizon_) push(at, Kind::kCharge, process, hits);
       return;
     }
-    FederationWindow* w = window_at(clock_.now());
+    FederationWindow* w = window_at(clock_.now() + shift_);
     if (w == nullptr) return;
     if (d.reason == FederatedReason::kCoordinatorUnreachable) ++w->refused_unreachable;
     if (d.reason == FederatedReason::kRegionalBalanceSpent) ++w->refused_balance_spent;
@@ -419,8 +484,13 @@ class Run {
     forgiven_before_ = forgiven;
   }
 
+  // Region r's clock reads the simulated clock plus this.
+  Nanos offset_of(int r) const {
+    return c_.clock_offsets.empty() ? Nanos{0} : c_.clock_offsets[static_cast<std::size_t>(r)];
+  }
+
   void admitted(Region& g) {
-    if (FederationWindow* w = window_at(clock_.now())) {
+    if (FederationWindow* w = window_at(clock_.now() + shift_)) {
       w->admitted += c_.hits;
       g.admitted += c_.hits;
     }
@@ -433,7 +503,7 @@ class Run {
         workers_->resume(e.who);
         return;
       case Kind::kSweep:
-        limiters_[static_cast<std::size_t>(e.who)]->sweep(now);
+        limiters_[static_cast<std::size_t>(e.who)]->sweep(now + offset_of(e.who / c_.processes));
         if (now + kSweepEvery < horizon_) push(now + kSweepEvery, Kind::kSweep, e.who);
         return;
       case Kind::kOnset:
@@ -450,7 +520,7 @@ class Run {
         break;
     }
     Region& g = regions_[static_cast<std::size_t>(e.who)];
-    if (FederationWindow* w = window_at(now)) {
+    if (FederationWindow* w = window_at(now + shift_)) {
       w->offered += c_.hits;
       g.offered += c_.hits;
     }
@@ -458,7 +528,7 @@ class Run {
       int process = e.who * c_.processes;
       if (c_.processes > 1) process += static_cast<int>(g.pick() % c_.processes);
       limiters_[static_cast<std::size_t>(process)]->check(
-          kKey, c_.hits, now,
+          kKey, c_.hits, now + offset_of(e.who),
           [this, &g, process](const FederatedDecision& d) { decided(g, process, d); });
     } else if (decide(g.local, g.rule, c_.hits, now).allowed) {
       admitted(g);
@@ -539,6 +609,12 @@ class Run {
   std::unique_ptr<Workers> workers_;
   std::unique_ptr<MemoryRateCoordinator> memory_;
   std::unique_ptr<DelayedCoordinator> network_;
+  // On callers' clocks: each region's clock, its view of the coordinator and the network to it.
+  Nanos shift_{0};  // windows are counted on the simulated clock plus this
+  CallerClockCoordinator::Ledgers ledgers_;
+  std::vector<std::unique_ptr<OffsetClock>> region_clocks_;
+  std::vector<std::unique_ptr<CallerClockCoordinator>> callers_;
+  std::vector<std::unique_ptr<DelayedCoordinator>> region_networks_;
   std::vector<std::unique_ptr<MemoryRegionalEscrow>> pools_;
   std::vector<std::unique_ptr<DelayedPool>> pool_networks_;
   std::vector<std::unique_ptr<FederatedLimiter>> limiters_;
@@ -593,6 +669,19 @@ std::string FederationSimConfig::validate() const {
   if (charge_max > 0 && !federated) return "charge_max: needs the federated scheme";
   if (charge_max > 1'000'000) return "charge_max: must be at most 1000000";
   if (charge_after < Nanos{0}) return "charge_after: must not be negative";
+  if (!clock_offsets.empty()) {
+    if (!federated || processes > 1 || regional_pool || outage_end > outage_start || charge_max > 0)
+      return "clock_offsets: the federated scheme only, with one process per region and no pool, "
+             "outage or charges";
+    if (clock_offsets.size() != static_cast<std::size_t>(regions))
+      return "clock_offsets: one per region";
+    for (const Nanos o : clock_offsets)
+      if (o < -window / 4 || o > window / 4) return "clock_offsets: each within a quarter window";
+  }
+  if (clock_uncertainty < Nanos{0} || clock_uncertainty > window / 2)
+    return "clock_uncertainty: must be in [0, window / 2]";
+  if (clock_uncertainty > Nanos{0} && clock_offsets.empty())
+    return "clock_uncertainty: needs clock_offsets";
   return {};
 }
 

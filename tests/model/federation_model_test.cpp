@@ -62,6 +62,15 @@
 //     before the ledger's (a reconcile of such a window changes nothing the state keeps).
 // A reconcile of an ended window still reaches the real reconcile(): a core that carried it
 // into the current window would change `returned`, which the state keeps.
+//
+// On callers' clocks (the etcd coordinator: sluice/backends/etcd_rate_coordinator.h): the
+// coordinator decides a call at the asking region's clock, or at the ledger's clock_high (kept in
+// the state while it is ahead of every region's clock) when that is later; the regions' clocks
+// are at most the stated uncertainty U apart; a lease asks U more of the window to be left; the
+// reply says U (clock_uncertainty), and the production escrow_expiry() ends escrow U earlier; a
+// loss's origin is the finder's clock plus U. Admitted then counts admissions in the window of
+// the latest any region's clock may read (t + min offset + U). Two more broken variants must be
+// caught: replies that say no uncertainty, and a loss's origin at the finder's clock.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,13 +113,17 @@ enum class Variant {
   kCarryIntoNextWindow,   // an ended window's units go back into the current window
   kRestartForgetsWindow,  // after a loss the current window is not counted as spent
   kChargeOwedAsPaid,      // what a charge owes is counted as spent at once, without a lease
+  kUncertaintyIgnored,    // (caller clocks) replies say no clock uncertainty
+  kOriginAtFinder,        // (caller clocks) a loss's origin is the finder's clock, not past it
 };
-constexpr std::array<const char*, 6> kVariantNames = {"correct",
+constexpr std::array<const char*, 8> kVariantNames = {"correct",
                                                       "escrow-outlives-window",
                                                       "reconcile-as-delta",
                                                       "carry-into-next-window",
                                                       "restart-forgets-window",
-                                                      "charge-owed-as-paid"};
+                                                      "charge-owed-as-paid",
+                                                      "uncertainty-ignored",
+                                                      "origin-at-finder"};
 constexpr std::uint8_t kMaxCharges = 2;  // charges per real window, at most
 
 struct Config {
@@ -126,6 +139,11 @@ struct Config {
   bool big_checks = false;  // checks of a batch's hits too (their leases carry a need)
   int parked = 1;           // checks parked behind a key's lease, at most (1 .. kMaxParked)
   bool charges = false;     // charges after the fact too (charge, retry)
+  // A coordinator with no clock of its own (etcd): it decides at the asking region's clock, or at
+  // the latest time it decided at when that is later, and says its clock uncertainty, which
+  // bounds how far apart the regions' clocks are (max offset - min offset).
+  bool caller_clocks = false;
+  std::int64_t uncertainty = 0;  // ticks (with caller_clocks)
 };
 
 struct Msg {
@@ -165,6 +183,7 @@ struct State {
   std::uint8_t admitted;  // admissions (with charges: units spent) in the window t is in
   std::uint8_t charges;   // charges made in the window t is in
   std::int8_t l_window;   // the ledger's window; kNone: none yet
+  std::int8_t l_clock;    // (caller clocks) the ledger's clock_high, while ahead; else kNoTime
   std::uint8_t l_granted;
   std::uint8_t l_returned;
   std::array<Rec, kMaxRegions> rec;
@@ -219,13 +238,21 @@ class Explorer : Packing {
  public:
   explicit Explorer(Config c) : Packing(c.period), c_(c), space_(kMaxStates) {
     rules_ = sluice::model::key_rules(spec(), c_.batch);
+    if (c_.caller_clocks && min_offset() < 0)
+      harness_error_ = "on callers' clocks the offsets are >= 0 (t is the earliest clock)";
   }
 
   Result run() {
+    if (!harness_error_.empty()) {
+      Result bad;
+      bad.violation = "Harness: " + harness_error_;
+      return bad;
+    }
     State init;
     std::memset(static_cast<void*>(&init), 0, sizeof(init));
     init.origin = kNone;
     init.l_window = kNone;
+    init.l_clock = kNoTime;
     for (Rec& r : init.rec) r.relinquished_window = kNone;
     for (int i = 0; i < kMaxRegions; ++i) from_key(FederatedKey{}, init.region[i]);
     for (Msg& m : init.msg) m.window = kNone;
@@ -242,7 +269,7 @@ class Explorer : Packing {
       const auto outstanding = static_cast<std::int64_t>(s.l_granted) - s.l_returned;
       if (s.admitted > c_.limit)
         r.violation = "Admitted: " + std::to_string(s.admitted) + " admissions in window " +
-                      std::to_string(s.t / c_.period) + " > limit " + std::to_string(c_.limit);
+                      std::to_string(real_window(s)) + " > limit " + std::to_string(c_.limit);
       else if (outstanding > static_cast<std::int64_t>(c_.limit))
         r.violation = "Ledger: granted - returned = " + std::to_string(outstanding) + " > limit " +
                       std::to_string(c_.limit);
@@ -275,12 +302,29 @@ class Explorer : Packing {
 
   std::int64_t origin_of(const State& s) const { return start_of(s.origin); }
   Nanos region_now(const State& s, int i) const { return Nanos{s.t + c_.offset[i]}; }
+  std::int64_t min_offset() const {
+    return *std::min_element(c_.offset.begin(), c_.offset.begin() + c_.regions);
+  }
+  // The coordinator's clock when it decides a call of region i: its own (the global clock), or
+  // on callers' clocks the region's, or the ledger's clock_high when that is later.
+  Nanos coordinator_reading(const State& s, int i) const {
+    if (!c_.caller_clocks) return Nanos{s.t};
+    return std::max(region_now(s, i), Nanos{s.l_clock == kNoTime ? INT64_MIN : s.l_clock});
+  }
+  // The window admissions are counted in: the global clock's; on callers' clocks, that of the
+  // latest any region's clock may read (t + min offset + uncertainty), which every grant of a
+  // window is made at or after and, with its escrow ended the uncertainty early, spent before
+  // the window's end.
+  std::int64_t real_window(const State& s) const {
+    const std::int64_t shift = c_.caller_clocks ? min_offset() + c_.uncertainty : 0;
+    return (s.t + shift) / c_.period;
+  }
 
   // The state's ledger, in a scratch Ledger whose vector and strings are reused.
   Ledger& to_ledger(const State& s) {
     Ledger& l = scratch_;
     l.regions.clear();
-    l.clock_high = INT64_MIN;
+    l.clock_high = s.l_clock == kNoTime ? INT64_MIN : s.l_clock;
     l.forfeited = 0;
     l.spec = BudgetSpec{};
     l.window_start = start_of(s.l_window);
@@ -303,6 +347,8 @@ class Explorer : Packing {
   void from_ledger(const Ledger& l, State& s) {
     if (l.window_start != INT64_MIN && !(l.spec == spec())) harness_error_ = "ledger spec";
     s.l_window = index_of(l.window_start);
+    s.l_clock =
+        c_.caller_clocks && l.clock_high != INT64_MIN ? tiny(l.clock_high, "clock_high") : kNoTime;
     // Only granted - returned is ever read (the budget left, clamped at 0 used): kept as that
     // difference, so that units granted and given back leave no trace.
     const std::uint64_t both = std::min(l.granted, l.returned);
@@ -348,7 +394,7 @@ class Explorer : Packing {
   // The coordinator receives region i's reconcile; returns the units it gave back.
   std::uint64_t coordinate_reconcile(State& s, int i, const Msg& m) {
     Ledger& l = to_ledger(s);
-    const Nanos now{s.t};
+    const Nanos now = coordinator_reading(s, i);
     const Nanos window{start_of(m.window)};
     std::uint64_t back = 0;
     switch (c_.variant) {
@@ -456,7 +502,8 @@ class Explorer : Packing {
         req.spec = spec();
         req.want = g.want;
         req.need = g.need;
-        const LeaseReply reply = lease(l, req, Nanos{s.t}, origin_of(s));
+        if (c_.caller_clocks) req.min_window_left = Nanos{c_.uncertainty};  // as etcd's asks
+        const LeaseReply reply = lease(l, req, coordinator_reading(s, i), origin_of(s));
         from_ledger(l, s);
         if (reply.status == LeaseStatus::kStateLost) r.loss_refused = true;
         if (reply.status == LeaseStatus::kShort) r.short_refused = true;
@@ -487,6 +534,8 @@ class Explorer : Packing {
           reply.window_start = Nanos{start_of(g.r_window)};
           reply.window_end = reply.window_start + Nanos{c_.period};
           reply.coordinator_now = Nanos{g.r_now};
+          if (c_.caller_clocks && c_.variant != Variant::kUncertaintyIgnored)
+            reply.clock_uncertainty = Nanos{c_.uncertainty};
           reply.spec = spec();
           o.reply = StatusOr<LeaseReply>(reply);
         }
@@ -531,9 +580,9 @@ class Explorer : Packing {
       }
       case kTick: {
         if (s.t + 1 >= c_.ticks) return false;
-        const auto before = s.t / c_.period;
+        const auto before = real_window(s);
         ++s.t;
-        if (s.t / c_.period != before) s.admitted = s.charges = 0;  // a new real window
+        if (real_window(s) != before) s.admitted = s.charges = 0;  // a new real window
         break;
       }
       case kOutage:
@@ -543,9 +592,13 @@ class Explorer : Packing {
       case kLoss: {
         if (!c_.losses) return false;
         from_ledger(Ledger{}, s);
+        // On callers' clocks, the finder's clock plus the uncertainty: past every reading yet.
+        std::int64_t found_at = s.t;
+        if (c_.caller_clocks)
+          found_at += min_offset() + (c_.variant == Variant::kOriginAtFinder ? 0 : c_.uncertainty);
         s.origin = c_.variant == Variant::kRestartForgetsWindow
                        ? kNone
-                       : index_of(window_of(Nanos{s.t}, Nanos{c_.period}).count());
+                       : index_of(window_of(Nanos{found_at}, Nanos{c_.period}).count());
         break;
       }
       default:
@@ -557,7 +610,10 @@ class Explorer : Packing {
 
   // Values that behave alike from now on become one (see the top of the file).
   void normalise(State& s) const {
+    // A clock_high no later than every region's clock decides nothing again.
+    if (s.l_clock != kNoTime && s.l_clock <= s.t + min_offset()) s.l_clock = kNoTime;
     if (c_.variant == Variant::kCorrect) {
+      // No coordinator reading is earlier than this window's (offsets >= 0 on callers' clocks).
       const auto current = static_cast<std::int8_t>(s.t / c_.period);
       if (s.l_window != kNone && s.l_window < current) {
         s.l_window = kNone;
@@ -580,7 +636,7 @@ class Explorer : Packing {
   }
 
   std::string describe(const State& s) const {
-    std::string out = "t=" + std::to_string(s.t) + " (w" + std::to_string(s.t / c_.period) +
+    std::string out = "t=" + std::to_string(s.t) + " (w" + std::to_string(real_window(s)) +
                       " admitted=" + std::to_string(s.admitted) + ")";
     if (s.outage) out += " OUTAGE";
     for (int i = 0; i < c_.regions; ++i) {
@@ -634,10 +690,12 @@ Result explore(const Config& c) {
   std::string offsets;
   for (int i = 0; i < c.regions; ++i) offsets += (i ? "," : "") + std::to_string(c.offset[i]);
   std::printf(
-      "[model] regions=%d limit=%llu batch=%llu period=%lld ticks=%lld offsets={%s} %s: %zu "
+      "[model] regions=%d limit=%llu batch=%llu period=%lld ticks=%lld offsets={%s}%s %s: %zu "
       "states, max admitted per window=%llu, max given back=%llu, %.0f ms%s\n",
       c.regions, static_cast<unsigned long long>(c.limit), static_cast<unsigned long long>(c.batch),
       static_cast<long long>(c.period), static_cast<long long>(c.ticks), offsets.c_str(),
+      c.caller_clocks ? (" callers' clocks, uncertainty " + std::to_string(c.uncertainty)).c_str()
+                      : "",
       kVariantNames[static_cast<int>(c.variant)], r.states,
       static_cast<unsigned long long>(r.max_admitted),
       static_cast<unsigned long long>(r.max_given_back), ms,
@@ -717,10 +775,35 @@ TEST(FederationModel, ThreeRegionsNeverAdmitMoreThanTheLimitPerWindow) {
   expect_holds(c);
 }
 
+// A coordinator with no clock of its own (etcd): each call decided at the asking region's clock
+// or the ledger's clock_high, the regions' clocks up to the stated uncertainty apart, the replies
+// saying it (the region's escrow ends that much earlier), a loss's origin that much past the
+// finder's clock. Admissions are counted in the windows of the latest clock (t + 1 here).
+Config on_caller_clocks(Variant variant = Variant::kCorrect) {
+  Config c = make(2, 3, 2, 4, variant);
+  c.caller_clocks = true;
+  c.uncertainty = 1;
+  c.offset = {0, 1, 0};
+  c.outages = false;  // orthogonal to the clocks, and 14M states with them (33 s)
+  return c;
+}
+
+TEST(FederationModel, RegionsOnTheirOwnClocksNeverAdmitMoreThanTheLimitPerWindow) {
+  expect_holds(on_caller_clocks());
+}
+
 void expect_caught(const Config& c, const char* invariant) {
   const Result r = explore(c);
   EXPECT_EQ(r.violation.rfind(invariant, 0), 0u) << r.violation;
   std::printf("[model]   counterexample:\n%s", r.trace.c_str());
+}
+
+TEST(FederationModel, OnCallersClocksEscrowNotShortenedByTheUncertaintyIsCaught) {
+  expect_caught(on_caller_clocks(Variant::kUncertaintyIgnored), "Admitted");
+}
+
+TEST(FederationModel, OnCallersClocksALossOriginAtTheFindersClockIsCaught) {
+  expect_caught(on_caller_clocks(Variant::kOriginAtFinder), "Admitted");
 }
 
 TEST(FederationModel, EscrowThatSurvivesTheWindowIsCaught) {

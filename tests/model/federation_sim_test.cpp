@@ -5,6 +5,7 @@
 // (sluice sim federation).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <tuple>
 
@@ -35,6 +36,33 @@ TEST(FederationSim, SameSeedSameRunDifferentSeedDifferentRun) {
   EXPECT_EQ(a, summary(run_federation_sim(c)));
   c.seed = 2;
   EXPECT_NE(a, summary(run_federation_sim(c)));
+}
+
+// On callers' clocks (the etcd coordinator's time): regions 20 ms behind, right and ahead, the
+// hot one the slowest. With the coordinator saying an uncertainty of 40 ms no window, counted on
+// the fastest clock, goes over the limit; saying 0, one does (20 windows: the docs' run).
+TEST(FederationSim, OnCallersClocksTheUncertaintyKeepsEveryWindowWithinTheLimit) {
+  using std::chrono::milliseconds;
+  for (const double skew : {0.0, 0.5, 1.0}) {
+    FederationSimConfig c = config(FederationScheme::kFederated, skew, 20);
+    c.clock_offsets = {milliseconds(-20), Nanos{0}, milliseconds(20)};
+    c.clock_uncertainty = milliseconds(40);
+    ASSERT_EQ(c.validate(), "");
+    const FederationSimResult with = run_federation_sim(c);
+    EXPECT_LE(with.max_admitted_over_limit, 1.0) << "skew " << skew << ": " << summary(with);
+    EXPECT_GE(with.u_capacity, 0.98) << "skew " << skew;
+    c.clock_uncertainty = Nanos{0};
+    const FederationSimResult without = run_federation_sim(c);
+    if (skew == 0.5) {
+      EXPECT_GT(without.max_admitted_over_limit, 1.0) << summary(without);
+    }
+  }
+  FederationSimConfig bad = config(FederationScheme::kFederated, 0);
+  bad.clock_offsets = {Nanos{0}};
+  EXPECT_EQ(bad.validate(), "clock_offsets: one per region");
+  bad.clock_offsets.clear();
+  bad.clock_uncertainty = std::chrono::milliseconds(1);
+  EXPECT_EQ(bad.validate(), "clock_uncertainty: needs clock_offsets");
 }
 
 // Charges after the response (each admitted check charges 0..8 more hits 20 ms later): what a

@@ -108,6 +108,17 @@ struct FederationSimConfig {
   // charge_max / 2) per window.
   std::uint64_t charge_max = 0;
   Nanos charge_after = std::chrono::milliseconds(20);
+  // Federated only, one process per region, no pool, no outage, no charges: a coordinator with
+  // no clock of its own (etcd's). Region r's clock reads the simulated clock plus
+  // clock_offsets[r] (one per region; empty: one clock for all, as above); the coordinator
+  // decides each call at its caller's clock, or at the latest time it decided the key at when
+  // that is later, asks for clock_uncertainty more of the window to be left, and says
+  // clock_uncertainty in its replies (which end each region's escrow that much earlier: 0 shows
+  // what happens without). Windows are then counted on the fastest region's clock: admissions,
+  // offers and refusals in window k happened while the simulated clock plus the largest offset
+  // was in [k W, (k + 1) W).
+  std::vector<Nanos> clock_offsets;
+  Nanos clock_uncertainty{0};
 
   // Empty when valid, else what is wrong, naming the field.
   [[nodiscard]] std::string validate() const;
