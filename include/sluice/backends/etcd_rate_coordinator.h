@@ -21,8 +21,11 @@
 //   - a caller whose clock is more than 2ε behind the ledger's clock_high (one server's clock, or
 //     another's, is outside ε) is refused with kFailedPrecondition naming both times, and its
 //     federated policies follow their outage mode: the skew is found, not absorbed.
-// Proof: spec/federation_escrow.pml (-DCALLER_CLOCKS) checks the rule with callers on different
-// clocks, and fails with the escrow not shortened.
+// Proof, with callers on different clocks: the exhaustive search
+// (tests/model/federation_model_test.cpp, FederationModel.RegionsOnTheirOwnClocks...) and spin
+// (spec/federation_escrow.pml -DCALLER_CLOCKS) hold, and catch escrow not shortened and a loss's
+// origin at the finder's clock; `sluice sim federation` measures it (docs/simulations/
+// federation.md, "On its callers' clocks").
 //
 // Keys, under key_prefix (default "sluice/fed/"): a key's ledger is
 // "<prefix><length of key>:<key>/ledger" (sluice.etcd.LedgerRecord), on a lease shared by the
