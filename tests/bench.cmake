@@ -21,6 +21,9 @@ set_tests_properties(bench_smoke.shared_rate_load bench_smoke.shared_rate_load_o
 add_test(NAME bench_smoke.etcd_fleet_load
   COMMAND sluice_etcd_fleet_load --seconds 0.3 --nodes 3 --keys 1)
 set_tests_properties(bench_smoke.etcd_fleet_load PROPERTIES LABELS bench TIMEOUT 120)
+add_test(NAME bench_smoke.etcd_federation_load
+  COMMAND sluice_etcd_fleet_load --federation --seconds 0.3 --nodes 3 --keys 1)
+set_tests_properties(bench_smoke.etcd_federation_load PROPERTIES LABELS bench TIMEOUT 120)
 
 # The server's load generators (bench/load), when the transport is built.
 if(TARGET sluice_transport)
