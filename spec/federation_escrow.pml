@@ -3,8 +3,8 @@
  * The same protocol as src/core/escrow.cpp (sluice::lease, reconcile, escrow_expiry, add_grant,
  * spend, relinquish) and its exhaustive twin tests/model/federation_model_test.cpp: N = 2
  * regions share one key of L units per window of P ticks. One global clock t (0 .. T - 1) is
- * the coordinator's; region i reads t + i (a constant skew). Windows are numbered from 1 (0:
- * none), so "no window" sorts before every window.
+ * the coordinator's; region i reads t + i (a constant skew; -DCALLER_CLOCKS below: t + d[i]).
+ * Windows are numbered from 1 (0: none), so "no window" sorts before every window.
  *
  * The coordinator's ledger, rule for rule as the core (the spec is fixed, min_window_left 0):
  * the window is the one t falls in, a new one starts with the whole budget and forgets its
@@ -31,7 +31,8 @@
  * coordinator's state is lost: an empty ledger, the origin window the one t is in).
  *
  * Checked, as assertions at the end of every step: Admitted (the admissions of the real window
- * t is in never exceed L) and Ledger (granted - returned <= L in the ledger's window).
+ * t is in, t + U with -DCALLER_CLOCKS, never exceed L) and Ledger (granted - returned <= L in
+ * the ledger's window).
  *
  * -DCHARGE adds charges after the fact (src/core/federated_key.cpp: charge_key, pay_owed,
  * settle_owed, lease_owed), at most C a real window: charge (one hit: spent from usable escrow
@@ -42,6 +43,19 @@
  * spent or lost). Admitted then counts what a window spends: its admissions and its paid
  * charges.
  *
+ * -DCALLER_CLOCKS: a coordinator with no clock of its own (the etcd backend). Every region's
+ * clock is within the stated offset of true time t: region i reads t + d[i], 0 <= d[i] <= U (U
+ * ticks, default 1: the coordinator's clock uncertainty, twice the stated offset); the offsets
+ * are constant, any in [0, U], chosen at the start. The coordinator's time for a call is c =
+ * max(clock_high, s), s the caller's clock when it sent the call and clock_high the ledger's
+ * high-water mark, set to c at every lease (and lost with the ledger): the ledger's window is
+ * the one c is in, and a reconcile gives back into it while c is before its end. A window with
+ * less than U left at c grants nothing (kWindowEnding); the reply carries the window's end E
+ * and c, and the expiry on the region's clock is s + (E - c) - U. A state loss's origin window
+ * is the one t + U is in (the latest reading any clock can have). Admitted counts by the window
+ * t + U is in: a grant of window [S, E) has S <= c <= t + U, and its units are spent at t + d[i]
+ * < s + (E - c) - U <= E - U, so t + U < E. (Checked without -DCHARGE.)
+ *
  * -DREACH_LIMIT adds the assertion that fewer than L are admitted in a window, which must fail:
  * the whole budget can be admitted, so the model is not vacuous. -DREACH_PAID (with -DCHARGE)
  * asserts that no grant ever pays what a charge owed, which must fail too.
@@ -51,7 +65,12 @@
  * gives its units back again), -DBROKEN_RESTART (a coordinator that lost its state does not count
  * its current window as spent), -DBROKEN_CARRY (an ended window's units go back into the current
  * window's budget), -DBROKEN_CHARGE (with -DCHARGE: what a charge owes is counted as spent at
- * once, without a lease). Run: spin -a federation_escrow.pml && gcc -DSAFETY -o pan pan.c && ./pan
+ * once, without a lease), -DBROKEN_UNCERTAINTY (with -DCALLER_CLOCKS: the expiry is s + (E - c),
+ * not shortened by U), -DBROKEN_SKEW (with -DCALLER_CLOCKS: the last region's offset is U + 1,
+ * outside the bound). -DSKEW_REFUSAL (with -DCALLER_CLOCKS) makes the coordinator refuse a lease
+ * when clock_high - s > U (a caller more than U behind); with -DBROKEN_SKEW spin still finds the
+ * violation: the clock ahead of the bound is the one that spends a window's budget early.
+ * Run: spin -a federation_escrow.pml && gcc -DSAFETY -o pan pan.c && ./pan
  * (tests/spec/run_spin.sh does this in the test suite, the correct model and each variant).
  */
 #ifndef N
@@ -79,12 +98,33 @@
 #define NOTHING_OWED(i) 1
 #endif
 #define EXPIRED 0 /* an expiry already passed (all of them behave alike from then on) */
-#define CLOCK(i) (t + i + 1) /* region i's clock, shifted by 1 so that 0 can mean EXPIRED */
 #define WIN (t / P + 1) /* the window t is in */
+#ifdef CALLER_CLOCKS
+#ifndef U
+#define U 1
+#endif
+#define CLOCK(i) (t + d[i] + 1) /* region i's clock, shifted by 1 so that 0 can mean EXPIRED */
+#define NOW s_c /* the coordinator's time for the call in hand */
+#define AWIN ((t + U) / P + 1) /* the window admissions are counted in: the one t + U is in */
+/* The lowest reading region i's next lease (or the one in transit) can be decided at. */
+#define LOW(i) (req[i] -> sent[i] - 1 : t + d[i])
+/* The lowest window region i can be granted in from now on (a lower one is at or before the
+ * origin). */
+#define FLOOR(i) ((clock_high > LOW(i) -> clock_high : LOW(i)) / P + 1)
+#else
+#define CLOCK(i) (t + i + 1) /* region i's clock, shifted by 1 so that 0 can mean EXPIRED */
+#define NOW t
+#define AWIN WIN
+#define FLOOR(i) WIN
+#endif
+#define CWIN (NOW / P + 1) /* the window the coordinator's time is in */
 
 byte t;
 bit outage;
-byte admitted; /* admissions in the window t is in */
+byte admitted; /* admissions in the window AWIN (the one t is in, or t + U with CALLER_CLOCKS) */
+#ifdef CALLER_CLOCKS
+byte d[N];      /* region i's clock offset: it reads t + d[i] */
+#endif
 
 /* The coordinator: the ledger of the key. */
 byte lw;        /* its window; 0: none */
@@ -94,6 +134,9 @@ byte origin;    /* the window of the last state loss; 0: none */
 byte rgranted[N];
 byte rrel[N];   /* running total given back in window rrelw */
 byte rrelw[N];
+#ifdef CALLER_CLOCKS
+byte clock_high; /* the latest time a lease was decided at; 0 at first (as low as any) */
+#endif
 
 /* The regions: escrow, a request and a reply in transit. */
 byte ew[N];     /* the escrow's window; 0: none */
@@ -118,8 +161,12 @@ bit mused[NET];
 byte mreg[NET];
 byte mwin[NET];
 byte mtot[NET];
+#ifdef CALLER_CLOCKS
+byte mclk[NET]; /* the region's clock when it sent the reconcile */
+#endif
 
 hidden byte s_pay, s_k, s_left, s_regions, s_taper, s_g, s_before, s_delta, s_held, s_lost, s_w, s_tot;
+hidden byte s_c, s_lo, s_j; /* with CALLER_CLOCKS: the coordinator's time; the lowest next one */
 
 inline post(me, w, total) {
   if
@@ -130,12 +177,19 @@ inline post(me, w, total) {
   mused[s_k] = 1;
   mreg[s_k] = me;
   mwin[s_k] = w;
-  mtot[s_k] = total
+  mtot[s_k] = total;
+#ifdef CALLER_CLOCKS
+  mclk[s_k] = CLOCK(me);
+#endif
 }
 
 inline lease(me) {
+#ifdef CALLER_CLOCKS
+  s_c = (clock_high > sent[me] - 1 -> clock_high : sent[me] - 1); /* max(clock_high, s) */
+  clock_high = s_c;
+#endif
   if
-  :: lw == 0 || WIN > lw -> /* roll */
+  :: lw == 0 || CWIN > lw -> /* roll */
     for (s_k : 0 .. N - 1) {
       if
       :: rgranted[s_k] == 0 && rrelw[s_k] < lw -> rrel[s_k] = 0; rrelw[s_k] = 0 /* forgotten */
@@ -143,7 +197,7 @@ inline lease(me) {
       fi;
       rgranted[s_k] = 0
     }
-    lw = WIN;
+    lw = CWIN;
     lgranted = 0;
     lreturned = 0
   :: else -> skip
@@ -151,6 +205,9 @@ inline lease(me) {
   s_g = 0;
   if
   :: lw <= origin -> skip /* state lost */
+#ifdef CALLER_CLOCKS
+  :: lw > origin && lw * P - s_c < U -> skip /* kWindowEnding: less than U of it left */
+#endif
   :: else ->
     s_left = L - (lgranted - (lreturned < lgranted -> lreturned : lgranted));
     if
@@ -195,15 +252,15 @@ inline reconcile(me, w, total) {
       rrelw[me] = w;
       rrel[me] = total;
       if
-      :: w == lw && t < lw * P -> /* the current window: back into its budget */
+      :: w == lw && NOW < lw * P -> /* the current window: back into its budget */
         s_held = rgranted[me] - (s_before < rgranted[me] -> s_before : rgranted[me]);
         s_delta = (s_delta < s_held -> s_delta : s_held);
         lreturned = lreturned + s_delta
       :: else -> /* ended: forfeited */
 #ifdef BROKEN_CARRY
         if
-        :: lw != WIN -> /* the roll the next lease would do */
-          lw = WIN; lgranted = 0; lreturned = 0;
+        :: lw != CWIN -> /* the roll the next lease would do */
+          lw = CWIN; lgranted = 0; lreturned = 0;
           for (s_k : 0 .. N - 1) { rgranted[s_k] = 0 }
         :: else -> skip
         fi;
@@ -222,7 +279,17 @@ inline reconcile(me, w, total) {
  * window or an older one coming becomes no escrow (the next grant replaces either, losing
  * nothing). Without -DBROKEN_CARRY also: a ledger whose window has ended becomes empty (the
  * next lease rolls it; a reconcile of it only forfeits), and a region's running total for a
- * window before the ledger's is forgotten (a reconcile of such a window changes nothing). */
+ * window before the ledger's is forgotten (a reconcile of such a window changes nothing).
+ * With -DCALLER_CLOCKS the ended window above is one below the lowest window the region can
+ * still be granted in (a grant below it would be at or before the origin), and the ledger's
+ * window has ended once no lease can be decided in it (every reading a lease can still carry is
+ * past it). Also: a reply's expiry already passed becomes EXPIRED; a reconcile in transit that
+ * can change nothing (a total of 0, or a window at or before the origin, or before the ledger's)
+ * becomes an empty one in its slot; a reconcile's reading at or below clock_high, of a window at
+ * or before the one t + U is in, becomes clock_high (its c is clock_high either way, and after a
+ * loss it can change nothing); clock_high at or below every reading still to come becomes 0; and
+ * a region's running totals shift down (below: a grant with exactly U left expires at s, goes
+ * back and is leased again without the clock moving, so the totals would grow without end). */
 inline normalise() {
   /* Only granted - returned is ever read: kept as that difference. */
   s_k = (lgranted < lreturned -> lgranted : lreturned);
@@ -236,14 +303,20 @@ inline normalise() {
     if :: owed[s_k] > 0 && oexp[s_k] <= CLOCK(s_k) -> owed[s_k] = 0; oexp[s_k] = 0 :: else -> skip fi;
 #endif
     if
-    :: ew[s_k] != 0 && ew[s_k] < WIN && eunits[s_k] == 0 && !(rep[s_k] && rwin[s_k] <= ew[s_k]) ->
+    :: ew[s_k] != 0 && ew[s_k] < FLOOR(s_k) && eunits[s_k] == 0 && !(rep[s_k] && rwin[s_k] <= ew[s_k]) ->
       ew[s_k] = 0; eexp[s_k] = 0; erel[s_k] = 0
     :: else -> skip
     fi
   }
 #ifndef BROKEN_CARRY
+#ifdef CALLER_CLOCKS
+  s_lo = LOW(0);
+  for (s_k : 1 .. N - 1) { if :: LOW(s_k) < s_lo -> s_lo = LOW(s_k) :: else -> skip fi }
+#else
+  s_lo = t;
+#endif
   if
-  :: lw != 0 && lw < WIN ->
+  :: lw != 0 && lw * P <= s_lo -> /* no lease can be decided in it any more */
     lw = 0; lgranted = 0; lreturned = 0;
     for (s_k : 0 .. N - 1) { rgranted[s_k] = 0 }
   :: else -> skip
@@ -251,6 +324,57 @@ inline normalise() {
   for (s_k : 0 .. N - 1) {
     if :: rrelw[s_k] < lw || lw == 0 -> rrelw[s_k] = 0; rrel[s_k] = 0 :: else -> skip fi
   }
+#endif
+#if defined(CALLER_CLOCKS) && !defined(BROKEN_CARRY) && !defined(BROKEN_RECONCILE)
+  /* A region's running totals for the ledger's window (one at or before the window t + U is
+   * in: after a loss they change nothing), when it holds escrow of that window and has reported
+   * in it: a reconcile in transit that is a repeat becomes one of 0, and the region's and the
+   * ledger's totals, the ones in transit and what the region was granted there go down
+   * together (keeping the grant above 0): only their differences are read. */
+  for (s_k : 0 .. N - 1) {
+    if
+    :: lw != 0 && lw <= AWIN && ew[s_k] == lw && rrelw[s_k] == lw && rgranted[s_k] > 0 ->
+      s_lo = (rrel[s_k] < rgranted[s_k] - 1 -> rrel[s_k] : rgranted[s_k] - 1);
+      for (s_j : 0 .. NET - 1) {
+        if
+        :: mused[s_j] && mreg[s_j] == s_k && mwin[s_j] == lw ->
+          mtot[s_j] = (mtot[s_j] <= rrel[s_k] -> 0 : mtot[s_j] - s_lo)
+        :: else -> skip
+        fi
+      }
+      erel[s_k] = erel[s_k] - s_lo;
+      rrel[s_k] = rrel[s_k] - s_lo;
+      rgranted[s_k] = rgranted[s_k] - s_lo
+    :: else -> skip
+    fi
+  }
+#endif
+#ifdef CALLER_CLOCKS
+  for (s_k : 0 .. N - 1) {
+    if :: rep[s_k] && rexp[s_k] <= CLOCK(s_k) -> rexp[s_k] = EXPIRED :: else -> skip fi
+  }
+#ifndef BROKEN_CARRY
+  for (s_j : 0 .. NET - 1) {
+    if
+    :: mused[s_j] && (mtot[s_j] == 0 || mwin[s_j] <= origin || (lw != 0 && mwin[s_j] < lw)) ->
+      mreg[s_j] = 0; mwin[s_j] = 0; mtot[s_j] = 0; mclk[s_j] = 0
+    :: else ->
+      if
+      :: mused[s_j] && mwin[s_j] <= AWIN && mclk[s_j] <= clock_high -> mclk[s_j] = clock_high + 1
+      :: else -> skip
+      fi
+    fi
+  }
+#endif
+  s_lo = LOW(0);
+  for (s_k : 1 .. N - 1) { if :: LOW(s_k) < s_lo -> s_lo = LOW(s_k) :: else -> skip fi }
+  for (s_j : 0 .. NET - 1) {
+    if
+    :: mused[s_j] && mtot[s_j] != 0 && mclk[s_j] - 1 < s_lo -> s_lo = mclk[s_j] - 1
+    :: else -> skip
+    fi
+  }
+  if :: clock_high <= s_lo -> clock_high = 0 :: else -> skip fi;
 #endif
 }
 
@@ -274,14 +398,27 @@ end:
     }
   :: d_step { /* process: the coordinator decides */
       req[me] && !outage ->
+#ifdef SKEW_REFUSAL
+      if
+      :: clock_high + 1 > sent[me] + U -> s_g = 0 /* refused: clock_high - s > U */
+      :: else -> lease(me)
+      fi;
+#else
       lease(me);
+#endif
       req[me] = 0;
       if
       :: s_g > 0 ->
         rep[me] = 1;
         rgr[me] = s_g;
         rwin[me] = lw;
+#if defined(CALLER_CLOCKS) && defined(BROKEN_UNCERTAINTY)
+        rexp[me] = sent[me] + lw * P - s_c /* s + (E - c): not shortened by U */
+#elif defined(CALLER_CLOCKS)
+        rexp[me] = sent[me] + lw * P - s_c - U /* s + (E - c) - U */
+#else
         rexp[me] = sent[me] + lw * P - t /* escrow_expiry, drift 0 */
+#endif
 #ifdef CHARGE
       :: else -> owed[me] = 0; oexp[me] = 0 /* spent or lost: what is owed is forgiven */
 #else
@@ -373,11 +510,18 @@ end:
 /* A reconcile in transit (slot k) reaches the coordinator; `keep`: a copy stays in transit. */
 inline arrive(k, keep) {
   mused[k] && !outage ->
+#ifdef CALLER_CLOCKS
+  s_c = (clock_high > mclk[k] - 1 -> clock_high : mclk[k] - 1); /* max(clock_high, s) */
+#endif
   s_w = mwin[k];
   s_tot = mtot[k];
   reconcile(mreg[k], s_w, s_tot);
   if
+#ifdef CALLER_CLOCKS
+  :: !keep -> mused[k] = 0; mreg[k] = 0; mwin[k] = 0; mtot[k] = 0; mclk[k] = 0
+#else
   :: !keep -> mused[k] = 0; mreg[k] = 0; mwin[k] = 0; mtot[k] = 0
+#endif
   :: else -> skip
   fi;
   check()
@@ -392,12 +536,13 @@ end:
   :: d_step { arrive(1, 1) }
   :: d_step { /* tick */
       t + 1 < T ->
-#ifdef CHARGE
-      if :: (t + 1) / P != t / P -> admitted = 0; charged = 0 :: else -> skip fi;
-#else
-      if :: (t + 1) / P != t / P -> admitted = 0 :: else -> skip fi;
-#endif
+      s_w = AWIN; /* the window admissions were counted in */
       t++;
+#ifdef CHARGE
+      if :: AWIN != s_w -> admitted = 0; charged = 0 :: else -> skip fi;
+#else
+      if :: AWIN != s_w -> admitted = 0 :: else -> skip fi;
+#endif
       check()
     }
   :: d_step { /* outage: starts or ends */
@@ -407,8 +552,11 @@ end:
   :: d_step { /* loss: the coordinator's state is gone */
       lw = 0; lgranted = 0; lreturned = 0;
       for (s_k : 0 .. N - 1) { rgranted[s_k] = 0; rrel[s_k] = 0; rrelw[s_k] = 0 }
+#ifdef CALLER_CLOCKS
+      clock_high = 0;
+#endif
 #ifndef BROKEN_RESTART
-      origin = WIN;
+      origin = AWIN; /* with CALLER_CLOCKS: the window of the latest reading any clock has */
 #endif
       check()
     }
@@ -418,6 +566,19 @@ end:
 init {
   byte n;
   atomic {
+#ifdef CALLER_CLOCKS
+    /* The offsets, any in [0, U]: in ascending order by region (the regions are alike). */
+    for (n : 0 .. N - 1) {
+      d[n] = (n > 0 -> d[n - 1] : 0);
+      do
+      :: d[n] < U -> d[n]++
+      :: break
+      od
+    }
+#ifdef BROKEN_SKEW
+    d[N - 1] = U + 1; /* outside the bound */
+#endif
+#endif
     for (n : 0 .. N - 1) {
       run Region(n)
     }

@@ -20,7 +20,9 @@
 //     when the loss was found, so every window that may have lost a grant counts as spent;
 //   - a caller whose clock is more than 2ε behind the ledger's clock_high (one server's clock, or
 //     another's, is outside ε) is refused with kFailedPrecondition naming both times, and its
-//     federated policies follow their outage mode: the skew is found, not absorbed.
+//     federated policies follow their outage mode: the skew is found, not absorbed. Detection
+//     only: with a clock outside ε the bound does not hold, refusal or not (spin's
+//     -DBROKEN_SKEW: the clock ahead spends a window early).
 // Proof, with callers on different clocks: the exhaustive search
 // (tests/model/federation_model_test.cpp, FederationModel.RegionsOnTheirOwnClocks...) and spin
 // (spec/federation_escrow.pml -DCALLER_CLOCKS) hold, and catch escrow not shortened and a loss's
