@@ -168,7 +168,7 @@ policies:
 )");
   EXPECT_EQ(error_at(wrong_role, "policies.b.coordinator"),
             "coordinator 'books' is a ledger coordinator, which cannot hold a federated budget "
-            "(the rate-budget interface) (name a memory, redis or postgres coordinator)");
+            "(the rate-budget interface) (name a memory, redis, postgres or etcd coordinator)");
 
   const ConfigLoad no_such = load(R"(coordinators:
   books: {kind: abacus}

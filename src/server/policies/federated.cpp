@@ -296,11 +296,12 @@ std::shared_ptr<const PolicyBody> parse(const std::string& name, ConfigSection& 
   // Left out, the budget is the embedded memory coordinator's: this process's alone. Said
   // when the config loads (serve and validate print it), unless it is asked for by name.
   if (!s.has("coordinator"))
-    s.warning_at("coordinator",
-                 "not set: this budget is held by the embedded memory coordinator, so it is this "
-                 "process's alone (several servers would each admit the whole limit); name a "
-                 "redis or postgres coordinator to share it, or write `coordinator: memory` if "
-                 "one process is meant");
+    s.warning_at(
+        "coordinator",
+        "not set: this budget is held by the embedded memory coordinator, so it is this "
+        "process's alone (several servers would each admit the whole limit); name a "
+        "redis, postgres or etcd coordinator to share it, or write `coordinator: memory` if "
+        "one process is meant");
   spec.use("coordinator", body->coordinator, CoordinatorRole::kRateBudget);
   if (auto v = s.str("regional_escrow")) {
     if (v->empty())
