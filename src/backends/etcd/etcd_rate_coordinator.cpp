@@ -83,6 +83,10 @@ std::int64_t add_sat(std::int64_t a, std::int64_t b) {
   return a > INT64_MAX - b ? INT64_MAX : a + b;
 }
 
+// How a compare-and-swap went: written, lost to another writer, or sent on a shared lease etcd
+// no longer has (the next try grants another, with no pause).
+enum class Wrote : std::uint8_t { kDone, kLostRace, kLeaseGone };
+
 // What one read found.
 struct Read {
   std::int64_t revision = 0;
@@ -178,10 +182,10 @@ struct EtcdRateCoordinator::Impl {
     return t;
   }
 
-  // The compare-and-swap of `r` with `ledger` (and, with `origin_at`, a new origin); ok with
-  // `done` false when another server wrote first.
-  Status write(const std::string& key, const Read& r, const Ledger& ledger, bool new_origin,
-               std::int64_t origin_at, SteadyTime start, SteadyTime deadline, bool& done) {
+  // The compare-and-swap of `r` with `ledger` (and, with `origin_at`, a new origin).
+  StatusOr<Wrote> write(const std::string& key, const Read& r, const Ledger& ledger,
+                        bool new_origin, std::int64_t origin_at, SteadyTime start,
+                        SteadyTime deadline) {
     std::int64_t revision = 0;
     auto lease =
         shared_lease.covering(*client, keep_for(ledger), kLeaseReuse, start, deadline, revision);
@@ -202,14 +206,18 @@ struct EtcdRateCoordinator::Impl {
     etcdserverpb::TxnResponse resp;
     if (Status s = client->txn(txn, resp, deadline); !s.ok()) {
       if (s.code() != StatusCode::kNotFound) return s;
-      shared_lease.forget(lease.value());  // gone (revoked, or etcd lost it): the next try grants
-      done = false;
-      return {};
+      shared_lease.forget(lease.value());  // gone (revoked, or etcd lost it)
+      return Wrote::kLeaseGone;
     }
     note_revision(resp.header().revision());
-    done = resp.succeeded();
-    if (done && r.rolled_back) high_water.forget_old(r.seen_before, resp.header().revision());
-    return {};
+    if (!resp.succeeded()) return Wrote::kLostRace;
+    if (r.rolled_back) high_water.forget_old(r.seen_before, resp.header().revision());
+    return Wrote::kDone;
+  }
+
+  // After a write that was not done: a lost race is counted and paused after.
+  Status again(Wrote w, int attempt, SteadyTime deadline) {
+    return w == Wrote::kLostRace ? lost_race(attempt, deadline) : Status{};
   }
 
   Status lost_race(int attempt, SteadyTime deadline) {
@@ -246,11 +254,10 @@ struct EtcdRateCoordinator::Impl {
                                        window_of(Nanos{origin_at}, req.spec.period).count());
       reply.clock_uncertainty = uncertainty;
       if (got.ledger == before && !found) return reply;  // nothing to write: the read decided it
-      bool done = false;
-      if (Status s = write(k, got, got.ledger, found, origin_at, start, deadline, done); !s.ok())
-        return s;
-      if (done) return reply;
-      if (Status s = lost_race(attempt, deadline); !s.ok()) return s;
+      auto w = write(k, got, got.ledger, found, origin_at, start, deadline);
+      if (!w.ok()) return w.status();
+      if (w.value() == Wrote::kDone) return reply;
+      if (Status s = again(w.value(), attempt, deadline); !s.ok()) return s;
     }
   }
 
@@ -269,10 +276,10 @@ struct EtcdRateCoordinator::Impl {
       const std::uint64_t given =
           sluice::reconcile(got.ledger, region, window_start, relinquished, t.value());
       if (got.ledger == before) return given;
-      bool done = false;
-      if (Status s = write(k, got, got.ledger, false, 0, start, deadline, done); !s.ok()) return s;
-      if (done) return given;
-      if (Status s = lost_race(attempt, deadline); !s.ok()) return s;
+      auto w = write(k, got, got.ledger, false, 0, start, deadline);
+      if (!w.ok()) return w.status();
+      if (w.value() == Wrote::kDone) return given;
+      if (Status s = again(w.value(), attempt, deadline); !s.ok()) return s;
     }
   }
 };
