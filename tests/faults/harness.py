@@ -664,15 +664,46 @@ class EtcdCluster:
                         return m
         return None
 
-    def config(self, host: str) -> str:
+    def make_leader(self, member: EtcdMember) -> None:
+        """Moves the leadership to `member` (etcdctl move-leader) unless it leads already."""
+        leader = self.leader()
+        if leader is member:
+            return
+        assert leader is not None, "no etcd member says it leads"
+        status = subprocess.run(["etcdctl", f"--endpoints={member.endpoint}", "endpoint",
+                                 "status"], capture_output=True, text=True, timeout=10).stdout
+        member_id = status.split(",")[1].strip()
+        subprocess.run(["etcdctl", f"--endpoints={leader.endpoint}", "move-leader", member_id],
+                       capture_output=True, text=True, timeout=10, check=True)
+        wait_until(lambda: self.leader() is member, 10, 0.05, "the moved leadership")
+
+    def config(self, host: str, first: int = 0) -> str:
+        """The coordinator entry naming every member, `first` the one tried first (a client
+        stays on the member that answered it last)."""
         del host  # each member is reached at its own address
-        endpoints = ", ".join(f'"{m.endpoint}"' for m in self.members)
+        order = self.members[first:] + self.members[:first]
+        endpoints = ", ".join(f'"{m.endpoint}"' for m in order)
         return (f"    kind: etcd\n    endpoints: [{endpoints}]\n"
                 f"    connect_timeout: 200ms\n    acknowledged_handoff: true\n")
+
+    def starting_at(self, first: int) -> "EtcdView":
+        return EtcdView(self, first)
 
     def stop(self) -> None:
         for m in self.members:
             m.stop()
+
+
+class EtcdView:
+    """An EtcdCluster as the nodes given it see it: every member, `first` tried first."""
+
+    kind = "etcd"
+
+    def __init__(self, cluster: EtcdCluster, first: int):
+        self.cluster, self.first, self.label = cluster, first, cluster.label
+
+    def config(self, host: str) -> str:
+        return self.cluster.config(host, self.first)
 
 
 class RedisError(Exception):

@@ -34,6 +34,9 @@ PostgreSQL standby that missed the last grants. The window of the loss must coun
 (coordinator_restarted) once the regions reach the coordinator again. And a failover that
 Redis Sentinel makes after a SIGKILL of the primary, the regions naming the sentinels.
 
+And on a 3-member etcd cluster of the scenario's own, its leader cut off from its peers (its
+member in a network namespace, as in the fleet's scenario 12) while a region still talks to it.
+
 A second part, against Redis only: one region run as POOL_PROCESSES processes sharing a
 regional pool on a Redis of its own (the global coordinator another Redis), steady, with the
 pool's Redis killed, and with the coordinator stopped in either outage mode of the pooled
@@ -268,11 +271,11 @@ def test_steady_load_stays_within_the_limit_in_every_window(tmp_path, coord, fed
 
 def fault_run(tmp_path, coord, scenario: str, at: float,
               inject: Callable[[harness.Coordinator, "Run"], Dict[str, object]],
-              windows_after: int, retry_backoff_ms: Optional[int] = None):
+              windows_after: int, retry_backoff_ms: Optional[int] = None, run_type=Run):
     """Steady load for one window, then in window f = first + 1 the fault at `at` x WINDOW into
     it; `inject` does it and returns its times ("start", "end") and anything it saw; then
     `windows_after` full windows after the window it ends in."""
-    with Run(tmp_path, coord, scenario, "uniform", retry_backoff_ms) as run:
+    with run_type(tmp_path, coord, scenario, "uniform", retry_backoff_ms) as run:
         f = run.first + 1
         sleep_until(boundary(f) + at * WINDOW)
         times = inject(coord, run)
@@ -1202,3 +1205,104 @@ def test_redis_sentinel_failover_after_a_sigkill_of_the_primary(tmp_path, scratc
                 f"admission leased from it {recovered - killed:.2f} s after the kill",
                 promoted_s=promoted - killed, recovered_s=recovered - killed)
     assert u >= U_FLOOR, f"U_capacity after the failover {u:.3f} < {U_FLOOR:.3f}"
+
+
+# ---- etcd: the leader cut off from its peers ----
+
+ISOLATE_SECONDS = 3.0
+ETCD_REASONS = {"budget_spent", "coordinator_unreachable"}
+
+
+class EtcdRun(Run):
+    """The regions on an etcd cluster, region i trying member i first: the last region talks
+    to the member in the network namespace."""
+
+    def make_nodes(self, coord: harness.EtcdCluster) -> List[FederatedNode]:
+        return [FederatedNode(self.dir, r, sluice_bin(), coord.starting_at(i), self.fed)
+                for i, r in enumerate(REGIONS)]
+
+    def __enter__(self) -> "EtcdRun":
+        super().__enter__()
+        # On etcd a budget with no origin yet is lost up to twice max_clock_offset (its default,
+        # 100 ms) past the first caller's clock, which can be the next window too; the load's
+        # threads may send their first check a little after this.
+        self.first = window_of(time.time() + 0.5, WINDOW) + 1
+        return self
+
+
+def test_etcd_leader_cut_off_from_its_peers(tmp_path, scratch, netns, fed_results):
+    """A 3-member etcd cluster whose third member runs in the network namespace, made leader;
+    the last region's client starts at it. 0.3 windows into a window, every packet between the
+    members' peer ports is dropped for ISOLATE_SECONDS while the regions still reach the cut-off
+    member as clients (it answers nothing that needs a quorum: it steps down, and a read or a
+    compare-and-swap on it times out). The other two elect a leader; every region, the one
+    talking to the cut-off member too, reaches the cluster again before the heal (an admission
+    or a budget_spent in a later window than the cut's, whose escrow cannot carry over). Raft
+    acknowledges a grant only once a quorum holds it, so nothing is lost: no window is counted
+    as spent (no coordinator_restarted), none goes over the limit, the ones after the heal admit
+    at full capacity. The unavailability window: from the cut to the last
+    coordinator_unreachable any region answered."""
+    ns, why = netns
+    if ns is None:
+        pytest.skip(why)
+    cluster = scratch(harness.EtcdCluster(tmp_path / "etcd", ns))
+    try:
+        cluster.start()
+        inside = cluster.members[-1]
+        cluster.make_leader(inside)
+        others = cluster.members[:-1]
+
+        def inject(c, run):
+            t0 = time.time()
+            ns.cut([m.peer_port for m in cluster.members])
+            harness.wait_until(lambda: cluster.leader(others) is not None, 20, 0.05,
+                               "a leader among the two others")
+            elected = time.time()
+            sleep_until(t0 + ISOLATE_SECONDS)
+            dropped = ns.dropped()
+            ns.clear()
+            return {"start": t0, "elected": elected, "end": time.time(), "dropped": dropped}
+
+        run, f, back, times, records, counts = fault_run(
+            tmp_path, cluster, "etcd leader cut off", 0.3, inject, 2, run_type=EtcdRun)
+    finally:
+        ns.clear()
+    t0, elected, t1 = times["start"], times["elected"], times["end"]
+    assert times["dropped"] > 0, "nftables dropped no packet: the fault did not happen"
+    # From the first window measured: a fresh origin's window is spent, and a check queued on
+    # a lease sent before its end may be refused for it just after (a lease takes up to
+    # lease_timeout).
+    settled = boundary(run.first) + run.fed.lease_timeout_ms / 1000 + GUARD
+    reasons: Dict[str, int] = {}
+    for r in records:
+        if not r.allowed and r.sent >= settled:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    assert set(reasons) <= ETCD_REASONS, (
+        reasons, {i - run.first: c.refusals for i, c in counts.items()}, run.logs())
+    unreachable = sorted(r.received for r in records if r.reason == "coordinator_unreachable")
+    assert unreachable and t0 < unreachable[0], (
+        f"no region was refused coordinator_unreachable after the cut: the fault did not reach "
+        f"the regions ({reasons})\n{run.logs()}")
+    # Every region reached the majority while the member was still cut off.
+    served: Dict[str, float] = {}
+    for r in sorted(records, key=lambda r: r.received):
+        if (r.region not in served and window_of(r.sent, WINDOW) > window_of(t0, WINDOW)
+                and r.received < t1 and (r.allowed or r.reason == "budget_spent")):
+            served[r.region] = r.received - t0
+    assert set(served) == set(REGIONS), (
+        f"regions that reached the cluster again during the cut: {served}\n{run.logs()}")
+    measured = list(range(back + 1, back + 3))
+    for i in [run.first] + measured:
+        assert set(counts[i].refusals) <= {"budget_spent"}, (i, counts[i].refusals, run.logs())
+    u = u_capacity(counts, measured)
+    window = unreachable[-1] - t0
+    report(fed_results, run, counts, measured, u,
+           fault=(f"leader {inside.name} (region {REGIONS[-1]}'s first member) cut off from its "
+                  f"peers {t0 - boundary(f):.2f} s into window +{f - run.first} for "
+                  f"{t1 - t0:.1f} s; the two others elected one {elected - t0:.2f} s after the "
+                  f"cut; the last coordinator_unreachable {window:.2f} s after it; each region "
+                  f"served from the majority again " + ", ".join(
+                      f"{k} {v:.2f} s" for k, v in sorted(served.items()))
+                  + f" after it; {times['dropped']} packets dropped"),
+           elected_s=elected - t0, unavailable_s=window, served_again_s=served)
+    assert u >= U_FLOOR, f"U_capacity after the heal {u:.3f} < {U_FLOOR:.3f}"

@@ -24,7 +24,6 @@ import copy
 import glob
 import re
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -530,14 +529,7 @@ def etcd_leader_isolated(nodes, cluster):
     both ways for ISOLATE_SECONDS: the other two elect a leader while the nodes still reach it
     as a client (it answers nothing it would need a quorum for); then the cut is healed."""
     inside = cluster.members[-1]
-    leader = cluster.leader()
-    if leader is not inside:
-        status = subprocess.run(["etcdctl", f"--endpoints={inside.endpoint}", "endpoint",
-                                 "status"], capture_output=True, text=True, timeout=10).stdout
-        member_id = status.split(",")[1].strip()
-        subprocess.run(["etcdctl", f"--endpoints={leader.endpoint}", "move-leader", member_id],
-                       capture_output=True, text=True, timeout=10, check=True)
-        wait_until(lambda: cluster.leader() is inside, 10, 0.05, "the moved leadership")
+    cluster.make_leader(inside)
     cut = time.monotonic()
     cluster.ns.cut([m.peer_port for m in cluster.members])
     others = [m for m in cluster.members if m is not inside]
