@@ -95,6 +95,13 @@ TEST_F(FederatedPolicyTest, TwoRegionsSplitOneBudgetAndNeverExceedIt) {
   EXPECT_EQ(eu["region"], "eu-west");
   EXPECT_EQ(eu["coordinator"], "memory");
   EXPECT_GT(eu["leases"].get<int>(), 0);
+  // Each refusal counted under its reason: here all of them for the spent budget.
+  for (const char* region : {"eu", "us"}) {
+    const nlohmann::json s = state(region);
+    EXPECT_GT(s["denied"].get<int>(), 0) << region;
+    EXPECT_EQ(s["refusals"]["budget_spent"], s["denied"]) << region;
+    EXPECT_EQ(s["refusals"]["coordinator_unreachable"], 0) << region;
+  }
 }
 
 TEST_F(FederatedPolicyTest, PeekSpendsNothingAndHitsOverTheLimitNeverFit) {
@@ -107,6 +114,13 @@ TEST_F(FederatedPolicyTest, PeekSpendsNothingAndHitsOverTheLimitNeverFit) {
   EXPECT_FALSE(big.allowed);
   EXPECT_EQ(big.reason, "never_fits");
   EXPECT_EQ(big.retry_after, Nanos::max());
+  EXPECT_EQ(state("eu")["refusals"]["never_fits"], 1);
+  const std::string metrics = engine_->metrics_text();
+  EXPECT_NE(metrics.find(R"(sluice_federated_refusals_total{policy="eu",reason="never_fits"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find(R"(sluice_federated_refusals_total{policy="eu",reason="budget_spent"} 0)"),
+            std::string::npos);
 }
 
 TEST_F(FederatedPolicyTest, CheckManyIsAllOrNothingOverFederatedKeys) {

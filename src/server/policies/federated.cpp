@@ -2,6 +2,7 @@
 #include "server/policies/federated.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <limits>
 #include <mutex>
@@ -18,6 +19,18 @@ namespace {
 
 using prometheus::MetricFamily;
 using prometheus::MetricType;
+
+// The reasons a federated check is refused, each counted (/v1/policies "refusals",
+// sluice_federated_refusals_total{reason}).
+constexpr FederatedReason kRefusalReasons[] = {FederatedReason::kBudgetSpent,
+                                               FederatedReason::kBudgetShort,
+                                               FederatedReason::kCoordinatorUnreachable,
+                                               FederatedReason::kCoordinatorRestarted,
+                                               FederatedReason::kSpecMismatch,
+                                               FederatedReason::kNeverFits,
+                                               FederatedReason::kKeyCapacity,
+                                               FederatedReason::kRegionalBalanceSpent};
+constexpr std::size_t kRefusalCount = std::size(kRefusalReasons);
 
 // How often expired escrow is forfeited and idle keys forgotten: once a window, within
 // [1 s, 60 s] (a check of a key forfeits its own expired escrow at once anyway).
@@ -193,11 +206,25 @@ class FederatedPolicy final : public Policy, public RateFamily {
     j["drift_ppm_in_force"] = st.drift_ppm_in_force;
     j["allowed"] = allowed_.load(std::memory_order_relaxed);
     j["denied"] = denied_.load(std::memory_order_relaxed);
+    nlohmann::json& refusals = j["refusals"] = nlohmann::json::object();
+    for (std::size_t i = 0; i < kRefusalCount; ++i)
+      refusals[std::string(to_string(kRefusalReasons[i]))] =
+          refused_[i].load(std::memory_order_relaxed);
   }
   void metrics(std::vector<MetricFamily>& out) const override {
     const FederationStats st = limiter_.stats();
     out.push_back(by_label("sluice_federated_decisions_total", "Federated checks by decision",
                            "decision", {{"allowed", allowed_.load()}, {"denied", denied_.load()}}));
+    MetricFamily& refusals = out.emplace_back(MetricFamily{"sluice_federated_refusals_total",
+                                                           "Federated checks refused, by reason",
+                                                           MetricType::Counter,
+                                                           {}});
+    for (std::size_t i = 0; i < kRefusalCount; ++i) {
+      prometheus::ClientMetric m;
+      m.label = {{"reason", std::string(to_string(kRefusalReasons[i]))}};
+      m.counter.value = static_cast<double>(refused_[i].load(std::memory_order_relaxed));
+      refusals.metric.push_back(std::move(m));
+    }
     out.push_back(one("sluice_federated_leases_total", "Escrow lease calls to the coordinator",
                       MetricType::Counter, static_cast<double>(st.leases)));
     out.push_back(one("sluice_federated_lease_failures_total",
@@ -251,6 +278,12 @@ class FederatedPolicy final : public Policy, public RateFamily {
  private:
   const RateDecision& count(const RateDecision& d) {
     (d.allowed ? allowed_ : denied_).fetch_add(1, std::memory_order_relaxed);
+    if (!d.allowed)
+      for (std::size_t i = 0; i < kRefusalCount; ++i)
+        if (d.reason == to_string(kRefusalReasons[i])) {
+          refused_[i].fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
     return d;
   }
 
@@ -260,6 +293,7 @@ class FederatedPolicy final : public Policy, public RateFamily {
   std::shared_ptr<RegionalEscrow> regional_;  // null: none
   const Clock& clock_;
   std::atomic<std::uint64_t> allowed_{0}, denied_{0};
+  std::array<std::atomic<std::uint64_t>, kRefusalCount> refused_{};  // by kRefusalReasons
   IoPool pool_;
   FederatedLimiter limiter_;
 };
