@@ -18,9 +18,11 @@ SLUICE_BUILD_PACKAGES=(
 
 # What only the tests need (scripts/test.sh installs them; the README's first command does not):
 # a MariaDB server, started by the throttler's suite as a primary and a replica on loopback, and
-# etcd (server and etcdctl), started by the etcd coordinators' tests as clusters on loopback.
+# etcd (server and etcdctl), started by the etcd coordinators' tests as clusters on loopback;
+# Chromium and Node.js, for the /ui page's browser test (npm comes with some builds of nodejs,
+# and on its own otherwise: sluice_install_npm).
 # shellcheck disable=SC2034  # read by scripts/test.sh, which sources this file
-SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client)
+SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client chromium nodejs)
 
 sluice_missing_packages() {
   local p
@@ -41,6 +43,11 @@ sluice_install_packages() {
   apt-get update -qq
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+# npm: part of some nodejs packages (NodeSource's), a package of its own in Debian's.
+sluice_install_npm() {
+  command -v npm >/dev/null 2>&1 || sluice_install_packages npm
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -22,6 +22,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=deps.sh
 source "$root/scripts/deps.sh"
 sluice_install_packages "${SLUICE_BUILD_PACKAGES[@]}" "${SLUICE_TEST_PACKAGES[@]}" || exit 1
+sluice_install_npm || exit 1
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 suites=${SLUICE_SUITES:-release default asan tsan fuzz}

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "server/json_text.h"
+#include "transport/ui_assets.h"
 #include "transport/wire.h"
 
 namespace sluice::transport {
@@ -615,6 +616,15 @@ void handle_http(Engine& engine, const std::function<ReloadOutcome()>& reload, H
     if (need(post, "POST")) do_heartbeat(engine, x);
   } else if (path == "/admin/reload") {
     if (need(post, "POST")) do_reload(engine, reload, x);
+  } else if (const EmbeddedFile* f = ui_file(path); f != nullptr) {
+    if (!need(get, "GET, HEAD")) return;
+    // The page's own files only: no script, style, image or frame from anywhere else.
+    x.content_type = std::string(ui_content_type(f->name));
+    x.response = std::string(f->body);
+    x.headers.emplace_back("Content-Security-Policy",
+                           "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+    x.headers.emplace_back("X-Content-Type-Options", "nosniff");
+    x.headers.emplace_back("Cache-Control", "no-cache");
   } else if (server::Router::Match m = engine.kinds().router().match(path); m.entry != nullptr) {
     const std::vector<std::string>& methods = m.entry->route.methods;
     std::string allow;
