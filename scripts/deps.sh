@@ -20,9 +20,11 @@ SLUICE_BUILD_PACKAGES=(
 # a MariaDB server, started by the throttler's suite as a primary and a replica on loopback, and
 # etcd (server and etcdctl), started by the etcd coordinators' tests as clusters on loopback;
 # Chromium and Node.js, for the /ui page's browser test (npm comes with some builds of nodejs,
-# and on its own otherwise: sluice_install_npm).
+# and on its own otherwise: sluice_install_npm); pyte, the terminal emulator `sluice top`'s test
+# reads its screen with.
 # shellcheck disable=SC2034  # read by scripts/test.sh, which sources this file
-SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client chromium nodejs)
+SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client chromium nodejs
+  python3-pyte)
 
 sluice_missing_packages() {
   local p

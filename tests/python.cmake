@@ -23,6 +23,16 @@ foreach(test_file ${SLUICE_PYTHON_TESTS})
     LABELS python TIMEOUT 600)
 endforeach()
 
+# `sluice top` in a pseudo-terminal, its screen read by a terminal emulator (python3-pyte),
+# against a real server on the default config (tests/cli/test_top.py). About 5 s.
+add_test(NAME cli.top
+         COMMAND ${SLUICE_PYTHON} -m pytest -q -p no:cacheprovider
+                 ${PROJECT_SOURCE_DIR}/tests/cli/test_top.py
+         WORKING_DIRECTORY ${python_bin})
+set_tests_properties(cli.top PROPERTIES
+  ENVIRONMENT "SLUICE_BIN=$<TARGET_FILE:sluice_cli>;PYTHONDONTWRITEBYTECODE=1"
+  LABELS integration TIMEOUT 120)
+
 # The throttler against real replicas (tests/throttler_db): a MariaDB primary and replica, a
 # PostgreSQL primary and streaming replica and a Redis pair, started and stopped by the suite;
 # lag made to appear and go, replicas killed, a MariaDB SIGSTOPped; then three servers sharing

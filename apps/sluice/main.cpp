@@ -17,6 +17,7 @@
 #include "sluice/core/text.h"
 #include "sluice/sim/cascade_sim.h"
 #include "throttler_cli.h"
+#include "top.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluice: admission control for shared backends"};
@@ -228,6 +229,32 @@ int main(int argc, char** argv) {
   CLI::App* policies_cmd = app.add_subcommand("policies", "list a running server's policies");
   client_flags(policies_cmd);
   policies_cmd->callback([&] { exit_code = sluice::cli::run_policies(client); });
+  sluice::cli::TopOptions top;
+  std::string top_sort = "name";
+  CLI::App* top_cmd = app.add_subcommand(
+      "top", "a running server's policies in the terminal, refreshing (q or Ctrl-C quits)");
+  top_cmd->add_option("--interval,-i", top.interval_seconds, "seconds between refreshes")
+      ->check(CLI::Range(0.1, 3600.0));
+  top_cmd
+      ->add_option("--sort", top_sort,
+                   "name, kind, util (in flight / limit), rate or refused (per second)")
+      ->check(
+          [](const std::string& text) -> std::string {
+            sluice::cli::TopSort ignored;
+            return sluice::cli::parse_top_sort(text, ignored)
+                       ? std::string()
+                       : "must be name, kind, util, rate or refused, not '" + text + "'";
+          },
+          "KEY");
+  top_cmd->add_option("--filter", top.filter, "only policies whose name or kind holds this");
+  top_cmd->add_flag("--once", top.once,
+                    "print one frame (rates over one interval) and exit; the default when not "
+                    "on a terminal");
+  client_flags(top_cmd);
+  top_cmd->callback([&] {
+    (void)sluice::cli::parse_top_sort(top_sort, top.sort);
+    exit_code = sluice::cli::run_top(client, top);
+  });
 
   // The throttler, over the server's HTTP API.
   sluice::cli::ThrottlerCliOptions throttler;

@@ -23,6 +23,7 @@ READERS = {
     "src/transport/grpc_service.cpp": "what is left of a caller's gRPC deadline",
     "apps/sluice/client.cpp": "the CLI's gRPC call deadline",
     "apps/sluice/serve.cpp": "the shutdown grace period",
+    "apps/sluice/top.cpp": "the terminal view's refresh cadence and its gRPC call deadline",
 }
 
 READ = re.compile(r"\b(steady_clock|system_clock|high_resolution_clock)::now\s*\(")

@@ -153,7 +153,7 @@
   function refusals(p) {
     switch (p.kind) {
       case 'rate':
-        return { rate_limited: p.denied || 0, key_capacity: p.key_capacity_denied || 0 };
+        return { denied: p.denied || 0 };  // key_capacity_denied: a part of it, and charges
       case 'federated':
         return p.refusals || { denied: p.denied || 0 };
       case 'adaptive': case 'concurrency': case 'fleet': case 'cascade':
