@@ -4,7 +4,7 @@
 A file's path names its layer: src/<layer>/..., include/sluice/<layer>/..., sim/ (sim),
 apps/ (apps), testing/ (testing); the generated messages (sluice/v1/, grpc/health/v1/, envoy/
 *.pb.h) belong to the layer `api`, with src/api/, and their gRPC stubs (*.grpc.pb.h) to the
-transport.
+layer `stubs` (generated code on the messages, for the transport and the call-site adapters).
 The graph (docs/design.md, "Layers") lists the layers each layer is built on; a file may
 include its own layer and any layer reachable from it along the graph, nothing else.
 So backends reach core only, core nothing, and a new folder under src/ or include/sluice/ is a
@@ -29,7 +29,9 @@ GRAPH = {
     "config": ["core"],                           # the YAML reader and ConfigSection
     "api": ["core"],                              # the generated messages; src/api: decode errors
     "server": ["fleet", "federation", "backends", "config", "api"],  # the engine, the kinds
-    "transport": ["server", "api"],               # gRPC and HTTP
+    "stubs": ["api"],                             # the generated gRPC stubs (*.grpc.pb.h)
+    "transport": ["server", "stubs"],             # gRPC and HTTP
+    "adapters": ["local", "stubs"],               # call-site interceptors: library or remote
     "sim": ["fleet", "federation", "backends"],   # deterministic simulations
     "apps": ["transport", "sim"],                 # the executable
     "testing": ["transport", "sim"],              # test support (nothing in src/ uses it)
@@ -73,7 +75,7 @@ def layer_of_file(path):
 def layer_of_include(name, including_dir, files):
     """The layer of what `#include name` names, or None when it is not sluice's own."""
     if name.startswith(GENERATED):
-        return "transport" if name.endswith(".grpc.pb.h") else "api"
+        return "stubs" if name.endswith(".grpc.pb.h") else "api"
     if name.startswith("sluice/sim/"):
         return "sim"
     if name.startswith("sluice/testing/"):

@@ -24,6 +24,7 @@ READERS = {
     "apps/sluice/client.cpp": "the CLI's gRPC call deadline",
     "apps/sluice/serve.cpp": "the shutdown grace period",
     "apps/sluice/top.cpp": "the terminal view's refresh cadence and its gRPC call deadline",
+    "src/adapters/grpc_admission.cpp": "a gRPC call's latency at the call site and its deadlines",
 }
 
 READ = re.compile(r"\b(steady_clock|system_clock|high_resolution_clock)::now\s*\(")

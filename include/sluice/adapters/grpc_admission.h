@@ -1,0 +1,134 @@
+// grpc_admission.h: admission control for gRPC calls at the call site, as interceptors.
+//
+// A client interceptor admits each outgoing call on a policy before it is sent and releases it
+// when its status arrives (the status code is the outcome, the time between the two its
+// latency); a refused call is never sent: it ends at once with RESOURCE_EXHAUSTED (a rate
+// limit: retry later) or UNAVAILABLE (a concurrency limit: the backend is saturated), the
+// refusal's detail as its message and `retry-after` (seconds) in its trailing metadata. One
+// line where the channel is made:
+//
+//   auto channel = sluice::adapters::admitted_channel(
+//       "backend:50051", grpc::InsecureChannelCredentials(), admitter);
+//
+// A server interceptor does the same for incoming calls, and releases with the status the
+// handler returned. gRPC C++ lets a server interceptor watch a call but not end it before its
+// handler runs, so each handler starts with one line that returns the refusal:
+//
+//   builder.experimental().SetInterceptorCreators(sluice::adapters::server_interceptors(admitter));
+//   grpc::Status Search(grpc::ServerContext* ctx, ...) override {
+//     if (auto refused = sluice::adapters::refusal(ctx)) return *refused;
+//
+// (a handler that does not ask still answers with the refusal: the interceptor replaces its
+// status). What admits is an Admitter: the in-process library (LocalAdmitter over an
+// AdaptiveGuard) or a remote `sluice serve` (RemoteAdmitter: its Admit and Release over gRPC).
+//
+// Outcomes: OK is a success (its latency is evidence for an adaptive limit); DEADLINE_EXCEEDED,
+// UNAVAILABLE and RESOURCE_EXHAUSTED say the backend is overloaded (dropped: the limit comes
+// down); any other code says nothing of the backend's capacity (ignored).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
+#include <grpcpp/support/server_interceptor.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/local/adaptive_guard.h"
+
+namespace sluice::adapters {
+
+// The call being admitted: its full method name ("/pkg.Service/Method") and its metadata.
+struct CallInfo {
+  std::string_view method;
+  // The first value of a metadata entry (lower-case key), or nullopt.
+  std::function<std::optional<std::string_view>(std::string_view)> metadata;
+};
+
+// The key a call is admitted under: a metadata entry's value when the call has it, else the
+// method. For a chained rate policy (remote), this is the key its budget is counted per.
+std::function<std::string(const CallInfo&)> key_from_metadata(std::string name);
+
+// An admitted call's release, or why it was refused.
+struct Ticket {
+  bool admitted = false;
+  // Refused: RESOURCE_EXHAUSTED or UNAVAILABLE with the refusal's detail.
+  grpc::Status refusal;
+  std::optional<std::chrono::nanoseconds> retry_after;
+  // Admitted: called once, when the call ends, with its status code and latency.
+  std::function<void(grpc::StatusCode, std::chrono::nanoseconds latency)> release;
+};
+
+class Admitter {
+ public:
+  virtual ~Admitter() = default;
+  [[nodiscard]] virtual Ticket admit(const CallInfo& call) = 0;
+};
+
+// The in-process library: an AdaptiveGuard (which the caller owns and keeps alive). A refusal
+// is UNAVAILABLE: the guard's limit is on concurrency.
+class LocalAdmitter final : public Admitter {
+ public:
+  explicit LocalAdmitter(AdaptiveGuard& guard) : guard_(guard) {}
+  [[nodiscard]] Ticket admit(const CallInfo& call) override;
+
+ private:
+  AdaptiveGuard& guard_;
+};
+
+// A remote `sluice serve`: Admit on `policy` (an adaptive, fleet, concurrency or cascade
+// policy), Release with the outcome and latency (sent without waiting for its answer; in the
+// server's fuller vocabulary: DEADLINE_EXCEEDED a timeout, UNAVAILABLE and RESOURCE_EXHAUSTED
+// an overload, CANCELLED ignored, another error a failure). A refusal is RESOURCE_EXHAUSTED
+// for the server's 429 (a chained rate policy) and UNAVAILABLE for its 503. The Admit is a
+// blocking call on the caller's thread, bounded by the timeout.
+struct RemoteOptions {
+  std::string policy;
+  std::function<std::string(const CallInfo&)> key = key_from_metadata("x-sluice-key");
+  std::chrono::milliseconds timeout{250};  // the most an Admit may add to a call
+  // When the sluice server does not answer within the timeout: admit the call (true: the
+  // default, as a limiter that is down should not take the service down with it) or refuse it
+  // UNAVAILABLE (false: for a backend that must never see more than the limit).
+  bool fail_open = true;
+};
+
+class RemoteAdmitter final : public Admitter {
+ public:
+  RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options);
+  ~RemoteAdmitter() override;
+  RemoteAdmitter(const RemoteAdmitter&) = delete;
+  RemoteAdmitter& operator=(const RemoteAdmitter&) = delete;
+  [[nodiscard]] Ticket admit(const CallInfo& call) override;
+
+  // Releases sent whose answer has not come yet (they finish before the destructor returns).
+  [[nodiscard]] std::size_t releases_in_flight() const noexcept;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+// The outcome a call's status code stands for (above).
+[[nodiscard]] Outcome outcome_of(grpc::StatusCode code) noexcept;
+
+// The client side: interceptors for grpc::experimental::CreateCustomChannelWithInterceptors,
+// or a channel that has them.
+[[nodiscard]] std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+client_interceptors(std::shared_ptr<Admitter> admitter);
+[[nodiscard]] std::shared_ptr<grpc::Channel> admitted_channel(
+    const std::string& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    std::shared_ptr<Admitter> admitter, const grpc::ChannelArguments& args = {});
+
+// The server side: for ServerBuilder::experimental().SetInterceptorCreators.
+[[nodiscard]] std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+server_interceptors(std::shared_ptr<Admitter> admitter);
+
+// In a handler: the status to return when the server interceptor refused this call.
+[[nodiscard]] std::optional<grpc::Status> refusal(const grpc::ServerContextBase* ctx);
+
+}  // namespace sluice::adapters

@@ -1,0 +1,387 @@
+// grpc_admission.cpp: the interceptors and the two admitters of grpc_admission.h.
+#include "sluice/adapters/grpc_admission.h"
+
+#include <google/protobuf/duration.pb.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+#include "sluice/v1/sluice.grpc.pb.h"
+
+namespace sluice::adapters {
+namespace {
+
+namespace pb = sluice::v1;
+using grpc::StatusCode;
+using grpc::experimental::InterceptionHookPoints;
+using Clock = std::chrono::steady_clock;
+
+std::chrono::nanoseconds nanos_of(const google::protobuf::Duration& d) {
+  return std::chrono::seconds(d.seconds()) + std::chrono::nanoseconds(d.nanos());
+}
+
+void to_duration(std::chrono::nanoseconds n, google::protobuf::Duration* d) {
+  d->set_seconds(n.count() / 1'000'000'000);
+  d->set_nanos(static_cast<std::int32_t>(n.count() % 1'000'000'000));
+}
+
+// Whole seconds, rounded up, as Retry-After counts them ("0" only for nothing to wait).
+std::string retry_after_text(std::chrono::nanoseconds n) {
+  return std::to_string(
+      static_cast<std::int64_t>(std::ceil(std::chrono::duration<double>(n).count())));
+}
+
+// What the server's Release hears for a call's status code: its richer vocabulary (a timeout
+// and an overload are dropped to a limit, a failure to a cascade).
+pb::Outcome wire_outcome(StatusCode code) {
+  switch (code) {
+    case StatusCode::OK:
+      return pb::OUTCOME_SUCCESS;
+    case StatusCode::DEADLINE_EXCEEDED:
+      return pb::OUTCOME_TIMEOUT;
+    case StatusCode::UNAVAILABLE:
+    case StatusCode::RESOURCE_EXHAUSTED:
+      return pb::OUTCOME_OVERLOAD;
+    case StatusCode::CANCELLED:
+      return pb::OUTCOME_IGNORED;
+    default:
+      return pb::OUTCOME_FAILED;
+  }
+}
+
+// The refusal a 429 (rate) or a 503 (concurrency) is in gRPC's words.
+StatusCode code_of_http(std::uint32_t status) {
+  return status == 429 ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::UNAVAILABLE;
+}
+
+// ---- the client interceptor ----
+
+class ClientAdmission final : public grpc::experimental::Interceptor {
+ public:
+  ClientAdmission(grpc::experimental::ClientRpcInfo* info, std::shared_ptr<Admitter> admitter)
+      : info_(info), admitter_(std::move(admitter)) {}
+  ~ClientAdmission() override { finish(StatusCode::CANCELLED); }
+  ClientAdmission(const ClientAdmission&) = delete;
+  ClientAdmission& operator=(const ClientAdmission&) = delete;
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    bool hijack = false;
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      std::multimap<std::string, std::string>* md = m->GetSendInitialMetadata();
+      const CallInfo call{info_->method(),
+                          [md](std::string_view name) -> std::optional<std::string_view> {
+                            const auto it = md->find(std::string(name));
+                            if (it == md->end()) return std::nullopt;
+                            return std::string_view(it->second);
+                          }};
+      ticket_ = admitter_->admit(call);
+      started_ = Clock::now();
+      decided_ = true;
+      hijack = !ticket_.admitted;  // refused: the call is never sent
+    }
+    if (decided_ && !ticket_.admitted) {
+      if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_RECV_MESSAGE))
+        m->FailHijackedRecvMessage();
+      if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_RECV_STATUS)) {
+        *m->GetRecvStatus() = ticket_.refusal;
+        if (ticket_.retry_after) {
+          retry_after_ = retry_after_text(*ticket_.retry_after);
+          m->GetRecvTrailingMetadata()->emplace(grpc::string_ref(kRetryAfter),
+                                                grpc::string_ref(retry_after_));
+        }
+      }
+    }
+    if (ticket_.admitted && m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS))
+      finish(m->GetRecvStatus()->error_code());
+    if (hijack)
+      m->Hijack();
+    else
+      m->Proceed();
+  }
+
+ private:
+  static constexpr const char* kRetryAfter = "retry-after";
+
+  void finish(StatusCode code) {
+    if (!ticket_.admitted || !ticket_.release) return;
+    std::exchange(ticket_.release, nullptr)(code, Clock::now() - started_);
+  }
+
+  grpc::experimental::ClientRpcInfo* info_;
+  std::shared_ptr<Admitter> admitter_;
+  Ticket ticket_;
+  bool decided_ = false;
+  Clock::time_point started_;
+  std::string retry_after_;  // the trailing metadata's value lives as long as the call
+};
+
+class ClientFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit ClientFactory(std::shared_ptr<Admitter> admitter) : admitter_(std::move(admitter)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new ClientAdmission(info, admitter_);
+  }
+
+ private:
+  std::shared_ptr<Admitter> admitter_;
+};
+
+// ---- the server interceptor ----
+
+// The refusals of calls in progress, for refusal(ctx): by server context.
+class Refusals {
+ public:
+  void put(const grpc::ServerContextBase* ctx, grpc::Status s) {
+    std::lock_guard lock(mu_);
+    by_call_[ctx] = std::move(s);
+  }
+  void erase(const grpc::ServerContextBase* ctx) {
+    std::lock_guard lock(mu_);
+    by_call_.erase(ctx);
+  }
+  std::optional<grpc::Status> find(const grpc::ServerContextBase* ctx) {
+    std::lock_guard lock(mu_);
+    const auto it = by_call_.find(ctx);
+    if (it == by_call_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<const grpc::ServerContextBase*, grpc::Status> by_call_;
+};
+
+Refusals& refusals() {
+  static Refusals r;  // one per process: a context is one call's, whichever server it is on
+  return r;
+}
+
+class ServerAdmission final : public grpc::experimental::Interceptor {
+ public:
+  ServerAdmission(grpc::experimental::ServerRpcInfo* info, std::shared_ptr<Admitter> admitter)
+      : info_(info), admitter_(std::move(admitter)) {}
+  ~ServerAdmission() override {
+    finish(StatusCode::CANCELLED);
+    if (refused_) refusals().erase(info_->server_context());
+  }
+  ServerAdmission(const ServerAdmission&) = delete;
+  ServerAdmission& operator=(const ServerAdmission&) = delete;
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      std::multimap<grpc::string_ref, grpc::string_ref>* md = m->GetRecvInitialMetadata();
+      const CallInfo call{info_->method(),
+                          [md](std::string_view name) -> std::optional<std::string_view> {
+                            const auto it = md->find(grpc::string_ref(name.data(), name.size()));
+                            if (it == md->end()) return std::nullopt;
+                            return std::string_view(it->second.data(), it->second.size());
+                          }};
+      ticket_ = admitter_->admit(call);
+      started_ = Clock::now();
+      if (!ticket_.admitted) {
+        refused_ = true;
+        refusals().put(info_->server_context(), ticket_.refusal);
+      }
+    }
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      if (refused_) {
+        // Whatever the handler returned: the call was not admitted.
+        m->ModifySendStatus(ticket_.refusal);
+        if (ticket_.retry_after) {
+          retry_after_ = retry_after_text(*ticket_.retry_after);
+          m->GetSendTrailingMetadata()->emplace("retry-after", retry_after_);
+        }
+      } else {
+        finish(m->GetSendStatus().error_code());
+      }
+    }
+    m->Proceed();
+  }
+
+ private:
+  void finish(StatusCode code) {
+    if (!ticket_.admitted || !ticket_.release) return;
+    std::exchange(ticket_.release, nullptr)(code, Clock::now() - started_);
+  }
+
+  grpc::experimental::ServerRpcInfo* info_;
+  std::shared_ptr<Admitter> admitter_;
+  Ticket ticket_;
+  bool refused_ = false;
+  Clock::time_point started_;
+  std::string retry_after_;
+};
+
+class ServerFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit ServerFactory(std::shared_ptr<Admitter> admitter) : admitter_(std::move(admitter)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new ServerAdmission(info, admitter_);
+  }
+
+ private:
+  std::shared_ptr<Admitter> admitter_;
+};
+
+}  // namespace
+
+std::function<std::string(const CallInfo&)> key_from_metadata(std::string name) {
+  return [name = std::move(name)](const CallInfo& call) {
+    if (call.metadata)
+      if (const auto v = call.metadata(name)) return std::string(*v);
+    return std::string(call.method);
+  };
+}
+
+Outcome outcome_of(StatusCode code) noexcept {
+  switch (code) {
+    case StatusCode::OK:
+      return Outcome::kSuccess;
+    case StatusCode::DEADLINE_EXCEEDED:
+    case StatusCode::UNAVAILABLE:
+    case StatusCode::RESOURCE_EXHAUSTED:
+      return Outcome::kDropped;
+    default:
+      return Outcome::kIgnored;
+  }
+}
+
+// ---- LocalAdmitter ----
+
+Ticket LocalAdmitter::admit(const CallInfo& /*call*/) {
+  Ticket t;
+  std::optional<GuardPermit> permit = guard_.acquire();
+  if (!permit) {
+    t.refusal = grpc::Status(StatusCode::UNAVAILABLE,
+                             "concurrency limit reached: " + std::to_string(guard_.limit()) +
+                                 " calls in flight; retry later");
+    return t;
+  }
+  t.admitted = true;
+  // A std::function must be copyable: the move-only permit lives behind a shared pointer.
+  auto held = std::make_shared<GuardPermit>(std::move(*permit));
+  t.release = [held](StatusCode code, std::chrono::nanoseconds latency) {
+    held->release(outcome_of(code), latency);
+  };
+  return t;
+}
+
+// ---- RemoteAdmitter ----
+
+struct RemoteAdmitter::Impl {
+  std::unique_ptr<pb::Sluice::Stub> stub;
+  RemoteOptions options;
+  std::mutex mu;
+  std::condition_variable idle;
+  std::size_t releasing = 0;  // Release calls not answered yet
+
+  // A Release without waiting for its answer (the call's caller has its status already).
+  void release(const std::string& lease, StatusCode code, std::chrono::nanoseconds latency) {
+    struct Pending {
+      grpc::ClientContext ctx;
+      pb::ReleaseRequest req;
+      pb::ReleaseResponse resp;
+    };
+    auto* p = new Pending;
+    p->req.set_lease_id(lease);
+    p->req.set_outcome(wire_outcome(code));
+    to_duration(latency, p->req.mutable_rtt());
+    p->ctx.set_deadline(std::chrono::system_clock::now() + 4 * options.timeout);
+    {
+      std::lock_guard lock(mu);
+      ++releasing;
+    }
+    stub->async()->Release(&p->ctx, &p->req, &p->resp, [this, p](grpc::Status) {
+      // A release the server did not hear ends at the lease's TTL there.
+      delete p;
+      std::lock_guard lock(mu);
+      if (--releasing == 0) idle.notify_all();
+    });
+  }
+};
+
+RemoteAdmitter::RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->stub = pb::Sluice::NewStub(sluice);
+  impl_->options = std::move(options);
+}
+
+RemoteAdmitter::~RemoteAdmitter() {
+  std::unique_lock lock(impl_->mu);
+  impl_->idle.wait(lock, [&] { return impl_->releasing == 0; });
+}
+
+std::size_t RemoteAdmitter::releases_in_flight() const noexcept {
+  std::lock_guard lock(impl_->mu);
+  return impl_->releasing;
+}
+
+Ticket RemoteAdmitter::admit(const CallInfo& call) {
+  const RemoteOptions& o = impl_->options;
+  pb::AdmitRequest req;
+  req.set_policy(o.policy);
+  req.set_key(o.key ? o.key(call) : std::string(call.method));
+  pb::AdmitResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
+  const grpc::Status s = impl_->stub->Admit(&ctx, req, &resp);
+  Ticket t;
+  if (!s.ok()) {
+    const bool unreachable = s.error_code() == StatusCode::UNAVAILABLE ||
+                             s.error_code() == StatusCode::DEADLINE_EXCEEDED;
+    if (unreachable && o.fail_open) {
+      t.admitted = true;  // nothing to release
+      t.release = [](StatusCode, std::chrono::nanoseconds) {};
+      return t;
+    }
+    // A refusal of the admit itself (an unknown policy, a bad key) is the caller's to see.
+    t.refusal = grpc::Status(unreachable ? StatusCode::UNAVAILABLE : s.error_code(),
+                             "sluice admit on " + o.policy + ": " + s.error_message());
+    return t;
+  }
+  if (!resp.admitted()) {
+    const pb::Rejection& r = resp.rejection();
+    t.refusal = grpc::Status(code_of_http(r.status()), r.detail().empty() ? r.title() : r.detail());
+    if (r.has_retry_after()) t.retry_after = nanos_of(r.retry_after());
+    return t;
+  }
+  t.admitted = true;
+  std::weak_ptr<Impl> impl = impl_;
+  t.release = [impl, lease = resp.lease_id()](StatusCode code, std::chrono::nanoseconds latency) {
+    if (const auto i = impl.lock()) i->release(lease, code, latency);
+  };
+  return t;
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+client_interceptors(std::shared_ptr<Admitter> admitter) {
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> out;
+  out.push_back(std::make_unique<ClientFactory>(std::move(admitter)));
+  return out;
+}
+
+std::shared_ptr<grpc::Channel> admitted_channel(
+    const std::string& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    std::shared_ptr<Admitter> admitter, const grpc::ChannelArguments& args) {
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, credentials, args, client_interceptors(std::move(admitter)));
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+server_interceptors(std::shared_ptr<Admitter> admitter) {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> out;
+  out.push_back(std::make_unique<ServerFactory>(std::move(admitter)));
+  return out;
+}
+
+std::optional<grpc::Status> refusal(const grpc::ServerContextBase* ctx) {
+  return refusals().find(ctx);
+}
+
+}  // namespace sluice::adapters

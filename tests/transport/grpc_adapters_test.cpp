@@ -1,0 +1,317 @@
+// The gRPC call-site adapters (sluice/adapters/grpc_admission.h) over real grpc::Servers on
+// 127.0.0.1: a backend (the standard health service, told by the request's `service` what to
+// do: "ok", "hold" until let go, "overload" UNAVAILABLE, "bad" INVALID_ARGUMENT) and a sluice
+// server (the engine and its gRPC service). The client interceptor with a remote admitter:
+// calls past the limit are refused UNAVAILABLE and never reach the backend, a chained rate
+// policy's refusal is RESOURCE_EXHAUSTED with retry-after, each call's status reaches the server
+// as its outcome, every lease is released, and the admitter fails open or closed as told when
+// sluice does not answer. The same interceptor on the in-process library. The server
+// interceptor: a refused call answers the refusal whatever its handler does, an admitted one is
+// released with the handler's status.
+#include "sluice/adapters/grpc_admission.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "server/engine.h"
+#include "server/registry.h"
+#include "sluice/config/config.h"
+#include "sluice/core/fixed_limit.h"
+#include "sluice/testing/servers.h"
+#include "transport/grpc_service.h"
+
+namespace sluice::adapters {
+namespace {
+
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+using namespace std::chrono_literals;
+
+const char* kConfig = R"(
+policies:
+  backend:
+    kind: adaptive
+    algorithm: fixed
+    limit: 2
+  per-user:
+    kind: rate
+    strategy: fixed-window
+    limit: 3
+    period: 1m
+  users:
+    kind: adaptive
+    algorithm: fixed
+    limit: 100
+    rate: per-user
+)";
+
+// The backend: what each call does is its request's `service`.
+class Backend final : public Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext* ctx, const HealthCheckRequest* req,
+                     HealthCheckResponse* resp) override {
+    if (check_refusal)
+      if (auto refused = refusal(ctx)) return *refused;
+    worked.fetch_add(1);
+    if (req->service() == "hold") {
+      std::unique_lock lock(mu_);
+      ++holding_;
+      held_.notify_all();
+      go_.wait(lock, [&] { return open_; });
+      --holding_;
+    } else if (req->service() == "overload") {
+      return {grpc::StatusCode::UNAVAILABLE, "overloaded"};
+    } else if (req->service() == "bad") {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "bad request"};
+    }
+    resp->set_status(HealthCheckResponse::SERVING);
+    return grpc::Status::OK;
+  }
+  void wait_holding(int n) {
+    std::unique_lock lock(mu_);
+    ASSERT_TRUE(held_.wait_for(lock, 10s, [&] { return holding_ == n; })) << holding_;
+  }
+  void let_go() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    go_.notify_all();
+  }
+
+  std::atomic<int> worked{0};
+  bool check_refusal = true;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable held_, go_;
+  int holding_ = 0;
+  bool open_ = false;
+};
+
+grpc::Status call(Health::Stub& stub, const std::string& what, const std::string& key = "",
+                  std::multimap<grpc::string_ref, grpc::string_ref>* trailers = nullptr,
+                  std::string* retry_after = nullptr) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  if (!key.empty()) ctx.AddMetadata("x-sluice-key", key);
+  HealthCheckRequest req;
+  req.set_service(what);
+  HealthCheckResponse resp;
+  grpc::Status s = stub.Check(&ctx, req, &resp);
+  const auto& t = ctx.GetServerTrailingMetadata();
+  if (trailers != nullptr) *trailers = t;
+  if (retry_after != nullptr) {
+    const auto it = t.find("retry-after");
+    *retry_after = it == t.end() ? "" : std::string(it->second.data(), it->second.size());
+  }
+  return s;
+}
+
+class GrpcAdapters : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    kinds_ = server::PolicyRegistry::builtin();
+    ConfigLoad load = load_config(kConfig, kinds_);
+    ASSERT_TRUE(load.config) << load.errors.front().to_string("test");
+    auto e = server::Engine::create(*load.config, SteadyClock::instance(), kinds_);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    engine_ = std::move(e.value());
+    service_ = std::make_unique<transport::GrpcService>(*engine_);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &sluice_port_);
+    b.RegisterService(service_.get());
+    sluice_ = b.BuildAndStart();
+    ASSERT_NE(sluice_, nullptr);
+  }
+  void TearDown() override {
+    if (backend_server_) backend_server_->Shutdown(std::chrono::system_clock::now() + 5s);
+    if (engine_) engine_->close();
+    if (sluice_) sluice_->Shutdown(std::chrono::system_clock::now() + 5s);
+  }
+
+  std::shared_ptr<grpc::Channel> sluice_channel() {
+    return grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice_port_),
+                               grpc::InsecureChannelCredentials());
+  }
+  std::shared_ptr<RemoteAdmitter> remote(const std::string& policy, bool fail_open = true,
+                                         std::shared_ptr<grpc::Channel> channel = nullptr) {
+    RemoteOptions o;
+    o.policy = policy;
+    o.fail_open = fail_open;
+    return std::make_shared<RemoteAdmitter>(channel ? channel : sluice_channel(), o);
+  }
+  // The backend, with the server interceptor when given an admitter.
+  void start_backend(std::shared_ptr<Admitter> server_side = nullptr) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &backend_port_);
+    b.RegisterService(&backend_);
+    if (server_side) b.experimental().SetInterceptorCreators(server_interceptors(server_side));
+    backend_server_ = b.BuildAndStart();
+    ASSERT_NE(backend_server_, nullptr);
+  }
+  std::unique_ptr<Health::Stub> stub(std::shared_ptr<Admitter> client_side) {
+    const std::string target = "127.0.0.1:" + std::to_string(backend_port_);
+    return Health::NewStub(
+        client_side ? admitted_channel(target, grpc::InsecureChannelCredentials(), client_side)
+                    : grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  }
+  nlohmann::json state(const std::string& policy) {
+    for (const server::PolicyInfo& p : engine_->policies())
+      if (p.name == policy) return nlohmann::json::parse(p.state_json);
+    ADD_FAILURE() << "no policy " << policy;
+    return {};
+  }
+  // Waits for the releases sent to reach the server.
+  void settle(const RemoteAdmitter& a) {
+    for (int i = 0; i < 500 && a.releases_in_flight() > 0; ++i) std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(a.releases_in_flight(), 0u);
+  }
+
+  server::PolicyRegistry kinds_;
+  std::unique_ptr<server::Engine> engine_;
+  std::unique_ptr<transport::GrpcService> service_;
+  std::unique_ptr<grpc::Server> sluice_;
+  int sluice_port_ = 0;
+  Backend backend_;
+  std::unique_ptr<grpc::Server> backend_server_;
+  int backend_port_ = 0;
+};
+
+TEST_F(GrpcAdapters, ClientCallsPastTheLimitAreRefusedAndNeverSent) {
+  start_backend();
+  auto admitter = remote("backend");
+  auto s = stub(admitter);
+  std::vector<std::future<grpc::Status>> holding;
+  for (int i = 0; i < 2; ++i)
+    holding.push_back(std::async(std::launch::async, [&] { return call(*s, "hold"); }));
+  backend_.wait_holding(2);
+  EXPECT_EQ(state("backend")["in_flight"], 2);
+  const int worked = backend_.worked.load();
+  const grpc::Status refused = call(*s, "ok");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("backend"), std::string::npos) << refused.error_message();
+  EXPECT_EQ(backend_.worked.load(), worked);  // never sent
+  backend_.let_go();
+  for (auto& f : holding) EXPECT_TRUE(f.get().ok());
+  EXPECT_TRUE(call(*s, "ok").ok());
+  settle(*admitter);
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(st["in_flight"], 0);
+  EXPECT_EQ(st["admitted"], 3);
+  EXPECT_EQ(st["refused_by_limit"], 1);
+  EXPECT_EQ(st["released"], 3);
+}
+
+TEST_F(GrpcAdapters, AChainedRateRefusalIsResourceExhaustedWithRetryAfterPerKey) {
+  start_backend();
+  auto admitter = remote("users");
+  auto s = stub(admitter);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(call(*s, "ok", "u1").ok()) << i;
+  std::string retry_after;
+  const grpc::Status refused = call(*s, "ok", "u1", nullptr, &retry_after);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  ASSERT_FALSE(retry_after.empty());
+  const int seconds = std::stoi(retry_after);  // whole seconds, rounded up
+  EXPECT_GE(seconds, 1);
+  EXPECT_LE(seconds, 60);
+  EXPECT_TRUE(call(*s, "ok", "u2").ok());  // another key has its own budget
+  settle(*admitter);
+  EXPECT_EQ(state("users")["in_flight"], 0);
+  EXPECT_EQ(state("users")["refused_by_rate"], 1);
+}
+
+TEST_F(GrpcAdapters, EachStatusReachesTheServerAsItsOutcome) {
+  start_backend();
+  auto admitter = remote("backend");
+  auto s = stub(admitter);
+  EXPECT_EQ(call(*s, "overload").error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(call(*s, "bad").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(call(*s, "ok").ok());
+  settle(*admitter);
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(st["dropped"], 1);  // UNAVAILABLE: an overload
+  EXPECT_EQ(st["ignored"], 1);  // INVALID_ARGUMENT: a failure, no latency evidence
+  EXPECT_EQ(st["released"], 3);
+  EXPECT_EQ(st["in_flight"], 0);
+}
+
+TEST_F(GrpcAdapters, ASluiceThatDoesNotAnswerFailsOpenOrClosedAsTold) {
+  start_backend();
+  // Nothing listens on a port the kernel just gave back.
+  auto gone = grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice::testing::free_port()),
+                                  grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(call(*stub(remote("backend", true, gone)), "ok").ok());
+  const grpc::Status closed = call(*stub(remote("backend", false, gone)), "ok");
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(closed.error_message().find("sluice admit on backend"), std::string::npos)
+      << closed.error_message();
+  // An unknown policy is the caller's mistake, not an outage: refused, whatever fail_open says.
+  const grpc::Status unknown = call(*stub(remote("nope", true)), "ok");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+}
+
+TEST_F(GrpcAdapters, TheInProcessLibraryAdmitsTheSame) {
+  start_backend();
+  AdaptiveGuard guard(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 1}),
+                      SteadyClock::instance());
+  auto s = stub(std::make_shared<LocalAdmitter>(guard));
+  auto held = std::async(std::launch::async, [&] { return call(*s, "hold"); });
+  backend_.wait_holding(1);
+  const grpc::Status refused = call(*s, "ok");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.error_message().find("concurrency limit reached: 1"), std::string::npos)
+      << refused.error_message();
+  backend_.let_go();
+  EXPECT_TRUE(held.get().ok());
+  EXPECT_EQ(call(*s, "overload").error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(call(*s, "bad").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const AdaptiveGuardStats st = guard.stats();
+  EXPECT_EQ(st.in_flight, 0u);
+  EXPECT_EQ(st.accepted, 3u);
+  EXPECT_EQ(st.rejected, 1u);
+  EXPECT_EQ(st.dropped, 1u);
+  EXPECT_EQ(st.ignored, 1u);
+}
+
+TEST_F(GrpcAdapters, TheServerInterceptorRefusesAndReleasesWithTheHandlersStatus) {
+  auto admitter = remote("backend");
+  start_backend(admitter);
+  auto plain = stub(nullptr);
+  std::vector<std::future<grpc::Status>> holding;
+  for (int i = 0; i < 2; ++i)
+    holding.push_back(std::async(std::launch::async, [&] { return call(*plain, "hold"); }));
+  backend_.wait_holding(2);
+  const int worked = backend_.worked.load();
+  const grpc::Status refused = call(*plain, "ok");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_EQ(backend_.worked.load(), worked);  // the handler's one line returned the refusal
+  // A handler that does not ask: its work is done, but the caller still gets the refusal.
+  backend_.check_refusal = false;
+  const grpc::Status overridden = call(*plain, "ok");
+  EXPECT_EQ(overridden.error_code(), grpc::StatusCode::UNAVAILABLE);
+  backend_.check_refusal = true;
+  backend_.let_go();
+  for (auto& f : holding) EXPECT_TRUE(f.get().ok());
+  EXPECT_EQ(call(*plain, "overload").error_code(), grpc::StatusCode::UNAVAILABLE);
+  settle(*admitter);
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(st["in_flight"], 0);
+  EXPECT_EQ(st["refused_by_limit"], 2);
+  EXPECT_EQ(st["dropped"], 1);
+  EXPECT_EQ(st["released"], 3);
+}
+
+}  // namespace
+}  // namespace sluice::adapters
