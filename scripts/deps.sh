@@ -21,10 +21,11 @@ SLUICE_BUILD_PACKAGES=(
 # etcd (server and etcdctl), started by the etcd coordinators' tests as clusters on loopback;
 # Chromium and Node.js, for the /ui page's browser test (npm comes with some builds of nodejs,
 # and on its own otherwise: sluice_install_npm); pyte, the terminal emulator `sluice top`'s test
-# reads its screen with.
+# reads its screen with; debhelper, dpkg-dev and systemd (systemd-analyze), for the Debian
+# package's test; prometheus (promtool) and python3-yaml, for the dashboard and rules' test.
 # shellcheck disable=SC2034  # read by scripts/test.sh, which sources this file
 SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client chromium nodejs
-  python3-pyte)
+  python3-pyte debhelper dpkg-dev systemd adduser prometheus python3-yaml)
 
 sluice_missing_packages() {
   local p

@@ -33,6 +33,17 @@ set_tests_properties(cli.top PROPERTIES
   ENVIRONMENT "SLUICE_BIN=$<TARGET_FILE:sluice_cli>;PYTHONDONTWRITEBYTECODE=1"
   LABELS integration TIMEOUT 120)
 
+# The Grafana dashboard and the Prometheus rules (deploy/): every query's metrics and labels
+# exported by a real server with a policy of every kind, the rules through promtool (check and
+# unit tests; Debian's prometheus package). About 5 s.
+add_test(NAME dashboards
+         COMMAND ${SLUICE_PYTHON} -m pytest -q -rxs -p no:cacheprovider
+                 ${PROJECT_SOURCE_DIR}/tests/dashboards
+         WORKING_DIRECTORY ${python_bin})
+set_tests_properties(dashboards PROPERTIES
+  ENVIRONMENT "SLUICE_BIN=$<TARGET_FILE:sluice_cli>;SLUICE_REQUIRE_PROMTOOL=1;PYTHONDONTWRITEBYTECODE=1"
+  LABELS integration TIMEOUT 120)
+
 # The throttler against real replicas (tests/throttler_db): a MariaDB primary and replica, a
 # PostgreSQL primary and streaming replica and a Redis pair, started and stopped by the suite;
 # lag made to appear and go, replicas killed, a MariaDB SIGSTOPped; then three servers sharing

@@ -334,9 +334,15 @@ void ThrottlerPolicy::metrics(std::vector<MetricFamily>& out) const {
                                    "Time a metric's load went unexplained by refused checks",
                                    MetricType::Counter,
                                    {}};
+  MetricFamily threshold{"sluice_throttler_metric_threshold",
+                         "A throttler metric's threshold (an app's rule may set its own)",
+                         MetricType::Gauge,
+                         {}};
   for (std::size_t i = 0; i < metrics_.size(); ++i) {
     ClientMetric c;
     c.label = {{"metric", metrics_[i].name}};
+    c.gauge.value = metrics_[i].threshold;
+    threshold.metric.push_back(c);
     c.gauge.value = audits_[i].unexplained ? 1 : 0;
     unexplained.metric.push_back(c);
     ClientMetric t;
@@ -351,6 +357,7 @@ void ThrottlerPolicy::metrics(std::vector<MetricFamily>& out) const {
   out.push_back(std::move(unexplained));
   out.push_back(std::move(unexplained_seconds));
   out.push_back(std::move(value));
+  out.push_back(std::move(threshold));
   out.push_back(std::move(age));
 }
 
