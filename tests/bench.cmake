@@ -32,6 +32,11 @@ if(TARGET sluice_transport)
   add_test(NAME bench_smoke.grpc_load
     COMMAND sluice_load --seconds 0.2 --levels 1,8 --repeat 1 --redis)
   set_tests_properties(bench_smoke.grpc_load PROPERTIES LABELS bench TIMEOUT 300)
+  # The gRPC call-site adapters against the bare handler, briefly: every call must succeed and
+  # every admission be released (its exit code).
+  add_test(NAME bench_smoke.grpc_adapter_load
+    COMMAND sluice_grpc_adapter_load --calls 50 --rounds 1)
+  set_tests_properties(bench_smoke.grpc_adapter_load PROPERTIES LABELS bench TIMEOUT 120)
   # A malformed option is refused by name (it used to read as 0, "use the default").
   add_test(NAME bench_smoke.grpc_load_bad_option COMMAND sluice_load --rate 5x)
   set_tests_properties(bench_smoke.grpc_load_bad_option PROPERTIES LABELS bench TIMEOUT 30

@@ -8,3 +8,12 @@ add_test(NAME ui.browser COMMAND bash ${PROJECT_SOURCE_DIR}/tests/ui/run.sh)
 set_tests_properties(ui.browser PROPERTIES
   ENVIRONMENT "SLUICE_BIN=$<TARGET_FILE:sluice_cli>;SLUICE_UI_SCREENSHOT=${PROJECT_BINARY_DIR}/ui.png"
   LABELS integration TIMEOUT 180)
+#   node.client  the Node client (clients/node: @grpc/grpc-js) and its Express middleware,
+#                against real servers its tests start; npm pack's tarball installed outside
+#                the checkout; the type declarations compiled. About 15 s.
+add_test(NAME node.client
+         COMMAND bash -c "{ [ -d node_modules/@grpc/grpc-js ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test"
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/clients/node)
+set_tests_properties(node.client PROPERTIES
+  ENVIRONMENT "SLUICE_BIN=$<TARGET_FILE:sluice_cli>"
+  LABELS integration TIMEOUT 300)

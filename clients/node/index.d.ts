@@ -1,0 +1,278 @@
+// Type declarations of sluice-client. Every duration is a number of seconds.
+
+import type { ChannelCredentials, ChannelOptions, Metadata } from '@grpc/grpc-js';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+
+/** How a leased call ended (the server's Outcome enum). */
+export type Outcome = 'success' | 'dropped' | 'ignored' | 'failed' | 'timeout' | 'overload';
+export const OUTCOMES: readonly Outcome[];
+
+/** Seconds on the monotonic clock (performance.now()) of Lease.admittedAt and Lease.deadline. */
+export function now(): number;
+
+/** The proto file a Client loads when given no protoPath: $SLUICE_PROTO, else the copy a packed
+ *  tarball carries, else ../../proto/sluice/v1/sluice.proto of the checkout. */
+export function defaultProtoPath(): string;
+
+/** A rate policy's answer for one key. */
+export class Decision {
+  readonly allowed: boolean;
+  /** The most hits the key may spend at once (GCRA: the burst). */
+  readonly limit: number;
+  /** Hits still allowed now, after this request. */
+  readonly remaining: number;
+  /** Seconds until the key's allowance is whole again. */
+  readonly resetAfter: number;
+  /** 0 when allowed; denied: seconds until the same request would pass; null: it never can. */
+  readonly retryAfter: number | null;
+  /** Denied for more than the key's own limit: why ("budget_spent", ...); "" otherwise. */
+  readonly reason: string;
+  /** With a reason, from check(): what the policy says of it; "" otherwise. */
+  readonly detail: string;
+  /** Allowed only because the policy runs in shadow: it would have refused. */
+  readonly wouldDeny: boolean;
+}
+
+/** A key's allowance after charge() (or a release with a cost). */
+export class Charge {
+  readonly limit: number;
+  readonly remaining: number;
+  /** Hits charged past the limit that the key's later checks are waiting out. */
+  readonly overdraft: number;
+  /** Federated: hits beyond this region's escrow, being taken from the global budget. */
+  readonly pending: number;
+  readonly resetAfter: number;
+  /** Seconds until a check of one hit could pass (0: now). */
+  readonly retryAfter: number;
+}
+
+/** An admitted call. Release it, or let client.lease() (or the middleware) do it. */
+export class Lease {
+  /** 32 hex digits; whoever knows it can release or extend the lease. */
+  readonly leaseId: string;
+  /** Seconds the lease lives without a heartbeat. */
+  ttl: number;
+  readonly policy: string;
+  /** now() when the admission returned. */
+  readonly admittedAt: number;
+  /** Set it to choose the outcome reported at release; null: decided at the end. */
+  outcome: Outcome | null;
+  /** Set once released through the client. */
+  released: boolean;
+  /** What the policy chose (a cascade's node); "" when it names nothing. */
+  readonly chosen: string;
+  /** now() by which the call must have ended (a fleet policy's call deadline); null: none. */
+  readonly deadline: number | null;
+  /** Seconds the call waited in a queue before it was admitted (0: none). */
+  readonly waited: number;
+  /** What the policy's kind answered beyond the above, by name. */
+  readonly attributes: Record<string, string | string[]>;
+  /** Admitted only because the policy runs in shadow; rejection says what it would have done. */
+  readonly wouldDeny: boolean;
+  readonly rejection: Refused | null;
+  /** Set it to what the call cost the chained rate policy, in hits; charged at the release. */
+  cost: number | null;
+  /** After a release with a cost: the chained rate key's Charge. */
+  charged: Charge | null;
+  /** Seconds until deadline (never negative); null: no deadline. */
+  timeLeft(): number | null;
+  toString(): string;
+}
+
+/** One policy as policies() reports it. */
+export class PolicyState {
+  readonly name: string;
+  /** rate, federated, adaptive, fleet, concurrency, cascade, throttler */
+  readonly kind: string;
+  /** The chained rate policy's name, or "". */
+  readonly rate: string;
+  /** Concurrency kinds: calls holding a permit (leases included). */
+  readonly inFlight: number;
+  /** Rate: hits per period; adaptive/fleet: the concurrency ceiling in force. */
+  readonly limit: number;
+  /** Every other detail, as GET /v1/policies shows it. */
+  readonly state: Record<string, unknown>;
+}
+
+/** Every policy of the server by name, plus the leases held and the config generation. */
+export class Policies extends Map<string, PolicyState> {
+  readonly leases: number;
+  readonly configGeneration: number;
+  /** The policies' names, sorted. */
+  names(): string[];
+}
+
+export interface CheckManyResult {
+  /** Every check passed, and all were debited; if not, none was. */
+  allowed: boolean;
+  /** One per check, in order, up to and including the first denial. */
+  decisions: Decision[];
+  /** The first denied check; null when allowed. */
+  deniedIndex: number | null;
+}
+
+export interface CallOptions {
+  /** Seconds this call may take (default: the client's timeout). */
+  timeout?: number;
+}
+
+export interface CheckOptions extends CallOptions {
+  /** Hits to spend, >= 1 (default 1). */
+  hits?: number;
+}
+
+export type CheckSpec = [policy: string, key: string, hits?: number] | { policy: string; key: string; hits?: number };
+
+export interface AdmitOptions extends CallOptions {
+  /** The caller's key, for a chained rate policy (a concurrency policy falls back to tenant). */
+  key?: string;
+  tenant?: string;
+  upstream?: string;
+  route?: string;
+  /** Seconds the lease lives without a heartbeat (default: the server's lease_ttl). */
+  ttl?: number;
+  /** A cascade's nodes not to choose (those a retry already tried). */
+  exclude?: string[];
+  /** Seconds to wait in an upstream's queue (0: do not wait); adds to the call's deadline. */
+  maxWait?: number;
+  /** What else the policy's kind reads, by name (an array for a list). */
+  attributes?: Record<string, string | string[]>;
+}
+
+export interface ReleaseOptions extends CallOptions {
+  /** Default "success". */
+  outcome?: Outcome;
+  /** The call's latency in seconds (default: the time the lease was held). */
+  rtt?: number;
+  /** What the call cost the chained rate policy, in hits (0 to 1e9). */
+  cost?: number;
+}
+
+export interface HeartbeatOptions extends CallOptions {
+  /** Seconds from now (default: the lease's current TTL). */
+  ttl?: number;
+}
+
+export interface ClientOptions {
+  /** Seconds each call may take (default 5). */
+  timeout?: number;
+  /** Default: insecure. */
+  credentials?: ChannelCredentials;
+  channelOptions?: ChannelOptions;
+  /** The sluice.proto to load (default: defaultProtoPath()). */
+  protoPath?: string;
+}
+
+export class Client {
+  constructor(target?: string, options?: ClientOptions);
+  readonly target: string;
+  readonly timeout: number;
+  close(): void;
+  /** Resolves once connected; rejects with Unavailable after `timeout` seconds. */
+  waitReady(timeout?: number): Promise<void>;
+
+  /** Spends hits for key if all are allowed now; a denial resolves with allowed === false. */
+  check(policy: string, key: string, options?: CheckOptions): Promise<Decision>;
+  /** The decision check() would give now, spending nothing. */
+  peek(policy: string, key: string, options?: CheckOptions): Promise<Decision>;
+  /** Several checks, all or nothing. */
+  checkMany(checks: Iterable<CheckSpec>, options?: CallOptions): Promise<CheckManyResult>;
+  /** Charges hits (negative: gives back) after the fact; never refused. */
+  charge(policy: string, key: string, hits: number, options?: CallOptions): Promise<Charge>;
+
+  /** Admits one call; rejects with Refused (429 or 503) when not admitted. */
+  admit(policy: string, options?: AdmitOptions): Promise<Lease>;
+  /** Ends a lease; resolves to the seconds it was held. */
+  release(lease: Lease | string, options?: ReleaseOptions | Outcome): Promise<number>;
+  /** Extends a lease; resolves to the TTL applied. */
+  heartbeat(lease: Lease | string, options?: HeartbeatOptions): Promise<number>;
+  /** Admits, awaits fn(lease), releases with the outcome and the RTT; resolves to fn's result. */
+  lease<T>(policy: string, options: AdmitOptions | undefined, fn: (lease: Lease) => T | Promise<T>): Promise<T>;
+  lease<T>(policy: string, fn: (lease: Lease) => T | Promise<T>): Promise<T>;
+
+  /** Every policy's state. */
+  policies(options?: CallOptions): Promise<Policies>;
+}
+
+/** A call failed: the server (or the channel) answered with a gRPC error status. */
+export class SluiceError extends Error {
+  constructor(message: string, code?: number);
+  /** The gRPC status code (grpc.status.NOT_FOUND is 5). */
+  readonly code: number;
+  /** Its name: "NOT_FOUND". */
+  readonly codeName: string;
+  /** The field the server's message names first ("key", "checks[1].hits"), or null. */
+  readonly field: string | null;
+  readonly metadata?: Metadata;
+  static readonly code: number;
+}
+export class InvalidArgument extends SluiceError {}
+export class NotFound extends SluiceError {}
+export class FailedPrecondition extends SluiceError {}
+export class PermissionDenied extends SluiceError {}
+export class Unavailable extends SluiceError {}
+export class DeadlineExceeded extends SluiceError {}
+
+/** An admit answered "not admitted". Not a SluiceError: flow control, not a failure. */
+export class Refused extends Error {
+  constructor(status: number, fields?: Partial<Omit<Refused, 'status' | 'problem' | 'name' | 'message'>>);
+  /** 429: a chained rate policy is over its rate; 503: a concurrency limit is reached. */
+  readonly status: number;
+  readonly title: string;
+  readonly type: string;
+  readonly detail: string;
+  /** Seconds until trying again makes sense; null: the same call can never pass. */
+  readonly retryAfter: number | null;
+  readonly policy: string;
+  readonly level: string;
+  readonly current: number;
+  readonly limit: number;
+  /** The RFC 9457 problem+json document the server sent. */
+  readonly problemJson: string;
+  /** It parsed ({} if none). */
+  readonly problem: Record<string, unknown>;
+  /** Seconds waited in a queue before the refusal (0: none). */
+  readonly waited: number;
+}
+
+/** Whether err says a call timed out (what lease() reports as "dropped"). */
+export function isTimeout(err: unknown): boolean;
+
+/** The outcome the middleware reports for a finished response's status. */
+export function outcomeOfStatus(status: number): Outcome;
+
+export interface MiddlewareOptions<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse> {
+  client: Client;
+  policy: string;
+  /** The key checked (rate) or passed to admit (default: req.ip). */
+  key?: string | ((req: Req) => string);
+  /** Hits a check takes (rate; default 1). */
+  hits?: number | ((req: Req) => number);
+  /** What else an admit sends (concurrency). */
+  admit?: Omit<AdmitOptions, 'key' | 'timeout'> | ((req: Req) => Omit<AdmitOptions, 'key' | 'timeout'>);
+  /** Default: from the policy's kind, asked once. */
+  mode?: 'check' | 'admit';
+  /** true (default): a request goes through when sluice cannot answer; false: 503. */
+  failOpen?: boolean;
+  /** Seconds each call to sluice may take (default 1). */
+  timeout?: number;
+  /** The outcome reported for a finished response (default: outcomeOfStatus(res.statusCode)). */
+  outcome?: (req: Req, res: Res) => Outcome;
+  /** true: the request goes through unasked. */
+  skip?: (req: Req) => boolean;
+  /** Told of the errors the middleware absorbs (default: a process warning, one a minute). */
+  onError?: (err: Error, req: Req) => void;
+}
+
+/** The middleware: (req, res, next) for Express, connect or node:http. */
+export function express<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
+  options: MiddlewareOptions<Req, Res>,
+): (req: Req, res: Res, next: (err?: unknown) => void) => void;
+
+declare module 'http' {
+  interface IncomingMessage {
+    /** Set by the sluice middleware: the Decision (rate) or the Lease (concurrency); null when
+     *  sluice could not answer and the request failed open, or the admit was refused. */
+    sluice?: Decision | Lease | null;
+  }
+}

@@ -1,0 +1,43 @@
+'use strict';
+// sluice-client: the Node.js client of `sluice serve` (gRPC service sluice.v1.Sluice) and an
+// Express middleware. See README.md.
+//
+//   const sluice = require('sluice-client');
+//   const client = new sluice.Client('127.0.0.1:7070', { timeout: 2 });
+//   const d = await client.check('api-rate', 'user-42');
+//   app.use(sluice.express({ client, policy: 'search', key: (req) => req.ip }));
+//
+// Every export is a plain identifier below, so that `import { Client } from 'sluice-client'`
+// finds it in this CommonJS module.
+
+const { Client } = require('./lib/client');
+const {
+  SluiceError, InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, Unavailable,
+  DeadlineExceeded, Refused, isTimeout,
+} = require('./lib/errors');
+const { OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, now } = require('./lib/types');
+const { expressMiddleware, outcomeOfStatus } = require('./lib/express');
+const { defaultProtoPath } = require('./lib/proto');
+
+module.exports = {
+  Client,
+  express: expressMiddleware,
+  outcomeOfStatus,
+  isTimeout,
+  defaultProtoPath,
+  OUTCOMES,
+  Decision,
+  Charge,
+  Lease,
+  PolicyState,
+  Policies,
+  now,
+  SluiceError,
+  InvalidArgument,
+  NotFound,
+  FailedPrecondition,
+  PermissionDenied,
+  Unavailable,
+  DeadlineExceeded,
+  Refused,
+};
