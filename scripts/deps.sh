@@ -22,10 +22,14 @@ SLUICE_BUILD_PACKAGES=(
 # Chromium and Node.js, for the /ui page's browser test (npm comes with some builds of nodejs,
 # and on its own otherwise: sluice_install_npm); pyte, the terminal emulator `sluice top`'s test
 # reads its screen with; debhelper, dpkg-dev and systemd (systemd-analyze), for the Debian
-# package's test; prometheus (promtool) and python3-yaml, for the dashboard and rules' test.
+# package's test; prometheus (promtool) and python3-yaml, for the dashboard and rules' test;
+# what the Python client's install test builds its wheel with (venv, setuptools, wheel, build)
+# and the frameworks its adapters are tested in (Flask, Starlette on uvicorn).
 # shellcheck disable=SC2034  # read by scripts/test.sh, which sources this file
 SLUICE_TEST_PACKAGES=(mariadb-server mariadb-client etcd-server etcd-client chromium nodejs
-  python3-pyte debhelper dpkg-dev systemd adduser prometheus python3-yaml)
+  python3-pyte debhelper dpkg-dev systemd adduser prometheus python3-yaml
+  python3-venv python3-setuptools python3-wheel python3-build python3-flask python3-starlette
+  python3-uvicorn)
 
 sluice_missing_packages() {
   local p

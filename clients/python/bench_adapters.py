@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""What the adapters add to a request's latency: a trivial handler served bare and behind each
+adapter, the same load on each, in the same run.
+
+  * WSGI: a Flask app ("/" answers "ok") on waitress (python3-waitress: werkzeug's server
+    closes every connection, waitress keeps them alive);
+  * ASGI: a Starlette app ("/" answers "ok") on uvicorn (h11);
+  * gRPC: a grpc.server with one unary bytes-echo method;
+
+each bare, behind the adapter on a rate policy (one Check per request), and behind it on a
+concurrency policy (Admit, then Release; the release waited for, the default, and in the
+background). Every server is its own process; this one sends the requests, sequentially, each
+variant over one keep-alive connection (gRPC: one channel), in interleaved rounds so that the
+variants share the machine's noise. It prints the median and the 99th percentile of each, and
+their ratios to the bare server's. A direct client's calls (Check; Admit + Release) are timed
+too, the floor of what an adapter can add, and the adapters' own code without any RPC (a stub
+that answers at once): the rest.
+
+Run it from a build (the CMake stubs on PYTHONPATH) or with the package installed:
+
+  cd build/test-default/clients/python && PYTHONPATH=$PWD/gen:$OLDPWD/clients/python \\
+    /usr/bin/python3 $OLDPWD/clients/python/bench_adapters.py
+
+Options: --requests N (measured per variant, default 5000), --rounds R (10), --warmup N (300),
+--sluice PATH (default $SLUICE_BIN, else build/test-default/apps/sluice/sluice), --only
+wsgi,asgi,grpc, --json FILE (the figures as JSON too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # sluice_client of this checkout, unless installed
+
+CONFIG = """\
+policies:
+  bench-rate: {kind: rate, limit: 1000000000, period: 1s}
+  bench-conc: {kind: adaptive, algorithm: fixed, limit: 1000}
+"""
+
+VARIANTS = [  # (name, policy, background_release)
+    ("bare", None, False),
+    ("rate", "bench-rate", False),
+    ("concurrency", "bench-conc", False),
+    ("concurrency, background release", "bench-conc", True),
+]
+
+
+# ---- the servers (child processes: --serve KIND) ----
+
+def serve(kind: str, policy: Optional[str], target: str, background: bool) -> None:
+    options = dict(target=target, background_release=background)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    if kind == "wsgi":
+        import flask
+        import waitress
+
+        from sluice_client.wsgi import SluiceWSGIMiddleware
+
+        app = flask.Flask("bench")
+        app.add_url_rule("/", "ok", lambda: "ok")
+        if policy:
+            app.wsgi_app = SluiceWSGIMiddleware(app.wsgi_app, policy, **options)
+        # waitress: HTTP/1.1 keep-alive (werkzeug's server closes every connection).
+        server = waitress.create_server(app, sockets=[sock], threads=4, channel_timeout=600)
+        print(port, flush=True)
+        server.run()
+    elif kind == "asgi":
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+
+        from sluice_client.asgi import SluiceASGIMiddleware
+
+        async def ok(request):
+            return PlainTextResponse("ok")
+
+        app = Starlette(routes=[Route("/", ok)])
+        if policy:
+            app.add_middleware(SluiceASGIMiddleware, policy=policy, **options)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http="h11",
+                                               lifespan="on", access_log=False,
+                                               timeout_keep_alive=600))
+        print(port, flush=True)
+        server.run(sockets=[sock])
+    elif kind == "grpc":
+        from concurrent import futures
+
+        import grpc
+
+        from sluice_client.grpc_interceptor import SluiceServerInterceptor
+
+        sock.close()
+        interceptors = [SluiceServerInterceptor(policy, **options)] if policy else []
+        server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=interceptors)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "bench.Echo", {"Say": grpc.unary_unary_rpc_method_handler(lambda r, c: r)})])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        print(port, flush=True)
+        server.wait_for_termination()
+    else:
+        raise SystemExit(f"unknown server kind {kind!r}")
+
+
+# ---- the load ----
+
+class Child:
+    def __init__(self, kind: str, policy: Optional[str], target: str, background: bool):
+        args = [sys.executable, __file__, "--serve", kind, "--target", target]
+        if policy:
+            args += ["--policy", policy]
+        if background:
+            args.append("--background-release")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{kind} server ({policy}) did not start")
+        self.port = int(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def http_caller(port: int) -> Callable[[], None]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def call() -> None:
+        conn.request("GET", "/")
+        r = conn.getresponse()
+        body = r.read()
+        if r.status != 200 or body != b"ok":
+            raise RuntimeError(f"answered {r.status} {body[:200]!r}")
+
+    return call
+
+
+def grpc_caller(port: int) -> Callable[[], None]:
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    say = channel.unary_unary("/bench.Echo/Say")
+
+    def call() -> None:
+        if say(b"x", timeout=10) != b"x":
+            raise RuntimeError("wrong answer")
+
+    return call
+
+
+def connect(make: Callable[[int], Callable[[], None]], port: int,
+            timeout: float = 15.0) -> Callable[[], None]:
+    """A caller for `port` that has answered once (the server may still be starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        call = make(port)
+        try:
+            call()
+            return call
+        except Exception:  # noqa: BLE001 - starting up
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def percentile(sorted_values: List[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[i]
+
+
+def measure(callers: Dict[str, Callable[[], None]], requests: int, rounds: int,
+            warmup: int) -> Dict[str, List[float]]:
+    """Each caller `requests` times in total, in `rounds` interleaved rounds; latencies (s)."""
+    for call in callers.values():
+        for _ in range(warmup):
+            call()
+    samples: Dict[str, List[float]] = {name: [] for name in callers}
+    per_round = max(1, requests // rounds)
+    clock = time.perf_counter
+    for r in range(rounds):
+        names = list(callers) if r % 2 == 0 else list(reversed(list(callers)))
+        for name in names:
+            call = callers[name]
+            out = samples[name]
+            for _ in range(per_round):
+                t0 = clock()
+                call()
+                out.append(clock() - t0)
+    return samples
+
+
+def summarize(samples: Dict[str, List[float]]) -> Dict[str, Dict[str, float]]:
+    out = {}
+    for name, values in samples.items():
+        v = sorted(values)
+        out[name] = {"n": len(v), "median_us": statistics.median(v) * 1e6,
+                     "p99_us": percentile(v, 0.99) * 1e6}
+    return out
+
+
+def gate_without_rpc() -> Dict[str, Callable[[], None]]:
+    """The adapters' own work per request (Gate.enter + Gate.exit, a WSGI request's view),
+    on a stub that answers at once: what is left when the RPCs are taken away."""
+    from sluice.v1 import sluice_pb2
+
+    from sluice_client.adapters import Gate
+    from sluice_client.wsgi import WSGIRequest
+
+    check = sluice_pb2.CheckResponse(decision=sluice_pb2.Decision(allowed=True, limit=10,
+                                                                   remaining=9))
+    admit = sluice_pb2.AdmitResponse(admitted=True, lease_id="0" * 32)
+    admit.ttl.seconds = 30
+    release = sluice_pb2.ReleaseResponse()
+
+    class Stub:
+        Check = staticmethod(lambda msg, timeout=None: check)
+        Admit = staticmethod(lambda msg, timeout=None: admit)
+        Release = staticmethod(lambda msg, timeout=None: release)
+
+    class FakeClient:
+        target, timeout, _stub = "in-memory", 1.0, Stub()
+
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "HTTP_X_API_KEY": "k"}
+    gates = {"rate": Gate("r", client=FakeClient(), kind="rate"),
+             "concurrency": Gate("c", client=FakeClient(), kind="concurrency")}
+
+    def one(gate):
+        def call():
+            adm = gate.enter(WSGIRequest("GET", "/", environ))
+            gate.exit(adm, "success")
+        return call
+
+    return {name: one(g) for name, g in gates.items()}
+
+
+def start_sluice(binary: str, workdir: Path):
+    cfg = workdir / "bench.yaml"
+    cfg.write_text(CONFIG)
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    log = open(workdir / "sluice.log", "wb")
+    proc = subprocess.Popen([binary, "serve", "--config", str(cfg), "--grpc",
+                             f"127.0.0.1:{ports[0]}", "--http", f"127.0.0.1:{ports[1]}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", ports[1], timeout=1)
+            c.request("GET", "/healthz")
+            if c.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"sluice serve did not start: {(workdir / 'sluice.log').read_text()}")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{ports[0]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--serve", choices=("wsgi", "asgi", "grpc"), help=argparse.SUPPRESS)
+    ap.add_argument("--policy", help=argparse.SUPPRESS)
+    ap.add_argument("--target", default="127.0.0.1:7070", help=argparse.SUPPRESS)
+    ap.add_argument("--background-release", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--sluice", default=os.environ.get("SLUICE_BIN") or
+                    str(REPO / "build" / "test-default" / "apps" / "sluice" / "sluice"))
+    ap.add_argument("--only", default="wsgi,asgi,grpc")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    if a.serve:
+        return serve(a.serve, a.policy, a.target, a.background_release)
+
+    from sluice_client import Client  # fails early without the stubs
+
+    results: Dict[str, Dict[str, Dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
+        sluice, target = start_sluice(a.sluice, Path(tmp))
+        children: List[Child] = []
+        try:
+            with Client(target, timeout=5) as client:
+                def admit_release():
+                    client.release(client.admit("bench-conc", key="k"))
+
+                direct = {"Check": lambda: client.check("bench-rate", "k"),
+                          "Admit + Release": admit_release}
+                results["direct client"] = summarize(measure(direct, a.requests, a.rounds,
+                                                             a.warmup))
+            results["adapter code alone"] = summarize(measure(gate_without_rpc(), a.requests,
+                                                              a.rounds, a.warmup))
+            for kind in a.only.split(","):
+                callers = {}
+                for name, policy, background in VARIANTS:
+                    child = Child(kind, policy, target, background)
+                    children.append(child)
+                    callers[name] = connect(grpc_caller if kind == "grpc" else http_caller,
+                                            child.port)
+                results[kind] = summarize(measure(callers, a.requests, a.rounds, a.warmup))
+                for c in children:
+                    c.stop()
+                children.clear()
+        finally:
+            for c in children:
+                c.stop()
+            sluice.send_signal(signal.SIGTERM)
+            sluice.wait(10)
+
+    load = os.getloadavg()
+    print(f"# {a.requests} sequential requests per variant over one keep-alive connection, "
+          f"{a.rounds} interleaved rounds, after {a.warmup} warm-up; {os.cpu_count()} CPUs, "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; Python "
+          f"{sys.version.split()[0]}")
+    print(f"{'server':<19} {'variant':<32} {'median us':>10} {'p99 us':>10} "
+          f"{'median x':>9} {'p99 x':>7}")
+    for kind, rows in results.items():
+        bare = rows.get("bare")
+        for name, r in rows.items():
+            ratio_m = f"{r['median_us'] / bare['median_us']:.2f}" if bare else "-"
+            ratio_p = f"{r['p99_us'] / bare['p99_us']:.2f}" if bare else "-"
+            print(f"{kind:<19} {name:<32} {r['median_us']:>10.0f} {r['p99_us']:>10.0f} "
+                  f"{ratio_m:>9} {ratio_p:>7}")
+    if a.json:
+        a.json.write_text(json.dumps({"load_average": load, "requests": a.requests,
+                                      "rounds": a.rounds, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,657 @@
+"""Admission for every request a server handles: what the ASGI middleware
+(:mod:`sluice_client.asgi`), the WSGI middleware (:mod:`sluice_client.wsgi`) and the gRPC server
+interceptor (:mod:`sluice_client.grpc_interceptor`) share.
+
+Each request is admitted on one policy of ``sluice serve`` before the application sees it:
+
+* a **rate** policy (``kind: rate``, or a federated one): one ``Check`` of ``hits`` for the
+  request's key. Denied: HTTP 429 (gRPC ``RESOURCE_EXHAUSTED``).
+* a **concurrency** policy (``adaptive``, ``fleet``, ``concurrency``, ``cascade``): ``Admit``
+  before, ``Release`` after, with the request's outcome and latency. Refused: the server's
+  status, 503 for a limit (gRPC ``UNAVAILABLE``) or 429 when the policy's chained rate policy
+  refused (gRPC ``RESOURCE_EXHAUSTED``).
+
+``kind="auto"`` (the default) learns which from the server: it checks first, and a policy that
+answers ``FAILED_PRECONDITION`` (a concurrency policy) is admitted from then on.
+
+A refusal carries ``Retry-After`` (whole seconds, rounded up; absent when the request can never
+pass) and an RFC 9457 ``application/problem+json`` body: the server's own document for an
+``Admit`` refusal, one of the same shape (``type urn:sluice:problem:rate-limit-exceeded``) for a
+denied check. Over gRPC the problem's title and detail are the status message, and the trailing
+metadata carries ``retry-after`` (seconds), ``grpc-retry-pushback-ms`` (gRPC's own retry
+pushback) and ``sluice-problem`` (the JSON document).
+
+The outcome a lease is released with (what an adaptive limit learns from):
+
+=============================================  ==========================================
+the request                                    outcome
+=============================================  ==========================================
+answered 1xx-4xx (but 408, 429)                ``success`` (its latency is evidence)
+answered 429 or 503 (the app shed it)          ``overload`` (a drop: the limit comes down)
+answered 408 or 504, or raised a TimeoutError  ``timeout`` (a drop: the limit comes down)
+answered any other 5xx, or raised              ``failed`` (no latency evidence)
+cancelled (the client went away)               ``ignored``
+=============================================  ==========================================
+
+and for gRPC, by status code: ``OK`` and the caller's errors success; ``RESOURCE_EXHAUSTED``
+and ``UNAVAILABLE`` overload; ``DEADLINE_EXCEEDED`` (or the client's deadline passed) timeout;
+``CANCELLED`` ignored; ``UNKNOWN``, ``INTERNAL``, ``UNIMPLEMENTED``, ``DATA_LOSS`` failed
+(:func:`~sluice_client.outcome_of_http`, :func:`~sluice_client.outcome_of_grpc`). The
+application may choose instead: ``current_admission().outcome = "dropped"``.
+
+A request whose own values the server rejects (an empty key, an unknown tenant: an
+``INVALID_ARGUMENT`` or ``NOT_FOUND`` naming a field other than ``policy``) is refused with 400
+(gRPC ``INVALID_ARGUMENT``), whatever the failure mode: a client must not get past admission by
+leaving a header out.
+
+When the sluice server cannot be asked (unreachable, no answer within ``timeout``, or any other
+error, an unknown policy included), ``fail_open=True`` (the default) lets the request through
+unchecked, and ``fail_open=False`` refuses it with 503 and ``Retry-After: unreachable_retry``.
+After a failure to reach it, the server is not asked again for ``unreachable_retry`` seconds (1
+s): the failure mode applies at once instead of every request waiting for its own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from .cascade import outcome_for_exception, outcome_of_grpc, outcome_of_http
+from .client import (_NEVER_SECONDS, _OUTCOME_ENUM, Client, _check_request, _decision,
+                     _duration, _seconds, sluice_pb2, sluice_pb2_grpc)
+from .errors import FailedPrecondition, SluiceError, from_rpc_error
+from .types import OUTCOMES, Decision, Lease
+
+__all__ = ["RequestInfo", "Admission", "Refusal", "Gate", "header", "route_key",
+           "current_admission", "KINDS"]
+
+log = logging.getLogger("sluice_client.adapters")
+
+KINDS = ("auto", "rate", "concurrency")
+
+# The admission of the request being handled (set around the application's call).
+_current: contextvars.ContextVar[Optional["Admission"]] = contextvars.ContextVar(
+    "sluice_admission", default=None)
+
+
+def current_admission() -> Optional["Admission"]:
+    """The :class:`Admission` of the request this code is handling (inside a middleware's or
+    the interceptor's call of the application), or ``None``. Set ``.outcome`` on it to choose
+    the outcome its lease is released with, or ``.cost`` to charge the chained rate policy."""
+    return _current.get()
+
+
+class RequestInfo:
+    """What a key function sees of a request, the same for every adapter.
+
+    Attributes:
+        method: the HTTP method (``""`` for gRPC).
+        path: the HTTP path (without the query string), or the gRPC method's full name
+            (``/package.Service/Method``).
+        route: ``"GET /items/7"`` for HTTP, the full method name for gRPC: the default key.
+        raw: the ASGI scope, the WSGI environ, or the gRPC ``HandlerCallDetails``.
+    """
+
+    __slots__ = ("method", "path", "route", "raw")
+
+    def __init__(self, method: str, path: str, raw: Any, route: Optional[str] = None):
+        self.method = method
+        self.path = path
+        self.route = route if route is not None else f"{method} {path}"
+        self.raw = raw
+
+    def header(self, name: str) -> Optional[str]:
+        """The request's header (gRPC: metadata) `name`, case-insensitive; ``None``: absent."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.route}>"
+
+
+def header(name: str, default: Optional[str] = None) -> Callable[[RequestInfo], Optional[str]]:
+    """A key function: the value of header (gRPC: metadata key) `name`, else `default` (else
+    the gate keys the request by its route)."""
+    lowered = name.lower()
+
+    def key(request: RequestInfo) -> Optional[str]:
+        value = request.header(lowered)
+        return value if value else default
+
+    key.__name__ = f"header({name!r})"
+    return key
+
+
+def route_key(request: RequestInfo) -> str:
+    """The default key function: ``"GET /items/7"`` (HTTP) or ``/pkg.Service/Method`` (gRPC)."""
+    return request.route
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is not let through, and how to say so.
+
+    Attributes:
+        status: 429 (a rate policy, or a concurrency policy's chained rate policy), 503 (a
+            concurrency limit; the sluice server could not be asked, with ``fail_open=False``)
+            or 400 (the server rejected what the request gave: an empty or unknown tenant...).
+        retry_after: seconds until trying again makes sense; ``None``: never (more hits than
+            the policy allows at once).
+        problem: the RFC 9457 problem document.
+    """
+
+    status: int
+    retry_after: Optional[float]
+    problem: Dict[str, Any]
+
+    @property
+    def retry_after_header(self) -> Optional[str]:
+        """``Retry-After``'s value: whole seconds, rounded up; ``None``: no header."""
+        if self.retry_after is None:
+            return None
+        return str(max(0, math.ceil(self.retry_after - 1e-9)))
+
+    def http_status_line(self) -> str:
+        return {400: "400 Bad Request", 429: "429 Too Many Requests",
+                503: "503 Service Unavailable"}.get(self.status, f"{self.status} Refused")
+
+    def http_headers(self, body: bytes) -> List[Tuple[str, str]]:
+        headers = [("Content-Type", "application/problem+json"),
+                   ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+        if self.retry_after_header is not None:
+            headers.append(("Retry-After", self.retry_after_header))
+        return headers
+
+    def body(self) -> bytes:
+        return json.dumps(self.problem, separators=(",", ":")).encode()
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        if self.status == 429:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED
+        if self.status == 400:
+            return grpc.StatusCode.INVALID_ARGUMENT
+        return grpc.StatusCode.UNAVAILABLE
+
+    def grpc_message(self) -> str:
+        title = self.problem.get("title") or ("Rate Limit Exceeded" if self.status == 429
+                                              else "Service Unavailable")
+        detail = self.problem.get("detail")
+        return f"{title}: {detail}" if detail else str(title)
+
+    def grpc_trailers(self) -> List[Tuple[str, str]]:
+        out = []
+        if self.retry_after_header is not None:
+            out.append(("retry-after", self.retry_after_header))
+            out.append(("grpc-retry-pushback-ms", str(max(0, math.ceil(self.retry_after * 1000)))))
+        out.append(("sluice-problem", json.dumps(self.problem, separators=(",", ":"),
+                                                 ensure_ascii=True)))
+        return out
+
+
+def _never(d) -> Optional[float]:
+    return None if d.seconds >= _NEVER_SECONDS else _seconds(d)
+
+
+def _rejection_refusal(r) -> Refusal:
+    retry_after = _never(r.retry_after) if r.HasField("retry_after") else None
+    try:
+        problem = json.loads(r.problem_json) if r.problem_json else {}
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict) or not problem:
+        problem = {"type": r.type or "about:blank", "title": r.title, "status": r.status,
+                   "detail": r.detail, "policy": r.policy}
+    return Refusal(int(r.status) or 503, retry_after, problem)
+
+
+def _decision_refusal(policy: str, d: Decision) -> Refusal:
+    # The key is not repeated in the detail: it may be a credential (an API key).
+    if d.reason:
+        detail = f"Rate policy {policy} refused this key: {d.reason}"
+        if d.detail:
+            detail += f" ({d.detail})"
+    else:
+        detail = f"Rate policy {policy}: no allowance left for this key (limit {d.limit})"
+    if d.retry_after is not None:
+        detail += f"; retry after {round(d.retry_after, 3):g}s"
+    problem: Dict[str, Any] = {
+        "type": "urn:sluice:problem:rate-limit-exceeded",
+        "title": "Rate Limit Exceeded",
+        "status": 429,
+        "detail": detail,
+        "limit_type": "rate",
+        "policy": policy,
+        "limit": d.limit,
+        "remaining": d.remaining,
+    }
+    if d.reason:
+        problem["reason"] = d.reason
+    if d.retry_after is not None:
+        problem["retry_after_seconds"] = max(0, math.ceil(d.retry_after - 1e-9))
+    return Refusal(429, d.retry_after, problem)
+
+
+def _request_at_fault(err: SluiceError) -> bool:
+    """The server rejected what the request gave (its key, tenant, upstream, ...), not the
+    policy: a malformed or unknown value, not something the failure mode may let through."""
+    return (err.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+            and bool(err.field) and err.field != "policy")
+
+
+def _bad_request_refusal(err: SluiceError) -> Refusal:
+    return Refusal(400, None, {
+        "type": "urn:sluice:problem:admission-bad-request",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": err.message,
+        "field": err.field,
+    })
+
+
+def _unavailable_refusal(retry_after: float) -> Refusal:
+    return Refusal(503, retry_after, {
+        "type": "urn:sluice:problem:admission-unavailable",
+        "title": "Admission Control Unavailable",
+        "status": 503,
+        "detail": "the admission-control server could not be asked; refused (fail closed)",
+        "retry_after_seconds": max(0, math.ceil(retry_after - 1e-9)),
+    })
+
+
+@dataclass
+class Admission:
+    """One request's admission.
+
+    Attributes:
+        policy: the policy asked.
+        request: the :class:`RequestInfo`.
+        key: the key it was admitted under.
+        decision: a rate policy's :class:`~sluice_client.Decision`; ``None`` otherwise.
+        lease: a concurrency policy's :class:`~sluice_client.Lease`; ``None`` otherwise.
+        refusal: set when the request is refused (it is then not passed on).
+        error: the :class:`~sluice_client.SluiceError` when the sluice server could not be asked
+            (``None`` too when it was skipped, see ``unchecked``).
+        unchecked: let through without an answer (``fail_open`` while the server was unreachable).
+        outcome: set it (one of ``sluice_client.OUTCOMES``) to choose the outcome the lease is
+            released with; ``None``: from the response.
+        cost: set it to charge the chained rate policy that many hits at the release.
+        released_outcome: the outcome the lease was released with (after the release).
+        rtt: the latency reported with it: seconds from the admission to the end of the
+            response (after the release).
+    """
+
+    policy: str
+    request: Optional[RequestInfo] = None
+    key: str = ""
+    decision: Optional[Decision] = None
+    lease: Optional[Lease] = None
+    refusal: Optional[Refusal] = None
+    error: Optional[SluiceError] = None
+    unchecked: bool = False
+    outcome: Optional[str] = None
+    cost: Optional[int] = None
+    released_outcome: Optional[str] = None
+    rtt: Optional[float] = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def admitted(self) -> bool:
+        return self.refusal is None
+
+
+# An operation the gate asks its driver to perform: (rpc name, request message, background,
+# deadline in seconds). A background operation is not waited for; its failure is logged.
+Op = Tuple[str, Any, bool, float]
+Flow = Generator[Op, Any, Any]
+
+StrOrFn = Union[str, Callable[[RequestInfo], Optional[str]]]
+
+
+def _value(spec: Optional[StrOrFn], request: RequestInfo) -> str:
+    if spec is None:
+        return ""
+    if callable(spec):
+        return spec(request) or ""
+    return spec
+
+
+class Gate:
+    """The admission logic, whatever the transport: :meth:`enter` before the application, and
+    :meth:`exit` after it (synchronous, on a :class:`~sluice_client.Client`), or
+    :meth:`enter_async` and :meth:`exit_async` (on a ``grpc.aio`` channel of the loop's own).
+
+    Arguments (the adapters take the same keywords):
+        policy: the policy's name.
+        client: a :class:`~sluice_client.Client` to use (synchronous adapters); else one is made
+            for ``target`` with ``timeout``.
+        target: ``host:port`` of the sluice server's gRPC API (default ``127.0.0.1:7070``).
+        timeout: seconds to wait for an answer (0.5; the request waits that long at most).
+        credentials, options: for the channel made for ``target``.
+        kind: ``"rate"``, ``"concurrency"`` or ``"auto"`` (learnt from the server).
+        key: a function of the :class:`RequestInfo` giving the key (a falsy result: the route);
+            :func:`header` makes one. Default: :func:`route_key`.
+        hits: hits a request spends on a rate policy (an int or a function of the request).
+        tenant, upstream, route: a concurrency policy's attributes (a string or a function of
+            the request).
+        ttl: the lease's lifetime (seconds; ``None``: the server's ``lease_ttl``). A request
+            that outlives it loses its lease (released as expired by the server).
+        max_wait: seconds a request may wait in a concurrency upstream's ``queue`` for a slot
+            (0, the default: refused at once when full); the admission's deadline is then
+            ``timeout + max_wait``.
+        fail_open: let requests through when the server cannot be asked (default ``True``).
+        unreachable_retry: seconds before asking an unreachable server again (1.0); also the
+            ``Retry-After`` of a fail-closed refusal.
+        background_release: release without waiting for the answer (``False``: the release is
+            done before the next request on the same connection is read, so a client's
+            sequential requests never race their own leases).
+        skip: a function of the request: ``True`` lets it through without admission.
+    """
+
+    def __init__(self, policy: str, *, client: Optional[Client] = None,
+                 target: str = "127.0.0.1:7070", timeout: float = 0.5,
+                 credentials: Optional[grpc.ChannelCredentials] = None,
+                 options: Sequence[Tuple[str, Any]] = (), kind: str = "auto",
+                 key: Optional[Callable[[RequestInfo], Optional[str]]] = None,
+                 hits: Union[int, Callable[[RequestInfo], int]] = 1,
+                 tenant: Optional[StrOrFn] = None, upstream: Optional[StrOrFn] = None,
+                 route: Optional[StrOrFn] = None, ttl: Optional[float] = None,
+                 max_wait: float = 0.0, fail_open: bool = True, unreachable_retry: float = 1.0,
+                 background_release: bool = False,
+                 skip: Optional[Callable[[RequestInfo], bool]] = None):
+        if not policy or not isinstance(policy, str):
+            raise ValueError(f"policy: must be a policy's name, not {policy!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind: must be one of {', '.join(KINDS)}, not {kind!r}")
+        if key is not None and not callable(key):
+            raise TypeError(f"key: must be a function of the request (e.g. "
+                            f"sluice_client.adapters.header('x-api-key')), not {key!r}")
+        if max_wait < 0:
+            raise ValueError(f"max_wait: must be >= 0, not {max_wait!r}")
+        if unreachable_retry < 0:
+            raise ValueError(f"unreachable_retry: must be >= 0, not {unreachable_retry!r}")
+        self.policy = policy
+        self.kind = kind
+        self._resolved = "concurrency" if kind == "concurrency" else "rate"
+        self.key = key or route_key
+        self.hits = hits
+        self.tenant, self.upstream, self.route = tenant, upstream, route
+        self.ttl = ttl
+        self.max_wait = float(max_wait)
+        self.fail_open = fail_open
+        self.unreachable_retry = float(unreachable_retry)
+        self.background_release = background_release
+        self.skip = skip
+        self._own_client = client is None
+        self.client = client
+        self.target = client.target if client is not None else target
+        self.timeout = client.timeout if client is not None else timeout
+        self._credentials = credentials
+        self._options = list(options)
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._logged_down_until = 0.0
+        self._aio: Optional[Tuple[Any, Any, Any]] = None  # (loop, channel, stub)
+        self._pending: set = set()
+        self.stats: Dict[str, int] = dict.fromkeys(
+            ("admitted", "refused", "bad_request", "unchecked", "failed_closed", "released",
+             "release_errors"),
+            0)
+
+    # ---- the flows, whatever the transport ----
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.stats[name] += 1
+
+    def _enter(self, request: RequestInfo) -> Flow:
+        adm = Admission(self.policy, request)
+        if time.monotonic() < self._down_until:
+            return self._failure(adm, None)
+        adm.key = self.key(request) or request.route
+        hits = self.hits(request) if callable(self.hits) else self.hits
+        kind = self._resolved
+        err: Optional[SluiceError] = None
+        for _ in range(2):
+            try:
+                if kind == "rate":
+                    resp = yield ("Check", _check_request(self.policy, adm.key, hits), False,
+                                  self.timeout)
+                    d = _decision(resp.decision)
+                    adm.decision = d
+                    if not d.allowed:
+                        adm.refusal = _decision_refusal(self.policy, d)
+                else:
+                    resp = yield ("Admit", self._admit_request(request, adm.key), False,
+                                  self.timeout + self.max_wait)
+                    if resp.admitted:
+                        adm.lease = Lease(
+                            lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=self.policy,
+                            chosen=resp.chosen, would_deny=resp.would_deny,
+                            deadline=(time.monotonic() + _seconds(resp.call_deadline)
+                                      if resp.HasField("call_deadline") else None))
+                    else:
+                        adm.refusal = _rejection_refusal(resp.rejection)
+                adm.started = time.monotonic()
+                self._count("refused" if adm.refusal else "admitted")
+                return adm
+            except FailedPrecondition as e:
+                # A check on a concurrency policy, or an admit on a rate policy: with "auto",
+                # the policy is of the other family (or was reloaded as one).
+                err = e
+                if self.kind != "auto":
+                    break
+                kind = "concurrency" if kind == "rate" else "rate"
+                self._resolved = kind
+            except SluiceError as e:
+                if _request_at_fault(e):
+                    adm.error = e
+                    adm.refusal = _bad_request_refusal(e)
+                    self._count("bad_request")
+                    return adm
+                err = e
+                break
+        return self._failure(adm, err)
+
+    def _admit_request(self, request: RequestInfo, key: str):
+        msg = sluice_pb2.AdmitRequest(policy=self.policy, key=key,
+                                      tenant=_value(self.tenant, request),
+                                      upstream=_value(self.upstream, request),
+                                      route=_value(self.route, request))
+        if self.ttl is not None:
+            msg.ttl.CopyFrom(_duration(self.ttl, "ttl"))
+        msg.max_wait.CopyFrom(_duration(self.max_wait, "max_wait"))
+        return msg
+
+    def _failure(self, adm: Admission, err: Optional[SluiceError]) -> Admission:
+        now = time.monotonic()
+        adm.error = err
+        if err is not None:
+            if err.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self._down_until = now + self.unreachable_retry
+            if now >= self._logged_down_until:  # one line per unreachable_retry at most
+                self._logged_down_until = now + max(self.unreachable_retry, 1.0)
+                log.warning("sluice %s, policy %s: %s; requests are %s", self.target,
+                            self.policy, err,
+                            "let through (fail open)" if self.fail_open
+                            else "refused (fail closed)")
+        if self.fail_open:
+            adm.unchecked = True
+            self._count("unchecked")
+        else:
+            adm.refusal = _unavailable_refusal(self.unreachable_retry)
+            self._count("failed_closed")
+        return adm
+
+    def _exit(self, adm: Admission, outcome: str) -> Flow:
+        if adm.lease is None or adm.lease.released:
+            return
+        if adm.outcome is not None:
+            outcome = adm.outcome
+        if outcome not in _OUTCOME_ENUM:
+            log.warning("policy %s: outcome %r is not one of %s; released as 'ignored'",
+                        self.policy, outcome, ", ".join(OUTCOMES))
+            outcome = "ignored"
+        adm.lease.released = True
+        adm.released_outcome = outcome
+        msg = sluice_pb2.ReleaseRequest(lease_id=adm.lease.lease_id,
+                                        outcome=_OUTCOME_ENUM[outcome])
+        adm.rtt = max(0.0, time.monotonic() - adm.started)
+        msg.rtt.CopyFrom(_duration(adm.rtt, "rtt"))
+        if adm.cost is not None:
+            msg.cost = adm.cost
+        try:
+            yield ("Release", msg, self.background_release, self.timeout)
+            self._count("released")
+        except SluiceError as e:
+            self._release_failed(e)
+
+    def _release_failed(self, err: BaseException) -> None:
+        self._count("release_errors")
+        log.warning("sluice %s, policy %s: release failed (the lease expires after its TTL): %s",
+                    self.target, self.policy, err)
+
+    # ---- outcomes ----
+
+    @staticmethod
+    def outcome_of_http(status: Optional[int], exc: Optional[BaseException]) -> str:
+        """The outcome of an HTTP request that answered `status` and/or raised `exc`."""
+        if exc is not None:
+            return outcome_for_exception(exc)
+        if status is None:
+            return "failed"  # the application answered nothing: the server answers 500
+        return outcome_of_http(status)
+
+    @staticmethod
+    def outcome_of_grpc(code: Optional[grpc.StatusCode], exc: Optional[BaseException]) -> str:
+        """The outcome of a gRPC call that ended with `code` (None: OK) and/or raised `exc`."""
+        if code is not None and code != grpc.StatusCode.OK:
+            return outcome_of_grpc(code)
+        if exc is not None:
+            return outcome_for_exception(exc)
+        return "success"
+
+    # ---- synchronous driver ----
+
+    def _sync_client(self) -> Client:
+        if self.client is None:
+            with self._lock:
+                if self.client is None:
+                    self.client = Client(self.target, timeout=self.timeout,
+                                         credentials=self._credentials, options=self._options)
+        return self.client
+
+    def _run(self, flow: Flow):
+        stub = self._sync_client()._stub
+        try:
+            op = next(flow)
+            while True:
+                name, msg, background, deadline = op
+                method = getattr(stub, name)
+                if background:
+                    future = method.future(msg, timeout=deadline)
+                    # Held until done: grpc cancels a call whose future is collected.
+                    with self._lock:
+                        self._pending.add(future)
+                    future.add_done_callback(self._sync_background_done)
+                    op = flow.send(None)
+                    continue
+                try:
+                    resp = method(msg, timeout=deadline)
+                except grpc.RpcError as e:
+                    op = flow.throw(from_rpc_error(e))
+                else:
+                    op = flow.send(resp)
+        except StopIteration as stop:
+            return stop.value
+
+    def _sync_background_done(self, future) -> None:
+        with self._lock:
+            self._pending.discard(future)
+        exc = future.exception()
+        if exc is not None:
+            self._release_failed(from_rpc_error(exc) if isinstance(exc, grpc.RpcError) else exc)
+
+    def skipped(self, request: RequestInfo) -> bool:
+        return self.skip is not None and bool(self.skip(request))
+
+    def enter(self, request: RequestInfo) -> Admission:
+        """Admits `request` (synchronously): an :class:`Admission`, refused or not."""
+        return self._run(self._enter(request))
+
+    def exit(self, adm: Admission, outcome: str) -> None:
+        """Releases the admission's lease (if any) with `outcome` (``adm.outcome`` wins)."""
+        if adm.lease is not None:
+            self._run(self._exit(adm, outcome))
+
+    # ---- asynchronous driver (grpc.aio, one channel per event loop) ----
+
+    def _aio_stub(self):
+        loop = asyncio.get_running_loop()
+        current = self._aio
+        if current is None or current[0] is not loop:
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            else:
+                channel = grpc.aio.secure_channel(self.target, self._credentials,
+                                                  options=self._options)
+            current = (loop, channel, sluice_pb2_grpc.SluiceStub(channel))
+            self._aio = current
+        return current[2]
+
+    async def _run_async(self, flow: Flow):
+        stub = self._aio_stub()
+        try:
+            op = next(flow)
+            while True:
+                name, msg, background, deadline = op
+                method = getattr(stub, name)
+                if background:
+                    task = asyncio.ensure_future(self._background(method(msg, timeout=deadline)))
+                    self._pending.add(task)  # a reference until it is done
+                    task.add_done_callback(self._pending.discard)
+                    op = flow.send(None)
+                    continue
+                try:
+                    resp = await method(msg, timeout=deadline)
+                except grpc.RpcError as e:
+                    op = flow.throw(from_rpc_error(e))
+                else:
+                    op = flow.send(resp)
+        except StopIteration as stop:
+            return stop.value
+
+    async def _background(self, call) -> None:
+        try:
+            await call
+        except grpc.RpcError as e:
+            self._release_failed(from_rpc_error(e))
+
+    async def enter_async(self, request: RequestInfo) -> Admission:
+        """:meth:`enter` on the running event loop."""
+        return await self._run_async(self._enter(request))
+
+    async def exit_async(self, adm: Admission, outcome: str) -> None:
+        """:meth:`exit` on the running event loop."""
+        if adm.lease is not None:
+            await self._run_async(self._exit(adm, outcome))
+
+    async def aclose(self) -> None:
+        """Closes the grpc.aio channel of the running loop (if one was opened)."""
+        current, self._aio = self._aio, None
+        if current is not None:
+            await current[1].close()
+
+    def close(self) -> None:
+        """Closes the synchronous client, if the gate made it."""
+        if self._own_client and self.client is not None:
+            self.client.close()
+
