@@ -84,7 +84,13 @@ std::string Engine::metrics_text() const {
     for (prometheus::ClientMetric& m : family.metric)
       for (prometheus::ClientMetric::Label& l : m.label)
         if (!is_utf8(l.value)) l.value = utf8_or_replaced(l.value);
-  return prometheus::TextSerializer().Serialize(out);
+  std::string text = prometheus::TextSerializer().Serialize(out);
+  // The text format spells a missing value NaN; the serializer writes "Nan" (a failed throttler
+  // sample). A sample's value ends its line, and a label value cannot hold a raw newline.
+  for (std::size_t at = text.find(" Nan\n"); at != std::string::npos;
+       at = text.find(" Nan\n", at + 5))
+    text[at + 3] = 'N';
+  return text;
 }
 
 }  // namespace sluice::server

@@ -4,6 +4,7 @@
 a command probe reads from a file the test writes."""
 
 import datetime
+import re
 import shutil
 import signal
 import subprocess
@@ -105,6 +106,10 @@ def test_a_probe_that_fails_counts_as_over_and_says_why(start_server, tmp_path):
     body = check(server).json()
     assert body["reason"] == "probe_failed"
     assert "command exited with 1" in body["Message"], body
+    # The failed sample is a missing value, spelled as the exposition format spells it.
+    text = server.http("GET", "/metrics").text
+    assert re.search(r'^sluice_throttler_metric_value\{[^}]*metric="depth"[^}]*\} NaN$', text,
+                     re.M), text
     value.write_text("not-a-number\n")
     wait_until(lambda: "not a number" in check(server).json()["Message"], 5,
                what="a word that is not a number")
