@@ -1198,9 +1198,11 @@ class FederatedNode(Node):
         self.region, self.fed, self.pool = region, fed, pool
         # A check that leases waits for at most one coordinator call (lease_timeout); with a
         # pool, for up to three (take, lease, refill: sluice/core/pool_lease.h), each bounded
-        # by lease_timeout.
+        # by lease_timeout. Three quarters of a second more: in CI the suite shares 2 cores
+        # with other tests (a PostgreSQL's initdb, a model search), and a region starved that
+        # long is not a check that hangs (which this deadline is there to catch).
         calls = 3 if pool is not None else 1
-        self.check_timeout = calls * fed.lease_timeout_ms / 1000 + 0.25
+        self.check_timeout = calls * fed.lease_timeout_ms / 1000 + 0.75
         super().__init__(workdir, name or region, binary, coordinator, fed.budget,
                          FleetConfig())
 
