@@ -147,7 +147,12 @@ def test_check_many_refund_restores_exactly_what_it_took(client, key):
 def test_retry_after_and_reset_after_are_honest(client, key):
     k = key()
     assert client.check("api-rate", k, hits=20).allowed
-    d = client.check("api-rate", k)
+    # The burst spent: a check is refused until one emission interval (10 ms at 100/s) has
+    # passed since the last; on a loaded machine the next call may come later and pass.
+    for _ in range(5):
+        d = client.check("api-rate", k)
+        if not d.allowed:
+            break
     assert not d.allowed and 0 < d.retry_after <= 0.011
     time.sleep(d.retry_after + 0.002)
     assert client.check("api-rate", k).allowed  # it passes once retry_after has passed
