@@ -260,10 +260,12 @@ class Poller {
   std::unique_ptr<pb::Sluice::Stub> stub_;
 };
 
-// The rows of `now`, against the states of one interval before (by policy name).
+// The rows of `now`, against the states of one interval before (by policy name), which then
+// become `now`'s.
 std::vector<TopRow> rows_of(const pb::ListPoliciesResponse& now,
-                            const std::map<std::string, json>& before, double seconds) {
+                            std::map<std::string, json>& before, double seconds) {
   std::vector<TopRow> rows;
+  std::map<std::string, json> states;
   for (const auto& p : now.policies()) {
     json state = json::parse(p.state_json(), nullptr, false);
     if (!state.is_object()) state = json::object();
@@ -272,7 +274,9 @@ std::vector<TopRow> rows_of(const pb::ListPoliciesResponse& now,
     if (!state.contains("in_flight") && admit_kind(p.kind())) state["in_flight"] = p.in_flight();
     const auto it = before.find(p.name());
     rows.push_back(top_row(state, it != before.end() ? it->second : json(), seconds));
+    states[p.name()] = std::move(state);
   }
+  before = std::move(states);
   return rows;
 }
 
@@ -393,13 +397,6 @@ int run_top(const ClientOptions& o, const TopOptions& t) {
     }
     const double seconds = std::chrono::duration<double>(now - last).count();
     view.rows = rows_of(resp, before, before.empty() ? 0 : seconds);
-    before.clear();
-    for (const auto& p : resp.policies()) {
-      json state = json::parse(p.state_json(), nullptr, false);
-      if (!state.is_object()) state = json::object();
-      state["kind"] = p.kind();
-      before[p.name()] = std::move(state);
-    }
     last = now;
     view.status =
         fmt::format("generation {}, {} lease(s)", resp.config_generation(), resp.leases());
