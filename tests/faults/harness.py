@@ -1251,6 +1251,15 @@ def redis_cli(c: Coordinator, *args: str) -> str:
     return r.stdout.strip()
 
 
+def sentinels_ready(sentinels: Sequence["RedisSentinel"], replica: Coordinator) -> bool:
+    """Whether every sentinel knows `replica` and can reach its quorum and a failover's
+    authorization (SENTINEL CKQUORUM): sentinels learn of each other from hello messages every
+    2 s, and a primary killed before that is never failed over."""
+    return all(str(replica.port) in redis_cli(s, "SENTINEL", "replicas", s.master) and
+               redis_cli(s, "SENTINEL", "CKQUORUM", s.master).startswith("OK")
+               for s in sentinels)
+
+
 @dataclass
 class RedisLease:
     t: float  # Redis's clock when it received the call (same machine: the wall clock)

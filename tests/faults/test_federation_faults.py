@@ -1162,9 +1162,8 @@ def test_redis_sentinel_failover_after_a_sigkill_of_the_primary(tmp_path, scratc
                  for i in range(3)]
     for s in sentinels:
         s.start()
-    harness.wait_until(lambda: all(str(replica.port) in harness.redis_cli(
-        s, "SENTINEL", "replicas", "sluice") for s in sentinels), 15,
-        what="every sentinel to know the replica")
+    harness.wait_until(lambda: harness.sentinels_ready(sentinels, replica), 15,
+                       what="every sentinel to know the replica and its quorum")
     coord = harness.SentinelFailover(sentinels, "redis + replica, 3 sentinels")
 
     def inject(c, run):

@@ -326,9 +326,8 @@ def test_a_sentinel_failover_after_the_primary_is_killed(request, results, workd
         for s in sentinels:
             made.append(s)
             s.start()
-        wait_until(lambda: all(str(replica.port) in harness.redis_cli(
-            s, "SENTINEL", "replicas", "sluice") for s in sentinels), 15, 0.05,
-            "every sentinel to know the replica")
+        wait_until(lambda: harness.sentinels_ready(sentinels, replica), 15, 0.05,
+                   "every sentinel to know the replica and its quorum")
         coord = harness.SentinelFailover(sentinels, "redis + replica, 3 sentinels")
 
         def failover(nodes, c):

@@ -40,13 +40,17 @@ class SentinelSet {
       return Status(StatusCode::kInternal, "REPLICAOF refused");
     for (auto& s : sentinels)
       if (Status st = s.start(primary.port(), kMaster, 2, 500, 2000); !st.ok()) return st;
-    // The replica in sync, and every sentinel aware of it (failover needs a known replica).
+    // The replica in sync, and every sentinel aware of it (failover needs a known replica) and
+    // of the others (CKQUORUM: sentinels learn of each other from hello messages every 2 s, and
+    // a primary killed before that is never failed over).
     for (int i = 0; i < 1000; ++i) {
       bool ready = cli(replica.port(), "INFO replication").find("master_link_status:up") !=
                    std::string::npos;
       for (auto& s : sentinels)
-        ready = ready && cli(s.port(), std::string("SENTINEL replicas ") + kMaster)
-                                 .find(std::to_string(replica.port())) != std::string::npos;
+        ready = ready &&
+                cli(s.port(), std::string("SENTINEL replicas ") + kMaster)
+                        .find(std::to_string(replica.port())) != std::string::npos &&
+                cli(s.port(), std::string("SENTINEL CKQUORUM ") + kMaster).starts_with("OK");
       if (ready) return {};
       std::this_thread::sleep_for(milliseconds(20));
     }
