@@ -8,6 +8,9 @@
 //   server/local    the server interceptor doing the same on the handler's side
 //   client/remote   the client interceptor admitting through a sluice server's Admit and
 //                   Release (the engine and its gRPC service, in this process, over loopback)
+//   client/rate     the same through the server's Check on a rate policy, one per call
+//   client/rate+a   the same with an allowance: one Check of 128 hits per 128 calls, the rest
+//                   admitted in the interceptor (sluice/adapters/rate_allowance.h)
 // Prints, per setup, the median and p99 latency in microseconds and each as a ratio to bare's.
 //   sluice_grpc_adapter_load [--calls N] [--rounds R]
 #include <grpcpp/grpcpp.h>
@@ -113,7 +116,9 @@ int main(int argc, char** argv) {
   // The remote sluice: an adaptive policy with room for every call.
   sluice::server::PolicyRegistry kinds = sluice::server::PolicyRegistry::builtin();
   sluice::ConfigLoad load = sluice::load_config(
-      "policies:\n  backend:\n    kind: adaptive\n    algorithm: fixed\n    limit: 1000\n", kinds);
+      "policies:\n  backend:\n    kind: adaptive\n    algorithm: fixed\n    limit: 1000\n"
+      "  budget:\n    kind: rate\n    limit: 1000000000\n    period: 1s\n",
+      kinds);
   auto engine =
       sluice::server::Engine::create(*load.config, sluice::SteadyClock::instance(), kinds);
   if (!engine.ok()) {
@@ -135,6 +140,17 @@ int main(int argc, char** argv) {
       grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice_port),
                           grpc::InsecureChannelCredentials()),
       ad::RemoteOptions{.policy = "backend"});
+
+  const auto sluice_channel = [&] {
+    return grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice_port),
+                               grpc::InsecureChannelCredentials());
+  };
+  auto rate = std::make_shared<ad::RemoteRateAdmitter>(sluice_channel(),
+                                                       ad::RemoteRateOptions{.policy = "budget"});
+  ad::RemoteRateOptions with_allowance{.policy = "budget"};
+  with_allowance.allowance = 128;
+  with_allowance.allowance_hold = std::chrono::milliseconds(100);
+  auto allowance = std::make_shared<ad::RemoteRateAdmitter>(sluice_channel(), with_allowance);
 
   Backend plain(nullptr), guarded(local);
   const auto target = [](const Backend& b) { return "127.0.0.1:" + std::to_string(b.port); };
@@ -160,6 +176,14 @@ int main(int argc, char** argv) {
                     Health::NewStub(ad::admitted_channel(
                         target(plain), grpc::InsecureChannelCredentials(), remote)),
                     {}});
+  setups.push_back({"client/rate",
+                    Health::NewStub(ad::admitted_channel(target(plain),
+                                                         grpc::InsecureChannelCredentials(), rate)),
+                    {}});
+  setups.push_back({"client/rate+a",
+                    Health::NewStub(ad::admitted_channel(
+                        target(plain), grpc::InsecureChannelCredentials(), allowance)),
+                    {}});
   for (Setup& s : setups) run(*s.stub, std::min(calls, 200));  // connect and warm up
   for (int r = 0; r < rounds; ++r)
     for (Setup& s : setups) {
@@ -179,6 +203,13 @@ int main(int argc, char** argv) {
       engine.value()->policies().front().state_json.find("\"in_flight\":0") != std::string::npos;
   std::printf("%d calls x %d rounds per setup; in flight at the end: guard %u, sluice %s\n", calls,
               rounds, guard.stats().in_flight, released ? "0" : "not 0");
+  const ad::AllowanceStats a = allowance->allowance_stats();
+  std::printf(
+      "allowance: %llu blocks granted, %llu calls admitted in the interceptor, %llu hits "
+      "dropped\n",
+      static_cast<unsigned long long>(a.blocks_granted),
+      static_cast<unsigned long long>(a.local_admits),
+      static_cast<unsigned long long>(a.hits_dropped));
   sluice_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   engine.value()->close();
   return released && guard.stats().in_flight == 0 ? 0 : 1;

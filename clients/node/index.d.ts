@@ -262,6 +262,10 @@ export interface MiddlewareOptions<Req extends IncomingMessage = IncomingMessage
   skip?: (req: Req) => boolean;
   /** Told of the errors the middleware absorbs (default: a process warning, one a minute). */
   onError?: (err: Error, req: Req) => void;
+  /** Rate policies: hits taken from the server at once and spent here (default 0: none). */
+  allowance?: number;
+  /** Seconds a hit taken so may wait to be spent (default 0.05). */
+  allowanceHold?: number;
 }
 
 /** The middleware: (req, res, next) for Express, connect or node:http. */

@@ -7,7 +7,8 @@ adapter, the same load on each, in the same run.
   * ASGI: a Starlette app ("/" answers "ok") on uvicorn (h11);
   * gRPC: a grpc.server with one unary bytes-echo method;
 
-each bare, behind the adapter on a rate policy (one Check per request), and behind it on a
+each bare, behind the adapter on a rate policy (one Check per request; with an allowance, one
+per 128 requests, the rest admitted in the adapter), and behind it on a
 concurrency policy (Admit, then Release; the release waited for, the default, and in the
 background). Every server is its own process; this one sends the requests, sequentially, each
 variant over one keep-alive connection (gRPC: one channel), in interleaved rounds so that the
@@ -53,18 +54,26 @@ policies:
   bench-conc: {kind: adaptive, algorithm: fixed, limit: 1000}
 """
 
-VARIANTS = [  # (name, policy, background_release)
-    ("bare", None, False),
-    ("rate", "bench-rate", False),
-    ("concurrency", "bench-conc", False),
-    ("concurrency, background release", "bench-conc", True),
+# The allowance variant takes 128 hits at a time, each spent within 0.1 s (what one connection's
+# sequential requests spend in far less): one Check per 128 requests.
+ALLOWANCE, ALLOWANCE_HOLD = 128, 0.1
+
+VARIANTS = [  # (name, policy, background_release, allowance)
+    ("bare", None, False, 0),
+    ("rate", "bench-rate", False, 0),
+    (f"rate, allowance {ALLOWANCE}", "bench-rate", False, ALLOWANCE),
+    ("concurrency", "bench-conc", False, 0),
+    ("concurrency, background release", "bench-conc", True, 0),
 ]
 
 
 # ---- the servers (child processes: --serve KIND) ----
 
-def serve(kind: str, policy: Optional[str], target: str, background: bool) -> None:
+def serve(kind: str, policy: Optional[str], target: str, background: bool,
+          allowance: int) -> None:
     options = dict(target=target, background_release=background)
+    if allowance:
+        options.update(allowance=allowance, allowance_hold=ALLOWANCE_HOLD)
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -126,12 +135,15 @@ def serve(kind: str, policy: Optional[str], target: str, background: bool) -> No
 # ---- the load ----
 
 class Child:
-    def __init__(self, kind: str, policy: Optional[str], target: str, background: bool):
+    def __init__(self, kind: str, policy: Optional[str], target: str, background: bool,
+                 allowance: int):
         args = [sys.executable, __file__, "--serve", kind, "--target", target]
         if policy:
             args += ["--policy", policy]
         if background:
             args.append("--background-release")
+        if allowance:
+            args += ["--allowance", str(allowance)]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         line = self.proc.stdout.readline()
         if not line:
@@ -234,8 +246,8 @@ def gate_without_rpc() -> Dict[str, Callable[[], None]]:
     from sluice_client.adapters import Gate
     from sluice_client.wsgi import WSGIRequest
 
-    check = sluice_pb2.CheckResponse(decision=sluice_pb2.Decision(allowed=True, limit=10,
-                                                                   remaining=9))
+    check = sluice_pb2.CheckResponse(decision=sluice_pb2.Decision(allowed=True, limit=1000,
+                                                                   remaining=999))
     admit = sluice_pb2.AdmitResponse(admitted=True, lease_id="0" * 32)
     admit.ttl.seconds = 30
     release = sluice_pb2.ReleaseResponse()
@@ -250,6 +262,8 @@ def gate_without_rpc() -> Dict[str, Callable[[], None]]:
 
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "HTTP_X_API_KEY": "k"}
     gates = {"rate": Gate("r", client=FakeClient(), kind="rate"),
+             f"rate, allowance {ALLOWANCE}": Gate("r", client=FakeClient(), kind="rate",
+                                                  allowance=ALLOWANCE, allowance_hold=60),
              "concurrency": Gate("c", client=FakeClient(), kind="concurrency")}
 
     def one(gate):
@@ -294,6 +308,7 @@ def main() -> None:
     ap.add_argument("--policy", help=argparse.SUPPRESS)
     ap.add_argument("--target", default="127.0.0.1:7070", help=argparse.SUPPRESS)
     ap.add_argument("--background-release", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--allowance", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=300)
@@ -303,7 +318,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.serve:
-        return serve(a.serve, a.policy, a.target, a.background_release)
+        return serve(a.serve, a.policy, a.target, a.background_release, a.allowance)
 
     from sluice_client import Client  # fails early without the stubs
 
@@ -324,8 +339,8 @@ def main() -> None:
                                                               a.rounds, a.warmup))
             for kind in a.only.split(","):
                 callers = {}
-                for name, policy, background in VARIANTS:
-                    child = Child(kind, policy, target, background)
+                for name, policy, background, allowance in VARIANTS:
+                    child = Child(kind, policy, target, background, allowance)
                     children.append(child)
                     callers[name] = connect(grpc_caller if kind == "grpc" else http_caller,
                                             child.port)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -322,6 +323,28 @@ std::size_t RemoteAdmitter::releases_in_flight() const noexcept {
   return impl_->releasing;
 }
 
+namespace {
+
+// The ticket of a call whose admission could not be asked (`s` not OK): admitted unchecked
+// (fail open, the server unreachable) or refused.
+Ticket unasked(const grpc::Status& s, const std::string& what, const std::string& policy,
+               bool fail_open) {
+  Ticket t;
+  const bool unreachable =
+      s.error_code() == StatusCode::UNAVAILABLE || s.error_code() == StatusCode::DEADLINE_EXCEEDED;
+  if (unreachable && fail_open) {
+    t.admitted = true;  // nothing to release
+    t.release = [](StatusCode, std::chrono::nanoseconds) {};
+    return t;
+  }
+  // A refusal of the request itself (an unknown policy, a bad key) is the caller's to see.
+  t.refusal = grpc::Status(unreachable ? StatusCode::UNAVAILABLE : s.error_code(),
+                           "sluice " + what + " on " + policy + ": " + s.error_message());
+  return t;
+}
+
+}  // namespace
+
 Ticket RemoteAdmitter::admit(const CallInfo& call) {
   const RemoteOptions& o = impl_->options;
   pb::AdmitRequest req;
@@ -331,20 +354,8 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
   const grpc::Status s = impl_->stub->Admit(&ctx, req, &resp);
+  if (!s.ok()) return unasked(s, "admit", o.policy, o.fail_open);
   Ticket t;
-  if (!s.ok()) {
-    const bool unreachable = s.error_code() == StatusCode::UNAVAILABLE ||
-                             s.error_code() == StatusCode::DEADLINE_EXCEEDED;
-    if (unreachable && o.fail_open) {
-      t.admitted = true;  // nothing to release
-      t.release = [](StatusCode, std::chrono::nanoseconds) {};
-      return t;
-    }
-    // A refusal of the admit itself (an unknown policy, a bad key) is the caller's to see.
-    t.refusal = grpc::Status(unreachable ? StatusCode::UNAVAILABLE : s.error_code(),
-                             "sluice admit on " + o.policy + ": " + s.error_message());
-    return t;
-  }
   if (!resp.admitted()) {
     const pb::Rejection& r = resp.rejection();
     t.refusal = grpc::Status(code_of_http(r.status()), r.detail().empty() ? r.title() : r.detail());
@@ -357,6 +368,105 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
     if (const auto i = impl.lock()) i->release(lease, code, latency);
   };
   return t;
+}
+
+// ---- RemoteRateAdmitter ----
+
+struct RemoteRateAdmitter::Impl {
+  std::unique_ptr<pb::Sluice::Stub> stub;
+  RemoteRateOptions options;
+  std::optional<RateAllowances> allowances;
+};
+
+RemoteRateAdmitter::RemoteRateAdmitter(const std::shared_ptr<grpc::Channel>& sluice,
+                                       RemoteRateOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (options.hits < 1) throw std::invalid_argument("hits: must be >= 1");
+  impl_->stub = pb::Sluice::NewStub(sluice);
+  if (options.allowance > 0)
+    impl_->allowances.emplace(options.allowance, options.allowance_hold,
+                              options.allowance_max_keys);
+  impl_->options = std::move(options);
+}
+
+RemoteRateAdmitter::~RemoteRateAdmitter() = default;
+
+AllowanceStats RemoteRateAdmitter::allowance_stats() const {
+  return impl_->allowances ? impl_->allowances->stats() : AllowanceStats{};
+}
+
+namespace {
+
+constexpr std::int64_t kNeverSeconds = 315'576'000'000;  // the largest Duration: never passes
+
+RateAnswer answer_of(const pb::Decision& d) {
+  RateAnswer a;
+  a.allowed = d.allowed();
+  a.would_deny = d.would_deny();
+  a.has_reason = !d.reason().empty();
+  a.limit = d.limit();
+  a.remaining = d.remaining();
+  if (d.has_retry_after() && d.retry_after().seconds() < kNeverSeconds)
+    a.retry_after = nanos_of(d.retry_after());
+  return a;
+}
+
+// An admitted call with nothing to release (a rate policy's hits are spent).
+Ticket admitted_unreleased() {
+  Ticket t;
+  t.admitted = true;
+  return t;
+}
+
+// A refused check's ticket: RESOURCE_EXHAUSTED, the policy and its limit (the key is not
+// repeated: it may be a credential), retry-after when it can pass.
+Ticket rate_refusal(const std::string& policy, std::uint64_t limit, const std::string& reason,
+                    std::optional<std::chrono::nanoseconds> retry_after) {
+  Ticket t;
+  std::string detail = reason.empty()
+                           ? "rate policy " + policy + ": no allowance left for this key (limit " +
+                                 std::to_string(limit) + ")"
+                           : "rate policy " + policy + " refused this key: " + reason;
+  if (!retry_after) detail += "; the call's hits can never pass";
+  t.refusal = grpc::Status(StatusCode::RESOURCE_EXHAUSTED, detail);
+  t.retry_after = retry_after;
+  return t;
+}
+
+}  // namespace
+
+Ticket RemoteRateAdmitter::admit(const CallInfo& call) {
+  const RemoteRateOptions& o = impl_->options;
+  const std::string key = o.key ? o.key(call) : std::string(call.method);
+  RateAllowances* a = impl_->allowances ? &*impl_->allowances : nullptr;
+  if (a != nullptr) {
+    if (const auto local = a->local(key, o.hits, Clock::now())) {
+      if (local->allowed) return admitted_unreleased();
+      return rate_refusal(o.policy, local->limit, {}, local->retry_after);
+    }
+  }
+  std::uint64_t asked = a != nullptr ? a->ask(key, o.hits) : o.hits;
+  for (;;) {  // each ask smaller than the last, down to the call's own hits
+    pb::CheckRequest req;
+    req.set_policy(o.policy);
+    req.set_key(key);
+    req.set_hits(static_cast<std::int64_t>(asked));
+    pb::CheckResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
+    const grpc::Status s = impl_->stub->Check(&ctx, req, &resp);
+    if (!s.ok()) return unasked(s, "check", o.policy, o.fail_open);
+    const pb::Decision& d = resp.decision();
+    const RateAnswer answer = answer_of(d);
+    if (a != nullptr) {
+      if (const auto next = a->answered(key, asked, o.hits, answer, Clock::now())) {
+        asked = *next;
+        continue;
+      }
+    }
+    if (d.allowed()) return admitted_unreleased();
+    return rate_refusal(o.policy, d.limit(), d.reason(), answer.retry_after);
+  }
 }
 
 std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>

@@ -7,7 +7,9 @@
 // as its outcome, every lease is released, and the admitter fails open or closed as told when
 // sluice does not answer. The same interceptor on the in-process library. The server
 // interceptor: a refused call answers the refusal whatever its handler does, an admitted one is
-// released with the handler's status.
+// released with the handler's status. A remote rate policy: its refusal is RESOURCE_EXHAUSTED
+// with retry-after, and with an allowance most calls are admitted without a Check and none past
+// what the server granted, nor from a block after its hold.
 #include "sluice/adapters/grpc_admission.h"
 
 #include <grpcpp/grpcpp.h>
@@ -56,6 +58,16 @@ policies:
     algorithm: fixed
     limit: 100
     rate: per-user
+  window:
+    kind: rate
+    strategy: fixed-window
+    limit: 25
+    period: 1h
+  bucket:
+    kind: rate
+    strategy: gcra
+    limit: 20
+    period: 1s
 )";
 
 // The backend: what each call does is its request's `service`.
@@ -260,6 +272,117 @@ TEST_F(GrpcAdapters, ASluiceThatDoesNotAnswerFailsOpenOrClosedAsTold) {
   // An unknown policy is the caller's mistake, not an outage: refused, whatever fail_open says.
   const grpc::Status unknown = call(*stub(remote("nope", true)), "ok");
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+}
+
+std::shared_ptr<RemoteRateAdmitter> rate_admitter(std::shared_ptr<grpc::Channel> channel,
+                                                  const std::string& policy,
+                                                  std::uint64_t allowance = 0,
+                                                  std::chrono::milliseconds hold = 50ms) {
+  RemoteRateOptions o;
+  o.policy = policy;
+  o.allowance = allowance;
+  o.allowance_hold = hold;
+  return std::make_shared<RemoteRateAdmitter>(std::move(channel), o);
+}
+
+TEST_F(GrpcAdapters, ARatePolicyRefusesResourceExhaustedWithRetryAfterAndNeverSends) {
+  start_backend();
+  auto s = stub(rate_admitter(sluice_channel(), "per-user"));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(call(*s, "ok", "u1").ok()) << i;
+  std::string retry_after;
+  const grpc::Status refused = call(*s, "ok", "u1", nullptr, &retry_after);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("rate policy per-user"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(refused.error_message().find("u1"), std::string::npos);  // a key may be a secret
+  ASSERT_FALSE(retry_after.empty());
+  EXPECT_GE(std::stoi(retry_after), 1);
+  EXPECT_LE(std::stoi(retry_after), 60);
+  EXPECT_EQ(backend_.worked.load(), 3);  // the refused call was never sent
+  EXPECT_TRUE(call(*s, "ok", "u2").ok());
+  EXPECT_EQ(state("per-user")["allowed"], 4);
+  EXPECT_EQ(state("per-user")["denied"], 1);
+}
+
+TEST_F(GrpcAdapters, AnAllowanceAdmitsMostCallsHereAndNeverPastTheLimit) {
+  start_backend();
+  auto admitter = rate_admitter(sluice_channel(), "window", 10, 60s);
+  auto s = stub(admitter);
+  int ok = 0;
+  for (int i = 0; i < 40; ++i) ok += call(*s, "ok", "k").ok() ? 1 : 0;
+  EXPECT_EQ(ok, 25);  // the window's 25, not one more
+  EXPECT_EQ(backend_.worked.load(), 25);
+  const AllowanceStats st = admitter->allowance_stats();
+  // Blocks of 10, 10, a refused one, the 5 that remained; then refused by the server once
+  // and here until its retry_after.
+  EXPECT_EQ(st.blocks_granted, 3u);
+  EXPECT_EQ(st.local_admits, 22u);
+  EXPECT_EQ(st.local_refusals, 14u);
+  EXPECT_EQ(state("window")["allowed"], 3);
+  EXPECT_EQ(state("window")["denied"], 3);
+}
+
+TEST_F(GrpcAdapters, AllowancesSharingAKeyAdmitNoMoreThanTheServerGrants) {
+  start_backend();
+  std::vector<std::shared_ptr<RemoteRateAdmitter>> admitters;
+  std::vector<std::future<int>> runs;
+  for (int g = 0; g < 3; ++g) admitters.push_back(rate_admitter(sluice_channel(), "window", 10));
+  for (int g = 0; g < 3; ++g)
+    runs.push_back(std::async(std::launch::async, [&, g] {
+      auto s = stub(admitters[g]);
+      int ok = 0;
+      for (int i = 0; i < 30; ++i) ok += call(*s, "ok", "shared").ok() ? 1 : 0;
+      return ok;
+    }));
+  int ok = 0;
+  std::uint64_t dropped = 0;
+  for (auto& r : runs) ok += r.get();
+  for (const auto& a : admitters) dropped += a->allowance_stats().hits_dropped;
+  EXPECT_LE(ok, 25);
+  EXPECT_GE(ok, 25 - 3 * 9);  // fewer only by hits a block held when its hold ran out
+  EXPECT_EQ(backend_.worked.load(), ok);
+}
+
+// GCRA, 20 a second: one call takes a block of 10 (9 held), the bucket refills while they
+// wait; then a burst. The 9 must not come on top of the refilled bucket.
+TEST_F(GrpcAdapters, HitsHeldPastTheirHoldAreNotSpentOnTheNextRefill) {
+  start_backend();
+  // A hold of 200 ms: long enough for a block's 9 calls to the backend on a loaded machine.
+  auto admitter = rate_admitter(sluice_channel(), "bucket", 10, 200ms);
+  auto s = stub(admitter);
+  ASSERT_TRUE(call(*s, "ok", "k").ok());
+  std::this_thread::sleep_for(1200ms);
+  const auto start = std::chrono::steady_clock::now();
+  int burst = 0;
+  for (int i = 0; i < 60; ++i) burst += call(*s, "ok", "k").ok() ? 1 : 0;
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The bucket's 20, what it refills during the burst, and a block granted in it still held.
+  EXPECT_LE(burst, 20 + 20 * (took + 0.2) + 1) << took;  // without the hold: 29 and more
+  EXPECT_GE(burst, 20);
+  EXPECT_GE(admitter->allowance_stats().hits_dropped, 9u);
+}
+
+TEST_F(GrpcAdapters, ARateAdmitterFailsOpenOrClosedAndRefusesBadSettings) {
+  start_backend();
+  auto gone = grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice::testing::free_port()),
+                                  grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(call(*stub(rate_admitter(gone, "window", 10)), "ok").ok());
+  RemoteRateOptions closed;
+  closed.policy = "window";
+  closed.fail_open = false;
+  const grpc::Status refused =
+      call(*stub(std::make_shared<RemoteRateAdmitter>(gone, closed)), "ok");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.error_message().find("sluice check on window"), std::string::npos)
+      << refused.error_message();
+  // A concurrency policy is not checked: the server says so, and the call is refused.
+  const grpc::Status wrong = call(*stub(rate_admitter(sluice_channel(), "backend")), "ok");
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << wrong.error_message();
+  RemoteRateOptions zero;
+  zero.policy = "window";
+  zero.hits = 0;
+  EXPECT_THROW(RemoteRateAdmitter(sluice_channel(), zero), std::invalid_argument);
 }
 
 TEST_F(GrpcAdapters, TheInProcessLibraryAdmitsTheSame) {

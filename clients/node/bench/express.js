@@ -6,6 +6,7 @@
 //
 // Three processes: this one (the load: keep-alive HTTP requests, C at a time, sequential for
 // C = 1), the Express app (a child: GET /plain, GET /rate behind a check on a rate policy,
+// GET /rate-allowance behind the same with an allowance of 128 (a check per 128 requests),
 // GET /lease behind an admit and a release on a concurrency policy), and `sluice serve` (from
 // $SLUICE_BIN, as the tests start it). The variants take turns in R rounds so that any drift of
 // the machine falls on all of them. Last, the gRPC check alone is timed from this process:
@@ -20,6 +21,7 @@ const path = require('node:path');
 const VARIANTS = [
   ['/plain', 'handler alone'],
   ['/rate', 'rate policy: check'],
+  ['/rate-allowance', 'rate policy: allowance 128'],
   ['/lease', 'concurrency policy: admit + release'],
 ];
 
@@ -62,6 +64,10 @@ function serveApp(target) {
   const handler = (req, res) => res.send('ok');
   app.get('/plain', handler);
   app.get('/rate', sluice.express({ client, policy: 'bench-rate', key: 'bench', mode: 'check' }), handler);
+  // One check of 128 hits per 128 requests, each spent within 0.1 s; the rest admitted here.
+  app.get('/rate-allowance', sluice.express({
+    client, policy: 'bench-rate', key: 'bench-allowance', mode: 'check', allowance: 128, allowanceHold: 0.1,
+  }), handler);
   app.get('/lease', sluice.express({ client, policy: 'bench-pool', key: 'bench', mode: 'admit' }), handler);
   const srv = http.createServer({ keepAliveTimeout: 60000 }, app);
   srv.listen(0, '127.0.0.1', () => process.send({ port: srv.address().port }));

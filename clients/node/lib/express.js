@@ -3,7 +3,8 @@
 //
 //   app.use(sluice.express({ client, policy: 'api-rate', key: (req) => req.get('x-api-key') }));
 //
-// A rate policy (kind rate or federated): one check per request; a denial is answered 429.
+// A rate policy (kind rate or federated): one check per request (with an allowance, one per
+// block of requests, the rest admitted here); a denial is answered 429.
 // A concurrency policy (adaptive, fleet, concurrency, cascade): an admit per request and a
 // release when the response has finished (or the connection closed); a refusal is answered
 // with the server's status, 429 when a chained rate policy refused, 503 when a limit did.
@@ -13,7 +14,8 @@
 
 const { status: GrpcStatus } = require('@grpc/grpc-js');
 const { NotFound, Refused } = require('./errors');
-const { OUTCOMES, now } = require('./types');
+const { Allowances } = require('./allowance');
+const { OUTCOMES, Decision, now } = require('./types');
 
 const RATE_KINDS = new Set(['rate', 'federated']);
 const ADMIT_KINDS = new Set(['adaptive', 'fleet', 'concurrency', 'cascade']);
@@ -147,6 +149,12 @@ function asFunction(value, fallback) {
  *   skip        (req) => boolean: true lets the request through unasked
  *   onError     (err, req) => void: told of every error the middleware absorbs (failing open
  *               or closed, a failed release); default: a process warning, at most one a minute
+ *   allowance   an integer: on a rate policy, hits taken from the server at once and spent
+ *               here by the requests after it, so that most are admitted without a round trip
+ *               (default 0: every request is asked). What it can cost is bounded: at most
+ *               r x allowanceHold more hits in any interval for a rate of r, and unspent hits
+ *               lost (lib/allowance.js)
+ *   allowanceHold  seconds a hit taken so may wait to be spent (default 0.05); then dropped
  *
  * What the handlers see: req.sluice is the Decision (rate) or the Lease (concurrency), null
  * when sluice could not answer and the request failed open.
@@ -168,6 +176,10 @@ function expressMiddleware(options = {}) {
   const classify = options.outcome || ((req, res) => outcomeOfStatus(res.statusCode));
   const skip = options.skip || null;
   const onError = options.onError || throttledWarning(60);
+  if (options.allowance && options.mode === 'admit') {
+    throw new TypeError('allowance: only a rate policy\'s hits can be taken ahead (mode is "admit")');
+  }
+  const allowances = options.allowance ? new Allowances(options.allowance, options.allowanceHold ?? 0.05) : null;
 
   let mode = options.mode || null;
   let lookup = null;
@@ -200,14 +212,35 @@ function expressMiddleware(options = {}) {
     return sendProblem(res, 503, unavailableProblem(policy), 1);
   }
 
+  function decided(req, res, next, hits, d) {
+    req.sluice = d;
+    if (d.allowed) return next();
+    return sendProblem(res, 429, rateProblem(policy, hits, d), d.retryAfter);
+  }
+
+  // With an allowance: from the hits held here when it can, else a block from the server
+  // (each ask smaller than the last, down to the request's own hits).
+  function allowanceDecision(key, hits) {
+    const askFor = (asked) => client.check(policy, key, { hits: asked, timeout }).then((d) => {
+      const following = allowances.answered(key, asked, hits, d, now());
+      if (following !== null) return askFor(following);
+      return d.allowed ? new Decision({ ...d, remaining: d.remaining + allowances.held(key) }) : d;
+    });
+    return askFor(allowances.ask(key, hits));
+  }
+
   function check(req, res, next, key) {
     let hits;
     try { hits = hitsOf(req); } catch (err) { return next(err); }
-    client.check(policy, key, { hits, timeout }).then((d) => {
-      req.sluice = d;
-      if (d.allowed) return next();
-      return sendProblem(res, 429, rateProblem(policy, hits, d), d.retryAfter);
-    }, (err) => failed(err, req, res, next)).catch((err) => report(err, req));
+    // Hits the server would reject are asked as they are, so that its error is the answer.
+    const held = allowances !== null && Number.isSafeInteger(hits) && hits >= 1;
+    if (held) {
+      const local = allowances.local(key, hits, now());
+      if (local !== null) return decided(req, res, next, hits, local);
+    }
+    const asked = held ? allowanceDecision(key, hits) : client.check(policy, key, { hits, timeout });
+    asked.then((d) => decided(req, res, next, hits, d), (err) => failed(err, req, res, next))
+      .catch((err) => report(err, req));
   }
 
   function admit(req, res, next, key) {
@@ -263,6 +296,9 @@ function expressMiddleware(options = {}) {
     let key;
     try { key = keyOf(req); } catch (err) { return next(err); }
     if (mode === 'check') return check(req, res, next, key);
+    if (allowances !== null) {
+      return next(new TypeError(`allowance: policy "${policy}" is admitted, not checked: only a rate policy's hits can be taken ahead`));
+    }
     return admit(req, res, next, key);
   }
 

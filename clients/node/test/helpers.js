@@ -191,6 +191,26 @@ async function startServer(config) {
   return new SluiceServer(config).start();
 }
 
+/**
+ * One `sluice serve` for a test file: started before its tests, stopped after them, with the
+ * tests' own client and whatever they push on `open` (anything with close()) closed first.
+ */
+function serverForFile(config) {
+  const { before, after } = require('node:test');
+  const { Client } = require('..');
+  const shared = { server: null, client: null, open: [] };
+  before(async () => {
+    shared.server = await startServer(config);
+    shared.client = new Client(shared.server.grpcTarget, { timeout: 5 });
+  });
+  after(async () => {
+    for (const o of shared.open) o.close();
+    shared.client?.close();
+    await shared.server?.stop();
+  });
+  return shared;
+}
+
 /** A key no other test uses. */
 function uniqueKey(prefix = 'k') {
   return `${prefix}-${crypto.randomBytes(6).toString('hex')}`;
@@ -207,4 +227,6 @@ async function waitFor(fn, timeoutMs = 3000, what = 'condition') {
   }
 }
 
-module.exports = { CONFIG, REPO, SluiceServer, startServer, freePort, httpGet, sleep, uniqueKey, waitFor, sluiceBin };
+module.exports = {
+  CONFIG, REPO, SluiceServer, startServer, serverForFile, freePort, httpGet, sleep, uniqueKey, waitFor, sluiceBin,
+};

@@ -60,11 +60,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
+from .allowance import Allowances
 from .cascade import outcome_for_exception, outcome_of_grpc, outcome_of_http
 from .client import (_NEVER_SECONDS, _OUTCOME_ENUM, Client, _check_request, _decision,
                      _duration, _seconds, sluice_pb2, sluice_pb2_grpc)
@@ -354,6 +355,10 @@ class Gate:
             done before the next request on the same connection is read, so a client's
             sequential requests never race their own leases).
         skip: a function of the request: ``True`` lets it through without admission.
+        allowance: on a rate policy, hits taken from the server at once and spent here by the
+            requests after it, so most are admitted without a round trip (0, the default: every
+            request is asked). What it costs is bounded: :mod:`sluice_client.allowance`.
+        allowance_hold: seconds a hit taken so may wait to be spent (0.05); then it is dropped.
     """
 
     def __init__(self, policy: str, *, client: Optional[Client] = None,
@@ -366,7 +371,8 @@ class Gate:
                  route: Optional[StrOrFn] = None, ttl: Optional[float] = None,
                  max_wait: float = 0.0, fail_open: bool = True, unreachable_retry: float = 1.0,
                  background_release: bool = False,
-                 skip: Optional[Callable[[RequestInfo], bool]] = None):
+                 skip: Optional[Callable[[RequestInfo], bool]] = None,
+                 allowance: int = 0, allowance_hold: float = 0.05):
         if not policy or not isinstance(policy, str):
             raise ValueError(f"policy: must be a policy's name, not {policy!r}")
         if kind not in KINDS:
@@ -378,6 +384,10 @@ class Gate:
             raise ValueError(f"max_wait: must be >= 0, not {max_wait!r}")
         if unreachable_retry < 0:
             raise ValueError(f"unreachable_retry: must be >= 0, not {unreachable_retry!r}")
+        if kind == "concurrency" and allowance:
+            raise ValueError("allowance: only a rate policy's hits can be taken ahead "
+                             "(kind is 'concurrency')")
+        self.allowances = Allowances(allowance, allowance_hold) if allowance else None
         self.policy = policy
         self.kind = kind
         self._resolved = "concurrency" if kind == "concurrency" else "rate"
@@ -423,9 +433,7 @@ class Gate:
         for _ in range(2):
             try:
                 if kind == "rate":
-                    resp = yield ("Check", _check_request(self.policy, adm.key, hits), False,
-                                  self.timeout)
-                    d = _decision(resp.decision)
+                    d = yield from self._check(adm.key, hits)
                     adm.decision = d
                     if not d.allowed:
                         adm.refusal = _decision_refusal(self.policy, d)
@@ -460,6 +468,26 @@ class Gate:
                 err = e
                 break
         return self._failure(adm, err)
+
+    def _check(self, key: str, hits: int) -> Flow:
+        """A rate policy's decision for `hits` on `key`: from the allowance held here when it
+        can, else from the server (a block of hits with an allowance)."""
+        a = self.allowances
+        # Hits the server would reject are asked as they are: its error is the answer.
+        if a is None or isinstance(hits, bool) or not isinstance(hits, int) or hits < 1:
+            resp = yield ("Check", _check_request(self.policy, key, hits), False, self.timeout)
+            return _decision(resp.decision)
+        local = a.local(key, hits, time.monotonic())
+        if local is not None:
+            return local
+        asked = a.ask(key, hits)
+        while True:  # each ask smaller than the last, down to the request's own hits
+            resp = yield ("Check", _check_request(self.policy, key, asked), False, self.timeout)
+            d = _decision(resp.decision)
+            following = a.answered(key, asked, hits, d, time.monotonic())
+            if following is None:
+                return replace(d, remaining=d.remaining + a.held(key)) if d.allowed else d
+            asked = following
 
     def _admit_request(self, request: RequestInfo, key: str):
         msg = sluice_pb2.AdmitRequest(policy=self.policy, key=key,

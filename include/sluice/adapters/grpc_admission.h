@@ -20,7 +20,8 @@
 //
 // (a handler that does not ask still answers with the refusal: the interceptor replaces its
 // status). What admits is an Admitter: the in-process library (LocalAdmitter over an
-// AdaptiveGuard) or a remote `sluice serve` (RemoteAdmitter: its Admit and Release over gRPC).
+// AdaptiveGuard) or a remote `sluice serve` (RemoteAdmitter: its Admit and Release over gRPC;
+// RemoteRateAdmitter: its Check, optionally with an allowance spent at the call site).
 //
 // Outcomes: OK is a success (its latency is evidence for an adaptive limit); DEADLINE_EXCEEDED,
 // UNAVAILABLE and RESOURCE_EXHAUSTED say the backend is overloaded (dropped: the limit comes
@@ -39,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sluice/adapters/rate_allowance.h"
 #include "sluice/local/adaptive_guard.h"
 
 namespace sluice::adapters {
@@ -111,6 +113,40 @@ class RemoteAdmitter final : public Admitter {
  private:
   struct Impl;
   std::shared_ptr<Impl> impl_;
+};
+
+// A remote `sluice serve`'s rate policy (kind rate or federated): a Check of `hits` on the
+// call's key before the call; denied, the call is refused RESOURCE_EXHAUSTED with the
+// server's retry_after (nothing to release after it). With an `allowance`, hits are taken from
+// the server in blocks and spent here, each within `allowance_hold` of its grant, so that most
+// calls are admitted without a round trip; what that can cost (r x hold more hits in any
+// interval for a rate of r, unspent hits lost) is bounded in sluice/adapters/rate_allowance.h.
+struct RemoteRateOptions {
+  std::string policy;
+  std::function<std::string(const CallInfo&)> key = key_from_metadata("x-sluice-key");
+  std::uint64_t hits = 1;                  // per call (>= 1)
+  std::chrono::milliseconds timeout{250};  // the most a Check may add to a call
+  bool fail_open = true;                   // as RemoteOptions::fail_open
+  std::uint64_t allowance = 0;             // hits taken at once; 0: every call is asked
+  std::chrono::milliseconds allowance_hold{50};
+  std::size_t allowance_max_keys = 10000;
+};
+
+class RemoteRateAdmitter final : public Admitter {
+ public:
+  // Throws std::invalid_argument naming the field for hits 0 or an allowance's bad hold.
+  RemoteRateAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteRateOptions options);
+  ~RemoteRateAdmitter() override;
+  RemoteRateAdmitter(const RemoteRateAdmitter&) = delete;
+  RemoteRateAdmitter& operator=(const RemoteRateAdmitter&) = delete;
+  [[nodiscard]] Ticket admit(const CallInfo& call) override;
+
+  // The allowance's counters (all zero without one).
+  [[nodiscard]] AllowanceStats allowance_stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // The outcome a call's status code stands for (above).

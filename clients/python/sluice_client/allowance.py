@@ -1,0 +1,153 @@
+"""A rate policy's hits taken from the server in blocks and spent here: what lets an adapter
+admit most requests without a round trip (``Gate(..., allowance=N)``).
+
+The server is asked for ``N`` hits at once (one ``Check`` of ``hits=N``); the requests after it
+spend them here, each within ``hold`` seconds of the answer that granted them, after which what
+is left is dropped. A key the server refused is refused here until its ``retry_after`` (a
+refusal is always safe to repeat). When a block is refused, the request asks for its own hits
+(the exact answer it would have had without an allowance), or for what the server says
+remains when that is enough, so near the limit nothing is lost but a round trip.
+
+What it can cost, and nothing else:
+
+* **No hit is spent that the server did not grant**, and each is spent at most ``hold`` after
+  the grant. So in any interval of T seconds the requests admitted through every allowance
+  together are at most what the policy grants in T + ``hold``: for a rate of r hits a second,
+  r x ``hold`` more than the policy alone would in T (a fixed window: the hits granted in a
+  window's last ``hold`` may be spent in the first ``hold`` of the next).
+* A block's hits that are not spent within ``hold`` are lost to every client: at most ``N - 1``
+  per key, per gate, per ``hold``. Choose ``N`` no larger than a gate's requests per key in
+  ``hold``.
+* The ``remaining`` a locally admitted request reports is the server's figure at the grant,
+  plus the hits still held here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Dict, Optional
+
+from .types import Decision
+
+__all__ = ["Allowances"]
+
+
+@dataclass
+class _Key:
+    tokens: int = 0           # hits granted and not yet spent
+    expires: float = 0.0      # monotonic seconds: tokens are dropped from then
+    refused_until: float = 0.0
+    decision: Optional[Decision] = None  # the server's last answer for the key
+
+
+class Allowances:
+    """Per-key blocks of hits granted by a rate policy (thread-safe).
+
+    Arguments:
+        block: hits asked for at once (>= 1; 1 is no allowance: every request is asked).
+        hold: seconds a granted hit may wait to be spent (> 0).
+        max_keys: keys remembered at once; past it, the expired ones are forgotten, and a key
+            that finds no room is asked every time (no allowance, no refusal cached).
+    """
+
+    def __init__(self, block: int, hold: float = 0.05, max_keys: int = 10000):
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"allowance: must be an int >= 1 (hits taken at once), not {block!r}")
+        if not isinstance(hold, (int, float)) or isinstance(hold, bool) or not hold > 0:
+            raise ValueError(f"allowance_hold: must be > 0 seconds, not {hold!r}")
+        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
+            raise ValueError(f"max_keys: must be an int >= 1, not {max_keys!r}")
+        self.block, self.hold, self.max_keys = block, float(hold), max_keys
+        self._keys: Dict[str, _Key] = {}
+        self._lock = threading.Lock()
+        self.stats: Dict[str, int] = dict.fromkeys(
+            ("local_admits", "local_refusals", "blocks_granted", "blocks_refused",
+             "hits_dropped"), 0)
+
+    def local(self, key: str, hits: int, now: float) -> Optional[Decision]:
+        """The decision made here for `hits` on `key` at `now` (monotonic seconds): allowed
+        from the hits held (debited), or refused until the server's retry_after; ``None``: the
+        server must be asked."""
+        with self._lock:
+            k = self._keys.get(key)
+            if k is None:
+                return None
+            if now < k.refused_until and k.decision is not None:
+                self.stats["local_refusals"] += 1
+                return replace(k.decision, retry_after=k.refused_until - now)
+            if now >= k.expires:
+                self._drop(k)
+                return None
+            if k.tokens < hits:
+                return None
+            k.tokens -= hits
+            self.stats["local_admits"] += 1
+            d = k.decision
+            return Decision(allowed=True, limit=d.limit if d else 0,
+                            remaining=(d.remaining if d else 0) + k.tokens,
+                            reset_after=d.reset_after if d else 0.0, retry_after=0.0)
+
+    def ask(self, key: str, hits: int) -> int:
+        """Hits to ask the server for, for a request of `hits`: a block (no more than the
+        policy's limit, when known), never fewer than `hits`."""
+        with self._lock:
+            k = self._keys.get(key)
+            limit = k.decision.limit if k is not None and k.decision is not None else 0
+        want = max(hits, self.block)
+        if limit > 0:
+            want = min(want, limit)
+        return max(want, hits)
+
+    def answered(self, key: str, asked: int, hits: int, d: Decision,
+                 now: float) -> Optional[int]:
+        """Records the server's answer `d` to a check of `asked` hits for a request of `hits`
+        at `now`. Returns ``None`` when the request has its answer (`d`), else the hits to ask
+        for next: a block that was not granted (refused, or allowed only in shadow) is asked
+        again as what the server says remains, when that is enough for the request, and as the
+        request's own hits otherwise."""
+        granted = d.allowed and not d.would_deny
+        with self._lock:
+            k = self._keys.get(key)
+            if k is None:
+                if len(self._keys) >= self.max_keys:
+                    self._forget_expired(now)
+                if len(self._keys) >= self.max_keys:  # no room: asked every time
+                    return None if granted or asked == hits else hits
+                k = self._keys[key] = _Key()
+            k.decision = d
+            if granted:
+                if asked > hits:
+                    self._drop(k)
+                    k.tokens = asked - hits
+                    k.expires = now + self.hold
+                    self.stats["blocks_granted"] += 1
+                return None
+            if asked > hits:
+                self.stats["blocks_refused"] += 1
+                if not d.would_deny and not d.reason and hits <= d.remaining < asked:
+                    return d.remaining
+                return hits
+            if not d.allowed and d.retry_after is not None and d.retry_after > 0:
+                k.refused_until = now + d.retry_after
+            return None
+
+    def held(self, key: str) -> int:
+        """Hits held for `key` now (expired ones included until the next look)."""
+        with self._lock:
+            k = self._keys.get(key)
+            return k.tokens if k is not None else 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._keys)
+
+    def _drop(self, k: _Key) -> None:
+        self.stats["hits_dropped"] += k.tokens
+        k.tokens = 0
+
+    def _forget_expired(self, now: float) -> None:
+        gone = [key for key, k in self._keys.items()
+                if now >= k.expires and now >= k.refused_until]
+        for key in gone:
+            self._drop(self._keys.pop(key))

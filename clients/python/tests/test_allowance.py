@@ -1,0 +1,239 @@
+"""A rate policy's hits taken in blocks and spent in the adapter (sluice_client/allowance.py,
+``Gate(..., allowance=N)``): the state machine on a clock of the test's own, then a gate on a
+real `sluice serve`: most requests admitted with no round trip, nothing admitted that the
+server did not grant, and a block's hits never outliving their hold."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List
+
+import pytest
+
+from sluice_client import Decision
+from sluice_client.adapters import Gate, RequestInfo
+from sluice_client.allowance import Allowances
+
+CONFIG = """\
+policies:
+  hour: {kind: rate, strategy: fixed-window, limit: 25, period: 1h}
+  bucket: {kind: rate, strategy: gcra, limit: 20, period: 1s}
+"""
+
+
+def allowed(remaining: int, limit: int = 100) -> Decision:
+    return Decision(allowed=True, limit=limit, remaining=remaining, reset_after=1.0,
+                    retry_after=0.0)
+
+
+def refused(retry_after, limit: int = 100) -> Decision:
+    return Decision(allowed=False, limit=limit, remaining=0, reset_after=1.0,
+                    retry_after=retry_after)
+
+
+# ---- the state machine ----
+
+def test_a_granted_block_is_spent_here_until_its_hold_ends():
+    a = Allowances(10, hold=0.5)
+    assert a.local("k", 1, 0.0) is None  # nothing held: ask the server
+    assert a.ask("k", 1) == 10
+    assert a.answered("k", 10, 1, allowed(remaining=90), 0.0) is None
+    assert a.held("k") == 9
+    for i in range(9):
+        d = a.local("k", 1, 0.1)
+        assert d is not None and d.allowed
+        assert d.remaining == 90 + 8 - i  # the server's figure at the grant, plus what is held
+    assert a.local("k", 1, 0.1) is None  # spent: ask again
+    assert a.answered("k", 10, 1, allowed(remaining=80), 0.2) is None
+    assert a.local("k", 1, 0.69) is not None
+    assert a.local("k", 1, 0.70) is None  # 0.5 s after the grant: the rest is dropped
+    assert a.held("k") == 0
+    assert a.stats["hits_dropped"] == 8
+    assert a.stats["local_admits"] == 10 and a.stats["blocks_granted"] == 2
+
+
+def test_a_request_of_more_hits_than_held_asks_the_server():
+    a = Allowances(10, hold=1.0)
+    assert a.answered("k", 10, 4, allowed(remaining=0), 0.0) is None
+    assert a.held("k") == 6
+    assert a.local("k", 4, 0.1).allowed
+    assert a.local("k", 4, 0.1) is None  # 2 held, 4 wanted
+    assert a.ask("k", 12) == 12  # never fewer than the request's own hits
+
+
+def test_a_block_is_no_larger_than_the_policys_limit():
+    a = Allowances(50)
+    assert a.ask("k", 1) == 50
+    a.answered("k", 50, 1, allowed(remaining=0, limit=20), 0.0)
+    a.local("k", 1, 10.0)  # expired: dropped
+    assert a.ask("k", 1) == 20
+
+
+def test_a_refused_block_asks_for_what_remains_or_the_requests_own_hits():
+    a = Allowances(10, hold=1.0)
+    # 4 remain: enough for the request, so those are asked for (and held).
+    short = Decision(allowed=False, limit=100, remaining=4, reset_after=1.0, retry_after=0.5)
+    assert a.answered("k", 10, 1, short, 0.0) == 4
+    assert a.answered("k", 4, 1, allowed(remaining=0), 0.0) is None
+    assert a.held("k") == 3
+    # Fewer remain than the request wants, or the refusal has a reason of its own: its own hits.
+    assert a.answered("k", 10, 3, Decision(False, 100, 2, 1.0, 0.5), 0.0) == 3
+    assert a.answered("k", 10, 1, Decision(False, 100, 4, 1.0, 0.5, reason="budget_spent"),
+                      0.0) == 1
+    assert a.local("k", 1, 0.1) is not None  # no refusal cached for a block
+    assert a.stats["blocks_refused"] == 3
+    # Its own hits refused: refused here until the server's retry_after.
+    b = Allowances(10, hold=1.0)
+    assert b.answered("k", 1, 1, refused(0.5), 0.0) is None
+    d = b.local("k", 1, 0.2)
+    assert d is not None and not d.allowed
+    assert d.retry_after == pytest.approx(0.3)
+    assert b.local("k", 1, 0.5) is None  # the retry_after has passed: ask
+    assert b.stats["local_refusals"] == 1
+
+
+def test_a_shadow_answer_grants_no_block():
+    a = Allowances(10)
+    shadow = Decision(allowed=True, limit=100, remaining=50, reset_after=1.0, retry_after=0.5,
+                      would_deny=True)
+    assert a.answered("k", 10, 1, shadow, 0.0) == 1  # nothing was debited: nothing to hold
+    assert a.held("k") == 0
+    assert a.answered("k", 1, 1, shadow, 0.0) is None
+    assert a.local("k", 1, 0.1) is None
+
+
+def test_a_refusal_that_never_passes_is_not_cached():
+    a = Allowances(10)
+    assert a.answered("k", 1, 1, refused(None), 0.0) is None
+    assert a.local("k", 1, 0.1) is None
+
+
+def test_keys_past_max_keys_are_asked_every_time_until_the_expired_are_forgotten():
+    a = Allowances(10, hold=1.0, max_keys=2)
+    a.answered("a", 10, 1, allowed(90), 0.0)
+    a.answered("b", 10, 1, allowed(90), 0.0)
+    assert a.answered("c", 10, 1, allowed(90), 0.5) is None  # granted, no room to hold it
+    assert a.held("c") == 0 and len(a) == 2
+    assert a.answered("c", 10, 1, refused(5.0), 0.5) == 1  # refused: ask its own hits
+    a.answered("c", 10, 1, allowed(90), 2.0)  # a and b expired: forgotten, c held
+    assert len(a) == 1 and a.held("c") == 9
+    assert a.stats["hits_dropped"] == 18
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"])
+def test_a_block_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="allowance"):
+        Allowances(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, "1"])
+def test_a_hold_must_be_positive(bad):
+    with pytest.raises(ValueError, match="allowance_hold"):
+        Allowances(10, hold=bad)
+
+
+def test_a_concurrency_gate_takes_no_allowance():
+    with pytest.raises(ValueError, match="allowance: only a rate policy"):
+        Gate("p", kind="concurrency", allowance=10)
+    with pytest.raises(ValueError, match="allowance"):
+        Gate("p", allowance=-3)
+
+
+# ---- a gate on a real server ----
+
+class Request(RequestInfo):
+    def header(self, name):
+        return None
+
+
+def request(path: str = "/k") -> Request:
+    return Request("GET", path, None)
+
+
+@pytest.fixture
+def sluice(start_server):
+    return start_server(CONFIG)
+
+
+def checks(client, policy: str) -> int:
+    """Decisions the server made on `policy` (allowed and denied)."""
+    state = client.policies()[policy].state
+    return sum(state.get(k, 0) for k in ("allowed", "denied"))
+
+
+def test_most_requests_are_admitted_without_a_round_trip_and_never_past_the_limit(sluice):
+    gate = Gate("hour", target=sluice.grpc_target, allowance=10, allowance_hold=60)
+    try:
+        verdicts = [gate.enter(request()).admitted for _ in range(40)]
+        # A window of 25: two blocks of 10, a refused one, then the 5 that remained.
+        assert verdicts == [True] * 25 + [False] * 15
+        a = gate.allowances
+        assert a.stats["blocks_granted"] == 3 and a.stats["local_admits"] == 22
+        assert a.stats["blocks_refused"] == 2
+        # The 26th request was refused by the server; the rest here, until its retry_after.
+        assert a.stats["local_refusals"] == 14
+        refused_here = gate.enter(request())
+        assert refused_here.refusal.status == 429
+        assert 0 < refused_here.refusal.retry_after <= 3600
+        assert gate.stats["admitted"] == 25 and gate.stats["refused"] == 16
+    finally:
+        gate.close()
+
+
+def test_gates_sharing_a_key_together_admit_no_more_than_the_server_grants(sluice):
+    gates = [Gate("hour", target=sluice.grpc_target, allowance=10) for _ in range(3)]
+    admitted: List[int] = [0, 0, 0]
+
+    def run(i: int) -> None:
+        for _ in range(30):
+            admitted[i] += gates[i].enter(request("/shared")).admitted
+
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # Never more than the window's 25; fewer only by the hits left in blocks when their
+        # hold ran out (at most 9 per gate).
+        assert 25 - 3 * 9 <= sum(admitted) <= 25, admitted
+        dropped = sum(g.allowances.stats["hits_dropped"] + g.allowances.held("GET /shared")
+                      for g in gates)
+        assert sum(admitted) + dropped == 25 or sum(admitted) == 25, (admitted, dropped)
+    finally:
+        for g in gates:
+            g.close()
+
+
+def test_hits_held_past_their_hold_are_not_spent_on_the_next_refill(sluice):
+    """GCRA, 20 a second: one request takes a block of 10 (9 held), the bucket refills while
+    they wait; then a burst. Without the hold, the 9 would come on top of the refilled bucket."""
+    gate = Gate("bucket", target=sluice.grpc_target, allowance=10, allowance_hold=0.05)
+    try:
+        assert gate.enter(request()).admitted
+        assert gate.allowances.held("GET /k") == 9
+        time.sleep(1.2)  # the bucket is whole again; the 9 are 1.2 s old
+        start = time.monotonic()
+        burst = sum(gate.enter(request()).admitted for _ in range(60))
+        took = time.monotonic() - start
+        # The bucket's 20, what it refills during the burst (20/s), and what a block granted
+        # during it may still hold at its end (its hold): nothing from before.
+        assert burst <= 20 + 20 * (took + 0.05) + 1, (burst, took)
+        assert burst >= 20
+        assert gate.allowances.stats["hits_dropped"] >= 9
+    finally:
+        gate.close()
+
+
+def test_every_block_is_counted_by_the_server_once(sluice):
+    client = sluice.client()
+    gate = Gate("hour", target=sluice.grpc_target, allowance=5, allowance_hold=60)
+    try:
+        for _ in range(12):
+            assert gate.enter(request("/counted")).admitted
+        # 12 requests: three blocks of 5 asked (the third holds 3): three decisions.
+        assert checks(client, "hour") == 3
+        assert client.peek("hour", "GET /counted").remaining == 10 - 1  # after the peeked hit
+    finally:
+        gate.close()
