@@ -5,7 +5,8 @@ interceptor (:mod:`sluice_client.grpc_interceptor`) share.
 Each request is admitted on one policy of ``sluice serve`` before the application sees it:
 
 * a **rate** policy (``kind: rate``, or a federated one): one ``Check`` of ``hits`` for the
-  request's key. Denied: HTTP 429 (gRPC ``RESOURCE_EXHAUSTED``).
+  request's key (with ``allowance=N``, one of N hits per N requests, the rest admitted here:
+  :mod:`sluice_client.allowance`). Denied: HTTP 429 (gRPC ``RESOURCE_EXHAUSTED``).
 * a **concurrency** policy (``adaptive``, ``fleet``, ``concurrency``, ``cascade``): ``Admit``
   before, ``Release`` after, with the request's outcome and latency. Refused: the server's
   status, 503 for a limit (gRPC ``UNAVAILABLE``) or 429 when the policy's chained rate policy

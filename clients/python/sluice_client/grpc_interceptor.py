@@ -114,11 +114,13 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
             try:
                 response = behaviour(request_or_iterator, context)
             except BaseException as exc:
-                gate.exit(adm, self._outcome(context, exc))
+                if adm.lease is not None:  # a rate policy's hits are spent: nothing to release
+                    gate.exit(adm, self._outcome(context, exc))
                 raise
             finally:
                 _current.reset(token)
-            gate.exit(adm, self._outcome(context, None))
+            if adm.lease is not None:
+                gate.exit(adm, self._outcome(context, None))
             return response
 
         return admitted
@@ -142,7 +144,8 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
                 except ValueError:  # resumed in another context: nothing of ours to undo
                     pass
                 # GeneratorExit: the stream was closed early (the client went away).
-                gate.exit(adm, "ignored" if isinstance(error, GeneratorExit)
-                          else self._outcome(context, error))
+                if adm.lease is not None:
+                    gate.exit(adm, "ignored" if isinstance(error, GeneratorExit)
+                              else self._outcome(context, error))
 
         return admitted
