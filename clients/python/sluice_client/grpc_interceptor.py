@@ -1,9 +1,10 @@
-"""A gRPC server interceptor (``grpc.server``, synchronous) that admits every call on a sluice
-policy::
+"""gRPC server interceptors that admit every call on a sluice policy: one for ``grpc.server``
+(synchronous), one for ``grpc.aio.server`` (its calls to sluice on the server's event loop)::
 
-    from sluice_client.grpc_interceptor import SluiceServerInterceptor
+    from sluice_client.grpc_interceptor import SluiceServerInterceptor, SluiceAioServerInterceptor
 
     server = grpc.server(executor, interceptors=[SluiceServerInterceptor("search")])
+    server = grpc.aio.server(interceptors=[SluiceAioServerInterceptor("search")])
 
 A refused call ends with ``RESOURCE_EXHAUSTED`` (a rate policy, or a concurrency policy's
 chained rate policy: HTTP's 429) or ``UNAVAILABLE`` (a concurrency limit, or the sluice server
@@ -20,18 +21,23 @@ went away is ``timeout`` if its deadline had passed, else ``ignored``. By defaul
 and reflection services are not admitted (``skip=``): a load balancer's probes must not be
 refused under load.
 
-The other arguments and the behaviour are :class:`sluice_client.adapters.Gate`'s.
+The other arguments and the behaviour are :class:`sluice_client.adapters.Gate`'s. On
+``grpc.aio``, handlers may be coroutines, async generators, or coroutines that ``write()`` their
+stream; a synchronous handler runs in a thread (``asyncio.to_thread``, the admission's context
+with it), as it would in the server's migration thread pool.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import asyncio
+import inspect
+from typing import Any, Callable, Optional
 
 import grpc
 
 from .adapters import Admission, Gate, RequestInfo, _current
 
-__all__ = ["SluiceServerInterceptor", "skip_health_and_reflection"]
+__all__ = ["SluiceServerInterceptor", "SluiceAioServerInterceptor", "skip_health_and_reflection"]
 
 _UNADMITTED_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                         "/grpc.reflection.v1.ServerReflection/")
@@ -69,25 +75,8 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
         request = GrpcRequest("", method, handler_call_details, route=method)
         if self.gate.skipped(request):
             return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary, request),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._unary(handler.stream_unary, request),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._streaming(handler.unary_stream, request),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-        return grpc.stream_stream_rpc_method_handler(
-            self._streaming(handler.stream_stream, request),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+        return _wrap_handler(handler, lambda b: self._unary(b, request),
+                             lambda b: self._streaming(b, request))
 
     # ---- the wrapped behaviours ----
 
@@ -147,5 +136,141 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
                 if adm.lease is not None:
                     gate.exit(adm, "ignored" if isinstance(error, GeneratorExit)
                               else self._outcome(context, error))
+
+        return admitted
+
+
+def _wrap_handler(handler, wrap_unary: Callable, wrap_streaming: Callable):
+    """`handler` with its behaviour wrapped (unary or streaming responses)."""
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            wrap_unary(handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            wrap_unary(handler.stream_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            wrap_streaming(handler.unary_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+    return grpc.stream_stream_rpc_method_handler(
+        wrap_streaming(handler.stream_stream),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
+
+
+_STREAM_END = object()
+
+
+class SluiceAioServerInterceptor(grpc.aio.ServerInterceptor):
+    """``SluiceAioServerInterceptor(policy, **gate_options)``, for ``grpc.aio.server``: the
+    synchronous interceptor's behaviour, its Check, Admit and Release on a grpc.aio channel of
+    the server's event loop. ``await interceptor.aclose()`` closes that channel."""
+
+    def __init__(self, policy: str, **options):
+        if "client" in options:
+            raise TypeError("client: the grpc.aio interceptor makes its own grpc.aio channel; "
+                            "pass target= (and credentials=, options=) instead")
+        options.setdefault("skip", skip_health_and_reflection)
+        self.gate = Gate(policy, **options)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        request = GrpcRequest("", method, handler_call_details, route=method)
+        if self.gate.skipped(request):
+            return handler
+        return _wrap_handler(handler, lambda b: self._unary(b, request),
+                             lambda b: self._streaming(b, request))
+
+    async def aclose(self) -> None:
+        await self.gate.aclose()
+
+    async def _admit(self, request: RequestInfo, context) -> Admission:
+        adm = await self.gate.enter_async(request)
+        refusal = adm.refusal
+        if refusal is not None:
+            await context.abort(refusal.grpc_code, refusal.grpc_message(),
+                                tuple(refusal.grpc_trailers()))  # raises
+        return adm
+
+    def _outcome(self, context, exc: Optional[BaseException]) -> str:
+        if context.cancelled():  # the client went away (cancelled, or its deadline passed)
+            remaining = context.time_remaining()
+            return "timeout" if remaining is not None and remaining <= 0 else "ignored"
+        code = context.code()
+        if isinstance(code, int):  # grpc.aio may keep the code as the core's number
+            code = next((c for c in grpc.StatusCode if c.value[0] == code), None)
+        return self.gate.outcome_of_grpc(code, exc)
+
+    async def _release(self, adm: Admission, outcome: str) -> None:
+        try:
+            await self.gate.exit_async(adm, outcome)
+        except Exception as exc:  # noqa: BLE001 - the server expires the lease after its TTL
+            self.gate._release_failed(exc)
+
+    def _unary(self, behaviour: Callable, request: RequestInfo) -> Callable:
+        async def admitted(request_or_iterator, context):
+            adm = await self._admit(request, context)
+            token = _current.set(adm)
+            try:
+                if inspect.iscoroutinefunction(behaviour):
+                    response = await behaviour(request_or_iterator, context)
+                else:  # a synchronous handler: in a thread, with this context
+                    response = await asyncio.to_thread(behaviour, request_or_iterator, context)
+            except BaseException as exc:
+                if adm.lease is not None:
+                    await self._release(adm, self._outcome(context, exc))
+                raise
+            finally:
+                _current.reset(token)
+            if adm.lease is not None:
+                await self._release(adm, self._outcome(context, None))
+            return response
+
+        return admitted
+
+    def _streaming(self, behaviour: Callable, request: RequestInfo) -> Callable:
+        if inspect.iscoroutinefunction(behaviour):  # writes its stream with context.write()
+            return self._unary(behaviour, request)
+
+        async def responses(request_or_iterator, context) -> Any:
+            if inspect.isasyncgenfunction(behaviour):
+                async for response in behaviour(request_or_iterator, context):
+                    yield response
+                return
+            # A synchronous generator: each response taken from it in a thread.
+            it = await asyncio.to_thread(behaviour, request_or_iterator, context)
+            while True:
+                response = await asyncio.to_thread(next, it, _STREAM_END)
+                if response is _STREAM_END:
+                    return
+                yield response
+
+        async def admitted(request_or_iterator, context):
+            adm = await self._admit(request, context)
+            error: Optional[BaseException] = None
+            token = _current.set(adm)
+            try:
+                async for response in responses(request_or_iterator, context):
+                    yield response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                try:
+                    _current.reset(token)
+                except ValueError:  # resumed in another context: nothing of ours to undo
+                    pass
+                if adm.lease is not None:
+                    # GeneratorExit: the stream was closed early (the client went away).
+                    await self._release(adm, "ignored" if isinstance(error, GeneratorExit)
+                                        else self._outcome(context, error))
 
         return admitted
