@@ -7,6 +7,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 export type Outcome = 'success' | 'dropped' | 'ignored' | 'failed' | 'timeout' | 'overload';
 export const OUTCOMES: readonly Outcome[];
 
+/** What a cascade policy is told of a call: a release's outcome, as cascade() reports it. */
+export type CascadeOutcome = 'success' | 'timeout' | 'overload' | 'failed' | 'ignored';
+export const CASCADE_OUTCOMES: readonly CascadeOutcome[];
+
 /** Seconds on the monotonic clock (performance.now()) of Lease.admittedAt and Lease.deadline. */
 export function now(): number;
 
@@ -102,6 +106,46 @@ export class Policies extends Map<string, PolicyState> {
   names(): string[];
 }
 
+/** One metric of a throttler's answer. */
+export class ThrottlerMetric {
+  readonly name: string;
+  /** 200 or 429 (0: the HTTP body did not say). */
+  readonly status: number;
+  readonly value: number | null;
+  readonly threshold: number | null;
+  /** ok, threshold_exceeded, probe_failed, stale_sample, no_sample */
+  readonly reason: string;
+  /** A failed probe's error, or how stale. */
+  readonly message: string;
+  readonly scope: string;
+  /** The host that decided. */
+  readonly host: string;
+}
+
+/** The throttler's answer to one check (client.throttlerCheck(), ThrottlerClient.check()). */
+export class CheckResult {
+  /** Go ahead with one chunk of work; false: hold back and ask again later. */
+  readonly ok: boolean;
+  /** 200, 429, 417, 404, 400, 5xx; 0 when the HTTP throttler could not be reached at all. */
+  readonly status: number;
+  /** "ok", "exempt", "threshold_exceeded", "low_priority", "app_throttled", ...; "unreachable: <why>". */
+  readonly reason: string;
+  /** The deciding metric's value (gRPC: 0 when none; HTTP: null when the body has none). */
+  readonly value: number | null;
+  /** The deciding metric's threshold (gRPC: 0 when none; HTTP: null when the body has none). */
+  readonly threshold: number | null;
+  /** The deciding metric's name, or null. */
+  readonly metric: string | null;
+  readonly message: string;
+  /** The app the throttler answered for ("default" for none). */
+  readonly app: string;
+  readonly scope: string;
+  readonly recentlyChecked: boolean;
+  readonly metrics: readonly ThrottlerMetric[];
+  /** Not the throttler's answer but the ThrottlerClient's onUnreachable policy's. */
+  readonly unreachable: boolean;
+}
+
 export interface CheckManyResult {
   /** Every check passed, and all were debited; if not, none was. */
   allowed: boolean;
@@ -153,6 +197,34 @@ export interface HeartbeatOptions extends CallOptions {
   ttl?: number;
 }
 
+export interface CascadeOptions<T> {
+  /** The outcome of a call that resolved (default: "success"). */
+  classify?: (result: T) => CascadeOutcome | PromiseLike<CascadeOutcome>;
+  /** How many times a failure is retried on another node (default 0). */
+  retries?: number;
+  /** Retries are made only while it allows (default: the client's own). */
+  budget?: RetryBudget;
+  /** The lease's TTL, seconds (default: the server's lease_ttl). */
+  ttl?: number;
+  /** The caller's key, for a chained rate policy. */
+  key?: string;
+  /** Seconds each admit and release may take (default: the client's timeout). */
+  timeout?: number;
+}
+
+export interface ThrottlerCheckOptions extends CallOptions {
+  /** Default "": the throttler's default app. */
+  app?: string;
+  /** Default "": the first throttler of the config. */
+  shard?: string;
+  /** "self", "shard", or "" (default): the throttler's default. */
+  scope?: string;
+  /** p=low: yields while a normal-priority check was refused recently. */
+  lowPriority?: boolean;
+  /** > 0: this check's own threshold for every metric; 0 (default): the metrics' own. */
+  threshold?: number;
+}
+
 export interface ClientOptions {
   /** Seconds each call may take (default 5). */
   timeout?: number;
@@ -190,9 +262,149 @@ export class Client {
   lease<T>(policy: string, options: AdmitOptions | undefined, fn: (lease: Lease) => T | Promise<T>): Promise<T>;
   lease<T>(policy: string, fn: (lease: Lease) => T | Promise<T>): Promise<T>;
 
+  /** Picks a node of a cascade policy, calls fn(node), reports how it went (retrying a failure
+   *  on untried nodes while the budget allows); resolves to fn's result. */
+  cascade<T>(policy: string, fn: (node: string) => T | PromiseLike<T>, options?: CascadeOptions<Awaited<T>>): Promise<Awaited<T>>;
+
+  /** One throttler check over gRPC (sluice.v1.Throttler/Check). */
+  throttlerCheck(options?: ThrottlerCheckOptions): Promise<CheckResult>;
+
   /** Every policy's state. */
   policies(options?: CallOptions): Promise<Policies>;
 }
+
+export interface RetryBudgetOptions {
+  /** Retries per first attempt, 0..1 (default 0.1). */
+  ratio?: number;
+  /** Retries a second allowed on top (default 10). */
+  perSecond?: number;
+  /** Seconds counted (default 10). */
+  window?: number;
+  /** Seconds, monotonic (default now()). */
+  clock?: () => number;
+}
+
+/** Retries allowed while retries <= ratio * calls + perSecond * window over the last window. */
+export class RetryBudget {
+  constructor(options?: RetryBudgetOptions);
+  readonly ratio: number;
+  readonly perSecond: number;
+  readonly window: number;
+  /** A first attempt was made. */
+  recordCall(): void;
+  /** Spends one retry if it fits; false: make no retry. */
+  tryRetry(): boolean;
+}
+
+/** 429 and 503 overload; 408 and 504 timeout; another 5xx failed; else success. */
+export function outcomeOfHttp(status: number): CascadeOutcome;
+/** RESOURCE_EXHAUSTED, UNAVAILABLE overload; DEADLINE_EXCEEDED timeout; CANCELLED ignored;
+ *  UNKNOWN, UNIMPLEMENTED, INTERNAL, DATA_LOSS failed; else success. A number or its name. */
+export function outcomeOfGrpc(code: number | string): CascadeOutcome;
+/** The outcome of a call that threw err (a timeout, an AbortError, an HTTP status or gRPC code
+ *  it carries; else failed). */
+export function outcomeForException(err: unknown): CascadeOutcome;
+
+export interface ThrottlerClientOptions {
+  /** The app's name: per-app rules, exemptions and throttles key on it. */
+  app: string;
+  /** Default: the server's own. */
+  shard?: string | null;
+  /** Default: the server's. */
+  scope?: 'self' | 'shard' | null;
+  /** Send p=low. */
+  lowPriority?: boolean;
+  /** Seconds for connecting and each wait for data (default 1). */
+  timeout?: number;
+  /** What a check answers when the throttler cannot be asked (default "hold": ok false). */
+  onUnreachable?: 'hold' | 'proceed';
+}
+
+/** Asks one sluice server's throttler, over HTTP, whether an app may do its next chunk of work. */
+export class ThrottlerClient {
+  constructor(url: string, options: ThrottlerClientOptions);
+  readonly url: string;
+  readonly app: string;
+  readonly shard: string | null;
+  readonly scope: 'self' | 'shard' | null;
+  readonly lowPriority: boolean;
+  readonly timeout: number;
+  readonly onUnreachable: 'hold' | 'proceed';
+  /** Asks once; never rejects for an HTTP or network failure. */
+  check(): Promise<CheckResult>;
+  /** Closes the kept-alive connection; a later check opens a new one. */
+  close(): void;
+}
+
+export interface BackoffOptions {
+  /** The first delay, seconds (default 1). */
+  initial?: number;
+  /** Each delay's multiple of the one before (default 2). */
+  factor?: number;
+  /** The longest delay before jitter, seconds (default 4). */
+  cap?: number;
+  /** The spread, in [0, 1) (default 0.2). */
+  jitter?: number;
+  /** The shortest delay, seconds (default 0.1). */
+  minInterval?: number;
+  /** A number in [0, 1) (default Math.random). */
+  random?: () => number;
+}
+
+/** The delays between refused checks: bounded exponential, jittered, floored. */
+export class Backoff {
+  constructor(options?: BackoffOptions);
+  readonly initial: number;
+  readonly factor: number;
+  readonly cap: number;
+  readonly jitter: number;
+  readonly minInterval: number;
+  /** The next delay, seconds. */
+  nextDelay(): number;
+  /** Back to the first delay. */
+  reset(): void;
+}
+
+/** What runInChunks() did. */
+export class ChunkStats {
+  constructor(fields?: Partial<ChunkStats>);
+  chunks: number;
+  checks: number;
+  refusals: number;
+  waitedSeconds: number;
+  maxValueSeen: number | null;
+}
+
+/** The throttler did not allow the work before the deadline (not a timeout to isTimeout()). */
+export class ThrottledTimeout extends SluiceError {
+  constructor(result: CheckResult, deadline: number, stats?: ChunkStats | null);
+  /** The last check's answer. */
+  readonly result: CheckResult;
+  readonly deadline: number;
+  /** From runInChunks(): the stats up to the timeout; null from waitUntilAllowed(). */
+  stats: ChunkStats | null;
+}
+
+export interface WaitOptions {
+  /** Default: a new Backoff. */
+  backoff?: Backoff;
+  /** Seconds, monotonic (default now()). */
+  clock?: () => number;
+  /** Waits that many seconds (default a timer). */
+  sleep?: (seconds: number) => void | PromiseLike<void>;
+  /** Called before each sleep. */
+  onWait?: (result: CheckResult, delay: number) => void;
+}
+
+/** Checks until allowed; rejects with ThrottledTimeout past the deadline (seconds). */
+export function waitUntilAllowed(client: ThrottlerClient, options: WaitOptions & { deadline: number }): Promise<CheckResult>;
+
+/** Runs chunk() until it returns false, waiting for the throttler before each call. */
+export function runInChunks(
+  client: ThrottlerClient,
+  chunk: () => boolean | PromiseLike<boolean>,
+  options: WaitOptions & { deadlinePerChunk: number },
+): Promise<ChunkStats>;
 
 /** A call failed: the server (or the channel) answered with a gRPC error status. */
 export class SluiceError extends Error {

@@ -1,6 +1,7 @@
 'use strict';
-// sluice-client: the Node.js client of `sluice serve` (gRPC service sluice.v1.Sluice) and an
-// Express middleware. See README.md.
+// sluice-client: the Node.js client of `sluice serve` (gRPC services sluice.v1.Sluice and
+// sluice.v1.Throttler), an Express middleware, and a client of the throttler's HTTP check API
+// for batch jobs. See README.md.
 //
 //   const sluice = require('sluice-client');
 //   const client = new sluice.Client('127.0.0.1:7070', { timeout: 2 });
@@ -15,8 +16,16 @@ const {
   SluiceError, InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, Unavailable,
   DeadlineExceeded, Refused, isTimeout,
 } = require('./lib/errors');
-const { OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, now } = require('./lib/types');
+const {
+  OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, CheckResult, ThrottlerMetric, now,
+} = require('./lib/types');
 const { expressMiddleware, outcomeOfStatus } = require('./lib/express');
+const {
+  CASCADE_OUTCOMES, RetryBudget, outcomeOfHttp, outcomeOfGrpc, outcomeForException,
+} = require('./lib/cascade');
+const {
+  ThrottlerClient, Backoff, ChunkStats, ThrottledTimeout, waitUntilAllowed, runInChunks,
+} = require('./lib/throttler');
 const { defaultProtoPath } = require('./lib/proto');
 
 module.exports = {
@@ -31,7 +40,20 @@ module.exports = {
   Lease,
   PolicyState,
   Policies,
+  CheckResult,
+  ThrottlerMetric,
   now,
+  CASCADE_OUTCOMES,
+  RetryBudget,
+  outcomeOfHttp,
+  outcomeOfGrpc,
+  outcomeForException,
+  ThrottlerClient,
+  Backoff,
+  ChunkStats,
+  ThrottledTimeout,
+  waitUntilAllowed,
+  runInChunks,
   SluiceError,
   InvalidArgument,
   NotFound,

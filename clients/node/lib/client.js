@@ -4,7 +4,10 @@
 const grpc = require('@grpc/grpc-js');
 const { loadSluice } = require('./proto');
 const { FailedPrecondition, Refused, Unavailable, fromGrpcError, isTimeout } = require('./errors');
-const { OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, now } = require('./types');
+const {
+  OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, CheckResult, ThrottlerMetric, now,
+} = require('./types');
+const cascade = require('./cascade');
 
 // The server encodes "never" (a request that can never pass) as the largest Duration.
 const NEVER_SECONDS = 315576000000;
@@ -128,7 +131,11 @@ class Client {
     this.target = target;
     this.timeout = timeout;
     const pkg = loadSluice(protoPath);
+    this._pkg = pkg;
+    this._channelOptions = channelOptions;
     this._stub = new pkg.Sluice(target, credentials || grpc.credentials.createInsecure(), channelOptions);
+    this._throttler = null; // the sluice.v1.Throttler stub, on the same channel, made at first use
+    this._retryBudget = null; // cascade()'s default RetryBudget, made at first use
   }
 
   /** Closes the channel. Calls after this fail. */
@@ -146,10 +153,10 @@ class Client {
     });
   }
 
-  _call(method, request, timeout) {
+  _call(method, request, timeout, stub = this._stub) {
     const t = timeout ?? this.timeout;
     return new Promise((resolve, reject) => {
-      this._stub[method](request, { deadline: Date.now() + t * 1000 }, (err, response) => {
+      stub[method](request, { deadline: Date.now() + t * 1000 }, (err, response) => {
         if (err) reject(fromGrpcError(err));
         else resolve(response);
       });
@@ -372,6 +379,101 @@ class Client {
     if (!valid) {
       throw new RangeError(`lease.outcome: must be one of ${OUTCOMES.join(', ')}, not ${JSON.stringify(chosen)} (the lease was released as "ignored")`);
     }
+  }
+
+  // ---- cascade policies ----
+
+  /**
+   * Picks a node of a `cascade` policy (an admit), calls fn(node), reports how it went (a
+   * release) and resolves to what fn resolved to:
+   *
+   *   const res = await client.cascade('replicas', (node) => fetch(`http://${node}/item/7`),
+   *     { classify: (r) => outcomeOfHttp(r.status), retries: 1 });
+   *
+   * The outcome reported: await classify(result) (one of CASCADE_OUTCOMES; without classify,
+   * "success"), or, when fn throws, outcomeForException(err) (a timeout is "timeout"; an error
+   * carrying HTTP 429/503 or gRPC RESOURCE_EXHAUSTED/UNAVAILABLE "overload"; an AbortError
+   * "ignored"), the error then being rethrown. A classify that returns anything else (or
+   * throws) releases the lease as "ignored" and rejects (RangeError: the value it returned).
+   *
+   * Options: retries (how many times a failure is retried on another node, never one already
+   * tried; default 0), budget (a RetryBudget: a retry is made only while it allows; default
+   * the client's own, 10% of calls plus 10 a second over 10 s, so retries cannot multiply the
+   * load during an outage), ttl, key (admit()'s), timeout (each admit's and release's). When
+   * no retry is made (none left, the budget spent, no untried node with room), the last
+   * failure is what you get: the value it resolved to, or the error it threw. Rejects with
+   * Refused when no node has room for the first attempt (fn does not run); a failed admit or
+   * release rejects with its error.
+   */
+  async cascade(policy, fn, { classify, retries = 0, budget, ttl, key = '', timeout } = {}) {
+    if (budget == null) {
+      if (this._retryBudget === null) this._retryBudget = new cascade.RetryBudget();
+      budget = this._retryBudget;
+    }
+    return cascade.run(this, policy, fn, { classify, retries, budget, ttl, key, timeout });
+  }
+
+  // ---- the throttler ----
+
+  /**
+   * One throttler check over gRPC (sluice.v1.Throttler/Check), answered as GET
+   * /throttler/check answers it: a CheckResult (ok for status 200; 429 over a threshold or
+   * failing closed; 417 the app is throttled).
+   *
+   * Options: app (default "": the throttler's default app), shard ("": the first throttler of
+   * the config), scope ("self", "shard", or "": the throttler's default), lowPriority (yields
+   * while a normal-priority check was refused recently), threshold (> 0: this check's own
+   * threshold for every metric; 0: the metrics' own), timeout. Rejects with NotFound when no
+   * throttler serves the shard, InvalidArgument for a bad scope or threshold.
+   */
+  async throttlerCheck({
+    app = '', shard = '', scope = '', lowPriority = false, threshold = 0, timeout,
+  } = {}) {
+    for (const [name, v] of [['app', app], ['shard', shard], ['scope', scope]]) {
+      if (typeof v !== 'string') throw new TypeError(`${name}: must be a string, not ${JSON.stringify(v)}`);
+    }
+    if (typeof lowPriority !== 'boolean') {
+      throw new TypeError(`lowPriority: must be a boolean, not ${JSON.stringify(lowPriority)}`);
+    }
+    if (typeof threshold !== 'number') {
+      throw new TypeError(`threshold: must be a number, not ${JSON.stringify(threshold)}`);
+    }
+    if (!Number.isFinite(threshold)) throw new RangeError(`threshold: must be finite, not ${threshold}`);
+    if (this._throttler === null) {
+      if (typeof this._pkg.Throttler !== 'function') {
+        throw new Error('throttlerCheck: the loaded proto has no sluice.v1.Throttler service (an older sluice.proto?)');
+      }
+      // On the Sluice stub's channel (its credentials; those given here are not used): one
+      // connection for both services, which close() closes.
+      this._throttler = new this._pkg.Throttler(this.target, grpc.credentials.createInsecure(), {
+        ...this._channelOptions,
+        channelOverride: this._stub.getChannel(),
+      });
+    }
+    const req = { app, shard, scope, low_priority: lowPriority, threshold };
+    const resp = await this._call('Check', req, timeout, this._throttler);
+    return new CheckResult({
+      ok: resp.status_code === 200,
+      status: resp.status_code,
+      reason: resp.reason,
+      value: resp.value,
+      threshold: resp.threshold,
+      metric: resp.metric || null,
+      message: resp.message,
+      app: resp.app,
+      scope: resp.scope,
+      recentlyChecked: resp.recently_checked,
+      metrics: resp.metrics.map((m) => new ThrottlerMetric({
+        name: m.name,
+        status: m.status_code,
+        value: m.value,
+        threshold: m.threshold,
+        reason: m.reason,
+        message: m.message,
+        scope: m.scope,
+        host: m.host,
+      })),
+    });
   }
 
   // ---- state ----

@@ -149,4 +149,68 @@ class Policies extends Map {
   }
 }
 
-module.exports = { OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, now };
+/**
+ * One metric of a throttler's answer (gRPC: ThrottlerMetric; HTTP: an entry of the body's
+ * Metrics): name; status (200 or 429; 0 when the body did not say); value, threshold (HTTP:
+ * null when the body has none); reason ("ok", "threshold_exceeded", "probe_failed",
+ * "stale_sample", "no_sample"); message (a failed probe's error, or how stale); scope; host
+ * (the host that decided).
+ */
+class ThrottlerMetric {
+  constructor({ name, status, value, threshold, reason = '', message = '', scope = '', host = '' }) {
+    this.name = name;
+    this.status = status;
+    this.value = value;
+    this.threshold = threshold;
+    this.reason = reason;
+    this.message = message;
+    this.scope = scope;
+    this.host = host;
+    Object.freeze(this);
+  }
+}
+
+/**
+ * The throttler's answer to one check: client.throttlerCheck() (gRPC) and
+ * ThrottlerClient.check() (HTTP) answer one.
+ *
+ * ok: go ahead with one chunk of work; false: hold back and ask again later. status: the
+ * status code (200, 429 over a threshold or failing closed, 417 the app is throttled, 404,
+ * 400, 5xx), or 0 when the HTTP throttler could not be reached at all. reason: "ok", "exempt",
+ * "threshold_exceeded", "probe_failed", "stale_sample", "no_sample", "low_priority",
+ * "app_throttled", ...; when the HTTP throttler could not be asked, "unreachable: <why>" (ok is
+ * then the ThrottlerClient's onUnreachable policy). value, threshold: the deciding metric's
+ * (gRPC: 0 when the answer has none; HTTP: null when the body has none). metric: the deciding
+ * metric's name, or null. message: the server's message, or what went wrong when it could not
+ * be asked. app (the app answered for: "default" for none), scope, recentlyChecked, metrics
+ * (each metric's ThrottlerMetric): the rest of the answer (gRPC: ThrottlerCheckResponse; HTTP:
+ * the body's AppName, Scope, RecentlyChecked and Metrics; "", "", false and [] when absent).
+ */
+class CheckResult {
+  constructor({
+    ok, status, reason, value = null, threshold = null, metric = null, message = '', app = '',
+    scope = '', recentlyChecked = false, metrics = [],
+  }) {
+    this.ok = ok;
+    this.status = status;
+    this.reason = reason;
+    this.value = value;
+    this.threshold = threshold;
+    this.metric = metric;
+    this.message = message;
+    this.app = app;
+    this.scope = scope;
+    this.recentlyChecked = recentlyChecked;
+    this.metrics = Object.freeze([...metrics]);
+    Object.freeze(this);
+  }
+
+  /** True when this is not the throttler's answer but the onUnreachable policy's. */
+  get unreachable() {
+    return this.reason.startsWith('unreachable:');
+  }
+}
+
+module.exports = {
+  OUTCOMES, Decision, Charge, Lease, PolicyState, Policies, CheckResult, ThrottlerMetric, now,
+};

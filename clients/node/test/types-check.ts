@@ -30,6 +30,37 @@ async function use(client: Client): Promise<void> {
     if (err instanceof SluiceError) { const code: number = err.code; void code; }
   }
   void ok; void retry; void idx; void overdraft; void held; void n; void s; void inFlight; void names;
+
+  // The cascade helper, its budget and the outcome helpers.
+  const budget = new sluice.RetryBudget({ ratio: 0.2, perSecond: 0, window: 30, clock: () => 0 });
+  const status: number = await client.cascade('replicas', async (node: string) => node.length,
+    { classify: (r: number) => sluice.outcomeOfHttp(r), retries: 2, budget, key: 'u', ttl: 5, timeout: 1 });
+  const plain: string = await client.cascade('replicas', (node) => node);
+  const o: sluice.CascadeOutcome = sluice.outcomeForException(new Error('x'));
+  const g: sluice.CascadeOutcome = sluice.outcomeOfGrpc('UNAVAILABLE');
+  const retried: boolean = budget.tryRetry();
+  const outcomes: readonly sluice.CascadeOutcome[] = sluice.CASCADE_OUTCOMES;
+
+  // The throttler, over gRPC and over HTTP.
+  const r: sluice.CheckResult = await client.throttlerCheck({ app: 'purge', shard: 'main', scope: 'self', lowPriority: true, threshold: 2, timeout: 1 });
+  const value: number | null = r.value;
+  const metric: string | null = r.metric;
+  const host: string | undefined = r.metrics[0]?.host;
+  const throttler = new sluice.ThrottlerClient('http://127.0.0.1:8080', { app: 'purge', shard: 'main', onUnreachable: 'proceed' });
+  const unreachable: boolean = (await throttler.check()).unreachable;
+  await sluice.waitUntilAllowed(throttler, { deadline: 10, backoff: new sluice.Backoff({ jitter: 0 }) });
+  try {
+    const stats: sluice.ChunkStats = await sluice.runInChunks(throttler, async () => false, {
+      deadlinePerChunk: 600, onWait: (res, delay) => console.log(res.reason, delay),
+      clock: () => 0, sleep: async () => {},
+    });
+    const max: number | null = stats.maxValueSeen;
+    void max;
+  } catch (err) {
+    if (err instanceof sluice.ThrottledTimeout) { const last: sluice.CheckResult = err.result; void last; }
+  }
+  throttler.close();
+  void status; void plain; void o; void g; void retried; void outcomes; void value; void metric; void host; void unreachable;
 }
 
 const app = express();
@@ -52,3 +83,9 @@ void client.check('api-rate', 'k', 3);
 void client.release('0'.repeat(32), 'crashed');
 // @ts-expect-error: the middleware needs a policy
 sluice.express({ client });
+// @ts-expect-error: not a cascade outcome
+void client.cascade('replicas', (node) => node, { classify: () => 'dropped' });
+// @ts-expect-error: the throttler client needs an app
+new sluice.ThrottlerClient('http://127.0.0.1:8080', {});
+// @ts-expect-error: a chunk says whether more work remains
+void sluice.runInChunks(new sluice.ThrottlerClient('http://h', { app: 'a' }), () => undefined, { deadlinePerChunk: 1 });
