@@ -42,7 +42,7 @@ class ShardedLimiter final : public RateLimiter {
     Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
     now = shard.advance(now);
-    auto it = shard.map.find(key);
+    auto it = shard.map.find(HashedKey{key, h});  // hashed once, for the shard and the map
     if (it != shard.map.end()) return decide(it->second, shard.rule, hits, now);
     State fresh;
     const RateDecision d = decide(fresh, shard.rule, hits, now);
@@ -55,10 +55,11 @@ class ShardedLimiter final : public RateLimiter {
   }
 
   RateCharge charge(std::string_view key, std::uint64_t hits, Nanos now) override {
-    Shard& shard = shards_[shard_of(StringHash{}(key))];
+    const std::size_t h = StringHash{}(key);
+    Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
     now = shard.advance(now);
-    if (auto it = shard.map.find(key); it != shard.map.end())
+    if (auto it = shard.map.find(HashedKey{key, h}); it != shard.map.end())
       return sluice::charge(it->second, shard.rule, hits, now);
     State fresh;
     RateCharge c = sluice::charge(fresh, shard.rule, hits, now);
@@ -80,7 +81,7 @@ class ShardedLimiter final : public RateLimiter {
     const Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
     now = std::max(now, shard.latest);
-    if (auto it = shard.map.find(key); it != shard.map.end()) {
+    if (auto it = shard.map.find(HashedKey{key, h}); it != shard.map.end()) {
       State s = it->second;
       return decide(s, shard.rule, hits, now, /*commit=*/false);
     }
@@ -93,9 +94,10 @@ class ShardedLimiter final : public RateLimiter {
   }
 
   void refund(std::string_view key, std::uint64_t hits, Nanos now) override {
-    Shard& shard = shards_[shard_of(StringHash{}(key))];
+    const std::size_t h = StringHash{}(key);
+    Shard& shard = shards_[shard_of(h)];
     const std::lock_guard lock(shard.mu);
-    if (auto it = shard.map.find(key); it != shard.map.end())
+    if (auto it = shard.map.find(HashedKey{key, h}); it != shard.map.end())
       sluice::refund(it->second, shard.rule, hits, now);
   }
 
