@@ -1,6 +1,8 @@
 // Type declarations of sluice-client. Every duration is a number of seconds.
 
-import type { ChannelCredentials, ChannelOptions, Metadata } from '@grpc/grpc-js';
+import type {
+  ChannelCredentials, ChannelOptions, Metadata, ServerInterceptingCallInterface, ServerInterceptor,
+} from '@grpc/grpc-js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 
 /** How a leased call ended (the server's Outcome enum). */
@@ -484,6 +486,64 @@ export interface MiddlewareOptions<Req extends IncomingMessage = IncomingMessage
 export function express<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
   options: MiddlewareOptions<Req, Res>,
 ): (req: Req, res: Res, next: (err?: unknown) => void) => void;
+
+/** What the gRPC server interceptor's functions (key, hits, admit, skip, onError) are given of a call. */
+export interface GrpcRequest {
+  /** The method's full path: '/pkg.Service/Method' (the default key). */
+  readonly path: string;
+  /** 'pkg.Service'. */
+  readonly service: string;
+  /** 'Method'. */
+  readonly method: string;
+  /** The call's metadata. */
+  readonly metadata: Metadata;
+  readonly requestStream: boolean;
+  readonly responseStream: boolean;
+  /** The interceptor's view of the call (getDeadline(), getHost(), getAuthContext()...). */
+  readonly call: ServerInterceptingCallInterface;
+  /** The client's address ('127.0.0.1:51234'), or 'unknown'. */
+  readonly peer: string;
+  /** The first string value of metadata key `name` (case-insensitive); undefined: none. */
+  get(name: string): string | undefined;
+}
+
+export interface GrpcInterceptorOptions {
+  client: Client;
+  policy: string;
+  /** The key checked (rate) or passed to admit (default: the method's path). An empty or
+   *  undefined key is refused INVALID_ARGUMENT by the server: give a default yourself. */
+  key?: string | ((request: GrpcRequest) => string | undefined);
+  /** Hits a check takes (rate; default 1). */
+  hits?: number | ((request: GrpcRequest) => number);
+  /** What else an admit sends (concurrency). */
+  admit?: Omit<AdmitOptions, 'key' | 'timeout'> | ((request: GrpcRequest) => Omit<AdmitOptions, 'key' | 'timeout'>);
+  /** Default: from the policy's kind, asked once. */
+  mode?: 'check' | 'admit';
+  /** true (default): a call goes through when sluice cannot answer; false: UNAVAILABLE. */
+  failOpen?: boolean;
+  /** Seconds each call to sluice may take (default 1). */
+  timeout?: number;
+  /** true: the call goes through unasked. Default: skipHealthAndReflection; null: none skipped. */
+  skip?: ((request: GrpcRequest) => boolean) | null;
+  /** Told of the errors the interceptor absorbs or ends a call with (default: a process
+   *  warning, one a minute). */
+  onError?: (err: Error, request: GrpcRequest) => void;
+  /** Rate policies: hits taken from the server at once and spent here (default 0: none). */
+  allowance?: number;
+  /** Seconds a hit taken so may wait to be spent (default 0.05). */
+  allowanceHold?: number;
+}
+
+/** The interceptor, for `new grpc.Server({ interceptors: [...] })` (@grpc/grpc-js 1.10 or later). */
+export function grpcServerInterceptor(options: GrpcInterceptorOptions): ServerInterceptor;
+
+/** In a handler: the Decision (rate) or the Lease (concurrency; set its outcome or cost) its
+ *  call was admitted with, given the handler's call (or its metadata); null when sluice could
+ *  not answer and the call failed open; undefined when the interceptor did not admit it. */
+export function grpcAdmission(call: { readonly metadata: Metadata } | Metadata): Decision | Lease | null | undefined;
+
+/** The interceptor's default skip: the gRPC health and reflection services. */
+export function skipHealthAndReflection(request: { readonly path: string }): boolean;
 
 declare module 'http' {
   interface IncomingMessage {

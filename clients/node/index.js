@@ -1,12 +1,13 @@
 'use strict';
 // sluice-client: the Node.js client of `sluice serve` (gRPC services sluice.v1.Sluice and
-// sluice.v1.Throttler), an Express middleware, and a client of the throttler's HTTP check API
-// for batch jobs. See README.md.
+// sluice.v1.Throttler), an Express middleware, a gRPC server interceptor, and a client of the
+// throttler's HTTP check API for batch jobs. See README.md.
 //
 //   const sluice = require('sluice-client');
 //   const client = new sluice.Client('127.0.0.1:7070', { timeout: 2 });
 //   const d = await client.check('api-rate', 'user-42');
 //   app.use(sluice.express({ client, policy: 'search', key: (req) => req.ip }));
+//   new grpc.Server({ interceptors: [sluice.grpcServerInterceptor({ client, policy: 'search' })] });
 //
 // Every export is a plain identifier below, so that `import { Client } from 'sluice-client'`
 // finds it in this CommonJS module.
@@ -21,6 +22,9 @@ const {
 } = require('./lib/types');
 const { expressMiddleware, outcomeOfStatus } = require('./lib/express');
 const {
+  grpcServerInterceptor, grpcAdmission, skipHealthAndReflection,
+} = require('./lib/grpc_interceptor');
+const {
   CASCADE_OUTCOMES, RetryBudget, outcomeOfHttp, outcomeOfGrpc, outcomeForException,
 } = require('./lib/cascade');
 const {
@@ -32,6 +36,9 @@ module.exports = {
   Client,
   express: expressMiddleware,
   outcomeOfStatus,
+  grpcServerInterceptor,
+  grpcAdmission,
+  skipHealthAndReflection,
   isTimeout,
   defaultProtoPath,
   OUTCOMES,

@@ -12,21 +12,10 @@
 // and an RFC 9457 application/problem+json body. See the README for the outcome rules and the
 // failure mode.
 
-const { status: GrpcStatus } = require('@grpc/grpc-js');
-const { NotFound, Refused } = require('./errors');
-const { Allowances } = require('./allowance');
-const { OUTCOMES, Decision, now } = require('./types');
-
-const RATE_KINDS = new Set(['rate', 'federated']);
-const ADMIT_KINDS = new Set(['adaptive', 'fleet', 'concurrency', 'cascade']);
-
-// Errors that say the middleware (or the app's key function) is wrong, not that sluice could
-// not answer: they go to next(err) whatever the failure mode, so a misconfiguration is seen.
-const CALLER_ERRORS = new Set([
-  GrpcStatus.INVALID_ARGUMENT, GrpcStatus.NOT_FOUND, GrpcStatus.FAILED_PRECONDITION,
-  GrpcStatus.PERMISSION_DENIED, GrpcStatus.UNAUTHENTICATED, GrpcStatus.UNIMPLEMENTED,
-  GrpcStatus.OUT_OF_RANGE,
-]);
+const { Refused } = require('./errors');
+const {
+  Gate, Decision, isCallerError, retryAfterHeader, rateProblem, refusedProblem, unavailableProblem,
+} = require('./admission');
 
 /**
  * The outcome a finished response reports at release, from its status: 503 (the handler or
@@ -40,10 +29,6 @@ function outcomeOfStatus(status) {
   return 'success';
 }
 
-function retryAfterHeader(seconds) {
-  return seconds === null || seconds === undefined ? null : String(Math.max(0, Math.ceil(seconds)));
-}
-
 function sendProblem(res, status, problem, retryAfter) {
   const body = typeof problem === 'string' ? problem : JSON.stringify(problem);
   res.statusCode = status;
@@ -53,76 +38,6 @@ function sendProblem(res, status, problem, retryAfter) {
   const ra = retryAfterHeader(retryAfter);
   if (ra !== null) res.setHeader('Retry-After', ra);
   res.end(body);
-}
-
-/** The problem+json document of a denied rate check (the fields the server's own have). */
-function rateProblem(policy, hits, d) {
-  const never = d.retryAfter === null;
-  let detail;
-  if (d.reason) {
-    detail = d.detail || `Rate policy ${policy} denied ${hits} hit(s) for this key: ${d.reason}`;
-  } else if (never) {
-    detail = `Rate policy ${policy} allows at most ${d.limit} at once; ${hits} can never pass`;
-  } else {
-    detail = `Rate policy ${policy} allows no more for this key now; retry after ${d.retryAfter}s`;
-  }
-  const problem = {
-    type: 'urn:sluice:problem:rate-limit-exceeded',
-    title: 'Rate Limit Exceeded',
-    status: 429,
-    detail,
-    limit_type: 'rate',
-    policy,
-    limit: d.limit,
-    remaining: d.remaining,
-  };
-  if (!never) problem.retry_after_seconds = Math.max(0, Math.ceil(d.retryAfter));
-  if (d.reason) problem.reason = d.reason;
-  return problem;
-}
-
-function refusedProblem(r) {
-  if (r.problemJson) return r.problemJson;
-  const problem = {
-    type: r.type || 'urn:sluice:problem:concurrency-limit-exceeded',
-    title: r.title || 'Concurrency Limit Exceeded',
-    status: r.status,
-    detail: r.detail,
-    limit_type: r.level,
-    policy: r.policy,
-    current_in_flight: r.current,
-    max_concurrent: r.limit,
-  };
-  if (r.retryAfter !== null) problem.retry_after_seconds = Math.max(0, Math.ceil(r.retryAfter));
-  return problem;
-}
-
-function unavailableProblem(policy) {
-  return {
-    type: 'urn:sluice:problem:admission-control-unavailable',
-    title: 'Admission Control Unavailable',
-    status: 503,
-    detail: `The admission-control server for policy ${policy} could not be asked`,
-    policy,
-  };
-}
-
-function throttledWarning(intervalSeconds) {
-  let last = -Infinity;
-  return (err) => {
-    const t = now();
-    if (t - last < intervalSeconds) return;
-    last = t;
-    process.emitWarning(`sluice-client: ${err && err.message ? err.message : err}`, {
-      code: 'SLUICE_MIDDLEWARE',
-    });
-  };
-}
-
-function asFunction(value, fallback) {
-  if (value === undefined) return fallback;
-  if (typeof value === 'function') return value;
-  return () => value;
 }
 
 /**
@@ -160,52 +75,15 @@ function asFunction(value, fallback) {
  * when sluice could not answer and the request failed open.
  */
 function expressMiddleware(options = {}) {
-  const { client, policy } = options;
-  if (!client || typeof client.check !== 'function' || typeof client.admit !== 'function') {
-    throw new TypeError('client: must be a sluice-client Client');
-  }
-  if (typeof policy !== 'string' || policy === '') throw new TypeError('policy: must be a policy name');
-  if (options.mode !== undefined && options.mode !== 'check' && options.mode !== 'admit') {
-    throw new TypeError(`mode: must be "check" or "admit", not ${JSON.stringify(options.mode)}`);
-  }
-  const keyOf = asFunction(options.key, (req) => req.ip || (req.socket && req.socket.remoteAddress) || '');
-  const hitsOf = asFunction(options.hits, () => 1);
-  const admitOf = asFunction(options.admit, () => ({}));
-  const failOpen = options.failOpen !== undefined ? Boolean(options.failOpen) : true;
-  const timeout = options.timeout ?? 1;
+  const gate = new Gate(options, (req) => req.ip || (req.socket && req.socket.remoteAddress) || '');
+  const { policy, client, timeout, skip } = gate;
   const classify = options.outcome || ((req, res) => outcomeOfStatus(res.statusCode));
-  const skip = options.skip || null;
-  const onError = options.onError || throttledWarning(60);
-  if (options.allowance && options.mode === 'admit') {
-    throw new TypeError('allowance: only a rate policy\'s hits can be taken ahead (mode is "admit")');
-  }
-  const allowances = options.allowance ? new Allowances(options.allowance, options.allowanceHold ?? 0.05) : null;
-
-  let mode = options.mode || null;
-  let lookup = null;
-  function resolveMode() {
-    if (!lookup) {
-      lookup = client.policies({ timeout }).then((ps) => {
-        const p = ps.get(policy);
-        if (!p) throw new NotFound(`policy: no policy named "${policy}" on ${client.target}`);
-        if (RATE_KINDS.has(p.kind)) mode = 'check';
-        else if (ADMIT_KINDS.has(p.kind)) mode = 'admit';
-        else throw new TypeError(`policy: "${policy}" is of kind ${p.kind}, neither checked nor admitted`);
-        return mode;
-      });
-      lookup.catch(() => { lookup = null; }); // asked again on the next request
-    }
-    return lookup;
-  }
-
-  function report(err, req) {
-    try { onError(err, req); } catch { /* the app's handler must not break the response */ }
-  }
+  const report = (err, req) => gate.report(err, req);
 
   function failed(err, req, res, next) {
-    if (!(err && typeof err.code === 'number' && !CALLER_ERRORS.has(err.code))) return next(err);
+    if (isCallerError(err)) return next(err);
     report(err, req);
-    if (failOpen) {
+    if (gate.failOpen) {
       req.sluice = null;
       return next();
     }
@@ -218,34 +96,18 @@ function expressMiddleware(options = {}) {
     return sendProblem(res, 429, rateProblem(policy, hits, d), d.retryAfter);
   }
 
-  // With an allowance: from the hits held here when it can, else a block from the server
-  // (each ask smaller than the last, down to the request's own hits).
-  function allowanceDecision(key, hits) {
-    const askFor = (asked) => client.check(policy, key, { hits: asked, timeout }).then((d) => {
-      const following = allowances.answered(key, asked, hits, d, now());
-      if (following !== null) return askFor(following);
-      return d.allowed ? new Decision({ ...d, remaining: d.remaining + allowances.held(key) }) : d;
-    });
-    return askFor(allowances.ask(key, hits));
-  }
-
   function check(req, res, next, key) {
     let hits;
-    try { hits = hitsOf(req); } catch (err) { return next(err); }
-    // Hits the server would reject are asked as they are, so that its error is the answer.
-    const held = allowances !== null && Number.isSafeInteger(hits) && hits >= 1;
-    if (held) {
-      const local = allowances.local(key, hits, now());
-      if (local !== null) return decided(req, res, next, hits, local);
-    }
-    const asked = held ? allowanceDecision(key, hits) : client.check(policy, key, { hits, timeout });
-    asked.then((d) => decided(req, res, next, hits, d), (err) => failed(err, req, res, next))
+    try { hits = gate.hitsOf(req); } catch (err) { return next(err); }
+    const d = gate.decide(key, hits);
+    if (d instanceof Decision) return decided(req, res, next, hits, d); // from an allowance
+    d.then((answer) => decided(req, res, next, hits, answer), (err) => failed(err, req, res, next))
       .catch((err) => report(err, req));
   }
 
   function admit(req, res, next, key) {
     let extra;
-    try { extra = admitOf(req) || {}; } catch (err) { return next(err); }
+    try { extra = gate.admitOf(req) || {}; } catch (err) { return next(err); }
     client.admit(policy, { ...extra, key, timeout }).then((lease) => {
       req.sluice = lease;
       let done = false;
@@ -265,16 +127,7 @@ function expressMiddleware(options = {}) {
             outcome = 'ignored';
           }
         }
-        if (!OUTCOMES.includes(outcome)) {
-          report(new RangeError(`outcome: must be one of ${OUTCOMES.join(', ')}, not ${JSON.stringify(outcome)} (released as "ignored")`), req);
-          outcome = 'ignored';
-        }
-        client.release(lease, {
-          outcome,
-          rtt: Math.max(0, now() - lease.admittedAt),
-          cost: lease.cost ?? undefined,
-          timeout,
-        }).catch((err) => report(err, req));
+        gate.release(lease, outcome, req);
       };
       if (res.closed || res.destroyed || res.writableFinished || (req.socket && req.socket.destroyed)) {
         // The client went away while the admit was pending: nobody waits for the handler.
@@ -294,11 +147,9 @@ function expressMiddleware(options = {}) {
 
   function run(req, res, next) {
     let key;
-    try { key = keyOf(req); } catch (err) { return next(err); }
-    if (mode === 'check') return check(req, res, next, key);
-    if (allowances !== null) {
-      return next(new TypeError(`allowance: policy "${policy}" is admitted, not checked: only a rate policy's hits can be taken ahead`));
-    }
+    try { key = gate.keyOf(req); } catch (err) { return next(err); }
+    if (gate.mode === 'check') return check(req, res, next, key);
+    if (gate.allowances !== null) return next(gate.allowanceMisuse());
     return admit(req, res, next, key);
   }
 
@@ -308,8 +159,8 @@ function expressMiddleware(options = {}) {
       try { skipped = skip(req); } catch (err) { return next(err); }
       if (skipped) return next();
     }
-    if (mode !== null) return run(req, res, next);
-    return resolveMode().then(() => run(req, res, next), (err) => failed(err, req, res, next))
+    if (gate.mode !== null) return run(req, res, next);
+    return gate.resolveMode().then(() => run(req, res, next), (err) => failed(err, req, res, next))
       .catch((err) => report(err, req));
   };
 }

@@ -1,6 +1,7 @@
 // Compiled (never run) by test/types.test.js: the declarations in index.d.ts accept the API as
 // the README shows it and refuse what it does not take.
 import express from 'express';
+import * as grpc from '@grpc/grpc-js';
 import * as sluice from 'sluice-client';
 import { Client, Decision, Lease, NotFound, Refused, SluiceError } from 'sluice-client';
 
@@ -77,6 +78,29 @@ app.get('/', (req, res) => {
 });
 void use;
 
+// The gRPC server interceptor, and what a handler finds of its admission.
+const grpcServer = new grpc.Server({
+  interceptors: [
+    sluice.grpcServerInterceptor({ client, policy: 'search' }),
+    sluice.grpcServerInterceptor({
+      client, policy: 'gateway', key: (r) => r.get('x-api-key'), hits: (r) => (r.responseStream ? 2 : 1),
+      admit: (r) => ({ tenant: r.get('x-tenant') ?? 'anonymous', upstream: 'llm' }),
+      mode: 'admit', failOpen: false, timeout: 0.25,
+      skip: (r) => sluice.skipHealthAndReflection(r) || r.method === 'Ping' || r.peer === 'unknown',
+      onError: (err, r) => console.error(r.path, r.service, err.message),
+    }),
+    sluice.grpcServerInterceptor({ client, policy: 'api-rate', key: 'shared', allowance: 64, allowanceHold: 0.1, skip: null }),
+  ],
+});
+const echo: grpc.handleUnaryCall<Buffer, Buffer> = (call, callback) => {
+  const admission = sluice.grpcAdmission(call);
+  if (admission instanceof sluice.Lease) admission.outcome = 'dropped';
+  const allowed: boolean | undefined = admission instanceof sluice.Decision ? admission.allowed : undefined;
+  void allowed;
+  callback(null, call.request);
+};
+void grpcServer; void echo;
+
 // @ts-expect-error: hits is an option, not a positional argument
 void client.check('api-rate', 'k', 3);
 // @ts-expect-error: not an outcome
@@ -89,3 +113,7 @@ void client.cascade('replicas', (node) => node, { classify: () => 'dropped' });
 new sluice.ThrottlerClient('http://127.0.0.1:8080', {});
 // @ts-expect-error: a chunk says whether more work remains
 void sluice.runInChunks(new sluice.ThrottlerClient('http://h', { app: 'a' }), () => undefined, { deadlinePerChunk: 1 });
+// @ts-expect-error: the interceptor needs a client
+sluice.grpcServerInterceptor({ policy: 'search' });
+// @ts-expect-error: a key function is given the call's GrpcRequest
+sluice.grpcServerInterceptor({ client, policy: 'search', key: (path: number) => String(path) });
