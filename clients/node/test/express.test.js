@@ -7,6 +7,7 @@ const http = require('node:http');
 const express = require('express');
 const sluice = require('..');
 const { startServer, uniqueKey, waitFor, freePort, sleep } = require('./helpers');
+const helpers = require('./helpers');
 
 let server;
 let client; // the tests' own view of the server
@@ -23,18 +24,7 @@ after(async () => {
   await server?.stop();
 });
 
-/** A client whose releases are recorded (outcome and rtt), for the middleware to use. */
-function recordingClient(target = server.grpcTarget) {
-  const c = new sluice.Client(target, { timeout: 5 });
-  c.releases = [];
-  const release = c.release.bind(c);
-  c.release = (lease, options) => {
-    c.releases.push({ leaseId: String(lease), ...options });
-    return release(lease, options);
-  };
-  open.push(c);
-  return c;
-}
+const recordingClient = (target = server.grpcTarget) => helpers.recordingClient(target, open);
 
 /** An Express app: `mw` in front of `routes(app)`, errors answered 500 as JSON and recorded. */
 async function serve(mw, routes) {

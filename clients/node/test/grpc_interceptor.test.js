@@ -7,6 +7,7 @@ const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const sluice = require('..');
 const { serverForFile, uniqueKey, waitFor, freePort, sleep } = require('./helpers');
+const helpers = require('./helpers');
 
 const shared = serverForFile();
 const { open } = shared;
@@ -109,18 +110,7 @@ async function ok(client, name, body = '', headers = {}) {
   return r.value;
 }
 
-/** A client whose releases are recorded (outcome and rtt), for the interceptor to use. */
-function recordingClient(target = shared.server.grpcTarget) {
-  const c = new sluice.Client(target, { timeout: 5 });
-  c.releases = [];
-  const release = c.release.bind(c);
-  c.release = (lease, options) => {
-    c.releases.push({ leaseId: String(lease), ...options });
-    return release(lease, options);
-  };
-  open.push(c);
-  return c;
-}
+const recordingClient = (target = shared.server.grpcTarget) => helpers.recordingClient(target, open);
 
 async function policy(name) {
   return (await shared.client.policies()).get(name);

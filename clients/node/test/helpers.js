@@ -211,6 +211,23 @@ function serverForFile(config) {
   return shared;
 }
 
+/**
+ * A Client of `target` whose releases are recorded in its `releases` (lease id, outcome, rtt...),
+ * for an adapter to use; pushed on `open` to be closed with the test file.
+ */
+function recordingClient(target, open) {
+  const { Client } = require('..');
+  const c = new Client(target, { timeout: 5 });
+  c.releases = [];
+  const release = c.release.bind(c);
+  c.release = (lease, options) => {
+    c.releases.push({ leaseId: String(lease), ...options });
+    return release(lease, options);
+  };
+  open.push(c);
+  return c;
+}
+
 /** A key no other test uses. */
 function uniqueKey(prefix = 'k') {
   return `${prefix}-${crypto.randomBytes(6).toString('hex')}`;
@@ -228,5 +245,5 @@ async function waitFor(fn, timeoutMs = 3000, what = 'condition') {
 }
 
 module.exports = {
-  CONFIG, REPO, SluiceServer, startServer, serverForFile, freePort, httpGet, sleep, uniqueKey, waitFor, sluiceBin,
+  CONFIG, REPO, SluiceServer, startServer, serverForFile, recordingClient, freePort, httpGet, sleep, uniqueKey, waitFor, sluiceBin,
 };
