@@ -1,8 +1,8 @@
 // RateLimiter::check on one hot key and across 100,000 keys, with 1 and 2 threads, for each
 // strategy, against the floor (an atomic pair). "now" variants take the time from the caller
 // (read once per batch of 64 checks, as a server reads it once per request or batch); the
-// others read the steady clock on every call. BM_Churn reports the resident memory after a
-// million distinct keys have each been used once (the limiter forgets idle keys).
+// others read the steady clock (or the coarse one) on every call. BM_Churn reports the resident
+// memory after a million distinct keys have each been used once (the limiter forgets idle keys).
 #include <unistd.h>
 
 #include <cstdio>
@@ -42,8 +42,8 @@ const std::vector<std::string>& keys() {
 
 sluice::RateLimiter* shared = nullptr;
 
-void run(benchmark::State& state, RateStrategy s, bool hot, bool caller_time) {
-  const sluice::Clock& clock = sluice::SteadyClock::instance();
+void run(benchmark::State& state, RateStrategy s, bool hot, bool caller_time,
+         const sluice::Clock& clock = sluice::SteadyClock::instance()) {
   if (state.thread_index() == 0) shared = make(s, clock).release();
   const auto& k = keys();
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 7;
@@ -65,6 +65,10 @@ void run(benchmark::State& state, RateStrategy s, bool hot, bool caller_time) {
 
 void BM_Hot_Gcra(benchmark::State& s) { run(s, RateStrategy::kGcra, true, true); }
 void BM_Hot_Gcra_ClockPerCall(benchmark::State& s) { run(s, RateStrategy::kGcra, true, false); }
+// The same on CLOCK_MONOTONIC_COARSE (what it costs in precision: sluice/core/clock.h).
+void BM_Hot_Gcra_CoarseClockPerCall(benchmark::State& s) {
+  run(s, RateStrategy::kGcra, true, false, sluice::CoarseSteadyClock::instance());
+}
 void BM_Hot_FixedWindow(benchmark::State& s) { run(s, RateStrategy::kFixedWindow, true, true); }
 void BM_Hot_SlidingWindow(benchmark::State& s) { run(s, RateStrategy::kSlidingWindow, true, true); }
 void BM_Keys100k_Gcra(benchmark::State& s) { run(s, RateStrategy::kGcra, false, true); }
@@ -108,6 +112,7 @@ using sluice::bench::BM_Floor_FetchAddSub;
 BENCHMARK(BM_Floor_FetchAddSub)->Threads(1)->Threads(2);
 BENCHMARK(BM_Hot_Gcra)->Threads(1)->Threads(2);
 BENCHMARK(BM_Hot_Gcra_ClockPerCall)->Threads(1);
+BENCHMARK(BM_Hot_Gcra_CoarseClockPerCall)->Threads(1);
 BENCHMARK(BM_Hot_FixedWindow)->Threads(1);
 BENCHMARK(BM_Hot_SlidingWindow)->Threads(1);
 BENCHMARK(BM_Keys100k_Gcra)->Threads(1)->Threads(2);
@@ -117,6 +122,7 @@ BENCHMARK(BM_Churn_Gcra_1M)->Iterations(1)->Repetitions(1)->Unit(benchmark::kMil
 
 SLUICE_BENCH_RATIO("BM_Hot_Gcra/threads:1", "BM_Floor_FetchAddSub/threads:1", 0);
 SLUICE_BENCH_RATIO("BM_Hot_Gcra_ClockPerCall/threads:1", "BM_Hot_Gcra/threads:1", 0);
+SLUICE_BENCH_RATIO("BM_Hot_Gcra_CoarseClockPerCall/threads:1", "BM_Hot_Gcra/threads:1", 0);
 SLUICE_BENCH_RATIO("BM_Keys100k_Gcra/threads:1", "BM_Floor_FetchAddSub/threads:1", 0);
 SLUICE_BENCH_RATIO("BM_Hot_Gcra/threads:2", "BM_Floor_FetchAddSub/threads:2", 0);
 SLUICE_BENCH_RATIO("BM_Keys100k_Gcra/threads:2", "BM_Floor_FetchAddSub/threads:2", 0);

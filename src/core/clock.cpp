@@ -1,5 +1,7 @@
 #include "sluice/core/clock.h"
 
+#include <time.h>
+
 namespace sluice {
 
 Nanos SteadyClock::now() const noexcept {
@@ -14,6 +16,23 @@ std::int64_t unix_ms_now() noexcept {
 
 Nanos unix_ns_now() noexcept {
   return std::chrono::duration_cast<Nanos>(std::chrono::system_clock::now().time_since_epoch());
+}
+
+Nanos CoarseSteadyClock::now() const noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::seconds(ts.tv_sec) + Nanos(ts.tv_nsec);
+}
+
+Nanos CoarseSteadyClock::resolution() noexcept {
+  timespec ts{};
+  ::clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::seconds(ts.tv_sec) + Nanos(ts.tv_nsec);
+}
+
+const CoarseSteadyClock& CoarseSteadyClock::instance() noexcept {
+  static const CoarseSteadyClock clock;
+  return clock;
 }
 
 const SteadyClock& SteadyClock::instance() noexcept {

@@ -215,6 +215,60 @@ TEST(GcraExact, MatchesAnExactTokenBucketAtAwkwardRatios) {
 }
 
 // Fixed window at the top of the 64-bit range: count + hits must not wrap and admit.
+// What a coarse clock (sluice/core/clock.h, CoarseSteadyClock) costs GCRA: decisions taken on
+// times that lag the true ones by less than a tick admit, in any interval of true time T, at
+// most burst + r x T + ceil(r x tick) hits (r = limit / period): ceil(r x tick) more than the
+// rule. Random arrivals at awkward rates and ticks; every window between two admitted hits is
+// checked, and the bound is reached (it is not loose by a whole tick's worth).
+TEST(GcraCoarseTime, ALaggingClockAdmitsAtMostATicksWorthMore) {
+  struct Case {
+    std::uint64_t limit;
+    Nanos period;
+    std::uint64_t burst;
+    Nanos tick;
+  };
+  const std::vector<Case> cases = {
+      {100, seconds(1), 0, milliseconds(4)}, {1000, seconds(1), 1, milliseconds(4)},
+      {7, seconds(1), 3, milliseconds(4)},   {1000, seconds(1), 0, milliseconds(1)},
+      {60, seconds(60), 5, milliseconds(4)}, {250, seconds(1), 1, milliseconds(4)},
+  };
+  std::uint64_t at_bound = 0;
+  for (const Case& c : cases) {
+    const RateRule r = rule(RateStrategy::kGcra, c.limit, c.period, c.burst);
+    ASSERT_EQ(r.validate(), "");
+    const std::uint64_t b = c.burst != 0 ? c.burst : c.limit;
+    const auto p = static_cast<u128>(c.period.count());
+    const u128 tick_hits = static_cast<u128>(c.limit) * static_cast<u128>(c.tick.count());
+    const auto extra = static_cast<std::uint64_t>((tick_hits + p - 1) / p);  // ceil(r x tick)
+    for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+      std::mt19937_64 rng(seed * 131 + c.limit);
+      GcraState s;
+      std::vector<std::int64_t> admitted;  // true times
+      std::int64_t t = 1'000'000'000;
+      const auto gap =
+          static_cast<std::uint64_t>(c.period.count() / static_cast<std::int64_t>(c.limit));
+      for (int i = 0; i < 1500; ++i) {
+        t += static_cast<std::int64_t>(rng() % (2 * gap / 3 + 1));  // faster than the rule
+        const std::int64_t read = t - t % c.tick.count();  // the last tick: < a tick behind
+        if (decide(s, r, 1, Nanos{read}).allowed) admitted.push_back(t);
+      }
+      ASSERT_GT(admitted.size(), 100u);
+      for (std::size_t i = 0; i < admitted.size(); ++i) {
+        for (std::size_t j = i; j < admitted.size(); ++j) {
+          const auto span = static_cast<u128>(admitted[j] - admitted[i]);
+          const std::uint64_t n = j - i + 1;
+          const auto allowed = b + static_cast<std::uint64_t>(c.limit * span / p);  // floor
+          ASSERT_LE(n, allowed + extra) << "limit " << c.limit << " tick " << c.tick.count()
+                                        << " seed " << seed << " window " << i << ".." << j;
+          if (n == allowed + extra && extra > 0) ++at_bound;
+          if (span > 3 * p) break;
+        }
+      }
+    }
+  }
+  EXPECT_GT(at_bound, 0u);  // some window takes every extra hit: the bound is reached
+}
+
 TEST(WindowExtremes, FixedWindowDoesNotWrapNearTwoToTheSixtyFour) {
   const RateRule r = rule(RateStrategy::kFixedWindow, kU64Max - 1, seconds(1));
   const Nanos now = seconds(10);

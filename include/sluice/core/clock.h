@@ -43,6 +43,22 @@ class SteadyClock final : public Clock {
   static const SteadyClock& instance() noexcept;
 };
 
+// CLOCK_MONOTONIC_COARSE: the same epoch as SteadyClock, read without the hardware counter (on a
+// VM measured at 6.6 ns against 26.6), at the kernel tick's resolution (resolution(): 4 ms at
+// HZ=250, 1 ms at HZ=1000). It lags the true time by less than a tick, so a decision taken on it
+// is one taken up to a tick early. What that costs a rate limit (RateLimiter's clock): in any
+// interval of T, at most ceil(r x tick) hits more than the rule allows at the true time
+// (r = limit / period), and a retry_after up to a tick too long: one hit at most for a rule of
+// one hit per tick or slower. Nothing else changes: the decisions are the exact strategy's on
+// the times read.
+class CoarseSteadyClock final : public Clock {
+ public:
+  [[nodiscard]] Nanos now() const noexcept override;
+  // The clock's resolution (clock_getres).
+  [[nodiscard]] static Nanos resolution() noexcept;
+  static const CoarseSteadyClock& instance() noexcept;
+};
+
 // A clock that stands still until advance() or set() moves it.
 class ManualClock final : public Clock {
  public:
