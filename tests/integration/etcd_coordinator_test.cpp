@@ -438,7 +438,9 @@ TEST(EtcdTls, ACoordinatorWithTheCaAndAClientCertificateIsServedAndNoOtherIs) {
   o.ca_file = dir + "/ca.pem";
   o.cert_file = dir + "/client.pem";
   o.key_file = dir + "/client.key";
-  o.connect_timeout = milliseconds(1500);
+  // A TLS handshake under AddressSanitizer, beside another suite's test, once took longer than
+  // 1.5 s ("handshaker shutdown"): what is tested is who is served, not how fast.
+  o.connect_timeout = milliseconds(5000);
   auto c = EtcdCoordinator::connect(o, {});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_TRUE(c.value()->heartbeat("db", report("a", 5, 1), kTimeout).ok());
