@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -43,23 +44,26 @@ using Clock = std::chrono::steady_clock;
 
 class Trivial final : public Health::Service {
  public:
-  grpc::Status Check(grpc::ServerContext* ctx, const HealthCheckRequest* /*req*/,
+  grpc::Status Check(grpc::ServerContext* /*ctx*/, const HealthCheckRequest* /*req*/,
                      HealthCheckResponse* resp) override {
-    if (auto refused = ad::refusal(ctx)) return *refused;
     resp->set_status(HealthCheckResponse::SERVING);
     return grpc::Status::OK;
   }
 };
 
+// The trivial service, bare or (given an admitter) registered by register_admitted.
 struct Backend {
   Trivial service;
+  std::unique_ptr<grpc::Service> admitted;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   explicit Backend(std::shared_ptr<ad::Admitter> server_side) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service);
-    if (server_side) b.experimental().SetInterceptorCreators(ad::server_interceptors(server_side));
+    if (server_side)
+      admitted = ad::register_admitted<Health>(b, service, std::move(server_side));
+    else
+      b.RegisterService(&service);
     server = b.BuildAndStart();
   }
   ~Backend() { server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); }

@@ -1,7 +1,11 @@
 // grpc_admission.cpp: the interceptors and the two admitters of grpc_admission.h.
 #include "sluice/adapters/grpc_admission.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/duration.pb.h>
+#include <google/protobuf/message_lite.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/support/method_handler.h>
 
 #include <atomic>
 #include <cmath>
@@ -230,7 +234,104 @@ class ServerFactory final : public grpc::experimental::ServerInterceptorFactoryI
   std::shared_ptr<Admitter> admitter_;
 };
 
+// ---- the gate: a refused call's handler never runs ----
+
+using grpc::internal::MethodHandler;
+
+// grpc::Service's protected GetHandler, reached for a service of any class (the member is
+// named through this class, as access to a protected member requires).
+struct HandlerOf : grpc::Service {
+  static MethodHandler* get(grpc::Service& service, int index) {
+    return (service.*&HandlerOf::GetHandler)(index);
+  }
+};
+
+// Sends `status` as the call's own handler would have: initial metadata if none went, then
+// the status (gRPC's own error handler, one per code; the interceptor then puts the refusal's
+// retry-after beside it).
+template <int... Code>
+void send_status(const MethodHandler::HandlerParameter& p, const grpc::Status& status,
+                 std::integer_sequence<int, Code...> /*codes*/) {
+  const auto code = static_cast<int>(status.error_code());
+  const bool sent =
+      ((code == Code ? (grpc::internal::ErrorMethodHandler<static_cast<StatusCode>(Code)>(
+                            status.error_message())
+                            .RunHandler(p),
+                        true)
+                     : false) ||
+       ...);
+  if (!sent)
+    grpc::internal::ErrorMethodHandler<StatusCode::UNKNOWN>(status.error_message()).RunHandler(p);
+}
+
+class Gate final : public MethodHandler {
+ public:
+  explicit Gate(MethodHandler* own) : own_(own) {}
+
+  void RunHandler(const HandlerParameter& p) override {
+    std::optional<grpc::Status> refused = refusal(p.server_context);
+    if (!refused) {
+      own_->RunHandler(p);
+      return;
+    }
+    // The request the handler would have read and destroyed (a unary or server-streaming
+    // call's; a protobuf message, as the service is protoc's).
+    if (p.request != nullptr)
+      static_cast<google::protobuf::MessageLite*>(p.request)->~MessageLite();
+    send_status(p, *refused, std::make_integer_sequence<int, 17>{});
+  }
+
+  void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status,
+                    void** handler_data) override {
+    return own_->Deserialize(call, req, status, handler_data);
+  }
+
+ private:
+  MethodHandler* own_;  // the service's, which keeps it
+};
+
+grpc::internal::RpcMethod::RpcType type_of(const google::protobuf::MethodDescriptor& m) {
+  using T = grpc::internal::RpcMethod;
+  if (m.client_streaming()) return m.server_streaming() ? T::BIDI_STREAMING : T::CLIENT_STREAMING;
+  return m.server_streaming() ? T::SERVER_STREAMING : T::NORMAL_RPC;
+}
+
+class GatedService final : public grpc::Service {
+ public:
+  GatedService(grpc::Service& own, const google::protobuf::ServiceDescriptor& d) {
+    // Methods in the order protoc's plugin added them: the descriptor's.
+    names_.reserve(static_cast<std::size_t>(d.method_count()));
+    for (int i = 0; i < d.method_count(); ++i)
+      names_.push_back("/" + d.full_name() + "/" + d.method(i)->name());
+    for (int i = 0; i < d.method_count(); ++i)
+      AddMethod(new grpc::internal::RpcServiceMethod(names_[static_cast<std::size_t>(i)].c_str(),
+                                                     type_of(*d.method(i)),
+                                                     new Gate(HandlerOf::get(own, i))));
+  }
+
+ private:
+  std::vector<std::string> names_;  // the methods keep pointers to these
+};
+
 }  // namespace
+
+std::unique_ptr<grpc::Service> gated_service(grpc::Service& service, std::string_view full_name) {
+  const std::string name(full_name);
+  const char* api = service.has_async_methods()      ? "async"
+                    : service.has_callback_methods() ? "callback"
+                    : service.has_generic_methods()  ? "generic"
+                                                     : nullptr;
+  if (api != nullptr)
+    throw std::invalid_argument("gated_service: " + name + " has " + api +
+                                " methods; only a synchronous service is gated (for another, "
+                                "return refusal(ctx) in each handler)");
+  const google::protobuf::ServiceDescriptor* d =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+  if (d == nullptr)
+    throw std::invalid_argument("gated_service: no service named '" + name +
+                                "' among the generated protobuf descriptors");
+  return std::make_unique<GatedService>(service, *d);
+}
 
 std::function<std::string(const CallInfo&)> key_from_metadata(std::string name) {
   return [name = std::move(name)](const CallInfo& call) {

@@ -7,7 +7,8 @@
 // as its outcome, every lease is released, and the admitter fails open or closed as told when
 // sluice does not answer. The same interceptor on the in-process library. The server
 // interceptor: a refused call answers the refusal whatever its handler does, an admitted one is
-// released with the handler's status. A remote rate policy: its refusal is RESOURCE_EXHAUSTED
+// released with the handler's status; registered by register_admitted, a refused call's
+// handler (unary or streaming) never runs. A remote rate policy: its refusal is RESOURCE_EXHAUSTED
 // with retry-after, and with an allowance most calls are admitted without a Check and none past
 // what the server granted, nor from a block after its hold.
 #include "sluice/adapters/grpc_admission.h"
@@ -22,8 +23,10 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -90,6 +93,14 @@ class Backend final : public Health::Service {
       return {grpc::StatusCode::INVALID_ARGUMENT, "bad request"};
     }
     resp->set_status(HealthCheckResponse::SERVING);
+    return grpc::Status::OK;
+  }
+  grpc::Status Watch(grpc::ServerContext* /*ctx*/, const HealthCheckRequest* /*req*/,
+                     grpc::ServerWriter<HealthCheckResponse>* out) override {
+    worked.fetch_add(1);
+    HealthCheckResponse resp;
+    resp.set_status(HealthCheckResponse::SERVING);
+    out->Write(resp);
     return grpc::Status::OK;
   }
   void wait_holding(int n) {
@@ -164,12 +175,17 @@ class GrpcAdapters : public ::testing::Test {
     o.fail_open = fail_open;
     return std::make_shared<RemoteAdmitter>(channel ? channel : sluice_channel(), o);
   }
-  // The backend, with the server interceptor when given an admitter.
-  void start_backend(std::shared_ptr<Admitter> server_side = nullptr) {
+  // The backend, with the server interceptor when given an admitter; gated: registered by
+  // register_admitted (a refused call's handler never runs).
+  void start_backend(std::shared_ptr<Admitter> server_side = nullptr, bool gated = false) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &backend_port_);
-    b.RegisterService(&backend_);
-    if (server_side) b.experimental().SetInterceptorCreators(server_interceptors(server_side));
+    if (gated) {
+      gated_backend_ = register_admitted<Health>(b, backend_, server_side);
+    } else {
+      b.RegisterService(&backend_);
+      if (server_side) b.experimental().SetInterceptorCreators(server_interceptors(server_side));
+    }
     backend_server_ = b.BuildAndStart();
     ASSERT_NE(backend_server_, nullptr);
   }
@@ -185,6 +201,14 @@ class GrpcAdapters : public ::testing::Test {
     ADD_FAILURE() << "no policy " << policy;
     return {};
   }
+  // Two calls the backend holds (the "backend" policy's limit) until let_go().
+  std::vector<std::future<grpc::Status>> hold_two(Health::Stub& s) {
+    std::vector<std::future<grpc::Status>> holding;
+    for (int i = 0; i < 2; ++i)
+      holding.push_back(std::async(std::launch::async, [&s] { return call(s, "hold"); }));
+    backend_.wait_holding(2);
+    return holding;
+  }
   // Waits for the releases sent to reach the server.
   void settle(const RemoteAdmitter& a) {
     for (int i = 0; i < 500 && a.releases_in_flight() > 0; ++i) std::this_thread::sleep_for(10ms);
@@ -197,6 +221,7 @@ class GrpcAdapters : public ::testing::Test {
   std::unique_ptr<grpc::Server> sluice_;
   int sluice_port_ = 0;
   Backend backend_;
+  std::unique_ptr<grpc::Service> gated_backend_;  // outlives the server that serves it
   std::unique_ptr<grpc::Server> backend_server_;
   int backend_port_ = 0;
 };
@@ -205,10 +230,7 @@ TEST_F(GrpcAdapters, ClientCallsPastTheLimitAreRefusedAndNeverSent) {
   start_backend();
   auto admitter = remote("backend");
   auto s = stub(admitter);
-  std::vector<std::future<grpc::Status>> holding;
-  for (int i = 0; i < 2; ++i)
-    holding.push_back(std::async(std::launch::async, [&] { return call(*s, "hold"); }));
-  backend_.wait_holding(2);
+  std::vector<std::future<grpc::Status>> holding = hold_two(*s);
   EXPECT_EQ(state("backend")["in_flight"], 2);
   const int worked = backend_.worked.load();
   const grpc::Status refused = call(*s, "ok");
@@ -412,10 +434,7 @@ TEST_F(GrpcAdapters, TheServerInterceptorRefusesAndReleasesWithTheHandlersStatus
   auto admitter = remote("backend");
   start_backend(admitter);
   auto plain = stub(nullptr);
-  std::vector<std::future<grpc::Status>> holding;
-  for (int i = 0; i < 2; ++i)
-    holding.push_back(std::async(std::launch::async, [&] { return call(*plain, "hold"); }));
-  backend_.wait_holding(2);
+  std::vector<std::future<grpc::Status>> holding = hold_two(*plain);
   const int worked = backend_.worked.load();
   const grpc::Status refused = call(*plain, "ok");
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
@@ -434,6 +453,87 @@ TEST_F(GrpcAdapters, TheServerInterceptorRefusesAndReleasesWithTheHandlersStatus
   EXPECT_EQ(st["refused_by_limit"], 2);
   EXPECT_EQ(st["dropped"], 1);
   EXPECT_EQ(st["released"], 3);
+}
+
+// A server-streaming call through the backend's Watch: the responses read, and the status.
+std::pair<int, grpc::Status> watch(Health::Stub& stub, const std::string& key = "") {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  if (!key.empty()) ctx.AddMetadata("x-sluice-key", key);
+  HealthCheckRequest req;
+  req.set_service(std::string(200, 'w'));  // past the short-string buffer: a leak would show
+  auto reader = stub.Watch(&ctx, req);
+  HealthCheckResponse resp;
+  int read = 0;
+  while (reader->Read(&resp)) ++read;
+  return {read, reader->Finish()};
+}
+
+TEST_F(GrpcAdapters, ARegisteredServiceNeverRunsARefusedCallsHandler) {
+  auto admitter = remote("backend");
+  backend_.check_refusal = false;  // no line in the handler: the registration alone refuses
+  start_backend(admitter, /*gated=*/true);
+  auto plain = stub(nullptr);
+  std::vector<std::future<grpc::Status>> holding = hold_two(*plain);
+  const int worked = backend_.worked.load();
+  const grpc::Status refused = call(*plain, std::string(200, 'x'));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  const auto [read, streamed] = watch(*plain);
+  EXPECT_EQ(streamed.error_code(), grpc::StatusCode::UNAVAILABLE) << streamed.error_message();
+  EXPECT_EQ(read, 0);
+  EXPECT_EQ(backend_.worked.load(), worked);  // neither handler ran
+  backend_.let_go();
+  for (auto& f : holding) EXPECT_TRUE(f.get().ok());
+  // Admitted: the handlers run and are released with their status.
+  const auto [served, ok] = watch(*plain);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(served, 1);
+  EXPECT_EQ(call(*plain, "overload").error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(backend_.worked.load(), worked + 2);
+  settle(*admitter);
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(st["in_flight"], 0);
+  EXPECT_EQ(st["refused_by_limit"], 2);
+  EXPECT_EQ(st["dropped"], 1);
+  EXPECT_EQ(st["released"], 4);
+}
+
+TEST_F(GrpcAdapters, ARegisteredServicesRateRefusalCarriesRetryAfter) {
+  auto admitter = remote("users");  // a chained rate policy: 3 a minute per key
+  backend_.check_refusal = false;
+  start_backend(admitter, /*gated=*/true);
+  auto plain = stub(nullptr);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(call(*plain, "ok", "ann").ok());
+  const int worked = backend_.worked.load();
+  std::string retry_after;
+  const grpc::Status refused = call(*plain, "ok", "ann", nullptr, &retry_after);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_FALSE(retry_after.empty());
+  EXPECT_GE(std::stoi(retry_after), 1);
+  EXPECT_EQ(watch(*plain, "ann").second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(backend_.worked.load(), worked);
+  EXPECT_TRUE(call(*plain, "ok", "bob").ok());  // another key's budget
+  EXPECT_EQ(backend_.worked.load(), worked + 1);
+}
+
+TEST_F(GrpcAdapters, OnlyASynchronousGeneratedServiceIsGated) {
+  Health::AsyncService async;
+  try {
+    (void)gated_service<Health>(async);
+    ADD_FAILURE() << "an async service was gated";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("grpc.health.v1.Health has async methods"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    (void)gated_service(backend_, "grpc.health.v1.Wealth");
+    ADD_FAILURE() << "an unknown name was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("no service named 'grpc.health.v1.Wealth'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
