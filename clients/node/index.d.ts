@@ -470,6 +470,9 @@ export interface MiddlewareOptions<Req extends IncomingMessage = IncomingMessage
   failOpen?: boolean;
   /** Seconds each call to sluice may take (default 1). */
   timeout?: number;
+  /** Seconds sluice is not asked after it failed to answer: the failure mode applies at once
+   *  (default 1; 0: always ask). Failing closed, also the refusal's Retry-After. */
+  unreachableRetry?: number;
   /** The outcome reported for a finished response (default: outcomeOfStatus(res.statusCode)). */
   outcome?: (req: Req, res: Res) => Outcome;
   /** true: the request goes through unasked. */
@@ -523,6 +526,9 @@ export interface GrpcInterceptorOptions {
   failOpen?: boolean;
   /** Seconds each call to sluice may take (default 1). */
   timeout?: number;
+  /** Seconds sluice is not asked after it failed to answer: the failure mode applies at once
+   *  (default 1; 0: always ask). Failing closed, also the refusal's Retry-After. */
+  unreachableRetry?: number;
   /** true: the call goes through unasked. Default: skipHealthAndReflection; null: none skipped. */
   skip?: ((request: GrpcRequest) => boolean) | null;
   /** Told of the errors the interceptor absorbs or ends a call with (default: a process

@@ -129,6 +129,12 @@ class Gate {
       throw new TypeError('allowance: only a rate policy\'s hits can be taken ahead (mode is "admit")');
     }
     this.allowances = options.allowance ? new Allowances(options.allowance, options.allowanceHold ?? 0.05) : null;
+    const retry = options.unreachableRetry ?? 1;
+    if (typeof retry !== 'number' || !Number.isFinite(retry) || retry < 0) {
+      throw new TypeError(`unreachableRetry: must be a number of seconds >= 0, not ${JSON.stringify(retry)}`);
+    }
+    this.unreachableRetry = retry;
+    this._downUntil = -Infinity;
     /** 'check' or 'admit'; null until the policy's kind is known. */
     this.mode = options.mode || null;
     this._lookup = null;
@@ -154,6 +160,26 @@ class Gate {
   /** The error an admitted policy with an allowance is (only a rate policy's hits are held). */
   allowanceMisuse() {
     return new TypeError(`allowance: policy "${this.policy}" is admitted, not checked: only a rate policy's hits can be taken ahead`);
+  }
+
+  /**
+   * Whether sluice failed to answer (UNAVAILABLE, DEADLINE_EXCEEDED) less than unreachableRetry
+   * seconds ago: then it is not asked, and the failure mode applies at once.
+   */
+  down() {
+    return now() < this._downUntil;
+  }
+
+  /**
+   * A failure to ask sluice, `err` (null: not asked, as it is down): reported, and one that says
+   * it could not be reached keeps it from being asked for unreachableRetry seconds.
+   */
+  noteFailure(err, subject) {
+    if (err === null) return;
+    if (err.code === GrpcStatus.UNAVAILABLE || err.code === GrpcStatus.DEADLINE_EXCEEDED) {
+      this._downUntil = now() + this.unreachableRetry;
+    }
+    this.report(err, subject);
   }
 
   /** Tells onError of `err`; whatever onError throws is swallowed. */

@@ -58,6 +58,10 @@ function sendProblem(res, status, problem, retryAfter) {
  *               UNIMPLEMENTED, OUT_OF_RANGE, and any error that is not a gRPC one, such as a key
  *               function that throws) go to next(err) in either case
  *   timeout     seconds each call to sluice may take (default 1)
+ *   unreachableRetry  seconds after sluice failed to answer (UNAVAILABLE, or no answer within
+ *               `timeout`) during which it is not asked: the failure mode applies at once,
+ *               instead of every request waiting for its own timeout (default 1; 0: always
+ *               ask). With failOpen false, also the refusal's Retry-After
  *   outcome     (req, res) => outcome reported at release for a finished response
  *               (default: outcomeOfStatus(res.statusCode)); req.sluice.outcome, set by a
  *               handler, wins over it
@@ -80,14 +84,15 @@ function expressMiddleware(options = {}) {
   const classify = options.outcome || ((req, res) => outcomeOfStatus(res.statusCode));
   const report = (err, req) => gate.report(err, req);
 
+  // sluice could not answer (err null: it was not asked, as it failed to answer just before).
   function failed(err, req, res, next) {
-    if (isCallerError(err)) return next(err);
-    report(err, req);
+    if (err !== null && isCallerError(err)) return next(err);
+    gate.noteFailure(err, req);
     if (gate.failOpen) {
       req.sluice = null;
       return next();
     }
-    return sendProblem(res, 503, unavailableProblem(policy), 1);
+    return sendProblem(res, 503, unavailableProblem(policy), gate.unreachableRetry);
   }
 
   function decided(req, res, next, hits, d) {
@@ -159,6 +164,7 @@ function expressMiddleware(options = {}) {
       try { skipped = skip(req); } catch (err) { return next(err); }
       if (skipped) return next();
     }
+    if (gate.down()) return failed(null, req, res, next);
     if (gate.mode !== null) return run(req, res, next);
     return gate.resolveMode().then(() => run(req, res, next), (err) => failed(err, req, res, next))
       .catch((err) => report(err, req));

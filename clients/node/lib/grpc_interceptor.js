@@ -155,6 +155,8 @@ function deadlinePassed(call) {
  *               rejected what the call gave (an empty key, an unknown tenant), else INTERNAL,
  *               and are told to onError
  *   timeout     seconds each call to sluice may take (default 1)
+ *   unreachableRetry  as the Express middleware's: seconds sluice is not asked after it failed
+ *               to answer (default 1); with failOpen false, also the refusal's retry-after
  *   skip        (request) => boolean: true lets the call through unasked. Default: the gRPC
  *               health and reflection services; null admits every call
  *   onError     (err, request) => void: told of every error the interceptor absorbs or ends a
@@ -195,11 +197,12 @@ function grpcServerInterceptor(options = {}) {
       });
     }
 
+    // sluice could not answer (err null: it was not asked, as it failed to answer just before).
     function failed(err, pass) {
-      if (isCallerError(err)) return misconfigured(err);
-      gate.report(err, request);
+      if (err !== null && isCallerError(err)) return misconfigured(err);
+      gate.noteFailure(err, request);
       if (gate.failOpen) return pass(null);
-      return refuse(503, unavailableProblem(policy), 1);
+      return refuse(503, unavailableProblem(policy), gate.unreachableRetry);
     }
 
     function decided(hits, d, pass) {
@@ -246,6 +249,7 @@ function grpcServerInterceptor(options = {}) {
         try { skipped = skip(request); } catch (err) { return misconfigured(err); }
         if (skipped) return next(metadata);
       }
+      if (gate.down()) return failed(null, pass);
       if (gate.mode !== null) return run(pass);
       return gate.resolveMode().then(() => run(pass), (err) => failed(err, pass))
         .catch((err) => gate.report(err, request));

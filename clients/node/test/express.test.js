@@ -239,6 +239,57 @@ test('sluice unreachable with failOpen: false: 503, Retry-After and a problem bo
   assert.equal(errors.length, 1);
 });
 
+/** A client of a port nobody listens on, counting the checks it is asked for. */
+async function deadClient() {
+  const c = new sluice.Client(`127.0.0.1:${await freePort()}`, { timeout: 1 });
+  open.push(c);
+  c.asked = 0;
+  const check = c.check.bind(c);
+  c.check = (...args) => { c.asked += 1; return check(...args); };
+  return c;
+}
+
+test('after sluice failed to answer it is not asked for unreachableRetry seconds', async () => {
+  const c = await deadClient();
+  const errors = [];
+  const mw = sluice.express({ client: c, policy: 'rate5', mode: 'check', unreachableRetry: 0.4, onError: (err) => errors.push(err) });
+  const app = await serve(mw, (a) => a.get('/', (req, res) => res.json({ sluice: req.sluice })));
+  for (let i = 0; i < 3; i++) {
+    const r = await get(app.port, '/');
+    assert.equal(r.status, 200);
+    assert.deepEqual(JSON.parse(r.body), { sluice: null });
+  }
+  assert.equal(c.asked, 1); // the two after the failure went through unasked
+  assert.equal(errors.length, 1); // and unreported: nothing new was learned
+  await sleep(450);
+  assert.equal((await get(app.port, '/')).status, 200);
+  assert.equal(c.asked, 2); // asked again once the time has passed
+  assert.equal(errors.length, 2);
+
+  // Failing closed, unreachableRetry is the refusal's Retry-After, asked or not.
+  const closed = await deadClient();
+  const shut = await serve(sluice.express({ client: closed, policy: 'rate5', mode: 'check', failOpen: false, unreachableRetry: 2.5, onError: () => {} }),
+    (a) => a.get('/', (req, res) => res.send('ok')));
+  for (let i = 0; i < 2; i++) {
+    const r = await get(shut.port, '/');
+    assertProblem(r, 503, 'urn:sluice:problem:admission-control-unavailable');
+    assert.equal(r.headers['retry-after'], '3');
+  }
+  assert.equal(closed.asked, 1);
+
+  // 0: every request asks.
+  const always = await deadClient();
+  const each = await serve(sluice.express({ client: always, policy: 'rate5', mode: 'check', unreachableRetry: 0, onError: () => {} }),
+    (a) => a.get('/', (req, res) => res.send('ok')));
+  for (let i = 0; i < 2; i++) assert.equal((await get(each.port, '/')).status, 200);
+  assert.equal(always.asked, 2);
+
+  for (const bad of [-1, 'x', Number.NaN, Infinity]) {
+    assert.throws(() => sluice.express({ client: c, policy: 'rate5', unreachableRetry: bad }),
+      /^TypeError: unreachableRetry: must be a number of seconds >= 0/);
+  }
+});
+
 test('a misconfiguration goes to the error handler whatever the failure mode', async () => {
   const cases = [
     [{ policy: 'no-such-policy' }, sluice.NotFound, /no-such-policy/],

@@ -363,6 +363,29 @@ test('sluice unreachable with failOpen: false: UNAVAILABLE with its trailers; he
   assert.equal(await ok(srv.health, 'Check'), 'SERVING');
 });
 
+test('after sluice failed to answer it is not asked for unreachableRetry seconds', async () => {
+  const c = new sluice.Client(`127.0.0.1:${await freePort()}`, { timeout: 1 });
+  open.push(c);
+  let asked = 0;
+  const admit = c.admit.bind(c);
+  c.admit = (...args) => { asked += 1; return admit(...args); };
+  const errors = [];
+  const srv = await serve({ client: c, policy: 'pool2', mode: 'admit', failOpen: false, unreachableRetry: 0.4, onError: (err) => errors.push(err) });
+  for (let i = 0; i < 3; i++) {
+    const r = refusal((await call(srv.client, 'Echo')).err, grpc.status.UNAVAILABLE,
+      'urn:sluice:problem:admission-control-unavailable');
+    assert.equal(r.raw, '1'); // 0.4 s, in whole seconds rounded up
+  }
+  assert.equal(asked, 1);
+  assert.equal(errors.length, 1);
+  assert.equal(srv.handled('Echo'), 0);
+  await sleep(450);
+  await call(srv.client, 'Echo');
+  assert.equal(asked, 2);
+  assert.throws(() => sluice.grpcServerInterceptor({ client: c, policy: 'pool2', unreachableRetry: -0.5 }),
+    /^TypeError: unreachableRetry: must be a number of seconds >= 0/);
+});
+
 test('an allowance admits most calls without a round trip, and never past the limit', async () => {
   const key = uniqueKey('allowance');
   const c = new sluice.Client(shared.server.grpcTarget, { timeout: 5 });
