@@ -226,6 +226,45 @@ struct HttpServer::Impl {
     }
   }
 
+  // Parses the request in `buffer` into `parser` up to the end of its header (header_only) or
+  // of the whole request, reading more from `stream` only when the buffer holds too little.
+  // Beast's async_read_header and async_read do the same, with the same errors (end_of_stream
+  // for a connection closed before a byte of the request, put_eof's for one closed within it,
+  // buffer_overflow), but post their completion through the executor when no read was needed:
+  // a request that arrived whole is parsed here without that trip.
+  static net::awaitable<beast::error_code> parse(beast::tcp_stream& stream,
+                                                 beast::flat_buffer& buffer,
+                                                 http::request_parser<http::string_body>& parser,
+                                                 bool header_only) {
+    beast::error_code ec;
+    parser.eager(!header_only);  // as Beast's reads set it: the body in as few puts as it takes
+    const auto done = [&] { return header_only ? parser.is_header_done() : parser.is_done(); };
+    while (!done()) {
+      if (buffer.size() > 0) {
+        const std::size_t used = parser.put(buffer.data(), ec);
+        buffer.consume(used);
+        if (ec != http::error::need_more) {
+          if (ec) co_return ec;
+          continue;
+        }
+        ec = {};
+      }
+      const std::size_t room = beast::read_size(buffer, 65536);
+      if (room == 0) co_return http::error::buffer_overflow;
+      const std::size_t n = co_await stream.async_read_some(
+          buffer.prepare(room), net::redirect_error(net::use_awaitable, ec));
+      buffer.commit(n);
+      if (ec == net::error::eof) {
+        if (!parser.got_some()) co_return http::error::end_of_stream;
+        ec = {};
+        parser.put_eof(ec);  // the end of a body that runs to the close, or partial_message
+        co_return ec;
+      }
+      if (ec) co_return ec;
+    }
+    co_return ec;
+  }
+
   // `slot` counts the connection under the listener's cap while the session lives.
   net::awaitable<void> session(tcp::socket socket, [[maybe_unused]] Listener::Slot slot) {
     beast::error_code ec;
@@ -252,8 +291,7 @@ struct HttpServer::Impl {
       parser.body_limit(1 << 20);
       // The header first: what it says about the body is judged before a byte of the body is
       // read as one.
-      co_await http::async_read_header(stream, buffer, parser,
-                                       net::redirect_error(net::use_awaitable, ec));
+      ec = co_await parse(stream, buffer, parser, /*header_only=*/true);
       if (!ec) {
         // The 8 KiB bound is the whole header's (the parser's own holds per read): the request
         // line and every field line, as sent.
@@ -277,9 +315,7 @@ struct HttpServer::Impl {
                 std::move(bad->message), options.request_timeout);
           break;
         }
-        if (!parser.is_done())
-          co_await http::async_read(stream, buffer, parser,
-                                    net::redirect_error(net::use_awaitable, ec));
+        ec = co_await parse(stream, buffer, parser, /*header_only=*/false);
       }
       if (ec == http::error::body_limit) {
         co_await refuse(stream, http::status::payload_too_large, "payload_too_large",
