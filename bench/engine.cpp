@@ -4,38 +4,17 @@
 // checks, the clock read and the seam's virtual call. A never-binding GCRA rule on one hot key,
 // the clock read on every call in both. Each reports the heap allocations per check (the
 // decision that may finish later must cost nothing when it does not).
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <new>
 #include <string>
 
+#include "common/allocations.h"
 #include "common/floor.h"
 #include "common/ratio_main.h"
 #include "server/engine.h"
 #include "sluice/config/config.h"
 #include "sluice/local/rate_limiter.h"
-
-namespace {
-
-std::atomic<std::uint64_t> allocations{0};
-
-}  // namespace
-
-// Every allocation of the process is counted (relaxed): the benchmarks read the difference
-// across their loops. The replaced operator new allocates with malloc and the replaced delete
-// frees with free; g++ 12, inlining them, pairs the delete with the library's new and warns.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-void* operator new(std::size_t n) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t /*n*/) noexcept { std::free(p); }
 
 namespace {
 
@@ -67,9 +46,7 @@ std::unique_ptr<Engine> make_engine() {
 }
 
 void per_check_allocations(benchmark::State& state, std::uint64_t before) {
-  state.counters["allocs/check"] =
-      static_cast<double>(allocations.load(std::memory_order_relaxed) - before) /
-      static_cast<double>(state.iterations());
+  sluice::bench::per_iteration_allocations(state, before, "allocs/check");
 }
 
 void BM_Limiter_Check(benchmark::State& state) {
@@ -78,7 +55,7 @@ void BM_Limiter_Check(benchmark::State& state) {
   o.rule.period = std::chrono::hours(24 * 1095);
   auto limiter = std::move(sluice::make_rate_limiter(o, sluice::SteadyClock::instance()).value());
   const std::string key = "alice";
-  const std::uint64_t before = allocations.load(std::memory_order_relaxed);
+  const std::uint64_t before = sluice::bench::allocations_so_far();
   for (auto _ : state) benchmark::DoNotOptimize(limiter->check(key, 1));
   per_check_allocations(state, before);
 }
@@ -87,7 +64,7 @@ void BM_Engine_Check(benchmark::State& state) {
   auto engine = make_engine();
   Inline later;
   const CheckCall call{"hot", "alice", 1};
-  const std::uint64_t before = allocations.load(std::memory_order_relaxed);
+  const std::uint64_t before = sluice::bench::allocations_so_far();
   for (auto _ : state) benchmark::DoNotOptimize(engine->check(call, later));
   per_check_allocations(state, before);
 }
@@ -95,7 +72,7 @@ void BM_Engine_Check(benchmark::State& state) {
 void BM_Engine_CheckWaiting(benchmark::State& state) {
   auto engine = make_engine();
   const CheckCall call{"hot", "alice", 1};
-  const std::uint64_t before = allocations.load(std::memory_order_relaxed);
+  const std::uint64_t before = sluice::bench::allocations_so_far();
   for (auto _ : state) benchmark::DoNotOptimize(engine->check(call));
   per_check_allocations(state, before);
 }

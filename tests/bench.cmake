@@ -37,6 +37,9 @@ if(TARGET sluice_transport)
   add_test(NAME bench_smoke.grpc_adapter_load
     COMMAND sluice_grpc_adapter_load --calls 50 --rounds 1)
   set_tests_properties(bench_smoke.grpc_adapter_load PROPERTIES LABELS bench TIMEOUT 120)
+  # The HTTP API's handlers without sockets, briefly: every request must answer 200.
+  add_test(NAME bench_smoke.http_api COMMAND bench_http_api --benchmark_min_time=0.001)
+  set_tests_properties(bench_smoke.http_api PROPERTIES LABELS bench TIMEOUT 120)
   # A malformed option is refused by name (it used to read as 0, "use the default").
   add_test(NAME bench_smoke.grpc_load_bad_option COMMAND sluice_load --rate 5x)
   set_tests_properties(bench_smoke.grpc_load_bad_option PROPERTIES LABELS bench TIMEOUT 30

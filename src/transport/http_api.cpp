@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "server/json_text.h"
+#include "transport/check_text.h"
 #include "transport/ui_assets.h"
 #include "transport/wire.h"
 
@@ -213,22 +214,6 @@ class Fields {
   std::vector<std::string_view> asked_;
 };
 
-json decision_json(const RateDecision& d) {
-  json j = {{"allowed", d.allowed},
-            {"limit", d.limit},
-            {"remaining", d.remaining},
-            {"reset_after_ms", ms_of(d.reset_after)}};
-  if (d.would_deny) j["would_deny"] = true;  // allowed in shadow: what it would have said below
-  if (!d.allowed || d.would_deny) {
-    if (d.retry_after == Nanos::max())
-      j["retry_after_ms"] = nullptr;  // never: more hits than the limit
-    else
-      j["retry_after_ms"] = ms_of(d.retry_after);
-    if (!d.reason.empty()) j["reason"] = d.reason;
-  }
-  return j;
-}
-
 // The rate limit fields of a check's answer (server/rate_headers.h), for the policy `policy`.
 void rate_headers(HttpExchange& x, server::RateLimitHeaders which, std::string_view policy,
                   const RateDecision& d) {
@@ -257,9 +242,9 @@ void render_check(HttpExchange& x, const StatusOr<RateDecision>& d, bool consume
                   const std::string& detail = {}) {
   if (!d.ok()) return error(x, d.status());
   rate_headers(x, which, policy, d.value());
-  json j = decision_json(d.value());
-  if (!detail.empty()) j["detail"] = detail;
-  ok_json(x, j, d.value().allowed || !consume ? 200 : 429);
+  x.status = d.value().allowed || !consume ? 200 : 429;
+  x.content_type = "application/json";
+  x.response = check_decision_text(d.value(), detail);
 }
 
 void render_check_many(HttpExchange& x, const StatusOr<server::CheckManyResult>& r) {
@@ -291,11 +276,17 @@ class ParkOn final : public server::Deferral<T> {
 };
 
 void do_check(Engine& engine, HttpExchange& x, bool consume, HttpLater& later) {
-  auto body = body_object(x);
-  if (!body.ok()) return error(x, body.status());
-  Fields f(body.value());
-  auto c = check_call(f);
-  if (!c) return error(x, f.status());
+  // The plain shape of a body is read as it is; any other through a document (its errors).
+  std::optional<CheckCall> c = plain_check_body(x.body);
+  std::optional<json> body;
+  if (!c) {
+    auto parsed = body_object(x);
+    if (!parsed.ok()) return error(x, parsed.status());
+    body.emplace(std::move(parsed.value()));
+    Fields f(*body);
+    c = check_call(f);
+    if (!c) return error(x, f.status());
+  }
   const server::RateLimitHeaders which = engine.rate_limit_headers();
   if (!consume) return render_check(x, engine.peek(*c), false, which, c->policy);
   // A refusal with a reason gets the policy's words; a deferred one outlives the body the call
