@@ -7,8 +7,10 @@
 # /v1/check (a JSON Check); then, with 32 connections as a fleet of gh-ost migrations would
 # keep open, GET /throttler/check against /healthz at 32 connections; and, with HTTP_LOAD
 # (bench/load/http_load.cpp) given, HEAD /throttler/check against GET /healthz measured by it
-# the same way (wrk cannot: it waits for the body a HEAD's Content-Length announces). Prints
-# requests/s and each one's ratio to its floor. The server is stopped by its pid.
+# the same way (wrk cannot: it waits for the body a HEAD's Content-Length announces). With
+# ROUNDS=N (default 1) every endpoint is measured N times, each against its floor in the same
+# round; prints each endpoint's median requests/s, its median ratio to the floor and every
+# round's ratio. The server is stopped by its pid.
 set -euo pipefail
 sluice=$1
 seconds=${2:-5}
@@ -57,39 +59,55 @@ run() {  # run NAME wrk-args...: prints "NAME req/s" (16 connections; CONNECTION
   echo "$name $rps ${non2xx:-0}"
 }
 base="http://127.0.0.1:$http"
-floor=$(run healthz "$base/healthz")
-metrics=$(run metrics "$base/metrics")
-check=$(run check -s "$dir/check.lua" "$base")
-floor32=$(CONNECTIONS=32 run healthz32 "$base/healthz")
-get32=$(CONNECTIONS=32 run throttler_get "$base/throttler/check?app=gh-ost")
-rows=("$floor" "$metrics" "$check" "$floor32" "$get32")
 load() {  # load NAME METHOD TARGET: prints "NAME req/s non-2xx" (http_load, 32 connections)
   local out
   out=$("${load_cpu[@]}" "$http_load" "127.0.0.1:$http" "$2" "$3" --connections 32 --threads 2 \
     --seconds "$seconds")
   echo "$1 $(awk '{print $2, $4}' <<<"$out")"
 }
-if [ -n "$http_load" ]; then
-  lfloor=$(load load_healthz GET /healthz)
-  rows+=("$lfloor" "$(load load_head HEAD '/throttler/check?app=gh-ost')")
-  lf=$(awk '{print $2}' <<<"$lfloor")
-fi
-f=$(awk '{print $2}' <<<"$floor")
-f32=$(awk '{print $2}' <<<"$floor32")
-printf '%-36s %12s %8s %8s\n' endpoint "requests/s" "/floor" "non-2xx"
-for line in "${rows[@]}"; do
-  read -r name rps bad <<<"$line"
-  base_rps=$f
+# One round: every endpoint once, each row "NAME req/s non-2xx floor-req/s".
+round() {
+  local floor metrics check floor32 get32 f f32 lfloor lf
+  floor=$(run healthz "$base/healthz")
+  metrics=$(run metrics "$base/metrics")
+  check=$(run check -s "$dir/check.lua" "$base")
+  floor32=$(CONNECTIONS=32 run healthz32 "$base/healthz")
+  get32=$(CONNECTIONS=32 run throttler_get "$base/throttler/check?app=gh-ost")
+  f=$(awk '{print $2}' <<<"$floor")
+  f32=$(awk '{print $2}' <<<"$floor32")
+  echo "$floor $f"; echo "$metrics $f"; echo "$check $f"; echo "$floor32 $f32"; echo "$get32 $f32"
+  if [ -n "$http_load" ]; then
+    lfloor=$(load load_healthz GET /healthz)
+    lf=$(awk '{print $2}' <<<"$lfloor")
+    echo "$lfloor $lf"; echo "$(load load_head HEAD '/throttler/check?app=gh-ost') $lf"
+  fi
+}
+rounds=${ROUNDS:-1}
+all=()
+for r in $(seq 1 "$rounds"); do
+  while read -r line; do all+=("$r $line"); done < <(round)
+done
+# Per endpoint: the median of its requests/s and of its ratio to the floor of the same round,
+# and every round's ratio.
+printf '%-36s %12s %8s %8s  %s\n' endpoint "requests/s" "/floor" "non-2xx" "ratio per round"
+for name in healthz metrics check healthz32 throttler_get load_healthz load_head; do
+  mapfile -t mine < <(printf '%s\n' "${all[@]}" | awk -v n="$name" '$2 == n')
+  [ "${#mine[@]}" -gt 0 ] || continue
   case $name in
     healthz) label="GET /healthz (floor)";;
     metrics) label="GET /metrics";;
     check) label="POST /v1/check (JSON)";;
-    healthz32) label="GET /healthz, 32 conns (floor)"; base_rps=$f32;;
-    throttler_get) label="GET /throttler/check, 32 conns"; base_rps=$f32;;
-    load_healthz) label="http_load: GET /healthz (floor)"; base_rps=$lf;;
-    load_head) label="http_load: HEAD /throttler/check"; base_rps=$lf;;
+    healthz32) label="GET /healthz, 32 conns (floor)";;
+    throttler_get) label="GET /throttler/check, 32 conns";;
+    load_healthz) label="http_load: GET /healthz (floor)";;
+    load_head) label="http_load: HEAD /throttler/check";;
   esac
-  printf '%-36s %12.0f %7.2fx %8s\n' "$label" "$rps" "$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {print a/b}')" "$bad"
+  median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+  rps=$(printf '%s\n' "${mine[@]}" | awk '{print $3}' | median)
+  ratios=$(printf '%s\n' "${mine[@]}" | awk '{printf "%.2f\n", $3 / $5}')
+  ratio=$(median <<<"$ratios")
+  bad=$(printf '%s\n' "${mine[@]}" | awk '{s += $4} END {print s}')
+  printf '%-36s %12.0f %7.2fx %8s  %s\n' "$label" "$rps" "$ratio" "$bad" "$(paste -sd, <<<"$ratios")"
   [ "$bad" = 0 ] || status=1
 done
 exit "${status:-0}"
