@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -374,6 +375,63 @@ Ticket LocalAdmitter::admit(const CallInfo& /*call*/) {
   return t;
 }
 
+// ---- the remote admitters' shared parts ----
+
+namespace {
+
+// When sluice last failed to answer: until then plus unreachable_retry, it is not asked.
+class Unreachable {
+ public:
+  explicit Unreachable(std::chrono::milliseconds retry) : retry_(retry) {
+    if (retry < std::chrono::milliseconds{0})
+      throw std::invalid_argument("unreachable_retry: must be >= 0");
+  }
+  // Whether a failure to answer came less than unreachable_retry ago.
+  [[nodiscard]] bool down() const noexcept {
+    return Clock::now().time_since_epoch().count() < until_.load(std::memory_order_relaxed);
+  }
+  // Notes `s`, a failed call: UNAVAILABLE or DEADLINE_EXCEEDED keeps sluice unasked a while.
+  void note(const grpc::Status& s) noexcept {
+    if (s.error_code() == StatusCode::UNAVAILABLE ||
+        s.error_code() == StatusCode::DEADLINE_EXCEEDED)
+      until_.store((Clock::now() + retry_).time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::chrono::milliseconds retry() const noexcept { return retry_; }
+
+ private:
+  std::chrono::milliseconds retry_;
+  std::atomic<Clock::rep> until_{std::numeric_limits<Clock::rep>::min()};
+};
+
+// The ticket of a call whose admission could not be asked (`s` not OK): admitted unchecked
+// (fail open, the server unreachable) or refused; unreachable and refused, with retry-after
+// the time sluice goes unasked.
+Ticket unasked(const grpc::Status& s, const std::string& what, const std::string& policy,
+               bool fail_open, std::chrono::milliseconds unreachable_retry) {
+  Ticket t;
+  const bool unreachable =
+      s.error_code() == StatusCode::UNAVAILABLE || s.error_code() == StatusCode::DEADLINE_EXCEEDED;
+  if (unreachable && fail_open) {
+    t.admitted = true;  // nothing to release
+    t.release = [](StatusCode, std::chrono::nanoseconds) {};
+    return t;
+  }
+  // A refusal of the request itself (an unknown policy, a bad key) is the caller's to see.
+  t.refusal = grpc::Status(unreachable ? StatusCode::UNAVAILABLE : s.error_code(),
+                           "sluice " + what + " on " + policy + ": " + s.error_message());
+  if (unreachable) t.retry_after = unreachable_retry;
+  return t;
+}
+
+// The status of a call sluice was not asked for, as it failed to answer just before.
+grpc::Status not_asked(std::chrono::milliseconds retry) {
+  return {StatusCode::UNAVAILABLE, "not asked: it failed to answer less than " +
+                                       std::to_string(retry.count()) +
+                                       " ms ago (unreachable_retry)"};
+}
+
+}  // namespace
+
 // ---- RemoteAdmitter ----
 
 struct RemoteAdmitter::Impl {
@@ -382,6 +440,7 @@ struct RemoteAdmitter::Impl {
   std::mutex mu;
   std::condition_variable idle;
   std::size_t releasing = 0;  // Release calls not answered yet
+  std::optional<Unreachable> unreachable;
 
   // A Release without waiting for its answer (the call's caller has its status already).
   void release(const std::string& lease, StatusCode code, std::chrono::nanoseconds latency) {
@@ -410,6 +469,7 @@ struct RemoteAdmitter::Impl {
 
 RemoteAdmitter::RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options)
     : impl_(std::make_shared<Impl>()) {
+  impl_->unreachable.emplace(options.unreachable_retry);
   impl_->stub = pb::Sluice::NewStub(sluice);
   impl_->options = std::move(options);
 }
@@ -424,30 +484,12 @@ std::size_t RemoteAdmitter::releases_in_flight() const noexcept {
   return impl_->releasing;
 }
 
-namespace {
-
-// The ticket of a call whose admission could not be asked (`s` not OK): admitted unchecked
-// (fail open, the server unreachable) or refused.
-Ticket unasked(const grpc::Status& s, const std::string& what, const std::string& policy,
-               bool fail_open) {
-  Ticket t;
-  const bool unreachable =
-      s.error_code() == StatusCode::UNAVAILABLE || s.error_code() == StatusCode::DEADLINE_EXCEEDED;
-  if (unreachable && fail_open) {
-    t.admitted = true;  // nothing to release
-    t.release = [](StatusCode, std::chrono::nanoseconds) {};
-    return t;
-  }
-  // A refusal of the request itself (an unknown policy, a bad key) is the caller's to see.
-  t.refusal = grpc::Status(unreachable ? StatusCode::UNAVAILABLE : s.error_code(),
-                           "sluice " + what + " on " + policy + ": " + s.error_message());
-  return t;
-}
-
-}  // namespace
-
 Ticket RemoteAdmitter::admit(const CallInfo& call) {
   const RemoteOptions& o = impl_->options;
+  Unreachable& down = *impl_->unreachable;
+  if (down.down())
+    return unasked(not_asked(o.unreachable_retry), "admit", o.policy, o.fail_open,
+                   o.unreachable_retry);
   pb::AdmitRequest req;
   req.set_policy(o.policy);
   req.set_key(o.key ? o.key(call) : std::string(call.method));
@@ -455,7 +497,10 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
   const grpc::Status s = impl_->stub->Admit(&ctx, req, &resp);
-  if (!s.ok()) return unasked(s, "admit", o.policy, o.fail_open);
+  if (!s.ok()) {
+    down.note(s);
+    return unasked(s, "admit", o.policy, o.fail_open, o.unreachable_retry);
+  }
   Ticket t;
   if (!resp.admitted()) {
     const pb::Rejection& r = resp.rejection();
@@ -477,12 +522,14 @@ struct RemoteRateAdmitter::Impl {
   std::unique_ptr<pb::Sluice::Stub> stub;
   RemoteRateOptions options;
   std::optional<RateAllowances> allowances;
+  std::optional<Unreachable> unreachable;
 };
 
 RemoteRateAdmitter::RemoteRateAdmitter(const std::shared_ptr<grpc::Channel>& sluice,
                                        RemoteRateOptions options)
     : impl_(std::make_unique<Impl>()) {
   if (options.hits < 1) throw std::invalid_argument("hits: must be >= 1");
+  impl_->unreachable.emplace(options.unreachable_retry);
   impl_->stub = pb::Sluice::NewStub(sluice);
   if (options.allowance > 0)
     impl_->allowances.emplace(options.allowance, options.allowance_hold,
@@ -546,6 +593,10 @@ Ticket RemoteRateAdmitter::admit(const CallInfo& call) {
       return rate_refusal(o.policy, local->limit, {}, local->retry_after);
     }
   }
+  Unreachable& down = *impl_->unreachable;
+  if (down.down())
+    return unasked(not_asked(o.unreachable_retry), "check", o.policy, o.fail_open,
+                   o.unreachable_retry);
   std::uint64_t asked = a != nullptr ? a->ask(key, o.hits) : o.hits;
   for (;;) {  // each ask smaller than the last, down to the call's own hits
     pb::CheckRequest req;
@@ -556,7 +607,10 @@ Ticket RemoteRateAdmitter::admit(const CallInfo& call) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
     const grpc::Status s = impl_->stub->Check(&ctx, req, &resp);
-    if (!s.ok()) return unasked(s, "check", o.policy, o.fail_open);
+    if (!s.ok()) {
+      down.note(s);
+      return unasked(s, "check", o.policy, o.fail_open, o.unreachable_retry);
+    }
     const pb::Decision& d = resp.decision();
     const RateAnswer answer = answer_of(d);
     if (a != nullptr) {

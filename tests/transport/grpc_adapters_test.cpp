@@ -35,6 +35,7 @@
 #include "sluice/config/config.h"
 #include "sluice/core/fixed_limit.h"
 #include "sluice/testing/servers.h"
+#include "sluice/v1/sluice.grpc.pb.h"
 #include "transport/grpc_service.h"
 
 namespace sluice::adapters {
@@ -294,6 +295,66 @@ TEST_F(GrpcAdapters, ASluiceThatDoesNotAnswerFailsOpenOrClosedAsTold) {
   // An unknown policy is the caller's mistake, not an outage: refused, whatever fail_open says.
   const grpc::Status unknown = call(*stub(remote("nope", true)), "ok");
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+}
+
+// A sluice that is there but cannot answer (a server draining, say): every Admit and Check
+// ends UNAVAILABLE, and is counted.
+class Unanswering final : public v1::Sluice::Service {
+ public:
+  grpc::Status Admit(grpc::ServerContext*, const v1::AdmitRequest*, v1::AdmitResponse*) override {
+    asked.fetch_add(1);
+    return {grpc::StatusCode::UNAVAILABLE, "draining"};
+  }
+  grpc::Status Check(grpc::ServerContext*, const v1::CheckRequest*, v1::CheckResponse*) override {
+    asked.fetch_add(1);
+    return {grpc::StatusCode::UNAVAILABLE, "draining"};
+  }
+  std::atomic<int> asked{0};
+};
+
+TEST_F(GrpcAdapters, ASluiceThatFailedToAnswerIsNotAskedForUnreachableRetry) {
+  start_backend();
+  Unanswering down;
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&down);
+  const std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  RemoteOptions o;
+  o.policy = "backend";
+  o.fail_open = false;
+  o.unreachable_retry = 400ms;
+  auto s = stub(std::make_shared<RemoteAdmitter>(channel, o));
+  for (int i = 0; i < 3; ++i) {
+    std::string retry_after;
+    const grpc::Status refused = call(*s, "ok", "", nullptr, &retry_after);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+    EXPECT_EQ(retry_after, "1") << i;  // 0.4 s, in whole seconds rounded up
+  }
+  EXPECT_EQ(down.asked.load(), 1);  // the two after the failure were refused unasked
+  std::this_thread::sleep_for(450ms);
+  EXPECT_EQ(call(*s, "ok").error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(down.asked.load(), 2);  // asked again once the time passed
+  // The rate admitter the same; 0 asks every time; a negative time is refused by name.
+  RemoteRateOptions r;
+  r.policy = "per-user";
+  r.unreachable_retry = 0ms;
+  auto every = stub(std::make_shared<RemoteRateAdmitter>(channel, r));
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(call(*every, "ok").ok());  // failing open
+  EXPECT_EQ(down.asked.load(), 4);
+  r.unreachable_retry = 60s;
+  auto once = stub(std::make_shared<RemoteRateAdmitter>(channel, r));
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(call(*once, "ok").ok());
+  EXPECT_EQ(down.asked.load(), 5);
+  EXPECT_EQ(backend_.worked.load(), 4);
+  o.unreachable_retry = -1ms;
+  EXPECT_THROW(RemoteAdmitter(channel, o), std::invalid_argument);
+  r.unreachable_retry = -1ms;
+  EXPECT_THROW(RemoteRateAdmitter(channel, r), std::invalid_argument);
+  server->Shutdown(std::chrono::system_clock::now() + 2s);
 }
 
 std::shared_ptr<RemoteRateAdmitter> rate_admitter(std::shared_ptr<grpc::Channel> channel,

@@ -105,10 +105,15 @@ struct RemoteOptions {
   // default, as a limiter that is down should not take the service down with it) or refuse it
   // UNAVAILABLE (false: for a backend that must never see more than the limit).
   bool fail_open = true;
+  // After sluice failed to answer (UNAVAILABLE, or no answer within the timeout), it is not
+  // asked again for this long: the failure mode applies at once, instead of every call waiting
+  // for its own timeout. Failing closed, also the refusal's retry-after. 0: always ask.
+  std::chrono::milliseconds unreachable_retry{1000};
 };
 
 class RemoteAdmitter final : public Admitter {
  public:
+  // Throws std::invalid_argument naming the field for a negative unreachable_retry.
   RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options);
   ~RemoteAdmitter() override;
   RemoteAdmitter(const RemoteAdmitter&) = delete;
@@ -132,17 +137,19 @@ class RemoteAdmitter final : public Admitter {
 struct RemoteRateOptions {
   std::string policy;
   std::function<std::string(const CallInfo&)> key = key_from_metadata("x-sluice-key");
-  std::uint64_t hits = 1;                  // per call (>= 1)
-  std::chrono::milliseconds timeout{250};  // the most a Check may add to a call
-  bool fail_open = true;                   // as RemoteOptions::fail_open
-  std::uint64_t allowance = 0;             // hits taken at once; 0: every call is asked
+  std::uint64_t hits = 1;                             // per call (>= 1)
+  std::chrono::milliseconds timeout{250};             // the most a Check may add to a call
+  bool fail_open = true;                              // as RemoteOptions::fail_open
+  std::chrono::milliseconds unreachable_retry{1000};  // as RemoteOptions::unreachable_retry
+  std::uint64_t allowance = 0;                        // hits taken at once; 0: every call is asked
   std::chrono::milliseconds allowance_hold{50};
   std::size_t allowance_max_keys = 10000;
 };
 
 class RemoteRateAdmitter final : public Admitter {
  public:
-  // Throws std::invalid_argument naming the field for hits 0 or an allowance's bad hold.
+  // Throws std::invalid_argument naming the field for hits 0, an allowance's bad hold or a
+  // negative unreachable_retry.
   RemoteRateAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteRateOptions options);
   ~RemoteRateAdmitter() override;
   RemoteRateAdmitter(const RemoteRateAdmitter&) = delete;
