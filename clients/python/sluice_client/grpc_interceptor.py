@@ -128,16 +128,26 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
                 error = exc
                 raise
             finally:
-                try:
-                    _current.reset(token)
-                except ValueError:  # resumed in another context: nothing of ours to undo
-                    pass
-                # GeneratorExit: the stream was closed early (the client went away).
-                if adm.lease is not None:
-                    gate.exit(adm, "ignored" if isinstance(error, GeneratorExit)
-                              else self._outcome(context, error))
+                outcome = _stream_ended(adm, token, error, lambda e: self._outcome(context, e))
+                if outcome is not None:
+                    gate.exit(adm, outcome)
 
         return admitted
+
+
+def _stream_ended(adm: Admission, token, error: Optional[BaseException],
+                  outcome: Callable[[Optional[BaseException]], str]) -> Optional[str]:
+    """After a streaming handler's last response (or its error): the admission's context
+    variable restored, and the outcome to release the lease with (None: no lease, as a rate
+    policy's hits are spent). A stream closed early (GeneratorExit: the client went away) is
+    "ignored"; any other end is what `outcome` makes of its error."""
+    try:
+        _current.reset(token)
+    except ValueError:  # resumed in another context: nothing of ours to undo
+        pass
+    if adm.lease is None:
+        return None
+    return "ignored" if isinstance(error, GeneratorExit) else outcome(error)
 
 
 def _wrap_handler(handler, wrap_unary: Callable, wrap_streaming: Callable):
@@ -264,13 +274,8 @@ class SluiceAioServerInterceptor(grpc.aio.ServerInterceptor):
                 error = exc
                 raise
             finally:
-                try:
-                    _current.reset(token)
-                except ValueError:  # resumed in another context: nothing of ours to undo
-                    pass
-                if adm.lease is not None:
-                    # GeneratorExit: the stream was closed early (the client went away).
-                    await self._release(adm, "ignored" if isinstance(error, GeneratorExit)
-                                        else self._outcome(context, error))
+                outcome = _stream_ended(adm, token, error, lambda e: self._outcome(context, e))
+                if outcome is not None:
+                    await self._release(adm, outcome)
 
         return admitted
