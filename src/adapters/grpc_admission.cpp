@@ -396,8 +396,6 @@ class Unreachable {
         s.error_code() == StatusCode::DEADLINE_EXCEEDED)
       until_.store((Clock::now() + retry_).time_since_epoch().count(), std::memory_order_relaxed);
   }
-  [[nodiscard]] std::chrono::milliseconds retry() const noexcept { return retry_; }
-
  private:
   std::chrono::milliseconds retry_;
   std::atomic<Clock::rep> until_{std::numeric_limits<Clock::rep>::min()};
