@@ -396,6 +396,7 @@ class Unreachable {
         s.error_code() == StatusCode::DEADLINE_EXCEEDED)
       until_.store((Clock::now() + retry_).time_since_epoch().count(), std::memory_order_relaxed);
   }
+
  private:
   std::chrono::milliseconds retry_;
   std::atomic<Clock::rep> until_{std::numeric_limits<Clock::rep>::min()};
