@@ -184,8 +184,15 @@ def restored(t: Top) -> None:
     attrs = termios.tcgetattr(t.slave)
     assert attrs[3] & termios.ECHO and attrs[3] & termios.ICANON, "the pty was left in raw mode"
     assert attrs[3] == t.cooked[3]
-    with t.lock:
-        tail = bytes(t.raw[-64:])
+    # top has exited, but its last bytes may still be on their way through the pty to the reader
+    # thread: wait for them a little.
+    deadline = time.monotonic() + 3
+    while True:
+        with t.lock:
+            tail = bytes(t.raw[-64:])
+        if (b"\x1b[?1049l" in tail and b"\x1b[?25h" in tail) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert b"\x1b[?1049l" in tail, f"the alternate screen was not left: {tail!r}"
     assert b"\x1b[?25h" in tail, f"the cursor was not shown again: {tail!r}"
 
