@@ -8,6 +8,9 @@
 //   server/local    the server interceptor doing the same on the handler's side
 //   client/remote   the client interceptor admitting through a sluice server's Admit and
 //                   Release (the engine and its gRPC service, in this process, over loopback)
+//   client/remote+k the same with lease reuse (RemoteOptions::lease_reuse, 5 ms): a call
+//                   takes the lease the call before it freed, without an Admit; its Release
+//                   with keep is sent without waiting
 //   client/rate     the same through the server's Check on a rate policy, one per call
 //   client/rate+a   the same with an allowance: one Check of 128 hits per 128 calls, the rest
 //                   admitted in the interceptor (sluice/adapters/rate_allowance.h)
@@ -149,6 +152,9 @@ int main(int argc, char** argv) {
     return grpc::CreateChannel("127.0.0.1:" + std::to_string(sluice_port),
                                grpc::InsecureChannelCredentials());
   };
+  ad::RemoteOptions reusing{.policy = "backend"};
+  reusing.lease_reuse = std::chrono::milliseconds(5);
+  auto kept = std::make_shared<ad::RemoteAdmitter>(sluice_channel(), reusing);
   auto rate = std::make_shared<ad::RemoteRateAdmitter>(sluice_channel(),
                                                        ad::RemoteRateOptions{.policy = "budget"});
   ad::RemoteRateOptions with_allowance{.policy = "budget"};
@@ -180,6 +186,10 @@ int main(int argc, char** argv) {
                     Health::NewStub(ad::admitted_channel(
                         target(plain), grpc::InsecureChannelCredentials(), remote)),
                     {}});
+  setups.push_back({"client/remote+k",
+                    Health::NewStub(ad::admitted_channel(target(plain),
+                                                         grpc::InsecureChannelCredentials(), kept)),
+                    {}});
   setups.push_back({"client/rate",
                     Health::NewStub(ad::admitted_channel(target(plain),
                                                          grpc::InsecureChannelCredentials(), rate)),
@@ -195,18 +205,22 @@ int main(int argc, char** argv) {
       s.us.insert(s.us.end(), us.begin(), us.end());
     }
   const double bare_p50 = quantile(setups[0].us, 0.5), bare_p99 = quantile(setups[0].us, 0.99);
-  std::printf("%-14s %10s %10s %10s %10s\n", "setup", "p50 us", "p99 us", "p50/bare", "p99/bare");
+  std::printf("%-16s %10s %10s %10s %10s\n", "setup", "p50 us", "p99 us", "p50/bare", "p99/bare");
   for (const Setup& s : setups) {
     const double p50 = quantile(s.us, 0.5), p99 = quantile(s.us, 0.99);
-    std::printf("%-14s %10.1f %10.1f %10.3f %10.3f\n", s.name, p50, p99, p50 / bare_p50,
+    std::printf("%-16s %10.1f %10.1f %10.3f %10.3f\n", s.name, p50, p99, p50 / bare_p50,
                 p99 / bare_p99);
   }
   setups.clear();
+  const std::uint64_t on_kept = kept->calls_on_kept_leases();
   remote.reset();  // waits for the releases sent
+  kept.reset();    // releases the waiting leases, and waits for that too
   const bool released =
       engine.value()->policies().front().state_json.find("\"in_flight\":0") != std::string::npos;
   std::printf("%d calls x %d rounds per setup; in flight at the end: guard %u, sluice %s\n", calls,
               rounds, guard.stats().in_flight, released ? "0" : "not 0");
+  std::printf("lease reuse: %llu calls carried by a kept lease\n",
+              static_cast<unsigned long long>(on_kept));
   const ad::AllowanceStats a = allowance->allowance_stats();
   std::printf(
       "allowance: %llu blocks granted, %llu calls admitted in the interceptor, %llu hits "

@@ -12,7 +12,9 @@
 #include <condition_variable>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -441,39 +443,187 @@ struct RemoteAdmitter::Impl {
   std::size_t releasing = 0;  // Release calls not answered yet
   std::optional<Unreachable> unreachable;
 
-  // A Release without waiting for its answer (the call's caller has its status already).
-  void release(const std::string& lease, StatusCode code, std::chrono::nanoseconds latency) {
+  // Lease reuse (options.lease_reuse > 0): a reusable lease whose call ended waits here, under
+  // its key, for the next call of that key. The calls it carries are reported to sluice at most
+  // once a hold, in a Release with keep when it is taken again (the calls not reported yet in
+  // its `earlier`), and the rest when it is released. One call at a time on a lease.
+  struct Call {
+    StatusCode code;
+    std::chrono::nanoseconds latency;
+  };
+  struct Kept {
+    std::string id;
+    std::string key;
+    bool retired = false;     // sluice said it is over its limit, or a keep failed: no more calls
+    bool waiting = false;     // in `kept` below
+    std::vector<Call> ended;  // calls it carried not reported yet, oldest first
+    Clock::time_point since;  // waiting since
+    Clock::time_point reported;  // its last Release with keep (or its Admit)
+  };
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Kept>>> kept;  // guarded by mu
+  std::size_t kept_count = 0;                                                // guarded by mu
+  bool stopping = false;                                                     // guarded by mu
+  std::condition_variable sweep;
+  std::thread sweeper;
+  std::atomic<std::uint64_t> reused{0}, keeps{0};
+  static constexpr std::size_t kMaxUnreported = 256;  // calls a kept lease carries unreported
+
+  // A Release without waiting for its answer (the call's caller has its status already); with
+  // `keep`, `then` hears whether the lease may carry more calls. `calls`: the lease's calls not
+  // reported yet, the last one the Release's own.
+  void release(const std::string& lease, std::span<const Call> calls, bool keep = false,
+               std::function<void(bool)> then = {}) {
     struct Pending {
       grpc::ClientContext ctx;
       pb::ReleaseRequest req;
       pb::ReleaseResponse resp;
+      std::function<void(bool)> then;
     };
     auto* p = new Pending;
     p->req.set_lease_id(lease);
-    p->req.set_outcome(wire_outcome(code));
-    to_duration(latency, p->req.mutable_rtt());
+    for (std::size_t i = 0; i + 1 < calls.size(); ++i) {
+      pb::CallOutcome* e = p->req.add_earlier();
+      e->set_outcome(wire_outcome(calls[i].code));
+      to_duration(calls[i].latency, e->mutable_rtt());
+    }
+    p->req.set_outcome(wire_outcome(calls.back().code));
+    to_duration(calls.back().latency, p->req.mutable_rtt());
+    if (keep) p->req.set_keep(true);
+    p->then = std::move(then);
     p->ctx.set_deadline(std::chrono::system_clock::now() + 4 * options.timeout);
     {
       std::lock_guard lock(mu);
       ++releasing;
     }
-    stub->async()->Release(&p->ctx, &p->req, &p->resp, [this, p](grpc::Status) {
+    stub->async()->Release(&p->ctx, &p->req, &p->resp, [this, p](grpc::Status s) {
       // A release the server did not hear ends at the lease's TTL there.
+      if (p->then) p->then(s.ok() && p->resp.kept());
       delete p;
       std::lock_guard lock(mu);
       if (--releasing == 0) idle.notify_all();
     });
+  }
+  void release(const std::string& lease, StatusCode code, std::chrono::nanoseconds latency) {
+    const Call call{code, latency};
+    release(lease, std::span<const Call>(&call, 1));
+  }
+
+  // The freshest lease waiting under `key` (nullptr: none), taken for a call; a lease that
+  // waited past the hold is released instead. What the call must send first, if anything, is
+  // left in `report` (its calls not reported yet, when a hold has passed since it last was).
+  std::shared_ptr<Kept> take(const std::string& key, std::vector<Call>& report) {
+    std::unique_lock lock(mu);
+    auto it = kept.find(key);
+    if (it == kept.end()) return nullptr;
+    std::shared_ptr<Kept> k = std::move(it->second.back());
+    it->second.pop_back();
+    if (it->second.empty()) kept.erase(it);
+    --kept_count;
+    k->waiting = false;
+    const auto now = Clock::now();
+    if (now - k->since < options.lease_reuse) {
+      if (now - k->reported >= options.lease_reuse || k->ended.size() >= kMaxUnreported) {
+        report.swap(k->ended);
+        k->reported = now;
+      }
+      return k;
+    }
+    std::vector<Call> calls = std::move(k->ended);
+    lock.unlock();
+    release(k->id, calls);  // waited too long to carry a call: released now
+    return nullptr;
+  }
+
+  // `k` carries a new call; `report`: its calls to report now with keep (none: not yet).
+  void reuse(const std::shared_ptr<Kept>& k, const std::vector<Call>& report,
+             const std::shared_ptr<Impl>& self) {
+    reused.fetch_add(1, std::memory_order_relaxed);
+    if (report.empty()) return;
+    keeps.fetch_add(1, std::memory_order_relaxed);
+    std::weak_ptr<Impl> weak = self;
+    release(k->id, report, true, [weak, k](bool still) {
+      if (!still)
+        if (const auto i = weak.lock()) i->retire(k);
+    });
+  }
+
+  // No more calls on `k`: released now if it waits, else when its call ends.
+  void retire(const std::shared_ptr<Kept>& k) {
+    std::unique_lock lock(mu);
+    k->retired = true;
+    if (!k->waiting) return;
+    auto it = kept.find(k->key);
+    if (it != kept.end()) {
+      std::erase(it->second, k);
+      if (it->second.empty()) kept.erase(it);
+    }
+    --kept_count;
+    k->waiting = false;
+    std::vector<Call> calls = std::move(k->ended);
+    lock.unlock();
+    release(k->id, calls);
+  }
+
+  // `k`'s call ended: it waits for the next call of its key, or is released.
+  void ended(const std::shared_ptr<Kept>& k, StatusCode code, std::chrono::nanoseconds latency) {
+    std::unique_lock lock(mu);
+    k->ended.push_back({code, latency});
+    if (k->retired || stopping) {
+      std::vector<Call> calls = std::move(k->ended);
+      lock.unlock();
+      release(k->id, calls);
+      return;
+    }
+    k->since = Clock::now();
+    k->waiting = true;
+    kept[k->key].push_back(k);
+    ++kept_count;
+  }
+
+  // Releases every lease that waited a hold without a call, each hold; all of them on stop.
+  void sweep_loop() {
+    std::unique_lock lock(mu);
+    while (!stopping) {
+      sweep.wait_for(lock, options.lease_reuse);
+      const auto now = Clock::now();
+      std::vector<std::shared_ptr<Kept>> done;
+      for (auto it = kept.begin(); it != kept.end();) {
+        std::erase_if(it->second, [&](const std::shared_ptr<Kept>& k) {
+          if (!stopping && now - k->since < options.lease_reuse) return false;
+          k->waiting = false;
+          done.push_back(k);
+          return true;
+        });
+        it = it->second.empty() ? kept.erase(it) : std::next(it);
+      }
+      kept_count -= done.size();
+      std::vector<std::vector<Call>> calls;
+      for (const auto& k : done) calls.push_back(std::move(k->ended));
+      lock.unlock();
+      for (std::size_t i = 0; i < done.size(); ++i) release(done[i]->id, calls[i]);
+      lock.lock();
+    }
   }
 };
 
 RemoteAdmitter::RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options)
     : impl_(std::make_shared<Impl>()) {
   impl_->unreachable.emplace(options.unreachable_retry);
+  if (options.lease_reuse < std::chrono::milliseconds{0})
+    throw std::invalid_argument("lease_reuse: must be >= 0");
   impl_->stub = pb::Sluice::NewStub(sluice);
   impl_->options = std::move(options);
+  if (impl_->options.lease_reuse > std::chrono::milliseconds{0})
+    impl_->sweeper = std::thread([i = impl_.get()] { i->sweep_loop(); });
 }
 
 RemoteAdmitter::~RemoteAdmitter() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->sweep.notify_all();
+  if (impl_->sweeper.joinable()) impl_->sweeper.join();
   std::unique_lock lock(impl_->mu);
   impl_->idle.wait(lock, [&] { return impl_->releasing == 0; });
 }
@@ -483,15 +633,43 @@ std::size_t RemoteAdmitter::releases_in_flight() const noexcept {
   return impl_->releasing;
 }
 
+std::size_t RemoteAdmitter::leases_waiting() const noexcept {
+  std::lock_guard lock(impl_->mu);
+  return impl_->kept_count;
+}
+
+std::uint64_t RemoteAdmitter::calls_on_kept_leases() const noexcept {
+  return impl_->reused.load(std::memory_order_relaxed);
+}
+
+std::uint64_t RemoteAdmitter::keeps_sent() const noexcept {
+  return impl_->keeps.load(std::memory_order_relaxed);
+}
+
 Ticket RemoteAdmitter::admit(const CallInfo& call) {
   const RemoteOptions& o = impl_->options;
+  std::string key = o.key ? o.key(call) : std::string(call.method);
+  const bool reuse = o.lease_reuse > std::chrono::milliseconds{0};
+  std::weak_ptr<Impl> impl = impl_;
+  if (reuse) {
+    std::vector<Impl::Call> report;
+    if (std::shared_ptr<Impl::Kept> k = impl_->take(key, report)) {
+      impl_->reuse(k, report, impl_);
+      Ticket t;
+      t.admitted = true;
+      t.release = [impl, k](StatusCode code, std::chrono::nanoseconds latency) {
+        if (const auto i = impl.lock()) i->ended(k, code, latency);
+      };
+      return t;
+    }
+  }
   Unreachable& down = *impl_->unreachable;
   if (down.down())
     return unasked(not_asked(o.unreachable_retry), "admit", o.policy, o.fail_open,
                    o.unreachable_retry);
   pb::AdmitRequest req;
   req.set_policy(o.policy);
-  req.set_key(o.key ? o.key(call) : std::string(call.method));
+  req.set_key(key);
   pb::AdmitResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
@@ -508,7 +686,16 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
     return t;
   }
   t.admitted = true;
-  std::weak_ptr<Impl> impl = impl_;
+  if (reuse && resp.reusable()) {
+    auto k = std::make_shared<Impl::Kept>();
+    k->id = resp.lease_id();
+    k->key = std::move(key);
+    k->reported = Clock::now();
+    t.release = [impl, k](StatusCode code, std::chrono::nanoseconds latency) {
+      if (const auto i = impl.lock()) i->ended(k, code, latency);
+    };
+    return t;
+  }
   t.release = [impl, lease = resp.lease_id()](StatusCode code, std::chrono::nanoseconds latency) {
     if (const auto i = impl.lock()) i->release(lease, code, latency);
   };

@@ -62,8 +62,7 @@ AdaptiveGuard::AdaptiveGuard(std::unique_ptr<LimitAlgorithm> algorithm, const Cl
 
 AdaptiveGuard::~AdaptiveGuard() = default;
 
-void AdaptiveGuard::complete_dropped(Nanos rtt, std::uint32_t in_flight) noexcept {
-  sem_.release_unit();
+void AdaptiveGuard::observe_dropped(Nanos rtt, std::uint32_t in_flight) noexcept {
   counters_.dropped.fetch_add(1, std::memory_order_relaxed);
   if (rtt >= options_.min_rtt_threshold) {
     (void)record(rtt.count(), in_flight);
@@ -79,9 +78,10 @@ void AdaptiveGuard::complete_dropped(Nanos rtt, std::uint32_t in_flight) noexcep
   try_close_window();
 }
 
-void AdaptiveGuard::complete_ignored() noexcept {
-  sem_.release_unit();
-  counters_.ignored.fetch_add(1, std::memory_order_relaxed);
+std::pair<std::uint32_t, bool> AdaptiveGuard::renewed() noexcept {
+  counters_.accepted.fetch_add(1, std::memory_order_relaxed);
+  const Semaphore::Snapshot now = sem_.snapshot();  // a consistent pair
+  return {now.in_flight, now.in_flight <= now.limit};
 }
 
 void AdaptiveGuard::try_close_window() noexcept {

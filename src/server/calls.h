@@ -43,6 +43,8 @@ inline constexpr std::size_t kMaxKeyBytes = 1024;
 inline constexpr std::size_t kMaxNameBytes = 256;
 inline constexpr std::int64_t kMaxHits = 1'000'000'000;
 inline constexpr std::size_t kMaxBatch = 128;
+// The most calls a Release reports as carried by its lease before it (Release.earlier).
+inline constexpr std::size_t kMaxEarlier = 1024;
 
 struct CheckCall {
   std::string_view policy;
@@ -55,6 +57,9 @@ struct CheckCall {
 struct Released {
   Nanos held{0};
   std::optional<RateCharge> charged;
+  // With keep: whether the lease carries its client's next call within the policy's limit
+  // (false: it is over it; the client releases the lease once that call ends).
+  bool kept = false;
 };
 
 struct CheckManyResult {
@@ -144,6 +149,9 @@ struct AdmitResult {
   // Admitted only because its policy runs in shadow (server/shadow.h): the policy (or the rate
   // policy it chains) would have refused it; `refusal` says how. The lease holds no permit.
   bool would_deny = false;
+  // Admitted on a lease its client may keep for its next call (Release with keep): an adaptive
+  // policy's, chaining no rate policy and not in shadow (each of whose calls must be decided).
+  bool reusable = false;
   Rejection refusal;  // when !admitted, or would_deny
   // Keeps alive what `refusal`'s views point into (the policy that refused).
   std::shared_ptr<const void> refusal_owner;

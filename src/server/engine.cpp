@@ -435,11 +435,18 @@ AdmitResult admit_result(AdmitDecision d, LeaseTable& leases, Nanos now, Nanos t
     out.refusal_owner = std::move(d.refusal_owner);
     if (!d.permit) return out;
   }
-  Lease lease{
-      std::move(*d.permit), now, ttl, now + ttl, std::move(shadow.rate), std::move(shadow.rate_key),
-      shadow.rate_took};
+  const bool reusable = d.permit->renewable() && shadow.rate == nullptr && shadow.policy == nullptr;
+  Lease lease{std::move(*d.permit),
+              now,
+              ttl,
+              now + ttl,
+              std::move(shadow.rate),
+              std::move(shadow.rate_key),
+              shadow.rate_took,
+              reusable};
   out.lease_id = leases.insert(std::move(lease));  // if this throws, the permit goes back
   out.admitted = true;
+  out.reusable = reusable;
   out.ttl = ttl;
   out.chosen = std::move(d.chosen);
   out.attributes = std::move(d.attributes);
@@ -578,18 +585,43 @@ StatusOr<Nanos> Engine::release(std::string_view lease_id, CallResult result,
 }
 
 StatusOr<Released> Engine::release(std::string_view lease_id, CallResult result,
-                                   std::optional<Nanos> rtt, std::optional<std::int64_t> cost) {
+                                   std::optional<Nanos> rtt, std::optional<std::int64_t> cost,
+                                   bool keep, std::span<const CallEnd> earlier) {
   if (Status s = check_lease_id(lease_id); !s.ok()) return s;
   if (rtt && *rtt < Nanos{0}) return invalid("rtt", "must not be negative");
   if (cost && (*cost < 0 || *cost > kMaxHits))
     return invalid("cost", "must be between 0 and " + std::to_string(kMaxHits) + ", not " +
                                std::to_string(*cost));
+  if ((keep || !earlier.empty()) && cost)
+    return invalid(keep ? "keep" : "earlier",
+                   "not with a cost (a lease whose policy chains a rate policy is not kept: each "
+                   "call passes the rate policy)");
+  if (earlier.size() > kMaxEarlier)
+    return invalid("earlier", "at most " + std::to_string(kMaxEarlier) + " calls, not " +
+                                  std::to_string(earlier.size()));
+  for (std::size_t i = 0; i < earlier.size(); ++i)
+    if (earlier[i].rtt < Nanos{0})
+      return invalid("earlier[" + std::to_string(i) + "].rtt", "must not be negative");
   const Nanos now = clock_.now();
+  bool reusable = true;
+  if (keep || !earlier.empty()) {
+    const std::optional<Renewal> r = leases_.renew(lease_id, earlier, keep, result, rtt, now);
+    if (!r) return no_such_lease();
+    reusable = r->held >= Nanos{0};
+    if (keep && reusable)
+      return Released{.held = r->held, .charged = std::nullopt, .kept = r->kept};
+    // Not reusable: released as without keep, and said so. Or no keep: released now.
+  }
   std::optional<Lease> lease = leases_.take(lease_id, now);
   if (!lease) return no_such_lease();
   Released out;
   out.held = now - lease->admitted_at;
   lease->permit.finish(CallEnd{result, rtt.value_or(out.held), CallEnd::By::kClient});
+  if (!reusable)
+    return Status(StatusCode::kFailedPrecondition,
+                  std::string(keep ? "keep" : "earlier") +
+                      ": the lease is not reusable (only an adaptive policy's, chaining no rate "
+                      "policy and not in shadow, is: AdmitResponse.reusable); it was released");
   if (!cost) return out;
   if (lease->rate == nullptr)
     return Status(StatusCode::kFailedPrecondition,

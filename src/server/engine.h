@@ -124,10 +124,19 @@ class Engine {
   // The same, and with `cost` (0 to kMaxHits) what the call cost its policy's chained rate
   // policy in hits: the admit's check took one hit for its key, the rest is charged now (a
   // cost of 0 gives that one back), as charge() does. A policy that chains no rate policy:
-  // FAILED_PRECONDITION, the lease released all the same.
+  // FAILED_PRECONDITION, the lease released all the same. With `keep` (a lease admitted
+  // reusable, AdmitResult::reusable; not with a cost): the call is recorded but the lease keeps
+  // its permit for its client's next call, its TTL restarted, and Released::kept says whether
+  // that call is within the policy's limit (false: release the lease after it; the permit is
+  // held until then, so the calls at the backend never outnumber the permits). `earlier`: the
+  // calls a reusable lease carried before this one since its last keep, each followed by
+  // another on its permit, oldest first (at most kMaxEarlier, each with its RTT), recorded
+  // before it. A lease that is not reusable, with `keep` or `earlier`: FAILED_PRECONDITION,
+  // the lease released all the same.
   [[nodiscard]] StatusOr<Released> release(std::string_view lease_id, CallResult result,
                                            std::optional<Nanos> rtt,
-                                           std::optional<std::int64_t> cost);
+                                           std::optional<std::int64_t> cost, bool keep = false,
+                                           std::span<const CallEnd> earlier = {});
   // Charges call.hits (> 0) to call.key after the fact, whatever it has left, or gives -hits
   // back (< 0), on a policy of the rate family that takes charges (rate, federated:
   // sluice/core/rate_strategy.h, charge); returns the key's allowance after it. Never refused,

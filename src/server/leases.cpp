@@ -85,14 +85,49 @@ std::optional<Lease> LeaseTable::take(std::string_view id, Nanos now) {
   return std::nullopt;
 }
 
+std::optional<Renewal> LeaseTable::renew(std::string_view id, std::span<const CallEnd> earlier,
+                                         bool keep, CallResult result, std::optional<Nanos> rtt,
+                                         Nanos now) {
+  std::optional<Lease> expired;
+  {
+    Shard& s = shard_of(id);
+    const std::lock_guard lock(s.mu);
+    auto it = s.leases.find(id);
+    if (it == s.leases.end()) return std::nullopt;
+    Lease& l = it->second;
+    if (l.expires_at > now) {
+      if (!l.reusable) return Renewal{Nanos{-1}, false};
+      // Under the shard's lock: a renewal never blocks (GuardPermit::renew).
+      Renewal out{now - l.admitted_at, true};
+      for (const CallEnd& e : earlier) out.kept = l.permit.renew(e);
+      if (keep) {
+        out.kept = l.permit.renew(CallEnd{result, rtt.value_or(out.held), CallEnd::By::kClient});
+        l.admitted_at = now;
+        move_deadline(s, it->first, l, now + l.ttl);
+      }
+      return out;
+    }
+    expired.emplace(std::move(l));
+    s.leases.erase(it);
+  }
+  expired->permit.finish(CallEnd{CallResult::kIgnored, Nanos{0}, CallEnd::By::kExpiry});
+  expired_.fetch_add(1, std::memory_order_relaxed);
+  return std::nullopt;
+}
+
+void LeaseTable::move_deadline(Shard& s, const std::string& id, Lease& lease, Nanos to) {
+  // Later: the entry in the heap surfaces first and is pushed again then (expire()).
+  if (to < lease.expires_at) s.due.push(Due{to, id});
+  lease.expires_at = to;
+}
+
 std::optional<Nanos> LeaseTable::extend(std::string_view id, std::optional<Nanos> ttl, Nanos now) {
   Shard& s = shard_of(id);
   const std::lock_guard lock(s.mu);
   auto it = s.leases.find(id);
   if (it == s.leases.end() || it->second.expires_at <= now) return std::nullopt;
   if (ttl) it->second.ttl = *ttl;
-  it->second.expires_at = now + it->second.ttl;
-  s.due.push(Due{it->second.expires_at, it->first});
+  move_deadline(s, it->first, it->second, now + it->second.ttl);
   return it->second.ttl;
 }
 
@@ -106,12 +141,15 @@ std::size_t LeaseTable::expire(Nanos now) {
         const Due d = s.due.top();
         s.due.pop();
         auto it = s.leases.find(d.id);
-        // Stale entries: released, or extended (a later entry carries the new deadline).
-        if (it == s.leases.end() || it->second.expires_at > now) continue;
+        if (it == s.leases.end()) continue;  // released
+        if (it->second.expires_at > now) {   // its deadline moved later since: push it again
+          s.due.push(Due{it->second.expires_at, d.id});
+          continue;
+        }
         done.push_back(std::move(it->second));
         s.leases.erase(it);
       }
-      // Heartbeats leave stale entries behind; rebuild when they dominate.
+      // Deadlines moved earlier and releases leave stale entries; rebuild when they dominate.
       if (s.due.size() > 64 && s.due.size() > 4 * s.leases.size()) {
         decltype(s.due) fresh;
         for (const auto& [id, lease] : s.leases) fresh.push(Due{lease.expires_at, id});

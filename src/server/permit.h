@@ -15,12 +15,16 @@
 // kinds that track one.
 //
 // A kind's permit lives inline (no allocation): it must fit kInlineBytes, be nothrow movable
-// and have `void finish(const CallEnd&) noexcept`. A larger one boxes itself.
+// and have `void finish(const CallEnd&) noexcept`. A larger one boxes itself. A kind whose
+// permit can carry its client's next call (a Release with keep) also has
+// `bool renew(const CallEnd&) noexcept`: the call is recorded as finish() would, the permit is
+// kept, and the answer says whether the next call is within the policy's limit.
 //
 // Thread-safety: a LeasePermit is owned by one thread at a time (the lease table moves it out
 // under its lock and finishes it outside).
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -115,16 +119,35 @@ class LeasePermit {
   }
   // Whether it holds a permit not yet finished.
   [[nodiscard]] bool held() const noexcept { return ops_ != nullptr; }
+  // Whether its kind can renew it.
+  [[nodiscard]] bool renewable() const noexcept {
+    return ops_ != nullptr && ops_->renew != nullptr;
+  }
+  // Records the call as finish() would and keeps the permit for its client's next call;
+  // returns whether that call is within the policy's limit. Not renewable: false, nothing done.
+  bool renew(const CallEnd& end) noexcept { return renewable() && ops_->renew(buf_, end); }
 
  private:
   struct Ops {
     void (*finish)(void*, const CallEnd&) noexcept;
-    void (*move)(void* to, void* from) noexcept;  // move-constructs, then destroys `from`
+    bool (*renew)(void*, const CallEnd&) noexcept;  // null: the kind does not renew
+    void (*move)(void* to, void* from) noexcept;    // move-constructs, then destroys `from`
     void (*destroy)(void*) noexcept;
   };
   template <class T>
+  static constexpr bool (*renew_of())(void*, const CallEnd&) noexcept {
+    if constexpr (requires(T & p, const CallEnd& e) {
+                    { p.renew(e) }
+                    noexcept->std::same_as<bool>;
+                  })
+      return [](void* p, const CallEnd& e) noexcept { return static_cast<T*>(p)->renew(e); };
+    else
+      return nullptr;
+  }
+
+  template <class T>
   static constexpr Ops kOps = {
-      [](void* p, const CallEnd& e) noexcept { static_cast<T*>(p)->finish(e); },
+      [](void* p, const CallEnd& e) noexcept { static_cast<T*>(p)->finish(e); }, renew_of<T>(),
       [](void* to, void* from) noexcept {
         ::new (to) T(std::move(*static_cast<T*>(from)));
         static_cast<T*>(from)->~T();

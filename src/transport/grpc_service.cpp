@@ -288,6 +288,7 @@ class AdmitReactor final : public grpc::ServerUnaryReactor, public server::Defer
         at->set_value(value);
       }
       if (a.call_timeout) to_proto(*a.call_timeout, resp.mutable_call_deadline());
+      if (a.reusable) resp.set_reusable(true);
     }
     if (!a.admitted || a.would_deny) {
       const Rejection& rj = a.refusal;
@@ -354,11 +355,28 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
     if (!rtt.ok()) return rtt.status();
     const auto outcome = call_result_of(req.outcome());
     if (!outcome.ok()) return outcome.status();
+    if (req.earlier_size() > static_cast<int>(server::kMaxEarlier))
+      return server::invalid("earlier", "at most " + std::to_string(server::kMaxEarlier) +
+                                            " calls, not " + std::to_string(req.earlier_size()));
+    std::vector<server::CallEnd> earlier;
+    earlier.reserve(static_cast<std::size_t>(req.earlier_size()));
+    for (int i = 0; i < req.earlier_size(); ++i) {
+      const pb::CallOutcome& e = req.earlier(i);
+      const std::string at = "earlier[" + std::to_string(i) + "].";
+      const auto r = call_result_of(e.outcome());
+      if (!r.ok()) return Status(r.status().code(), at + r.status().message());
+      if (!e.has_rtt()) return server::invalid(at + "rtt", "required");
+      auto took = get_duration(true, e.rtt(), (at + "rtt").c_str());
+      if (!took.ok()) return took.status();
+      earlier.push_back({r.value(), *took.value(), server::CallEnd::By::kClient});
+    }
     auto released =
         engine_.release(req.lease_id(), outcome.value(), rtt.value(),
-                        req.has_cost() ? std::optional<std::int64_t>(req.cost()) : std::nullopt);
+                        req.has_cost() ? std::optional<std::int64_t>(req.cost()) : std::nullopt,
+                        req.keep(), earlier);
     if (!released.ok()) return released.status();
     to_proto(released.value().held, call->resp.mutable_held());
+    if (released.value().kept) call->resp.set_kept(true);
     if (released.value().charged) fill(call->resp.mutable_charged(), *released.value().charged);
     return {};
   }();

@@ -155,6 +155,28 @@ class Fields {
     }
     return Nanos{static_cast<std::int64_t>(std::llround(v * 1e6))};
   }
+  // A JSON array (absent or null: nullptr).
+  const json* list(const char* name) {
+    asked_.push_back(name);
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) return nullptr;
+    if (!it->is_array()) {
+      fail(name, "must be a list");
+      return nullptr;
+    }
+    return &*it;
+  }
+  // true or false; absent or null: false.
+  bool flag(const char* name) {
+    asked_.push_back(name);
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) return false;
+    if (!it->is_boolean()) {
+      fail(name, "must be true or false");
+      return false;
+    }
+    return it->get<bool>();
+  }
   // A list of strings, appended to `out` as values of the attribute `attribute` (views into the
   // document); absent or null: nothing.
   void string_views(const char* name, std::string_view attribute,
@@ -351,6 +373,7 @@ void render_admit(HttpExchange& x, const StatusOr<server::AdmitResult>& r) {
   const AdmitResult& a = r.value();
   if (a.admitted) {
     json j = {{"admitted", true}, {"lease_id", a.lease_id}, {"ttl_ms", ms_of(a.ttl)}};
+    if (a.reusable) j["reusable"] = true;
     if (!a.chosen.empty()) j["chosen"] = a.chosen;
     if (!a.attributes.empty()) j["attributes"] = attributes_json(a.attributes);
     if (a.call_timeout) j["call_deadline_ms"] = ms_of(*a.call_timeout);
@@ -411,13 +434,37 @@ void do_release(Engine& engine, HttpExchange& x) {
   const std::string_view outcome = f.str("outcome");
   const std::optional<Nanos> rtt = f.millis("rtt_ms");
   const std::optional<std::int64_t> cost = f.integer("cost");
+  const bool keep = f.flag("keep");
+  std::vector<server::CallEnd> earlier;
+  const json* calls = f.list("earlier");
   if (!f.status().ok()) return error(x, f.status());
   const StatusOr<server::CallResult> o =
       outcome.empty() ? server::CallResult::kSuccess : call_result_of(outcome);
   if (!o.ok()) return error(x, o.status());
-  auto released = engine.release(lease, o.value(), rtt, cost);
+  if (calls != nullptr) {
+    if (calls->size() > server::kMaxEarlier)
+      return error(x,
+                   server::invalid("earlier", "at most " + std::to_string(server::kMaxEarlier) +
+                                                  " calls, not " + std::to_string(calls->size())));
+    for (std::size_t i = 0; i < calls->size(); ++i) {
+      const std::string at = "earlier[" + std::to_string(i) + "]";
+      if (!(*calls)[i].is_object())
+        return error(x, server::invalid(at, "must be an object {outcome, rtt_ms}"));
+      Fields e((*calls)[i], at + ".");
+      const std::string_view word = e.str("outcome");
+      const std::optional<Nanos> took = e.millis("rtt_ms");
+      if (!e.status().ok()) return error(x, e.status());
+      if (!took) return error(x, server::invalid(at + ".rtt_ms", "required"));
+      const StatusOr<server::CallResult> r =
+          word.empty() ? server::CallResult::kSuccess : call_result_of(word, at + ".outcome");
+      if (!r.ok()) return error(x, r.status());
+      earlier.push_back({r.value(), *took, server::CallEnd::By::kClient});
+    }
+  }
+  auto released = engine.release(lease, o.value(), rtt, cost, keep, earlier);
   if (!released.ok()) return error(x, released.status());
-  json j = {{"released", true}, {"held_ms", ms_of(released.value().held)}};
+  json j = {{"released", !keep}, {"held_ms", ms_of(released.value().held)}};
+  if (keep) j["kept"] = released.value().kept;
   if (released.value().charged) j["charged"] = charge_json(*released.value().charged);
   ok_json(x, j);
 }

@@ -1,8 +1,8 @@
 // The server's engine (src/server/engine.h), without a transport: policy chaining (a rate refusal
 // takes no permit), CheckMany's all-or-nothing, bad input named by field, leases (expiry,
-// heartbeat, unguessable ids), reload (unchanged policies keep their permits; a failed reload
-// changes nothing), drain, metrics, leaving a fleet on close, and starting while the fleet's
-// Redis is down (over a real Redis).
+// heartbeat, unguessable ids, kept for the next call), reload (unchanged policies keep their
+// permits; a failed reload changes nothing), drain, metrics, leaving a fleet on close, and starting
+// while the fleet's Redis is down (over a real Redis).
 #include "server/engine.h"
 
 #include <gtest/gtest.h>
@@ -333,6 +333,113 @@ TEST_F(EngineTest, ALeaseExpiresAfterItsTtlUnlessHeartbeated) {
   EXPECT_EQ(in_flight("two"), 0u);
   EXPECT_EQ(engine_->leases(), 0u);
   EXPECT_NE(engine_->metrics_text().find("sluice_leases_expired_total 3"), std::string::npos);
+}
+
+// A Release with keep records the call (a sample, as a release does) and leaves the lease its
+// permit for the client's next call, its TTL and its `held` restarted; a plain Release ends it.
+TEST_F(EngineTest, AKeptLeaseCarriesTheNextCallOnItsPermit) {
+  const AdmitResult a = admit("two");
+  ASSERT_TRUE(a.admitted);
+  EXPECT_TRUE(a.reusable);
+  clock_.advance(seconds(3));
+  auto kept = engine_->release(a.lease_id, CallResult::kSuccess, milliseconds(2), std::nullopt,
+                               /*keep=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_TRUE(kept.value().kept);
+  EXPECT_EQ(kept.value().held, seconds(3));
+  EXPECT_EQ(in_flight("two"), 1u);
+  nlohmann::json s = state("two");
+  EXPECT_EQ(s["renewed"], 1);
+  EXPECT_EQ(s["released"], 0);
+  EXPECT_EQ(s["accepted"], 2);  // the Admit's call and the one the kept lease carries
+  EXPECT_EQ(s["leases"], 1);
+  // The TTL (10 s) restarted at the keep: alive 8 s after it, though 11 s after its Admit.
+  clock_.advance(seconds(8));
+  EXPECT_EQ(engine_->expire_leases(), 0u);
+  kept = engine_->release(a.lease_id, CallResult::kDropped, milliseconds(2), std::nullopt, true);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_EQ(kept.value().held, seconds(8));
+  EXPECT_EQ(state("two")["dropped"], 1);  // each carried call's outcome is recorded
+  clock_.advance(seconds(1));
+  auto held = engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt);
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
+  EXPECT_EQ(held.value(), seconds(1));
+  EXPECT_EQ(in_flight("two"), 0u);
+  s = state("two");
+  EXPECT_EQ(s["renewed"], 2);
+  EXPECT_EQ(s["released"], 1);
+  EXPECT_EQ(s["leases"], 0);
+  EXPECT_NE(engine_->metrics_text().find("sluice_lease_renewals_total{policy=\"two\"} 2"),
+            std::string::npos);
+  // Released: a keep finds no lease.
+  EXPECT_EQ(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+  // Kept leases expire as any other does, one TTL after the last keep.
+  const AdmitResult b = admit("two");
+  ASSERT_TRUE(
+      engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true).ok());
+  clock_.advance(seconds(10));
+  EXPECT_EQ(engine_->expire_leases(), 1u);
+  EXPECT_EQ(in_flight("two"), 0u);
+}
+
+// A limit brought below the calls in flight: the keep still keeps the permit (the client's next
+// call may have started on it) and says the lease is over the limit, for the client to release
+// after that call.
+TEST_F(EngineTest, AKeepOverALoweredLimitKeepsThePermitAndSaysSo) {
+  const AdmitResult a = admit("two");
+  const AdmitResult b = admit("two");
+  ASSERT_TRUE(a.admitted && b.admitted);
+  std::string next = kBase;
+  next.replace(next.find("limit: 2\n  chained"), 8, "limit: 1");
+  auto r = engine_->reload(config_of(next));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto kept = engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_FALSE(kept.value().kept);
+  EXPECT_EQ(in_flight("two"), 2u);
+  ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
+  kept = engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_TRUE(kept.value().kept);  // 1 in flight, the limit 1
+}
+
+// Only an adaptive policy's lease, chaining no rate policy, is reusable: a keep on another is
+// FAILED_PRECONDITION and releases it; keep with a cost is refused before anything happens.
+TEST_F(EngineTest, AKeepOnALeaseThatIsNotReusableReleasesIt) {
+  const AdmitResult a = admit("chained", "alice");
+  ASSERT_TRUE(a.admitted);
+  EXPECT_FALSE(a.reusable);  // each call must pass its rate policy
+  auto r = engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true);
+  expect_error(r.status(), StatusCode::kFailedPrecondition, "keep");
+  EXPECT_NE(r.status().message().find("released"), std::string::npos);
+  EXPECT_EQ(in_flight("chained"), 0u);
+  const CallAttribute at[] = {{"tenant", "acme"}, {"upstream", "llm"}};
+  auto g = engine_->admit(AdmitCall{.policy = "gw", .key = "bob", .attributes = at});
+  ASSERT_TRUE(g.ok() && g.value().admitted) << g.status().to_string();
+  EXPECT_FALSE(g.value().reusable);
+  expect_error(
+      engine_->release(g.value().lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true)
+          .status(),
+      StatusCode::kFailedPrecondition, "keep");
+  EXPECT_EQ(engine_->leases(), 0u);
+  const AdmitResult b = admit("two");
+  expect_error(engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt, 1, true).status(),
+               StatusCode::kInvalidArgument, "keep");
+  EXPECT_EQ(in_flight("two"), 1u);  // nothing done
+}
+
+// A heartbeat that shortens a lease's TTL moves its deadline earlier: it expires then, not at
+// the deadline it had (the table's heap keeps an entry at or before every deadline).
+TEST_F(EngineTest, AHeartbeatThatShortensTheTtlExpiresTheLeaseEarlier) {
+  const AdmitResult a = admit("two");
+  ASSERT_TRUE(engine_->heartbeat(a.lease_id, seconds(30)).ok());
+  ASSERT_TRUE(engine_->heartbeat(a.lease_id, seconds(2)).ok());
+  clock_.advance(seconds(2));
+  EXPECT_EQ(engine_->expire_leases(), 1u);
+  EXPECT_EQ(in_flight("two"), 0u);
 }
 
 TEST_F(EngineTest, ReloadKeepsUnchangedPoliciesAndTheirPermits) {

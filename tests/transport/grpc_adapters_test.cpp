@@ -1,11 +1,13 @@
 // The gRPC call-site adapters (sluice/adapters/grpc_admission.h) over real grpc::Servers on
 // 127.0.0.1: a backend (the standard health service, told by the request's `service` what to
-// do: "ok", "hold" until let go, "overload" UNAVAILABLE, "bad" INVALID_ARGUMENT) and a sluice
-// server (the engine and its gRPC service). The client interceptor with a remote admitter:
+// do: "ok", "slow" 1 ms, "hold" until let go, "overload" UNAVAILABLE, "bad" INVALID_ARGUMENT) and a
+// sluice server (the engine and its gRPC service). The client interceptor with a remote admitter:
 // calls past the limit are refused UNAVAILABLE and never reach the backend, a chained rate
 // policy's refusal is RESOURCE_EXHAUSTED with retry-after, each call's status reaches the server
 // as its outcome, every lease is released, and the admitter fails open or closed as told when
-// sluice does not answer. The same interceptor on the in-process library. The server
+// sluice does not answer; with lease reuse, a finished call's lease carries the next call of its
+// key without an Admit, never two calls at once, and is released when sluice says it is over
+// the limit or when it waited its hold. The same interceptor on the in-process library. The server
 // interceptor: a refused call answers the refusal whatever its handler does, an admitted one is
 // released with the handler's status; registered by register_admitted, a refused call's
 // handler (unary or streaming) never runs. A remote rate policy: its refusal is RESOURCE_EXHAUSTED
@@ -85,7 +87,16 @@ class Backend final : public Health::Service {
     if (check_refusal)
       if (auto refused = refusal(ctx)) return *refused;
     worked.fetch_add(1);
-    if (req->service() == "hold") {
+    const int now = active.fetch_add(1) + 1;
+    for (int was = most.load(); now > was && !most.compare_exchange_weak(was, now);) {
+    }
+    struct Leave {
+      std::atomic<int>& active;
+      ~Leave() { active.fetch_sub(1); }
+    } leave{active};
+    if (req->service() == "slow") {
+      std::this_thread::sleep_for(1ms);
+    } else if (req->service() == "hold") {
       std::unique_lock lock(mu_);
       ++holding_;
       held_.notify_all();
@@ -118,6 +129,7 @@ class Backend final : public Health::Service {
   }
 
   std::atomic<int> worked{0};
+  std::atomic<int> active{0}, most{0};  // Check calls running now, and the most at once
   bool check_refusal = true;
 
  private:
@@ -358,6 +370,221 @@ TEST_F(GrpcAdapters, ASluiceThatFailedToAnswerIsNotAskedForUnreachableRetry) {
   r.unreachable_retry = -1ms;
   EXPECT_THROW(RemoteRateAdmitter(channel, r), std::invalid_argument);
   server->Shutdown(std::chrono::system_clock::now() + 2s);
+}
+
+std::shared_ptr<RemoteAdmitter> reusing(std::shared_ptr<grpc::Channel> channel,
+                                        const std::string& policy, std::chrono::milliseconds hold) {
+  RemoteOptions o;
+  o.policy = policy;
+  o.lease_reuse = hold;
+  return std::make_shared<RemoteAdmitter>(std::move(channel), o);
+}
+
+// Sequential calls of one key: the first is admitted, the rest ride its lease. Within one hold
+// of its Admit nothing is reported; the admitter releases the waiting lease when it goes, with
+// every call it carried (`earlier`), each recorded at sluice.
+TEST_F(GrpcAdapters, AKeptLeaseCarriesTheNextCallsOfItsKeyWithoutAnAdmit) {
+  start_backend();
+  auto admitter = reusing(sluice_channel(), "backend", 10s);
+  auto s = stub(admitter);
+  for (int i = 0; i < 9; ++i) EXPECT_TRUE(call(*s, "ok", "k").ok()) << i;
+  EXPECT_EQ(call(*s, "overload", "k").error_code(), grpc::StatusCode::UNAVAILABLE);
+  settle(*admitter);
+  EXPECT_EQ(admitter->calls_on_kept_leases(), 9u);
+  EXPECT_EQ(admitter->keeps_sent(), 0u);
+  EXPECT_EQ(admitter->leases_waiting(), 1u);
+  nlohmann::json st = state("backend");
+  EXPECT_EQ(st["admitted"], 1);
+  EXPECT_EQ(st["in_flight"], 1);  // the waiting lease
+  EXPECT_EQ(st["renewed"], 0);    // nothing reported yet
+  // Another key has a lease of its own.
+  EXPECT_TRUE(call(*s, "ok", "other").ok());
+  EXPECT_EQ(state("backend")["admitted"], 2);
+  s.reset();
+  admitter.reset();  // releases both, with the calls they carried
+  st = state("backend");
+  EXPECT_EQ(st["in_flight"], 0);
+  EXPECT_EQ(st["released"], 2);
+  EXPECT_EQ(st["renewed"], 9);
+  EXPECT_EQ(st["accepted"], 11);
+  EXPECT_EQ(st["dropped"], 1);
+}
+
+// A kept lease reports its calls with keep once a hold has passed since it last did.
+TEST_F(GrpcAdapters, AKeptLeaseReportsItsCallsOncePerHold) {
+  start_backend();
+  auto admitter = reusing(sluice_channel(), "backend", 1s);
+  auto s = stub(admitter);
+  EXPECT_TRUE(call(*s, "ok", "k").ok());
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(call(*s, "overload", "k").error_code(),
+            grpc::StatusCode::UNAVAILABLE);  // reused; not reported yet
+  std::this_thread::sleep_for(600ms);
+  EXPECT_TRUE(call(*s, "ok", "k").ok());  // 1.2 s after the Admit: the two before, with keep
+  settle(*admitter);
+  EXPECT_EQ(admitter->keeps_sent(), 1u);
+  EXPECT_EQ(admitter->calls_on_kept_leases(), 2u);
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(st["admitted"], 1);
+  EXPECT_EQ(st["renewed"], 2);
+  EXPECT_EQ(st["dropped"], 1);
+  EXPECT_EQ(st["in_flight"], 1);
+}
+
+// Threads calling one key past the limit: kept leases carry calls, and the backend never runs
+// more calls at once than the policy's limit; every call is recorded once the leases go.
+TEST_F(GrpcAdapters, KeptLeasesNeverRunMoreCallsThanThePermits) {
+  start_backend();
+  auto admitter = reusing(sluice_channel(), "backend", 10s);
+  auto s = stub(admitter);
+  std::atomic<int> ok{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        const grpc::Status st = call(*s, "slow", "k");
+        (st.ok() ? ok : refused).fetch_add(1);
+        if (!st.ok()) {
+          EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load() + refused.load(), 200);
+  EXPECT_GT(admitter->calls_on_kept_leases(), 0u);
+  EXPECT_LE(backend_.most.load(), 2);  // the limit
+  settle(*admitter);
+  EXPECT_EQ(state("backend")["in_flight"].get<std::size_t>(), admitter->leases_waiting());
+  s.reset();
+  admitter.reset();
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(st["in_flight"], 0);
+  EXPECT_EQ(st["accepted"].get<int>(), ok.load());
+}
+
+// A limit lowered below the leases held: the next keep is answered not kept, and that lease is
+// released once its call ends; a lease within the limit goes on.
+TEST_F(GrpcAdapters, ALeaseOverALoweredLimitIsReleasedAfterItsCall) {
+  start_backend();
+  auto admitter = reusing(sluice_channel(), "backend", 1s);
+  auto s = stub(admitter);
+  std::vector<std::future<grpc::Status>> holding = hold_two(*s);
+  std::this_thread::sleep_for(1100ms);  // so that the leases' next calls report with keep
+  backend_.let_go();
+  for (auto& f : holding) EXPECT_TRUE(f.get().ok());
+  EXPECT_EQ(admitter->leases_waiting(), 2u);
+  std::string lower = kConfig;
+  lower.replace(lower.find("limit: 2"), 8, "limit: 1");
+  ConfigLoad load = load_config(lower, kinds_);
+  ASSERT_TRUE(load.config);
+  ASSERT_TRUE(engine_->reload(*load.config).ok());
+  EXPECT_TRUE(call(*s, "ok").ok());  // on a kept lease: sluice says it is over the limit
+  settle(*admitter);
+  EXPECT_EQ(state("backend")["in_flight"], 1);
+  EXPECT_EQ(admitter->leases_waiting(), 1u);
+  EXPECT_TRUE(call(*s, "ok").ok());  // the other: within the limit now
+  settle(*admitter);
+  const nlohmann::json st = state("backend");
+  EXPECT_EQ(admitter->keeps_sent(), 2u);
+  EXPECT_EQ(st["in_flight"], 1);
+  EXPECT_EQ(st["renewed"], 2);
+  EXPECT_EQ(st["released"], 1);
+  EXPECT_EQ(admitter->leases_waiting(), 1u);
+}
+
+// The wire: Admit says whether a lease is reusable; a Release's `earlier` is checked entry by
+// entry, naming the entry, before anything is recorded; a keep answers `kept`.
+TEST_F(GrpcAdapters, AReleasesEarlierCallsAreCheckedByNameAndRecorded) {
+  auto sluice = v1::Sluice::NewStub(sluice_channel());
+  const auto admit = [&](const std::string& policy) {
+    grpc::ClientContext ctx;
+    v1::AdmitRequest req;
+    req.set_policy(policy);
+    req.set_key("k");
+    v1::AdmitResponse resp;
+    EXPECT_TRUE(sluice->Admit(&ctx, req, &resp).ok());
+    return resp;
+  };
+  const auto release = [&](const v1::ReleaseRequest& req, v1::ReleaseResponse* resp = nullptr) {
+    grpc::ClientContext ctx;
+    v1::ReleaseResponse ignored;
+    return sluice->Release(&ctx, req, resp != nullptr ? resp : &ignored);
+  };
+  const v1::AdmitResponse a = admit("backend");
+  ASSERT_TRUE(a.admitted());
+  EXPECT_TRUE(a.reusable());
+  EXPECT_FALSE(admit("users").reusable());  // it chains a rate policy
+  v1::ReleaseRequest req;
+  req.set_lease_id(a.lease_id());
+  req.set_keep(true);
+  req.mutable_rtt()->set_nanos(3'000'000);
+  v1::CallOutcome* first = req.add_earlier();
+  first->set_outcome(v1::OUTCOME_SUCCESS);
+  first->mutable_rtt()->set_nanos(2'000'000);
+  req.add_earlier()->set_outcome(v1::OUTCOME_DROPPED);  // no rtt
+  grpc::Status s = release(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "earlier[1].rtt: required");
+  req.mutable_earlier(1)->mutable_rtt()->set_nanos(1'000'000);
+  req.mutable_earlier(0)->set_outcome(static_cast<v1::Outcome>(99));
+  s = release(req);
+  EXPECT_EQ(s.error_message(), "earlier[0].outcome: unknown value 99");
+  req.mutable_earlier(0)->set_outcome(v1::OUTCOME_SUCCESS);
+  v1::ReleaseRequest many = req;
+  for (int i = 0; i < 1023; ++i) *many.add_earlier() = req.earlier(0);
+  s = release(many);
+  EXPECT_EQ(s.error_message(), "earlier: at most 1024 calls, not 1025");
+  nlohmann::json st = state("backend");
+  EXPECT_EQ(st["renewed"], 0);  // nothing recorded by a refused Release
+  EXPECT_EQ(st["dropped"], 0);
+  v1::ReleaseResponse resp;
+  s = release(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.kept());
+  st = state("backend");
+  EXPECT_EQ(st["renewed"], 3);  // the two earlier calls and this one, each followed by another
+  EXPECT_EQ(st["dropped"], 1);
+  EXPECT_EQ(st["in_flight"], 1);
+  v1::ReleaseRequest last;
+  last.set_lease_id(a.lease_id());
+  *last.add_earlier() = req.earlier(0);
+  ASSERT_TRUE(release(last).ok());
+  st = state("backend");
+  EXPECT_EQ(st["renewed"], 4);
+  EXPECT_EQ(st["released"], 1);
+  EXPECT_EQ(st["in_flight"], 0);
+}
+
+// A lease that waits its hold without a call is released; a policy whose leases are not
+// reusable (it chains a rate policy) admits every call; a negative hold is refused by name.
+TEST_F(GrpcAdapters, AKeptLeaseIsReleasedAfterItsHoldAndOnlyAReusableOneIsKept) {
+  start_backend();
+  auto admitter = reusing(sluice_channel(), "backend", 50ms);
+  auto s = stub(admitter);
+  EXPECT_TRUE(call(*s, "ok").ok());
+  for (int i = 0; i < 300 && admitter->leases_waiting() > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(admitter->leases_waiting(), 0u);
+  settle(*admitter);
+  EXPECT_EQ(state("backend")["in_flight"], 0);
+  EXPECT_EQ(state("backend")["released"], 1);
+  auto rated = reusing(sluice_channel(), "users", 10s);
+  auto r = stub(rated);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(call(*r, "ok", "u1").ok()) << i;
+  EXPECT_EQ(call(*r, "ok", "u1").error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  settle(*rated);
+  EXPECT_EQ(rated->calls_on_kept_leases(), 0u);
+  EXPECT_EQ(rated->leases_waiting(), 0u);
+  EXPECT_EQ(state("users")["admitted"], 3);
+  EXPECT_EQ(state("users")["in_flight"], 0);
+  RemoteOptions o;
+  o.policy = "backend";
+  o.lease_reuse = -1ms;
+  try {
+    RemoteAdmitter bad(sluice_channel(), o);
+    ADD_FAILURE() << "a negative lease_reuse was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lease_reuse"), std::string::npos) << e.what();
+  }
 }
 
 std::shared_ptr<RemoteRateAdmitter> rate_admitter(std::shared_ptr<grpc::Channel> channel,

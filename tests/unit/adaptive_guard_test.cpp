@@ -371,6 +371,44 @@ TEST_F(AdaptiveGuardTest, AlgorithmLoweringNeverRevokes) {
   EXPECT_TRUE(g.acquire().has_value());
 }
 
+// A renewed permit records its call as a release does (a sample, a drop) and keeps its unit for
+// the holder's next call, which is counted accepted; it says whether that call is within the
+// ceiling, which a drop can bring below the calls in flight.
+TEST_F(AdaptiveGuardTest, RenewRecordsTheCallAndKeepsTheUnit) {
+  AdaptiveGuard g = recording_guard(AdaptiveGuardOptions{.window_size = 2});
+  auto a = g.acquire();
+  auto b = g.acquire();
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(a->renew(Outcome::kSuccess, milliseconds(3)));
+  EXPECT_EQ(g.in_flight(), 2u);
+  EXPECT_EQ(a->in_flight_at_admission(), 2u);
+  clock_.advance(seconds(1));
+  EXPECT_TRUE(b->renew(Outcome::kSuccess, milliseconds(5)));
+  ASSERT_EQ(log_.size(), 1u);  // two samples, the window's time up: fed
+  EXPECT_EQ(log_[0].rtt, milliseconds(4));
+  EXPECT_EQ(log_[0].in_flight, 2u);
+  EXPECT_EQ(g.stats().accepted, 4u);  // two admissions and the two calls the renewals carry
+  a->release(Outcome::kSuccess, milliseconds(1));
+  EXPECT_EQ(g.in_flight(), 1u);
+  EXPECT_FALSE(a->renew(Outcome::kSuccess, milliseconds(1)));  // released: nothing to renew
+  EXPECT_EQ(g.stats().accepted, 4u);
+}
+
+TEST_F(AdaptiveGuardTest, RenewSaysWhenTheCeilingCameDownBelowTheCallsInFlight) {
+  AdaptiveGuard g(std::make_unique<AimdLimit>(AimdOptions{.initial_limit = 3, .min_limit = 1}),
+                  clock_);
+  std::vector<GuardPermit> held;
+  for (int i = 0; i < 3; ++i) held.push_back(*g.acquire());
+  EXPECT_TRUE(held[0].renew(Outcome::kSuccess, milliseconds(1)));  // 3 <= 3
+  clock_.advance(seconds(1));
+  EXPECT_FALSE(held[1].renew(Outcome::kDropped, milliseconds(1)));  // the limit is now 2
+  EXPECT_EQ(g.limit(), 2u);
+  EXPECT_EQ(g.in_flight(), 3u);  // kept all the same: never revoked
+  EXPECT_EQ(g.stats().dropped, 1u);
+  held[2].release(Outcome::kSuccess, milliseconds(1));
+  EXPECT_TRUE(held[0].renew(Outcome::kSuccess, milliseconds(1)));  // 2 <= 2 again
+}
+
 // Failure mode (b) end to end: a backend that fails every call fast, window after window,
 // brings the Gradient2 guard's ceiling down (the reference Gradient2 would keep growing).
 TEST_F(AdaptiveGuardTest, SteadyDropsLowerTheGradient2Ceiling) {
@@ -569,9 +607,10 @@ TEST(AdaptiveGuardStress, EightThreadsWithConcurrentWindowCloses) {
   EXPECT_EQ(s.limit, s.algorithm_limit);
 }
 
-// Random acquire / release(outcome) / destroy / advance / set_cap sequences: an acquire
-// succeeds exactly when in_flight < min(cap, algorithm limit); the ceiling always equals that
-// min; the algorithm limit stays in its bounds; counters match; nothing leaks.
+// Random acquire / release(outcome) / renew(outcome) / advance / set_cap sequences: an acquire
+// succeeds exactly when in_flight < min(cap, algorithm limit), a renewal keeps the unit and says
+// whether in_flight <= that min; the ceiling always equals that min; the algorithm limit stays
+// in its bounds; counters match; nothing leaks.
 RC_GTEST_PROP(AdaptiveGuardProperty, AdmitsExactlyBelowTheCeilingAndNeverLeaks, ()) {
   ManualClock clock;
   const auto initial = *rc::gen::inRange<std::uint32_t>(1, 31);
@@ -585,7 +624,7 @@ RC_GTEST_PROP(AdaptiveGuardProperty, AdmitsExactlyBelowTheCeilingAndNeverLeaks, 
   std::vector<GuardPermit> held;
   std::uint32_t cap = AdaptiveGuard::kNoCap;
   std::uint64_t accepted = 0, rejected = 0, dropped = 0, ignored = 0;
-  const auto ops = *rc::gen::container<std::vector<int>>(rc::gen::inRange(0, 7));
+  const auto ops = *rc::gen::container<std::vector<int>>(rc::gen::inRange(0, 8));
   for (int op : ops) {
     if (op == 0 || op == 1) {
       const std::uint32_t before = g.in_flight();
@@ -612,6 +651,17 @@ RC_GTEST_PROP(AdaptiveGuardProperty, AdmitsExactlyBelowTheCeilingAndNeverLeaks, 
     } else if (op == 6) {
       cap = *rc::gen::element<std::uint32_t>(0u, 3u, 10u, 40u, AdaptiveGuard::kNoCap);
       g.set_cap(cap);
+    } else if (op == 7 && !held.empty()) {
+      const auto idx = *rc::gen::inRange<std::size_t>(0, held.size());
+      const Outcome outcome =
+          *rc::gen::element(Outcome::kSuccess, Outcome::kDropped, Outcome::kIgnored);
+      if (outcome == Outcome::kDropped) ++dropped;
+      if (outcome == Outcome::kIgnored) ++ignored;
+      ++accepted;
+      const bool within =
+          held[idx].renew(outcome, Nanos{*rc::gen::inRange<std::int64_t>(0, 5'000'000)});
+      RC_ASSERT(within == (g.in_flight() <= std::min(cap, g.algorithm_limit())));
+      RC_ASSERT(held[idx].held());
     }
     RC_ASSERT(g.limit() == std::min(cap, g.algorithm_limit()));
     RC_ASSERT(g.algorithm_limit() >= 1u);

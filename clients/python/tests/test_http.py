@@ -137,6 +137,53 @@ def test_admit_release_heartbeat(server):
     assert state["in_flight"] == 0 and state["dropped"] == 1 and state["ignored"] == 1
 
 
+def test_a_kept_lease_over_http(server):
+    """An adaptive policy's lease is reusable: a release with keep records the call (and the
+    earlier ones it lists) and keeps the permit; the release without keep ends it."""
+    def small():
+        ps = server.http("GET", "/v1/policies").json()["policies"]
+        return next(p for p in ps if p["name"] == "small")
+
+    body = server.http("POST", "/v1/admit", {"policy": "small"}).json()
+    assert body["reusable"] is True
+    lease_id = body["lease_id"]
+    r = server.http("POST", "/v1/release", {
+        "lease_id": lease_id, "keep": True, "outcome": "success", "rtt_ms": 2,
+        "earlier": [{"outcome": "dropped", "rtt_ms": 5}, {"rtt_ms": 1}]})
+    assert r.status == 200, r
+    assert r.json()["kept"] is True and r.json()["released"] is False
+    state = small()
+    assert state["in_flight"] == 1 and state["renewed"] == 3 and state["dropped"] == 1
+    bad = [
+        ({"keep": 1}, "keep: must be true or false"),
+        ({"earlier": {}}, "earlier: must be a list"),
+        ({"earlier": [3]}, "earlier[0]: must be an object"),
+        ({"earlier": [{"rtt_ms": 1}, {"outcome": "dropped"}]}, "earlier[1].rtt_ms: required"),
+        ({"earlier": [{"outcome": "slow", "rtt_ms": 1}]}, "earlier[0].outcome: must be success"),
+        ({"earlier": [{"rtt_ms": 1, "rtt": 1}]}, "earlier[0].rtt: unknown field"),
+        ({"earlier": [{"rtt_ms": 1}] * 1025}, "earlier: at most 1024 calls, not 1025"),
+        ({"keep": True, "cost": 1}, "keep: not with a cost"),
+    ]
+    for fields, message in bad:
+        r = server.http("POST", "/v1/release", {"lease_id": lease_id, **fields})
+        assert r.status == 400, (fields, r)
+        assert r.json()["error"]["message"].startswith(message), (fields, r)
+    assert small()["renewed"] == 3  # a refused release records nothing
+    r = server.http("POST", "/v1/release", {"lease_id": lease_id, "earlier": [{"rtt_ms": 1}]})
+    assert r.status == 200 and r.json()["released"] is True and "kept" not in r.json()
+    state = small()
+    assert state["in_flight"] == 0 and state["renewed"] == 4 and state["released"] == 1
+    # A lease that is not reusable (a concurrency policy's) is released by a keep, and says so.
+    body = server.http("POST", "/v1/admit", {"policy": "gateway", "key": "kept", "tenant": "acme",
+                                             "upstream": "llm"}).json()
+    assert body["admitted"] is True and "reusable" not in body
+    r = server.http("POST", "/v1/release", {"lease_id": body["lease_id"], "keep": True})
+    assert r.status == 409, r
+    assert r.json()["error"]["message"].startswith("keep: the lease is not reusable")
+    r = server.http("POST", "/v1/release", {"lease_id": body["lease_id"]})
+    assert r.status == 404  # released all the same
+
+
 def test_admit_refusal_is_problem_json(server, client):
     leases = [client.admit("small") for _ in range(10)]
     try:

@@ -41,6 +41,8 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -96,7 +98,8 @@ class LocalAdmitter final : public Admitter {
 // server's fuller vocabulary: DEADLINE_EXCEEDED a timeout, UNAVAILABLE and RESOURCE_EXHAUSTED
 // an overload, CANCELLED ignored, another error a failure). A refusal is RESOURCE_EXHAUSTED
 // for the server's 429 (a chained rate policy) and UNAVAILABLE for its 503. The Admit is a
-// blocking call on the caller's thread, bounded by the timeout.
+// blocking call on the caller's thread, bounded by the timeout; with lease_reuse, a call of a
+// key whose lease has just been freed by another call takes that lease without an Admit.
 struct RemoteOptions {
   std::string policy;
   std::function<std::string(const CallInfo&)> key = key_from_metadata("x-sluice-key");
@@ -109,11 +112,25 @@ struct RemoteOptions {
   // asked again for this long: the failure mode applies at once, instead of every call waiting
   // for its own timeout. Failing closed, also the refusal's retry-after. 0: always ask.
   std::chrono::milliseconds unreachable_retry{1000};
+  // Lease reuse: a finished call's lease (of an adaptive policy: AdmitResponse.reusable) waits
+  // this long for the next call of the same key, which then starts at once, without an Admit.
+  // The calls a kept lease carries are reported to sluice (outcome and latency, for its
+  // adaptive limit) at most once per this time, in a Release with keep sent without waiting for
+  // it (every call's, in `earlier`), and the rest when the lease is released. Exact all the
+  // same: a lease carries one call at a time and holds its permit until released, so the calls
+  // at the backend never outnumber sluice's permits. What it costs: a waiting lease counts as
+  // in flight at sluice for up to this long (a permit another caller cannot have meanwhile);
+  // sluice's limit learns of the calls up to this late; and a limit lowered below the calls in
+  // flight takes effect on a kept lease when sluice answers its next keep (up to this long
+  // plus a round trip), not at its next call's end. A thread releases leases that waited this
+  // long. 0: off, every call its own Admit.
+  std::chrono::milliseconds lease_reuse{0};
 };
 
 class RemoteAdmitter final : public Admitter {
  public:
-  // Throws std::invalid_argument naming the field for a negative unreachable_retry.
+  // Throws std::invalid_argument naming the field for a negative unreachable_retry or
+  // lease_reuse.
   RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options);
   ~RemoteAdmitter() override;
   RemoteAdmitter(const RemoteAdmitter&) = delete;
@@ -122,6 +139,12 @@ class RemoteAdmitter final : public Admitter {
 
   // Releases sent whose answer has not come yet (they finish before the destructor returns).
   [[nodiscard]] std::size_t releases_in_flight() const noexcept;
+  // With lease_reuse: leases waiting for a call now (the destructor releases them), and calls
+  // admitted on a kept lease so far.
+  [[nodiscard]] std::size_t leases_waiting() const noexcept;
+  [[nodiscard]] std::uint64_t calls_on_kept_leases() const noexcept;
+  // With lease_reuse: Releases with keep sent so far (each reports the calls since the last).
+  [[nodiscard]] std::uint64_t keeps_sent() const noexcept;
 
  private:
   struct Impl;

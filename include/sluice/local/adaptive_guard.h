@@ -28,6 +28,9 @@
 //   - Lowering the ceiling (algorithm or cap) never revokes a held permit; in_flight drains.
 //   - Every admitted permit is released exactly once; a permit destroyed unreleased counts as
 //     Outcome::kIgnored: it gives its unit back and feeds nothing to the algorithm.
+//   - A permit renewed (GuardPermit::renew) records its call's outcome as a release would and
+//     keeps its unit for the caller's next call: in_flight is unchanged, and that call is counted
+//     accepted without passing the ceiling (it already held a unit).
 //   - The algorithm is called by one thread at a time, never more than once per window.
 //
 // Thread-safety: every member is safe to call concurrently, except algorithm_name() with
@@ -152,10 +155,14 @@ class AdaptiveGuard {
 
   // Called exactly once per admitted permit. `in_flight` is the count seen at admission.
   void complete(Outcome outcome, Nanos rtt, std::uint32_t in_flight) noexcept;
+  // What complete() records of a call, without giving its unit back.
+  void observe(Outcome outcome, Nanos rtt, std::uint32_t in_flight) noexcept;
+  // A renewed permit's next call: counted accepted; returns in_flight and whether it is within
+  // the ceiling.
+  std::pair<std::uint32_t, bool> renewed() noexcept;
   // Adds one RTT sample; returns the number of RTT samples in the current window.
   std::uint64_t record(std::int64_t rtt_ns, std::uint32_t in_flight) noexcept;
-  void complete_dropped(Nanos rtt, std::uint32_t in_flight) noexcept;
-  void complete_ignored() noexcept;
+  void observe_dropped(Nanos rtt, std::uint32_t in_flight) noexcept;
   // Reads the clock; closes the window if its time is up and the try-lock is free.
   void try_close_window() noexcept;
   void close_window_locked(Nanos now) noexcept;
@@ -235,6 +242,18 @@ class [[nodiscard]] GuardPermit {
   void release(Outcome outcome, Nanos rtt) noexcept {
     if (AdaptiveGuard* g = std::exchange(guard_, nullptr)) g->complete(outcome, rtt, in_flight_);
   }
+  // Records the call's outcome as release() does, but keeps the unit: the permit now carries
+  // the holder's next call (counted accepted, its in-flight count taken now). Returns whether
+  // that call is within the ceiling (in_flight <= limit); false when the ceiling came down
+  // below the calls in flight, and the holder should release the permit after it. Not held:
+  // does nothing, returns false.
+  bool renew(Outcome outcome, Nanos rtt) noexcept {
+    if (guard_ == nullptr) return false;
+    guard_->observe(outcome, rtt, in_flight_);
+    const auto [in_flight, within] = guard_->renewed();
+    in_flight_ = in_flight;
+    return within;
+  }
   [[nodiscard]] bool held() const noexcept { return guard_ != nullptr; }
   explicit operator bool() const noexcept { return held(); }
   // Calls in flight when this one was admitted (itself included).
@@ -279,15 +298,19 @@ inline std::uint64_t AdaptiveGuard::record(std::int64_t rtt_ns, std::uint32_t in
 }
 
 inline void AdaptiveGuard::complete(Outcome outcome, Nanos rtt, std::uint32_t in_flight) noexcept {
+  sem_.release_unit();
+  observe(outcome, rtt, in_flight);
+}
+
+inline void AdaptiveGuard::observe(Outcome outcome, Nanos rtt, std::uint32_t in_flight) noexcept {
   if (outcome != Outcome::kSuccess) [[unlikely]] {
     if (outcome == Outcome::kDropped) {
-      complete_dropped(rtt, in_flight);
+      observe_dropped(rtt, in_flight);
     } else {
-      complete_ignored();
+      counters_.ignored.fetch_add(1, std::memory_order_relaxed);
     }
     return;
   }
-  sem_.release_unit();
   if (rtt < options_.min_rtt_threshold) return;
   const std::uint64_t n = record(rtt.count(), in_flight);
   // Clock checks: at window_size samples, then every clock_check_interval samples; before

@@ -10,6 +10,7 @@ void AdmitPolicy::describe_admissions(nlohmann::json& j) const {
   j["refused_by_limit"] = limit_refused_.load(std::memory_order_relaxed);
   j["refused_by_rate"] = gate_refused_.load(std::memory_order_relaxed);
   j["released"] = released_.load(std::memory_order_relaxed);
+  j["renewed"] = renewed_.load(std::memory_order_relaxed);
   j["leases"] = leases_->load(std::memory_order_relaxed);
 }
 
@@ -20,6 +21,9 @@ void AdmitPolicy::admission_metrics(std::vector<MetricFamily>& out) const {
                           {"refused_by_limit", limit_refused_.load()}}));
   out.push_back(one("sluice_releases_total", "Leases released by their client", MetricType::Counter,
                     static_cast<double>(released_.load())));
+  out.push_back(one("sluice_lease_renewals_total",
+                    "Calls carried by a lease its client kept (Release with keep)",
+                    MetricType::Counter, static_cast<double>(renewed_.load())));
   out.push_back(one("sluice_policy_leases", "Leases held on the policy", MetricType::Gauge,
                     static_cast<double>(leases_->load())));
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -65,6 +66,15 @@ class AdmitPolicy : public Policy, public AdmitFamily {
         policy_->released_.fetch_add(1, std::memory_order_relaxed);
       policy_->leases_->fetch_sub(1, std::memory_order_relaxed);
     }
+    // Only where P renews (permit.h): the lease carries its client's next call.
+    bool renew(const CallEnd& end) noexcept requires requires(P& p) {
+      { p.renew(end) }
+      noexcept->std::same_as<bool>;
+    }
+    {
+      policy_->renewed_.fetch_add(1, std::memory_order_relaxed);
+      return permit_.renew(end);
+    }
 
    private:
     P permit_;
@@ -72,16 +82,19 @@ class AdmitPolicy : public Policy, public AdmitFamily {
   };
 
   std::atomic<std::uint64_t> admitted_{0}, limit_refused_{0}, gate_refused_{0}, released_{0};
+  std::atomic<std::uint64_t> renewed_{0};  // calls carried by a kept lease (Release with keep)
   // Leases held (shared with the successors that count them: count_leases_of(); set before the
   // policy serves, read-only after).
   std::shared_ptr<std::atomic<std::uint64_t>> leases_ =
       std::make_shared<std::atomic<std::uint64_t>>(0);
 };
 
-// An adaptive guard's permit, finished with the call's outcome and RTT.
+// An adaptive guard's permit, finished with the call's outcome and RTT, or renewed with them
+// for its client's next call (GuardPermit::renew).
 struct GuardLease {
   GuardPermit permit;
   void finish(const CallEnd& end) noexcept { permit.release(to_outcome(end.result), end.rtt); }
+  bool renew(const CallEnd& end) noexcept { return permit.renew(to_outcome(end.result), end.rtt); }
 };
 
 // An adaptive guard's state fields (in_flight, limit, algorithm_limit, accepted, rejected,
