@@ -80,6 +80,9 @@ export class Lease {
   cost: number | null;
   /** After a release with a cost: the chained rate key's Charge. */
   charged: Charge | null;
+  /** The lease may carry its holder's next call (an adaptive policy's, chaining no rate
+   *  policy): see keep() and the adapters' leaseReuse. */
+  readonly reusable: boolean;
   /** Seconds until deadline (never negative); null: no deadline. */
   timeLeft(): number | null;
   toString(): string;
@@ -192,6 +195,17 @@ export interface ReleaseOptions extends CallOptions {
   rtt?: number;
   /** What the call cost the chained rate policy, in hits (0 to 1e9). */
   cost?: number;
+  /** A reusable lease: the calls it carried before this one since it was last kept, oldest first. */
+  earlier?: { outcome?: Outcome; rtt: number }[];
+}
+
+export interface KeepOptions extends CallOptions {
+  /** Default "success". */
+  outcome?: Outcome;
+  /** The call's latency in seconds (default: the time since the lease was admitted or kept). */
+  rtt?: number;
+  /** The calls the lease carried before this one since it was last kept, oldest first. */
+  earlier?: { outcome?: Outcome; rtt: number }[];
 }
 
 export interface HeartbeatOptions extends CallOptions {
@@ -258,6 +272,10 @@ export class Client {
   admit(policy: string, options?: AdmitOptions): Promise<Lease>;
   /** Ends a lease; resolves to the seconds it was held. */
   release(lease: Lease | string, options?: ReleaseOptions | Outcome): Promise<number>;
+  /** Reports a call a reusable lease carried and keeps its permit for the holder's next call
+   *  (a Release with keep); resolves to whether that call is within the policy's limit (false:
+   *  release the lease once it ends). */
+  keep(lease: Lease | string, options?: KeepOptions): Promise<boolean>;
   /** Extends a lease; resolves to the TTL applied. */
   heartbeat(lease: Lease | string, options?: HeartbeatOptions): Promise<number>;
   /** Admits, awaits fn(lease), releases with the outcome and the RTT; resolves to fn's result. */
@@ -483,12 +501,16 @@ export interface MiddlewareOptions<Req extends IncomingMessage = IncomingMessage
   allowance?: number;
   /** Seconds a hit taken so may wait to be spent (default 0.05). */
   allowanceHold?: number;
+  /** Adaptive policies: seconds a finished request's lease waits for the next request of its
+   *  key, which then goes without an admit (default 0: an admit per request). */
+  leaseReuse?: number;
 }
 
-/** The middleware: (req, res, next) for Express, connect or node:http. */
+/** The middleware: (req, res, next) for Express, connect or node:http; close() releases the
+ *  leases it keeps (leaseReuse). */
 export function express<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
   options: MiddlewareOptions<Req, Res>,
-): (req: Req, res: Res, next: (err?: unknown) => void) => void;
+): ((req: Req, res: Res, next: (err?: unknown) => void) => void) & { close(): Promise<void> };
 
 /** What the gRPC server interceptor's functions (key, hits, admit, skip, onError) are given of a call. */
 export interface GrpcRequest {
@@ -538,10 +560,13 @@ export interface GrpcInterceptorOptions {
   allowance?: number;
   /** Seconds a hit taken so may wait to be spent (default 0.05). */
   allowanceHold?: number;
+  /** Adaptive policies: as the middleware's. */
+  leaseReuse?: number;
 }
 
-/** The interceptor, for `new grpc.Server({ interceptors: [...] })` (@grpc/grpc-js 1.10 or later). */
-export function grpcServerInterceptor(options: GrpcInterceptorOptions): ServerInterceptor;
+/** The interceptor, for `new grpc.Server({ interceptors: [...] })` (@grpc/grpc-js 1.10 or later);
+ *  close() releases the leases it keeps (leaseReuse). */
+export function grpcServerInterceptor(options: GrpcInterceptorOptions): ServerInterceptor & { close(): Promise<void> };
 
 /** In a handler: the Decision (rate) or the Lease (concurrency; set its outcome or cost) its
  *  call was admitted with, given the handler's call (or its metadata); null when sluice could

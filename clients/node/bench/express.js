@@ -7,8 +7,8 @@
 // Three processes: this one (the load: keep-alive HTTP requests, C at a time, sequential for
 // C = 1), the Express app (a child: GET /plain, GET /rate behind a check on a rate policy,
 // GET /rate-allowance behind the same with an allowance of 128 (a check per 128 requests),
-// GET /lease behind an admit and a release on a concurrency policy), and `sluice serve` (from
-// $SLUICE_BIN, as the tests start it). The variants take turns in R rounds so that any drift of
+// GET /lease behind an admit and a release on a concurrency policy, GET /lease-reuse the same
+// with leaseReuse: 0.02), and `sluice serve` (from $SLUICE_BIN, as the tests start it). The variants take turns in R rounds so that any drift of
 // the machine falls on all of them. Last, the gRPC check alone is timed from this process:
 // the floor of what the middleware can add.
 
@@ -23,6 +23,7 @@ const VARIANTS = [
   ['/rate', 'rate policy: check'],
   ['/rate-allowance', 'rate policy: allowance 128'],
   ['/lease', 'concurrency policy: admit + release'],
+  ['/lease-reuse', 'concurrency policy: lease reuse'],
 ];
 
 const CONFIG = `
@@ -69,6 +70,10 @@ function serveApp(target) {
     client, policy: 'bench-rate', key: 'bench-allowance', mode: 'check', allowance: 128, allowanceHold: 0.1,
   }), handler);
   app.get('/lease', sluice.express({ client, policy: 'bench-pool', key: 'bench', mode: 'admit' }), handler);
+  // A request takes the lease the one before it freed (kept 20 ms; reported once per 20 ms).
+  app.get('/lease-reuse', sluice.express({
+    client, policy: 'bench-pool', key: 'bench-reuse', mode: 'admit', leaseReuse: 0.02,
+  }), handler);
   const srv = http.createServer({ keepAliveTimeout: 60000 }, app);
   srv.listen(0, '127.0.0.1', () => process.send({ port: srv.address().port }));
   process.on('message', (m) => {

@@ -7,7 +7,23 @@
 const { status: GrpcStatus } = require('@grpc/grpc-js');
 const { NotFound } = require('./errors');
 const { Allowances } = require('./allowance');
-const { OUTCOMES, Decision, now } = require('./types');
+const { OUTCOMES, Decision, Lease, now } = require('./types');
+
+// Calls a kept lease carries before it reports them, whatever the time.
+const MAX_UNREPORTED = 256;
+
+/** A reusable lease the gate keeps between requests of one key (leaseReuse). */
+class Kept {
+  constructor(lease, key, at) {
+    this.lease = lease;
+    this.key = key;
+    this.ended = []; // calls carried, not reported yet: {outcome, rtt}
+    this.since = at; // waiting since
+    this.reported = at; // its last Release with keep (or its Admit)
+    this.retired = false; // the server said it is over its limit, or a keep failed
+    this.waiting = false; // in the gate's pool
+  }
+}
 
 const RATE_KINDS = new Set(['rate', 'federated']);
 const ADMIT_KINDS = new Set(['adaptive', 'fleet', 'concurrency', 'cascade']);
@@ -134,6 +150,20 @@ class Gate {
       throw new TypeError(`unreachableRetry: must be a number of seconds >= 0, not ${JSON.stringify(retry)}`);
     }
     this.unreachableRetry = retry;
+    const reuse = options.leaseReuse ?? 0;
+    if (typeof reuse !== 'number' || !Number.isFinite(reuse) || reuse < 0) {
+      throw new TypeError(`leaseReuse: must be a number of seconds >= 0, not ${JSON.stringify(reuse)}`);
+    }
+    if (reuse > 0 && options.mode === 'check') {
+      throw new TypeError('leaseReuse: only a concurrency policy\'s leases can be kept (mode is "check")');
+    }
+    this.leaseReuse = reuse;
+    this._kept = new Map(); // key -> [Kept] waiting for a request
+    this._keptOf = new WeakMap(); // Lease -> its Kept
+    this._sweeper = null;
+    this._closing = false;
+    this._sends = new Set(); // releases of kept leases not answered yet
+    this.stats = { reused: 0, keeps: 0 };
     this._downUntil = -Infinity;
     /** 'check' or 'admit'; null until the policy's kind is known. */
     this.mode = options.mode || null;
@@ -208,14 +238,155 @@ class Gate {
   }
 
   /**
+   * A lease for a request of `key` (a promise of the server's Admit, with `extra` sent too), or
+   * with leaseReuse the one a finished request of that key left, if one waits.
+   */
+  admit(key, extra) {
+    if (this.leaseReuse > 0) {
+      const reused = this._reuse(key);
+      if (reused !== null) return Promise.resolve(reused);
+    }
+    const { client, policy, timeout } = this;
+    return client.admit(policy, { ...extra, key, timeout }).then((lease) => {
+      if (this.leaseReuse > 0 && lease.reusable) this._keptOf.set(lease, new Kept(lease, key, now()));
+      return lease;
+    });
+  }
+
+  /** A lease of `key` waiting for a request, taken for one (null: none). */
+  _reuse(key) {
+    const waiting = this._kept.get(key);
+    if (!waiting) return null;
+    const k = waiting.pop();
+    if (waiting.length === 0) this._kept.delete(key);
+    k.waiting = false;
+    const t = now();
+    if (t - k.since >= this.leaseReuse) { // waited too long to carry a request
+      this._send(k, k.ended.splice(0), false);
+      return null;
+    }
+    if (t - k.reported >= this.leaseReuse || k.ended.length >= MAX_UNREPORTED) {
+      k.reported = t;
+      this._send(k, k.ended.splice(0), true);
+    }
+    this.stats.reused += 1;
+    const lease = new Lease({ leaseId: k.lease.leaseId, ttl: k.lease.ttl, policy: k.lease.policy, admittedAt: t, reusable: true });
+    this._keptOf.set(lease, k);
+    return lease;
+  }
+
+  /** A request on kept lease `k` ended: it waits for the next one, or is released. */
+  _ended(k, outcome, rtt) {
+    k.ended.push({ outcome, rtt });
+    if (k.retired || this._closing) {
+      this._send(k, k.ended.splice(0), false);
+      return;
+    }
+    k.since = now();
+    k.waiting = true;
+    const waiting = this._kept.get(k.key);
+    if (waiting) waiting.push(k);
+    else this._kept.set(k.key, [k]);
+    if (this._sweeper === null) {
+      this._sweeper = setInterval(() => this._sweep(), this.leaseReuse * 1000);
+      this._sweeper.unref();
+    }
+  }
+
+  /** No more requests on `k`: released now if it waits, else when its request ends. */
+  _retire(k) {
+    k.retired = true;
+    if (!k.waiting) return;
+    this._unpool(k);
+    this._send(k, k.ended.splice(0), false);
+  }
+
+  _unpool(k) {
+    const waiting = this._kept.get(k.key) || [];
+    const i = waiting.indexOf(k);
+    if (i >= 0) waiting.splice(i, 1);
+    if (waiting.length === 0) this._kept.delete(k.key);
+    k.waiting = false;
+  }
+
+  /** A Release of `k` reporting `calls` (the last its own), with keep or not; not waited for. */
+  _send(k, calls, keep) {
+    if (calls.length === 0) return;
+    const last = calls[calls.length - 1];
+    const options = { outcome: last.outcome, rtt: last.rtt, earlier: calls.slice(0, -1), timeout: this.timeout };
+    let sent;
+    if (keep) {
+      this.stats.keeps += 1;
+      sent = this.client.keep(k.lease, options).then((kept) => { if (!kept) this._retire(k); }, (err) => {
+        this.report(err, null);
+        this._retire(k);
+      });
+    } else {
+      sent = this.client.release(k.lease.leaseId, options).catch((err) => this.report(err, null));
+    }
+    this._sends.add(sent);
+    sent.finally(() => this._sends.delete(sent));
+  }
+
+  /** Releases the leases that waited leaseReuse without a request. */
+  _sweep() {
+    const t = now();
+    for (const waiting of [...this._kept.values()]) {
+      for (const k of [...waiting]) {
+        if (t - k.since >= this.leaseReuse) {
+          this._unpool(k);
+          this._send(k, k.ended.splice(0), false);
+        }
+      }
+    }
+    if (this._kept.size === 0 && this._sweeper !== null) {
+      clearInterval(this._sweeper);
+      this._sweeper = null;
+    }
+  }
+
+  /** Kept leases waiting for a request now (leaseReuse). */
+  leasesWaiting() {
+    let n = 0;
+    for (const waiting of this._kept.values()) n += waiting.length;
+    return n;
+  }
+
+  /**
+   * Releases every kept lease (leaseReuse); resolves once the releases are answered. Requests
+   * after it are admitted one by one.
+   */
+  async close() {
+    this._closing = true;
+    if (this._sweeper !== null) {
+      clearInterval(this._sweeper);
+      this._sweeper = null;
+    }
+    for (const waiting of [...this._kept.values()]) {
+      for (const k of [...waiting]) {
+        this._unpool(k);
+        this._send(k, k.ended.splice(0), false);
+      }
+    }
+    while (this._sends.size > 0) await Promise.all([...this._sends]);
+  }
+
+  /**
    * Releases `lease` with `outcome` (one that is not one of OUTCOMES is reported and released as
-   * "ignored"), its latency since the admission and its cost; a failure is reported.
+   * "ignored"), its latency since the admission and its cost; a failure is reported. A kept
+   * lease (leaseReuse) waits for the next request of its key instead.
    */
   release(lease, outcome, subject) {
     let chosen = outcome;
     if (!OUTCOMES.includes(chosen)) {
       this.report(new RangeError(`outcome: must be one of ${OUTCOMES.join(', ')}, not ${JSON.stringify(chosen)} (released as "ignored")`), subject);
       chosen = 'ignored';
+    }
+    const k = this._keptOf.get(lease);
+    if (k !== undefined) {
+      lease.released = true;
+      this._ended(k, chosen, Math.max(0, now() - lease.admittedAt));
+      return;
     }
     this.client.release(lease, {
       outcome: chosen,

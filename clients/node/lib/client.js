@@ -98,6 +98,27 @@ function leaseIdOf(lease) {
   return lease instanceof Lease ? lease.leaseId : lease;
 }
 
+function checkedOutcome(outcome, field) {
+  if (!Object.prototype.hasOwnProperty.call(OUTCOME_ENUM, outcome)) {
+    throw new RangeError(`${field}: must be one of ${OUTCOMES.join(', ')}, not ${JSON.stringify(outcome)}`);
+  }
+  return OUTCOME_ENUM[outcome];
+}
+
+/** A ReleaseRequest: the call's outcome and rtt, and the calls the lease carried before it. */
+function releaseRequest(lease, outcome, rtt, earlier) {
+  const req = { lease_id: leaseIdOf(lease), outcome: checkedOutcome(outcome, 'outcome') };
+  if (rtt != null) req.rtt = duration(rtt, 'rtt');
+  if (earlier != null) {
+    if (!Array.isArray(earlier)) throw new TypeError('earlier: must be an array of {outcome, rtt}');
+    req.earlier = earlier.map((e, i) => ({
+      outcome: checkedOutcome(e.outcome ?? 'success', `earlier[${i}].outcome`),
+      rtt: duration(e.rtt, `earlier[${i}].rtt`),
+    }));
+  }
+  return req;
+}
+
 /** The outcome lease() reports: success, or dropped after a timeout, else ignored. */
 function outcomeFor(err) {
   if (err === undefined) return 'success';
@@ -276,6 +297,7 @@ class Client {
       attributes: answer,
       wouldDeny: resp.would_deny,
       rejection: resp.would_deny && resp.rejection ? refused(resp.rejection, waited) : null,
+      reusable: resp.reusable,
     });
   }
 
@@ -287,17 +309,15 @@ class Client {
    * backend; "failed": failed, not from overload; "timeout", "overload": a drop, said more
    * precisely), rtt (seconds; default: the time the lease was held), cost (what the call cost
    * the chained rate policy, in hits; the lease's `charged` is then the key's Charge), timeout.
+   * earlier ([{outcome, rtt}], oldest first): on a reusable lease, the calls it carried before
+   * this one since it was last kept (see keep()), each recorded first.
    * Rejects with NotFound when the lease is unknown, already released or expired; with
    * FailedPrecondition (field "cost") for a cost on a policy that chains no rate policy, the
    * lease then being released all the same (lease.released is set).
    */
   async release(lease, options = {}) {
-    const { outcome = 'success', rtt, cost, timeout } = typeof options === 'string' ? { outcome: options } : options;
-    if (!Object.prototype.hasOwnProperty.call(OUTCOME_ENUM, outcome)) {
-      throw new RangeError(`outcome: must be one of ${OUTCOMES.join(', ')}, not ${JSON.stringify(outcome)}`);
-    }
-    const req = { lease_id: leaseIdOf(lease), outcome: OUTCOME_ENUM[outcome] };
-    if (rtt != null) req.rtt = duration(rtt, 'rtt');
+    const { outcome = 'success', rtt, cost, timeout, earlier } = typeof options === 'string' ? { outcome: options } : options;
+    const req = releaseRequest(lease, outcome, rtt, earlier);
     if (cost != null) req.cost = integer(cost, 'cost');
     let resp;
     try {
@@ -315,6 +335,22 @@ class Client {
       if (resp.charged) lease.charged = charge(resp.charged);
     }
     return seconds(resp.held);
+  }
+
+  /**
+   * Reports a call a reusable lease (lease.reusable) carried, and keeps the lease's permit for
+   * its holder's next call, started now (a Release with keep; its TTL restarts). `options`:
+   * outcome, rtt as release()'s, earlier (the calls it carried before this one since it was
+   * last kept, oldest first: [{outcome, rtt}]), timeout. Resolves to whether that next call is
+   * within the policy's limit: false when the limit came down below the calls in flight (then
+   * release the lease once the call ends, and start none on it). Rejects with
+   * FailedPrecondition (field "keep") for a lease that is not reusable, released all the same.
+   */
+  async keep(lease, options = {}) {
+    const { outcome = 'success', rtt, timeout, earlier } = options;
+    const req = releaseRequest(lease, outcome, rtt, earlier);
+    req.keep = true;
+    return Boolean((await this._call('Release', req, timeout)).kept);
   }
 
   /**

@@ -74,13 +74,17 @@ function sendProblem(res, status, problem, retryAfter) {
  *               r x allowanceHold more hits in any interval for a rate of r, and unspent hits
  *               lost (lib/allowance.js)
  *   allowanceHold  seconds a hit taken so may wait to be spent (default 0.05); then dropped
+ *   leaseReuse  seconds a finished request's lease (an adaptive policy's) waits for the next
+ *               request of its key, which then goes without an admit; its requests are
+ *               reported at most once per leaseReuse (a release with keep), the rest at its
+ *               release. Default 0: an admit per request. close() releases the waiting leases
  *
  * What the handlers see: req.sluice is the Decision (rate) or the Lease (concurrency), null
  * when sluice could not answer and the request failed open.
  */
 function expressMiddleware(options = {}) {
   const gate = new Gate(options, (req) => req.ip || (req.socket && req.socket.remoteAddress) || '');
-  const { policy, client, timeout, skip } = gate;
+  const { policy, skip } = gate;
   const classify = options.outcome || ((req, res) => outcomeOfStatus(res.statusCode));
   const report = (err, req) => gate.report(err, req);
 
@@ -113,7 +117,7 @@ function expressMiddleware(options = {}) {
   function admit(req, res, next, key) {
     let extra;
     try { extra = gate.admitOf(req) || {}; } catch (err) { return next(err); }
-    client.admit(policy, { ...extra, key, timeout }).then((lease) => {
+    gate.admit(key, extra).then((lease) => {
       req.sluice = lease;
       let done = false;
       const end = () => {
@@ -158,7 +162,7 @@ function expressMiddleware(options = {}) {
     return admit(req, res, next, key);
   }
 
-  return function sluiceMiddleware(req, res, next) {
+  function sluiceMiddleware(req, res, next) {
     if (skip) {
       let skipped;
       try { skipped = skip(req); } catch (err) { return next(err); }
@@ -168,7 +172,10 @@ function expressMiddleware(options = {}) {
     if (gate.mode !== null) return run(req, res, next);
     return gate.resolveMode().then(() => run(req, res, next), (err) => failed(err, req, res, next))
       .catch((err) => report(err, req));
-  };
+  }
+  /** Releases the leases kept for the next requests (leaseReuse); resolves when answered. */
+  sluiceMiddleware.close = () => gate.close();
+  return sluiceMiddleware;
 }
 
 module.exports = { expressMiddleware, outcomeOfStatus, rateProblem };

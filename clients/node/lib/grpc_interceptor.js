@@ -162,16 +162,18 @@ function deadlinePassed(call) {
  *   onError     (err, request) => void: told of every error the interceptor absorbs or ends a
  *               call with; default: a process warning, at most one a minute
  *   allowance, allowanceHold   as the Express middleware's (rate policies)
+ *   leaseReuse  as the Express middleware's (adaptive policies); the interceptor's close()
+ *               releases the waiting leases
  */
 function grpcServerInterceptor(options = {}) {
   const gate = new Gate(options, (request) => request.path);
-  const { policy, client, timeout } = gate;
+  const { policy } = gate;
   const skip = options.skip === undefined ? skipHealthAndReflection : options.skip;
   if (skip !== null && skip !== false && typeof skip !== 'function') {
     throw new TypeError('skip: must be a function of the request, or null');
   }
 
-  return function sluiceServerInterceptor(definition, call) {
+  function sluiceServerInterceptor(definition, call) {
     let request = null;
     let lease = null;
     let over = false; // the call has ended (its status sent, or it was cancelled)
@@ -231,7 +233,7 @@ function grpcServerInterceptor(options = {}) {
       if (gate.allowances !== null) return misconfigured(gate.allowanceMisuse());
       let extra;
       try { extra = gate.admitOf(request) || {}; } catch (err) { return misconfigured(err); }
-      return client.admit(policy, { ...extra, key, timeout }).then((l) => leased(l, pass), (err) => {
+      return gate.admit(key, extra).then((l) => leased(l, pass), (err) => {
         if (err instanceof Refused) return refuse(err.status, refusedProblemObject(err), err.retryAfter);
         return failed(err, pass);
       }).catch((err) => gate.report(err, request));
@@ -274,7 +276,10 @@ function grpcServerInterceptor(options = {}) {
         release(outcomeOfGrpcStatus(status.code));
       },
     });
-  };
+  }
+  /** Releases the leases kept for the next calls (leaseReuse); resolves when answered. */
+  sluiceServerInterceptor.close = () => gate.close();
+  return sluiceServerInterceptor;
 }
 
 module.exports = {

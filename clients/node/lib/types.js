@@ -85,7 +85,7 @@ class Charge {
 class Lease {
   constructor({
     leaseId, ttl, policy = '', admittedAt = now(), chosen = '', deadline = null, waited = 0,
-    attributes = {}, wouldDeny = false, rejection = null,
+    attributes = {}, wouldDeny = false, rejection = null, reusable = false,
   }) {
     this.leaseId = leaseId;
     this.ttl = ttl;
@@ -101,6 +101,8 @@ class Lease {
     this.rejection = rejection;
     this.cost = null;
     this.charged = null;
+    /** Whether the lease may carry its holder's next call (an adaptive policy's, chaining no rate policy). */
+    this.reusable = reusable;
   }
 
   /** Seconds until `deadline` (never negative); null: no deadline. */

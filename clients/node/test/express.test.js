@@ -145,6 +145,68 @@ test('concurrency policy: admitted while there is room, 503 beyond; the leases a
   for (const x of c.releases) assert.ok(x.rtt > 0 && x.rtt < 5, `rtt ${x.rtt}`);
 });
 
+test('leaseReuse: one admit carries a key\'s requests; close() releases the lease with them all', async () => {
+  const c = recordingClient();
+  const mw = sluice.express({ client: c, policy: 'big', key: 'reuse', leaseReuse: 30 });
+  const app = await serve(mw, (a) => {
+    a.get('/ok', (req, res) => res.send('ok'));
+    a.get('/busy', (req, res) => res.status(503).send('busy'));
+  });
+  const p0 = await policy('big');
+  for (let i = 0; i < 5; i += 1) assert.equal((await get(app.port, '/ok')).status, 200);
+  assert.equal((await get(app.port, '/busy')).status, 503); // an overload: a drop
+  const p1 = await policy('big');
+  assert.equal(p1.state.admitted, p0.state.admitted + 1);
+  assert.equal(p1.inFlight, p0.inFlight + 1); // the lease waits for the next request
+  assert.equal(p1.state.renewed, p0.state.renewed); // nothing reported within the hold
+  assert.equal(c.releases.length, 0);
+  await mw.close();
+  const p2 = await policy('big');
+  assert.equal(p2.inFlight, p0.inFlight);
+  assert.equal(p2.state.renewed, p0.state.renewed + 5);
+  assert.equal(p2.state.accepted, p0.state.accepted + 6);
+  assert.equal(p2.state.dropped, p0.state.dropped + 1);
+  assert.equal(c.releases.length, 1);
+  assert.equal(c.releases[0].earlier.length, 5);
+  assert.equal(c.releases[0].outcome, 'dropped');
+});
+
+test('leaseReuse: a lease busy past the hold reports with keep; a failed keep retires it', async () => {
+  const c = recordingClient();
+  const keeps = [];
+  const keep = c.keep.bind(c);
+  let failKeep = false;
+  c.keep = (lease, options) => {
+    keeps.push(options);
+    return failKeep ? Promise.reject(new Error('keep failed')) : keep(lease, options);
+  };
+  const errors = [];
+  const mw = sluice.express({
+    client: c, policy: 'big', key: uniqueKey('reuse'), leaseReuse: 0.5, onError: (e) => errors.push(e),
+  });
+  const app = await serve(mw, (a) => {
+    a.get('/ok', (req, res) => res.send('ok'));
+    a.get('/slow', async (req, res) => { await sleep(600); res.send('slow'); });
+  });
+  const p0 = await policy('big');
+  assert.equal((await get(app.port, '/slow')).status, 200); // admitted; busy 0.6 s
+  assert.equal((await get(app.port, '/ok')).status, 200); // reused: its last report 0.6 s ago
+  assert.equal(keeps.length, 1);
+  assert.equal(keeps[0].earlier.length, 0);
+  await waitFor(async () => (await policy('big')).state.renewed === p0.state.renewed + 1, 3000, 'the keep');
+  assert.equal((await get(app.port, '/slow')).status, 200); // reused again, busy past the hold
+  failKeep = true;
+  assert.equal((await get(app.port, '/ok')).status, 200); // its keep fails: retired after it
+  await waitFor(() => c.releases.length === 1, 3000, 'the retired lease released');
+  assert.equal(errors.length, 1);
+  assert.equal(c.releases[0].earlier.length, 0);
+  assert.equal((await get(app.port, '/ok')).status, 200); // admitted afresh
+  const p1 = await policy('big');
+  assert.equal(p1.state.admitted, p0.state.admitted + 2);
+  await mw.close();
+  assert.equal((await policy('big')).inFlight, p0.inFlight);
+});
+
 test('concurrency policy with a chained rate policy: 429 once the key is over its rate', async () => {
   const mw = sluice.express({ client, policy: 'chained', key: (req) => req.get('x-user') });
   const app = await serve(mw, (a) => a.get('/', (req, res) => res.send('ok')));

@@ -50,7 +50,8 @@ function gate() {
 async function serve(options) {
   const srv = { calls: [], gate: gate(), cancelled: [] };
   const seen = (name, call) => srv.calls.push([name, sluice.grpcAdmission(call)]);
-  const server = new grpc.Server({ interceptors: [sluice.grpcServerInterceptor(options)] });
+  srv.interceptor = sluice.grpcServerInterceptor(options);
+  const server = new grpc.Server({ interceptors: [srv.interceptor] });
   server.addService(SERVICE, {
     Echo(call, callback) {
       seen('Echo', call);
@@ -194,6 +195,24 @@ test('concurrency policy: UNAVAILABLE while the calls admitted hold the slots; t
   for (const x of c.releases) assert.ok(x.rtt > 0 && x.rtt < 5, `rtt ${x.rtt}`);
   // The slots are free again.
   assert.equal(await ok(srv.client, 'Slow'), 'slow');
+});
+
+test('leaseReuse: the calls of a key ride the lease the call before them left; close() releases it', async () => {
+  const c = recordingClient();
+  const srv = await serve({ client: c, policy: 'big', key: 'reuse', leaseReuse: 30 });
+  const p0 = await policy('big');
+  for (let i = 0; i < 3; i += 1) assert.equal(await ok(srv.client, 'Echo', 'x'), 'x');
+  const p1 = await policy('big');
+  assert.equal(p1.state.admitted, p0.state.admitted + 1);
+  assert.equal(p1.inFlight, p0.inFlight + 1); // the lease waits for the next call
+  for (const [, lease] of srv.calls) assert.ok(lease instanceof sluice.Lease && lease.reusable);
+  await srv.interceptor.close();
+  const p2 = await policy('big');
+  assert.equal(p2.inFlight, p0.inFlight);
+  assert.equal(p2.state.renewed, p0.state.renewed + 2);
+  assert.equal(p2.state.accepted, p0.state.accepted + 3);
+  assert.equal(c.releases.length, 1);
+  assert.equal(c.releases[0].earlier.length, 2);
 });
 
 test('concurrency policy with a chained rate policy: RESOURCE_EXHAUSTED once the key is over its rate', async () => {

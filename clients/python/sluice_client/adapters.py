@@ -45,6 +45,17 @@ A request whose own values the server rejects (an empty key, an unknown tenant: 
 (gRPC ``INVALID_ARGUMENT``), whatever the failure mode: a client must not get past admission by
 leaving a header out.
 
+With ``lease_reuse=seconds`` on an adaptive policy (whose leases are reusable), a finished
+request's lease waits that long for the next request of the same key, which then goes through
+without an ``Admit``; the requests a kept lease carries are reported to the server (outcome and
+latency, for its adaptive limit) at most once per ``lease_reuse``, in a ``Release`` with ``keep``
+sent without waiting (every request's, in ``earlier``), and the rest when the lease is released.
+Exact all the same: a lease carries one request at a time and holds its permit until released.
+What it costs: a waiting lease counts as in flight at the server for up to ``lease_reuse``; the
+limit learns of the requests that late; a limit lowered below the calls in flight takes effect
+on a kept lease when the server answers its next keep. A thread releases leases that waited
+``lease_reuse``; :meth:`Gate.close` (or ``aclose``) releases the rest.
+
 When the sluice server cannot be asked (unreachable, no answer within ``timeout``, or any other
 error, an unknown policy included), ``fail_open=True`` (the default) lets the request through
 unchecked, and ``fail_open=False`` refuses it with 503 and ``Retry-After: unreachable_retry``.
@@ -289,6 +300,7 @@ class Admission:
         released_outcome: the outcome the lease was released with (after the release).
         rtt: the latency reported with it: seconds from the admission to the end of the
             response (after the release).
+        reused: admitted on a lease a finished request left (``lease_reuse``), without an Admit.
     """
 
     policy: str
@@ -304,10 +316,32 @@ class Admission:
     released_outcome: Optional[str] = None
     rtt: Optional[float] = None
     started: float = field(default_factory=time.monotonic)
+    reused: bool = False
+    kept: Optional["_Kept"] = None
+
 
     @property
     def admitted(self) -> bool:
         return self.refusal is None
+
+
+class _Kept:
+    """A reusable lease the gate keeps between requests of one key (``lease_reuse``)."""
+
+    __slots__ = ("lease", "key", "ended", "since", "reported", "retired", "waiting")
+
+    def __init__(self, lease: Lease, key: str, now: float):
+        self.lease = lease
+        self.key = key
+        self.ended: List[Tuple[str, float]] = []  # requests carried, not reported yet
+        self.since = now      # waiting since
+        self.reported = now   # its last Release with keep (or its Admit)
+        self.retired = False  # the server said it is over its limit, or a keep failed
+        self.waiting = False  # in the gate's pool
+
+
+# Requests a kept lease carries before it reports them, whatever the time.
+_MAX_UNREPORTED = 256
 
 
 # An operation the gate asks its driver to perform: (rpc name, request message, background,
@@ -360,6 +394,9 @@ class Gate:
             requests after it, so most are admitted without a round trip (0, the default: every
             request is asked). What it costs is bounded: :mod:`sluice_client.allowance`.
         allowance_hold: seconds a hit taken so may wait to be spent (0.05); then it is dropped.
+        lease_reuse: on an adaptive policy, seconds a finished request's lease waits for the
+            next request of its key, which then goes without an Admit (0, the default: every
+            request is admitted). See the module's notes for what it costs.
     """
 
     def __init__(self, policy: str, *, client: Optional[Client] = None,
@@ -373,7 +410,7 @@ class Gate:
                  max_wait: float = 0.0, fail_open: bool = True, unreachable_retry: float = 1.0,
                  background_release: bool = False,
                  skip: Optional[Callable[[RequestInfo], bool]] = None,
-                 allowance: int = 0, allowance_hold: float = 0.05):
+                 allowance: int = 0, allowance_hold: float = 0.05, lease_reuse: float = 0.0):
         if not policy or not isinstance(policy, str):
             raise ValueError(f"policy: must be a policy's name, not {policy!r}")
         if kind not in KINDS:
@@ -388,6 +425,12 @@ class Gate:
         if kind == "concurrency" and allowance:
             raise ValueError("allowance: only a rate policy's hits can be taken ahead "
                              "(kind is 'concurrency')")
+        if not lease_reuse >= 0:
+            raise ValueError(f"lease_reuse: must be >= 0, not {lease_reuse!r}")
+        if kind == "rate" and lease_reuse:
+            raise ValueError("lease_reuse: only a concurrency policy's leases can be kept "
+                             "(kind is 'rate')")
+        self.lease_reuse = float(lease_reuse)
         self.allowances = Allowances(allowance, allowance_hold) if allowance else None
         self.policy = policy
         self.kind = kind
@@ -412,9 +455,13 @@ class Gate:
         self._logged_down_until = 0.0
         self._aio: Optional[Tuple[Any, Any, Any]] = None  # (loop, channel, stub)
         self._pending: set = set()
+        self._kept: Dict[str, List[_Kept]] = {}  # waiting leases by key (under _lock)
+        self._kept_cv = threading.Condition(self._lock)
+        self._sweeper: Optional[threading.Thread] = None
+        self._closing = False
         self.stats: Dict[str, int] = dict.fromkeys(
             ("admitted", "refused", "bad_request", "unchecked", "failed_closed", "released",
-             "release_errors"),
+             "release_errors", "reused", "keeps"),
             0)
 
     # ---- the flows, whatever the transport ----
@@ -439,6 +486,8 @@ class Gate:
                     if not d.allowed:
                         adm.refusal = _decision_refusal(self.policy, d)
                 else:
+                    if self.lease_reuse > 0 and self._reuse(adm):
+                        return adm
                     resp = yield ("Admit", self._admit_request(request, adm.key), False,
                                   self.timeout + self.max_wait)
                     if resp.admitted:
@@ -446,7 +495,10 @@ class Gate:
                             lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=self.policy,
                             chosen=resp.chosen, would_deny=resp.would_deny,
                             deadline=(time.monotonic() + _seconds(resp.call_deadline)
-                                      if resp.HasField("call_deadline") else None))
+                                      if resp.HasField("call_deadline") else None),
+                            reusable=resp.reusable)
+                        if self.lease_reuse > 0 and resp.reusable:
+                            adm.kept = _Kept(adm.lease, adm.key, time.monotonic())
                     else:
                         adm.refusal = _rejection_refusal(resp.rejection)
                 adm.started = time.monotonic()
@@ -531,9 +583,12 @@ class Gate:
             outcome = "ignored"
         adm.lease.released = True
         adm.released_outcome = outcome
+        adm.rtt = max(0.0, time.monotonic() - adm.started)
+        if adm.kept is not None:
+            self._ended(adm.kept, outcome, adm.rtt)  # waits for the next request of its key
+            return
         msg = sluice_pb2.ReleaseRequest(lease_id=adm.lease.lease_id,
                                         outcome=_OUTCOME_ENUM[outcome])
-        adm.rtt = max(0.0, time.monotonic() - adm.started)
         msg.rtt.CopyFrom(_duration(adm.rtt, "rtt"))
         if adm.cost is not None:
             msg.cost = adm.cost
@@ -542,6 +597,143 @@ class Gate:
             self._count("released")
         except SluiceError as e:
             self._release_failed(e)
+
+    # ---- kept leases (lease_reuse) ----
+
+    def _reuse(self, adm: Admission) -> bool:
+        """Admits `adm` on a lease a finished request of its key left, if one waits."""
+        with self._lock:
+            waiting = self._kept.get(adm.key)
+            if not waiting:
+                return False
+            k = waiting.pop()
+            if not waiting:
+                del self._kept[adm.key]
+            k.waiting = False
+            now = time.monotonic()
+            report: List[Tuple[str, float]] = []
+            fresh = now - k.since < self.lease_reuse
+            if not fresh or now - k.reported >= self.lease_reuse or \
+                    len(k.ended) >= _MAX_UNREPORTED:
+                report, k.ended = k.ended, []
+                k.reported = now
+            if fresh:
+                self.stats["admitted"] += 1
+                self.stats["reused"] += 1
+        if not fresh:
+            self._send(k, report, keep=False)  # waited too long to carry a request
+            return False
+        if report:
+            self._send(k, report, keep=True)
+        adm.lease = replace(k.lease, released=False, outcome=None, admitted_at=now)
+        adm.kept = k
+        adm.reused = True
+        adm.started = now
+        return True
+
+    def _ended(self, k: _Kept, outcome: str, rtt: float) -> None:
+        """A request on kept lease `k` ended: it waits for the next one, or is released."""
+        with self._lock:
+            k.ended.append((outcome, rtt))
+            if not (k.retired or self._closing):
+                k.since = time.monotonic()
+                k.waiting = True
+                self._kept.setdefault(k.key, []).append(k)
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(target=self._sweep, daemon=True,
+                                                     name="sluice-lease-reuse")
+                    self._sweeper.start()
+                return
+            calls, k.ended = k.ended, []
+        self._send(k, calls, keep=False)
+
+    def _retire(self, k: _Kept) -> None:
+        """No more requests on `k`: released now if it waits, else when its request ends."""
+        with self._lock:
+            k.retired = True
+            if not k.waiting:
+                return
+            self._unpool(k)
+            calls, k.ended = k.ended, []
+        self._send(k, calls, keep=False)
+
+    def _unpool(self, k: _Kept) -> None:  # under _lock
+        waiting = self._kept.get(k.key, [])
+        if k in waiting:
+            waiting.remove(k)
+        if not waiting:
+            self._kept.pop(k.key, None)
+        k.waiting = False
+
+    def _send(self, k: _Kept, calls: List[Tuple[str, float]], keep: bool) -> None:
+        """A Release of `k` reporting `calls` (the last its own), not waited for: on the
+        synchronous channel, whatever the driver, so that the sweeper can send it too."""
+        if not calls:
+            return
+        outcome, rtt = calls[-1]
+        msg = sluice_pb2.ReleaseRequest(lease_id=k.lease.lease_id, outcome=_OUTCOME_ENUM[outcome],
+                                        keep=keep)
+        msg.rtt.CopyFrom(_duration(rtt, "rtt"))
+        for o, r in calls[:-1]:
+            e = msg.earlier.add(outcome=_OUTCOME_ENUM[o])
+            e.rtt.CopyFrom(_duration(r, "rtt"))
+        future = self._sync_client()._stub.Release.future(msg, timeout=self.timeout)
+        with self._lock:
+            self._pending.add(future)
+            self.stats["keeps" if keep else "released"] += 1
+
+        def done(f) -> None:
+            with self._lock:
+                self._pending.discard(f)
+            exc = f.exception()
+            if exc is not None:
+                self._release_failed(from_rpc_error(exc) if isinstance(exc, grpc.RpcError)
+                                     else exc)
+            if keep and (exc is not None or not f.result().kept):
+                self._retire(k)
+
+        future.add_done_callback(done)
+
+    def _sweep(self) -> None:
+        """Releases leases that waited lease_reuse without a request; all of them on close."""
+        while True:
+            with self._kept_cv:
+                if not self._closing:
+                    self._kept_cv.wait(self.lease_reuse)
+                closing = self._closing
+                now = time.monotonic()
+                done = []
+                for waiting in list(self._kept.values()):
+                    for k in list(waiting):
+                        if closing or now - k.since >= self.lease_reuse:
+                            self._unpool(k)
+                            calls, k.ended = k.ended, []
+                            done.append((k, calls))
+            for k, calls in done:
+                self._send(k, calls, keep=False)
+            if closing:
+                return
+
+    def leases_waiting(self) -> int:
+        """Kept leases waiting for a request now (``lease_reuse``)."""
+        with self._lock:
+            return sum(len(w) for w in self._kept.values())
+
+    def _release_kept(self, wait: float = 5.0) -> None:
+        """Releases every kept lease and waits (up to `wait` seconds) for the releases."""
+        with self._kept_cv:
+            self._closing = True
+            self._kept_cv.notify_all()
+            sweeper = self._sweeper
+        if sweeper is not None:
+            sweeper.join(wait)
+        until = time.monotonic() + wait
+        while time.monotonic() < until:
+            with self._lock:
+                futures = [f for f in self._pending if isinstance(f, grpc.Future) and not f.done()]
+            if not futures:
+                break
+            futures[0].exception(timeout=max(0.0, until - time.monotonic()))
 
     def _release_failed(self, err: BaseException) -> None:
         self._count("release_errors")
@@ -674,13 +866,19 @@ class Gate:
             await self._run_async(self._exit(adm, outcome))
 
     async def aclose(self) -> None:
-        """Closes the grpc.aio channel of the running loop (if one was opened)."""
+        """Releases the kept leases (``lease_reuse``) and closes the grpc.aio channel of the
+        running loop (if one was opened)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._release_kept)
+        if self._own_client and self.client is not None:
+            self.client.close()
         current, self._aio = self._aio, None
         if current is not None:
             await current[1].close()
 
     def close(self) -> None:
-        """Closes the synchronous client, if the gate made it."""
+        """Releases the kept leases (``lease_reuse``) and closes the synchronous client, if the
+        gate made it."""
+        self._release_kept()
         if self._own_client and self.client is not None:
             self.client.close()
 

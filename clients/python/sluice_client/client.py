@@ -265,7 +265,8 @@ class Client:
             return Lease(lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=policy,
                          admitted_at=answered, chosen=resp.chosen, deadline=deadline,
                          waited=waited, attributes=answer, would_deny=resp.would_deny,
-                         rejection=_refused(resp.rejection, waited) if resp.would_deny else None)
+                         rejection=_refused(resp.rejection, waited) if resp.would_deny else None,
+                         reusable=resp.reusable)
         raise _refused(resp.rejection, waited)
 
     def release(self, lease: Union[Lease, str], outcome: str = "success",

@@ -117,6 +117,8 @@ class Lease:
             chained rate policy, in hits (the tokens a model call used), once known: the
             release charges it (the admit took one); ``None``: nothing more.
         charged: after a release with a cost, the chained rate key's :class:`Charge`.
+        reusable: the lease may carry its holder's next call (an adaptive policy's, chaining no
+            rate policy): what ``Gate(lease_reuse=...)`` keeps.
     """
 
     lease_id: str
@@ -133,6 +135,7 @@ class Lease:
     rejection: Optional[Exception] = None
     cost: Optional[int] = None
     charged: Optional[Charge] = None
+    reusable: bool = False
 
     def time_left(self) -> Optional[float]:
         """Seconds until :attr:`deadline` (never negative); ``None``: no deadline."""

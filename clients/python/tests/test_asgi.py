@@ -1,7 +1,7 @@
 """The ASGI middleware (sluice_client.asgi) on a Starlette app served by uvicorn over real HTTP,
 against a real `sluice serve`: rate and concurrency policies, 429/503 with Retry-After and
 problem+json, leases released with the response's outcome (and on a client's disconnect),
-failing open and closed."""
+failing open and closed, kept leases (lease_reuse)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,24 @@ def test_concurrency_policy_refuses_with_503_and_releases(sluice, apps, backgrou
     assert after["accepted"] - before["accepted"] == 2
     assert after["rejected"] - before["rejected"] == 1
     assert after["dropped"] == before["dropped"] and after["ignored"] == before["ignored"]
+
+
+def test_lease_reuse_on_the_event_loop_and_its_sweeper(sluice, apps):
+    """On the asyncio driver too: one Admit for the requests of a key; the lease that then waits
+    lease_reuse without a request is released by the gate's thread, with what it carried."""
+    client = sluice.client()
+    app = apps("one", target=sluice.grpc_target, key=header("X-Key"), lease_reuse=0.5)
+    before = counters(client, "one")
+    c = Http(app.port)
+    for _ in range(4):
+        assert c.get("/ok", {"X-Key": "k"})[0] == 200
+    c.close()
+    assert app.gate.stats["reused"] == 3
+    wait_in_flight(client, "one", 0)  # released after 0.5 s waiting
+    assert app.gate.leases_waiting() == 0
+    after = counters(client, "one")
+    assert after["accepted"] - before["accepted"] == 4
+    assert client.policies()["one"].state["renewed"] == 3
 
 
 def test_outcomes_reported_from_the_response(sluice, apps):

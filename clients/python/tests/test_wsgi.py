@@ -1,7 +1,7 @@
 """The WSGI middleware (sluice_client.wsgi) on a Flask app served by werkzeug's threaded server
 over real HTTP, against a real `sluice serve`: rate and concurrency policies, 429/503 with
 Retry-After and problem+json, leases released with the response's outcome, failing open and
-closed."""
+closed, kept leases (lease_reuse)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 flask = pytest.importorskip("flask", reason="needs python3-flask")
 
 from adapter_support import (CONFIG, Http, closed_port_target, counters, get,  # noqa: E402
-                             problem_of, serve_wsgi, wait_counter, wait_in_flight)
+                             in_flight, problem_of, serve_wsgi, wait_counter, wait_in_flight)
+from conftest import wait_until  # noqa: E402
 from sluice_client.adapters import current_admission, header  # noqa: E402
 from sluice_client.wsgi import SluiceWSGIMiddleware  # noqa: E402
 
@@ -152,6 +153,52 @@ def test_concurrency_policy_refuses_with_503_and_releases(sluice, apps, backgrou
     assert after["accepted"] - before["accepted"] == 2
     assert after["rejected"] - before["rejected"] == 1
     assert after["dropped"] == before["dropped"] and after["ignored"] == before["ignored"]
+
+
+def test_lease_reuse_carries_the_next_requests_of_a_key_without_an_admit(sluice, apps):
+    """With lease_reuse, a finished request's lease carries the next request of its key: one
+    Admit for six requests. The waiting lease holds its permit (another key is refused at the
+    limit of one), and close() releases it with every request it carried, each recorded."""
+    client = sluice.client()
+    app = apps("one", target=sluice.grpc_target, key=header("X-Key"), lease_reuse=30)
+    before = counters(client, "one")
+    c = Http(app.port)
+    for _ in range(5):
+        assert c.get("/ok", {"X-Key": "k"})[0] == 200
+    assert c.get("/choose", {"X-Key": "k"})[0] == 200  # the app sets "dropped"
+    gate = app.middleware.gate
+    assert gate.stats["reused"] == 5 and gate.stats["keeps"] == 0
+    assert gate.leases_waiting() == 1
+    assert in_flight(client, "one") == 1
+    assert c.get("/ok", {"X-Key": "other"})[0] == 503  # the one permit waits for key k
+    assert counters(client, "one")["accepted"] - before["accepted"] == 1  # nothing reported yet
+    c.close()
+    gate.close()
+    wait_in_flight(client, "one", 0)
+    after = counters(client, "one")
+    assert after["accepted"] - before["accepted"] == 6
+    assert after["dropped"] - before["dropped"] == 1
+    assert client.policies()["one"].state["renewed"] == 5
+
+
+def test_a_kept_lease_the_server_lost_is_not_used_again(sluice, apps, monkeypatch):
+    """A keep the server refuses (the lease expired there) retires the lease: released after
+    its request, and the next request is admitted afresh."""
+    import sluice_client.adapters as adapters
+    monkeypatch.setattr(adapters, "_MAX_UNREPORTED", 1)  # every reuse reports with keep
+    client = sluice.client()
+    app = apps("one", target=sluice.grpc_target, lease_reuse=30, ttl=0.2)
+    gate = app.middleware.gate
+    assert get(app.port, "/ok")[0] == 200
+    time.sleep(0.4)  # expired at the server
+    assert get(app.port, "/ok")[0] == 200  # on the kept lease; its keep is NOT_FOUND
+    wait_until(lambda: gate.stats["release_errors"] >= 1 and gate.leases_waiting() == 0, 5,
+               what="the kept lease retired")
+    assert get(app.port, "/ok")[0] == 200  # admitted afresh
+    assert gate.stats["reused"] == 1
+    assert in_flight(client, "one") == 1
+    gate.close()
+    wait_in_flight(client, "one", 0)
 
 
 def test_outcomes_reported_from_the_response(sluice, apps):
