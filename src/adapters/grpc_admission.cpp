@@ -444,9 +444,11 @@ struct RemoteAdmitter::Impl {
   std::optional<Unreachable> unreachable;
 
   // Lease reuse (options.lease_reuse > 0): a reusable lease whose call ended waits here, under
-  // its key, for the next call of that key. The calls it carries are reported to sluice at most
-  // once a hold, in a Release with keep when it is taken again (the calls not reported yet in
-  // its `earlier`), and the rest when it is released. One call at a time on a lease.
+  // its key, for the next call of that key. The calls a lease carries are reported to sluice by
+  // the sweeper thread, at most once per hold and while the lease carries a call, in a Release
+  // with keep (the calls not reported yet in its `earlier`), and the rest when it is released:
+  // nothing is sent on a call's path. A waiting lease always has its last call unreported. One
+  // call at a time on a lease.
   struct Call {
     StatusCode code;
     std::chrono::nanoseconds latency;
@@ -454,19 +456,22 @@ struct RemoteAdmitter::Impl {
   struct Kept {
     std::string id;
     std::string key;
-    bool retired = false;     // sluice said it is over its limit, or a keep failed: no more calls
-    bool waiting = false;     // in `kept` below
-    std::vector<Call> ended;  // calls it carried not reported yet, oldest first
-    Clock::time_point since;  // waiting since
+    bool retired = false;        // sluice said it is over its limit, or a keep failed
+    bool waiting = false;        // in `kept` below
+    std::vector<Call> ended;     // calls it carried not reported yet, oldest first
+    Clock::time_point since;     // waiting since
     Clock::time_point reported;  // its last Release with keep (or its Admit)
   };
   std::unordered_map<std::string, std::vector<std::shared_ptr<Kept>>> kept;  // guarded by mu
-  std::size_t kept_count = 0;                                                // guarded by mu
-  bool stopping = false;                                                     // guarded by mu
+  std::unordered_map<const Kept*, std::shared_ptr<Kept>> live;  // every kept lease; by mu
+  std::size_t kept_count = 0;                                   // guarded by mu
+  bool stopping = false;                                        // guarded by mu
   std::condition_variable sweep;
   std::thread sweeper;
   std::atomic<std::uint64_t> reused{0}, keeps{0};
-  static constexpr std::size_t kMaxUnreported = 256;  // calls a kept lease carries unreported
+  // Calls a kept lease carries before they are reported, whatever the time (then the call that
+  // ends the last of them sends the keep itself; the server takes at most 1024).
+  static constexpr std::size_t kMaxUnreported = 256;
 
   // A Release without waiting for its answer (the call's caller has its status already); with
   // `keep`, `then` hears whether the lease may carry more calls. `calls`: the lease's calls not
@@ -509,9 +514,8 @@ struct RemoteAdmitter::Impl {
   }
 
   // The freshest lease waiting under `key` (nullptr: none), taken for a call; a lease that
-  // waited past the hold is released instead. What the call must send first, if anything, is
-  // left in `report` (its calls not reported yet, when a hold has passed since it last was).
-  std::shared_ptr<Kept> take(const std::string& key, std::vector<Call>& report) {
+  // waited past the hold is released instead.
+  std::shared_ptr<Kept> take(const std::string& key) {
     std::unique_lock lock(mu);
     auto it = kept.find(key);
     if (it == kept.end()) return nullptr;
@@ -520,28 +524,33 @@ struct RemoteAdmitter::Impl {
     if (it->second.empty()) kept.erase(it);
     --kept_count;
     k->waiting = false;
-    const auto now = Clock::now();
-    if (now - k->since < options.lease_reuse) {
-      if (now - k->reported >= options.lease_reuse || k->ended.size() >= kMaxUnreported) {
-        report.swap(k->ended);
-        k->reported = now;
-      }
+    if (Clock::now() - k->since < options.lease_reuse) {
+      reused.fetch_add(1, std::memory_order_relaxed);
       return k;
     }
+    live.erase(k.get());
     std::vector<Call> calls = std::move(k->ended);
     lock.unlock();
     release(k->id, calls);  // waited too long to carry a call: released now
     return nullptr;
   }
 
-  // `k` carries a new call; `report`: its calls to report now with keep (none: not yet).
-  void reuse(const std::shared_ptr<Kept>& k, const std::vector<Call>& report,
-             const std::shared_ptr<Impl>& self) {
-    reused.fetch_add(1, std::memory_order_relaxed);
-    if (report.empty()) return;
+  // A new kept lease, carrying its first call.
+  std::shared_ptr<Kept> keep_new(std::string id, std::string key) {
+    auto k = std::make_shared<Kept>();
+    k->id = std::move(id);
+    k->key = std::move(key);
+    k->reported = Clock::now();
+    std::lock_guard lock(mu);
+    live.emplace(k.get(), k);
+    return k;
+  }
+
+  // Reports `calls` of `k` with keep; sluice's answer may retire it.
+  void report(const std::shared_ptr<Kept>& k, std::span<const Call> calls) {
     keeps.fetch_add(1, std::memory_order_relaxed);
     std::weak_ptr<Impl> weak = self;
-    release(k->id, report, true, [weak, k](bool still) {
+    release(k->id, calls, true, [weak, k](bool still) {
       if (!still)
         if (const auto i = weak.lock()) i->retire(k);
     });
@@ -559,6 +568,7 @@ struct RemoteAdmitter::Impl {
     }
     --kept_count;
     k->waiting = false;
+    live.erase(k.get());
     std::vector<Call> calls = std::move(k->ended);
     lock.unlock();
     release(k->id, calls);
@@ -569,6 +579,7 @@ struct RemoteAdmitter::Impl {
     std::unique_lock lock(mu);
     k->ended.push_back({code, latency});
     if (k->retired || stopping) {
+      live.erase(k.get());
       std::vector<Call> calls = std::move(k->ended);
       lock.unlock();
       release(k->id, calls);
@@ -578,32 +589,52 @@ struct RemoteAdmitter::Impl {
     k->waiting = true;
     kept[k->key].push_back(k);
     ++kept_count;
+    if (k->ended.size() < kMaxUnreported) return;
+    // All but this one: each was followed by another call on the lease (a keep says so of its
+    // last); this one waits for the next call, or goes with the release.
+    std::vector<Call> calls(k->ended.begin(), k->ended.end() - 1);
+    k->ended.erase(k->ended.begin(), k->ended.end() - 1);
+    k->reported = k->since;
+    lock.unlock();
+    report(k, calls);
   }
 
-  // Releases every lease that waited a hold without a call, each hold; all of them on stop.
+  // Each hold: reports the calls of every kept lease not reported for a hold (with keep), and
+  // releases the leases that waited a hold without a call; on stop, releases them all.
   void sweep_loop() {
     std::unique_lock lock(mu);
     while (!stopping) {
       sweep.wait_for(lock, options.lease_reuse);
       const auto now = Clock::now();
-      std::vector<std::shared_ptr<Kept>> done;
-      for (auto it = kept.begin(); it != kept.end();) {
-        std::erase_if(it->second, [&](const std::shared_ptr<Kept>& k) {
-          if (!stopping && now - k->since < options.lease_reuse) return false;
+      std::vector<std::pair<std::shared_ptr<Kept>, std::vector<Call>>> done, due;
+      for (auto it = live.begin(); it != live.end();) {
+        const std::shared_ptr<Kept>& k = it->second;
+        if (k->waiting && (stopping || now - k->since >= options.lease_reuse)) {
+          auto w = kept.find(k->key);
+          std::erase(w->second, k);
+          if (w->second.empty()) kept.erase(w);
+          --kept_count;
           k->waiting = false;
-          done.push_back(k);
-          return true;
-        });
-        it = it->second.empty() ? kept.erase(it) : std::next(it);
+          done.emplace_back(k, std::move(k->ended));
+          it = live.erase(it);
+          continue;
+        }
+        // Only a lease carrying a call: its keep says so of the last call reported.
+        if (!stopping && !k->waiting && !k->retired && !k->ended.empty() &&
+            now - k->reported >= options.lease_reuse) {
+          k->reported = now;
+          due.emplace_back(k, std::move(k->ended));
+        }
+        ++it;
       }
-      kept_count -= done.size();
-      std::vector<std::vector<Call>> calls;
-      for (const auto& k : done) calls.push_back(std::move(k->ended));
       lock.unlock();
-      for (std::size_t i = 0; i < done.size(); ++i) release(done[i]->id, calls[i]);
+      for (auto& [k, calls] : done) release(k->id, calls);
+      for (auto& [k, calls] : due) report(k, calls);
       lock.lock();
     }
   }
+
+  std::weak_ptr<Impl> self;  // set by the constructor
 };
 
 RemoteAdmitter::RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, RemoteOptions options)
@@ -613,6 +644,7 @@ RemoteAdmitter::RemoteAdmitter(const std::shared_ptr<grpc::Channel>& sluice, Rem
     throw std::invalid_argument("lease_reuse: must be >= 0");
   impl_->stub = pb::Sluice::NewStub(sluice);
   impl_->options = std::move(options);
+  impl_->self = impl_;
   if (impl_->options.lease_reuse > std::chrono::milliseconds{0})
     impl_->sweeper = std::thread([i = impl_.get()] { i->sweep_loop(); });
 }
@@ -652,9 +684,7 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
   const bool reuse = o.lease_reuse > std::chrono::milliseconds{0};
   std::weak_ptr<Impl> impl = impl_;
   if (reuse) {
-    std::vector<Impl::Call> report;
-    if (std::shared_ptr<Impl::Kept> k = impl_->take(key, report)) {
-      impl_->reuse(k, report, impl_);
+    if (std::shared_ptr<Impl::Kept> k = impl_->take(key)) {
       Ticket t;
       t.admitted = true;
       t.release = [impl, k](StatusCode code, std::chrono::nanoseconds latency) {
@@ -687,10 +717,7 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
   }
   t.admitted = true;
   if (reuse && resp.reusable()) {
-    auto k = std::make_shared<Impl::Kept>();
-    k->id = resp.lease_id();
-    k->key = std::move(key);
-    k->reported = Clock::now();
+    std::shared_ptr<Impl::Kept> k = impl_->keep_new(resp.lease_id(), std::move(key));
     t.release = [impl, k](StatusCode code, std::chrono::nanoseconds latency) {
       if (const auto i = impl.lock()) i->ended(k, code, latency);
     };

@@ -410,25 +410,27 @@ TEST_F(GrpcAdapters, AKeptLeaseCarriesTheNextCallsOfItsKeyWithoutAnAdmit) {
   EXPECT_EQ(st["dropped"], 1);
 }
 
-// A kept lease reports its calls with keep once a hold has passed since it last did.
-TEST_F(GrpcAdapters, AKeptLeaseReportsItsCallsOncePerHold) {
+// A kept lease's calls are reported with keep by the admitter's thread, once a hold has passed
+// since it last was and while it carries a call (never on a call's path).
+TEST_F(GrpcAdapters, AKeptLeaseReportsItsCallsOncePerHoldWhileItCarriesACall) {
   start_backend();
-  auto admitter = reusing(sluice_channel(), "backend", 1s);
+  auto admitter = reusing(sluice_channel(), "backend", 300ms);
   auto s = stub(admitter);
   EXPECT_TRUE(call(*s, "ok", "k").ok());
-  std::this_thread::sleep_for(600ms);
-  EXPECT_EQ(call(*s, "overload", "k").error_code(),
-            grpc::StatusCode::UNAVAILABLE);  // reused; not reported yet
-  std::this_thread::sleep_for(600ms);
-  EXPECT_TRUE(call(*s, "ok", "k").ok());  // 1.2 s after the Admit: the two before, with keep
-  settle(*admitter);
+  EXPECT_EQ(call(*s, "overload", "k").error_code(), grpc::StatusCode::UNAVAILABLE);
+  auto held = std::async(std::launch::async, [&] { return call(*s, "hold", "k"); });
+  backend_.wait_holding(1);
+  for (int i = 0; i < 500 && admitter->keeps_sent() == 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(admitter->keeps_sent(), 1u);
-  EXPECT_EQ(admitter->calls_on_kept_leases(), 2u);
-  const nlohmann::json st = state("backend");
+  settle(*admitter);
+  nlohmann::json st = state("backend");
   EXPECT_EQ(st["admitted"], 1);
-  EXPECT_EQ(st["renewed"], 2);
+  EXPECT_EQ(st["renewed"], 2);  // the two calls before the one it carries
   EXPECT_EQ(st["dropped"], 1);
-  EXPECT_EQ(st["in_flight"], 1);
+  backend_.let_go();
+  EXPECT_TRUE(held.get().ok());
+  EXPECT_EQ(admitter->calls_on_kept_leases(), 2u);
+  EXPECT_EQ(state("backend")["in_flight"], 1);
 }
 
 // Threads calling one key past the limit: kept leases carry calls, and the backend never runs
@@ -462,34 +464,36 @@ TEST_F(GrpcAdapters, KeptLeasesNeverRunMoreCallsThanThePermits) {
   EXPECT_EQ(st["accepted"].get<int>(), ok.load());
 }
 
-// A limit lowered below the leases held: the next keep is answered not kept, and that lease is
-// released once its call ends; a lease within the limit goes on.
+// A limit lowered below the calls in flight: the keep of a lease carrying a call is answered
+// not kept, and the lease is released once that call ends; the next call is admitted afresh.
 TEST_F(GrpcAdapters, ALeaseOverALoweredLimitIsReleasedAfterItsCall) {
   start_backend();
-  auto admitter = reusing(sluice_channel(), "backend", 1s);
+  auto admitter = reusing(sluice_channel(), "backend", 300ms);
   auto s = stub(admitter);
-  std::vector<std::future<grpc::Status>> holding = hold_two(*s);
-  std::this_thread::sleep_for(1100ms);  // so that the leases' next calls report with keep
-  backend_.let_go();
-  for (auto& f : holding) EXPECT_TRUE(f.get().ok());
-  EXPECT_EQ(admitter->leases_waiting(), 2u);
+  EXPECT_TRUE(call(*s, "ok", "k").ok());
+  auto other = engine_->admit(server::AdmitCall{.policy = "backend", .key = "other"});
+  ASSERT_TRUE(other.ok() && other.value().admitted);  // the limit's second permit
   std::string lower = kConfig;
   lower.replace(lower.find("limit: 2"), 8, "limit: 1");
   ConfigLoad load = load_config(lower, kinds_);
   ASSERT_TRUE(load.config);
   ASSERT_TRUE(engine_->reload(*load.config).ok());
-  EXPECT_TRUE(call(*s, "ok").ok());  // on a kept lease: sluice says it is over the limit
+  auto held = std::async(std::launch::async, [&] { return call(*s, "hold", "k"); });
+  backend_.wait_holding(1);  // on the kept lease; its keep says it is over the limit
+  for (int i = 0; i < 500 && state("backend")["renewed"] != 1; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(state("backend")["in_flight"], 2);  // kept all the same while its call runs
+  backend_.let_go();
+  EXPECT_TRUE(held.get().ok());
   settle(*admitter);
-  EXPECT_EQ(state("backend")["in_flight"], 1);
-  EXPECT_EQ(admitter->leases_waiting(), 1u);
-  EXPECT_TRUE(call(*s, "ok").ok());  // the other: within the limit now
-  settle(*admitter);
-  const nlohmann::json st = state("backend");
-  EXPECT_EQ(admitter->keeps_sent(), 2u);
-  EXPECT_EQ(st["in_flight"], 1);
-  EXPECT_EQ(st["renewed"], 2);
-  EXPECT_EQ(st["released"], 1);
-  EXPECT_EQ(admitter->leases_waiting(), 1u);
+  EXPECT_EQ(state("backend")["in_flight"], 1);  // released after the call
+  EXPECT_EQ(state("backend")["released"], 1);
+  EXPECT_EQ(admitter->leases_waiting(), 0u);
+  ASSERT_TRUE(
+      engine_->release(other.value().lease_id, server::CallResult::kSuccess, std::nullopt).ok());
+  EXPECT_TRUE(call(*s, "ok", "k").ok());  // admitted afresh
+  EXPECT_EQ(state("backend")["admitted"], 3);
+  EXPECT_EQ(admitter->keeps_sent(), 1u);
 }
 
 // The wire: Admit says whether a lease is reusable; a Release's `earlier` is checked entry by

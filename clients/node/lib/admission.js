@@ -9,7 +9,8 @@ const { NotFound } = require('./errors');
 const { Allowances } = require('./allowance');
 const { OUTCOMES, Decision, Lease, now } = require('./types');
 
-// Calls a kept lease carries before it reports them, whatever the time.
+// Calls a kept lease carries before they are reported, whatever the time (then the request that
+// ends the last of them sends the keep itself; the server takes at most 1024).
 const MAX_UNREPORTED = 256;
 
 /** A reusable lease the gate keeps between requests of one key (leaseReuse). */
@@ -159,6 +160,7 @@ class Gate {
     }
     this.leaseReuse = reuse;
     this._kept = new Map(); // key -> [Kept] waiting for a request
+    this._live = new Set(); // every kept lease
     this._keptOf = new WeakMap(); // Lease -> its Kept
     this._sweeper = null;
     this._closing = false;
@@ -248,7 +250,7 @@ class Gate {
     }
     const { client, policy, timeout } = this;
     return client.admit(policy, { ...extra, key, timeout }).then((lease) => {
-      if (this.leaseReuse > 0 && lease.reusable) this._keptOf.set(lease, new Kept(lease, key, now()));
+      if (this.leaseReuse > 0 && lease.reusable) this._keepNew(lease, key);
       return lease;
     });
   }
@@ -262,12 +264,9 @@ class Gate {
     k.waiting = false;
     const t = now();
     if (t - k.since >= this.leaseReuse) { // waited too long to carry a request
+      this._live.delete(k);
       this._send(k, k.ended.splice(0), false);
       return null;
-    }
-    if (t - k.reported >= this.leaseReuse || k.ended.length >= MAX_UNREPORTED) {
-      k.reported = t;
-      this._send(k, k.ended.splice(0), true);
     }
     this.stats.reused += 1;
     const lease = new Lease({ leaseId: k.lease.leaseId, ttl: k.lease.ttl, policy: k.lease.policy, admittedAt: t, reusable: true });
@@ -275,10 +274,22 @@ class Gate {
     return lease;
   }
 
+  /** A new kept lease, carrying its first request. */
+  _keepNew(lease, key) {
+    const k = new Kept(lease, key, now());
+    this._live.add(k);
+    this._keptOf.set(lease, k);
+    if (this._sweeper === null) {
+      this._sweeper = setInterval(() => this._sweep(), this.leaseReuse * 1000);
+      this._sweeper.unref();
+    }
+  }
+
   /** A request on kept lease `k` ended: it waits for the next one, or is released. */
   _ended(k, outcome, rtt) {
     k.ended.push({ outcome, rtt });
     if (k.retired || this._closing) {
+      this._live.delete(k);
       this._send(k, k.ended.splice(0), false);
       return;
     }
@@ -287,9 +298,11 @@ class Gate {
     const waiting = this._kept.get(k.key);
     if (waiting) waiting.push(k);
     else this._kept.set(k.key, [k]);
-    if (this._sweeper === null) {
-      this._sweeper = setInterval(() => this._sweep(), this.leaseReuse * 1000);
-      this._sweeper.unref();
+    if (k.ended.length >= MAX_UNREPORTED) {
+      // All but this one, each followed by another request on the lease; this one waits for
+      // the next request, or goes with the release.
+      k.reported = k.since;
+      this._send(k, k.ended.splice(0, k.ended.length - 1), true);
     }
   }
 
@@ -298,6 +311,7 @@ class Gate {
     k.retired = true;
     if (!k.waiting) return;
     this._unpool(k);
+    this._live.delete(k);
     this._send(k, k.ended.splice(0), false);
   }
 
@@ -328,18 +342,23 @@ class Gate {
     sent.finally(() => this._sends.delete(sent));
   }
 
-  /** Releases the leases that waited leaseReuse without a request. */
+  /**
+   * Each leaseReuse: reports the requests of every kept lease carrying one, not reported for
+   * leaseReuse (with keep), and releases the leases that waited leaseReuse without a request.
+   */
   _sweep() {
     const t = now();
-    for (const waiting of [...this._kept.values()]) {
-      for (const k of [...waiting]) {
-        if (t - k.since >= this.leaseReuse) {
-          this._unpool(k);
-          this._send(k, k.ended.splice(0), false);
-        }
+    for (const k of [...this._live]) {
+      if (k.waiting && t - k.since >= this.leaseReuse) {
+        this._unpool(k);
+        this._live.delete(k);
+        this._send(k, k.ended.splice(0), false);
+      } else if (!k.waiting && !k.retired && k.ended.length > 0 && t - k.reported >= this.leaseReuse) {
+        k.reported = t;
+        this._send(k, k.ended.splice(0), true);
       }
     }
-    if (this._kept.size === 0 && this._sweeper !== null) {
+    if (this._live.size === 0 && this._sweeper !== null) {
       clearInterval(this._sweeper);
       this._sweeper = null;
     }
@@ -365,6 +384,7 @@ class Gate {
     for (const waiting of [...this._kept.values()]) {
       for (const k of [...waiting]) {
         this._unpool(k);
+        this._live.delete(k);
         this._send(k, k.ended.splice(0), false);
       }
     }

@@ -48,8 +48,9 @@ leaving a header out.
 With ``lease_reuse=seconds`` on an adaptive policy (whose leases are reusable), a finished
 request's lease waits that long for the next request of the same key, which then goes through
 without an ``Admit``; the requests a kept lease carries are reported to the server (outcome and
-latency, for its adaptive limit) at most once per ``lease_reuse``, in a ``Release`` with ``keep``
-sent without waiting (every request's, in ``earlier``), and the rest when the lease is released.
+latency, for its adaptive limit) by the gate's thread, at most once per ``lease_reuse`` and while
+the lease carries a request, in a ``Release`` with ``keep`` (every request's, in ``earlier``),
+and the rest when the lease is released: nothing is sent on a request's path.
 Exact all the same: a lease carries one request at a time and holds its permit until released.
 What it costs: a waiting lease counts as in flight at the server for up to ``lease_reuse``; the
 limit learns of the requests that late; a limit lowered below the calls in flight takes effect
@@ -340,7 +341,8 @@ class _Kept:
         self.waiting = False  # in the gate's pool
 
 
-# Requests a kept lease carries before it reports them, whatever the time.
+# Requests a kept lease carries before they are reported, whatever the time (then the request
+# that ends the last of them sends the keep itself; the server takes at most 1024).
 _MAX_UNREPORTED = 256
 
 
@@ -456,6 +458,7 @@ class Gate:
         self._aio: Optional[Tuple[Any, Any, Any]] = None  # (loop, channel, stub)
         self._pending: set = set()
         self._kept: Dict[str, List[_Kept]] = {}  # waiting leases by key (under _lock)
+        self._live: set = set()  # every kept lease (under _lock)
         self._kept_cv = threading.Condition(self._lock)
         self._sweeper: Optional[threading.Thread] = None
         self._closing = False
@@ -498,7 +501,7 @@ class Gate:
                                       if resp.HasField("call_deadline") else None),
                             reusable=resp.reusable)
                         if self.lease_reuse > 0 and resp.reusable:
-                            adm.kept = _Kept(adm.lease, adm.key, time.monotonic())
+                            adm.kept = self._kept_new(adm.lease, adm.key)
                     else:
                         adm.refusal = _rejection_refusal(resp.rejection)
                 adm.started = time.monotonic()
@@ -611,41 +614,54 @@ class Gate:
                 del self._kept[adm.key]
             k.waiting = False
             now = time.monotonic()
-            report: List[Tuple[str, float]] = []
             fresh = now - k.since < self.lease_reuse
-            if not fresh or now - k.reported >= self.lease_reuse or \
-                    len(k.ended) >= _MAX_UNREPORTED:
-                report, k.ended = k.ended, []
-                k.reported = now
             if fresh:
                 self.stats["admitted"] += 1
                 self.stats["reused"] += 1
+            else:
+                self._live.discard(k)
+                calls, k.ended = k.ended, []
         if not fresh:
-            self._send(k, report, keep=False)  # waited too long to carry a request
+            self._send(k, calls, keep=False)  # waited too long to carry a request
             return False
-        if report:
-            self._send(k, report, keep=True)
         adm.lease = replace(k.lease, released=False, outcome=None, admitted_at=now)
         adm.kept = k
         adm.reused = True
         adm.started = now
         return True
 
+    def _kept_new(self, lease: Lease, key: str) -> _Kept:
+        k = _Kept(lease, key, time.monotonic())
+        with self._lock:
+            self._live.add(k)
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(target=self._sweep, daemon=True,
+                                                 name="sluice-lease-reuse")
+                self._sweeper.start()
+        return k
+
     def _ended(self, k: _Kept, outcome: str, rtt: float) -> None:
         """A request on kept lease `k` ended: it waits for the next one, or is released."""
+        report: List[Tuple[str, float]] = []
         with self._lock:
             k.ended.append((outcome, rtt))
-            if not (k.retired or self._closing):
+            if k.retired or self._closing:
+                self._live.discard(k)
+                calls, k.ended = k.ended, []
+            else:
+                calls = []
                 k.since = time.monotonic()
                 k.waiting = True
                 self._kept.setdefault(k.key, []).append(k)
-                if self._sweeper is None:
-                    self._sweeper = threading.Thread(target=self._sweep, daemon=True,
-                                                     name="sluice-lease-reuse")
-                    self._sweeper.start()
-                return
-            calls, k.ended = k.ended, []
-        self._send(k, calls, keep=False)
+                if len(k.ended) >= _MAX_UNREPORTED:
+                    # All but this one, each followed by another request on the lease; this
+                    # one waits for the next request, or goes with the release.
+                    report, k.ended = k.ended[:-1], k.ended[-1:]
+                    k.reported = k.since
+        if calls:
+            self._send(k, calls, keep=False)
+        if report:
+            self._send(k, report, keep=True)
 
     def _retire(self, k: _Kept) -> None:
         """No more requests on `k`: released now if it waits, else when its request ends."""
@@ -654,6 +670,7 @@ class Gate:
             if not k.waiting:
                 return
             self._unpool(k)
+            self._live.discard(k)
             calls, k.ended = k.ended, []
         self._send(k, calls, keep=False)
 
@@ -695,22 +712,31 @@ class Gate:
         future.add_done_callback(done)
 
     def _sweep(self) -> None:
-        """Releases leases that waited lease_reuse without a request; all of them on close."""
+        """Each lease_reuse: reports the requests of every kept lease carrying one, not
+        reported for lease_reuse (with keep), and releases the leases that waited lease_reuse
+        without a request; on close, releases them all."""
         while True:
             with self._kept_cv:
                 if not self._closing:
                     self._kept_cv.wait(self.lease_reuse)
                 closing = self._closing
                 now = time.monotonic()
-                done = []
-                for waiting in list(self._kept.values()):
-                    for k in list(waiting):
-                        if closing or now - k.since >= self.lease_reuse:
-                            self._unpool(k)
-                            calls, k.ended = k.ended, []
-                            done.append((k, calls))
+                done, due = [], []
+                for k in list(self._live):
+                    if k.waiting and (closing or now - k.since >= self.lease_reuse):
+                        self._unpool(k)
+                        self._live.discard(k)
+                        calls, k.ended = k.ended, []
+                        done.append((k, calls))
+                    elif (not closing and not k.waiting and not k.retired and k.ended
+                          and now - k.reported >= self.lease_reuse):
+                        k.reported = now
+                        calls, k.ended = k.ended, []
+                        due.append((k, calls))
             for k, calls in done:
                 self._send(k, calls, keep=False)
+            for k, calls in due:
+                self._send(k, calls, keep=True)
             if closing:
                 return
 

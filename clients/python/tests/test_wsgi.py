@@ -181,19 +181,25 @@ def test_lease_reuse_carries_the_next_requests_of_a_key_without_an_admit(sluice,
     assert client.policies()["one"].state["renewed"] == 5
 
 
-def test_a_kept_lease_the_server_lost_is_not_used_again(sluice, apps, monkeypatch):
-    """A keep the server refuses (the lease expired there) retires the lease: released after
-    its request, and the next request is admitted afresh."""
-    import sluice_client.adapters as adapters
-    monkeypatch.setattr(adapters, "_MAX_UNREPORTED", 1)  # every reuse reports with keep
+def test_a_kept_lease_the_server_lost_is_not_used_again(sluice, apps):
+    """The gate's thread reports a kept lease's requests with keep while it carries one; a keep
+    the server refuses (the lease expired there) retires the lease: released after its request,
+    and the next request is admitted afresh."""
     client = sluice.client()
-    app = apps("one", target=sluice.grpc_target, lease_reuse=30, ttl=0.2)
+    app = apps("one", target=sluice.grpc_target, lease_reuse=0.3, ttl=0.2, key=lambda r: "k")
     gate = app.middleware.gate
     assert get(app.port, "/ok")[0] == 200
-    time.sleep(0.4)  # expired at the server
-    assert get(app.port, "/ok")[0] == 200  # on the kept lease; its keep is NOT_FOUND
-    wait_until(lambda: gate.stats["release_errors"] >= 1 and gate.leases_waiting() == 0, 5,
-               what="the kept lease retired")
+    results = []
+    t = threading.Thread(target=lambda: results.append(get(app.port, "/slow")))
+    t.start()  # on the kept lease, busy until told
+    assert app.entered.wait(5)
+    wait_until(lambda: gate.stats["keeps"] == 1 and gate.stats["release_errors"] == 1, 5,
+               what="the keep, refused: the lease expired at the server")
+    app.proceed.set()
+    t.join(10)
+    assert results and results[0][0] == 200
+    wait_until(lambda: gate.stats["release_errors"] == 2, 5, what="the retired lease's release")
+    assert gate.leases_waiting() == 0
     assert get(app.port, "/ok")[0] == 200  # admitted afresh
     assert gate.stats["reused"] == 1
     assert in_flight(client, "one") == 1
