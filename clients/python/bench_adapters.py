@@ -257,14 +257,34 @@ def gate_without_rpc() -> Dict[str, Callable[[], None]]:
 
     check = sluice_pb2.CheckResponse(decision=sluice_pb2.Decision(allowed=True, limit=1000,
                                                                    remaining=999))
-    admit = sluice_pb2.AdmitResponse(admitted=True, lease_id="0" * 32)
+    admit = sluice_pb2.AdmitResponse(admitted=True, lease_id="0" * 32, reusable=True)
     admit.ttl.seconds = 30
     release = sluice_pb2.ReleaseResponse()
+
+    class Answered:  # a future already answered (what kept leases' releases are sent as)
+        def add_done_callback(self, fn):
+            fn(self)
+
+        def exception(self, timeout=None):
+            return None
+
+        def result(self, timeout=None):
+            return release
+
+        def done(self):
+            return True
+
+    class ReleaseMethod:
+        def __call__(self, msg, timeout=None):
+            return release
+
+        def future(self, msg, timeout=None):
+            return Answered()
 
     class Stub:
         Check = staticmethod(lambda msg, timeout=None: check)
         Admit = staticmethod(lambda msg, timeout=None: admit)
-        Release = staticmethod(lambda msg, timeout=None: release)
+        Release = ReleaseMethod()
 
     class FakeClient:
         target, timeout, _stub = "in-memory", 1.0, Stub()
@@ -273,7 +293,9 @@ def gate_without_rpc() -> Dict[str, Callable[[], None]]:
     gates = {"rate": Gate("r", client=FakeClient(), kind="rate"),
              f"rate, allowance {ALLOWANCE}": Gate("r", client=FakeClient(), kind="rate",
                                                   allowance=ALLOWANCE, allowance_hold=60),
-             "concurrency": Gate("c", client=FakeClient(), kind="concurrency")}
+             "concurrency": Gate("c", client=FakeClient(), kind="concurrency"),
+             "concurrency, lease reuse": Gate("c", client=FakeClient(), kind="concurrency",
+                                              lease_reuse=60)}
 
     def one(gate):
         def call():

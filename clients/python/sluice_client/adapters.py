@@ -624,7 +624,8 @@ class Gate:
         if not fresh:
             self._send(k, calls, keep=False)  # waited too long to carry a request
             return False
-        adm.lease = replace(k.lease, released=False, outcome=None, admitted_at=now)
+        adm.lease = Lease(lease_id=k.lease.lease_id, ttl=k.lease.ttl, policy=self.policy,
+                          admitted_at=now, reusable=True)
         adm.kept = k
         adm.reused = True
         adm.started = now

@@ -301,6 +301,31 @@ class Client:
                 lease.charged = _charge(resp.charged)
         return _seconds(resp.held)
 
+    def keep(self, lease: Union[Lease, str], outcome: str = "success",
+             rtt: Optional[Seconds] = None,
+             earlier: Sequence[Tuple[str, Seconds]] = ()) -> bool:
+        """Reports a call a reusable lease (``lease.reusable``) carried and keeps its permit for
+        the holder's next call, started now (a ``Release`` with ``keep``; the TTL restarts).
+        `outcome` and `rtt` as :meth:`release`'s; `earlier`: the calls it carried before this
+        one since it was last kept, oldest first, as ``(outcome, rtt)`` pairs. Returns whether
+        that next call is within the policy's limit: ``False`` when the limit came down below
+        the calls in flight (release the lease once the call ends, and start none on it).
+        Raises :class:`~sluice_client.FailedPrecondition` for a lease that is not reusable
+        (released all the same), :class:`~sluice_client.NotFound` as :meth:`release` does.
+        """
+        for word in [outcome] + [o for o, _ in earlier]:
+            if word not in _OUTCOME_ENUM:
+                raise ValueError(f"outcome: must be one of {', '.join(OUTCOMES)}, not {word!r}")
+        lease_id = lease.lease_id if isinstance(lease, Lease) else lease
+        req = sluice_pb2.ReleaseRequest(lease_id=lease_id, outcome=_OUTCOME_ENUM[outcome],
+                                        keep=True)
+        if rtt is not None:
+            req.rtt.CopyFrom(_duration(rtt, "rtt"))
+        for i, (o, r) in enumerate(earlier):
+            e = req.earlier.add(outcome=_OUTCOME_ENUM[o])
+            e.rtt.CopyFrom(_duration(r, f"earlier[{i}].rtt"))
+        return self._call(self._stub.Release, req).kept
+
     def heartbeat(self, lease: Union[Lease, str], ttl: Optional[Seconds] = None) -> float:
         """Extends a live lease to `ttl` from now (``None``: its current TTL); returns the TTL.
 

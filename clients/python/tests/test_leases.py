@@ -49,6 +49,29 @@ def test_a_failed_call_is_released_as_failed(client):
     assert after["ignored"] == before["ignored"] + 1 and after["dropped"] == before["dropped"]
 
 
+def test_a_reusable_lease_is_kept_for_the_next_call(client):
+    """An adaptive policy's lease is reusable: keep() records the call (and the earlier ones)
+    and keeps the permit; a lease that is not reusable is released by it, with the error."""
+    before = client.policies()["small"].state
+    lease = client.admit("small")
+    assert lease.reusable
+    assert client.keep(lease, "success", rtt=0.002, earlier=[("dropped", 0.005)]) is True
+    state = client.policies()["small"].state
+    assert state["in_flight"] == before["in_flight"] + 1
+    assert state["renewed"] == before["renewed"] + 2
+    assert state["dropped"] == before["dropped"] + 1
+    with pytest.raises(ValueError, match="outcome: must be one of"):
+        client.keep(lease, "slow")
+    client.release(lease)
+    assert client.policies()["small"].state["in_flight"] == before["in_flight"]
+    gateway = client.admit("gateway", key="kept", tenant="acme", upstream="llm")
+    assert not gateway.reusable
+    with pytest.raises(sluice_client.FailedPrecondition, match="keep: the lease is not reusable"):
+        client.keep(gateway)
+    with pytest.raises(NotFound):
+        client.release(gateway)  # released all the same
+
+
 def test_fixed_limit_refuses_the_eleventh_with_503(client):
     with contextlib.ExitStack() as stack:
         held = [stack.enter_context(client.lease("small")) for _ in range(9)]
