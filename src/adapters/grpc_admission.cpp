@@ -603,13 +603,14 @@ struct RemoteAdmitter::Impl {
   // releases the leases that waited a hold without a call; on stop, releases them all.
   void sweep_loop() {
     std::unique_lock lock(mu);
-    while (!stopping) {
-      sweep.wait_for(lock, options.lease_reuse);
+    for (bool last = false; !last;) {
+      if (!stopping) sweep.wait_for(lock, options.lease_reuse);
+      last = stopping;  // then this pass releases every waiting lease, and is the last
       const auto now = Clock::now();
       std::vector<std::pair<std::shared_ptr<Kept>, std::vector<Call>>> done, due;
       for (auto it = live.begin(); it != live.end();) {
         const std::shared_ptr<Kept>& k = it->second;
-        if (k->waiting && (stopping || now - k->since >= options.lease_reuse)) {
+        if (k->waiting && (last || now - k->since >= options.lease_reuse)) {
           auto w = kept.find(k->key);
           std::erase(w->second, k);
           if (w->second.empty()) kept.erase(w);
@@ -620,7 +621,7 @@ struct RemoteAdmitter::Impl {
           continue;
         }
         // Only a lease carrying a call: its keep says so of the last call reported.
-        if (!stopping && !k->waiting && !k->retired && !k->ended.empty() &&
+        if (!last && !k->waiting && !k->retired && !k->ended.empty() &&
             now - k->reported >= options.lease_reuse) {
           k->reported = now;
           due.emplace_back(k, std::move(k->ended));
