@@ -608,8 +608,10 @@ StatusOr<Released> Engine::release(std::string_view lease_id, CallResult result,
     const std::optional<Renewal> r = leases_.renew(lease_id, earlier, keep, result, rtt, now);
     if (!r) return no_such_lease();
     reusable = r->held >= Nanos{0};
-    if (keep && reusable)
-      return Released{.held = r->held, .charged = std::nullopt, .kept = r->kept};
+    if (keep && reusable)  // draining: no more calls on it (the server is going away)
+      return Released{.held = r->held,
+                      .charged = std::nullopt,
+                      .kept = r->kept && !draining_.load(std::memory_order_relaxed)};
     // Not reusable: released as without keep, and said so. Or no keep: released now.
   }
   std::optional<Lease> lease = leases_.take(lease_id, now);

@@ -127,8 +127,9 @@ class Engine {
   // FAILED_PRECONDITION, the lease released all the same. With `keep` (a lease admitted
   // reusable, AdmitResult::reusable; not with a cost): the call is recorded but the lease keeps
   // its permit for its client's next call, its TTL restarted, and Released::kept says whether
-  // that call is within the policy's limit (false: release the lease after it; the permit is
-  // held until then, so the calls at the backend never outnumber the permits). `earlier`: the
+  // that call is within the policy's limit, the policy still served and the server not
+  // draining (false: release the lease after it; the permit is held until then, so the calls
+  // at the backend never outnumber the permits). `earlier`: the
   // calls a reusable lease carried before this one since its last keep, each followed by
   // another on its permit, oldest first (at most kMaxEarlier, each with its RTT), recorded
   // before it. A lease that is not reusable, with `keep` or `earlier`: FAILED_PRECONDITION,

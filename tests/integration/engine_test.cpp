@@ -406,6 +406,33 @@ TEST_F(EngineTest, AKeepOverALoweredLimitKeepsThePermitAndSaysSo) {
   EXPECT_TRUE(kept.value().kept);  // 1 in flight, the limit 1
 }
 
+// A lease whose policy a reload retired (removed here) is not kept for more calls, nor one kept
+// while the server drains: the client releases each after the call it carries.
+TEST_F(EngineTest, AKeepOnARetiredPolicyOrWhileDrainingSaysNoMore) {
+  const AdmitResult a = admit("two");
+  const AdmitResult b = admit("two");
+  std::string next = kBase;
+  next.erase(next.find("  two:"), next.find("  chained:") - next.find("  two:"));
+  auto r = engine_->reload(config_of(next));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().removed, std::vector<std::string>{"two"});
+  auto kept = engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_FALSE(kept.value().kept);
+  ASSERT_TRUE(engine_->release(a.lease_id, CallResult::kSuccess, std::nullopt).ok());
+  auto s = engine_->reload(config_of(kBase));  // "two" again, counting b
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const AdmitResult c = admit("two");
+  kept = engine_->release(c.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true);
+  ASSERT_TRUE(kept.ok() && kept.value().kept) << kept.status().to_string();
+  engine_->drain();
+  kept = engine_->release(c.lease_id, CallResult::kSuccess, std::nullopt, std::nullopt, true);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_FALSE(kept.value().kept);
+  ASSERT_TRUE(engine_->release(b.lease_id, CallResult::kSuccess, std::nullopt).ok());
+  ASSERT_TRUE(engine_->release(c.lease_id, CallResult::kSuccess, std::nullopt).ok());
+}
+
 // Only an adaptive policy's lease, chaining no rate policy, is reusable: a keep on another is
 // FAILED_PRECONDITION and releases it; keep with a cost is refused before anything happens.
 TEST_F(EngineTest, AKeepOnALeaseThatIsNotReusableReleasesIt) {

@@ -66,14 +66,16 @@ class AdmitPolicy : public Policy, public AdmitFamily {
         policy_->released_.fetch_add(1, std::memory_order_relaxed);
       policy_->leases_->fetch_sub(1, std::memory_order_relaxed);
     }
-    // Only where P renews (permit.h): the lease carries its client's next call.
+    // Only where P renews (permit.h): the lease carries its client's next call. Not within the
+    // policy once a reload has retired it (removed, or replaced by a new one): the client then
+    // releases the lease after that call, and its next call meets the policy now served.
     bool renew(const CallEnd& end) noexcept requires requires(P& p) {
       { p.renew(end) }
       noexcept->std::same_as<bool>;
     }
     {
       policy_->renewed_.fetch_add(1, std::memory_order_relaxed);
-      return permit_.renew(end);
+      return permit_.renew(end) && !policy_->retired();
     }
 
    private:
