@@ -240,13 +240,14 @@ class Gate {
   }
 
   /**
-   * A lease for a request of `key` (a promise of the server's Admit, with `extra` sent too), or
-   * with leaseReuse the one a finished request of that key left, if one waits.
+   * A lease for a request of `key`: with leaseReuse, the one a finished request of that key
+   * left, if one waits (a Lease, at once); else a promise of the server's Admit (`extra` sent
+   * too).
    */
   admit(key, extra) {
     if (this.leaseReuse > 0) {
       const reused = this._reuse(key);
-      if (reused !== null) return Promise.resolve(reused);
+      if (reused !== null) return reused;
     }
     const { client, policy, timeout } = this;
     return client.admit(policy, { ...extra, key, timeout }).then((lease) => {

@@ -13,6 +13,7 @@
 // failure mode.
 
 const { Refused } = require('./errors');
+const { Lease } = require('./types');
 const {
   Gate, Decision, isCallerError, retryAfterHeader, rateProblem, refusedProblem, unavailableProblem,
 } = require('./admission');
@@ -117,7 +118,7 @@ function expressMiddleware(options = {}) {
   function admit(req, res, next, key) {
     let extra;
     try { extra = gate.admitOf(req) || {}; } catch (err) { return next(err); }
-    gate.admit(key, extra).then((lease) => {
+    const leased = (lease) => {
       req.sluice = lease;
       let done = false;
       const end = () => {
@@ -145,7 +146,13 @@ function expressMiddleware(options = {}) {
       res.once('finish', end);
       res.once('close', end);
       return next();
-    }, (err) => {
+    };
+    const got = gate.admit(key, extra);
+    if (got instanceof Lease) { // a kept lease (leaseReuse): no round trip
+      try { leased(got); } catch (err) { report(err, req); }
+      return;
+    }
+    got.then(leased, (err) => {
       if (err instanceof Refused) {
         req.sluice = null;
         return sendProblem(res, err.status, refusedProblem(err), err.retryAfter);

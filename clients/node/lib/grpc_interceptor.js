@@ -22,6 +22,7 @@
 
 const { Metadata, ServerInterceptingCall, status: GrpcStatus } = require('@grpc/grpc-js');
 const { Refused } = require('./errors');
+const { Lease } = require('./types');
 const { outcomeOfGrpc } = require('./cascade');
 const {
   Gate, Decision, isCallerError, retryAfterHeader, rateProblem, refusedProblem, unavailableProblem,
@@ -233,7 +234,9 @@ function grpcServerInterceptor(options = {}) {
       if (gate.allowances !== null) return misconfigured(gate.allowanceMisuse());
       let extra;
       try { extra = gate.admitOf(request) || {}; } catch (err) { return misconfigured(err); }
-      return gate.admit(key, extra).then((l) => leased(l, pass), (err) => {
+      const got = gate.admit(key, extra);
+      if (got instanceof Lease) return leased(got, pass); // a kept lease (leaseReuse)
+      return got.then((l) => leased(l, pass), (err) => {
         if (err instanceof Refused) return refuse(err.status, refusedProblemObject(err), err.retryAfter);
         return failed(err, pass);
       }).catch((err) => gate.report(err, request));
