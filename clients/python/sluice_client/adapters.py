@@ -47,15 +47,15 @@ leaving a header out.
 
 With ``lease_reuse=seconds`` on an adaptive policy (whose leases are reusable), a finished
 request's lease waits that long for the next request of the same key, which then goes through
-without an ``Admit``; the requests a kept lease carries are reported to the server (outcome and
-latency, for its adaptive limit) by the gate's thread, at most once per ``lease_reuse`` and while
-the lease carries a request, in a ``Release`` with ``keep`` (every request's, in ``earlier``),
-and the rest when the lease is released: nothing is sent on a request's path.
-Exact all the same: a lease carries one request at a time and holds its permit until released.
-What it costs: a waiting lease counts as in flight at the server for up to ``lease_reuse``; the
-limit learns of the requests that late; a limit lowered below the calls in flight takes effect
-on a kept lease when the server answers its next keep. A thread releases leases that waited
-``lease_reuse``; :meth:`Gate.close` (or ``aclose``) releases the rest.
+without an ``Admit``. Exact all the same: a lease carries one request at a time and holds its
+permit until released. Nothing is sent on a request's path: the gate's thread, once per
+``lease_reuse``, reports a kept lease's requests (outcome and latency, for the server's adaptive
+limit) in a ``Release`` with ``keep`` (the earlier ones in ``earlier``) while the lease carries
+a request, and releases the leases that waited ``lease_reuse`` without one. What it costs: a
+waiting lease counts as in flight at the server for up to twice ``lease_reuse``; the limit hears
+of the requests late (typically within twice ``lease_reuse``; at the latest every 256 requests,
+or at the release); a limit lowered below the calls in flight reaches a kept lease when the
+server answers its next keep. :meth:`Gate.close` (or ``aclose``) releases the waiting leases.
 
 When the sluice server cannot be asked (unreachable, no answer within ``timeout``, or any other
 error, an unknown policy included), ``fail_open=True`` (the default) lets the request through

@@ -114,16 +114,18 @@ struct RemoteOptions {
   std::chrono::milliseconds unreachable_retry{1000};
   // Lease reuse: a finished call's lease (of an adaptive policy: AdmitResponse.reusable) waits
   // this long for the next call of the same key, which then starts at once, without an Admit.
-  // The calls a kept lease carries are reported to sluice (outcome and latency, for its
-  // adaptive limit) at most once per this time, in a Release with keep sent without waiting for
-  // it (every call's, in `earlier`), and the rest when the lease is released. Exact all the
-  // same: a lease carries one call at a time and holds its permit until released, so the calls
-  // at the backend never outnumber sluice's permits. What it costs: a waiting lease counts as
-  // in flight at sluice for up to this long (a permit another caller cannot have meanwhile);
-  // sluice's limit learns of the calls up to this late; and a limit lowered below the calls in
-  // flight takes effect on a kept lease when sluice answers its next keep (up to this long
-  // plus a round trip), not at its next call's end. A thread releases leases that waited this
-  // long. 0: off, every call its own Admit.
+  // Exact all the same: a lease carries one call at a time and holds its permit until released,
+  // so the calls at the backend never outnumber sluice's permits. Nothing is sent on a call's
+  // path: the admitter's thread, once per this time, reports each kept lease's calls (outcome
+  // and latency, for sluice's adaptive limit) in a Release with keep (the earlier ones in
+  // `earlier`) while the lease carries a call and none was sent for this long, and releases the
+  // leases that waited this long without a call (with their last calls). What it costs: a
+  // waiting lease counts as in flight at sluice for up to twice this long (a permit another
+  // caller cannot have meanwhile); sluice's limit hears of the calls late (typically within
+  // twice this long; at the latest every 256 calls, or at the release); a limit lowered below
+  // the calls in flight reaches a kept lease when sluice answers its next keep (`kept` false:
+  // released after its call), not at its call's end, as do a reload that removes or replaces
+  // the policy and a server that drains. 0: off, every call its own Admit.
   std::chrono::milliseconds lease_reuse{0};
 };
 
