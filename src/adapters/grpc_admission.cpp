@@ -464,7 +464,6 @@ struct RemoteAdmitter::Impl {
   };
   std::unordered_map<std::string, std::vector<std::shared_ptr<Kept>>> kept;  // guarded by mu
   std::unordered_map<const Kept*, std::shared_ptr<Kept>> live;  // every kept lease; by mu
-  std::size_t kept_count = 0;                                   // guarded by mu
   bool stopping = false;                                        // guarded by mu
   std::condition_variable sweep;
   std::thread sweeper;
@@ -513,17 +512,33 @@ struct RemoteAdmitter::Impl {
     release(lease, std::span<const Call>(&call, 1));
   }
 
+  // Takes waiting lease `k` out of `kept` (under mu).
+  void unpool(const std::shared_ptr<Kept>& k) {
+    auto it = kept.find(k->key);
+    std::erase(it->second, k);
+    if (it->second.empty()) kept.erase(it);
+    k->waiting = false;
+  }
+
+  // The ticket of a call on kept lease `k`: its end puts the lease back (ended()).
+  static Ticket kept_ticket(std::weak_ptr<Impl> impl, std::shared_ptr<Kept> k) {
+    Ticket t;
+    t.admitted = true;
+    t.release = [impl = std::move(impl), k = std::move(k)](StatusCode code,
+                                                           std::chrono::nanoseconds latency) {
+      if (const auto i = impl.lock()) i->ended(k, code, latency);
+    };
+    return t;
+  }
+
   // The freshest lease waiting under `key` (nullptr: none), taken for a call; a lease that
   // waited past the hold is released instead.
   std::shared_ptr<Kept> take(const std::string& key) {
     std::unique_lock lock(mu);
     auto it = kept.find(key);
     if (it == kept.end()) return nullptr;
-    std::shared_ptr<Kept> k = std::move(it->second.back());
-    it->second.pop_back();
-    if (it->second.empty()) kept.erase(it);
-    --kept_count;
-    k->waiting = false;
+    std::shared_ptr<Kept> k = it->second.back();
+    unpool(k);
     if (Clock::now() - k->since < options.lease_reuse) {
       reused.fetch_add(1, std::memory_order_relaxed);
       return k;
@@ -561,13 +576,7 @@ struct RemoteAdmitter::Impl {
     std::unique_lock lock(mu);
     k->retired = true;
     if (!k->waiting) return;
-    auto it = kept.find(k->key);
-    if (it != kept.end()) {
-      std::erase(it->second, k);
-      if (it->second.empty()) kept.erase(it);
-    }
-    --kept_count;
-    k->waiting = false;
+    unpool(k);
     live.erase(k.get());
     std::vector<Call> calls = std::move(k->ended);
     lock.unlock();
@@ -588,7 +597,6 @@ struct RemoteAdmitter::Impl {
     k->since = Clock::now();
     k->waiting = true;
     kept[k->key].push_back(k);
-    ++kept_count;
     if (k->ended.size() < kMaxUnreported) return;
     // All but this one: each was followed by another call on the lease (a keep says so of its
     // last); this one waits for the next call, or goes with the release.
@@ -611,11 +619,7 @@ struct RemoteAdmitter::Impl {
       for (auto it = live.begin(); it != live.end();) {
         const std::shared_ptr<Kept>& k = it->second;
         if (k->waiting && (last || now - k->since >= options.lease_reuse)) {
-          auto w = kept.find(k->key);
-          std::erase(w->second, k);
-          if (w->second.empty()) kept.erase(w);
-          --kept_count;
-          k->waiting = false;
+          unpool(k);
           done.emplace_back(k, std::move(k->ended));
           it = live.erase(it);
           continue;
@@ -668,7 +672,9 @@ std::size_t RemoteAdmitter::releases_in_flight() const noexcept {
 
 std::size_t RemoteAdmitter::leases_waiting() const noexcept {
   std::lock_guard lock(impl_->mu);
-  return impl_->kept_count;
+  std::size_t n = 0;
+  for (const auto& [key, waiting] : impl_->kept) n += waiting.size();
+  return n;
 }
 
 std::uint64_t RemoteAdmitter::calls_on_kept_leases() const noexcept {
@@ -684,16 +690,8 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
   std::string key = o.key ? o.key(call) : std::string(call.method);
   const bool reuse = o.lease_reuse > std::chrono::milliseconds{0};
   std::weak_ptr<Impl> impl = impl_;
-  if (reuse) {
-    if (std::shared_ptr<Impl::Kept> k = impl_->take(key)) {
-      Ticket t;
-      t.admitted = true;
-      t.release = [impl, k](StatusCode code, std::chrono::nanoseconds latency) {
-        if (const auto i = impl.lock()) i->ended(k, code, latency);
-      };
-      return t;
-    }
-  }
+  if (reuse)
+    if (std::shared_ptr<Impl::Kept> k = impl_->take(key)) return Impl::kept_ticket(impl, k);
   Unreachable& down = *impl_->unreachable;
   if (down.down())
     return unasked(not_asked(o.unreachable_retry), "admit", o.policy, o.fail_open,
@@ -716,14 +714,9 @@ Ticket RemoteAdmitter::admit(const CallInfo& call) {
     if (r.has_retry_after()) t.retry_after = nanos_of(r.retry_after());
     return t;
   }
+  if (reuse && resp.reusable())
+    return Impl::kept_ticket(impl, impl_->keep_new(resp.lease_id(), std::move(key)));
   t.admitted = true;
-  if (reuse && resp.reusable()) {
-    std::shared_ptr<Impl::Kept> k = impl_->keep_new(resp.lease_id(), std::move(key));
-    t.release = [impl, k](StatusCode code, std::chrono::nanoseconds latency) {
-      if (const auto i = impl.lock()) i->ended(k, code, latency);
-    };
-    return t;
-  }
   t.release = [impl, lease = resp.lease_id()](StatusCode code, std::chrono::nanoseconds latency) {
     if (const auto i = impl.lock()) i->release(lease, code, latency);
   };

@@ -607,7 +607,7 @@ StatusOr<Released> Engine::release(std::string_view lease_id, CallResult result,
   if (keep || !earlier.empty()) {
     const std::optional<Renewal> r = leases_.renew(lease_id, earlier, keep, result, rtt, now);
     if (!r) return no_such_lease();
-    reusable = r->held >= Nanos{0};
+    reusable = r->reusable;
     if (keep && reusable)  // draining: no more calls on it (the server is going away)
       return Released{.held = r->held,
                       .charged = std::nullopt,

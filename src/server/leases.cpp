@@ -96,9 +96,9 @@ std::optional<Renewal> LeaseTable::renew(std::string_view id, std::span<const Ca
     if (it == s.leases.end()) return std::nullopt;
     Lease& l = it->second;
     if (l.expires_at > now) {
-      if (!l.reusable) return Renewal{Nanos{-1}, false};
+      if (!l.reusable) return Renewal{};
       // Under the shard's lock: a renewal never blocks (GuardPermit::renew).
-      Renewal out{now - l.admitted_at, true};
+      Renewal out{true, now - l.admitted_at, true};
       for (const CallEnd& e : earlier) out.kept = l.permit.renew(e);
       if (keep) {
         out.kept = l.permit.renew(CallEnd{result, rtt.value_or(out.held), CallEnd::By::kClient});

@@ -54,9 +54,11 @@ struct Lease {
   bool reusable = false;
 };
 
-// A renewal's answer: how long the lease had been held since its Admit or last renewal, and
-// whether its next call is within the policy's limit.
+// A renewal's answer: whether the lease is reusable (if not, nothing was done), how long it had
+// been held since its Admit or last renewal, and whether its next call is within the policy's
+// limit.
 struct Renewal {
+  bool reusable = false;
   Nanos held{0};
   bool kept = false;
 };
@@ -78,8 +80,7 @@ class LeaseTable {
   // one too (`result`, `rtt`; unset: the time held): the permit stays for the client's next
   // call, the deadline moves to now + its TTL and the time held restarts. Without `keep` the
   // lease is left for the caller to take. nullopt: no such lease (or its deadline is <= now:
-  // expired here). A lease that is not reusable is left as it is: Renewal::held is then
-  // negative.
+  // expired here). A lease that is not reusable is left as it is (Renewal::reusable false).
   std::optional<Renewal> renew(std::string_view id, std::span<const CallEnd> earlier, bool keep,
                                CallResult result, std::optional<Nanos> rtt, Nanos now);
   // Moves a live lease's deadline to now + ttl (unset: its current TTL) and returns that TTL;

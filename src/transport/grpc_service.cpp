@@ -355,9 +355,6 @@ grpc::ServerUnaryReactor* GrpcService::Release(grpc::CallbackServerContext* ctx,
     if (!rtt.ok()) return rtt.status();
     const auto outcome = call_result_of(req.outcome());
     if (!outcome.ok()) return outcome.status();
-    if (req.earlier_size() > static_cast<int>(server::kMaxEarlier))
-      return server::invalid("earlier", "at most " + std::to_string(server::kMaxEarlier) +
-                                            " calls, not " + std::to_string(req.earlier_size()));
     std::vector<server::CallEnd> earlier;
     earlier.reserve(static_cast<std::size_t>(req.earlier_size()));
     for (int i = 0; i < req.earlier_size(); ++i) {

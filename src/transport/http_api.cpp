@@ -442,10 +442,6 @@ void do_release(Engine& engine, HttpExchange& x) {
       outcome.empty() ? server::CallResult::kSuccess : call_result_of(outcome);
   if (!o.ok()) return error(x, o.status());
   if (calls != nullptr) {
-    if (calls->size() > server::kMaxEarlier)
-      return error(x,
-                   server::invalid("earlier", "at most " + std::to_string(server::kMaxEarlier) +
-                                                  " calls, not " + std::to_string(calls->size())));
     for (std::size_t i = 0; i < calls->size(); ++i) {
       const std::string at = "earlier[" + std::to_string(i) + "]";
       if (!(*calls)[i].is_object())
