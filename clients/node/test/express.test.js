@@ -413,6 +413,8 @@ test('the middleware checks its options', () => {
   assert.throws(() => sluice.express({ policy: 'rate5' }), TypeError);
   assert.throws(() => sluice.express({ client }), TypeError);
   assert.throws(() => sluice.express({ client, policy: 'rate5', mode: 'lease' }), TypeError);
+  assert.throws(() => sluice.express({ client, policy: 'big', leaseReuse: -1 }), /^TypeError: leaseReuse: must be/);
+  assert.throws(() => sluice.express({ client, policy: 'rate5', mode: 'check', leaseReuse: 1 }), /^TypeError: leaseReuse: only/);
   assert.equal(sluice.outcomeOfStatus(200), 'success');
   assert.equal(sluice.outcomeOfStatus(429), 'success');
   assert.equal(sluice.outcomeOfStatus(503), 'dropped');

@@ -313,9 +313,12 @@ class Client:
         Raises :class:`~sluice_client.FailedPrecondition` for a lease that is not reusable
         (released all the same), :class:`~sluice_client.NotFound` as :meth:`release` does.
         """
-        for word in [outcome] + [o for o, _ in earlier]:
+        named = [("outcome", outcome)] + [(f"earlier[{i}].outcome", o)
+                                          for i, (o, _) in enumerate(earlier)]
+        for field_name, word in named:
             if word not in _OUTCOME_ENUM:
-                raise ValueError(f"outcome: must be one of {', '.join(OUTCOMES)}, not {word!r}")
+                raise ValueError(f"{field_name}: must be one of {', '.join(OUTCOMES)}, "
+                                 f"not {word!r}")
         lease_id = lease.lease_id if isinstance(lease, Lease) else lease
         req = sluice_pb2.ReleaseRequest(lease_id=lease_id, outcome=_OUTCOME_ENUM[outcome],
                                         keep=True)

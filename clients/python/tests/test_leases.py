@@ -60,8 +60,10 @@ def test_a_reusable_lease_is_kept_for_the_next_call(client):
     assert state["in_flight"] == before["in_flight"] + 1
     assert state["renewed"] == before["renewed"] + 2
     assert state["dropped"] == before["dropped"] + 1
-    with pytest.raises(ValueError, match="outcome: must be one of"):
+    with pytest.raises(ValueError, match="^outcome: must be one of"):
         client.keep(lease, "slow")
+    with pytest.raises(ValueError, match=r"^earlier\[1\]\.outcome: must be one of"):
+        client.keep(lease, earlier=[("success", 0.001), ("slow", 0.001)])
     client.release(lease)
     assert client.policies()["small"].state["in_flight"] == before["in_flight"]
     gateway = client.admit("gateway", key="kept", tenant="acme", upstream="llm")

@@ -181,6 +181,14 @@ def test_lease_reuse_carries_the_next_requests_of_a_key_without_an_admit(sluice,
     assert client.policies()["one"].state["renewed"] == 5
 
 
+def test_lease_reuse_is_checked():
+    from sluice_client.adapters import Gate
+    with pytest.raises(ValueError, match="^lease_reuse: must be >= 0"):
+        Gate("one", lease_reuse=-1)
+    with pytest.raises(ValueError, match="^lease_reuse: only a concurrency policy"):
+        Gate("rate2", kind="rate", lease_reuse=1)
+
+
 def test_a_kept_lease_the_server_lost_is_not_used_again(sluice, apps):
     """The gate's thread reports a kept lease's requests with keep while it carries one; a keep
     the server refuses (the lease expired there) retires the lease: released after its request,
