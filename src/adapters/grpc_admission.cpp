@@ -730,6 +730,13 @@ struct RemoteRateAdmitter::Impl {
   RemoteRateOptions options;
   std::optional<RateAllowances> allowances;
   std::optional<Unreachable> unreachable;
+  std::mutex mu;
+  std::condition_variable idle;
+  std::size_t refilling = 0;  // refills not answered yet (guarded by mu)
+
+  // Asks for `hits` more on `key` without waiting (the allowance's refill): its answer, or
+  // none, goes to the allowance.
+  void refill(const std::string& key, std::uint64_t hits);
 };
 
 RemoteRateAdmitter::RemoteRateAdmitter(const std::shared_ptr<grpc::Channel>& sluice,
@@ -744,10 +751,18 @@ RemoteRateAdmitter::RemoteRateAdmitter(const std::shared_ptr<grpc::Channel>& slu
   impl_->options = std::move(options);
 }
 
-RemoteRateAdmitter::~RemoteRateAdmitter() = default;
+RemoteRateAdmitter::~RemoteRateAdmitter() {
+  std::unique_lock lock(impl_->mu);
+  impl_->idle.wait(lock, [&] { return impl_->refilling == 0; });  // each within its timeout
+}
 
 AllowanceStats RemoteRateAdmitter::allowance_stats() const {
   return impl_->allowances ? impl_->allowances->stats() : AllowanceStats{};
+}
+
+std::size_t RemoteRateAdmitter::refills_in_flight() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->refilling;
 }
 
 namespace {
@@ -790,12 +805,43 @@ Ticket rate_refusal(const std::string& policy, std::uint64_t limit, const std::s
 
 }  // namespace
 
+void RemoteRateAdmitter::Impl::refill(const std::string& key, std::uint64_t hits) {
+  if (unreachable->down()) {
+    allowances->refilled(key, hits, std::nullopt, Clock::now());
+    return;
+  }
+  struct Pending {
+    grpc::ClientContext ctx;
+    pb::CheckRequest req;
+    pb::CheckResponse resp;
+  };
+  auto* p = new Pending;
+  p->req.set_policy(options.policy);
+  p->req.set_key(key);
+  p->req.set_hits(static_cast<std::int64_t>(hits));
+  p->ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  {
+    std::lock_guard lock(mu);
+    ++refilling;
+  }
+  stub->async()->Check(&p->ctx, &p->req, &p->resp, [this, p](grpc::Status s) {
+    if (!s.ok()) unreachable->note(s);
+    allowances->refilled(p->req.key(), static_cast<std::uint64_t>(p->req.hits()),
+                         s.ok() ? std::optional(answer_of(p->resp.decision())) : std::nullopt,
+                         Clock::now());
+    delete p;
+    std::lock_guard lock(mu);
+    if (--refilling == 0) idle.notify_all();
+  });
+}
+
 Ticket RemoteRateAdmitter::admit(const CallInfo& call) {
   const RemoteRateOptions& o = impl_->options;
   const std::string key = o.key ? o.key(call) : std::string(call.method);
   RateAllowances* a = impl_->allowances ? &*impl_->allowances : nullptr;
   if (a != nullptr) {
     if (const auto local = a->local(key, o.hits, Clock::now())) {
+      if (local->refill > 0) impl_->refill(key, local->refill);
       if (local->allowed) return admitted_unreleased();
       return rate_refusal(o.policy, local->limit, {}, local->retry_after);
     }

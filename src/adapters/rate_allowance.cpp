@@ -21,27 +21,39 @@ std::optional<LocalDecision> RateAllowances::local(std::string_view key, std::ui
   const auto it = keys_.find(key);
   if (it == keys_.end()) return std::nullopt;
   Key& k = it->second;
-  if (now < k.refused_until) {
-    ++stats_.local_refusals;
+  if (now >= k.expires) {  // the older block expired first
+    drop(k);
+  } else if (now >= k.older_expires) {
+    stats_.hits_dropped += k.older_tokens;
+    k.older_tokens = 0;
+  }
+  if (k.older_tokens + k.tokens < hits) {
+    if (now >= k.refused_until) return std::nullopt;
+    ++stats_.local_refusals;  // hits held are spent first: they were granted
     return LocalDecision{.allowed = false,
                          .limit = k.last.limit,
                          .remaining = 0,
                          .retry_after = k.refused_until - now};
   }
-  if (now >= k.expires) {
-    drop(k);
-    return std::nullopt;
-  }
-  if (k.tokens < hits) return std::nullopt;
-  k.tokens -= hits;
+  const std::uint64_t older = std::min(k.older_tokens, hits);
+  k.older_tokens -= older;
+  k.tokens -= hits - older;
   ++stats_.local_admits;
-  return LocalDecision{
-      .allowed = true, .limit = k.last.limit, .remaining = k.last.remaining + k.tokens};
+  LocalDecision d{.allowed = true,
+                  .limit = k.last.limit,
+                  .remaining = k.last.remaining + k.older_tokens + k.tokens};
+  if (!k.refill_asked && !k.refilling && k.granted > 1 && k.tokens * 2 <= k.granted) {
+    k.refill_asked = true;
+    k.refilling = true;
+    d.refill = k.last.limit > 0 ? std::min(block_, k.last.limit) : block_;
+  }
+  return d;
 }
 
 std::uint64_t RateAllowances::ask(std::string_view key, std::uint64_t hits) {
   std::uint64_t want = std::max(hits, block_);
   std::lock_guard lock(mu_);
+  ++stats_.calls_asked;
   if (const auto it = keys_.find(key); it != keys_.end() && it->second.last.limit > 0)
     want = std::min(want, it->second.last.limit);
   return std::max(want, hits);
@@ -65,9 +77,7 @@ std::optional<std::uint64_t> RateAllowances::answered(std::string_view key, std:
   k.last = answer;
   if (granted) {
     if (asked > hits) {
-      drop(k);
-      k.tokens = asked - hits;
-      k.expires = now + hold_;
+      push(k, asked - hits, asked, now);
       ++stats_.blocks_granted;
     }
     return std::nullopt;
@@ -85,10 +95,30 @@ std::optional<std::uint64_t> RateAllowances::answered(std::string_view key, std:
   return std::nullopt;
 }
 
+void RateAllowances::refilled(std::string_view key, std::uint64_t asked,
+                              const std::optional<RateAnswer>& answer, TimePoint now) {
+  const bool granted = answer && answer->allowed && !answer->would_deny;
+  std::lock_guard lock(mu_);
+  const auto it = keys_.find(key);
+  if (it != keys_.end()) it->second.refilling = false;
+  if (!granted) {
+    ++stats_.refills_refused;
+    return;
+  }
+  ++stats_.refills_granted;
+  if (it == keys_.end()) {  // forgotten meanwhile (max_keys): nowhere to hold them
+    stats_.hits_dropped += asked;
+    return;
+  }
+  Key& k = it->second;
+  k.last = *answer;
+  push(k, asked, asked, now);
+}
+
 std::uint64_t RateAllowances::held(std::string_view key) const {
   std::lock_guard lock(mu_);
   const auto it = keys_.find(key);
-  return it == keys_.end() ? 0 : it->second.tokens;
+  return it == keys_.end() ? 0 : it->second.older_tokens + it->second.tokens;
 }
 
 std::size_t RateAllowances::keys() const {
@@ -98,12 +128,29 @@ std::size_t RateAllowances::keys() const {
 
 AllowanceStats RateAllowances::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  AllowanceStats s = stats_;
+  for (const auto& [key, k] : keys_) s.hits_held += k.older_tokens + k.tokens;
+  return s;
 }
 
 void RateAllowances::drop(Key& k) {
-  stats_.hits_dropped += k.tokens;
+  stats_.hits_dropped += k.older_tokens + k.tokens;
+  k.older_tokens = 0;
   k.tokens = 0;
+}
+
+void RateAllowances::push(Key& k, std::uint64_t tokens, std::uint64_t granted, TimePoint now) {
+  stats_.hits_dropped += k.older_tokens;  // fewer than a call's hits, or expired
+  k.older_tokens = 0;
+  if (now < k.expires) {
+    std::swap(k.older_tokens, k.tokens);
+    k.older_expires = k.expires;
+  }
+  stats_.hits_dropped += k.tokens;
+  k.tokens = tokens;
+  k.granted = granted;
+  k.refill_asked = false;
+  k.expires = now + hold_;
 }
 
 void RateAllowances::forget_expired(TimePoint now) {

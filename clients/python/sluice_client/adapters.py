@@ -457,6 +457,7 @@ class Gate:
         self._logged_down_until = 0.0
         self._aio: Optional[Tuple[Any, Any, Any]] = None  # (loop, channel, stub)
         self._pending: set = set()
+        self._refilling = 0  # the allowance's refills not answered yet (under _lock)
         self._kept: Dict[str, List[_Kept]] = {}  # waiting leases by key (under _lock)
         self._live: set = set()  # every kept lease (under _lock)
         self._kept_cv = threading.Condition(self._lock)
@@ -535,6 +536,10 @@ class Gate:
             return _decision(resp.decision)
         local = a.local(key, hits, time.monotonic())
         if local is not None:
+            if local.allowed:
+                due = a.take_refill(key)
+                if due:
+                    self._refill(key, due)
             return local
         asked = a.ask(key, hits)
         while True:  # each ask smaller than the last, down to the request's own hits
@@ -544,6 +549,29 @@ class Gate:
             if following is None:
                 return replace(d, remaining=d.remaining + a.held(key)) if d.allowed else d
             asked = following
+
+    def _refill(self, key: str, hits: int) -> None:
+        """Asks for `hits` more on `key` without waiting (the allowance's refill): on the
+        synchronous channel, whatever the driver; its answer, or none, goes to the allowance."""
+        a = self.allowances
+        if time.monotonic() < self._down_until:
+            a.refilled(key, hits, None, time.monotonic())
+            return
+        future = self._sync_client()._stub.Check.future(
+            _check_request(self.policy, key, hits), timeout=self.timeout)
+        with self._lock:
+            self._pending.add(future)  # held until done: grpc cancels a collected call
+            self._refilling += 1
+
+        def done(f) -> None:
+            with self._lock:
+                self._pending.discard(f)
+                self._refilling -= 1
+            exc = f.exception()
+            a.refilled(key, hits, _decision(f.result().decision) if exc is None else None,
+                       time.monotonic())
+
+        future.add_done_callback(done)
 
     def _admit_request(self, request: RequestInfo, key: str):
         msg = sluice_pb2.AdmitRequest(policy=self.policy, key=key,
@@ -740,6 +768,11 @@ class Gate:
                 self._send(k, calls, keep=True)
             if closing:
                 return
+
+    def refills_in_flight(self) -> int:
+        """The allowance's refills asked and not answered yet (each within ``timeout``)."""
+        with self._lock:
+            return self._refilling
 
     def leases_waiting(self) -> int:
         """Kept leases waiting for a request now (``lease_reuse``)."""

@@ -3,10 +3,15 @@ admit most requests without a round trip (``Gate(..., allowance=N)``).
 
 The server is asked for ``N`` hits at once (one ``Check`` of ``hits=N``); the requests after it
 spend them here, each within ``hold`` seconds of the answer that granted them, after which what
-is left is dropped. A key the server refused is refused here until its ``retry_after`` (a
-refusal is always safe to repeat). When a block is refused, the request asks for its own hits
-(the exact answer it would have had without an allowance), or for what the server says
-remains when that is enough, so near the limit nothing is lost but a round trip.
+is left is dropped. When a request leaves half of a block or less, the next block is asked for
+in the background (a refill: :meth:`Allowances.take_refill` says how many hits, the answer goes
+to :meth:`Allowances.refilled`), so that a key's steady requests do not wait for a ``Check``
+when a block runs out; the older block's hits are spent first, each still within ``hold`` of
+its own grant, and a refill the server does not grant is not asked again for that block. A key
+the server refused is refused here until its ``retry_after`` (a refusal is always safe to
+repeat), but for hits held: they were granted, and are spent first. When a block a request waits for is refused, the request asks for its own hits (the
+exact answer it would have had without an allowance), or for what the server says remains when
+that is enough, so near the limit nothing is lost but a round trip.
 
 What it can cost, and nothing else:
 
@@ -15,9 +20,10 @@ What it can cost, and nothing else:
   together are at most what the policy grants in T + ``hold``: for a rate of r hits a second,
   r x ``hold`` more than the policy alone would in T (a fixed window: the hits granted in a
   window's last ``hold`` may be spent in the first ``hold`` of the next).
-* A block's hits that are not spent within ``hold`` are lost to every client: at most ``N - 1``
-  per key, per gate, per ``hold``. Choose ``N`` no larger than a gate's requests per key in
-  ``hold``.
+* Hits not spent within ``hold`` of their grant are lost to every client. At most two blocks
+  are held per key, one refill is in flight at a time and hits are spent oldest first, so at
+  most two blocks per key, per gate, per ``hold`` are lost. Choose ``N`` no larger than a
+  gate's requests per key in ``hold``.
 * The ``remaining`` a locally admitted request reports is the server's figure at the grant,
   plus the hits still held here.
 """
@@ -35,9 +41,16 @@ __all__ = ["Allowances"]
 
 @dataclass
 class _Key:
-    tokens: int = 0           # hits granted and not yet spent
+    tokens: int = 0           # the newest block's hits not yet spent
     expires: float = 0.0      # monotonic seconds: tokens are dropped from then
+    granted: int = 0          # the newest block's size
+    refill_asked: bool = False  # for the newest block
+    refilling: bool = False   # a refill is in flight (one at a time)
+    refill_due: int = 0       # hits a refill is to ask for (take_refill())
+    older_tokens: int = 0     # the block before the newest, spent first
+    older_expires: float = 0.0
     refused_until: float = 0.0
+    refusal: Optional[Decision] = None  # the server's refusal of a request's own hits
     decision: Optional[Decision] = None  # the server's last answer for the key
 
 
@@ -63,35 +76,75 @@ class Allowances:
         self._lock = threading.Lock()
         self.stats: Dict[str, int] = dict.fromkeys(
             ("local_admits", "local_refusals", "blocks_granted", "blocks_refused",
-             "hits_dropped"), 0)
+             "hits_dropped", "calls_asked", "refills_granted", "refills_refused"), 0)
 
     def local(self, key: str, hits: int, now: float) -> Optional[Decision]:
         """The decision made here for `hits` on `key` at `now` (monotonic seconds): allowed
-        from the hits held (debited), or refused until the server's retry_after; ``None``: the
-        server must be asked."""
+        from the hits held (debited, the older block's first; a refill may then be due:
+        :meth:`take_refill`), or refused until the server's retry_after; ``None``: the server
+        must be asked."""
         with self._lock:
             k = self._keys.get(key)
             if k is None:
                 return None
-            if now < k.refused_until and k.decision is not None:
-                self.stats["local_refusals"] += 1
-                return replace(k.decision, retry_after=k.refused_until - now)
-            if now >= k.expires:
+            if now >= k.expires:  # the older block expired first
                 self._drop(k)
-                return None
-            if k.tokens < hits:
-                return None
-            k.tokens -= hits
+            elif now >= k.older_expires:
+                self.stats["hits_dropped"] += k.older_tokens
+                k.older_tokens = 0
+            if k.older_tokens + k.tokens < hits:
+                if now >= k.refused_until or k.refusal is None:
+                    return None
+                self.stats["local_refusals"] += 1  # hits held are spent first: they were granted
+                return replace(k.refusal, retry_after=k.refused_until - now)
+            older = min(k.older_tokens, hits)
+            k.older_tokens -= older
+            k.tokens -= hits - older
             self.stats["local_admits"] += 1
             d = k.decision
+            if (not k.refill_asked and not k.refilling and k.granted > 1
+                    and k.tokens * 2 <= k.granted):
+                k.refill_asked = k.refilling = True
+                limit = d.limit if d is not None else 0
+                k.refill_due = min(self.block, limit) if limit > 0 else self.block
             return Decision(allowed=True, limit=d.limit if d else 0,
-                            remaining=(d.remaining if d else 0) + k.tokens,
+                            remaining=(d.remaining if d else 0) + k.older_tokens + k.tokens,
                             reset_after=d.reset_after if d else 0.0, retry_after=0.0)
+
+    def take_refill(self, key: str) -> int:
+        """Hits to ask the server for on `key` now, in the background (0: none), after
+        :meth:`local` allowed a request; the answer goes to :meth:`refilled`."""
+        with self._lock:
+            k = self._keys.get(key)
+            if k is None or not k.refill_due:
+                return 0
+            due, k.refill_due = k.refill_due, 0
+            return due
+
+    def refilled(self, key: str, asked: int, d: Optional[Decision], now: float) -> None:
+        """Records the answer `d` to a refill of `asked` hits (``None``: none came). Granted,
+        it is the key's block from now; the hits left of the one before are spent first, until
+        their own hold ends."""
+        granted = d is not None and d.allowed and not d.would_deny
+        with self._lock:
+            k = self._keys.get(key)
+            if k is not None:
+                k.refilling = False
+            if not granted:
+                self.stats["refills_refused"] += 1
+                return
+            self.stats["refills_granted"] += 1
+            if k is None:  # forgotten meanwhile (max_keys): nowhere to hold them
+                self.stats["hits_dropped"] += asked
+                return
+            k.decision = d
+            self._push(k, asked, asked, now)
 
     def ask(self, key: str, hits: int) -> int:
         """Hits to ask the server for, for a request of `hits`: a block (no more than the
         policy's limit, when known), never fewer than `hits`."""
         with self._lock:
+            self.stats["calls_asked"] += 1
             k = self._keys.get(key)
             limit = k.decision.limit if k is not None and k.decision is not None else 0
         want = max(hits, self.block)
@@ -118,9 +171,7 @@ class Allowances:
             k.decision = d
             if granted:
                 if asked > hits:
-                    self._drop(k)
-                    k.tokens = asked - hits
-                    k.expires = now + self.hold
+                    self._push(k, asked - hits, asked, now)
                     self.stats["blocks_granted"] += 1
                 return None
             if asked > hits:
@@ -129,22 +180,35 @@ class Allowances:
                     return d.remaining
                 return hits
             if not d.allowed and d.retry_after is not None and d.retry_after > 0:
-                k.refused_until = now + d.retry_after
+                k.refused_until, k.refusal = now + d.retry_after, d
             return None
 
     def held(self, key: str) -> int:
         """Hits held for `key` now (expired ones included until the next look)."""
         with self._lock:
             k = self._keys.get(key)
-            return k.tokens if k is not None else 0
+            return k.older_tokens + k.tokens if k is not None else 0
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._keys)
 
-    def _drop(self, k: _Key) -> None:
+    def _push(self, k: _Key, tokens: int, granted: int, now: float) -> None:
+        """A block of `tokens` left of `granted`, granted at `now`, is the key's newest; what
+        is left of the one before it (a refill that came while a request waited for this one)
+        is spent first."""
+        self.stats["hits_dropped"] += k.older_tokens  # fewer than a request's hits, or expired
+        k.older_tokens = 0
+        if now < k.expires:
+            k.older_tokens, k.older_expires, k.tokens = k.tokens, k.expires, 0
         self.stats["hits_dropped"] += k.tokens
-        k.tokens = 0
+        k.tokens, k.granted = tokens, granted
+        k.refill_asked = False
+        k.expires = now + self.hold
+
+    def _drop(self, k: _Key) -> None:
+        self.stats["hits_dropped"] += k.older_tokens + k.tokens
+        k.older_tokens = k.tokens = 0
 
     def _forget_expired(self, now: float) -> None:
         gone = [key for key, k in self._keys.items()

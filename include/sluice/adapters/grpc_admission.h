@@ -183,6 +183,9 @@ class RemoteRateAdmitter final : public Admitter {
 
   // The allowance's counters (all zero without one).
   [[nodiscard]] AllowanceStats allowance_stats() const;
+  // The allowance's refills asked and not answered yet (the destructor waits for them, each
+  // at most `timeout`).
+  [[nodiscard]] std::size_t refills_in_flight() const;
 
  private:
   struct Impl;
