@@ -506,11 +506,31 @@ export interface MiddlewareOptions<Req extends IncomingMessage = IncomingMessage
   leaseReuse?: number;
 }
 
+/** An allowance's counters: requests admitted and refused in the adapter, blocks granted and
+ *  refused to a request that waited for them, hits dropped at their hold's end, requests that
+ *  waited for the server, refills (blocks asked in the background) granted and refused or
+ *  unanswered; and now: hits held, refills not answered yet. */
+export interface AllowanceStats {
+  localAdmits: number;
+  localRefusals: number;
+  blocksGranted: number;
+  blocksRefused: number;
+  hitsDropped: number;
+  callsAsked: number;
+  refillsGranted: number;
+  refillsRefused: number;
+  hitsHeld: number;
+  refillsInFlight: number;
+}
+
 /** The middleware: (req, res, next) for Express, connect or node:http; close() releases the
- *  leases it keeps (leaseReuse). */
+ *  leases it keeps (leaseReuse); allowanceStats() is null without an allowance. */
 export function express<Req extends IncomingMessage = IncomingMessage, Res extends ServerResponse = ServerResponse>(
   options: MiddlewareOptions<Req, Res>,
-): ((req: Req, res: Res, next: (err?: unknown) => void) => void) & { close(): Promise<void> };
+): ((req: Req, res: Res, next: (err?: unknown) => void) => void) & {
+  close(): Promise<void>;
+  allowanceStats(): AllowanceStats | null;
+};
 
 /** What the gRPC server interceptor's functions (key, hits, admit, skip, onError) are given of a call. */
 export interface GrpcRequest {
@@ -565,8 +585,11 @@ export interface GrpcInterceptorOptions {
 }
 
 /** The interceptor, for `new grpc.Server({ interceptors: [...] })` (@grpc/grpc-js 1.10 or later);
- *  close() releases the leases it keeps (leaseReuse). */
-export function grpcServerInterceptor(options: GrpcInterceptorOptions): ServerInterceptor & { close(): Promise<void> };
+ *  close() releases the leases it keeps (leaseReuse); allowanceStats() as the middleware's. */
+export function grpcServerInterceptor(options: GrpcInterceptorOptions): ServerInterceptor & {
+  close(): Promise<void>;
+  allowanceStats(): AllowanceStats | null;
+};
 
 /** In a handler: the Decision (rate) or the Lease (concurrency; set its outcome or cost) its
  *  call was admitted with, given the handler's call (or its metadata); null when sluice could

@@ -146,6 +146,7 @@ class Gate {
       throw new TypeError('allowance: only a rate policy\'s hits can be taken ahead (mode is "admit")');
     }
     this.allowances = options.allowance ? new Allowances(options.allowance, options.allowanceHold ?? 0.05) : null;
+    this._refilling = 0;
     const retry = options.unreachableRetry ?? 1;
     if (typeof retry !== 'number' || !Number.isFinite(retry) || retry < 0) {
       throw new TypeError(`unreachableRetry: must be a number of seconds >= 0, not ${JSON.stringify(retry)}`);
@@ -229,7 +230,11 @@ class Gate {
     const held = allowances !== null && Number.isSafeInteger(hits) && hits >= 1;
     if (!held) return client.check(policy, key, { hits, timeout });
     const local = allowances.local(key, hits, now());
-    if (local !== null) return local;
+    if (local !== null) {
+      const due = local.allowed ? allowances.takeRefill(key) : 0;
+      if (due > 0) this._refill(key, due);
+      return local;
+    }
     // A block from the server (each ask smaller than the last, down to the request's own hits).
     const askFor = (asked) => client.check(policy, key, { hits: asked, timeout }).then((d) => {
       const following = allowances.answered(key, asked, hits, d, now());
@@ -237,6 +242,38 @@ class Gate {
       return d.allowed ? new Decision({ ...d, remaining: d.remaining + allowances.held(key) }) : d;
     });
     return askFor(allowances.ask(key, hits));
+  }
+
+  /**
+   * Asks for `hits` more on `key` without waiting (the allowance's refill); its answer, or
+   * none, goes to the allowance.
+   */
+  _refill(key, hits) {
+    const { allowances } = this;
+    if (this.down()) {
+      allowances.refilled(key, hits, null, now());
+      return;
+    }
+    this._refilling += 1;
+    this.client.check(this.policy, key, { hits, timeout: this.timeout }).then(
+      (d) => allowances.refilled(key, hits, d, now()),
+      (err) => {
+        allowances.refilled(key, hits, null, now());
+        this.noteFailure(err, null);
+      },
+    ).finally(() => { this._refilling -= 1; });
+  }
+
+  /**
+   * The allowance's counters, its hits held now and refills not answered yet (each within
+   * `timeout`); null without an allowance.
+   */
+  allowanceStats() {
+    const a = this.allowances;
+    if (a === null) return null;
+    let held = 0;
+    for (const key of a.keys.keys()) held += a.held(key);
+    return { ...a.stats, hitsHeld: held, refillsInFlight: this._refilling };
   }
 
   /**

@@ -182,6 +182,8 @@ function expressMiddleware(options = {}) {
   }
   /** Releases the leases kept for the next requests (leaseReuse); resolves when answered. */
   sluiceMiddleware.close = () => gate.close();
+  /** The allowance's counters (null without one). */
+  sluiceMiddleware.allowanceStats = () => gate.allowanceStats();
   return sluiceMiddleware;
 }
 

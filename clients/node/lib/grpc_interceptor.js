@@ -282,6 +282,7 @@ function grpcServerInterceptor(options = {}) {
   }
   /** Releases the leases kept for the next calls (leaseReuse); resolves when answered. */
   sluiceServerInterceptor.close = () => gate.close();
+  sluiceServerInterceptor.allowanceStats = () => gate.allowanceStats();
   return sluiceServerInterceptor;
 }
 

@@ -156,9 +156,10 @@ class RemoteAdmitter final : public Admitter {
 // A remote `sluice serve`'s rate policy (kind rate or federated): a Check of `hits` on the
 // call's key before the call; denied, the call is refused RESOURCE_EXHAUSTED with the
 // server's retry_after (nothing to release after it). With an `allowance`, hits are taken from
-// the server in blocks and spent here, each within `allowance_hold` of its grant, so that most
-// calls are admitted without a round trip; what that can cost (r x hold more hits in any
-// interval for a rate of r, unspent hits lost) is bounded in sluice/adapters/rate_allowance.h.
+// the server in blocks and spent here, each within `allowance_hold` of its grant, the next
+// block asked for in the background (a callback Check) when one is half spent, so that a key's
+// steady calls wait for no Check after the first; what that can cost (r x hold more hits in
+// any interval for a rate of r, unspent hits lost) is bounded in sluice/adapters/rate_allowance.h.
 struct RemoteRateOptions {
   std::string policy;
   std::function<std::string(const CallInfo&)> key = key_from_metadata("x-sluice-key");
