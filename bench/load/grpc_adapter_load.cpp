@@ -12,9 +12,13 @@
 //                   takes the lease the call before it freed, without an Admit; its Release
 //                   with keep is sent without waiting
 //   client/rate     the same through the server's Check on a rate policy, one per call
-//   client/rate+a   the same with an allowance: one Check of 128 hits per 128 calls, the rest
-//                   admitted in the interceptor (sluice/adapters/rate_allowance.h)
-// Prints, per setup, the median and p99 latency in microseconds and each as a ratio to bare's.
+//   client/rate+a   the same with an allowance: one Check of 128 hits per 128 calls, sent in
+//                   the background when a block is half spent, the calls admitted in the
+//                   interceptor (sluice/adapters/rate_allowance.h)
+// Each round runs every setup once, in an order shuffled per round (a fixed seed), so that no
+// setup always follows the same one. Prints, per setup, the median and p99 latency in
+// microseconds over every round, each as a ratio to bare's, and the median over rounds of each
+// round's ratio to bare's in that round (paired: drift between rounds cancels).
 //   sluice_grpc_adapter_load [--calls N] [--rounds R]
 #include <grpcpp/grpcpp.h>
 
@@ -25,6 +29,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -199,17 +204,33 @@ int main(int argc, char** argv) {
                         target(plain), grpc::InsecureChannelCredentials(), allowance)),
                     {}});
   for (Setup& s : setups) run(*s.stub, std::min(calls, 200));  // connect and warm up
-  for (int r = 0; r < rounds; ++r)
-    for (Setup& s : setups) {
-      std::vector<double> us = run(*s.stub, calls);
-      s.us.insert(s.us.end(), us.begin(), us.end());
+  std::vector<std::size_t> order(setups.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::mt19937 shuffle(20261203);
+  // Per round and setup: its p50 and p99 over bare's in the same round.
+  std::vector<std::vector<double>> p50_ratios(setups.size()), p99_ratios(setups.size());
+  for (int r = 0; r < rounds; ++r) {
+    std::shuffle(order.begin(), order.end(), shuffle);
+    std::vector<std::vector<double>> round(setups.size());
+    for (const std::size_t i : order) {
+      round[i] = run(*setups[i].stub, calls);
+      setups[i].us.insert(setups[i].us.end(), round[i].begin(), round[i].end());
     }
+    const double p50 = quantile(round[0], 0.5), p99 = quantile(round[0], 0.99);
+    for (std::size_t i = 0; i < setups.size(); ++i) {
+      p50_ratios[i].push_back(quantile(round[i], 0.5) / p50);
+      p99_ratios[i].push_back(quantile(round[i], 0.99) / p99);
+    }
+  }
   const double bare_p50 = quantile(setups[0].us, 0.5), bare_p99 = quantile(setups[0].us, 0.99);
-  std::printf("%-16s %10s %10s %10s %10s\n", "setup", "p50 us", "p99 us", "p50/bare", "p99/bare");
-  for (const Setup& s : setups) {
+  std::printf("%-16s %10s %10s %10s %10s %12s %12s\n", "setup", "p50 us", "p99 us", "p50/bare",
+              "p99/bare", "p50 (paired)", "p99 (paired)");
+  for (std::size_t i = 0; i < setups.size(); ++i) {
+    const Setup& s = setups[i];
     const double p50 = quantile(s.us, 0.5), p99 = quantile(s.us, 0.99);
-    std::printf("%-16s %10.1f %10.1f %10.3f %10.3f\n", s.name, p50, p99, p50 / bare_p50,
-                p99 / bare_p99);
+    std::printf("%-16s %10.1f %10.1f %10.3f %10.3f %12.3f %12.3f\n", s.name, p50, p99,
+                p50 / bare_p50, p99 / bare_p99, quantile(p50_ratios[i], 0.5),
+                quantile(p99_ratios[i], 0.5));
   }
   setups.clear();
   const std::uint64_t on_kept = kept->calls_on_kept_leases();
@@ -223,10 +244,12 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(on_kept));
   const ad::AllowanceStats a = allowance->allowance_stats();
   std::printf(
-      "allowance: %llu blocks granted, %llu calls admitted in the interceptor, %llu hits "
-      "dropped\n",
-      static_cast<unsigned long long>(a.blocks_granted),
+      "allowance: %llu calls admitted in the interceptor, %llu waited for a Check; %llu blocks "
+      "refilled in the background (%llu refused); %llu hits dropped\n",
       static_cast<unsigned long long>(a.local_admits),
+      static_cast<unsigned long long>(a.calls_asked),
+      static_cast<unsigned long long>(a.refills_granted),
+      static_cast<unsigned long long>(a.refills_refused),
       static_cast<unsigned long long>(a.hits_dropped));
   sluice_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   engine.value()->close();
