@@ -12,8 +12,13 @@ per 128 requests, the rest admitted in the adapter), and behind it on a concurre
 (Admit, then Release; the release waited for, the default, and in the background; and with
 lease reuse, a request taking the lease the one before it freed). Every server is its own
 process; this one sends the requests, sequentially, each variant over one keep-alive connection
-(gRPC: one channel), in interleaved rounds so that the variants share the machine's noise. It prints the median and the 99th percentile of each, and
-their ratios to the bare server's. A direct client's calls (Check; Admit + Release) are timed
+(gRPC: one channel), in rounds, each running every variant once in an order shuffled per round
+(a fixed seed), so that the variants share the machine's noise. It prints the median and the
+99th percentile of each, their ratios to the bare server's over all rounds, and the paired
+ratios: the median over rounds of each round's ratio to the bare server's in the same round
+(drift between rounds cancels). A second bare server ("bare, again") is the control: its ratio
+is what the harness alone shows; "pass-through" is a middleware (gRPC: an interceptor) that only
+calls what it wraps: what any adapter of that framework pays before doing anything. A direct client's calls (Check; Admit + Release) are timed
 too, the floor of what an adapter can add, and the adapters' own code without any RPC (a stub
 that answers at once): the rest.
 
@@ -33,6 +38,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -62,8 +68,14 @@ ALLOWANCE, ALLOWANCE_HOLD = 128, 0.1
 # connection's sequential requests take in far less) and reports its requests once per 20 ms.
 LEASE_REUSE = 0.02
 
+# The pass-through variant: a middleware (gRPC: an interceptor wrapping the handler) that does
+# nothing but call what it wraps: what any adapter of the framework pays before its own work.
+PASS = "-"
+
 VARIANTS = [  # (name, policy, background_release, allowance, lease_reuse)
     ("bare", None, False, 0, 0.0),
+    ("bare, again", None, False, 0, 0.0),
+    ("pass-through", PASS, False, 0, 0.0),
     ("rate", "bench-rate", False, 0, 0.0),
     (f"rate, allowance {ALLOWANCE}", "bench-rate", False, ALLOWANCE, 0.0),
     ("concurrency", "bench-conc", False, 0, 0.0),
@@ -94,7 +106,10 @@ def serve(kind: str, policy: Optional[str], target: str, background: bool,
 
         app = flask.Flask("bench")
         app.add_url_rule("/", "ok", lambda: "ok")
-        if policy:
+        if policy == PASS:
+            inner = app.wsgi_app
+            app.wsgi_app = lambda environ, start_response: inner(environ, start_response)
+        elif policy:
             app.wsgi_app = SluiceWSGIMiddleware(app.wsgi_app, policy, **options)
         # waitress: HTTP/1.1 keep-alive (werkzeug's server closes every connection).
         server = waitress.create_server(app, sockets=[sock], threads=4, channel_timeout=600)
@@ -111,8 +126,17 @@ def serve(kind: str, policy: Optional[str], target: str, background: bool,
         async def ok(request):
             return PlainTextResponse("ok")
 
+        class PassThrough:
+            def __init__(self, app):
+                self.app = app
+
+            async def __call__(self, scope, receive, send):
+                await self.app(scope, receive, send)
+
         app = Starlette(routes=[Route("/", ok)])
-        if policy:
+        if policy == PASS:
+            app.add_middleware(PassThrough)
+        elif policy:
             app.add_middleware(SluiceASGIMiddleware, policy=policy, **options)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http="h11",
                                                lifespan="on", access_log=False,
@@ -126,8 +150,18 @@ def serve(kind: str, policy: Optional[str], target: str, background: bool,
 
         from sluice_client.grpc_interceptor import SluiceServerInterceptor
 
+        class PassThrough(grpc.ServerInterceptor):
+            def intercept_service(self, continuation, details):
+                handler = continuation(details)
+                inner = handler.unary_unary
+                return grpc.unary_unary_rpc_method_handler(
+                    lambda request, context: inner(request, context),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
+
         sock.close()
-        interceptors = [SluiceServerInterceptor(policy, **options)] if policy else []
+        interceptors = ([PassThrough()] if policy == PASS else
+                        [SluiceServerInterceptor(policy, **options)] if policy else [])
         server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=interceptors)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "bench.Echo", {"Say": grpc.unary_unary_rpc_method_handler(lambda r, c: r)})])
@@ -146,7 +180,7 @@ class Child:
                  allowance: int, lease_reuse: float):
         args = [sys.executable, __file__, "--serve", kind, "--target", target]
         if policy:
-            args += ["--policy", policy]
+            args.append(f"--policy={policy}")
         if background:
             args.append("--background-release")
         if allowance:
@@ -218,32 +252,44 @@ def percentile(sorted_values: List[float], q: float) -> float:
 
 
 def measure(callers: Dict[str, Callable[[], None]], requests: int, rounds: int,
-            warmup: int) -> Dict[str, List[float]]:
-    """Each caller `requests` times in total, in `rounds` interleaved rounds; latencies (s)."""
+            warmup: int) -> Dict[str, List[List[float]]]:
+    """Each caller `requests` times in total, in `rounds` rounds (the callers' order shuffled
+    in each); latencies (s), per caller and round."""
     for call in callers.values():
         for _ in range(warmup):
             call()
-    samples: Dict[str, List[float]] = {name: [] for name in callers}
+    samples: Dict[str, List[List[float]]] = {name: [] for name in callers}
     per_round = max(1, requests // rounds)
     clock = time.perf_counter
-    for r in range(rounds):
-        names = list(callers) if r % 2 == 0 else list(reversed(list(callers)))
+    order = random.Random(20261203)
+    for _ in range(rounds):
+        names = list(callers)
+        order.shuffle(names)
         for name in names:
             call = callers[name]
-            out = samples[name]
+            out: List[float] = []
             for _ in range(per_round):
                 t0 = clock()
                 call()
                 out.append(clock() - t0)
+            samples[name].append(out)
     return samples
 
 
-def summarize(samples: Dict[str, List[float]]) -> Dict[str, Dict[str, float]]:
+def summarize(samples: Dict[str, List[List[float]]]) -> Dict[str, Dict[str, float]]:
     out = {}
-    for name, values in samples.items():
-        v = sorted(values)
-        out[name] = {"n": len(v), "median_us": statistics.median(v) * 1e6,
-                     "p99_us": percentile(v, 0.99) * 1e6}
+    bare = samples.get("bare")
+    for name, per_round in samples.items():
+        v = sorted(x for r in per_round for x in r)
+        row = {"n": len(v), "median_us": statistics.median(v) * 1e6,
+               "p99_us": percentile(v, 0.99) * 1e6}
+        if bare is not None:
+            rs = [(sorted(mine), sorted(floor)) for mine, floor in zip(per_round, bare)]
+            row["paired_median_x"] = statistics.median(
+                statistics.median(m) / statistics.median(f) for m, f in rs)
+            row["paired_p99_x"] = statistics.median(
+                percentile(m, 0.99) / percentile(f, 0.99) for m, f in rs)
+        out[name] = row
     return out
 
 
@@ -261,7 +307,10 @@ def gate_without_rpc() -> Dict[str, Callable[[], None]]:
     admit.ttl.seconds = 30
     release = sluice_pb2.ReleaseResponse()
 
-    class Answered:  # a future already answered (what kept leases' releases are sent as)
+    class Answered:  # a future already answered (kept leases' releases, refills)
+        def __init__(self, resp):
+            self.resp = resp
+
         def add_done_callback(self, fn):
             fn(self)
 
@@ -269,22 +318,25 @@ def gate_without_rpc() -> Dict[str, Callable[[], None]]:
             return None
 
         def result(self, timeout=None):
-            return release
+            return self.resp
 
         def done(self):
             return True
 
-    class ReleaseMethod:
+    class Method:
+        def __init__(self, resp):
+            self.resp = resp
+
         def __call__(self, msg, timeout=None):
-            return release
+            return self.resp
 
         def future(self, msg, timeout=None):
-            return Answered()
+            return Answered(self.resp)
 
     class Stub:
-        Check = staticmethod(lambda msg, timeout=None: check)
-        Admit = staticmethod(lambda msg, timeout=None: admit)
-        Release = ReleaseMethod()
+        Check = Method(check)
+        Admit = Method(admit)
+        Release = Method(release)
 
     class FakeClient:
         target, timeout, _stub = "in-memory", 1.0, Stub()
@@ -393,14 +445,16 @@ def main() -> None:
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; Python "
           f"{sys.version.split()[0]}")
     print(f"{'server':<19} {'variant':<32} {'median us':>10} {'p99 us':>10} "
-          f"{'median x':>9} {'p99 x':>7}")
+          f"{'median x':>9} {'p99 x':>7} {'paired median x':>16} {'paired p99 x':>13}")
     for kind, rows in results.items():
         bare = rows.get("bare")
         for name, r in rows.items():
             ratio_m = f"{r['median_us'] / bare['median_us']:.2f}" if bare else "-"
             ratio_p = f"{r['p99_us'] / bare['p99_us']:.2f}" if bare else "-"
+            paired_m = f"{r['paired_median_x']:.2f}" if bare else "-"
+            paired_p = f"{r['paired_p99_x']:.2f}" if bare else "-"
             print(f"{kind:<19} {name:<32} {r['median_us']:>10.0f} {r['p99_us']:>10.0f} "
-                  f"{ratio_m:>9} {ratio_p:>7}")
+                  f"{ratio_m:>9} {ratio_p:>7} {paired_m:>16} {paired_p:>13}")
     if a.json:
         a.json.write_text(json.dumps({"load_average": load, "requests": a.requests,
                                       "rounds": a.rounds, "results": results}, indent=2))

@@ -41,6 +41,7 @@
 #include "sluice/core/fixed_limit.h"
 #include "sluice/testing/servers.h"
 #include "sluice/v1/sluice.grpc.pb.h"
+#include "sluice_test/v1/tally.grpc.pb.h"
 #include "transport/grpc_service.h"
 
 namespace sluice::adapters {
@@ -837,6 +838,99 @@ TEST_F(GrpcAdapters, ARegisteredServicesRateRefusalCarriesRetryAfter) {
   EXPECT_EQ(backend_.worked.load(), worked);
   EXPECT_TRUE(call(*plain, "ok", "bob").ok());  // another key's budget
   EXPECT_EQ(backend_.worked.load(), worked + 1);
+}
+
+// A client-streaming and a bidirectional method, registered by register_admitted: a refused
+// call's handler never runs (nor reads a message), an admitted one holds its permit until its
+// stream ends.
+class Tally final : public sluice_test::v1::Tally::Service {
+ public:
+  std::atomic<int> worked{0};
+  grpc::Status Sum(grpc::ServerContext* /*ctx*/, grpc::ServerReader<sluice_test::v1::Number>* in,
+                   sluice_test::v1::Number* total) override {
+    worked.fetch_add(1);
+    for (sluice_test::v1::Number n; in->Read(&n);) total->set_value(total->value() + n.value());
+    return grpc::Status::OK;
+  }
+  grpc::Status Running(
+      grpc::ServerContext* /*ctx*/,
+      grpc::ServerReaderWriter<sluice_test::v1::Number, sluice_test::v1::Number>* stream) override {
+    worked.fetch_add(1);
+    sluice_test::v1::Number total;
+    for (sluice_test::v1::Number n; stream->Read(&n);) {
+      total.set_value(total.value() + n.value());
+      stream->Write(total);
+    }
+    return grpc::Status::OK;
+  }
+};
+
+TEST(GrpcAdaptersStreaming, ARegisteredServiceGatesClientStreamingAndBidirectionalCalls) {
+  using sluice_test::v1::Number;
+  AdaptiveGuard guard(std::make_unique<FixedLimit>(FixedLimitOptions{.limit = 1}),
+                      SteadyClock::instance());
+  Tally tally;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  auto gated =
+      register_admitted<sluice_test::v1::Tally>(b, tally, std::make_shared<LocalAdmitter>(guard));
+  auto server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = sluice_test::v1::Tally::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  const auto number = [](std::int64_t v) {
+    Number n;
+    n.set_value(v);
+    return n;
+  };
+  const auto sum = [&](std::vector<std::int64_t> values, Number* total) {
+    grpc::ClientContext ctx;
+    auto writer = stub->Sum(&ctx, total);
+    for (const std::int64_t v : values)
+      if (!writer->Write(number(v))) break;  // a refused call may end before its writes
+    writer->WritesDone();
+    return writer->Finish();
+  };
+
+  // A bidirectional call holds the one permit while its stream is open.
+  grpc::ClientContext held_ctx;
+  auto held = stub->Running(&held_ctx);
+  ASSERT_TRUE(held->Write(number(5)));
+  Number running;
+  ASSERT_TRUE(held->Read(&running));
+  EXPECT_EQ(running.value(), 5);
+  EXPECT_EQ(guard.stats().in_flight, 1u);
+
+  Number total;
+  const grpc::Status refused = sum({1, 2, 3}, &total);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("concurrency limit reached: 1"), std::string::npos)
+      << refused.error_message();
+  grpc::ClientContext second_ctx;
+  auto second = stub->Running(&second_ctx);
+  second->Write(number(1));
+  second->WritesDone();
+  EXPECT_FALSE(second->Read(&running));
+  const grpc::Status also = second->Finish();
+  EXPECT_EQ(also.error_code(), grpc::StatusCode::UNAVAILABLE) << also.error_message();
+  EXPECT_EQ(tally.worked.load(), 1);  // neither refused handler ran
+
+  ASSERT_TRUE(held->Write(number(7)));
+  ASSERT_TRUE(held->Read(&running));
+  EXPECT_EQ(running.value(), 12);
+  held->WritesDone();
+  EXPECT_TRUE(held->Finish().ok());
+  // The stream's end released its permit: the next call is admitted and runs.
+  const grpc::Status ok = sum({1, 2, 3}, &total);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(total.value(), 6);
+  EXPECT_EQ(tally.worked.load(), 2);
+  server->Shutdown(std::chrono::system_clock::now() + 5s);
+  const AdaptiveGuardStats st = guard.stats();
+  EXPECT_EQ(st.in_flight, 0u);
+  EXPECT_EQ(st.accepted, 2u);
+  EXPECT_EQ(st.rejected, 2u);
 }
 
 // The resident set in bytes (/proc/self/statm's second field, in pages).
