@@ -8,9 +8,11 @@
 // C = 1), the Express app (a child: GET /plain, GET /rate behind a check on a rate policy,
 // GET /rate-allowance behind the same with an allowance of 128 (a check per 128 requests),
 // GET /lease behind an admit and a release on a concurrency policy, GET /lease-reuse the same
-// with leaseReuse: 0.02), and `sluice serve` (from $SLUICE_BIN, as the tests start it). The variants take turns in R rounds so that any drift of
-// the machine falls on all of them. Last, the gRPC check alone is timed from this process:
-// the floor of what the middleware can add.
+// with leaseReuse: 0.02), and `sluice serve` (from $SLUICE_BIN, as the tests start it). The
+// variants take turns in R rounds, in an order shuffled per round (a fixed seed), so that any
+// drift of the machine falls on all of them; the paired columns are the median over rounds of
+// each round's ratio to the handler alone in the same round. Last, the gRPC check alone is
+// timed from this process: the floor of what the middleware can add.
 
 const { fork } = require('node:child_process');
 const fs = require('node:fs');
@@ -173,9 +175,29 @@ async function main() {
   try {
     for (const [p] of VARIANTS) await load(port, p, opts.warmup, opts.concurrency, agent, null);
     const samples = Object.fromEntries(VARIANTS.map(([p]) => [p, []]));
+    // Per variant, each round's median and p99 over the handler alone's in the same round.
+    const paired = Object.fromEntries(VARIANTS.map(([p]) => [p, { median: [], p99: [] }]));
     const perRound = Math.ceil(opts.requests / opts.rounds);
+    const order = VARIANTS.map(([p]) => p);
+    let seed = 20261203; // a fixed shuffle of the variants' order in each round
+    const rnd = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648; };
     for (let r = 0; r < opts.rounds; r++) {
-      for (const [p] of VARIANTS) await load(port, p, perRound, opts.concurrency, agent, samples[p]);
+      for (let i = order.length - 1; i > 0; i--) {
+        const j = Math.floor(rnd() * (i + 1));
+        [order[i], order[j]] = [order[j], order[i]];
+      }
+      const round = {};
+      for (const p of order) {
+        round[p] = [];
+        await load(port, p, perRound, opts.concurrency, agent, round[p]);
+        samples[p].push(...round[p]);
+      }
+      const floor = stats(round['/plain']);
+      for (const p of order) {
+        const mine = stats(round[p]);
+        paired[p].median.push(mine.median / floor.median);
+        paired[p].p99.push(mine.p99 / floor.p99);
+      }
     }
     // The last releases go out after their responses: give them a moment.
     let left;
@@ -195,12 +217,15 @@ async function main() {
     console.log(`node ${process.version}, express ${expressVersion}, @grpc/grpc-js ${require('@grpc/grpc-js/package.json').version}; ` +
       `${n} requests per variant (${opts.rounds} rounds, after ${opts.warmup} warm-up), ` +
       `${opts.concurrency === 1 ? 'sequential' : `${opts.concurrency} at a time`}, keep-alive, loopback`);
-    console.log('variant                                    median µs   p99 µs   median ×   p99 ×   added (median)');
+    console.log('variant                                    median µs   p99 µs   median ×   p99 ×   added (median)' +
+      '   paired median ×   paired p99 ×');
+    const mid = (xs) => quantile([...xs].sort((a, b) => a - b), 0.5);
     for (const [p, label] of VARIANTS) {
       const r = stats(samples[p]);
       console.log(`${label.padEnd(40)} ${r.median.toFixed(0).padStart(11)} ${r.p99.toFixed(0).padStart(8)}` +
         ` ${(r.median / base.median).toFixed(2).padStart(10)} ${(r.p99 / base.p99).toFixed(2).padStart(7)}` +
-        ` ${`${(r.median - base.median).toFixed(0)} µs`.padStart(16)}`);
+        ` ${`${(r.median - base.median).toFixed(0)} µs`.padStart(16)}` +
+        ` ${mid(paired[p].median).toFixed(2).padStart(17)} ${mid(paired[p].p99).toFixed(2).padStart(14)}`);
     }
     console.log('one check alone, sequential                median µs   p99 µs   CPU µs/call: client  server');
     for (const [label, r] of [['gRPC (this client)', grpcStats], ['HTTP/1.1 JSON (POST /v1/check)', httpStats]]) {
