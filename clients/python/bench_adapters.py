@@ -18,9 +18,9 @@ process; this one sends the requests, sequentially, each variant over one keep-a
 ratios: the median over rounds of each round's ratio to the bare server's in the same round
 (drift between rounds cancels). A second bare server ("bare, again") is the control: its ratio
 is what the harness alone shows; "pass-through" is a middleware (gRPC: an interceptor) that only
-calls what it wraps: what any adapter of that framework pays before doing anything. A direct client's calls (Check; Admit + Release) are timed
-too, the floor of what an adapter can add, and the adapters' own code without any RPC (a stub
-that answers at once): the rest.
+calls what it wraps: what any adapter of that framework pays before doing anything. A direct
+client's calls (Check; Admit + Release) are timed too, the floor of what an adapter can add, and
+the adapters' own code without any RPC (a stub that answers at once): the rest.
 
 Run it from a build (the CMake stubs on PYTHONPATH) or with the package installed:
 

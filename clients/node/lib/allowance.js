@@ -11,8 +11,8 @@
 // the older block's hits are spent first, each within `hold` of its own grant, and a refill
 // the server does not grant is not asked again for that block. A key the server refused is
 // refused here until its retryAfter, but for hits held (they were granted, and are spent
-// first). A block the server does not grant a request that waits for it is asked again as
-// what it says remains when that is enough for the request, else as the request's own hits.
+// first). A block that a request waits for and the server does not grant is asked again as
+// what the server says remains when that is enough for the request, else as its own hits.
 //
 // What it can cost, and nothing else: no hit is spent that the server did not grant, each
 // within `hold` of its grant, so in any interval of T seconds the requests admitted through

@@ -9,9 +9,10 @@ to :meth:`Allowances.refilled`), so that a key's steady requests do not wait for
 when a block runs out; the older block's hits are spent first, each still within ``hold`` of
 its own grant, and a refill the server does not grant is not asked again for that block. A key
 the server refused is refused here until its ``retry_after`` (a refusal is always safe to
-repeat), but for hits held: they were granted, and are spent first. When a block a request waits for is refused, the request asks for its own hits (the
-exact answer it would have had without an allowance), or for what the server says remains when
-that is enough, so near the limit nothing is lost but a round trip.
+repeat), but for hits held: they were granted, and are spent first. When a block a request
+waits for is refused, the request asks for its own hits (the exact answer it would have had
+without an allowance), or for what the server says remains when that is enough, so near the
+limit nothing is lost but a round trip.
 
 What it can cost, and nothing else:
 

@@ -10,10 +10,10 @@
 // the older block's hits are spent first, each still within `hold` of its own grant. A refill
 // the server does not grant is not asked again for that block. A key the server refused is
 // refused here until its retry_after (a refusal is always safe to repeat), but for hits held:
-// they were granted, and are spent first. A block the server
-// does not grant a call that waits for it is asked again as what it says remains when that is
-// enough for the call, else as the call's own hits: near the limit a call gets the answer it
-// would have had without an allowance, a round trip later.
+// they were granted, and are spent first. A block that a call waits for and the server does
+// not grant is asked again as what the server says remains when that is enough for the call,
+// else as the call's own hits: near the limit a call gets the answer it would have had
+// without an allowance, a round trip later.
 //
 // What it can cost, and nothing else:
 //  - No hit is spent that the server did not grant, and each within `hold` of its grant: in
