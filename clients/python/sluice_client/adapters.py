@@ -112,7 +112,8 @@ class RequestInfo:
         path: the HTTP path (without the query string), or the gRPC method's full name
             (``/package.Service/Method``).
         route: ``"GET /items/7"`` for HTTP, the full method name for gRPC: the default key.
-        raw: the ASGI scope, the WSGI environ, or the gRPC ``HandlerCallDetails``.
+        raw: the ASGI scope, the WSGI environ, or the gRPC call's details (its ``method`` and
+            ``invocation_metadata``, as a ``grpc.HandlerCallDetails`` has them).
     """
 
     __slots__ = ("method", "path", "route", "raw")
@@ -354,6 +355,11 @@ Flow = Generator[Op, Any, Any]
 StrOrFn = Union[str, Callable[[RequestInfo], Optional[str]]]
 
 
+def _hits_held(hits: Any) -> bool:
+    """Whether `hits` can be taken from an allowance (else the server's error is the answer)."""
+    return isinstance(hits, int) and not isinstance(hits, bool) and hits >= 1
+
+
 def _value(spec: Optional[StrOrFn], request: RequestInfo) -> str:
     if spec is None:
         return ""
@@ -474,37 +480,63 @@ class Gate:
         with self._lock:
             self.stats[name] += 1
 
-    def _enter(self, request: RequestInfo) -> Flow:
+    def _start(self, request: RequestInfo) -> Tuple[Admission, Optional[Flow]]:
+        """`request`'s admission, and the flow that asks the server for it; no flow when it
+        needs no RPC (an allowance's hits, a kept lease, the server known to be down): the
+        common case, answered without a generator's turns."""
         adm = Admission(self.policy, request)
-        if time.monotonic() < self._down_until:
-            return self._failure(adm, None)
-        adm.key = self.key(request) or request.route
+        now = time.monotonic()
+        if now < self._down_until:
+            return self._failure(adm, None), None
+        adm.key = key = self.key(request) or request.route
         hits = self.hits(request) if callable(self.hits) else self.hits
+        if self._resolved == "rate":
+            a = self.allowances
+            if a is not None and _hits_held(hits):
+                d, due = a.spend(key, hits, now)
+                if d is not None:
+                    if due:
+                        self._refill(key, due)
+                    self._decided(adm, d, now)
+                    return adm, None
+        elif self.lease_reuse > 0 and self._reuse(adm):
+            return adm, None
+        return adm, self._ask(adm, request, hits)
+
+    def _decided(self, adm: Admission, d: Decision, now: float) -> None:
+        adm.decision = d
+        adm.started = now
+        if d.allowed:
+            with self._lock:
+                self.stats["admitted"] += 1
+        else:
+            adm.refusal = _decision_refusal(self.policy, d)
+            self._count("refused")
+
+    def _ask(self, adm: Admission, request: RequestInfo, hits: Any) -> Flow:
         kind = self._resolved
         err: Optional[SluiceError] = None
         for _ in range(2):
             try:
                 if kind == "rate":
                     d = yield from self._check(adm.key, hits)
-                    adm.decision = d
-                    if not d.allowed:
-                        adm.refusal = _decision_refusal(self.policy, d)
+                    self._decided(adm, d, time.monotonic())
+                    return adm
+                if self.lease_reuse > 0 and self._reuse(adm):
+                    return adm
+                resp = yield ("Admit", self._admit_request(request, adm.key), False,
+                              self.timeout + self.max_wait)
+                if resp.admitted:
+                    adm.lease = Lease(
+                        lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=self.policy,
+                        chosen=resp.chosen, would_deny=resp.would_deny,
+                        deadline=(time.monotonic() + _seconds(resp.call_deadline)
+                                  if resp.HasField("call_deadline") else None),
+                        reusable=resp.reusable)
+                    if self.lease_reuse > 0 and resp.reusable:
+                        adm.kept = self._kept_new(adm.lease, adm.key)
                 else:
-                    if self.lease_reuse > 0 and self._reuse(adm):
-                        return adm
-                    resp = yield ("Admit", self._admit_request(request, adm.key), False,
-                                  self.timeout + self.max_wait)
-                    if resp.admitted:
-                        adm.lease = Lease(
-                            lease_id=resp.lease_id, ttl=_seconds(resp.ttl), policy=self.policy,
-                            chosen=resp.chosen, would_deny=resp.would_deny,
-                            deadline=(time.monotonic() + _seconds(resp.call_deadline)
-                                      if resp.HasField("call_deadline") else None),
-                            reusable=resp.reusable)
-                        if self.lease_reuse > 0 and resp.reusable:
-                            adm.kept = self._kept_new(adm.lease, adm.key)
-                    else:
-                        adm.refusal = _rejection_refusal(resp.rejection)
+                    adm.refusal = _rejection_refusal(resp.rejection)
                 adm.started = time.monotonic()
                 self._count("refused" if adm.refusal else "admitted")
                 return adm
@@ -531,15 +563,13 @@ class Gate:
         can, else from the server (a block of hits with an allowance)."""
         a = self.allowances
         # Hits the server would reject are asked as they are: its error is the answer.
-        if a is None or isinstance(hits, bool) or not isinstance(hits, int) or hits < 1:
+        if a is None or not _hits_held(hits):
             resp = yield ("Check", _check_request(self.policy, key, hits), False, self.timeout)
             return _decision(resp.decision)
-        local = a.local(key, hits, time.monotonic())
+        local, due = a.spend(key, hits, time.monotonic())
         if local is not None:
-            if local.allowed:
-                due = a.take_refill(key)
-                if due:
-                    self._refill(key, due)
+            if due:
+                self._refill(key, due)
             return local
         asked = a.ask(key, hits)
         while True:  # each ask smaller than the last, down to the request's own hits
@@ -866,7 +896,8 @@ class Gate:
 
     def enter(self, request: RequestInfo) -> Admission:
         """Admits `request` (synchronously): an :class:`Admission`, refused or not."""
-        return self._run(self._enter(request))
+        adm, flow = self._start(request)
+        return adm if flow is None else self._run(flow)
 
     def exit(self, adm: Admission, outcome: str) -> None:
         """Releases the admission's lease (if any) with `outcome` (``adm.outcome`` wins)."""
@@ -918,7 +949,8 @@ class Gate:
 
     async def enter_async(self, request: RequestInfo) -> Admission:
         """:meth:`enter` on the running event loop."""
-        return await self._run_async(self._enter(request))
+        adm, flow = self._start(request)
+        return adm if flow is None else await self._run_async(flow)
 
     async def exit_async(self, adm: Admission, outcome: str) -> None:
         """:meth:`exit` on the running event loop."""

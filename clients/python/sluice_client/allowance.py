@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from .types import Decision
 
@@ -85,32 +85,44 @@ class Allowances:
         :meth:`take_refill`), or refused until the server's retry_after; ``None``: the server
         must be asked."""
         with self._lock:
-            k = self._keys.get(key)
-            if k is None:
-                return None
-            if now >= k.expires:  # the older block expired first
-                self._drop(k)
-            elif now >= k.older_expires:
-                self.stats["hits_dropped"] += k.older_tokens
-                k.older_tokens = 0
-            if k.older_tokens + k.tokens < hits:
-                if now >= k.refused_until or k.refusal is None:
-                    return None
-                self.stats["local_refusals"] += 1  # hits held are spent first: they were granted
-                return replace(k.refusal, retry_after=k.refused_until - now)
-            older = min(k.older_tokens, hits)
-            k.older_tokens -= older
-            k.tokens -= hits - older
-            self.stats["local_admits"] += 1
-            d = k.decision
-            if (not k.refill_asked and not k.refilling and k.granted > 1
-                    and k.tokens * 2 <= k.granted):
-                k.refill_asked = k.refilling = True
-                limit = d.limit if d is not None else 0
-                k.refill_due = min(self.block, limit) if limit > 0 else self.block
-            return Decision(allowed=True, limit=d.limit if d else 0,
-                            remaining=(d.remaining if d else 0) + k.older_tokens + k.tokens,
-                            reset_after=d.reset_after if d else 0.0, retry_after=0.0)
+            d, due = self._spend(key, hits, now)
+            if due:
+                self._keys[key].refill_due = due
+            return d
+
+    def spend(self, key: str, hits: int, now: float) -> Tuple[Optional[Decision], int]:
+        """:meth:`local` and :meth:`take_refill` at once (what an adapter calls): the decision,
+        and the hits of a refill to ask for now (0: none)."""
+        with self._lock:
+            return self._spend(key, hits, now)
+
+    def _spend(self, key: str, hits: int, now: float) -> Tuple[Optional[Decision], int]:
+        k = self._keys.get(key)
+        if k is None:
+            return None, 0
+        if now >= k.expires:  # the older block expired first
+            self._drop(k)
+        elif now >= k.older_expires:
+            self.stats["hits_dropped"] += k.older_tokens
+            k.older_tokens = 0
+        if k.older_tokens + k.tokens < hits:
+            if now >= k.refused_until or k.refusal is None:
+                return None, 0
+            self.stats["local_refusals"] += 1  # hits held are spent first: they were granted
+            return replace(k.refusal, retry_after=k.refused_until - now), 0
+        older = min(k.older_tokens, hits)
+        k.older_tokens -= older
+        k.tokens -= hits - older
+        self.stats["local_admits"] += 1
+        d = k.decision
+        due = 0
+        if not k.refill_asked and not k.refilling and k.granted > 1 and k.tokens * 2 <= k.granted:
+            k.refill_asked = k.refilling = True
+            limit = d.limit if d is not None else 0
+            due = min(self.block, limit) if limit > 0 else self.block
+        return Decision(allowed=True, limit=d.limit if d else 0,
+                        remaining=(d.remaining if d else 0) + k.older_tokens + k.tokens,
+                        reset_after=d.reset_after if d else 0.0, retry_after=0.0), due
 
     def take_refill(self, key: str) -> int:
         """Hits to ask the server for on `key` now, in the background (0: none), after

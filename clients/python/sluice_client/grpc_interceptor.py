@@ -59,6 +59,43 @@ class GrpcRequest(RequestInfo):
         return None
 
 
+class _CallDetails:
+    """A call's method and metadata, as its ``grpc.HandlerCallDetails`` has them (the request's
+    ``raw``), read from its context: a wrapped handler is made once per method."""
+
+    __slots__ = ("method", "invocation_metadata")
+
+    def __init__(self, method: str, invocation_metadata: Any):
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
+
+def _call_request(method: str, context) -> GrpcRequest:
+    return GrpcRequest("", method, _CallDetails(method, context.invocation_metadata()),
+                       route=method)
+
+
+class _WrappedHandlers:
+    """Each method's wrapped handler, made once and kept while the server's handler for it is
+    the same object (a generic handler's lookup returns the one it holds)."""
+
+    _MAX = 1024  # methods kept; past it, forgotten and made again
+
+    def __init__(self, wrap: Callable[[Any, str], Any]):
+        self._wrap = wrap
+        self._by_method: dict = {}
+
+    def get(self, method: str, handler):
+        kept = self._by_method.get(method)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        wrapped = self._wrap(handler, method)
+        if len(self._by_method) >= self._MAX:
+            self._by_method.clear()
+        self._by_method[method] = (handler, wrapped)
+        return wrapped
+
+
 class SluiceServerInterceptor(grpc.ServerInterceptor):
     """``SluiceServerInterceptor(policy, **gate_options)``: see the module's doc and
     :class:`sluice_client.adapters.Gate` for the options."""
@@ -66,17 +103,17 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
     def __init__(self, policy: str, **options):
         options.setdefault("skip", skip_health_and_reflection)
         self.gate = Gate(policy, **options)
+        self._wrapped = _WrappedHandlers(lambda handler, method: _wrap_handler(
+            handler, lambda b: self._unary(b, method), lambda b: self._streaming(b, method)))
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        request = GrpcRequest("", method, handler_call_details, route=method)
-        if self.gate.skipped(request):
+        if self.gate.skipped(GrpcRequest("", method, handler_call_details, route=method)):
             return handler
-        return _wrap_handler(handler, lambda b: self._unary(b, request),
-                             lambda b: self._streaming(b, request))
+        return self._wrapped.get(method, handler)
 
     # ---- the wrapped behaviours ----
 
@@ -94,11 +131,11 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
             return "timeout" if remaining is not None and remaining <= 0 else "ignored"
         return self.gate.outcome_of_grpc(context.code(), exc)
 
-    def _unary(self, behaviour: Callable, request: RequestInfo) -> Callable:
+    def _unary(self, behaviour: Callable, method: str) -> Callable:
         gate = self.gate
 
         def admitted(request_or_iterator, context):
-            adm = self._admit(request, context)
+            adm = self._admit(_call_request(method, context), context)
             token = _current.set(adm)
             try:
                 response = behaviour(request_or_iterator, context)
@@ -114,11 +151,11 @@ class SluiceServerInterceptor(grpc.ServerInterceptor):
 
         return admitted
 
-    def _streaming(self, behaviour: Callable, request: RequestInfo) -> Callable:
+    def _streaming(self, behaviour: Callable, method: str) -> Callable:
         gate = self.gate
 
         def admitted(request_or_iterator, context):
-            adm = self._admit(request, context)
+            adm = self._admit(_call_request(method, context), context)
             error: Optional[BaseException] = None
             token = _current.set(adm)  # the handler's body runs while it is iterated
             try:
@@ -187,17 +224,17 @@ class SluiceAioServerInterceptor(grpc.aio.ServerInterceptor):
                             "pass target= (and credentials=, options=) instead")
         options.setdefault("skip", skip_health_and_reflection)
         self.gate = Gate(policy, **options)
+        self._wrapped = _WrappedHandlers(lambda handler, method: _wrap_handler(
+            handler, lambda b: self._unary(b, method), lambda b: self._streaming(b, method)))
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        request = GrpcRequest("", method, handler_call_details, route=method)
-        if self.gate.skipped(request):
+        if self.gate.skipped(GrpcRequest("", method, handler_call_details, route=method)):
             return handler
-        return _wrap_handler(handler, lambda b: self._unary(b, request),
-                             lambda b: self._streaming(b, request))
+        return self._wrapped.get(method, handler)
 
     async def aclose(self) -> None:
         await self.gate.aclose()
@@ -225,9 +262,9 @@ class SluiceAioServerInterceptor(grpc.aio.ServerInterceptor):
         except Exception as exc:  # noqa: BLE001 - the server expires the lease after its TTL
             self.gate._release_failed(exc)
 
-    def _unary(self, behaviour: Callable, request: RequestInfo) -> Callable:
+    def _unary(self, behaviour: Callable, method: str) -> Callable:
         async def admitted(request_or_iterator, context):
-            adm = await self._admit(request, context)
+            adm = await self._admit(_call_request(method, context), context)
             token = _current.set(adm)
             try:
                 if inspect.iscoroutinefunction(behaviour):
@@ -246,9 +283,9 @@ class SluiceAioServerInterceptor(grpc.aio.ServerInterceptor):
 
         return admitted
 
-    def _streaming(self, behaviour: Callable, request: RequestInfo) -> Callable:
+    def _streaming(self, behaviour: Callable, method: str) -> Callable:
         if inspect.iscoroutinefunction(behaviour):  # writes its stream with context.write()
-            return self._unary(behaviour, request)
+            return self._unary(behaviour, method)
 
         async def responses(request_or_iterator, context) -> Any:
             if inspect.isasyncgenfunction(behaviour):
@@ -264,7 +301,7 @@ class SluiceAioServerInterceptor(grpc.aio.ServerInterceptor):
                 yield response
 
         async def admitted(request_or_iterator, context):
-            adm = await self._admit(request, context)
+            adm = await self._admit(_call_request(method, context), context)
             error: Optional[BaseException] = None
             token = _current.set(adm)
             try:
