@@ -135,6 +135,19 @@ def test_the_next_block_is_asked_when_half_is_spent_and_the_older_hits_go_first(
     assert a.stats["refills_granted"] == 1 and a.stats["hits_dropped"] == 2 + 5
 
 
+def test_spend_is_local_and_take_refill_at_once():
+    a, b = Allowances(10, hold=1.0), Allowances(10, hold=1.0)
+    for x in (a, b):
+        x.answered("k", 10, 1, allowed(remaining=90), 0.0)
+    for i in range(9):
+        d, due = a.spend("k", 1, 0.0)
+        local = b.local("k", 1, 0.0)
+        assert d == local and due == b.take_refill("k"), i
+        assert due == (10 if i == 3 else 0), i
+    assert a.spend("k", 1, 0.0) == (None, 0) and b.local("k", 1, 0.0) is None
+    assert a.spend("unknown", 1, 0.0) == (None, 0)
+
+
 def test_a_refill_that_came_while_a_request_waited_is_kept():
     a = Allowances(10, hold=1.0)
     a.answered("k", 10, 1, allowed(remaining=90), 0.0)

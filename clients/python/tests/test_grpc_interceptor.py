@@ -235,3 +235,25 @@ def test_unreachable_server_fails_closed_when_asked(services):
     assert err.details().startswith("Admission Control Unavailable")
     assert trailers(err)["retry-after"] == "1"
     assert svc.calls == 0
+
+
+def test_a_methods_wrapped_handler_is_made_once_and_reads_each_calls_metadata():
+    """The interceptor wraps a method's handler once (not per call) while the server hands it
+    the same handler, and a new one when the handler changes; the key comes from each call's
+    own metadata (test_rate_policy_keyed_by_metadata... calls through it with two keys)."""
+    interceptor = SluiceServerInterceptor("p", target=closed_port_target())
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+
+    class Details:
+        method = "/test.Echo/Say"
+        invocation_metadata = ()
+
+    first = interceptor.intercept_service(lambda d: handler, Details())
+    assert first is not handler and first.unary_unary is not None
+    assert interceptor.intercept_service(lambda d: handler, Details()) is first
+    other = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    assert interceptor.intercept_service(lambda d: other, Details()) is not first
+    health = type("Health", (), {"method": "/grpc.health.v1.Health/Check",
+                                 "invocation_metadata": ()})()
+    assert interceptor.intercept_service(lambda d: handler, health) is handler  # skipped
+    interceptor.gate.close()
