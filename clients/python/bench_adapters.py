@@ -29,7 +29,8 @@ Run it from a build (the CMake stubs on PYTHONPATH) or with the package installe
 
 Options: --requests N (measured per variant, default 5000), --rounds R (10), --warmup N (300),
 --sluice PATH (default $SLUICE_BIN, else build/test-default/apps/sluice/sluice), --only
-wsgi,asgi,grpc, --json FILE (the figures as JSON too).
+wsgi,asgi,grpc, --json FILE (the figures as JSON too), --pin (the servers on CPU 1, the load and
+`sluice serve` on CPU 0: the runs' controls then agree within a few percent).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ LEASE_REUSE = 0.02
 # The pass-through variant: a middleware (gRPC: an interceptor wrapping the handler) that does
 # nothing but call what it wraps: what any adapter of the framework pays before its own work.
 PASS = "-"
+
+# --pin: the servers on one CPU, this process (the load) and `sluice serve` on another.
+PIN: Dict[str, set] = {}
 
 VARIANTS = [  # (name, policy, background_release, allowance, lease_reuse)
     ("bare", None, False, 0, 0.0),
@@ -187,7 +191,10 @@ class Child:
             args += ["--allowance", str(allowance)]
         if lease_reuse:
             args += ["--lease-reuse", str(lease_reuse)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        pin = PIN.get("servers")
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
         line = self.proc.stdout.readline()
         if not line:
             raise SystemExit(f"{kind} server ({policy}) did not start")
@@ -400,12 +407,20 @@ def main() -> None:
                     str(REPO / "build" / "test-default" / "apps" / "sluice" / "sluice"))
     ap.add_argument("--only", default="wsgi,asgi,grpc")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--pin", action="store_true",
+                    help="the servers on CPU 1, the load and sluice serve on CPU 0")
     a = ap.parse_args()
     if a.serve:
         return serve(a.serve, a.policy, a.target, a.background_release, a.allowance,
                      a.lease_reuse)
 
     from sluice_client import Client  # fails early without the stubs
+
+    if a.pin:  # before sluice serve starts: it shares the load's CPU
+        if len(os.sched_getaffinity(0)) < 2:
+            raise SystemExit("--pin: needs two CPUs")
+        PIN["servers"] = {1}
+        os.sched_setaffinity(0, {0})
 
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:

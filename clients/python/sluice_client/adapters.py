@@ -582,26 +582,50 @@ class Gate:
 
     def _refill(self, key: str, hits: int) -> None:
         """Asks for `hits` more on `key` without waiting (the allowance's refill): on the
-        synchronous channel, whatever the driver; its answer, or none, goes to the allowance."""
+        running event loop's grpc.aio channel when there is one (an ASGI or grpc.aio server
+        starts no other thread for it), else on the synchronous channel; its answer, or none,
+        goes to the allowance."""
         a = self.allowances
         if time.monotonic() < self._down_until:
             a.refilled(key, hits, None, time.monotonic())
             return
-        future = self._sync_client()._stub.Check.future(
-            _check_request(self.policy, key, hits), timeout=self.timeout)
+        msg = _check_request(self.policy, key, hits)
+        with self._lock:
+            self._refilling += 1
+        aio = self._aio
+        try:
+            on_loop = aio is not None and aio[0] is asyncio.get_running_loop()
+        except RuntimeError:  # no running loop: a thread of a synchronous server
+            on_loop = False
+        if on_loop:
+            task = asyncio.ensure_future(self._refill_async(aio[2], key, hits, msg))
+            self._pending.add(task)  # a reference until it is done
+            task.add_done_callback(self._pending.discard)
+            return
+        future = self._sync_client()._stub.Check.future(msg, timeout=self.timeout)
         with self._lock:
             self._pending.add(future)  # held until done: grpc cancels a collected call
-            self._refilling += 1
 
         def done(f) -> None:
             with self._lock:
                 self._pending.discard(f)
-                self._refilling -= 1
             exc = f.exception()
-            a.refilled(key, hits, _decision(f.result().decision) if exc is None else None,
-                       time.monotonic())
+            self._refilled(key, hits, _decision(f.result().decision) if exc is None else None)
 
         future.add_done_callback(done)
+
+    async def _refill_async(self, stub, key: str, hits: int, msg) -> None:
+        try:
+            resp = await stub.Check(msg, timeout=self.timeout)
+        except grpc.RpcError:
+            self._refilled(key, hits, None)
+        else:
+            self._refilled(key, hits, _decision(resp.decision))
+
+    def _refilled(self, key: str, hits: int, d: Optional[Decision]) -> None:
+        self.allowances.refilled(key, hits, d, time.monotonic())
+        with self._lock:
+            self._refilling -= 1
 
     def _admit_request(self, request: RequestInfo, key: str):
         msg = sluice_pb2.AdmitRequest(policy=self.policy, key=key,
@@ -633,9 +657,12 @@ class Gate:
             self._count("failed_closed")
         return adm
 
-    def _exit(self, adm: Admission, outcome: str) -> Flow:
+    def _finish(self, adm: Admission, outcome: str) -> Optional[Flow]:
+        """The flow that releases `adm`'s lease with `outcome`; none when no RPC is needed (no
+        lease, released already, or a kept lease, which waits for the next request of its
+        key)."""
         if adm.lease is None or adm.lease.released:
-            return
+            return None
         if adm.outcome is not None:
             outcome = adm.outcome
         if outcome not in _OUTCOME_ENUM:
@@ -646,8 +673,11 @@ class Gate:
         adm.released_outcome = outcome
         adm.rtt = max(0.0, time.monotonic() - adm.started)
         if adm.kept is not None:
-            self._ended(adm.kept, outcome, adm.rtt)  # waits for the next request of its key
-            return
+            self._ended(adm.kept, outcome, adm.rtt)
+            return None
+        return self._release_flow(adm, outcome)
+
+    def _release_flow(self, adm: Admission, outcome: str) -> Flow:
         msg = sluice_pb2.ReleaseRequest(lease_id=adm.lease.lease_id,
                                         outcome=_OUTCOME_ENUM[outcome])
         msg.rtt.CopyFrom(_duration(adm.rtt, "rtt"))
@@ -901,8 +931,9 @@ class Gate:
 
     def exit(self, adm: Admission, outcome: str) -> None:
         """Releases the admission's lease (if any) with `outcome` (``adm.outcome`` wins)."""
-        if adm.lease is not None:
-            self._run(self._exit(adm, outcome))
+        flow = self._finish(adm, outcome)
+        if flow is not None:
+            self._run(flow)
 
     # ---- asynchronous driver (grpc.aio, one channel per event loop) ----
 
@@ -954,8 +985,9 @@ class Gate:
 
     async def exit_async(self, adm: Admission, outcome: str) -> None:
         """:meth:`exit` on the running event loop."""
-        if adm.lease is not None:
-            await self._run_async(self._exit(adm, outcome))
+        flow = self._finish(adm, outcome)
+        if flow is not None:
+            await self._run_async(flow)
 
     async def aclose(self) -> None:
         """Releases the kept leases (``lease_reuse``) and closes the grpc.aio channel of the
