@@ -16,6 +16,7 @@ import pytest
 
 from adapter_support import (CONFIG, closed_port_target, counters, wait_counter,  # noqa: E402
                              wait_in_flight)
+from conftest import wait_until  # noqa: E402
 from sluice_client.adapters import current_admission, header  # noqa: E402
 from sluice_client.grpc_interceptor import SluiceAioServerInterceptor  # noqa: E402
 
@@ -246,5 +247,11 @@ def test_an_allowance_admits_on_the_loop_without_a_round_trip(sluice, services):
     assert svc.call("Say", b"1", metadata=md) == b"1"
     assert svc.call("Say", b"2", metadata=md) == b"2"
     assert svc.error("Say", b"3", metadata=md).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    stats = svc.interceptor.gate.allowances.stats
+    gate = svc.interceptor.gate
+    stats = gate.allowances.stats
     assert stats["blocks_granted"] == 1 and stats["local_admits"] == 1
+    # The second call left none of the block's 2: a refill went, on the loop's grpc.aio
+    # channel (no synchronous channel, and its threads, made for it); refused, as none remain.
+    wait_until(lambda: gate.refills_in_flight() == 0, 5, what="the refill's answer")
+    assert stats["refills_refused"] == 1 and stats["refills_granted"] == 0
+    assert gate.client is None
