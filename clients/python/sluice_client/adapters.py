@@ -609,18 +609,24 @@ class Gate:
         def done(f) -> None:
             with self._lock:
                 self._pending.discard(f)
-            exc = f.exception()
-            self._refilled(key, hits, _decision(f.result().decision) if exc is None else None)
+            d = None
+            try:
+                if f.exception() is None:
+                    d = _decision(f.result().decision)
+            except Exception:  # noqa: BLE001 - cancelled (the channel closed): no answer
+                pass
+            self._refilled(key, hits, d)
 
         future.add_done_callback(done)
 
     async def _refill_async(self, stub, key: str, hits: int, msg) -> None:
+        d = None
         try:
-            resp = await stub.Check(msg, timeout=self.timeout)
+            d = _decision((await stub.Check(msg, timeout=self.timeout)).decision)
         except grpc.RpcError:
-            self._refilled(key, hits, None)
-        else:
-            self._refilled(key, hits, _decision(resp.decision))
+            pass
+        finally:  # whatever ends it (an error, the loop cancelling it): the key may refill again
+            self._refilled(key, hits, d)
 
     def _refilled(self, key: str, hits: int, d: Optional[Decision]) -> None:
         self.allowances.refilled(key, hits, d, time.monotonic())
