@@ -73,9 +73,6 @@ LEASE_REUSE = 0.02
 # nothing but call what it wraps: what any adapter of the framework pays before its own work.
 PASS = "-"
 
-# --pin: the servers on one CPU, this process (the load) and `sluice serve` on another.
-PIN: Dict[str, set] = {}
-
 VARIANTS = [  # (name, policy, background_release, allowance, lease_reuse)
     ("bare", None, False, 0, 0.0),
     ("bare, again", None, False, 0, 0.0),
@@ -181,7 +178,7 @@ def serve(kind: str, policy: Optional[str], target: str, background: bool,
 
 class Child:
     def __init__(self, kind: str, policy: Optional[str], target: str, background: bool,
-                 allowance: int, lease_reuse: float):
+                 allowance: int, lease_reuse: float, cpus: Optional[set] = None):
         args = [sys.executable, __file__, "--serve", kind, "--target", target]
         if policy:
             args.append(f"--policy={policy}")
@@ -191,10 +188,9 @@ class Child:
             args += ["--allowance", str(allowance)]
         if lease_reuse:
             args += ["--lease-reuse", str(lease_reuse)]
-        pin = PIN.get("servers")
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(  # on `cpus` (--pin), else wherever the kernel puts it
             args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         line = self.proc.stdout.readline()
         if not line:
             raise SystemExit(f"{kind} server ({policy}) did not start")
@@ -416,10 +412,11 @@ def main() -> None:
 
     from sluice_client import Client  # fails early without the stubs
 
+    servers_cpus: Optional[set] = None
     if a.pin:  # before sluice serve starts: it shares the load's CPU
         if len(os.sched_getaffinity(0)) < 2:
             raise SystemExit("--pin: needs two CPUs")
-        PIN["servers"] = {1}
+        servers_cpus = {1}
         os.sched_setaffinity(0, {0})
 
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
@@ -440,7 +437,8 @@ def main() -> None:
             for kind in a.only.split(","):
                 callers = {}
                 for name, policy, background, allowance, lease_reuse in VARIANTS:
-                    child = Child(kind, policy, target, background, allowance, lease_reuse)
+                    child = Child(kind, policy, target, background, allowance, lease_reuse,
+                                  servers_cpus)
                     children.append(child)
                     callers[name] = connect(grpc_caller if kind == "grpc" else http_caller,
                                             child.port)

@@ -506,12 +506,9 @@ class Gate:
     def _decided(self, adm: Admission, d: Decision, now: float) -> None:
         adm.decision = d
         adm.started = now
-        if d.allowed:
-            with self._lock:
-                self.stats["admitted"] += 1
-        else:
+        if not d.allowed:
             adm.refusal = _decision_refusal(self.policy, d)
-            self._count("refused")
+        self._count("refused" if adm.refusal else "admitted")
 
     def _ask(self, adm: Admission, request: RequestInfo, hits: Any) -> Flow:
         kind = self._resolved

@@ -4,8 +4,8 @@ admit most requests without a round trip (``Gate(..., allowance=N)``).
 The server is asked for ``N`` hits at once (one ``Check`` of ``hits=N``); the requests after it
 spend them here, each within ``hold`` seconds of the answer that granted them, after which what
 is left is dropped. When a request leaves half of a block or less, the next block is asked for
-in the background (a refill: :meth:`Allowances.take_refill` says how many hits, the answer goes
-to :meth:`Allowances.refilled`), so that a key's steady requests do not wait for a ``Check``
+in the background (a refill: :meth:`Allowances.spend` says how many hits, the answer goes to
+:meth:`Allowances.refilled`), so that a key's steady requests do not wait for a ``Check``
 when a block runs out; the older block's hits are spent first, each still within ``hold`` of
 its own grant, and a refill the server does not grant is not asked again for that block. A key
 the server refused is refused here until its ``retry_after`` (a refusal is always safe to
@@ -47,7 +47,6 @@ class _Key:
     granted: int = 0          # the newest block's size
     refill_asked: bool = False  # for the newest block
     refilling: bool = False   # a refill is in flight (one at a time)
-    refill_due: int = 0       # hits a refill is to ask for (take_refill())
     older_tokens: int = 0     # the block before the newest, spent first
     older_expires: float = 0.0
     refused_until: float = 0.0
@@ -79,20 +78,12 @@ class Allowances:
             ("local_admits", "local_refusals", "blocks_granted", "blocks_refused",
              "hits_dropped", "calls_asked", "refills_granted", "refills_refused"), 0)
 
-    def local(self, key: str, hits: int, now: float) -> Optional[Decision]:
-        """The decision made here for `hits` on `key` at `now` (monotonic seconds): allowed
-        from the hits held (debited, the older block's first; a refill may then be due:
-        :meth:`take_refill`), or refused until the server's retry_after; ``None``: the server
-        must be asked."""
-        with self._lock:
-            d, due = self._spend(key, hits, now)
-            if due:
-                self._keys[key].refill_due = due
-            return d
-
     def spend(self, key: str, hits: int, now: float) -> Tuple[Optional[Decision], int]:
-        """:meth:`local` and :meth:`take_refill` at once (what an adapter calls): the decision,
-        and the hits of a refill to ask for now (0: none)."""
+        """The decision made here for `hits` on `key` at `now` (monotonic seconds), and the hits
+        of a refill to ask the server for now, in the background (0: none; its answer goes to
+        :meth:`refilled`). The decision: allowed from the hits held (debited, the older block's
+        first), or refused until the server's retry_after; ``None``: the server must be
+        asked."""
         with self._lock:
             return self._spend(key, hits, now)
 
@@ -123,16 +114,6 @@ class Allowances:
         return Decision(allowed=True, limit=d.limit if d else 0,
                         remaining=(d.remaining if d else 0) + k.older_tokens + k.tokens,
                         reset_after=d.reset_after if d else 0.0, retry_after=0.0), due
-
-    def take_refill(self, key: str) -> int:
-        """Hits to ask the server for on `key` now, in the background (0: none), after
-        :meth:`local` allowed a request; the answer goes to :meth:`refilled`."""
-        with self._lock:
-            k = self._keys.get(key)
-            if k is None or not k.refill_due:
-                return 0
-            due, k.refill_due = k.refill_due, 0
-            return due
 
     def refilled(self, key: str, asked: int, d: Optional[Decision], now: float) -> None:
         """Records the answer `d` to a refill of `asked` hits (``None``: none came). Granted,
